@@ -1,0 +1,84 @@
+#include "engine/blas.h"
+
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/error.h"
+#include "engine/memory.h"
+
+namespace graphward {
+
+#if GRAPHWARD_HAS_CUDA
+namespace {
+
+// Move-only owner of a cublasHandle_t.
+class BlasHandle {
+ public:
+  explicit BlasHandle(Device device) : device_(device) {
+    DeviceGuard guard(device);
+    GW_CUBLAS_CHECK(cublasCreate(&handle_));
+    const cublasStatus_t mode = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);  // no TF32
+    if (mode != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(handle_);
+      GW_CUBLAS_CHECK(mode);
+    }
+  }
+  ~BlasHandle() {
+    if (handle_) {
+      DeviceGuard guard(device_);
+      const cublasStatus_t st = cublasDestroy(handle_);
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        detail::log_error(__FILE__, __LINE__, "cublasDestroy failed while releasing a handle");
+      }
+    }
+  }
+  BlasHandle(const BlasHandle&) = delete;
+  BlasHandle& operator=(const BlasHandle&) = delete;
+
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  Device device_;
+  cublasHandle_t handle_ = nullptr;
+};
+
+struct DeviceBlas {
+  explicit DeviceBlas(Device device) : handle(device) {}
+  BlasHandle handle;
+  std::unordered_map<cudaStream_t, DeviceBuffer> workspaces;
+};
+
+// Per thread: one entry per device touched. Destroyed at thread exit (before the runtime unloads
+// for the main thread, since thread_local destructors run before atexit handlers).
+thread_local std::vector<std::unique_ptr<DeviceBlas>> t_blas;
+
+DeviceBlas& device_blas(Device device) {
+  check_cuda_device(device, "blas_context");
+  if (t_blas.size() <= static_cast<std::size_t>(device.index)) t_blas.resize(device.index + 1);
+  auto& slot = t_blas[device.index];
+  if (!slot) slot = std::make_unique<DeviceBlas>(device);
+  return *slot;
+}
+
+}  // namespace
+
+kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
+  DeviceBlas& blas = device_blas(device);
+  auto it = blas.workspaces.find(stream);
+  if (it == blas.workspaces.end()) {
+    it = blas.workspaces.emplace(stream, DeviceBuffer(device, kBlasWorkspaceBytes)).first;
+  }
+  return {blas.handle.get(), it->second.data(), it->second.bytes()};
+}
+
+void release_blas_workspace(Device device, cudaStream_t stream) {
+  if (!device.is_cuda() || static_cast<std::size_t>(device.index) >= t_blas.size()) return;
+  if (auto& slot = t_blas[device.index]) slot->workspaces.erase(stream);
+}
+#else
+void release_blas_workspace(Device, cudaStream_t) {}
+#endif
+
+}  // namespace graphward

@@ -1,0 +1,110 @@
+#include "engine/device.h"
+
+#include <mutex>
+
+#include "engine/cuda.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+
+namespace graphward {
+
+std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
+
+const char* dtype_name(DType dtype) {
+  return dtype == DType::kFloat64 ? "float64" : "float32";
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    GW_CHECK(d >= 0, "shape ", shape_str(shape), " has a negative dimension; expected sizes >= 0");
+    GW_CHECK(d == 0 || n <= INT64_MAX / d, "shape ", shape_str(shape),
+             " has more elements than fit in int64");
+    n *= d;
+  }
+  return n;
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+namespace {
+
+struct CudaProbe {
+  int count = 0;
+  std::string reason;
+};
+
+const CudaProbe& probe() {
+  static const CudaProbe result = [] {
+    CudaProbe p;
+#if GRAPHWARD_HAS_CUDA
+    const cudaError_t err = cudaGetDeviceCount(&p.count);
+    if (err != cudaSuccess) {
+      p.count = 0;
+      p.reason = detail::concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+      (void)cudaGetLastError();  // the probe's failure is an answer, not a sticky error
+    } else if (p.count == 0) {
+      p.reason = "the CUDA runtime reports 0 devices";
+    }
+#else
+    p.reason = "graphward was built without CUDA (no CUDA toolkit at configure time)";
+#endif
+    return p;
+  }();
+  return result;
+}
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  try {
+    return probe().count;
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::string cuda_unavailable_reason() { return probe().reason; }
+
+void check_cuda_device(Device device, const char* what) {
+  GW_CHECK(device.is_cuda(), what, ": expected a CUDA device, got ", device.str());
+  const int count = cuda_device_count();
+  GW_CHECK(count > 0, what, ": needs ", device.str(), " but no CUDA device is usable (",
+           cuda_unavailable_reason(), ")");
+  GW_CHECK(device.index >= 0 && device.index < count, what, ": device ", device.str(),
+           " does not exist; this process sees ", count, " CUDA device(s)");
+}
+
+DeviceGuard::DeviceGuard(Device device) {
+#if GRAPHWARD_HAS_CUDA
+  if (!device.is_cuda()) return;
+  check_cuda_device(device, "DeviceGuard");
+  int current = 0;
+  GW_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device.index) {
+    GW_CUDA_CHECK(cudaSetDevice(device.index));
+    previous_ = current;
+  }
+#else
+  (void)device;
+#endif
+}
+
+DeviceGuard::~DeviceGuard() {
+#if GRAPHWARD_HAS_CUDA
+  if (previous_ >= 0) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(previous_));
+#endif
+}
+
+}  // namespace graphward

@@ -1,0 +1,44 @@
+#pragma once
+// Devices: where a tensor lives (the CPU or CUDA device n) and what this process can see.
+// A machine without a GPU (or a build without CUDA) is a normal state, reported by
+// cuda_device_count() == 0 with a reason, never by a failure.
+#include <cstdint>
+#include <string>
+
+namespace graphward {
+
+struct Device {
+  enum class Type : std::uint8_t { kCPU, kCUDA };
+  Type type = Type::kCPU;
+  int index = 0;  // the CUDA ordinal; 0 for the CPU
+
+  static constexpr Device cpu() { return {Type::kCPU, 0}; }
+  static constexpr Device cuda(int index = 0) { return {Type::kCUDA, index}; }
+  constexpr bool is_cpu() const { return type == Type::kCPU; }
+  constexpr bool is_cuda() const { return type == Type::kCUDA; }
+  friend constexpr bool operator==(Device, Device) = default;
+  std::string str() const;  // "cpu", "cuda:0"
+};
+
+// Number of usable CUDA devices: 0 in a CPU-only build, with no driver, or with no GPU.
+int cuda_device_count() noexcept;
+inline bool cuda_available() noexcept { return cuda_device_count() > 0; }
+// Why cuda_device_count() is 0 ("" when it is not), e.g. "no CUDA-capable device is detected".
+std::string cuda_unavailable_reason();
+// Throws a graphward::Error naming `what` unless `device` is a CUDA device this process can use.
+void check_cuda_device(Device device, const char* what);
+
+// Makes `device` the current CUDA device for the scope; restores the previous one. No-op for the
+// CPU and when the device is already current.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace graphward

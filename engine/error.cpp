@@ -1,0 +1,95 @@
+#include "engine/error.h"
+
+#include <cstdio>
+
+#if GRAPHWARD_HAS_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+#if GRAPHWARD_HAS_CUDNN
+#include <cudnn.h>
+#endif
+
+namespace graphward::detail {
+namespace {
+
+std::string where(const char* file, int line) { return concat(" [at ", file, ":", line, "]"); }
+
+#if GRAPHWARD_HAS_CUDA
+const char* cublas_status_name(int code) {
+  switch (static_cast<cublasStatus_t>(code)) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "CUBLAS_STATUS_<unknown>";
+}
+#endif
+
+std::string cuda_message(const char* expression, int code) {
+#if GRAPHWARD_HAS_CUDA
+  const auto err = static_cast<cudaError_t>(code);
+  return concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in `",
+                expression, "`");
+#else
+  return concat("CUDA error ", code, " in `", expression, "`");
+#endif
+}
+
+}  // namespace
+
+void throw_check_failure(const char* file, int line, const char* condition,
+                         const std::string& message) {
+  throw Error(concat("graphward: ", message, where(file, line), " (failed check: ", condition,
+                     ")"));
+}
+
+void throw_cuda_failure(const char* file, int line, const char* expression, int code) {
+  throw CudaError(concat("graphward: ", cuda_message(expression, code), where(file, line)), code);
+}
+
+void throw_cublas_failure(const char* file, int line, const char* expression, int code) {
+#if GRAPHWARD_HAS_CUDA
+  const char* name = cublas_status_name(code);
+  const char* text = cublasGetStatusString(static_cast<cublasStatus_t>(code));
+#else
+  const char* name = "cuBLAS status";
+  const char* text = "cuBLAS is not available in this build";
+#endif
+  throw CudaError(concat("graphward: cuBLAS error ", name, " (", text, ") in `", expression, "`",
+                         where(file, line)),
+                  code);
+}
+
+void throw_cudnn_failure(const char* file, int line, const char* expression, int code) {
+#if GRAPHWARD_HAS_CUDNN
+  const char* text = cudnnGetErrorString(static_cast<cudnnStatus_t>(code));
+#else
+  const char* text = "cuDNN is not available in this build";
+#endif
+  throw CudaError(concat("graphward: cuDNN error ", code, " (", text, ") in `", expression, "`",
+                         where(file, line)),
+                  code);
+}
+
+void log_error(const char* file, int line, const std::string& message) noexcept {
+  std::fprintf(stderr, "graphward: error (not thrown): %s%s\n", message.c_str(),
+               where(file, line).c_str());
+}
+
+void log_cuda_failure(const char* file, int line, const char* expression, int code) noexcept {
+#if GRAPHWARD_HAS_CUDA
+  // At process exit the runtime may already be unloaded; freeing then is harmless and not news.
+  if (code == cudaErrorCudartUnloading) return;
+#endif
+  log_error(file, line, cuda_message(expression, code));
+}
+
+}  // namespace graphward::detail

@@ -1,0 +1,9 @@
+#pragma once
+// graphward: the public header. Include this one; the others are its parts.
+#include "engine/device.h"   // IWYU pragma: export
+#include "engine/dtype.h"    // IWYU pragma: export
+#include "engine/error.h"    // IWYU pragma: export
+#include "engine/memory.h"   // IWYU pragma: export
+#include "engine/ops.h"      // IWYU pragma: export
+#include "engine/stream.h"   // IWYU pragma: export
+#include "engine/tensor.h"   // IWYU pragma: export

@@ -1,0 +1,192 @@
+#include "engine/memory.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "engine/error.h"
+
+namespace graphward {
+
+namespace debug {
+namespace {
+std::atomic<bool>& poison_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("GRAPHWARD_POISON");
+    return env && std::strcmp(env, "0") != 0 && *env != '\0';
+  }()};
+  return flag;
+}
+}  // namespace
+void set_poison_new_memory(bool on) { poison_flag().store(on); }
+bool poison_new_memory() { return poison_flag().load(); }
+}  // namespace debug
+
+// ---- DeviceBuffer ----------------------------------------------------------------------------------
+
+DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
+#if GRAPHWARD_HAS_CUDA
+  DeviceGuard guard(device);
+  if (bytes > 0) GW_CUDA_CHECK(cudaMalloc(&data_, bytes));
+#else
+  GW_CHECK(false, "DeviceBuffer: graphward was built without CUDA");
+#endif
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (data_) GW_CUDA_CHECK_NOTHROW(cudaFree(data_));  // cudaFree waits for the device
+#endif
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+// ---- Storage ---------------------------------------------------------------------------------------
+
+namespace {
+constexpr std::size_t kHostAlignment = 64;
+
+#if GRAPHWARD_HAS_CUDA
+// Keep freed memory in the device's pool instead of returning it to the OS at every
+// synchronization (the default threshold of 0 would make each step re-map its memory).
+void configure_pool_once(int device) {
+  static std::atomic<std::uint64_t> configured{0};  // bit per device (first 64)
+  const std::uint64_t bit = 1ull << (device & 63);
+  if (configured.load(std::memory_order_acquire) & bit) return;
+  cudaMemPool_t pool = nullptr;
+  GW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  std::uint64_t threshold = UINT64_MAX;
+  GW_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  configured.fetch_or(bit, std::memory_order_acq_rel);
+}
+#endif
+}  // namespace
+
+Storage::Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream)
+    : device_(device), data_(data), bytes_(bytes), alloc_stream_(stream), producer_(stream) {}
+
+std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) /
+                              kHostAlignment * kHostAlignment;
+  void* p = std::aligned_alloc(kHostAlignment, rounded);
+  if (!p) throw std::bad_alloc();
+  if (debug::poison_new_memory()) std::memset(p, 0xFF, rounded);
+  return std::shared_ptr<Storage>(new Storage(Device::cpu(), p, bytes, nullptr));
+}
+
+std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cudaStream_t stream) {
+  if (device.is_cpu()) return allocate_cpu(bytes);
+#if GRAPHWARD_HAS_CUDA
+  check_cuda_device(device, "Storage::allocate");
+  GW_CHECK(stream != nullptr, "Storage::allocate: expected a stream for ", device.str());
+  DeviceGuard guard(device);
+  configure_pool_once(device.index);
+  void* p = nullptr;
+  if (bytes > 0) {
+    GW_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+    if (debug::poison_new_memory()) {
+      const cudaError_t err = cudaMemsetAsync(p, 0xFF, bytes, stream);
+      if (err != cudaSuccess) {
+        GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, stream));
+        GW_CUDA_CHECK(err);
+      }
+    }
+  }
+  return std::shared_ptr<Storage>(new Storage(device, p, bytes, stream));
+#else
+  (void)bytes, (void)stream;
+  GW_CHECK(false, "Storage::allocate: cannot allocate on ", device.str(),
+           ": graphward was built without CUDA");
+  return nullptr;
+#endif
+}
+
+Storage::~Storage() {
+  if (device_.is_cpu()) {
+    std::free(data_);
+    return;
+  }
+#if GRAPHWARD_HAS_CUDA
+  if (!data_) return;
+  const int saved_device = [] {
+    int d = 0;
+    return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+  }();
+  if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
+  // Rule 7: the pool may hand this block out on alloc_stream_ only after every other stream that
+  // used it has finished with it.
+  for (cudaStream_t s : other_streams_) {
+    cudaEvent_t ev = nullptr;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+      // Cannot order the free after that stream's work: keep the memory rather than risk reuse.
+      detail::log_error(__FILE__, __LINE__, "Storage: cannot create an event; leaking a block");
+      return;
+    }
+    GW_CUDA_CHECK_NOTHROW(cudaEventRecord(ev, s));
+    GW_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(alloc_stream_, ev, 0));
+    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(ev));
+  }
+  GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, alloc_stream_));
+  if (saved_device >= 0 && saved_device != device_.index) {
+    GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+  }
+#endif
+}
+
+void Storage::note_use(cudaStream_t stream) {
+  if (stream == alloc_stream_) return;
+  if (std::find(other_streams_.begin(), other_streams_.end(), stream) == other_streams_.end()) {
+    other_streams_.push_back(stream);
+  }
+}
+
+void Storage::sync_for_read(cudaStream_t stream) {
+  if (device_.is_cpu() || stream == producer_) return;
+#if GRAPHWARD_HAS_CUDA
+  if (event_for_write_ != writes_) {
+    if (!producer_event_.valid()) producer_event_ = Event(device_);
+    producer_event_.record(producer_);
+    event_for_write_ = writes_;
+  }
+  producer_event_.block(stream);
+  note_use(stream);
+#endif
+}
+
+void Storage::sync_for_write(cudaStream_t stream) {
+  if (device_.is_cpu()) return;
+#if GRAPHWARD_HAS_CUDA
+  sync_for_read(stream);  // read-after-write and write-after-write with the producer
+  for (cudaStream_t s : other_streams_) {  // write-after-read with other readers
+    if (s != stream && s != producer_) stream_wait_stream(device_, stream, s);
+  }
+  if (alloc_stream_ != stream && alloc_stream_ != producer_) {
+    stream_wait_stream(device_, stream, alloc_stream_);
+  }
+  note_use(stream);
+  producer_ = stream;
+  ++writes_;
+#endif
+}
+
+}  // namespace graphward

@@ -1,0 +1,97 @@
+#pragma once
+// Memory owners.
+//
+// DeviceBuffer: a plain cudaMalloc'd block (workspaces, persistent buffers); freed with cudaFree.
+// Storage: the memory behind tensors, stream-ordered (Note [Stream-ordered memory]).
+//
+// Note [Stream-ordered memory]
+// CUDA storage is allocated with cudaMallocAsync on the current stream of its device (the CUDA
+// runtime's memory pool, kept warm with an unlimited release threshold) and freed with
+// cudaFreeAsync on that same stream. A Storage remembers the last stream that wrote it (its
+// producer) and every other stream that used it:
+//   * a read on stream S != producer makes S wait on an event recorded on the producer, recorded
+//     lazily: once per write, only when another stream reads (DESIGN.md rule 6);
+//   * a write on stream S waits for the producer and for every other stream that read it;
+//   * the free first makes the allocating stream wait for every other stream that used the memory,
+//     so the pool never hands it out while another stream may still use it (rule 7).
+// CPU storage is plain aligned host memory; none of the stream bookkeeping applies to it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/cuda.h"
+#include "engine/device.h"
+#include "engine/stream.h"
+
+namespace graphward {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device device, std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void reset() noexcept;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_ = Device::cuda(0);
+};
+
+class Storage {
+ public:
+  // Allocates `bytes` on `device`; for CUDA, stream-ordered on `stream`, which becomes the producer.
+  static std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, cudaStream_t stream);
+  static std::shared_ptr<Storage> allocate_cpu(std::size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+  // Bumped by every in-place write; autograd compares it with the version it saved.
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+  // The stream whose work last wrote this memory (nullptr for CPU storage).
+  cudaStream_t producer_stream() const { return producer_; }
+  // Prepare a read on `stream`: wait for the producer if it is another stream.
+  void sync_for_read(cudaStream_t stream);
+  // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes producer.
+  void sync_for_write(cudaStream_t stream);
+
+ private:
+  Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream);
+  void note_use(cudaStream_t stream);
+
+  Device device_;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::uint64_t version_ = 0;
+  cudaStream_t alloc_stream_ = nullptr;
+  cudaStream_t producer_ = nullptr;
+  Event producer_event_;             // created on the first cross-stream read
+  std::uint64_t writes_ = 0;         // number of writes so far
+  std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
+  std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
+};
+
+namespace debug {
+// When on, every new allocation is filled with 0xFF bytes (a NaN in float32 and float64), so an
+// element a kernel forgot to write shows up as NaN. Off by default; GRAPHWARD_POISON=1 turns it on.
+void set_poison_new_memory(bool on);
+bool poison_new_memory();
+}  // namespace debug
+
+}  // namespace graphward

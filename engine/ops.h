@@ -1,0 +1,76 @@
+#pragma once
+// Differentiable ops on tensors: each op's forward and backward are declared together.
+//
+// Forward: inputs must share one device and one dtype; CUDA ops are float32 only, the CPU backend
+// also runs float64 (for finite-difference checks). A CUDA op runs on the calling thread's current
+// stream for its device (DESIGN.md rule 1) after waiting for inputs produced on other streams
+// (rule 6). Every check happens before any memory is allocated or written: a bad call throws a
+// graphward::Error naming the op, what it got and what it expected, and changes nothing.
+//
+// Backward: gradients go into GradSlots (one per input). A slot with a null `tensor` is not
+// wanted and skipped. A slot whose tensor is undefined receives a new tensor, written (=). A slot
+// holding a tensor must match the input's shape, dtype and device; it is overwritten (=) or, with
+// `accumulate`, added to (+=), and its version is bumped.
+//
+// Broadcasting (add, sub, mul): the operands have the same shape, or one of them is a row — shape
+// [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.
+// The result has the larger shape; a row operand's gradient is summed over the rows.
+
+#include "engine/tensor.h"
+
+namespace graphward {
+
+struct GradSlot {
+  Tensor* tensor = nullptr;
+  bool accumulate = false;
+};
+
+// ---- linear algebra --------------------------------------------------------------------------------
+// a [m, k] · b [k, n] -> [m, n]
+Tensor matmul(const Tensor& a, const Tensor& b);
+void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                     GradSlot grad_b);
+
+// x [batch, in] · weightᵀ (weight [out, in]) + bias [out] -> [batch, out]; bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias = {});
+
+// ---- elementwise -----------------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+void add_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+void sub_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+void mul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+
+// With a scalar (which must be finite): a + s, a - s, a * s.
+Tensor add(const Tensor& a, double scalar);
+Tensor sub(const Tensor& a, double scalar);
+Tensor mul(const Tensor& a, double scalar);
+// Gradient of y = scale * a + shift: grad_a = scale * grad_out (add/sub: scale = 1; mul: s).
+void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a);
+
+// Activations; their backward reads the forward's output y.
+Tensor relu(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void tanh_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void sigmoid_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+
+// ---- reductions and losses (results are 0-d tensors, shape []) ---------------------------------
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
+void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
+
+// mean((pred - target)²) over all elements; pred and target have the same shape.
+Tensor mse_loss(const Tensor& pred, const Tensor& target);
+void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor& target,
+                       GradSlot grad_pred, GradSlot grad_target = {});
+
+}  // namespace graphward

@@ -1,0 +1,81 @@
+#include "engine/ops_common.h"
+
+#include <cmath>
+
+namespace graphward::ops_detail {
+
+void check_inputs(const char* op, std::initializer_list<Named> inputs) {
+  const Named* first = nullptr;
+  for (const Named& in : inputs) {
+    GW_CHECK(in.tensor && in.tensor->defined(), op, ": input '", in.name,
+             "' is an undefined tensor; expected a tensor");
+    const Tensor& t = *in.tensor;
+    GW_CHECK(t.numel() > 0, op, ": input '", in.name, "' is empty (shape ", shape_str(t.shape()),
+             "); expected at least one element");
+    if (t.is_cuda()) {
+      GW_CHECK(t.dtype() == DType::kFloat32, op, ": input '", in.name, "' is ", t.str(),
+               "; CUDA ops take float32");
+    }
+    if (!first) {
+      first = &in;
+      continue;
+    }
+    const Tensor& f = *first->tensor;
+    GW_CHECK(t.device() == f.device(), op, ": inputs are on different devices: '", first->name,
+             "' is on ", f.device().str(), ", '", in.name, "' is on ", t.device().str(),
+             "; expected all inputs on one device (copy with Tensor::to)");
+    GW_CHECK(t.dtype() == f.dtype(), op, ": inputs have different dtypes: '", first->name,
+             "' is ", dtype_name(f.dtype()), ", '", in.name, "' is ", dtype_name(t.dtype()),
+             "; expected one dtype");
+  }
+}
+
+void check_same_shape(const char* op, Named a, Named b) {
+  GW_CHECK(a.tensor->shape() == b.tensor->shape(), op, ": shapes differ: '", a.name, "' is ",
+           shape_str(a.tensor->shape()), ", '", b.name, "' is ", shape_str(b.tensor->shape()),
+           "; expected equal shapes");
+}
+
+void check_dim(const char* op, Named t, std::int64_t dim) {
+  GW_CHECK(t.tensor->dim() == dim, op, ": '", t.name, "' has shape ", shape_str(t.tensor->shape()),
+           "; expected a ", dim, "-d tensor");
+}
+
+void check_finite_scalar(const char* op, double scalar) {
+  GW_CHECK(std::isfinite(scalar), op, ": the scalar is ", scalar,
+           "; expected a finite number (it would make every element non-finite)");
+}
+
+CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {}
+
+void CudaScope::read(std::initializer_list<const Tensor*> inputs) const {
+  for (const Tensor* t : inputs) t->storage()->sync_for_read(stream_);
+}
+
+Tensor new_output(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, {like.dtype(), like.device()});
+}
+
+bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
+                const Tensor& like) {
+  if (!slot.tensor) return false;
+  const Tensor& g = *slot.tensor;
+  if (!g.defined()) return true;
+  GW_CHECK(g.shape() == shape && g.dtype() == like.dtype() && g.device() == like.device(), op,
+           ": the gradient slot '", name, "' holds ", g.str(), "; expected ",
+           dtype_name(like.dtype()), shape_str(shape), " on ", like.device().str());
+  return true;
+}
+
+bool open_slot(const GradSlot& slot, const Shape& shape, const Tensor& like, cudaStream_t stream) {
+  Tensor& g = *slot.tensor;
+  if (!g.defined()) {
+    g = new_output(shape, like);
+    return false;  // a fresh gradient is written, never added to
+  }
+  if (stream) g.storage()->sync_for_write(stream);
+  g.bump_version();
+  return slot.accumulate;
+}
+
+}  // namespace graphward::ops_detail

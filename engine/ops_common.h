@@ -1,0 +1,80 @@
+#pragma once
+// Shared machinery of the ops (internal to engine/): argument checks that name the op, the
+// launch context of a CUDA op, and gradient slots. Every op checks everything first, then
+// allocates, then launches (Note [Check, then write]).
+//
+// Note [Check, then write]
+// A failing op must leave no trace: all validation (shapes, dtypes, devices, emptiness, gradient
+// slots) runs before the first allocation or write, so an exception never leaves a half-written
+// output or a gradient with some contributions added.
+#include <initializer_list>
+#include <utility>
+
+#include "engine/ops.h"
+#include "engine/stream.h"
+
+namespace graphward::ops_detail {
+
+struct Named {
+  const char* name;
+  const Tensor* tensor;
+};
+
+// Each tensor is defined and non-empty; all share the first one's device and dtype; CUDA tensors
+// are float32.
+void check_inputs(const char* op, std::initializer_list<Named> inputs);
+void check_same_shape(const char* op, Named a, Named b);
+void check_dim(const char* op, Named t, std::int64_t dim);
+void check_finite_scalar(const char* op, double scalar);
+
+// Where a CUDA op runs: the device made current for the scope and its current stream.
+class CudaScope {
+ public:
+  CudaScope(Device device);
+  cudaStream_t stream() const { return stream_; }
+  // Waits for the inputs' producers (rule 6).
+  void read(std::initializer_list<const Tensor*> inputs) const;
+
+ private:
+  DeviceGuard guard_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// A new output on the device of `like` (on CUDA: allocated on `stream`, which produces it).
+Tensor new_output(const Shape& shape, const Tensor& like);
+
+// Validates a gradient slot for a gradient of `shape` with the dtype and device of `like`
+// (Note [Check, then write]). Returns whether the gradient is wanted.
+bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
+                const Tensor& like);
+inline bool check_slot(const char* op, const char* name, const GradSlot& slot,
+                       const Tensor& input) {
+  return check_slot(op, name, slot, input.shape(), input);
+}
+// Makes the slot's tensor ready to write on `stream` (nullptr on the CPU): allocates it if needed.
+// Returns whether the write accumulates.
+bool open_slot(const GradSlot& slot, const Shape& shape, const Tensor& like, cudaStream_t stream);
+inline bool open_slot(const GradSlot& slot, const Tensor& input, cudaStream_t stream) {
+  return open_slot(slot, input.shape(), input, stream);
+}
+
+// Runs f.template operator()<T>() with T = float or double per `dtype` (the CPU backend).
+template <class F>
+void dispatch_cpu(DType dtype, F&& f) {
+  if (dtype == DType::kFloat64) {
+    std::forward<F>(f).template operator()<double>();
+  } else {
+    std::forward<F>(f).template operator()<float>();
+  }
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+template <class T>
+T* slot_ptr(const GradSlot& slot) {
+  return slot.tensor ? static_cast<T*>(slot.tensor->raw_data()) : nullptr;
+}
+
+}  // namespace graphward::ops_detail

@@ -1,0 +1,277 @@
+// Elementwise ops: add, sub, mul (tensor and scalar forms) and the activations.
+#include "engine/ops_common.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+
+namespace graphward {
+using namespace ops_detail;
+namespace k = kernels;
+
+namespace {
+
+// How two operands broadcast (see ops.h): the output shape and each operand's period.
+struct Broadcast {
+  Shape out_shape;
+  std::int64_t n = 0;          // output elements
+  std::int64_t a_period = 0;   // n, or the row length for a row operand
+  std::int64_t b_period = 0;
+  std::int64_t cols = 0;       // the output's last dimension
+};
+
+bool is_row(const Tensor& t) { return t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1); }
+
+Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
+  check_inputs(op, {{"a", &a}, {"b", &b}});
+  Broadcast bc;
+  if (a.shape() == b.shape()) {
+    bc.out_shape = a.shape();
+  } else if (is_row(b) && a.dim() >= 1 && a.size(-1) == b.numel() && a.numel() >= b.numel()) {
+    bc.out_shape = a.shape();
+  } else if (is_row(a) && b.dim() >= 1 && b.size(-1) == a.numel() && b.numel() >= a.numel()) {
+    bc.out_shape = b.shape();
+  } else {
+    GW_CHECK(false, op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+             " do not broadcast; expected equal shapes, or a row [n] / [1, n] with a tensor whose "
+             "last dimension is n");
+  }
+  bc.n = shape_numel(bc.out_shape);
+  bc.cols = bc.out_shape.empty() ? 1 : bc.out_shape.back();
+  bc.a_period = a.numel() == bc.n ? bc.n : a.numel();
+  bc.b_period = b.numel() == bc.n ? bc.n : b.numel();
+  return bc;
+}
+
+Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b) {
+  const Broadcast bc = broadcast(op, a, b);
+  if (a.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(a.device());
+    scope.read({&a, &b});
+    Tensor y = new_output(bc.out_shape, a);
+    k::binary_forward(kind, y.data<float>(), a.data<float>(), bc.a_period, b.data<float>(),
+                      bc.b_period, bc.n, scope.stream());
+    return y;
+#endif
+  }
+  Tensor y = new_output(bc.out_shape, a);
+  dispatch_cpu(a.dtype(), [&]<class T>() {
+    k::cpu::binary_forward<T>(kind, ptr<T>(y), ptr<T>(a), bc.a_period, ptr<T>(b), bc.b_period,
+                              bc.n);
+  });
+  return y;
+}
+
+// Backward of a, b -> a (op) b. `sign_b` is +1 (add) or -1 (sub); for mul it is unused.
+void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, const Tensor& a,
+                     const Tensor& b, GradSlot grad_a, GradSlot grad_b) {
+  const Broadcast bc = broadcast(op, a, b);
+  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}});
+  GW_CHECK(grad_out.shape() == bc.out_shape, op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(bc.out_shape));
+  const bool want_a = check_slot(op, "grad_a", grad_a, a);
+  const bool want_b = check_slot(op, "grad_b", grad_b, b);
+  const std::int64_t rows = bc.n / bc.cols;
+
+  // Gradient of one operand: `other` is the other operand (mul), `sign` the factor (add/sub).
+  auto run_cuda = [&](cudaStream_t s, const GradSlot& slot, const Tensor& self, std::int64_t period,
+                      const Tensor& other, std::int64_t other_period, float sign) {
+#if GRAPHWARD_HAS_CUDA
+    const bool acc = open_slot(slot, self, s);
+    float* dst = slot.tensor->data<float>();
+    const float* dy = grad_out.data<float>();
+    if (period == bc.n) {  // full shape
+      if (kind == k::BinaryOp::kMul) {
+        k::mul_backward(dst, dy, other.data<float>(), other_period, bc.n, acc, s);
+      } else {
+        k::scale_backward(dst, dy, sign, bc.n, acc, s);
+      }
+    } else {  // a row: sum over the rows
+      const float* weight = kind == k::BinaryOp::kMul ? other.data<float>() : nullptr;
+      k::column_sum(dst, dy, weight, sign, rows, bc.cols, acc, s);
+    }
+#else
+    (void)s, (void)slot, (void)self, (void)period, (void)other, (void)other_period, (void)sign;
+#endif
+  };
+  auto run_cpu = [&]<class T>(const GradSlot& slot, const Tensor& self, std::int64_t period,
+                              const Tensor& other, std::int64_t other_period, T sign) {
+    const bool acc = open_slot(slot, self, nullptr);
+    T* dst = slot_ptr<T>(slot);
+    const T* dy = ptr<T>(grad_out);
+    if (period == bc.n) {
+      if (kind == k::BinaryOp::kMul) {
+        k::cpu::mul_backward<T>(dst, dy, ptr<T>(other), other_period, bc.n, acc);
+      } else {
+        k::cpu::scale_backward<T>(dst, dy, sign, bc.n, acc);
+      }
+    } else {
+      // mul with a row operand whose partner is full: Σ_rows dy * other (other has the full shape).
+      const T* weight = kind == k::BinaryOp::kMul ? ptr<T>(other) : nullptr;
+      k::cpu::column_sum<T>(dst, dy, weight, sign, rows, bc.cols, acc);
+    }
+  };
+  const float sign_b = kind == k::BinaryOp::kSub ? -1.f : 1.f;
+  if (a.is_cuda()) {
+    CudaScope scope(a.device());
+    scope.read({&grad_out, &a, &b});
+    if (want_a) run_cuda(scope.stream(), grad_a, a, bc.a_period, b, bc.b_period, 1.f);
+    if (want_b) run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
+    return;
+  }
+  dispatch_cpu(a.dtype(), [&]<class T>() {
+    if (want_a) run_cpu.template operator()<T>(grad_a, a, bc.a_period, b, bc.b_period, T(1));
+    if (want_b) run_cpu.template operator()<T>(grad_b, b, bc.b_period, a, bc.a_period, T(sign_b));
+  });
+}
+
+Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
+  check_inputs(op, {{"x", &x}});
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&x});
+    Tensor y = new_output(x.shape(), x);
+    k::affine_forward(y.data<float>(), x.data<float>(), static_cast<float>(alpha),
+                      static_cast<float>(beta), x.numel(), scope.stream());
+    return y;
+#endif
+  }
+  Tensor y = new_output(x.shape(), x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    k::cpu::affine_forward<T>(ptr<T>(y), ptr<T>(x), T(alpha), T(beta), x.numel());
+  });
+  return y;
+}
+
+enum class Activation { kRelu, kTanh, kSigmoid };
+
+Tensor activation(const char* op, Activation act, const Tensor& x) {
+  check_inputs(op, {{"x", &x}});
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&x});
+    Tensor y = new_output(x.shape(), x);
+    float* out = y.data<float>();
+    const float* in = x.data<float>();
+    switch (act) {
+      case Activation::kRelu: k::relu_forward(out, in, x.numel(), scope.stream()); break;
+      case Activation::kTanh: k::tanh_forward(out, in, x.numel(), scope.stream()); break;
+      case Activation::kSigmoid: k::sigmoid_forward(out, in, x.numel(), scope.stream()); break;
+    }
+    return y;
+#endif
+  }
+  Tensor y = new_output(x.shape(), x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    switch (act) {
+      case Activation::kRelu: k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
+      case Activation::kTanh: k::cpu::tanh_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
+      case Activation::kSigmoid: k::cpu::sigmoid_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
+    }
+  });
+  return y;
+}
+
+void activation_backward(const char* op, Activation act, const Tensor& grad_out, const Tensor& y,
+                         GradSlot grad_x) {
+  check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}});
+  check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
+  if (!check_slot(op, "grad_x", grad_x, y)) return;
+  const std::int64_t n = y.numel();
+  if (y.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(y.device());
+    scope.read({&grad_out, &y});
+    const bool acc = open_slot(grad_x, y, scope.stream());
+    float* dx = grad_x.tensor->data<float>();
+    const float *dy = grad_out.data<float>(), *out = y.data<float>();
+    switch (act) {
+      case Activation::kRelu: k::relu_backward(dx, dy, out, n, acc, scope.stream()); break;
+      case Activation::kTanh: k::tanh_backward(dx, dy, out, n, acc, scope.stream()); break;
+      case Activation::kSigmoid: k::sigmoid_backward(dx, dy, out, n, acc, scope.stream()); break;
+    }
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_x, y, nullptr);
+  dispatch_cpu(y.dtype(), [&]<class T>() {
+    T* dx = slot_ptr<T>(grad_x);
+    const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);
+    switch (act) {
+      case Activation::kRelu: k::cpu::relu_backward<T>(dx, dy, out, n, acc); break;
+      case Activation::kTanh: k::cpu::tanh_backward<T>(dx, dy, out, n, acc); break;
+      case Activation::kSigmoid: k::cpu::sigmoid_backward<T>(dx, dy, out, n, acc); break;
+    }
+  });
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary("add", k::BinaryOp::kAdd, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", k::BinaryOp::kSub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", k::BinaryOp::kMul, a, b); }
+
+void add_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b) {
+  binary_backward("add_backward", k::BinaryOp::kAdd, grad_out, a, b, grad_a, grad_b);
+}
+void sub_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b) {
+  binary_backward("sub_backward", k::BinaryOp::kSub, grad_out, a, b, grad_a, grad_b);
+}
+void mul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b) {
+  binary_backward("mul_backward", k::BinaryOp::kMul, grad_out, a, b, grad_a, grad_b);
+}
+
+Tensor add(const Tensor& a, double s) {
+  check_finite_scalar("add", s);
+  return affine("add", a, 1.0, s);
+}
+Tensor sub(const Tensor& a, double s) {
+  check_finite_scalar("sub", s);
+  return affine("sub", a, 1.0, -s);
+}
+Tensor mul(const Tensor& a, double s) {
+  check_finite_scalar("mul", s);
+  return affine("mul", a, s, 0.0);
+}
+
+void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
+  const char* op = "scale_backward";
+  check_finite_scalar(op, scale);
+  check_inputs(op, {{"grad_out", &grad_out}});
+  if (!check_slot(op, "grad_a", grad_a, grad_out)) return;
+  const std::int64_t n = grad_out.numel();
+  if (grad_out.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(grad_out.device());
+    scope.read({&grad_out});
+    const bool acc = open_slot(grad_a, grad_out, scope.stream());
+    k::scale_backward(grad_a.tensor->data<float>(), grad_out.data<float>(),
+                      static_cast<float>(scale), n, acc, scope.stream());
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_a, grad_out, nullptr);
+  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
+    k::cpu::scale_backward<T>(slot_ptr<T>(grad_a), ptr<T>(grad_out), T(scale), n, acc);
+  });
+}
+
+Tensor relu(const Tensor& x) { return activation("relu", Activation::kRelu, x); }
+Tensor tanh(const Tensor& x) { return activation("tanh", Activation::kTanh, x); }
+Tensor sigmoid(const Tensor& x) { return activation("sigmoid", Activation::kSigmoid, x); }
+
+void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
+  activation_backward("relu_backward", Activation::kRelu, grad_out, y, grad_x);
+}
+void tanh_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
+  activation_backward("tanh_backward", Activation::kTanh, grad_out, y, grad_x);
+}
+void sigmoid_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
+  activation_backward("sigmoid_backward", Activation::kSigmoid, grad_out, y, grad_x);
+}
+
+}  // namespace graphward

@@ -1,0 +1,207 @@
+// matmul and linear: GEMMs through cuBLAS on CUDA (kernels/gemm.h), the reference on the CPU.
+#include "engine/blas.h"
+#include "engine/ops_common.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/reduce.h"
+
+namespace graphward {
+using namespace ops_detail;
+namespace k = kernels;
+
+namespace {
+
+// One GEMM C[m,n] (=|+=) op(A)·op(B) on the op's device (see kernels/gemm.h for the layout).
+template <class T>
+void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& a,
+              const Tensor& b, bool accumulate, T* c) {
+  k::cpu::gemm<T>(ta, tb, m, n, kk, T(1), ptr<T>(a), ptr<T>(b), accumulate ? T(1) : T(0), c);
+}
+
+#if GRAPHWARD_HAS_CUDA
+void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int64_t m,
+               std::int64_t n, std::int64_t kk, const Tensor& a, const Tensor& b, bool accumulate,
+               float* c) {
+  k::gemm(blas_context(device, scope.stream()), ta, tb, m, n, kk, 1.f, a.data<float>(),
+          b.data<float>(), accumulate ? 1.f : 0.f, c, scope.stream());
+}
+#endif
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const char* op = "matmul";
+  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_dim(op, {"a", &a}, 2);
+  check_dim(op, {"b", &b}, 2);
+  GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
+           ", b is ", shape_str(b.shape()), "; expected a.shape[1] == b.shape[0]");
+  const std::int64_t m = a.size(0), kk = a.size(1), n = b.size(1);
+  if (a.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(a.device());
+    scope.read({&a, &b});
+    Tensor c = new_output({m, n}, a);
+    gemm_cuda(scope, a.device(), false, false, m, n, kk, a, b, false, c.data<float>());
+    return c;
+#endif
+  }
+  Tensor c = new_output({m, n}, a);
+  dispatch_cpu(a.dtype(), [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
+  return c;
+}
+
+void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                     GradSlot grad_b) {
+  const char* op = "matmul_backward";
+  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}, {"b", &b}});
+  check_dim(op, {"a", &a}, 2);
+  check_dim(op, {"b", &b}, 2);
+  GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
+           ", b is ", shape_str(b.shape()), "; expected a.shape[1] == b.shape[0]");
+  const std::int64_t m = a.size(0), kk = a.size(1), n = b.size(1);
+  GW_CHECK(grad_out.shape() == Shape({m, n}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str({m, n}));
+  const bool want_a = check_slot(op, "grad_a", grad_a, a);
+  const bool want_b = check_slot(op, "grad_b", grad_b, b);
+  // dA [m,k] = dC [m,n] · Bᵀ ;  dB [k,n] = Aᵀ · dC
+  if (a.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(a.device());
+    scope.read({&grad_out, &a, &b});
+    if (want_a) {
+      const bool acc = open_slot(grad_a, a, scope.stream());
+      gemm_cuda(scope, a.device(), false, true, m, kk, n, grad_out, b, acc,
+                grad_a.tensor->data<float>());
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_b, b, scope.stream());
+      gemm_cuda(scope, a.device(), true, false, kk, n, m, a, grad_out, acc,
+                grad_b.tensor->data<float>());
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(a.dtype(), [&]<class T>() {
+    if (want_a) {
+      const bool acc = open_slot(grad_a, a, nullptr);
+      gemm_cpu<T>(false, true, m, kk, n, grad_out, b, acc, slot_ptr<T>(grad_a));
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_b, b, nullptr);
+      gemm_cpu<T>(true, false, kk, n, m, a, grad_out, acc, slot_ptr<T>(grad_b));
+    }
+  });
+}
+
+namespace {
+struct LinearDims {
+  std::int64_t batch, in, out;
+};
+
+LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias) {
+  if (bias.defined()) {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+  } else {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+  }
+  check_dim(op, {"x", &x}, 2);
+  check_dim(op, {"weight", &weight}, 2);
+  GW_CHECK(x.size(1) == weight.size(1), op, ": x is ", shape_str(x.shape()), " and weight is ",
+           shape_str(weight.shape()), "; expected weight [out, in] with in == x.shape[1] (",
+           x.size(1), ")");
+  if (bias.defined()) {
+    GW_CHECK(bias.shape() == Shape({weight.size(0)}), op, ": bias is ", shape_str(bias.shape()),
+             "; expected [", weight.size(0), "] (weight's out dimension)");
+  }
+  return {x.size(0), x.size(1), weight.size(0)};
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const char* op = "linear";
+  const LinearDims d = check_linear(op, x, weight, bias);
+  // y [B,out] = x [B,in] · Wᵀ, then y += bias (a row broadcast, in place)
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    if (bias.defined()) {
+      scope.read({&x, &weight, &bias});
+    } else {
+      scope.read({&x, &weight});
+    }
+    Tensor y = new_output({d.batch, d.out}, x);
+    float* out = y.data<float>();
+    gemm_cuda(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, out);
+    if (bias.defined()) {
+      k::binary_forward(k::BinaryOp::kAdd, out, out, d.batch * d.out, bias.data<float>(), d.out,
+                        d.batch * d.out, scope.stream());
+    }
+    return y;
+#endif
+  }
+  Tensor y = new_output({d.batch, d.out}, x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    T* out = ptr<T>(y);
+    gemm_cpu<T>(false, true, d.batch, d.out, d.in, x, weight, false, out);
+    if (bias.defined()) {
+      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, out, out, d.batch * d.out, ptr<T>(bias), d.out,
+                                d.batch * d.out);
+    }
+  });
+  return y;
+}
+
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias) {
+  const char* op = "linear_backward";
+  const LinearDims d = check_linear(op, x, weight, Tensor());
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}});
+  GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str({d.batch, d.out}));
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  // dx [B,in] = dy [B,out] · W [out,in];  dW [out,in] = dyᵀ · x;  db [out] = Σ_rows dy
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &weight});
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, scope.stream());
+      gemm_cuda(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
+                grad_x.tensor->data<float>());
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, scope.stream());
+      gemm_cuda(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc,
+                grad_weight.tensor->data<float>());
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {d.out}, x, scope.stream());
+      k::column_sum(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f,
+                    d.batch, d.out, acc, scope.stream());
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, nullptr);
+      gemm_cpu<T>(false, false, d.batch, d.in, d.out, grad_out, weight, acc, slot_ptr<T>(grad_x));
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, nullptr);
+      gemm_cpu<T>(true, false, d.out, d.in, d.batch, grad_out, x, acc, slot_ptr<T>(grad_weight));
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {d.out}, x, nullptr);
+      k::cpu::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, T(1), d.batch,
+                            d.out, acc);
+    }
+  });
+}
+
+}  // namespace graphward

@@ -1,0 +1,220 @@
+#include "engine/stream.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <utility>
+
+#include "engine/blas.h"
+#include "engine/error.h"
+
+namespace graphward {
+
+namespace {
+constexpr int kMaxDevices = 64;
+
+#if !GRAPHWARD_HAS_CUDA
+[[noreturn]] void no_cuda(const char* what) {
+  GW_CHECK(false, what, ": graphward was built without CUDA");
+  __builtin_unreachable();
+}
+#endif
+}  // namespace
+
+// ---- Event -----------------------------------------------------------------------------------------
+
+Event::Event(Device device, bool enable_timing) : device_(device) {
+#if GRAPHWARD_HAS_CUDA
+  DeviceGuard guard(device);
+  GW_CUDA_CHECK(cudaEventCreateWithFlags(
+      &event_, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+#else
+  (void)enable_timing;
+  no_cuda("Event");
+#endif
+}
+
+Event::~Event() { reset(); }
+
+Event::Event(Event&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    reset();
+    event_ = std::exchange(other.event_, nullptr);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void Event::reset() noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (event_) GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_));
+#endif
+  event_ = nullptr;
+}
+
+#if GRAPHWARD_HAS_CUDA
+void Event::record(cudaStream_t stream) {
+  GW_CHECK(event_, "Event::record: the event was moved from or never created");
+  GW_CUDA_CHECK(cudaEventRecord(event_, stream));
+}
+void Event::block(cudaStream_t stream) const {
+  GW_CHECK(event_, "Event::block: the event was moved from or never created");
+  GW_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+}
+bool Event::query() const {
+  const cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) return false;
+  GW_CUDA_CHECK(err);
+  return true;
+}
+void Event::synchronize() const { GW_CUDA_CHECK(cudaEventSynchronize(event_)); }
+float Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0;
+  GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+  return ms;
+}
+#else
+void Event::record(cudaStream_t) { no_cuda("Event::record"); }
+void Event::block(cudaStream_t) const { no_cuda("Event::block"); }
+bool Event::query() const { no_cuda("Event::query"); }
+void Event::synchronize() const { no_cuda("Event::synchronize"); }
+float Event::elapsed_ms_since(const Event&) const { no_cuda("Event::elapsed_ms_since"); }
+#endif
+
+// ---- Stream ----------------------------------------------------------------------------------------
+
+Stream::Stream(Device device, int priority) : device_(device) {
+#if GRAPHWARD_HAS_CUDA
+  DeviceGuard guard(device);
+  GW_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+#else
+  (void)priority;
+  no_cuda("Stream");
+#endif
+}
+
+Stream::~Stream() { reset(); }
+
+Stream::Stream(Stream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    reset();
+    stream_ = std::exchange(other.stream_, nullptr);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void Stream::reset() noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (stream_) {
+    // Free this thread's cuBLAS workspace for the stream first (cudaFree waits for the device), so
+    // a later stream that reuses the handle value cannot share scratch memory with pending work.
+    try {
+      release_blas_workspace(device_, stream_);
+    } catch (const std::exception& e) {
+      detail::log_error(__FILE__, __LINE__, e.what());
+    }
+    // cudaStreamDestroy returns at once; work already enqueued still completes.
+    GW_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+  }
+#endif
+  stream_ = nullptr;
+}
+
+void Stream::synchronize() const {
+#if GRAPHWARD_HAS_CUDA
+  GW_CUDA_CHECK(cudaStreamSynchronize(stream_));
+#else
+  no_cuda("Stream::synchronize");
+#endif
+}
+
+void Stream::wait_stream(cudaStream_t other) const { stream_wait_stream(device_, stream_, other); }
+
+void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer) {
+#if GRAPHWARD_HAS_CUDA
+  if (waiter == producer) return;
+  DeviceGuard guard(device);
+  cudaEvent_t ev = nullptr;
+  GW_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  const cudaError_t rec = cudaEventRecord(ev, producer);
+  const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(waiter, ev, 0) : rec;
+  // Destroying a recorded event is safe: its resources are released once it completes.
+  GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(ev));
+  GW_CUDA_CHECK(wait);
+#else
+  (void)device, (void)waiter, (void)producer;
+  no_cuda("stream_wait_stream");
+#endif
+}
+
+// ---- default and current streams -------------------------------------------------------------------
+// Note [Current stream]: the current stream is per thread and per device; nullptr in the slot means
+// "the device's default stream". Default streams are created once and deliberately never destroyed
+// (like the runtime's own default stream): tensors alive at process exit may still free on them.
+
+cudaStream_t default_stream(Device device) {
+  check_cuda_device(device, "default_stream");
+#if GRAPHWARD_HAS_CUDA
+  static std::array<std::atomic<cudaStream_t>, kMaxDevices> streams{};
+  static std::mutex create_mutex;
+  GW_CHECK(device.index < kMaxDevices, "default_stream: device index ", device.index,
+           " exceeds graphward's limit of ", kMaxDevices, " devices");
+  auto& slot = streams[device.index];
+  cudaStream_t s = slot.load(std::memory_order_acquire);
+  if (s) return s;
+  std::lock_guard<std::mutex> lock(create_mutex);
+  s = slot.load(std::memory_order_relaxed);
+  if (!s) {
+    DeviceGuard guard(device);
+    GW_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    slot.store(s, std::memory_order_release);
+  }
+  return s;
+#else
+  no_cuda("default_stream");
+#endif
+}
+
+namespace {
+thread_local std::array<cudaStream_t, kMaxDevices> t_current_streams{};
+}
+
+cudaStream_t current_stream(Device device) {
+  check_cuda_device(device, "current_stream");
+  cudaStream_t s = t_current_streams[device.index];
+  return s ? s : default_stream(device);
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : StreamGuard(stream.device(), stream.get()) {}
+
+StreamGuard::StreamGuard(Device device, cudaStream_t stream) : device_(device) {
+  check_cuda_device(device, "StreamGuard");
+  GW_CHECK(device.index < kMaxDevices, "StreamGuard: device index ", device.index,
+           " exceeds graphward's limit of ", kMaxDevices, " devices");
+#if GRAPHWARD_HAS_CUDA
+  GW_CHECK(stream != nullptr && stream != cudaStreamLegacy,
+           "StreamGuard: the legacy default stream cannot be a current stream (it synchronizes "
+           "with every blocking stream); expected a stream created with cudaStreamNonBlocking, "
+           "e.g. graphward::Stream");
+  GW_CHECK(stream != cudaStreamPerThread,
+           "StreamGuard: cudaStreamPerThread cannot be a current stream (it synchronizes with the "
+           "legacy default stream); expected a stream created with cudaStreamNonBlocking");
+  int stream_device = -1;
+  GW_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+  GW_CHECK(stream_device == device.index, "StreamGuard: stream ", static_cast<void*>(stream),
+           " belongs to cuda:", stream_device, ", not to ", device.str());
+#endif
+  previous_ = t_current_streams[device.index];
+  t_current_streams[device.index] = stream;
+}
+
+StreamGuard::~StreamGuard() { t_current_streams[device_.index] = previous_; }
+
+}  // namespace graphward

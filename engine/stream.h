@@ -1,0 +1,92 @@
+#pragma once
+// Streams and events (Note [Current stream]).
+//
+// Every thread has, for every CUDA device, a current stream: the stream forward ops launch on
+// (DESIGN.md rule 1). Until a StreamGuard sets one it is the device's graphward default stream: a
+// non-blocking stream created once per device and kept for the life of the process, so that nothing
+// graphward launches ever synchronizes with the legacy default stream. The legacy default stream
+// (0 / cudaStreamLegacy) and cudaStreamPerThread are refused as current streams.
+//
+// A stream must outlive the tensors produced or consumed on it: their memory is freed in stream
+// order on the stream that allocated it (Note [Stream-ordered memory] in memory.h).
+#include "engine/cuda.h"
+#include "engine/device.h"
+
+namespace graphward {
+
+// Owns a CUDA event (timing disabled unless asked). Move-only.
+class Event {
+ public:
+  Event() = default;  // no event yet: call create() or use the constructor below
+  explicit Event(Device device, bool enable_timing = false);
+  ~Event();
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  cudaEvent_t get() const { return event_; }
+  Device device() const { return device_; }
+  bool valid() const { return event_ != nullptr; }
+
+  void record(cudaStream_t stream);
+  // Makes `stream` wait for the work captured by the last record() (no host blocking).
+  void block(cudaStream_t stream) const;
+  bool query() const;  // true when the recorded work has finished
+  void synchronize() const;
+  // Milliseconds between `start` and this event; both must be timing events, recorded and done.
+  float elapsed_ms_since(const Event& start) const;
+
+ private:
+  void reset() noexcept;
+  cudaEvent_t event_ = nullptr;
+  Device device_ = Device::cuda(0);
+};
+
+// Owns a non-blocking CUDA stream on one device. Move-only.
+class Stream {
+ public:
+  explicit Stream(Device device = Device::cuda(0), int priority = 0);
+  ~Stream();
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+  Device device() const { return device_; }
+  void synchronize() const;
+  // This stream waits for all work enqueued on `other` so far (an event in between).
+  void wait_stream(cudaStream_t other) const;
+
+ private:
+  void reset() noexcept;
+  cudaStream_t stream_ = nullptr;
+  Device device_ = Device::cuda(0);
+};
+
+// The graphward default stream of `device` (created on first use, non-blocking, process lifetime).
+cudaStream_t default_stream(Device device);
+// The calling thread's current stream for `device` (its default stream until a guard sets one).
+cudaStream_t current_stream(Device device);
+
+// Sets the calling thread's current stream for the stream's device for the scope; restores the
+// previous one. Checks that the stream is a real stream on that device.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  StreamGuard(Device device, cudaStream_t stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Device device_;
+  cudaStream_t previous_;
+};
+
+// `waiter` waits for everything enqueued on `producer` so far, through a fresh event. No-op when
+// they are the same stream.
+void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer);
+
+}  // namespace graphward

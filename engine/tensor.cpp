@@ -1,0 +1,219 @@
+#include "engine/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "engine/random.h"
+#include "engine/stream.h"
+
+#if GRAPHWARD_HAS_CUDA
+#include "kernels/elementwise.h"
+#endif
+
+namespace graphward {
+
+// ---- Tensor ----------------------------------------------------------------------------------------
+
+const Tensor::Impl& Tensor::impl() const {
+  GW_CHECK(impl_, "use of an undefined Tensor (default-constructed or moved from); expected a "
+                  "tensor made by a creation function or an op");
+  return *impl_;
+}
+
+const Shape& Tensor::shape() const { return impl().shape; }
+std::int64_t Tensor::numel() const { return impl().numel; }
+DType Tensor::dtype() const { return impl().dtype; }
+Device Tensor::device() const { return impl().storage->device(); }
+void* Tensor::raw_data() const { return impl().storage->data(); }
+std::uint64_t Tensor::version() const { return impl().storage->version(); }
+void Tensor::bump_version() const { impl().storage->bump_version(); }
+const std::shared_ptr<Storage>& Tensor::storage() const { return impl().storage; }
+
+std::int64_t Tensor::size(std::int64_t d) const {
+  const std::int64_t n = dim();
+  GW_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d, " is out of range for a tensor of shape ",
+           shape_str(shape()), "; expected a dimension in [", -n, ", ", n, ")");
+  return shape()[static_cast<std::size_t>(d < 0 ? d + n : d)];
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined tensor";
+  return detail::concat(dtype_name(dtype()), shape_str(shape()), " on ", device().str());
+}
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
+  const std::int64_t n = shape_numel(shape);
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(options.dtype);
+  std::shared_ptr<Storage> storage;
+  if (options.device.is_cpu()) {
+    storage = Storage::allocate_cpu(bytes);
+  } else {
+    check_cuda_device(options.device, "Tensor::empty");
+    storage = Storage::allocate(options.device, bytes, current_stream(options.device));
+  }
+  return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n}));
+}
+
+namespace {
+
+// Copies `bytes` of host memory into a fresh tensor of `shape` on `options.device`.
+Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
+  Tensor t = Tensor::empty(shape, options);
+  if (t.nbytes() == 0) return t;
+  if (options.device.is_cpu()) {
+    std::memcpy(t.raw_data(), host, t.nbytes());
+    return t;
+  }
+#if GRAPHWARD_HAS_CUDA
+  DeviceGuard guard(options.device);
+  // From pageable memory: returns once the source has been staged, so `host` may be freed after.
+  GW_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), host, t.nbytes(), cudaMemcpyHostToDevice,
+                                t.storage()->producer_stream()));
+#endif
+  return t;
+}
+
+template <class Gen>
+Tensor generate(const Shape& shape, TensorOptions options, Gen gen) {
+  const std::int64_t n = shape_numel(shape);
+  if (options.dtype == DType::kFloat64) {
+    std::vector<double> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[i] = gen(i);
+    return upload(v.data(), shape, options);
+  }
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(gen(i));
+  return upload(v.data(), shape, options);
+}
+
+}  // namespace
+
+Tensor Tensor::to(Device target) const {
+  const Impl& src = impl();
+  const Device from = device();
+  const TensorOptions options{src.dtype, target};
+  if (from.is_cpu()) return upload(raw_data(), src.shape, options);
+#if GRAPHWARD_HAS_CUDA
+  const std::size_t bytes = nbytes();
+  if (target.is_cpu()) {
+    Tensor out = empty(src.shape, options);
+    if (bytes == 0) return out;
+    DeviceGuard guard(from);
+    cudaStream_t s = current_stream(from);
+    src.storage->sync_for_read(s);
+    GW_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), raw_data(), bytes, cudaMemcpyDeviceToHost, s));
+    GW_CUDA_CHECK(cudaStreamSynchronize(s));
+    return out;
+  }
+  Tensor out = empty(src.shape, options);
+  if (bytes == 0) return out;
+  cudaStream_t s = out.storage()->producer_stream();
+  if (target == from) {
+    DeviceGuard guard(target);
+    src.storage->sync_for_read(s);
+    GW_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), raw_data(), bytes, cudaMemcpyDeviceToDevice, s));
+    return out;
+  }
+  // Across devices: synchronous, so that no stream of one device is left using the other's memory.
+  {
+    DeviceGuard guard(from);
+    GW_CUDA_CHECK(cudaStreamSynchronize(src.storage->producer_stream()));
+  }
+  DeviceGuard guard(target);
+  GW_CUDA_CHECK(cudaMemcpyPeerAsync(out.raw_data(), target.index, raw_data(), from.index, bytes, s));
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));
+  return out;
+#else
+  GW_CHECK(false, "Tensor::to: cannot copy from ", from.str(), ": graphward was built without CUDA");
+  return {};
+#endif
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  GW_CHECK(dtype() == dtype_of<T>(), "Tensor::to_vector: the tensor holds ", dtype_name(dtype()),
+           ", not ", dtype_name(dtype_of<T>()));
+  const Tensor host = device().is_cpu() ? *this : to(Device::cpu());
+  const T* p = static_cast<const T*>(host.raw_data());
+  return std::vector<T>(p, p + numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+
+double Tensor::item() const {
+  GW_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
+           shape_str(shape()));
+  return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];
+}
+
+// ---- creation --------------------------------------------------------------------------------------
+
+Tensor zeros(const Shape& shape, TensorOptions options) {
+  if (options.device.is_cpu()) {
+    Tensor t = Tensor::empty(shape, options);
+    std::memset(t.raw_data(), 0, t.nbytes());
+    return t;
+  }
+  Tensor t = Tensor::empty(shape, options);
+#if GRAPHWARD_HAS_CUDA
+  if (t.nbytes() > 0) {
+    DeviceGuard guard(options.device);
+    GW_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), t.storage()->producer_stream()));
+  }
+#endif
+  return t;
+}
+
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+#if GRAPHWARD_HAS_CUDA
+  if (options.device.is_cuda() && options.dtype == DType::kFloat32) {
+    Tensor t = Tensor::empty(shape, options);
+    DeviceGuard guard(options.device);
+    kernels::fill(t.data<float>(), static_cast<float>(value), t.numel(),
+                  t.storage()->producer_stream());
+    return t;
+  }
+#endif
+  return generate(shape, options, [value](std::int64_t) { return value; });
+}
+
+Tensor randn(const Shape& shape, std::uint64_t seed, TensorOptions options) {
+  return generate(shape, options,
+                  [seed](std::int64_t i) { return philox_normal(seed, static_cast<std::uint64_t>(i)); });
+}
+
+Tensor uniform(const Shape& shape, double low, double high, std::uint64_t seed,
+               TensorOptions options) {
+  GW_CHECK(std::isfinite(low) && std::isfinite(high) && low < high,
+           "uniform: expected finite bounds with low < high, got low=", low, " high=", high);
+  const bool f32 = options.dtype == DType::kFloat32;
+  return generate(shape, options, [=](std::int64_t i) {
+    double v = low + (high - low) * philox_uniform(seed, static_cast<std::uint64_t>(i));
+    // Rounding (to double, or later to float) must not reach `high`: the interval is half-open.
+    if (f32 && static_cast<float>(v) >= static_cast<float>(high)) {
+      v = std::nextafter(static_cast<float>(high), static_cast<float>(low));
+    } else if (v >= high) {
+      v = std::nextafter(high, low);
+    }
+    return v;
+  });
+}
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  GW_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: got ",
+           values.size(), " values for shape ", shape_str(shape), ", which holds ",
+           shape_numel(shape));
+  return upload(values.data(), shape, {DType::kFloat32, device});
+}
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device device) {
+  GW_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: got ",
+           values.size(), " values for shape ", shape_str(shape), ", which holds ",
+           shape_numel(shape));
+  return upload(values.data(), shape, {DType::kFloat64, device});
+}
+
+}  // namespace graphward

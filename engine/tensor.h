@@ -1,0 +1,97 @@
+#pragma once
+// Tensor: a shape, an element type and a device over shared, contiguous, row-major storage.
+//
+// Copies of a Tensor share one implementation (like PyTorch's): a tensor is a handle. A CUDA
+// tensor's storage remembers the stream that produced it; an op on another stream waits for it
+// automatically (DESIGN.md rule 6, Note [Stream-ordered memory] in memory.h). The version counter
+// lives in the storage and is bumped by every in-place write.
+//
+// Creation functions allocate on `options.device`; CUDA allocations and copies are ordered on the
+// calling thread's current stream for that device (Note [Current stream] in stream.h).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/cuda.h"
+#include "engine/device.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/memory.h"
+
+namespace graphward {
+
+struct TensorOptions {
+  DType dtype = DType::kFloat32;
+  Device device = Device::cpu();
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds nothing
+  // Uninitialized memory (poisoned with NaN when debug::set_poison_new_memory is on).
+  static Tensor empty(const Shape& shape, TensorOptions options = {});
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  std::int64_t dim() const { return static_cast<std::int64_t>(shape().size()); }
+  std::int64_t size(std::int64_t d) const;  // negative d counts from the end
+  std::int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  bool is_cuda() const { return device().is_cuda(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+
+  // Typed pointer to the first element; checks that T matches dtype().
+  template <class T>
+  T* data() const {
+    GW_CHECK(dtype() == dtype_of<T>(), "Tensor::data: the tensor holds ", dtype_name(dtype()),
+             ", not ", dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw_data());
+  }
+  void* raw_data() const;
+
+  std::uint64_t version() const;
+  void bump_version() const;
+  const std::shared_ptr<Storage>& storage() const;
+  // Whether two tensors share storage.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // A copy on `device` (a new tensor, even when the device is the same). Copies to the CPU wait
+  // for the copy to finish (a host read: it synchronizes with the current stream).
+  Tensor to(Device device) const;
+  Tensor clone() const { return to(device()); }
+  // The elements as a host vector of T (T must match dtype()). Synchronizes for CUDA tensors.
+  template <class T>
+  std::vector<T> to_vector() const;
+  // The single element of a one-element tensor, as double. Synchronizes for CUDA tensors.
+  double item() const;
+
+  std::string str() const;  // "float32[2, 3] on cuda:0"
+
+ private:
+  struct Impl {
+    std::shared_ptr<Storage> storage;
+    Shape shape;
+    DType dtype;
+    std::int64_t numel;
+  };
+  explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  const Impl& impl() const;
+  std::shared_ptr<Impl> impl_;
+};
+
+// ---- creation --------------------------------------------------------------------------------------
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+// Standard normal (mean 0, std 1) and uniform [low, high): a pure function of (seed, element index);
+// bitwise the same on every device (engine/random.h).
+Tensor randn(const Shape& shape, std::uint64_t seed, TensorOptions options = {});
+Tensor uniform(const Shape& shape, double low, double high, std::uint64_t seed,
+               TensorOptions options = {});
+// From host values; values.size() must equal the shape's element count.
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());
+Tensor from_vector(const std::vector<double>& values, const Shape& shape,
+                   Device device = Device::cpu());
+
+}  // namespace graphward

@@ -1,0 +1,82 @@
+// CPU references of the elementwise ops (the CPU backend and the test oracle).
+#include <cmath>
+
+#include "kernels/elementwise.h"
+
+namespace graphward::kernels::cpu {
+namespace {
+template <class T>
+void store(T* dst, std::int64_t i, T v, bool accumulate) {
+  dst[i] = accumulate ? dst[i] + v : v;
+}
+}  // namespace
+
+template <class T>
+void fill(T* y, T value, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = value;
+}
+template <class T>
+void relu_forward(T* y, const T* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+}
+template <class T>
+void relu_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accumulate) {
+  for (std::int64_t i = 0; i < n; ++i) store(dx, i, y[i] > T(0) ? dy[i] : T(0), accumulate);
+}
+template <class T>
+void tanh_forward(T* y, const T* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+template <class T>
+void tanh_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accumulate) {
+  for (std::int64_t i = 0; i < n; ++i) store(dx, i, dy[i] * (T(1) - y[i] * y[i]), accumulate);
+}
+template <class T>
+void sigmoid_forward(T* y, const T* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = T(1) / (T(1) + std::exp(-x[i]));
+}
+template <class T>
+void sigmoid_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accumulate) {
+  for (std::int64_t i = 0; i < n; ++i) store(dx, i, dy[i] * y[i] * (T(1) - y[i]), accumulate);
+}
+template <class T>
+void binary_forward(BinaryOp op, T* y, const T* a, std::int64_t a_period, const T* b,
+                    std::int64_t b_period, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T av = a[i % a_period];
+    const T bv = b[i % b_period];
+    y[i] = op == BinaryOp::kAdd ? av + bv : op == BinaryOp::kSub ? av - bv : av * bv;
+  }
+}
+template <class T>
+void affine_forward(T* y, const T* x, T alpha, T beta, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta;
+}
+template <class T>
+void scale_backward(T* dx, const T* dy, T alpha, std::int64_t n, bool accumulate) {
+  for (std::int64_t i = 0; i < n; ++i) store(dx, i, alpha * dy[i], accumulate);
+}
+template <class T>
+void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period, std::int64_t n,
+                  bool accumulate) {
+  for (std::int64_t i = 0; i < n; ++i) store(dx, i, dy[i] * other[i % other_period], accumulate);
+}
+
+#define GW_INSTANTIATE(T)                                                                     \
+  template void fill<T>(T*, T, std::int64_t);                                                 \
+  template void relu_forward<T>(T*, const T*, std::int64_t);                                  \
+  template void relu_backward<T>(T*, const T*, const T*, std::int64_t, bool);                 \
+  template void tanh_forward<T>(T*, const T*, std::int64_t);                                  \
+  template void tanh_backward<T>(T*, const T*, const T*, std::int64_t, bool);                 \
+  template void sigmoid_forward<T>(T*, const T*, std::int64_t);                               \
+  template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool);              \
+  template void binary_forward<T>(BinaryOp, T*, const T*, std::int64_t, const T*,             \
+                                  std::int64_t, std::int64_t);                                \
+  template void affine_forward<T>(T*, const T*, T, T, std::int64_t);                          \
+  template void scale_backward<T>(T*, const T*, T, std::int64_t, bool);                       \
+  template void mul_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool);
+GW_INSTANTIATE(float)
+GW_INSTANTIATE(double)
+#undef GW_INSTANTIATE
+
+}  // namespace graphward::kernels::cpu

@@ -1,0 +1,25 @@
+#pragma once
+// Launch helpers shared by the .cu files of kernels/ (device code only; not a public header).
+#include <cstdint>
+
+#include "engine/error.h"
+
+namespace graphward::kernels::detail {
+
+constexpr int kThreads = 256;
+// Grid for a grid-stride loop over n elements: enough blocks to fill an H200 several times over,
+// never more than the elements need.
+inline unsigned grid_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 132 * 32 ? blocks : 132 * 32);
+}
+
+__device__ __forceinline__ void store(float* dst, std::int64_t i, float v, bool accumulate) {
+  dst[i] = accumulate ? dst[i] + v : v;
+}
+
+}  // namespace graphward::kernels::detail
+
+#define GW_GRID_STRIDE(i, n)                                                                   \
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)

@@ -1,0 +1,119 @@
+// Reduction kernels. Contract in reduce.h.
+//
+// Full reductions run in one block of 1024 threads: each thread sums a strided slice in double,
+// then the block reduces in shared memory in a fixed tree. One launch, no workspace, no atomics,
+// deterministic. (A multi-block version needs a workspace; it pays only for vectors far larger than
+// a loss, and can come with a measurement that asks for it.)
+#include "kernels/launch.cuh"
+#include "kernels/reduce.h"
+
+namespace graphward::kernels {
+namespace {
+using detail::grid_for;
+using detail::kThreads;
+using detail::store;
+
+constexpr int kReduceThreads = 1024;
+
+__device__ double block_sum(double v) {
+  __shared__ double partial[kReduceThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
+  if (warp == 0) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  }
+  return v;  // valid in thread 0
+}
+
+__global__ void sum_forward_kernel(float* out, const float* x, float scale, std::int64_t n) {
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc * scale);
+}
+
+__global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std::int64_t n,
+                                    bool accumulate) {
+  const float g = scale * dy[0];
+  GW_GRID_STRIDE(i, n) { store(dx, i, g, accumulate); }
+}
+
+// Block (32, 8): threadIdx.x picks a column, threadIdx.y a slice of rows; a fixed shared-memory
+// tree combines the 8 slices. Reads are coalesced along the row.
+__global__ void column_sum_kernel(float* dst, const float* src, const float* other, float alpha,
+                                  std::int64_t rows, std::int64_t cols, bool accumulate) {
+  __shared__ double partial[8][33];
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  double acc = 0;
+  if (col < cols) {
+    for (std::int64_t r = threadIdx.y; r < rows; r += 8) {
+      const std::int64_t i = r * cols + col;
+      acc += other ? double(src[i]) * double(other[i]) : double(src[i]);
+    }
+  }
+  partial[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    double total = 0;
+    for (int s = 0; s < 8; ++s) total += partial[s][threadIdx.x];
+    store(dst, col, static_cast<float>(alpha * total), accumulate);
+  }
+}
+
+__global__ void mse_loss_forward_kernel(float* out, const float* pred, const float* target,
+                                        std::int64_t n) {
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double d = double(pred[i]) - double(target[i]);
+    acc += d * d;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc / double(n));
+}
+
+__global__ void mse_loss_backward_kernel(float* dpred, float* dtarget, const float* dy,
+                                         const float* pred, const float* target, std::int64_t n,
+                                         bool accumulate_pred, bool accumulate_target) {
+  const float scale = 2.f * dy[0] / static_cast<float>(n);
+  GW_GRID_STRIDE(i, n) {
+    const float g = scale * (pred[i] - target[i]);
+    if (dpred) store(dpred, i, g, accumulate_pred);
+    if (dtarget) store(dtarget, i, -g, accumulate_target);
+  }
+}
+
+}  // namespace
+
+void sum_forward(float* out, const float* x, float scale, std::int64_t n, cudaStream_t stream) {
+  sum_forward_kernel<<<1, kReduceThreads, 0, stream>>>(out, x, scale, n);
+  GW_LAUNCH_CHECK();
+}
+void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
+                  cudaStream_t stream) {
+  sum_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, scale, n, accumulate);
+  GW_LAUNCH_CHECK();
+}
+void column_sum(float* dst, const float* src, const float* other, float alpha, std::int64_t rows,
+                std::int64_t cols, bool accumulate, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+  column_sum_kernel<<<blocks, dim3(32, 8), 0, stream>>>(dst, src, other, alpha, rows, cols,
+                                                        accumulate);
+  GW_LAUNCH_CHECK();
+}
+void mse_loss_forward(float* out, const float* pred, const float* target, std::int64_t n,
+                      cudaStream_t stream) {
+  mse_loss_forward_kernel<<<1, kReduceThreads, 0, stream>>>(out, pred, target, n);
+  GW_LAUNCH_CHECK();
+}
+void mse_loss_backward(float* dpred, float* dtarget, const float* dy, const float* pred,
+                       const float* target, std::int64_t n, bool accumulate_pred,
+                       bool accumulate_target, cudaStream_t stream) {
+  mse_loss_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      dpred, dtarget, dy, pred, target, n, accumulate_pred, accumulate_target);
+  GW_LAUNCH_CHECK();
+}
+
+}  // namespace graphward::kernels
