@@ -1,0 +1,281 @@
+// Ops on the CPU backend: forward against hand-computed values, backward against finite
+// differences (float64), and the write/accumulate contract of gradient slots.
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+using testing::f64;
+using testing::gradcheck_error;
+using testing::Inputs;
+using testing::values;
+
+std::vector<double> vals(const Tensor& t) { return values(t); }
+
+TEST(OpsForwardCpu, MatmulMatchesHandComputedProduct) {
+  const Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = from_vector(std::vector<float>{7, 8, 9, 10, 11, 12}, {3, 2});
+  const Tensor c = matmul(a, b);
+  EXPECT_EQ(c.shape(), Shape({2, 2}));
+  EXPECT_EQ(vals(c), (std::vector<double>{58, 64, 139, 154}));
+}
+
+TEST(OpsForwardCpu, LinearIsInputTimesWeightTransposedPlusBias) {
+  const Tensor x = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const Tensor w = from_vector(std::vector<float>{1, 0, 1, 1, 0, 2}, {3, 2});  // [out=3, in=2]
+  const Tensor b = from_vector(std::vector<float>{10, 20, 30}, {3});
+  EXPECT_EQ(vals(linear(x, w, b)), (std::vector<double>{11, 23, 34, 13, 27, 38}));
+  EXPECT_EQ(vals(linear(x, w)), (std::vector<double>{1, 3, 4, 3, 7, 8}));
+}
+
+TEST(OpsForwardCpu, AddSubMulSameShapeRowBroadcastAndScalar) {
+  const Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = from_vector(std::vector<float>{6, 5, 4, 3, 2, 1}, {2, 3});
+  const Tensor row = from_vector(std::vector<float>{10, 20, 30}, {3});
+  const Tensor row2 = from_vector(std::vector<float>{10, 20, 30}, {1, 3});
+  EXPECT_EQ(vals(add(a, b)), (std::vector<double>{7, 7, 7, 7, 7, 7}));
+  EXPECT_EQ(vals(sub(a, b)), (std::vector<double>{-5, -3, -1, 1, 3, 5}));
+  EXPECT_EQ(vals(mul(a, b)), (std::vector<double>{6, 10, 12, 12, 10, 6}));
+  EXPECT_EQ(vals(add(a, row)), (std::vector<double>{11, 22, 33, 14, 25, 36}));
+  EXPECT_EQ(vals(add(row2, a)), (std::vector<double>{11, 22, 33, 14, 25, 36}));
+  EXPECT_EQ(vals(sub(row, a)), (std::vector<double>{9, 18, 27, 6, 15, 24}));
+  EXPECT_EQ(vals(mul(a, row2)), (std::vector<double>{10, 40, 90, 40, 100, 180}));
+  EXPECT_EQ(add(row, a).shape(), Shape({2, 3}));
+  EXPECT_EQ(vals(add(a, 0.5)), (std::vector<double>{1.5, 2.5, 3.5, 4.5, 5.5, 6.5}));
+  EXPECT_EQ(vals(sub(a, 1.0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(vals(mul(a, -2.0)), (std::vector<double>{-2, -4, -6, -8, -10, -12}));
+}
+
+TEST(OpsForwardCpu, ActivationsMatchTheirDefinitions) {
+  const Tensor x = from_vector(std::vector<double>{-2, -0.5, 0, 0.5, 3}, {5});
+  EXPECT_EQ(vals(relu(x)), (std::vector<double>{0, 0, 0, 0.5, 3}));
+  const std::vector<double> t = vals(graphward::tanh(x)), s = vals(sigmoid(x));
+  const std::vector<double> xs{-2, -0.5, 0, 0.5, 3};
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_DOUBLE_EQ(t[i], std::tanh(xs[i]));
+    EXPECT_DOUBLE_EQ(s[i], 1 / (1 + std::exp(-xs[i])));
+  }
+  // Saturation gives 0 and 1, never NaN.
+  const Tensor big = from_vector(std::vector<float>{-1000, 1000}, {2});
+  EXPECT_EQ(vals(sigmoid(big)), (std::vector<double>{0, 1}));
+  EXPECT_EQ(vals(graphward::tanh(big)), (std::vector<double>{-1, 1}));
+}
+
+TEST(OpsForwardCpu, SumMeanAndMseLossAreScalars) {
+  const Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = from_vector(std::vector<float>{1, 1, 1, 1, 1, 1}, {2, 3});
+  EXPECT_EQ(sum(a).shape(), Shape({}));
+  EXPECT_EQ(sum(a).item(), 21);
+  EXPECT_EQ(mean(a).item(), 3.5);
+  EXPECT_FLOAT_EQ(static_cast<float>(mse_loss(a, b).item()), (0 + 1 + 4 + 9 + 16 + 25) / 6.0f);
+}
+
+// ---- gradients against finite differences (float64) -------------------------------------------
+
+TEST(OpsGradcheckCpu, Matmul) {
+  const double err = gradcheck_error(
+      [](const Inputs& in) { return matmul(in[0], in[1]); },
+      [](const Tensor& g, const Inputs& in) {
+        Tensor ga, gb;
+        matmul_backward(g, in[0], in[1], {&ga}, {&gb});
+        return Inputs{ga, gb};
+      },
+      {randn({3, 5}, 1, f64()), randn({5, 4}, 2, f64())});
+  EXPECT_LT(err, 1e-7);
+}
+
+TEST(OpsGradcheckCpu, LinearWithAndWithoutBias) {
+  const Inputs in{randn({4, 6}, 3, f64()), randn({5, 6}, 4, f64()), randn({5}, 5, f64())};
+  const double with_bias = gradcheck_error(
+      [](const Inputs& x) { return linear(x[0], x[1], x[2]); },
+      [](const Tensor& g, const Inputs& x) {
+        Tensor gx, gw, gb;
+        linear_backward(g, x[0], x[1], {&gx}, {&gw}, {&gb});
+        return Inputs{gx, gw, gb};
+      },
+      in);
+  EXPECT_LT(with_bias, 1e-7);
+  const double without = gradcheck_error(
+      [](const Inputs& x) { return linear(x[0], x[1]); },
+      [](const Tensor& g, const Inputs& x) {
+        Tensor gx, gw;
+        linear_backward(g, x[0], x[1], {&gx}, {&gw});
+        return Inputs{gx, gw};
+      },
+      {in[0], in[1]});
+  EXPECT_LT(without, 1e-7);
+}
+
+struct BinaryCase {
+  const char* name;
+  Tensor (*forward)(const Tensor&, const Tensor&);
+  void (*backward)(const Tensor&, const Tensor&, const Tensor&, GradSlot, GradSlot);
+};
+
+TEST(OpsGradcheckCpu, AddSubMulForEveryBroadcastForm) {
+  const BinaryCase cases[] = {{"add", add, add_backward},
+                              {"sub", sub, sub_backward},
+                              {"mul", mul, mul_backward}};
+  const std::pair<Shape, Shape> shapes[] = {
+      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 4}, {1, 4}}, {{4}, {3, 4}}, {{1, 4}, {2, 3, 4}}};
+  std::uint64_t seed = 10;
+  for (const BinaryCase& c : cases) {
+    for (const auto& [sa, sb] : shapes) {
+      const double err = gradcheck_error(
+          [&](const Inputs& in) { return c.forward(in[0], in[1]); },
+          [&](const Tensor& g, const Inputs& in) {
+            Tensor ga, gb;
+            c.backward(g, in[0], in[1], {&ga}, {&gb});
+            return Inputs{ga, gb};
+          },
+          {randn(sa, seed, f64()), randn(sb, seed + 1, f64())});
+      seed += 2;
+      EXPECT_LT(err, 1e-7) << c.name << " " << shape_str(sa) << " with " << shape_str(sb);
+    }
+  }
+}
+
+TEST(OpsGradcheckCpu, ScalarForms) {
+  for (double s : {-1.5, 0.0, 2.25}) {
+    const double err_add = gradcheck_error(
+        [s](const Inputs& in) { return add(in[0], s); },
+        [](const Tensor& g, const Inputs&) {
+          Tensor ga;
+          scale_backward(g, 1.0, {&ga});
+          return Inputs{ga};
+        },
+        {randn({3, 2}, 7, f64())});
+    const double err_mul = gradcheck_error(
+        [s](const Inputs& in) { return mul(in[0], s); },
+        [s](const Tensor& g, const Inputs&) {
+          Tensor ga;
+          scale_backward(g, s, {&ga});
+          return Inputs{ga};
+        },
+        {randn({3, 2}, 8, f64())});
+    EXPECT_LT(err_add, 1e-7);
+    EXPECT_LT(err_mul, 1e-7);
+  }
+}
+
+TEST(OpsGradcheckCpu, Activations) {
+  struct Act {
+    const char* name;
+    Tensor (*forward)(const Tensor&);
+    void (*backward)(const Tensor&, const Tensor&, GradSlot);
+  };
+  const Act acts[] = {{"relu", relu, relu_backward},
+                      {"tanh", graphward::tanh, tanh_backward},
+                      {"sigmoid", sigmoid, sigmoid_backward}};
+  for (const Act& a : acts) {
+    const double err = gradcheck_error(
+        [&](const Inputs& in) { return a.forward(in[0]); },
+        [&](const Tensor& g, const Inputs& in) {
+          Tensor gx;
+          a.backward(g, a.forward(in[0]), {&gx});
+          return Inputs{gx};
+        },
+        {randn({4, 7}, 21, f64())});
+    EXPECT_LT(err, 1e-7) << a.name;
+  }
+}
+
+TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
+  const double err_sum = gradcheck_error(
+      [](const Inputs& in) { return sum(in[0]); },
+      [](const Tensor& g, const Inputs& in) {
+        Tensor gx;
+        sum_backward(g, in[0], {&gx});
+        return Inputs{gx};
+      },
+      {randn({3, 5}, 31, f64())});
+  const double err_mean = gradcheck_error(
+      [](const Inputs& in) { return mean(in[0]); },
+      [](const Tensor& g, const Inputs& in) {
+        Tensor gx;
+        mean_backward(g, in[0], {&gx});
+        return Inputs{gx};
+      },
+      {randn({3, 5}, 32, f64())});
+  const double err_mse = gradcheck_error(
+      [](const Inputs& in) { return mse_loss(in[0], in[1]); },
+      [](const Tensor& g, const Inputs& in) {
+        Tensor gp, gt;
+        mse_loss_backward(g, in[0], in[1], {&gp}, {&gt});
+        return Inputs{gp, gt};
+      },
+      {randn({4, 3}, 33, f64()), randn({4, 3}, 34, f64())});
+  EXPECT_LT(err_sum, 1e-7);
+  EXPECT_LT(err_mean, 1e-7);
+  EXPECT_LT(err_mse, 1e-7);
+}
+
+TEST(OpsGradcheckCpu, ComposedMlpLoss) {
+  // loss = mse(tanh(linear(relu(linear(x, w1, b1)), w2, b2)), target), checked end to end with
+  // the backward functions chained by hand.
+  const Tensor x = randn({5, 4}, 41, f64()), target = randn({5, 2}, 42, f64());
+  auto forward = [&](const Inputs& p) {
+    const Tensor h = relu(linear(x, p[0], p[1]));
+    return mse_loss(graphward::tanh(linear(h, p[2], p[3])), target);
+  };
+  auto backward = [&](const Tensor& g, const Inputs& p) {
+    const Tensor z1 = linear(x, p[0], p[1]);
+    const Tensor h = relu(z1);
+    const Tensor y = graphward::tanh(linear(h, p[2], p[3]));
+    Tensor gy, gz2, gh, gz1, gw1, gb1, gw2, gb2;
+    mse_loss_backward(g, y, target, {&gy});
+    tanh_backward(gy, y, {&gz2});
+    linear_backward(gz2, h, p[2], {&gh}, {&gw2}, {&gb2});
+    relu_backward(gh, h, {&gz1});
+    linear_backward(gz1, x, p[0], {}, {&gw1}, {&gb1});
+    return Inputs{gw1, gb1, gw2, gb2};
+  };
+  const double err = gradcheck_error(forward, backward,
+                                     {randn({3, 4}, 43, f64()), randn({3}, 44, f64()),
+                                      randn({2, 3}, 45, f64()), randn({2}, 46, f64())});
+  EXPECT_LT(err, 1e-6);
+}
+
+// ---- gradient slots: write, accumulate, skip -----------------------------------------------------
+
+TEST(GradSlotsCpu, OverwriteIgnoresOldContentsAndAccumulateAdds) {
+  const Tensor dy = from_vector(std::vector<float>{1, 2, 3}, {3});
+  const Tensor y = from_vector(std::vector<float>{1, -1, 2}, {3});  // relu output
+  Tensor g = full({3}, 100.0);
+  const auto v0 = g.version();
+  relu_backward(dy, y, {&g, /*accumulate=*/false});
+  EXPECT_EQ(vals(g), (std::vector<double>{1, 0, 3}));
+  EXPECT_GT(g.version(), v0);
+  relu_backward(dy, y, {&g, /*accumulate=*/true});
+  EXPECT_EQ(vals(g), (std::vector<double>{2, 0, 6}));
+}
+
+TEST(GradSlotsCpu, UndefinedSlotIsAllocatedAndNullSlotIsSkipped) {
+  const Tensor a = randn({2, 3}, 1), b = randn({3, 4}, 2), dy = randn({2, 4}, 3);
+  Tensor ga;
+  matmul_backward(dy, a, b, {&ga}, {});
+  ASSERT_TRUE(ga.defined());
+  EXPECT_EQ(ga.shape(), a.shape());
+  // An undefined slot is written, even when `accumulate` is set (there is nothing to add to).
+  Tensor ga2;
+  matmul_backward(dy, a, b, {&ga2, true}, {});
+  EXPECT_EQ(vals(ga2), vals(ga));
+}
+
+TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {
+  // Σ over two halves of dW equals dW over the whole batch: the micro-batch contract.
+  const Tensor x = randn({8, 5}, 1, f64()), w = randn({3, 5}, 2, f64()),
+               dy = randn({8, 3}, 3, f64());
+  Tensor gw_full;
+  linear_backward(dy, x, w, {}, {&gw_full});
+  const std::vector<double> xv = x.to_vector<double>(), dyv = dy.to_vector<double>();
+  Tensor gw = zeros({3, 5}, f64());
+  for (int half = 0; half < 2; ++half) {
+    const Tensor xh = from_vector(std::vector<double>(xv.begin() + half * 20, xv.begin() + half * 20 + 20), {4, 5});
+    const Tensor dh = from_vector(std::vector<double>(dyv.begin() + half * 12, dyv.begin() + half * 12 + 12), {4, 3});
+    linear_backward(dh, xh, w, {}, {&gw, true});
+  }
+  EXPECT_LT(testing::rel_error(gw, gw_full), 1e-12);
+}
+
+}  // namespace
+}  // namespace graphward

@@ -1,0 +1,86 @@
+// Bad input: every case is a graphward::Error naming the op, what it got and what it expected,
+// and nothing is written (Note [Check, then write] in engine/ops_common.h).
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+TEST(OpsErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
+  GW_EXPECT_ERROR(matmul(zeros({2, 3}), zeros({4, 5})), "matmul", "[2, 3]", "[4, 5]",
+                  "a.shape[1] == b.shape[0]");
+}
+
+TEST(OpsErrors, MatmulNeeds2dInputs) {
+  GW_EXPECT_ERROR(matmul(zeros({2, 3, 4}), zeros({4, 5})), "matmul", "[2, 3, 4]", "2-d");
+}
+
+TEST(OpsErrors, LinearWeightAndBiasShapes) {
+  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 5})), "linear", "[2, 3]", "[4, 5]");
+  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]",
+                  "[4]");
+}
+
+TEST(OpsErrors, NonBroadcastableShapes) {
+  GW_EXPECT_ERROR(add(zeros({2, 3}), zeros({3, 2})), "add", "[2, 3]", "[3, 2]", "broadcast");
+  GW_EXPECT_ERROR(mul(zeros({2, 3}), zeros({2})), "mul", "[2, 3]", "[2]");
+  GW_EXPECT_ERROR(mse_loss(zeros({2, 3}), zeros({3, 2})), "mse_loss", "[2, 3]", "[3, 2]");
+}
+
+TEST(OpsErrors, DtypeMismatch) {
+  GW_EXPECT_ERROR(add(zeros({2}), zeros({2}, {DType::kFloat64})), "add", "float32", "float64");
+}
+
+TEST(OpsErrors, EmptyTensor) {
+  GW_EXPECT_ERROR(relu(zeros({0, 3})), "relu", "empty", "[0, 3]");
+  GW_EXPECT_ERROR(sum(zeros({0})), "sum", "empty");
+  GW_EXPECT_ERROR(matmul(zeros({2, 0}), zeros({0, 3})), "matmul", "empty");
+}
+
+TEST(OpsErrors, UndefinedTensor) { GW_EXPECT_ERROR(relu(Tensor()), "relu", "undefined"); }
+
+TEST(OpsErrors, NonFiniteScalar) {
+  GW_EXPECT_ERROR(mul(ones({2}), std::nan("")), "mul", "finite");
+  GW_EXPECT_ERROR(add(ones({2}), INFINITY), "add", "finite");
+  GW_EXPECT_ERROR(scale_backward(ones({2}), -INFINITY, {}), "scale_backward", "finite");
+}
+
+TEST(OpsErrors, GradOutShapeMismatch) {
+  Tensor g;
+  GW_EXPECT_ERROR(relu_backward(zeros({3}), zeros({4}), {&g}), "relu_backward", "[3]", "[4]");
+  GW_EXPECT_ERROR(matmul_backward(zeros({2, 2}), zeros({2, 3}), zeros({3, 4}), {&g}, {}),
+                  "matmul_backward", "[2, 2]", "[2, 4]");
+  GW_EXPECT_ERROR(sum_backward(zeros({2}), zeros({3}), {&g}), "sum_backward", "one element");
+  EXPECT_FALSE(g.defined()) << "a failed backward must not allocate its gradient";
+}
+
+TEST(OpsErrors, BadGradSlotLeavesEveryOtherSlotUntouched) {
+  const Tensor x = randn({4, 3}, 1), w = randn({2, 3}, 2), dy = randn({4, 2}, 3);
+  Tensor gx = full({4, 3}, 7.0);
+  Tensor gw = zeros({3, 3});  // wrong shape: expected [2, 3]
+  Tensor gb;
+  const auto gx_version = gx.version();
+  GW_EXPECT_ERROR(linear_backward(dy, x, w, {&gx, true}, {&gw}, {&gb}), "linear_backward",
+                  "grad_weight", "[3, 3]", "[2, 3]");
+  EXPECT_EQ(testing::values(gx), std::vector<double>(12, 7.0)) << "grad_x was written";
+  EXPECT_EQ(gx.version(), gx_version);
+  EXPECT_FALSE(gb.defined());
+  EXPECT_EQ(testing::values(gw), std::vector<double>(9, 0.0));
+}
+
+TEST(OpsErrors, GradSlotDtypeMismatch) {
+  Tensor g = zeros({3}, {DType::kFloat64});
+  GW_EXPECT_ERROR(relu_backward(ones({3}), ones({3}), {&g}), "relu_backward", "grad_x", "float64",
+                  "float32");
+}
+
+TEST(OpsErrors, MessageSaysWhereItWasDetected) {
+  try {
+    relu(Tensor());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ops_common.cpp:"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace graphward

@@ -1,0 +1,168 @@
+// Streams, events and the stream rules of DESIGN.md that the foundation owns: the current stream
+// (rule 1), automatic waits for tensors produced on another stream (rule 6) and stream-safe reuse
+// of freed memory (rule 7). Each race test is built to fail when its wait is missing: the producer
+// or the other user is kept busy by a long GEMM chain, and new memory is poisoned with NaN.
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+const Device kGpu = Device::cuda(0);
+constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+class CudaStreams : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GW_REQUIRE_GPU();
+    debug::set_poison_new_memory(true);
+  }
+  void TearDown() override { debug::set_poison_new_memory(false); }
+};
+
+// Keeps the current stream busy for several milliseconds (a chain of 2048³ GEMMs).
+Tensor busy_work(int gemms = 6) {
+  Tensor x = mul(randn({2048, 2048}, 77, kF32Gpu), 1.0 / 45.0);
+  Tensor y = x;
+  for (int i = 0; i < gemms; ++i) y = matmul(y, x);
+  return y;
+}
+
+TEST_F(CudaStreams, CurrentStreamDefaultsToANonBlockingGraphwardStream) {
+  cudaStream_t s = current_stream(kGpu);
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(s, cudaStreamLegacy);
+  EXPECT_EQ(s, default_stream(kGpu));
+  unsigned flags = 0;
+  ASSERT_EQ(cudaStreamGetFlags(s, &flags), cudaSuccess);
+  EXPECT_EQ(flags & cudaStreamNonBlocking, static_cast<unsigned>(cudaStreamNonBlocking));
+}
+
+TEST_F(CudaStreams, GuardSetsAndRestoresTheCurrentStreamAndOpsUseIt) {
+  Stream a(kGpu), b(kGpu);
+  const cudaStream_t outer = current_stream(kGpu);
+  {
+    StreamGuard ga(a);
+    EXPECT_EQ(current_stream(kGpu), a.get());
+    const Tensor t = ones({4}, kF32Gpu);
+    EXPECT_EQ(t.storage()->producer_stream(), a.get());
+    {
+      StreamGuard gb(b);
+      EXPECT_EQ(current_stream(kGpu), b.get());
+      const Tensor u = relu(t);  // rule 1: runs on the current stream
+      EXPECT_EQ(u.storage()->producer_stream(), b.get());
+    }
+    EXPECT_EQ(current_stream(kGpu), a.get());
+  }
+  EXPECT_EQ(current_stream(kGpu), outer);
+}
+
+TEST_F(CudaStreams, LegacyAndPerThreadDefaultStreamsAreRefused) {
+  GW_EXPECT_ERROR(StreamGuard(kGpu, nullptr), "legacy default stream");
+  GW_EXPECT_ERROR(StreamGuard(kGpu, cudaStreamLegacy), "legacy default stream");
+  GW_EXPECT_ERROR(StreamGuard(kGpu, cudaStreamPerThread), "cudaStreamPerThread");
+  EXPECT_EQ(current_stream(kGpu), default_stream(kGpu));
+}
+
+TEST_F(CudaStreams, ConsumerOnAnotherStreamWaitsForTheProducer) {  // rule 6
+  Stream producer(kGpu), consumer(kGpu);
+  Tensor y, expected;
+  {
+    StreamGuard g(producer);
+    y = busy_work();
+  }
+  Tensor z;
+  {
+    StreamGuard g(consumer);
+    z = relu(y);  // must wait for the GEMM chain on `producer`
+  }
+  {
+    StreamGuard g(producer);
+    expected = relu(y);  // same stream as y: ordered without any event
+  }
+  EXPECT_EQ(z.to_vector<float>(), expected.to_vector<float>());
+}
+
+TEST_F(CudaStreams, InPlaceWriteOnAnotherStreamWaitsForTheProducer) {
+  Stream producer(kGpu), writer(kGpu);
+  Tensor g, y, dy, expected;
+  {
+    StreamGuard s(producer);
+    const Tensor w = busy_work(4);
+    g = mul(w, 1.0);  // produced after the chain
+    y = relu(w);
+    dy = ones(w.shape(), kF32Gpu);
+    Tensor tmp;
+    relu_backward(dy, y, {&tmp});
+    expected = add(g, tmp);
+  }
+  {
+    StreamGuard s(writer);
+    relu_backward(dy, y, {&g, /*accumulate=*/true});  // g += ...: waits for g's producer
+  }
+  EXPECT_EQ(g.to_vector<float>(), expected.to_vector<float>());
+}
+
+TEST_F(CudaStreams, FreedMemoryIsNotReusedWhileAnotherStreamStillReadsIt) {  // rule 7
+  Stream home(kGpu), reader(kGpu);
+  const Shape shape{2048, 2048};
+  Tensor t, expected;
+  {
+    StreamGuard g(home);
+    t = randn(shape, 3, kF32Gpu);
+    expected = relu(t);
+  }
+  Tensor seen;
+  {
+    StreamGuard g(reader);
+    const Tensor keep_busy = busy_work();  // the read below starts only after this chain
+    seen = relu(t);
+  }
+  {
+    StreamGuard g(home);
+    t = Tensor();  // free on `home` while `reader` has not read it yet
+    for (int i = 0; i < 4; ++i) {
+      const Tensor scribble = full(shape, -123.0, kF32Gpu);  // would land in t's block
+    }
+  }
+  EXPECT_EQ(seen.to_vector<float>(), expected.to_vector<float>());
+}
+
+TEST_F(CudaStreams, GemmsOnTwoStreamsAtOnceUseSeparateWorkspaces) {
+  Stream s1(kGpu), s2(kGpu);
+  const Tensor a = randn({1024, 1024}, 1, kF32Gpu), b = randn({1024, 1024}, 2, kF32Gpu);
+  Tensor ref = matmul(a, b);
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 8; ++i) {
+    StreamGuard g(i % 2 ? s1 : s2);
+    outs.push_back(matmul(a, b));
+  }
+  const std::vector<float> r = ref.to_vector<float>();
+  for (const Tensor& o : outs) EXPECT_LT(testing::rel_error(testing::values(o), testing::values(ref)), 1e-6);
+}
+
+TEST_F(CudaStreams, EventsTimeWork) {
+  Stream s(kGpu);
+  Event start(kGpu, true), stop(kGpu, true);
+  StreamGuard g(s);
+  start.record(s.get());
+  const Tensor y = busy_work(2);
+  stop.record(s.get());
+  stop.synchronize();
+  EXPECT_TRUE(stop.query());
+  EXPECT_GT(stop.elapsed_ms_since(start), 0.0f);
+}
+
+TEST_F(CudaStreams, StreamsAndEventsAreMoveOnlyOwners) {
+  Stream a(kGpu);
+  const cudaStream_t raw = a.get();
+  Stream b = std::move(a);
+  EXPECT_EQ(b.get(), raw);
+  EXPECT_EQ(a.get(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is defined
+  Event e(kGpu);
+  Event f = std::move(e);
+  EXPECT_FALSE(e.valid());  // NOLINT(bugprone-use-after-move)
+  EXPECT_TRUE(f.valid());
+  static_assert(!std::is_copy_constructible_v<Stream> && !std::is_copy_constructible_v<Event>);
+}
+
+}  // namespace
+}  // namespace graphward

@@ -1,0 +1,99 @@
+#pragma once
+// Helpers shared by the tests: GPU skips, error measures, finite-difference gradient checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/graphward.h"
+
+#define GW_REQUIRE_GPU()                                                                 \
+  do {                                                                                   \
+    if (!::graphward::cuda_available()) {                                                \
+      GTEST_SKIP() << "no usable CUDA device: " << ::graphward::cuda_unavailable_reason(); \
+    }                                                                                    \
+  } while (0)
+
+// Expects `stmt` to throw graphward::Error whose message contains every one of `parts`.
+#define GW_EXPECT_ERROR(stmt, ...)                                                       \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected graphward::Error from: " #stmt;                         \
+    } catch (const ::graphward::Error& e) {                                              \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) {            \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)                   \
+            << "message lacks \"" << part << "\": " << e.what();                         \
+      }                                                                                  \
+    }                                                                                    \
+  } while (0)
+
+namespace graphward::testing {
+
+// The tensor's values as doubles (any dtype, any device).
+inline std::vector<double> values(const Tensor& t) {
+  if (t.dtype() == DType::kFloat64) return t.to_vector<double>();
+  const std::vector<float> f = t.to_vector<float>();
+  return std::vector<double>(f.begin(), f.end());
+}
+
+// ‖out − ref‖ / ‖ref‖ (absolute norm when ref is 0); infinity on NaN or a size mismatch.
+inline double rel_error(const std::vector<double>& out, const std::vector<double>& ref) {
+  if (out.size() != ref.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+inline double rel_error(const Tensor& out, const Tensor& ref) {
+  if (out.shape() != ref.shape()) return INFINITY;
+  return rel_error(values(out), values(ref));
+}
+
+using Inputs = std::vector<Tensor>;
+using ForwardFn = std::function<Tensor(const Inputs&)>;
+// Returns the gradient of each input for the given grad_out (undefined where not computed).
+using BackwardFn = std::function<Inputs(const Tensor& grad_out, const Inputs&)>;
+
+// Checks an op's backward against central finite differences of L = Σ forward(x) ⊙ R for a random
+// R, on float64 CPU inputs. Returns the worst relative error over the inputs.
+inline double gradcheck_error(const ForwardFn& forward, const BackwardFn& backward, Inputs inputs,
+                              std::uint64_t seed = 1234) {
+  const Tensor out = forward(inputs);
+  const Tensor r = randn(out.shape(), seed, {DType::kFloat64});
+  const std::vector<double> rv = r.to_vector<double>();
+  auto loss = [&](const Inputs& in) {
+    const std::vector<double> o = forward(in).to_vector<double>();
+    double l = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) l += o[i] * rv[i];
+    return l;
+  };
+  const Inputs grads = backward(r, inputs);
+  double worst = 0;
+  const double h = 1e-6;
+  for (std::size_t which = 0; which < inputs.size(); ++which) {
+    if (!grads[which].defined()) continue;
+    std::vector<double> numeric(static_cast<std::size_t>(inputs[which].numel()));
+    for (std::size_t j = 0; j < numeric.size(); ++j) {
+      double* p = inputs[which].data<double>() + j;
+      const double saved = *p;
+      *p = saved + h;
+      const double lp = loss(inputs);
+      *p = saved - h;
+      const double lm = loss(inputs);
+      *p = saved;
+      numeric[j] = (lp - lm) / (2 * h);
+    }
+    worst = std::max(worst, rel_error(grads[which].to_vector<double>(), numeric));
+  }
+  return worst;
+}
+
+inline TensorOptions f64() { return {DType::kFloat64, Device::cpu()}; }
+
+}  // namespace graphward::testing
