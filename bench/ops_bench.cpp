@@ -1,1 +1,106 @@
-int main(){}
+// Per-op costs of the eager CUDA ops (Google Benchmark).
+//
+// HostCost/*: host time to issue one op (checks, stream-ordered allocation, launch), the number that
+// bounds an eager backward when kernels are small. The stream is synchronized every 256 iterations
+// so the queue never fills; the wall time per iteration is the host cost.
+// GpuTime/*: GPU time of a linear layer's forward + backward, timed with CUDA events around 20
+// repetitions (manual time), after a warm-up.
+//
+//   graphward_bench_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include "engine/graphward.h"
+
+namespace gw = graphward;
+
+namespace {
+
+bool skip_without_gpu(benchmark::State& state) {
+  if (gw::cuda_available()) return false;
+  state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+  return true;
+}
+
+const gw::TensorOptions kGpu{gw::DType::kFloat32, gw::Device::cuda(0)};
+
+
+template <class F>
+void host_cost(benchmark::State& state, F&& op) {
+  if (skip_without_gpu(state)) return;
+  const cudaStream_t s = gw::current_stream(gw::Device::cuda(0));
+  for (int i = 0; i < 16; ++i) op();  // warm-up: pool, handles, workspace
+  cudaStreamSynchronize(s);
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    op();
+    if (++n % 256 == 0) {
+      state.PauseTiming();
+      cudaStreamSynchronize(s);
+      state.ResumeTiming();
+    }
+  }
+  cudaStreamSynchronize(s);
+  state.counters["host_us_per_op"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 1e-6,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void BM_HostCost_Relu(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const gw::Tensor x = gw::randn({64, 256}, 1, kGpu);
+  host_cost(state, [&] { benchmark::DoNotOptimize(gw::relu(x)); });
+}
+BENCHMARK(BM_HostCost_Relu)->Name("HostCost/relu_64x256");
+
+void BM_HostCost_Linear(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const gw::Tensor x = gw::randn({64, 256}, 1, kGpu), w = gw::randn({256, 256}, 2, kGpu),
+                   b = gw::randn({256}, 3, kGpu);
+  host_cost(state, [&] { benchmark::DoNotOptimize(gw::linear(x, w, b)); });
+}
+BENCHMARK(BM_HostCost_Linear)->Name("HostCost/linear_64x256x256");
+
+void BM_HostCost_LinearBackward(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const gw::Tensor x = gw::randn({64, 256}, 1, kGpu), w = gw::randn({256, 256}, 2, kGpu),
+                   dy = gw::randn({64, 256}, 3, kGpu);
+  gw::Tensor dx = gw::zeros({64, 256}, kGpu), dw = gw::zeros({256, 256}, kGpu),
+             db = gw::zeros({256}, kGpu);
+  host_cost(state, [&] { gw::linear_backward(dy, x, w, {&dx}, {&dw, true}, {&db, true}); });
+}
+BENCHMARK(BM_HostCost_LinearBackward)->Name("HostCost/linear_backward_64x256x256");
+
+void BM_GpuTime_Linear(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const std::int64_t n = state.range(0);
+  const gw::Tensor x = gw::randn({n, n}, 1, kGpu), w = gw::randn({n, n}, 2, kGpu),
+                   b = gw::randn({n}, 3, kGpu), dy = gw::randn({n, n}, 4, kGpu);
+  gw::Tensor dx = gw::zeros({n, n}, kGpu), dw = gw::zeros({n, n}, kGpu), db = gw::zeros({n}, kGpu);
+  const cudaStream_t s = gw::current_stream(gw::Device::cuda(0));
+  auto step = [&] {
+    benchmark::DoNotOptimize(gw::linear(x, w, b));
+    gw::linear_backward(dy, x, w, {&dx}, {&dw}, {&db});
+  };
+  for (int i = 0; i < 5; ++i) step();
+  gw::Event start(gw::Device::cuda(0), true), stop(gw::Device::cuda(0), true);
+  constexpr int kReps = 20;
+  for (auto _ : state) {
+    start.record(s);
+    for (int i = 0; i < kReps; ++i) step();
+    stop.record(s);
+    stop.synchronize();
+    state.SetIterationTime(stop.elapsed_ms_since(start) * 1e-3 / kReps);
+  }
+  const double flops = 3.0 * 2.0 * double(n) * n * n;  // forward + two backward GEMMs
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12 * state.iterations(),
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GpuTime_Linear)
+    ->Name("GpuTime/linear_fwd_bwd")
+    ->Arg(256)->Arg(1024)->Arg(4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

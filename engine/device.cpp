@@ -86,6 +86,18 @@ void check_cuda_device(Device device, const char* what) {
            " does not exist; this process sees ", count, " CUDA device(s)");
 }
 
+std::string device_name(Device device) {
+  if (device.is_cpu()) return "cpu";
+  check_cuda_device(device, "device_name");
+#if GRAPHWARD_HAS_CUDA
+  cudaDeviceProp prop{};
+  GW_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+  return prop.name;
+#else
+  return "";
+#endif
+}
+
 DeviceGuard::DeviceGuard(Device device) {
 #if GRAPHWARD_HAS_CUDA
   if (!device.is_cuda()) return;

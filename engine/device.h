@@ -25,6 +25,8 @@ int cuda_device_count() noexcept;
 inline bool cuda_available() noexcept { return cuda_device_count() > 0; }
 // Why cuda_device_count() is 0 ("" when it is not), e.g. "no CUDA-capable device is detected".
 std::string cuda_unavailable_reason();
+// The device's name as the driver reports it (e.g. "NVIDIA H200"); "cpu" for the CPU.
+std::string device_name(Device device);
 // Throws a graphward::Error naming `what` unless `device` is a CUDA device this process can use.
 void check_cuda_device(Device device, const char* what);
 

@@ -1,0 +1,54 @@
+# Shared by scripts/*.sh: dependency checks and the CMake configure/build step.
+# Sourced, not run. Sets GW_BUILD_DIR (default: build) and GW_JOBS (default: all cores).
+
+GW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+GW_BUILD_DIR=${GW_BUILD_DIR:-$GW_ROOT/build}
+GW_JOBS=${GW_JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+say() { printf '[graphward] %s\n' "$*"; }
+
+have_header() {  # have_header gtest/gtest.h
+  local d
+  for d in /usr/include /usr/local/include ${CPATH//:/ }; do
+    [ -f "$d/$1" ] && return 0
+  done
+  return 1
+}
+
+# Installs what is missing (GoogleTest, Google Benchmark, cmake, g++) with apt when running as
+# root; otherwise says what will be built without.
+ensure_deps() {
+  local missing=()
+  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  have_header gtest/gtest.h || missing+=(libgtest-dev)
+  have_header benchmark/benchmark.h || missing+=(libbenchmark-dev)
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "dependencies: cmake, g++, GoogleTest and Google Benchmark are present"
+    return 0
+  fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing missing packages with apt-get: ${missing[*]}"
+    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") \
+        >/tmp/graphward-apt.log 2>&1; then
+      say "installed: ${missing[*]}"
+      return 0
+    fi
+    say "apt-get could not install ${missing[*]} (log: /tmp/graphward-apt.log)"
+  else
+    say "missing: ${missing[*]} (not root or no apt-get: not installing)"
+  fi
+  command -v cmake >/dev/null 2>&1 && command -v g++ >/dev/null 2>&1 || {
+    say "cannot build without cmake and g++"; return 1; }
+  have_header gtest/gtest.h || say "GoogleTest is missing: CMake will look for it elsewhere; without it the tests are NOT built"
+  have_header benchmark/benchmark.h || say "Google Benchmark is missing: the benchmarks are not built"
+  return 0
+}
+
+# configure_and_build [extra cmake args...]
+configure_and_build() {
+  say "configuring in $GW_BUILD_DIR"
+  cmake -S "$GW_ROOT" -B "$GW_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" || return 1
+  say "building with $GW_JOBS jobs"
+  cmake --build "$GW_BUILD_DIR" -j "$GW_JOBS" || return 1
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with a CUDA GPU, builds with all cores, runs the whole test suite
+# (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
+# compute-sanitizer (memcheck, racecheck, synccheck; initcheck reported), runs the example on the
+# GPU and the benchmarks, and prints a one-screen summary last.
+# Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench]
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+SANITIZE=1 BENCH=1
+for a in "$@"; do
+  case "$a" in
+    --no-sanitizer) SANITIZE=0 ;;
+    --no-bench) BENCH=0 ;;
+    *) echo "unknown argument $a"; exit 2 ;;
+  esac
+done
+LOG_DIR=${OUT:-$GW_BUILD_DIR/gpu_check}
+mkdir -p "$LOG_DIR"
+SUMMARY=()
+FAILED=0
+record() {  # record STEP STATUS DETAIL
+  SUMMARY+=("$(printf '%-22s %-6s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && FAILED=1
+  return 0
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  nvcc --version | tail -2
+  cmake --version | head -1
+  date -u
+} >"$LOG_DIR/machine.txt" 2>&1
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+record machine "$([ -n "$GPU_NAME" ] && echo ok || echo FAIL)" "${GPU_NAME:-no GPU visible}"
+
+# 1. build
+start=$SECONDS
+if ensure_deps >"$LOG_DIR/build.log" 2>&1 &&
+   configure_and_build -DCMAKE_CUDA_ARCHITECTURES=90 >>"$LOG_DIR/build.log" 2>&1; then
+  warnings=$(grep -c -i 'warning' "$LOG_DIR/build.log")
+  record build ok "$((SECONDS - start)) s, $warnings warning lines"
+else
+  record build FAIL "see build.log"; tail -30 "$LOG_DIR/build.log"
+  printf '%s\n' "${SUMMARY[@]}"; exit 1
+fi
+BIN=$GW_BUILD_DIR
+
+# 2. the whole suite
+start=$SECONDS
+(cd "$BIN" && ctest --output-on-failure -j 8 --timeout 600) >"$LOG_DIR/ctest.log" 2>&1
+rc=$?
+line=$(grep -E 'tests passed|tests failed' "$LOG_DIR/ctest.log" | tail -1)
+skipped_gpu=$(cd "$BIN" && ctest -L gpu -N 2>/dev/null | grep -c 'Test *#')
+nskip=$(grep -c '(Skipped)' "$LOG_DIR/ctest.log")
+if [ $rc -eq 0 ] && [ "$nskip" -eq 0 ]; then
+  record ctest ok "$line; $skipped_gpu gpu tests, 0 skipped, $((SECONDS - start)) s"
+else
+  record ctest FAIL "$line; $nskip skipped (none may skip on a GPU)"
+  grep -E 'Failed|\*\*\*|Skipped' "$LOG_DIR/ctest.log" | head -20
+fi
+
+# 3. compute-sanitizer over the GPU tests
+if [ $SANITIZE = 1 ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    start=$SECONDS
+    extra=()
+    [ $tool = memcheck ] && extra=(--leak-check full)
+    timeout 900 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 \
+      "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" | tail -1)
+    tests=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
+    if [ $rc -eq 0 ]; then
+      record "sanitizer $tool" ok "${summary:-no summary}; $tests; $((SECONDS - start)) s"
+    else
+      record "sanitizer $tool" FAIL "rc=$rc ${summary}; $tests"
+      grep -E '=========' "$LOG_DIR/sanitizer_$tool.log" | head -12
+    fi
+  done
+fi
+
+# 4. the example on the GPU
+if "$BIN/examples/train_branches" --steps 200 >"$LOG_DIR/example.log" 2>&1; then
+  record example ok "$(tail -1 "$LOG_DIR/example.log")"
+else
+  record example FAIL "$(tail -1 "$LOG_DIR/example.log")"
+fi
+
+# 5. benchmarks
+if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
+  if "$BIN/bench/graphward_bench_ops" --benchmark_repetitions=5 \
+       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_ops.json" \
+       --benchmark_out_format=json >"$LOG_DIR/bench_ops.txt" 2>&1; then
+    record bench ok "bench_ops.txt / bench_ops.json"
+  else
+    record bench FAIL "see bench_ops.txt"
+  fi
+fi
+
+echo
+echo "================ graphward GPU check ================"
+cat "$LOG_DIR/machine.txt" | head -2
+[ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median|Benchmark' "$LOG_DIR/bench_ops.txt"
+printf '%s\n' "${SUMMARY[@]}"
+echo "logs: $LOG_DIR"
+exit $FAILED
