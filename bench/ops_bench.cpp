@@ -29,17 +29,17 @@ void host_cost(benchmark::State& state, F&& op) {
   if (skip_without_gpu(state)) return;
   const cudaStream_t s = gw::current_stream(gw::Device::cuda(0));
   for (int i = 0; i < 16; ++i) op();  // warm-up: pool, handles, workspace
-  cudaStreamSynchronize(s);
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));
   std::int64_t n = 0;
   for (auto _ : state) {
     op();
     if (++n % 256 == 0) {
       state.PauseTiming();
-      cudaStreamSynchronize(s);
+      GW_CUDA_CHECK(cudaStreamSynchronize(s));
       state.ResumeTiming();
     }
   }
-  cudaStreamSynchronize(s);
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));
   state.counters["host_us_per_op"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * 1e-6,
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);

@@ -186,6 +186,8 @@ void Storage::sync_for_write(cudaStream_t stream) {
   note_use(stream);
   producer_ = stream;
   ++writes_;
+#else
+  (void)stream;
 #endif
 }
 
