@@ -67,7 +67,7 @@ if [ $SANITIZE = 1 ]; then
     start=$SECONDS
     extra=()
     [ $tool = memcheck ] && extra=(--leak-check full)
-    timeout 900 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 \
+    timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 \
       "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
     rc=$?
     summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" | tail -1)
