@@ -9,7 +9,7 @@ say() { printf '[graphward] %s\n' "$*"; }
 
 have_header() {  # have_header gtest/gtest.h
   local d
-  for d in /usr/include /usr/local/include ${CPATH//:/ }; do
+  for d in /usr/include /usr/local/include ${CPATH:+${CPATH//:/ }}; do
     [ -f "$d/$1" ] && return 0
   done
   return 1
