@@ -10,7 +10,7 @@ using testing::rel_error;
 
 constexpr double kElementwiseTol = 1e-5;
 constexpr double kGemmTol = 1e-4;
-const Device kGpu = Device::cuda(0);
+constexpr Device kGpu = Device::cuda(0);
 
 class CudaOps : public ::testing::Test {
  protected:

@@ -6,7 +6,7 @@
 
 namespace graphward {
 namespace {
-const Device kGpu = Device::cuda(0);
+constexpr Device kGpu = Device::cuda(0);
 constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
 
 class CudaStreams : public ::testing::Test {
