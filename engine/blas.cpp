@@ -73,12 +73,6 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
   return {blas.handle.get(), it->second.data(), it->second.bytes()};
 }
 
-void release_blas_workspace(Device device, cudaStream_t stream) {
-  if (!device.is_cuda() || static_cast<std::size_t>(device.index) >= t_blas.size()) return;
-  if (auto& slot = t_blas[device.index]) slot->workspaces.erase(stream);
-}
-#else
-void release_blas_workspace(Device, cudaStream_t) {}
 #endif
 
 }  // namespace graphward

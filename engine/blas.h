@@ -4,7 +4,8 @@
 // true fp32) and destroyed at thread exit. Each stream gets its own workspace (32 MiB, the size
 // cuBLAS recommends for Hopper), so GEMMs on two streams never share scratch memory, and no GEMM
 // ever asks cuBLAS to allocate: workspaces are allocated outside any capture, on first use of the
-// stream, and launchers set them after every cublasSetStream (kernels/gemm.h).
+// stream, and launchers set them after every cublasSetStream (kernels/gemm.h). Streams are never
+// destroyed (Note [Stream lifetime], stream.cpp), so two live streams never share a workspace.
 #include <cstddef>
 
 #include "engine/cuda.h"
@@ -22,9 +23,5 @@ inline constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
 // The calling thread's cuBLAS handle for `device` with the workspace of `stream`.
 kernels::BlasContext blas_context(Device device, cudaStream_t stream);
 #endif
-
-// Frees the calling thread's workspace for `stream` (e.g. before destroying that stream). Waits for
-// the device. A later GEMM on the stream allocates a fresh one.
-void release_blas_workspace(Device device, cudaStream_t stream);
 
 }  // namespace graphward

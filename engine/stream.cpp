@@ -4,8 +4,8 @@
 #include <atomic>
 #include <mutex>
 #include <utility>
+#include <vector>
 
-#include "engine/blas.h"
 #include "engine/error.h"
 
 namespace graphward {
@@ -86,8 +86,44 @@ float Event::elapsed_ms_since(const Event&) const { no_cuda("Event::elapsed_ms_s
 
 // ---- Stream ----------------------------------------------------------------------------------------
 
-Stream::Stream(Device device, int priority) : device_(device) {
+// Note [Stream lifetime]
+// Memory is freed, and cross-stream events are recorded, on the streams that used it, possibly long
+// after the graphward::Stream that owned such a stream is gone. So a Stream never destroys its CUDA
+// stream: it returns it to a per-device pool, and the next Stream of that device and priority takes
+// it. Every stream graphward hands out thus stays valid for the life of the process, and stale
+// handles held by storage only order work after whatever that stream runs later — never undefined
+// behaviour. (PyTorch's stream pools rest on the same idea.) Streams a caller passes in raw must
+// outlive the tensors produced or consumed on them.
+namespace {
+struct PooledStream {
+  cudaStream_t stream;
+  int device;
+  int priority;
+};
+std::mutex& stream_pool_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<PooledStream>& stream_pool() {
+  static auto* pool = new std::vector<PooledStream>();  // never destroyed: see the note
+  return *pool;
+}
+}  // namespace
+
+Stream::Stream(Device device, int priority) : device_(device), priority_(priority) {
 #if GRAPHWARD_HAS_CUDA
+  check_cuda_device(device, "Stream");
+  {
+    std::lock_guard<std::mutex> lock(stream_pool_mutex());
+    auto& pool = stream_pool();
+    for (auto it = pool.begin(); it != pool.end(); ++it) {
+      if (it->device == device.index && it->priority == priority) {
+        stream_ = it->stream;
+        pool.erase(it);
+        return;
+      }
+    }
+  }
   DeviceGuard guard(device);
   GW_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
 #else
@@ -99,31 +135,28 @@ Stream::Stream(Device device, int priority) : device_(device) {
 Stream::~Stream() { reset(); }
 
 Stream::Stream(Stream&& other) noexcept
-    : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+    : stream_(std::exchange(other.stream_, nullptr)),
+      device_(other.device_),
+      priority_(other.priority_) {}
 
 Stream& Stream::operator=(Stream&& other) noexcept {
   if (this != &other) {
     reset();
     stream_ = std::exchange(other.stream_, nullptr);
     device_ = other.device_;
+    priority_ = other.priority_;
   }
   return *this;
 }
 
 void Stream::reset() noexcept {
-#if GRAPHWARD_HAS_CUDA
-  if (stream_) {
-    // Free this thread's cuBLAS workspace for the stream first (cudaFree waits for the device), so
-    // a later stream that reuses the handle value cannot share scratch memory with pending work.
-    try {
-      release_blas_workspace(device_, stream_);
-    } catch (const std::exception& e) {
-      detail::log_error(__FILE__, __LINE__, e.what());
-    }
-    // cudaStreamDestroy returns at once; work already enqueued still completes.
-    GW_CUDA_CHECK_NOTHROW(cudaStreamDestroy(stream_));
+  if (!stream_) return;
+  try {  // back to the pool, never destroyed (Note [Stream lifetime])
+    std::lock_guard<std::mutex> lock(stream_pool_mutex());
+    stream_pool().push_back({stream_, device_.index, priority_});
+  } catch (const std::exception& e) {
+    detail::log_error(__FILE__, __LINE__, e.what());  // the stream leaks; nothing dangles
   }
-#endif
   stream_ = nullptr;
 }
 

@@ -7,8 +7,10 @@
 // graphward launches ever synchronizes with the legacy default stream. The legacy default stream
 // (0 / cudaStreamLegacy) and cudaStreamPerThread are refused as current streams.
 //
-// A stream must outlive the tensors produced or consumed on it: their memory is freed in stream
-// order on the stream that allocated it (Note [Stream-ordered memory] in memory.h).
+// graphward::Stream objects hand their CUDA stream back to a per-device pool when destroyed, so
+// tensors may outlive the Stream they were made on (Note [Stream lifetime] in stream.cpp). A raw
+// stream passed to StreamGuard must outlive the tensors produced or consumed on it: their memory is
+// freed in stream order on the stream that allocated it (Note [Stream-ordered memory], memory.h).
 #include "engine/cuda.h"
 #include "engine/device.h"
 
@@ -43,7 +45,8 @@ class Event {
   Device device_ = Device::cuda(0);
 };
 
-// Owns a non-blocking CUDA stream on one device. Move-only.
+// Owns a non-blocking CUDA stream on one device, taken from and returned to a per-device pool.
+// Move-only.
 class Stream {
  public:
   explicit Stream(Device device = Device::cuda(0), int priority = 0);
@@ -63,6 +66,7 @@ class Stream {
   void reset() noexcept;
   cudaStream_t stream_ = nullptr;
   Device device_ = Device::cuda(0);
+  int priority_ = 0;
 };
 
 // The graphward default stream of `device` (created on first use, non-blocking, process lifetime).

@@ -151,6 +151,25 @@ TEST_F(CudaStreams, EventsTimeWork) {
   EXPECT_GT(stop.elapsed_ms_since(start), 0.0f);
 }
 
+TEST_F(CudaStreams, TensorsMayOutliveTheStreamTheyWereMadeOn) {
+  // Note [Stream lifetime]: a Stream's CUDA stream goes back to a pool, so freeing (and reading)
+  // memory that was allocated on it stays valid after the Stream object is gone.
+  Tensor kept, expected;
+  {
+    Stream s(kGpu);
+    StreamGuard g(s);
+    kept = busy_work(2);
+    expected = relu(kept);
+    Tensor scratch = matmul(kept, kept);  // freed inside the scope, on s
+  }
+  EXPECT_EQ(relu(kept).to_vector<float>(), expected.to_vector<float>());
+  kept = Tensor();  // freed on the pooled stream
+  Stream again(kGpu);  // may reuse that stream
+  StreamGuard g(again);
+  EXPECT_EQ(sum(ones({1000}, kF32Gpu)).item(), 1000.0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_F(CudaStreams, StreamsAndEventsAreMoveOnlyOwners) {
   Stream a(kGpu);
   const cudaStream_t raw = a.get();
