@@ -50,7 +50,7 @@ void BM_HostCost_Relu(benchmark::State& state) {
   const gw::Tensor x = gw::randn({64, 256}, 1, kGpu);
   host_cost(state, [&] { benchmark::DoNotOptimize(gw::relu(x)); });
 }
-BENCHMARK(BM_HostCost_Relu)->Name("HostCost/relu_64x256");
+BENCHMARK(BM_HostCost_Relu)->Name("HostCost/relu_64x256")->MinTime(0.2);
 
 void BM_HostCost_Linear(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -58,7 +58,7 @@ void BM_HostCost_Linear(benchmark::State& state) {
                    b = gw::randn({256}, 3, kGpu);
   host_cost(state, [&] { benchmark::DoNotOptimize(gw::linear(x, w, b)); });
 }
-BENCHMARK(BM_HostCost_Linear)->Name("HostCost/linear_64x256x256");
+BENCHMARK(BM_HostCost_Linear)->Name("HostCost/linear_64x256x256")->MinTime(0.2);
 
 void BM_HostCost_LinearBackward(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -68,7 +68,7 @@ void BM_HostCost_LinearBackward(benchmark::State& state) {
              db = gw::zeros({256}, kGpu);
   host_cost(state, [&] { gw::linear_backward(dy, x, w, {&dx}, {&dw, true}, {&db, true}); });
 }
-BENCHMARK(BM_HostCost_LinearBackward)->Name("HostCost/linear_backward_64x256x256");
+BENCHMARK(BM_HostCost_LinearBackward)->Name("HostCost/linear_backward_64x256x256")->MinTime(0.2);
 
 void BM_GpuTime_Linear(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
@@ -99,6 +99,7 @@ BENCHMARK(BM_GpuTime_Linear)
     ->Name("GpuTime/linear_fwd_bwd")
     ->Arg(256)->Arg(1024)->Arg(4096)
     ->UseManualTime()
+    ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -61,7 +61,26 @@ else
   grep -E 'Failed|\*\*\*|Skipped' "$LOG_DIR/ctest.log" | head -20
 fi
 
-# 3. compute-sanitizer over the GPU tests
+# 3. the example on the GPU
+if "$BIN/examples/train_branches" --steps 200 >"$LOG_DIR/example.log" 2>&1; then
+  record example ok "$(tail -1 "$LOG_DIR/example.log")"
+else
+  record example FAIL "$(tail -1 "$LOG_DIR/example.log")"
+fi
+
+# 4. benchmarks
+if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
+  start=$SECONDS
+  if "$BIN/bench/graphward_bench_ops" --benchmark_repetitions=5 \
+       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_ops.json" \
+       --benchmark_out_format=json >"$LOG_DIR/bench_ops.txt" 2>&1; then
+    record bench ok "bench_ops.txt / bench_ops.json, $((SECONDS - start)) s"
+  else
+    record bench FAIL "see bench_ops.txt"
+  fi
+fi
+
+# 5. compute-sanitizer over the GPU tests
 if [ $SANITIZE = 1 ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     start=$SECONDS
@@ -79,24 +98,6 @@ if [ $SANITIZE = 1 ]; then
       grep -E '=========' "$LOG_DIR/sanitizer_$tool.log" | head -12
     fi
   done
-fi
-
-# 4. the example on the GPU
-if "$BIN/examples/train_branches" --steps 200 >"$LOG_DIR/example.log" 2>&1; then
-  record example ok "$(tail -1 "$LOG_DIR/example.log")"
-else
-  record example FAIL "$(tail -1 "$LOG_DIR/example.log")"
-fi
-
-# 5. benchmarks
-if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
-  if "$BIN/bench/graphward_bench_ops" --benchmark_repetitions=5 \
-       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_ops.json" \
-       --benchmark_out_format=json >"$LOG_DIR/bench_ops.txt" 2>&1; then
-    record bench ok "bench_ops.txt / bench_ops.json"
-  else
-    record bench FAIL "see bench_ops.txt"
-  fi
 fi
 
 echo
