@@ -9,6 +9,8 @@
 //   graphward_bench_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <map>
+
 #include "engine/graphward.h"
 
 namespace gw = graphward;
@@ -70,12 +72,30 @@ void BM_HostCost_LinearBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_HostCost_LinearBackward)->Name("HostCost/linear_backward_64x256x256")->MinTime(0.2);
 
+struct LinearInputs {
+  gw::Tensor x, w, b, dy, dx, dw, db;
+};
+
+// Inputs are drawn once per size: random tensors are generated on the host (engine/random.h), which
+// for 4096² takes seconds, and Google Benchmark calls a benchmark several times.
+LinearInputs& linear_inputs(std::int64_t n) {
+  static std::map<std::int64_t, LinearInputs> cache;
+  auto it = cache.find(n);
+  if (it == cache.end()) {
+    LinearInputs in{gw::randn({n, n}, 1, kGpu), gw::randn({n, n}, 2, kGpu), gw::randn({n}, 3, kGpu),
+                    gw::randn({n, n}, 4, kGpu), gw::zeros({n, n}, kGpu), gw::zeros({n, n}, kGpu),
+                    gw::zeros({n}, kGpu)};
+    it = cache.emplace(n, std::move(in)).first;
+  }
+  return it->second;
+}
+
 void BM_GpuTime_Linear(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const std::int64_t n = state.range(0);
-  const gw::Tensor x = gw::randn({n, n}, 1, kGpu), w = gw::randn({n, n}, 2, kGpu),
-                   b = gw::randn({n}, 3, kGpu), dy = gw::randn({n, n}, 4, kGpu);
-  gw::Tensor dx = gw::zeros({n, n}, kGpu), dw = gw::zeros({n, n}, kGpu), db = gw::zeros({n}, kGpu);
+  LinearInputs& in = linear_inputs(n);
+  const gw::Tensor &x = in.x, &w = in.w, &b = in.b, &dy = in.dy;
+  gw::Tensor &dx = in.dx, &dw = in.dw, &db = in.db;
   const cudaStream_t s = gw::current_stream(gw::Device::cuda(0));
   auto step = [&] {
     benchmark::DoNotOptimize(gw::linear(x, w, b));
