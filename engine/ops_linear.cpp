@@ -29,14 +29,22 @@ void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  const char* op = "matmul";
+namespace {
+struct MatmulDims {
+  std::int64_t m, k, n;
+};
+MatmulDims check_matmul(const char* op, const Tensor& a, const Tensor& b) {
   check_inputs(op, {{"a", &a}, {"b", &b}});
   check_dim(op, {"a", &a}, 2);
   check_dim(op, {"b", &b}, 2);
   GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
            ", b is ", shape_str(b.shape()), "; expected a.shape[1] == b.shape[0]");
-  const std::int64_t m = a.size(0), kk = a.size(1), n = b.size(1);
+  return {a.size(0), a.size(1), b.size(1)};
+}
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const auto [m, kk, n] = check_matmul("matmul", a, b);
   if (a.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(a.device());
@@ -54,12 +62,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                      GradSlot grad_b) {
   const char* op = "matmul_backward";
-  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}, {"b", &b}});
-  check_dim(op, {"a", &a}, 2);
-  check_dim(op, {"b", &b}, 2);
-  GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
-           ", b is ", shape_str(b.shape()), "; expected a.shape[1] == b.shape[0]");
-  const std::int64_t m = a.size(0), kk = a.size(1), n = b.size(1);
+  const auto [m, kk, n] = check_matmul(op, a, b);
+  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}});
   GW_CHECK(grad_out.shape() == Shape({m, n}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str({m, n}));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);

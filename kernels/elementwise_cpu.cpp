@@ -1,15 +1,11 @@
 // CPU references of the elementwise ops (the CPU backend and the test oracle).
 #include <cmath>
 
+#include "kernels/cpu_store.h"
 #include "kernels/elementwise.h"
 
 namespace graphward::kernels::cpu {
-namespace {
-template <class T>
-void store(T* dst, std::int64_t i, T v, bool accumulate) {
-  dst[i] = accumulate ? dst[i] + v : v;
-}
-}  // namespace
+using detail::store;
 
 template <class T>
 void fill(T* y, T value, std::int64_t n) {

@@ -1,13 +1,9 @@
 // CPU references of the reductions and losses (the CPU backend and the test oracle).
+#include "kernels/cpu_store.h"
 #include "kernels/reduce.h"
 
 namespace graphward::kernels::cpu {
-namespace {
-template <class T>
-void store(T* dst, std::int64_t i, T v, bool accumulate) {
-  dst[i] = accumulate ? dst[i] + v : v;
-}
-}  // namespace
+using detail::store;
 
 template <class T>
 void sum_forward(T* out, const T* x, T scale, std::int64_t n) {
