@@ -25,6 +25,12 @@ void set_poison_new_memory(bool on) { poison_flag().store(on); }
 bool poison_new_memory() { return poison_flag().load(); }
 }  // namespace debug
 
+namespace {
+thread_local bool t_planned_sync = false;
+}
+PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) { t_planned_sync = true; }
+PlannedSyncScope::~PlannedSyncScope() { t_planned_sync = previous_; }
+
 // ---- DeviceBuffer ----------------------------------------------------------------------------------
 
 DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
@@ -163,6 +169,10 @@ void Storage::note_use(cudaStream_t stream) {
 void Storage::sync_for_read(cudaStream_t stream) {
   if (device_.is_cpu() || stream == producer_) return;
 #if GRAPHWARD_HAS_CUDA
+  if (t_planned_sync) {  // Note [Planned synchronization]
+    note_use(stream);
+    return;
+  }
   if (event_for_write_ != writes_) {
     if (!producer_event_.valid()) producer_event_ = Event(device_);
     producer_event_.record(producer_);
@@ -176,6 +186,12 @@ void Storage::sync_for_read(cudaStream_t stream) {
 void Storage::sync_for_write(cudaStream_t stream) {
   if (device_.is_cpu()) return;
 #if GRAPHWARD_HAS_CUDA
+  if (t_planned_sync) {  // Note [Planned synchronization]
+    note_use(stream);
+    producer_ = stream;
+    ++writes_;
+    return;
+  }
   sync_for_read(stream);  // read-after-write and write-after-write with the producer
   for (cudaStream_t s : other_streams_) {  // write-after-read with other readers
     if (s != stream && s != producer_) stream_wait_stream(device_, stream, s);

@@ -87,6 +87,22 @@ class Storage {
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
 };
 
+// Note [Planned synchronization]
+// Inside a PlannedSyncScope the caller has ordered every access with explicit events (a backward
+// plan does: DESIGN.md rules 2-4), so storage inserts no waits of its own: reads and writes only
+// record which streams used the memory (rule 7 still holds) and who wrote it last. Outside, each
+// op waits for whatever it reads or writes (rule 6).
+class PlannedSyncScope {
+ public:
+  PlannedSyncScope();
+  ~PlannedSyncScope();
+  PlannedSyncScope(const PlannedSyncScope&) = delete;
+  PlannedSyncScope& operator=(const PlannedSyncScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 namespace debug {
 // When on, every new allocation is filled with 0xFF bytes (a NaN in float32 and float64), so an
 // element a kernel forgot to write shows up as NaN. Off by default; GRAPHWARD_POISON=1 turns it on.

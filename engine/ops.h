@@ -54,6 +54,10 @@ Tensor mul(const Tensor& a, double scalar);
 // Gradient of y = scale * a + shift: grad_a = scale * grad_out (add/sub: scale = 1; mul: s).
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a);
 
+// In place: a += alpha * b (same shape). Bumps a's version. Not recorded: a tensor that requires
+// grad may be updated only inside a NoGradGuard scope (an optimizer step).
+void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
+
 // Activations; their backward reads the forward's output y.
 Tensor relu(const Tensor& x);
 Tensor tanh(const Tensor& x);

@@ -1,10 +1,14 @@
 // Elementwise ops: add, sub, mul (tensor and scalar forms) and the activations.
+#include "engine/autograd.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 
 namespace graphward {
 using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
 namespace k = kernels;
 
 namespace {
@@ -208,9 +212,57 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary("add", k::BinaryOp::kAdd, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", k::BinaryOp::kSub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", k::BinaryOp::kMul, a, b); }
+namespace {
+using BinaryBackward = void (*)(const Tensor&, const Tensor&, const Tensor&, GradSlot, GradSlot);
+
+Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward, const Tensor& a,
+                       const Tensor& b) {
+  Tensor y = binary(op, kind, a, b);
+  if (needs_grad({&a, &b})) {
+    // add and sub need only the operands' shapes, but the broadcast checks take tensors.
+    record(op, y, {&a, &b}, {save("a", a), save("b", b)},
+           [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             backward(g, s[0], s[1], grads[0], grads[1]);
+           });
+  }
+  return y;
+}
+
+Tensor recorded_affine(const char* op, const Tensor& x, double alpha, double beta) {
+  Tensor y = affine(op, x, alpha, beta);
+  if (needs_grad({&x})) {
+    record(op, y, {&x}, {},
+           [alpha](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+             scale_backward(g, alpha, grads[0]);
+           });
+  }
+  return y;
+}
+
+using ActivationBackward = void (*)(const Tensor&, const Tensor&, GradSlot);
+
+Tensor recorded_activation(const char* op, Activation act, ActivationBackward backward,
+                           const Tensor& x) {
+  Tensor y = activation(op, act, x);
+  if (needs_grad({&x})) {
+    record(op, y, {&x}, {save("output", y)},
+           [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             backward(g, s[0], grads[0]);
+           });
+  }
+  return y;
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return recorded_binary("add", k::BinaryOp::kAdd, add_backward, a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return recorded_binary("sub", k::BinaryOp::kSub, sub_backward, a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return recorded_binary("mul", k::BinaryOp::kMul, mul_backward, a, b);
+}
 
 void add_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                   GradSlot grad_b) {
@@ -227,15 +279,15 @@ void mul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, Grad
 
 Tensor add(const Tensor& a, double s) {
   check_finite_scalar("add", s);
-  return affine("add", a, 1.0, s);
+  return recorded_affine("add", a, 1.0, s);
 }
 Tensor sub(const Tensor& a, double s) {
   check_finite_scalar("sub", s);
-  return affine("sub", a, 1.0, -s);
+  return recorded_affine("sub", a, 1.0, -s);
 }
 Tensor mul(const Tensor& a, double s) {
   check_finite_scalar("mul", s);
-  return affine("mul", a, s, 0.0);
+  return recorded_affine("mul", a, s, 0.0);
 }
 
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
@@ -260,9 +312,27 @@ void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
   });
 }
 
-Tensor relu(const Tensor& x) { return activation("relu", Activation::kRelu, x); }
-Tensor tanh(const Tensor& x) { return activation("tanh", Activation::kTanh, x); }
-Tensor sigmoid(const Tensor& x) { return activation("sigmoid", Activation::kSigmoid, x); }
+Tensor relu(const Tensor& x) {
+  return recorded_activation("relu", Activation::kRelu, relu_backward, x);
+}
+Tensor tanh(const Tensor& x) {
+  return recorded_activation("tanh", Activation::kTanh, tanh_backward, x);
+}
+Tensor sigmoid(const Tensor& x) {
+  return recorded_activation("sigmoid", Activation::kSigmoid, sigmoid_backward, x);
+}
+
+void add_(const Tensor& a, const Tensor& b, double alpha) {
+  const char* op = "add_";
+  check_finite_scalar(op, alpha);
+  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_same_shape(op, {"a", &a}, {"b", &b});
+  GW_CHECK(!(grad_mode_enabled() && a.requires_grad()), op, ": ", a.str(),
+           " requires grad; in-place ops are not recorded on the tape: update it inside a "
+           "NoGradGuard scope (as an optimizer does)");
+  Tensor target = a;
+  scale_backward(b, alpha, {&target, /*accumulate=*/true});  // a += alpha * b; bumps a's version
+}
 
 void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
   activation_backward("relu_backward", Activation::kRelu, grad_out, y, grad_x);

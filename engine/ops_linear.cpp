@@ -1,4 +1,5 @@
 // matmul and linear: GEMMs through cuBLAS on CUDA (kernels/gemm.h), the reference on the CPU.
+#include "engine/autograd.h"
 #include "engine/blas.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
@@ -7,6 +8,9 @@
 
 namespace graphward {
 using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
 namespace k = kernels;
 
 namespace {
@@ -43,7 +47,23 @@ MatmulDims check_matmul(const char* op, const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
+namespace {
+Tensor matmul_impl(const Tensor& a, const Tensor& b);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor c = matmul_impl(a, b);
+  if (needs_grad({&a, &b})) {
+    record("matmul", c, {&a, &b}, {save("a", a), save("b", b)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             matmul_backward(g, s[0], s[1], grads[0], grads[1]);
+           });
+  }
+  return c;
+}
+
+namespace {
+Tensor matmul_impl(const Tensor& a, const Tensor& b) {
   const auto [m, kk, n] = check_matmul("matmul", a, b);
   if (a.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -58,6 +78,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   dispatch_cpu(a.dtype(), [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
   return c;
 }
+}  // namespace
 
 void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                      GradSlot grad_b) {
@@ -123,7 +144,27 @@ LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight,
 }
 }  // namespace
 
+namespace {
+Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias);
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = linear_impl(x, weight, bias);
+  if (needs_grad({&x, &weight, &bias})) {
+    auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+      linear_backward(g, s[0], s[1], grads[0], grads[1], grads.size() > 2 ? grads[2] : GradSlot{});
+    };
+    if (bias.defined()) {
+      record("linear", y, {&x, &weight, &bias}, {save("x", x), save("weight", weight)}, backward);
+    } else {
+      record("linear", y, {&x, &weight}, {save("x", x), save("weight", weight)}, backward);
+    }
+  }
+  return y;
+}
+
+namespace {
+Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const char* op = "linear";
   const LinearDims d = check_linear(op, x, weight, bias);
   // y [B,out] = x [B,in] · Wᵀ, then y += bias (a row broadcast, in place)
@@ -156,6 +197,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   });
   return y;
 }
+}  // namespace
 
 void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                      GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias) {

@@ -1,9 +1,13 @@
 // Reductions and losses: sum, mean, mse_loss. Results are 0-d tensors that stay on the device.
+#include "engine/autograd.h"
 #include "engine/ops_common.h"
 #include "kernels/reduce.h"
 
 namespace graphward {
 using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
 namespace k = kernels;
 
 namespace {
@@ -52,8 +56,23 @@ void reduce_backward(const char* op, const Tensor& grad_out, const Tensor& x, Gr
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return reduce("sum", x, false); }
-Tensor mean(const Tensor& x) { return reduce("mean", x, true); }
+namespace {
+Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
+  Tensor y = reduce(op, x, is_mean);
+  if (needs_grad({&x})) {
+    // The backward needs x's shape only; a detached handle carries it.
+    record(op, y, {&x}, {save("x", x)},
+           [is_mean](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, s[0], grads[0],
+                             is_mean);
+           });
+  }
+  return y;
+}
+}  // namespace
+
+Tensor sum(const Tensor& x) { return recorded_reduce("sum", x, false); }
+Tensor mean(const Tensor& x) { return recorded_reduce("mean", x, true); }
 void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
   reduce_backward("sum_backward", grad_out, x, grad_x, false);
 }
@@ -61,7 +80,23 @@ void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
   reduce_backward("mean_backward", grad_out, x, grad_x, true);
 }
 
+namespace {
+Tensor mse_loss_impl(const Tensor& pred, const Tensor& target);
+}
+
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+  Tensor y = mse_loss_impl(pred, target);
+  if (needs_grad({&pred, &target})) {
+    record("mse_loss", y, {&pred, &target}, {save("pred", pred), save("target", target)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             mse_loss_backward(g, s[0], s[1], grads[0], grads[1]);
+           });
+  }
+  return y;
+}
+
+namespace {
+Tensor mse_loss_impl(const Tensor& pred, const Tensor& target) {
   const char* op = "mse_loss";
   check_inputs(op, {{"pred", &pred}, {"target", &target}});
   check_same_shape(op, {"pred", &pred}, {"target", &target});
@@ -82,6 +117,7 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   });
   return y;
 }
+}  // namespace
 
 void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor& target,
                        GradSlot grad_pred, GradSlot grad_target) {

@@ -15,7 +15,18 @@ namespace graphward {
 
 // ---- Tensor ----------------------------------------------------------------------------------------
 
-const Tensor::Impl& Tensor::impl() const {
+struct Tensor::Impl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  DType dtype;
+  std::int64_t numel;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;
+  Tensor grad;
+};
+
+Tensor::Impl& Tensor::impl() const {
   GW_CHECK(impl_, "use of an undefined Tensor (default-constructed or moved from); expected a "
                   "tensor made by a creation function or an op");
   return *impl_;
@@ -52,7 +63,28 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
     check_cuda_device(options.device, "Tensor::empty");
     storage = Storage::allocate(options.device, bytes, current_stream(options.device));
   }
-  return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n}));
+  return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n, false, {}, {}}));
+}
+
+const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
+  Impl& i = impl();
+  GW_CHECK(!i.grad_fn, "set_requires_grad: ", str(),
+           " is the result of a recorded op (it has a grad_fn); only leaves can be marked");
+  i.requires_grad = requires_grad;
+  return *this;
+}
+bool Tensor::requires_grad() const { return impl().requires_grad; }
+bool Tensor::is_leaf() const { return !impl().grad_fn; }
+Tensor& Tensor::grad() const { return impl().grad; }
+const std::shared_ptr<Node>& Tensor::grad_fn() const { return impl().grad_fn; }
+void Tensor::set_grad_fn(std::shared_ptr<Node> node) const {
+  Impl& i = impl();
+  i.requires_grad = node != nullptr;
+  i.grad_fn = std::move(node);
+}
+Tensor Tensor::detach() const {
+  const Impl& i = impl();
+  return Tensor(std::make_shared<Impl>(Impl{i.storage, i.shape, i.dtype, i.numel, false, {}, {}}));
 }
 
 namespace {

@@ -20,6 +20,8 @@
 
 namespace graphward {
 
+class Node;  // engine/autograd.h
+
 struct TensorOptions {
   DType dtype = DType::kFloat32;
   Device device = Device::cpu();
@@ -68,15 +70,24 @@ class Tensor {
 
   std::string str() const;  // "float32[2, 3] on cuda:0"
 
+  // ---- autograd (engine/autograd.h) ----
+  // A leaf that requires grad receives its gradient in grad() when backward() reaches it. Only
+  // float tensors with no grad_fn may be marked; marking returns *this.
+  const Tensor& set_requires_grad(bool requires_grad) const;
+  bool requires_grad() const;
+  bool is_leaf() const;  // no grad_fn
+  // The persistent gradient of a leaf (undefined until a backward writes it). Shared by handles.
+  Tensor& grad() const;
+  // The node that produced this tensor in a recorded forward (null for leaves and no-grad results).
+  const std::shared_ptr<Node>& grad_fn() const;
+  void set_grad_fn(std::shared_ptr<Node> node) const;
+  // A new handle on the same storage (same version counter) with no autograd history.
+  Tensor detach() const;
+
  private:
-  struct Impl {
-    std::shared_ptr<Storage> storage;
-    Shape shape;
-    DType dtype;
-    std::int64_t numel;
-  };
+  struct Impl;
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  const Impl& impl() const;
+  Impl& impl() const;
   std::shared_ptr<Impl> impl_;
 };
 

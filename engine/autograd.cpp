@@ -1,0 +1,111 @@
+#include "engine/autograd.h"
+
+#include <atomic>
+
+namespace graphward {
+
+namespace {
+std::atomic<std::uint64_t> g_next_sequence_nr{0};
+thread_local bool t_grad_mode = true;
+}  // namespace
+
+Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
+           std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward)
+    : name_(std::move(name)),
+      device_(device),
+      stream_(stream),
+      inputs_(std::move(inputs)),
+      saved_(std::move(saved)),
+      output_shape_(std::move(output_shape)),
+      backward_(std::move(backward)),
+      sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+// Note [Saved tensor versions]
+// A backward reads the tensors its forward saved. If one was modified in place after it was saved
+// (its storage's version moved on), the gradient would be silently wrong; instead the backward
+// fails and names the op, the tensor and both versions, as PyTorch does.
+void Node::check_saved() const {
+  GW_CHECK(!released_, "backward through ", label(),
+           " a second time: its saved tensors were freed by the previous backward; pass "
+           "retain_graph = true to the first backward to keep them");
+  for (const SavedTensor& s : saved_) {
+    GW_CHECK(s.tensor.version() == s.version, "one of the tensors needed for the gradient of ",
+             label(), " was modified in place: '", s.name, "' (", s.tensor.str(), ") is at version ",
+             s.tensor.version(), "; expected version ", s.version,
+             " (the version when the forward saved it)");
+  }
+}
+
+void Node::apply(const Tensor& grad_out, std::span<GradSlot> grads) const {
+  GW_CHECK(!released_, "backward through ", label(),
+           " a second time: its saved tensors were freed by the previous backward; pass "
+           "retain_graph = true to the first backward to keep them");
+  GW_CHECK(backward_, "node ", label(), " has no backward function");
+  std::vector<Tensor> saved;
+  saved.reserve(saved_.size());
+  for (const SavedTensor& s : saved_) {
+    GW_CHECK(s.tensor.version() == s.version, "one of the tensors needed for the gradient of ",
+             label(), " was modified in place: '", s.name, "' (", s.tensor.str(), ") is at version ",
+             s.tensor.version(), "; expected version ", s.version,
+             " (the version when the forward saved it)");
+    saved.push_back(s.tensor);
+  }
+  backward_(grad_out, saved, grads);
+}
+
+void Node::release_saved() {
+  saved_.clear();
+  saved_.shrink_to_fit();
+  released_ = true;
+}
+
+bool grad_mode_enabled() { return t_grad_mode; }
+NoGradGuard::NoGradGuard() : previous_(t_grad_mode) { t_grad_mode = false; }
+NoGradGuard::~NoGradGuard() { t_grad_mode = previous_; }
+
+std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t stream,
+                                std::vector<InputMeta> inputs, Shape output_shape,
+                                Node::BackwardFn backward) {
+  return std::make_shared<Node>(std::move(name), device, stream, std::move(inputs),
+                                std::vector<SavedTensor>{}, std::move(output_shape),
+                                std::move(backward));
+}
+
+namespace autograd_detail {
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_mode) return false;
+  for (const Tensor* t : inputs) {
+    if (t && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+SavedTensor save(const char* name, const Tensor& t) {
+  if (!t.defined()) return {name, Tensor(), 0};
+  return {name, t.detach(), t.version()};
+}
+
+void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::vector<SavedTensor> saved, Node::BackwardFn backward) {
+  std::vector<InputMeta> metas;
+  metas.reserve(inputs.size());
+  for (const Tensor* t : inputs) {
+    InputMeta m{t->shape(), t->dtype(), t->device(), t->storage()->producer_stream(), {}};
+    if (t->requires_grad()) {
+      if (t->grad_fn()) {
+        m.edge.node = t->grad_fn();
+      } else {
+        m.edge.leaf = *t;
+      }
+    }
+    metas.push_back(std::move(m));
+  }
+  output.set_grad_fn(std::make_shared<Node>(op, output.device(),
+                                            output.storage()->producer_stream(), std::move(metas),
+                                            std::move(saved), output.shape(),
+                                            std::move(backward)));
+}
+
+}  // namespace autograd_detail
+}  // namespace graphward

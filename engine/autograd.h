@@ -1,0 +1,119 @@
+#pragma once
+// The autograd tape.
+//
+// A recorded forward op produces a Node: the op's name, the stream and device it ran on (DESIGN.md
+// rule 1), metadata of each input (shape, dtype, device, the stream that produced it) with the edge
+// its gradient flows along, the tensors its backward needs (with their versions), and a backward
+// closure. A node's single output keeps the node alive as its grad_fn; nodes keep their inputs'
+// nodes alive through edges; a graph lives as long as some output of it does.
+//
+// Edges: an input that requires grad either came from a node (edge to that node) or is a leaf
+// (edge to the leaf tensor, whose .grad receives the gradient); an input that does not require grad
+// has an empty edge.
+//
+// Recording happens when grad mode is on (the default; NoGradGuard turns it off for a scope) and
+// some input requires grad.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/ops.h"
+#include "engine/tensor.h"
+
+namespace graphward {
+
+struct Edge {
+  std::shared_ptr<Node> node;  // the input's grad_fn, or
+  Tensor leaf;                 // the input itself, a leaf that requires grad
+  bool valid() const { return node != nullptr || leaf.defined(); }
+};
+
+struct InputMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+  cudaStream_t stream;  // the stream that produced the input (nullptr on the CPU)
+  Edge edge;
+};
+
+// A tensor a backward needs, with the version it had when saved (Note [Saved tensor versions]).
+struct SavedTensor {
+  std::string name;
+  Tensor tensor;  // detached: a saved output must not keep its own grad_fn alive
+  std::uint64_t version = 0;
+};
+
+class Node {
+ public:
+  // Computes the gradients of the inputs from grad_out, writing them into `grads` (one slot per
+  // input; null slots are not wanted). `saved` are the saved tensors, version-checked.
+  using BackwardFn = std::function<void(const Tensor& grad_out, const std::vector<Tensor>& saved,
+                                        std::span<GradSlot> grads)>;
+
+  Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
+       std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward);
+
+  const std::string& name() const { return name_; }
+  Device device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  const std::vector<InputMeta>& inputs() const { return inputs_; }
+  const Shape& output_shape() const { return output_shape_; }
+  // Order of creation in this process: a later node never feeds an earlier one.
+  std::uint64_t sequence_nr() const { return sequence_nr_; }
+  bool released() const { return released_; }
+  // "linear#17"
+  std::string label() const { return name_ + "#" + std::to_string(sequence_nr_); }
+
+  // Runs the backward. Throws if the saved tensors were released (second backward without
+  // retain_graph) or one of them was modified in place since it was saved.
+  void apply(const Tensor& grad_out, std::span<GradSlot> grads) const;
+  // The checks of apply() alone, so that a backward can refuse before it launches anything.
+  void check_saved() const;
+  // Frees the saved tensors (a backward without retain_graph).
+  void release_saved();
+
+ private:
+  std::string name_;
+  Device device_;
+  cudaStream_t stream_;
+  std::vector<InputMeta> inputs_;
+  std::vector<SavedTensor> saved_;
+  Shape output_shape_;
+  BackwardFn backward_;
+  std::uint64_t sequence_nr_;
+  bool released_ = false;
+};
+
+// ---- grad mode ---------------------------------------------------------------------------------------
+bool grad_mode_enabled();
+// Turns recording off for the scope (per thread), e.g. for optimizer updates.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// For hand-built tapes (plan tests) and ops: a node over `inputs` with nothing saved.
+std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t stream,
+                                std::vector<InputMeta> inputs, Shape output_shape,
+                                Node::BackwardFn backward = {});
+
+namespace autograd_detail {
+// Whether an op over `inputs` must be recorded.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+// Records `output` as produced by a node named `op` over `inputs`, saving `saved`. The node's stream
+// is the stream that produced `output`.
+void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::vector<SavedTensor> saved, Node::BackwardFn backward);
+SavedTensor save(const char* name, const Tensor& t);
+}  // namespace autograd_detail
+
+}  // namespace graphward

@@ -1,0 +1,171 @@
+#include "engine/backward.h"
+
+#include <optional>
+
+namespace graphward {
+
+namespace {
+
+std::vector<PlanRoot> plan_roots(const std::vector<Tensor>& roots) {
+  std::vector<PlanRoot> out;
+  out.reserve(roots.size());
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& t = roots[r];
+    GW_CHECK(t.defined(), "backward: root ", r, " is an undefined tensor");
+    GW_CHECK(t.requires_grad(), "backward: root ", r, " (", t.str(),
+             ") does not require grad and has no grad_fn; expected a result of recorded ops on "
+             "tensors that require grad");
+    if (t.grad_fn()) {
+      out.push_back({t.grad_fn(), Tensor()});
+    } else {
+      out.push_back({nullptr, t});
+    }
+  }
+  return out;
+}
+
+Device roots_device(const std::vector<Tensor>& roots) {
+  GW_CHECK(!roots.empty() && roots[0].defined(), "backward: expected at least one root");
+  const Device d = roots[0].device();
+  for (std::size_t r = 1; r < roots.size(); ++r) {
+    GW_CHECK(roots[r].device() == d, "backward: root ", r, " is on ", roots[r].device().str(),
+             ", root 0 on ", d.str(), "; expected all roots on one device");
+  }
+  return d;
+}
+
+}  // namespace
+
+BackwardPlan plan_for(const std::vector<Tensor>& roots, GradWrite grad_write) {
+  const Device d = roots_device(roots);
+  return plan_backward(plan_roots(roots), d.is_cuda() ? current_stream(d) : nullptr, grad_write);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds_in,
+              BackwardOptions options) {
+  const Device device = roots_device(roots);
+  const std::vector<PlanRoot> proots = plan_roots(roots);
+  GW_CHECK(seeds_in.empty() || seeds_in.size() == roots.size(), "backward: got ",
+           seeds_in.size(), " seed gradients for ", roots.size(),
+           " roots; expected one per root, or none for one-element roots");
+  std::vector<Tensor> seeds(roots.size());
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& t = roots[r];
+    if (seeds_in.empty()) {
+      GW_CHECK(t.numel() == 1, "backward: root ", r, " is ", t.str(),
+               "; a root with more than one element needs a seed gradient of its shape");
+    } else {
+      const Tensor& s = seeds_in[r];
+      GW_CHECK(s.defined() && s.shape() == t.shape() && s.dtype() == t.dtype() &&
+                   s.device() == t.device(),
+               "backward: the seed gradient of root ", r, " is ", s.str(), "; expected ", t.str());
+    }
+  }
+  const cudaStream_t caller = device.is_cuda() ? current_stream(device) : nullptr;
+  // Plan (and check) everything before creating or launching anything.
+  BackwardPlan plan = plan_backward(proots, caller, options.grad_write);
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
+  }
+  thread_local EagerExecutor executor;
+  executor.run(plan, seeds, device);
+  if (!options.retain_graph) {
+    for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
+  }
+}
+
+// ---- EagerExecutor ---------------------------------------------------------------------------------
+
+Event& EagerExecutor::event(Device device, int i) {
+  if (!(events_device_ == device)) {
+    events_.clear();
+    events_device_ = device;
+  }
+  while (static_cast<int>(events_.size()) <= i) events_.emplace_back(device);
+  return events_[i];
+}
+
+void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device) {
+  using Kind = BackwardPlan::BufferKind;
+  // Note [Check, then write]: refuse before launching anything.
+  for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
+  for (const BackwardPlan::Buffer& b : plan.buffers) {
+    if (b.kind != Kind::kLeaf || !b.leaf.grad().defined()) continue;
+    const Tensor& g = b.leaf.grad();
+    GW_CHECK(g.shape() == b.leaf.shape() && g.dtype() == b.leaf.dtype() &&
+                 g.device() == b.leaf.device(),
+             "backward: the .grad of leaf ", b.leaf.str(), " is ", g.str(),
+             "; expected the leaf's shape, dtype and device");
+  }
+  const bool gpu = device.is_cuda();
+  const cudaStream_t caller = plan.streams[0];
+
+  if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
+    for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
+  }
+  for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
+    std::optional<StreamGuard> guard;
+    if (gpu) guard.emplace(device, caller);
+    scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
+  }
+  // Fork (rule 4): every other stream waits on the caller's stream.
+  const int fork_event = plan.num_events;
+  if (gpu && !plan.forks.empty()) {
+    Event& e = event(device, fork_event);
+    e.record(caller);
+    for (int f : plan.forks) e.block(plan.streams[f]);
+  }
+
+  std::vector<Tensor> buffers(plan.buffers.size());
+  {
+    PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
+    std::vector<GradSlot> slots;
+    for (const BackwardPlan::Step& step : plan.steps) {
+      const cudaStream_t s = plan.streams[step.stream];
+      std::optional<StreamGuard> guard;
+      if (gpu) guard.emplace(device, s);
+      if (gpu) {
+        for (int w : step.waits) event(device, plan.waits[w].event).block(s);
+      }
+      // The gradient of the node's output: direct writes so far, plus seeds and staged buffers.
+      Tensor& g = buffers[step.grad_buffer];
+      const std::size_t pending = step.seeds.size() + step.staged.size();
+      std::size_t added = 0;
+      auto add_in = [&](const Tensor& part, bool owned) {
+        if (!g.defined() && (owned || pending == 1)) {
+          g = part;  // take it (a lone seed is only read)
+        } else {
+          scale_backward(part, 1.0, {&g, g.defined()});  // copy or add, on this stream
+        }
+        ++added;
+      };
+      for (int r : step.seeds) add_in(seeds[r], false);
+      for (int b : step.staged) {
+        add_in(buffers[b], true);
+        buffers[b] = Tensor();
+      }
+      GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
+               " (an internal error of the plan)");
+      slots.assign(step.writes.size(), GradSlot{});
+      for (std::size_t i = 0; i < step.writes.size(); ++i) {
+        const BackwardPlan::Write& w = step.writes[i];
+        if (w.buffer < 0) continue;
+        const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
+        slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate};
+      }
+      step.node->apply(g, slots);
+      if (gpu && step.event >= 0) event(device, step.event).record(s);
+      g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
+    }
+  }
+  // Join (rule 4): the caller's stream waits on every stream the backward used.
+  if (gpu) {
+    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
+      Event& e = event(device, fork_event + 1 + static_cast<int>(j));
+      e.record(plan.streams[plan.joins[j]]);
+      e.block(caller);
+    }
+  }
+}
+
+}  // namespace graphward

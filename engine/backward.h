@@ -1,0 +1,53 @@
+#pragma once
+// backward(): plans the backward of the roots from the tape (engine/backward_plan.h) and runs the
+// plan eagerly with the EagerExecutor, by the stream contract of DESIGN.md:
+//   * each node runs on the stream its forward ran on (rule 2), waiting on events only where the
+//     plan says (rule 3);
+//   * every stream used first waits on the caller's stream S — the current stream when backward()
+//     is called — so the seeds and anything enqueued on S before the call are visible; before
+//     backward() returns, S waits on every stream used, so gradients are safe to read on S with no
+//     further synchronization (rule 4). Work on other streams that touches .grad must be ordered
+//     before S by the caller (Note [Planned synchronization] in memory.h);
+//   * leaf gradients are written on the stream of the node that produces them (rule 5).
+// One thread; no worker pools.
+#include <vector>
+
+#include "engine/backward_plan.h"
+#include "engine/stream.h"
+
+namespace graphward {
+
+struct BackwardOptions {
+  bool retain_graph = false;  // keep saved tensors for another backward through the same graph
+  GradWrite grad_write = GradWrite::kAccumulate;
+};
+
+// Backward of several roots. `seeds` are the gradients of the roots (same shapes); when empty,
+// every root must have one element and its seed is 1.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds = {},
+              BackwardOptions options = {});
+inline void backward(const Tensor& root, BackwardOptions options = {}) {
+  backward(std::vector<Tensor>{root}, {}, options);
+}
+
+// The plan backward() would run for these roots on the current stream (for inspection and tests).
+BackwardPlan plan_for(const std::vector<Tensor>& roots,
+                      GradWrite grad_write = GradWrite::kAccumulate);
+
+// Launches plans. Owns its events; one thread at a time.
+class EagerExecutor {
+ public:
+  EagerExecutor() = default;
+  EagerExecutor(const EagerExecutor&) = delete;
+  EagerExecutor& operator=(const EagerExecutor&) = delete;
+
+  // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's nodes.
+  void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device);
+
+ private:
+  Event& event(Device device, int i);
+  std::vector<Event> events_;
+  Device events_device_ = Device::cpu();
+};
+
+}  // namespace graphward

@@ -1,0 +1,300 @@
+#include "engine/backward_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+namespace graphward {
+
+// Note [Gradient buffers]
+// Every node reached by the backward has one kGrad buffer: the gradient of its output, consumed
+// by the node's own step on the node's stream (S). Its contributions, in plan order, are routed so
+// that accumulation happens on S (DESIGN.md rule 3) and costs no extra kernel where it need not:
+//   * a sole contributor writes the buffer directly (=), on its own stream; S waits for it;
+//   * otherwise contributors on S write directly (the first =, later +=), and each contributor on
+//     another stream P writes a kStaged buffer of its own on P, which the owner adds in (on S,
+//     after waiting for P) just before it runs; a root's seed is added the same way.
+// Leaf gradients are written by each contributor on the contributor's own stream (rule 5), in plan
+// order: the first writes (GradWrite::kOverwrite) or adds (kAccumulate), later ones add, and a
+// contributor on another stream than the previous one waits for it.
+
+BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
+                           GradWrite grad_write) {
+  GW_CHECK(!roots.empty(), "backward: expected at least one root");
+  BackwardPlan plan;
+  plan.grad_write = grad_write;
+  plan.streams.push_back(caller_stream);
+
+  // 1. The nodes reachable from the roots, and how many edges point at each (dependencies).
+  std::unordered_map<const Node*, int> index;  // node -> discovery index
+  std::vector<Node*> nodes;
+  std::vector<int> pending;  // per discovered node: edges from reachable nodes not yet run
+  std::vector<Node*> stack;
+  auto discover = [&](Node* n) {
+    auto [it, inserted] = index.emplace(n, static_cast<int>(nodes.size()));
+    if (inserted) {
+      nodes.push_back(n);
+      pending.push_back(0);
+      stack.push_back(n);
+    }
+    return it->second;
+  };
+  Device device = Device::cpu();
+  bool have_device = false;
+  for (const PlanRoot& r : roots) {
+    if (r.node) {
+      discover(r.node.get());
+    } else {
+      GW_CHECK(r.leaf.defined(), "backward: a root is neither a recorded result nor a leaf");
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    GW_CHECK(!n->released(), "backward through ", n->label(),
+             " a second time: its saved tensors were freed by the previous backward; pass "
+             "retain_graph = true to the first backward to keep them");
+    if (!have_device) {
+      device = n->device();
+      have_device = true;
+    }
+    GW_CHECK(n->device() == device, "backward: the graph spans devices (", n->label(), " ran on ",
+             n->device().str(), ", others on ", device.str(),
+             "); expected every node on one device");
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) ++pending[discover(in.edge.node.get())];
+    }
+  }
+
+  // 2. Order: a node runs once every node that feeds its gradient has run; among ready nodes the
+  // most recently created goes first (the reverse of the forward's issue order).
+  auto later = [&](int a, int b) { return nodes[a]->sequence_nr() < nodes[b]->sequence_nr(); };
+  std::priority_queue<int, std::vector<int>, decltype(later)> ready(later);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (pending[i] == 0) ready.push(static_cast<int>(i));
+  }
+  std::vector<int> step_of(nodes.size(), -1);
+  std::unordered_map<cudaStream_t, int> stream_index{{caller_stream, 0}};
+  while (!ready.empty()) {
+    const int i = ready.top();
+    ready.pop();
+    Node* n = nodes[i];
+    step_of[i] = static_cast<int>(plan.steps.size());
+    BackwardPlan::Step step;
+    step.node = n;
+    auto [it, inserted] = stream_index.emplace(n->stream(), static_cast<int>(plan.streams.size()));
+    if (inserted) plan.streams.push_back(n->stream());
+    step.stream = it->second;
+    plan.steps.push_back(std::move(step));
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node && --pending[index.at(in.edge.node.get())] == 0) {
+        ready.push(index.at(in.edge.node.get()));
+      }
+    }
+  }
+  GW_CHECK(plan.steps.size() == nodes.size(), "backward: the graph has a cycle");
+
+  // 3. Buffers: one kGrad per step; one kLeaf per leaf reached; contributors in plan order.
+  const int num_steps = static_cast<int>(plan.steps.size());
+  for (int s = 0; s < num_steps; ++s) {
+    BackwardPlan::Buffer b;
+    b.kind = BackwardPlan::BufferKind::kGrad;
+    b.owner = s;
+    b.shape = plan.steps[s].node->output_shape();
+    b.stream = plan.steps[s].stream;
+    b.last_use = s;
+    plan.steps[s].grad_buffer = static_cast<int>(plan.buffers.size());
+    plan.buffers.push_back(std::move(b));
+  }
+  std::unordered_map<const Tensor*, int> leaf_buffer;  // keyed by the leaf's shared .grad slot
+  auto leaf_buffer_of = [&](const Tensor& leaf) {
+    auto [it, inserted] = leaf_buffer.emplace(&leaf.grad(), static_cast<int>(plan.buffers.size()));
+    if (inserted) {
+      BackwardPlan::Buffer b;
+      b.kind = BackwardPlan::BufferKind::kLeaf;
+      b.leaf = leaf;
+      b.shape = leaf.shape();
+      plan.buffers.push_back(std::move(b));
+    }
+    return it->second;
+  };
+  plan.root_steps.assign(roots.size(), -1);
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    if (roots[r].node) {
+      const int s = step_of[index.at(roots[r].node.get())];
+      plan.root_steps[r] = s;
+      plan.buffers[plan.steps[s].grad_buffer].contributors.push_back(BackwardPlan::kSeed);
+      plan.steps[s].seeds.push_back(static_cast<int>(r));
+    } else {
+      const int b = leaf_buffer_of(roots[r].leaf);
+      plan.buffers[b].contributors.push_back(BackwardPlan::kSeed);
+    }
+  }
+  for (int s = 0; s < num_steps; ++s) {
+    for (const InputMeta& in : plan.steps[s].node->inputs()) {
+      if (in.edge.node) {
+        plan.buffers[plan.steps[step_of[index.at(in.edge.node.get())]].grad_buffer]
+            .contributors.push_back(s);
+      } else if (in.edge.leaf.defined()) {
+        plan.buffers[leaf_buffer_of(in.edge.leaf)].contributors.push_back(s);
+      }
+    }
+  }
+  for (BackwardPlan::Buffer& b : plan.buffers) {
+    b.first_use = b.contributors.empty() ? b.owner : b.contributors.front();
+    if (b.kind == BackwardPlan::BufferKind::kLeaf && !b.contributors.empty()) {
+      b.last_use = b.contributors.back();
+    }
+  }
+
+  // 4. Route every contribution (Note [Gradient buffers]) and place the waits, with a vector clock
+  // per stream: clock[s][p] is the last step of stream p that stream s is known to follow.
+  const int k = static_cast<int>(plan.streams.size());
+  std::vector<std::vector<int>> clock(k, std::vector<int>(k, -1));
+  std::vector<std::vector<int>> snapshot(num_steps);
+  std::vector<int> grad_written(plan.buffers.size(), 0);  // direct writes so far, per buffer
+  std::vector<int> leaf_last_writer(plan.buffers.size(), BackwardPlan::kSeed);
+  auto depend = [&](int consumer, int producer) {
+    if (producer < 0) return;  // the seed / the caller: covered by the fork
+    const int cs = plan.steps[consumer].stream, ps = plan.steps[producer].stream;
+    if (cs == ps || clock[cs][ps] >= producer) return;
+    BackwardPlan::Step& p = plan.steps[producer];
+    if (p.event < 0) p.event = plan.num_events++;
+    plan.steps[consumer].waits.push_back(static_cast<int>(plan.waits.size()));
+    plan.waits.push_back({producer, consumer, p.event});
+    for (int x = 0; x < k; ++x) clock[cs][x] = std::max(clock[cs][x], snapshot[producer][x]);
+  };
+
+  // Leaf roots: the seed is the first contribution.
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    if (roots[r].node) continue;
+    const int b = leaf_buffer_of(roots[r].leaf);
+    const bool first = grad_written[b]++ == 0;
+    plan.leaf_seeds.push_back({static_cast<int>(r), b,
+                               !first || grad_write == GradWrite::kAccumulate});
+  }
+  for (int s = 0; s < num_steps; ++s) {
+    BackwardPlan::Step& step = plan.steps[s];
+    // The contributions this step consumes were all made by earlier steps.
+    const BackwardPlan::Buffer& mine = plan.buffers[step.grad_buffer];
+    for (int c : mine.contributors) depend(s, c);
+
+    const auto& inputs = step.node->inputs();
+    step.writes.assign(inputs.size(), {});
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const Edge& e = inputs[i].edge;
+      if (e.node) {
+        const int owner = step_of[index.at(e.node.get())];
+        const int gb = plan.steps[owner].grad_buffer;
+        BackwardPlan::Buffer& target = plan.buffers[gb];
+        const bool sole = target.contributors.size() == 1;
+        if (sole || plan.steps[owner].stream == step.stream) {
+          step.writes[i] = {gb, grad_written[gb]++ > 0};
+        } else {
+          BackwardPlan::Buffer staged;
+          staged.kind = BackwardPlan::BufferKind::kStaged;
+          staged.owner = owner;
+          staged.target = gb;
+          staged.shape = target.shape;
+          staged.stream = step.stream;
+          staged.contributors = {s};
+          staged.first_use = s;
+          staged.last_use = owner;
+          const int sb = static_cast<int>(plan.buffers.size());
+          plan.buffers.push_back(std::move(staged));
+          plan.steps[owner].staged.push_back(sb);
+          step.writes[i] = {sb, false};
+        }
+      } else if (e.leaf.defined()) {
+        const int lb = leaf_buffer_of(e.leaf);
+        depend(s, leaf_last_writer[lb]);  // serialize writers of one .grad across streams
+        const bool first = grad_written[lb]++ == 0;
+        step.writes[i] = {lb, !first || grad_write == GradWrite::kAccumulate};
+        leaf_last_writer[lb] = s;
+      }
+    }
+    clock[step.stream][step.stream] = s;
+    snapshot[s] = clock[step.stream];
+  }
+
+  // 5. Forks and joins: every stream the backward uses other than the caller's (rule 4).
+  for (int x = 1; x < k; ++x) {
+    plan.forks.push_back(x);
+    plan.joins.push_back(x);
+  }
+  return plan;
+}
+
+namespace {
+const char* kind_name(BackwardPlan::BufferKind k) {
+  switch (k) {
+    case BackwardPlan::BufferKind::kGrad: return "grad";
+    case BackwardPlan::BufferKind::kStaged: return "staged";
+    case BackwardPlan::BufferKind::kLeaf: return "leaf";
+  }
+  return "?";
+}
+}  // namespace
+
+std::string BackwardPlan::dump() const {
+  std::ostringstream os;
+  os << "BackwardPlan: " << steps.size() << " steps, " << streams.size() << " streams, "
+     << waits.size() << " waits, " << buffers.size() << " buffers, grad_write="
+     << (grad_write == GradWrite::kAccumulate ? "accumulate" : "overwrite") << "\n";
+  for (std::size_t s = 0; s < streams.size(); ++s) {
+    os << "  stream s" << s << " = " << static_cast<const void*>(streams[s])
+       << (s == 0 ? " (caller)" : "") << "\n";
+  }
+  os << "  fork:";
+  for (int f : forks) os << " s" << f;
+  os << "\n  join:";
+  for (int j : joins) os << " s" << j;
+  os << "\n";
+  for (const LeafSeed& ls : leaf_seeds) {
+    os << "  seed of root " << ls.root << " -> b" << ls.buffer << (ls.accumulate ? " +=" : " =")
+       << "\n";
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    os << "  step " << i << ": " << st.node->label() << " on s" << st.stream << ", grad b"
+       << st.grad_buffer;
+    for (int w : st.waits) {
+      os << ", waits e" << waits[w].event << " (step " << waits[w].producer << ")";
+    }
+    for (int r : st.seeds) os << ", + seed of root " << r;
+    for (int b : st.staged) os << ", + b" << b;
+    os << " ->";
+    for (std::size_t j = 0; j < st.writes.size(); ++j) {
+      const Write& w = st.writes[j];
+      os << " in" << j << ":";
+      if (w.buffer < 0) {
+        os << "-";
+      } else {
+        os << "b" << w.buffer << (w.accumulate ? "+=" : "=");
+      }
+    }
+    if (st.event >= 0) os << ", records e" << st.event;
+    os << "\n";
+  }
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const Buffer& buf = buffers[b];
+    os << "  b" << b << ": " << kind_name(buf.kind) << " " << shape_str(buf.shape);
+    if (buf.kind != BufferKind::kLeaf) os << " on s" << buf.stream << ", read by step " << buf.owner;
+    if (buf.kind == BufferKind::kStaged) os << " into b" << buf.target;
+    os << ", written by [";
+    for (std::size_t c = 0; c < buf.contributors.size(); ++c) {
+      if (c) os << ", ";
+      if (buf.contributors[c] == kSeed) {
+        os << "seed";
+      } else {
+        os << "step " << buf.contributors[c];
+      }
+    }
+    os << "], uses " << buf.first_use << ".." << buf.last_use << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace graphward

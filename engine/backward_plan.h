@@ -1,0 +1,101 @@
+#pragma once
+// BackwardPlan: what a backward will do, as plain host data — no CUDA call is made to build it.
+// The eager executor launches it; the capture issue turns the same plan into a CUDA graph, so
+// eager and replayed backward cannot drift apart.
+//
+// A plan lists the nodes to run in a valid order with the stream of each (the stream its forward
+// ran on, DESIGN.md rule 2); every cross-stream wait as an explicit (producer step, consumer step,
+// event) record (rule 3); the streams forked from the caller's stream at the start and joined back
+// at the end (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and 5)
+// and its first and last use. Note [Gradient buffers] in backward_plan.cpp says how contributions
+// are routed.
+//
+// Waits are minimal: a stream that already waited on a later step of the producer's stream (directly
+// or through another stream) gets no second wait — a vector clock per stream tracks what each stream
+// has seen.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/autograd.h"
+
+namespace graphward {
+
+// How a backward writes parameter (leaf) gradients: added to .grad, or the first contribution of
+// this backward overwrites .grad (then later ones add).
+enum class GradWrite : std::uint8_t { kAccumulate, kOverwrite };
+
+// A root of a backward: the node that produced the root tensor, or the root itself when it is a leaf.
+struct PlanRoot {
+  std::shared_ptr<Node> node;
+  Tensor leaf;
+};
+
+struct BackwardPlan {
+  enum class BufferKind : std::uint8_t {
+    kGrad,    // the gradient of a node's output, consumed by that node's step
+    kStaged,  // a contribution produced on another stream, added into a kGrad buffer by its owner
+    kLeaf,    // a leaf's persistent .grad
+  };
+  static constexpr int kSeed = -1;  // a contributor that is the caller's seed gradient
+
+  struct Buffer {
+    BufferKind kind = BufferKind::kGrad;
+    int owner = -1;     // kGrad/kStaged: the step that consumes it; kLeaf: -1
+    int target = -1;    // kStaged: the kGrad buffer it is added into
+    Tensor leaf;        // kLeaf: the leaf
+    Shape shape;
+    int stream = 0;     // where it is accumulated: the owner's stream (kLeaf: each contributor's)
+    std::vector<int> contributors;  // steps in plan order; kSeed for a seed
+    int first_use = -1;  // first step that writes or reads it (kSeed contributions count as -1)
+    int last_use = -1;   // last step that reads (kGrad/kStaged) or writes (kLeaf) it
+  };
+  // Where one input's gradient goes: nowhere (buffer -1), or into a buffer, written (=) or added (+=).
+  struct Write {
+    int buffer = -1;
+    bool accumulate = false;
+  };
+  struct Step {
+    Node* node = nullptr;  // not owned: the roots keep the graph alive
+    int stream = 0;        // index into streams
+    int grad_buffer = -1;  // the kGrad buffer this step consumes
+    std::vector<Write> writes;      // one per node input
+    std::vector<int> staged;        // kStaged buffers (and kSeed via seeds) added into grad_buffer first
+    std::vector<int> seeds;         // root indices whose seed is added into grad_buffer first
+    std::vector<int> waits;         // indices into waits: this step's stream waits on them first
+    int event = -1;                 // event recorded on this step's stream after it, or -1
+  };
+  struct Wait {
+    int producer;  // step
+    int consumer;  // step
+    int event;     // recorded after the producer, waited on by the consumer's stream
+  };
+  struct LeafSeed {  // a root that is itself a leaf: its seed is written into .grad first
+    int root;
+    int buffer;
+    bool accumulate;
+  };
+
+  std::vector<cudaStream_t> streams;  // streams[0] is the caller's stream
+  std::vector<Step> steps;
+  std::vector<Wait> waits;
+  std::vector<int> forks;  // stream indices that first wait on the caller's stream
+  std::vector<int> joins;  // stream indices the caller's stream waits on at the end
+  std::vector<Buffer> buffers;
+  std::vector<LeafSeed> leaf_seeds;
+  std::vector<int> root_steps;  // per root: the step of its node, or -1 for a leaf root
+  int num_events = 0;
+  GradWrite grad_write = GradWrite::kAccumulate;
+
+  // A readable dump: streams, forks, joins, every step with its waits and writes, every buffer.
+  std::string dump() const;
+  int num_cross_stream_waits() const { return static_cast<int>(waits.size()); }
+};
+
+// Plans the backward of `roots` called on `caller_stream` (nullptr on the CPU). Checks, before
+// anything runs, that every node is on one device and still holds its saved tensors.
+BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
+                           GradWrite grad_write = GradWrite::kAccumulate);
+
+}  // namespace graphward
