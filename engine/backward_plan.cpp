@@ -179,7 +179,8 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     BackwardPlan::Step& step = plan.steps[s];
     // The contributions this step consumes were all made by earlier steps.
     const BackwardPlan::Buffer& mine = plan.buffers[step.grad_buffer];
-    for (int c : mine.contributors) depend(s, c);
+    // Latest first: a wait on a later step of a stream covers its earlier steps.
+    for (auto c = mine.contributors.rbegin(); c != mine.contributors.rend(); ++c) depend(s, *c);
 
     const auto& inputs = step.node->inputs();
     step.writes.assign(inputs.size(), {});

@@ -1,0 +1,176 @@
+// BackwardPlan of hand-built multistream tapes: nodes carry stream ids, nothing is launched (the
+// streams are fake handles; planning makes no CUDA call). Pins the waits, forks and joins of
+// DESIGN.md rules 2-4 and the routing of gradient buffers.
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+cudaStream_t fake_stream(std::uintptr_t id) { return reinterpret_cast<cudaStream_t>(id * 0x1000); }
+const cudaStream_t kCaller = fake_stream(1);
+const cudaStream_t kA = fake_stream(2);
+const cudaStream_t kB = fake_stream(3);
+constexpr Device kDev = Device::cuda(0);
+
+InputMeta from(const std::shared_ptr<Node>& n) {
+  return {n->output_shape(), DType::kFloat32, kDev, n->stream(), {n, Tensor()}};
+}
+InputMeta from_leaf(const Tensor& leaf) {
+  return {leaf.shape(), DType::kFloat32, kDev, nullptr, {nullptr, leaf}};
+}
+std::shared_ptr<Node> node(const char* name, cudaStream_t s, std::vector<InputMeta> in) {
+  return make_node(name, kDev, s, std::move(in), {4});
+}
+Tensor leaf() { return zeros({4}).set_requires_grad(true); }
+
+// A chain of `n` nodes on stream `s` starting from a leaf; returns the last node.
+std::shared_ptr<Node> chain(cudaStream_t s, int n, const Tensor& l) {
+  std::shared_ptr<Node> cur = node("first", s, {from_leaf(l)});
+  for (int i = 1; i < n; ++i) cur = node("layer", s, {from(cur)});
+  return cur;
+}
+
+int count_waits_between(const BackwardPlan& p, int producer_stream, int consumer_stream) {
+  int n = 0;
+  for (const auto& w : p.waits) {
+    n += p.steps[w.producer].stream == producer_stream && p.steps[w.consumer].stream == consumer_stream;
+  }
+  return n;
+}
+
+TEST(BackwardPlan, SingleStreamTapeOnTheCallersStreamHasNoWaitsForksOrJoins) {
+  const Tensor w = leaf();
+  const auto root = chain(kCaller, 5, w);
+  const BackwardPlan p = plan_backward({{root, {}}}, kCaller);
+  EXPECT_EQ(p.steps.size(), 5u);
+  EXPECT_EQ(p.streams.size(), 1u);
+  EXPECT_TRUE(p.waits.empty());
+  EXPECT_TRUE(p.forks.empty());
+  EXPECT_TRUE(p.joins.empty());
+  EXPECT_EQ(p.steps.front().node, root.get()) << "the root runs first";
+  for (std::size_t i = 1; i < p.steps.size(); ++i) {
+    EXPECT_LT(p.steps[i].node->sequence_nr(), p.steps[i - 1].node->sequence_nr());
+  }
+}
+
+TEST(BackwardPlan, SingleStreamTapeOnAnotherStreamForksAndJoinsItOnce) {
+  const Tensor w = leaf();
+  const BackwardPlan p = plan_backward({{chain(kA, 4, w), {}}}, kCaller);
+  EXPECT_TRUE(p.waits.empty());
+  ASSERT_EQ(p.forks.size(), 1u);
+  ASSERT_EQ(p.joins.size(), 1u);
+  EXPECT_EQ(p.streams[p.forks[0]], kA);
+  EXPECT_EQ(p.streams[p.joins[0]], kA);
+}
+
+TEST(BackwardPlan, TwoIndependentBranchesOnTwoStreamsForkAndJoinEachOnceWithNoWaitBetween) {
+  const Tensor wa = leaf(), wb = leaf();
+  const auto ra = chain(kA, 8, wa), rb = chain(kB, 8, wb);
+  const BackwardPlan p = plan_backward({{ra, {}}, {rb, {}}}, kCaller);
+  EXPECT_EQ(p.steps.size(), 16u);
+  EXPECT_TRUE(p.waits.empty()) << p.dump();
+  EXPECT_EQ(p.forks.size(), 2u);
+  EXPECT_EQ(p.joins.size(), 2u);
+  for (const auto& s : p.steps) {
+    EXPECT_EQ(p.streams[s.stream], s.node->stream()) << "rule 2: backward on the forward's stream";
+  }
+}
+
+TEST(BackwardPlan, BranchesJoinedByALossOnTheCallerWaitOnlyForTheLoss) {
+  const Tensor wa = leaf(), wb = leaf();
+  const auto ra = chain(kA, 8, wa), rb = chain(kB, 8, wb);
+  const auto loss = node("loss", kCaller, {from(ra), from(rb)});
+  const BackwardPlan p = plan_backward({{loss, {}}}, kCaller);
+  EXPECT_EQ(p.waits.size(), 2u) << p.dump();
+  EXPECT_EQ(count_waits_between(p, 0, p.steps[1].stream) + count_waits_between(p, 0, p.steps[2].stream), 2);
+  const int a = p.steps[p.waits[0].consumer].stream, b = p.steps[p.waits[1].consumer].stream;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(count_waits_between(p, a, b) + count_waits_between(p, b, a), 0) << "no wait between branches";
+  EXPECT_EQ(p.forks.size(), 2u);
+  EXPECT_EQ(p.joins.size(), 2u);
+}
+
+TEST(BackwardPlan, ACrossStreamUseHasExactlyOneWait) {
+  const Tensor w = leaf();
+  const auto x = chain(kA, 3, w);            // produced on A
+  const auto y = node("consumer", kB, {from(x)});  // consumed on B
+  const BackwardPlan p = plan_backward({{y, {}}}, kB);
+  ASSERT_EQ(p.waits.size(), 1u) << p.dump();
+  EXPECT_EQ(p.steps[p.waits[0].producer].node, y.get());
+  EXPECT_EQ(p.steps[p.waits[0].consumer].node, x.get());
+  EXPECT_EQ(p.steps[p.waits[0].producer].event, p.waits[0].event);
+  EXPECT_EQ(p.forks, std::vector<int>{1});
+}
+
+TEST(BackwardPlan, AStreamWaitsOnceForSeveralContributionsFromAnotherStream) {
+  const Tensor w = leaf();
+  const auto x = node("x", kA, {from_leaf(w)});
+  const auto y1 = node("y1", kB, {from(x)});
+  const auto y2 = node("y2", kB, {from(x)});
+  const auto root = node("root", kB, {from(y1), from(y2)});
+  const BackwardPlan p = plan_backward({{root, {}}}, kB);
+  EXPECT_EQ(p.waits.size(), 1u) << "the later contribution covers the earlier one\n" << p.dump();
+  // Both contributions come from another stream: each is staged and added on x's stream.
+  const auto& xs = p.steps.back();
+  EXPECT_EQ(xs.node, x.get());
+  EXPECT_EQ(xs.staged.size(), 2u);
+}
+
+TEST(BackwardPlan, ContributionsOnTheOwnersStreamAreWrittenInPlace) {
+  const Tensor w = leaf();
+  const auto x = node("x", kA, {from_leaf(w)});
+  const auto y1 = node("y1", kA, {from(x)});
+  const auto y2 = node("y2", kA, {from(x)});
+  const auto root = node("root", kA, {from(y1), from(y2)});
+  const BackwardPlan p = plan_backward({{root, {}}}, kA);
+  const auto& xs = p.steps.back();
+  EXPECT_TRUE(xs.staged.empty());
+  // y2 runs before y1 (later sequence number first): it writes, y1 adds.
+  EXPECT_EQ(p.steps[1].node, y2.get());
+  EXPECT_EQ(p.steps[1].writes[0].buffer, xs.grad_buffer);
+  EXPECT_FALSE(p.steps[1].writes[0].accumulate);
+  EXPECT_TRUE(p.steps[2].writes[0].accumulate);
+}
+
+TEST(BackwardPlan, ALeafWrittenFromTwoStreamsIsSerializedByOneWait) {
+  const Tensor w = leaf();
+  const auto a = node("a", kA, {from_leaf(w)});
+  const auto b = node("b", kB, {from_leaf(w)});
+  const BackwardPlan p = plan_backward({{a, {}}, {b, {}}}, kCaller, GradWrite::kOverwrite);
+  ASSERT_EQ(p.waits.size(), 1u) << p.dump();
+  // b (created later) runs first and overwrites; a waits for it, then adds.
+  EXPECT_EQ(p.steps[0].node, b.get());
+  EXPECT_FALSE(p.steps[0].writes[0].accumulate);
+  EXPECT_TRUE(p.steps[1].writes[0].accumulate);
+  EXPECT_EQ(p.waits[0].producer, 0);
+  EXPECT_EQ(p.waits[0].consumer, 1);
+}
+
+TEST(BackwardPlan, SeedsRootsAndBufferLifetimes) {
+  const Tensor w = leaf();
+  const auto x = node("x", kA, {from_leaf(w)});
+  const auto y = node("y", kA, {from(x)});
+  // x is both a root and an input of the root y: its buffer gets a seed and y's contribution.
+  const BackwardPlan p = plan_backward({{y, {}}, {x, {}}}, kA);
+  ASSERT_EQ(p.steps.size(), 2u);
+  EXPECT_EQ(p.root_steps, (std::vector<int>{0, 1}));
+  const auto& xb = p.buffers[p.steps[1].grad_buffer];
+  EXPECT_EQ(xb.contributors, (std::vector<int>{BackwardPlan::kSeed, 0}));
+  EXPECT_EQ(p.steps[1].seeds, std::vector<int>{1});
+  EXPECT_EQ(xb.last_use, 1);
+  const std::string dump = p.dump();
+  EXPECT_NE(dump.find("step 0: y#"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("seed"), std::string::npos) << dump;
+}
+
+TEST(BackwardPlan, RefusesGraphsItCannotRun) {
+  const auto on_cpu = make_node("cpu_node", Device::cpu(), nullptr, {}, {4});
+  const auto on_gpu = node("gpu_node", kA, {from(on_cpu)});
+  GW_EXPECT_ERROR(plan_backward({{on_gpu, {}}}, kA), "spans devices", "cpu_node#");
+  const auto released = node("freed", kA, {});
+  released->release_saved();
+  GW_EXPECT_ERROR(plan_backward({{released, {}}}, kA), "freed#", "a second time");
+}
+
+}  // namespace
+}  // namespace graphward
