@@ -1,10 +1,8 @@
 // A training loop: K parallel branches of (linear + relu + linear) summed into one output, fitted to
 // synthetic regression data with plain SGD written with tensor ops. On a GPU each branch runs on its
-// own stream; tensors remember their producing stream, so the sum waits for every branch with no
-// hand-written synchronization (DESIGN.md rule 6).
-//
-// The backward is written by hand with the ops' backward functions for now; the autograd tape
-// replaces it next (issue: stream-aware eager autograd).
+// own stream in forward; tensors remember their producing stream, so the sum waits for every branch
+// with no hand-written synchronization (DESIGN.md rule 6), and backward() runs each branch's
+// gradient on that branch's stream and joins them back into the caller's stream (rules 2-4).
 //
 //   train_branches [--cpu] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
 #include <chrono>
@@ -56,9 +54,8 @@ Options parse(int argc, char** argv) {
 }
 
 struct Branch {
-  gw::Tensor w1, b1, w2, b2;  // [width, in], [width], [out, width], [out]
+  gw::Tensor w1, b1, w2, b2;  // [width, in], [width], [out, width], [out]; leaves
   std::unique_ptr<gw::Stream> stream;  // null on the CPU
-  gw::Tensor h, y;                     // saved by forward for backward
 };
 
 }  // namespace
@@ -86,10 +83,10 @@ int main(int argc, char** argv) try {
   std::uint64_t seed = 100;
   for (Branch& b : branches) {
     const double s1 = 1.0 / std::sqrt(double(opt.in)), s2 = 1.0 / std::sqrt(double(opt.width));
-    b.w1 = gw::uniform({opt.width, opt.in}, -s1, s1, seed++, f32);
-    b.b1 = gw::zeros({opt.width}, f32);
-    b.w2 = gw::uniform({opt.out, opt.width}, -s2, s2, seed++, f32);
-    b.b2 = gw::zeros({opt.out}, f32);
+    b.w1 = gw::uniform({opt.width, opt.in}, -s1, s1, seed++, f32).set_requires_grad(true);
+    b.b1 = gw::zeros({opt.width}, f32).set_requires_grad(true);
+    b.w2 = gw::uniform({opt.out, opt.width}, -s2, s2, seed++, f32).set_requires_grad(true);
+    b.b2 = gw::zeros({opt.out}, f32).set_requires_grad(true);
     if (gpu) b.stream = std::make_unique<gw::Stream>(dev);
   }
   // Runs `f` with the branch's stream current (on the GPU).
@@ -99,35 +96,30 @@ int main(int argc, char** argv) try {
     return f();
   };
 
-  const gw::Tensor one = gw::ones({}, f32);
   double first_loss = 0, loss_value = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < opt.steps; ++step) {
     // forward: each branch on its stream; the sum waits for all of them (rule 6)
     gw::Tensor y;
     for (Branch& b : branches) {
-      on(b, [&] {
-        b.h = gw::relu(gw::linear(x, b.w1, b.b1));
-        b.y = gw::linear(b.h, b.w2, b.b2);
+      const gw::Tensor out = on(b, [&] {
+        return gw::linear(gw::relu(gw::linear(x, b.w1, b.b1)), b.w2, b.b2);
       });
-      y = y.defined() ? gw::add(y, b.y) : b.y;
+      y = y.defined() ? gw::add(y, out) : out;
     }
     const gw::Tensor loss = gw::mse_loss(y, target);
 
-    // backward by hand, each branch on the stream its forward used, then SGD
-    gw::Tensor dy;
-    gw::mse_loss_backward(one, y, target, {&dy});
-    for (Branch& b : branches) {
-      on(b, [&] {
-        gw::Tensor dh, dz, dw1, db1, dw2, db2;
-        gw::linear_backward(dy, b.h, b.w2, {&dh}, {&dw2}, {&db2});
-        gw::relu_backward(dh, b.h, {&dz});
-        gw::linear_backward(dz, x, b.w1, {}, {&dw1}, {&db1});
-        b.w1 = gw::sub(b.w1, gw::mul(dw1, opt.lr));
-        b.b1 = gw::sub(b.b1, gw::mul(db1, opt.lr));
-        b.w2 = gw::sub(b.w2, gw::mul(dw2, opt.lr));
-        b.b2 = gw::sub(b.b2, gw::mul(db2, opt.lr));
-      });
+    // backward: each branch's gradients on its own stream; .grad overwritten (no zero_grad needed)
+    gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite});
+
+    // SGD, in place and unrecorded, on each branch's stream
+    {
+      gw::NoGradGuard no_grad;
+      for (Branch& b : branches) {
+        on(b, [&] {
+          for (const gw::Tensor* p : {&b.w1, &b.b1, &b.w2, &b.b2}) gw::add_(*p, p->grad(), -opt.lr);
+        });
+      }
     }
     if (step == 0 || (step + 1) % 20 == 0 || step + 1 == opt.steps) {
       loss_value = loss.item();  // a host read: synchronizes

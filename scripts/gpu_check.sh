@@ -16,7 +16,8 @@ for a in "$@"; do
     *) echo "unknown argument $a"; exit 2 ;;
   esac
 done
-LOG_DIR=${OUT:-$GW_BUILD_DIR/gpu_check}
+LOG_DIR=${OUT:+$OUT/logs}
+LOG_DIR=${LOG_DIR:-$GW_BUILD_DIR/gpu_check}
 mkdir -p "$LOG_DIR"
 SUMMARY=()
 FAILED=0
@@ -70,15 +71,23 @@ else
   record example FAIL "$(tail -1 "$LOG_DIR/example.log")"
 fi
 
-# 4. benchmarks
+# 4. benchmarks: graphward's, then PyTorch's same study in the same session
 if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
   start=$SECONDS
-  if "$BIN/bench/graphward_bench_ops" --benchmark_repetitions=3 \
-       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_ops.json" \
-       --benchmark_out_format=json >"$LOG_DIR/bench_ops.txt" 2>&1; then
-    record bench ok "bench_ops.txt / bench_ops.json, $((SECONDS - start)) s"
+  ok=1
+  for b in ops autograd; do
+    "$BIN/bench/graphward_bench_$b" --benchmark_repetitions=3 \
+       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_$b.json" \
+       --benchmark_out_format=json >"$LOG_DIR/bench_$b.txt" 2>&1 || ok=0
+  done
+  if python3 -c 'import torch' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 "$GW_ROOT/scripts/compare_torch.py" --iters 200 \
+      --csv "$LOG_DIR/torch_eager_backward.csv" >"$LOG_DIR/torch_eager_backward.txt" 2>&1 || ok=0
+  fi
+  if [ $ok = 1 ]; then
+    record bench ok "bench_*.json, torch_eager_backward.csv; $((SECONDS - start)) s"
   else
-    record bench FAIL "see bench_ops.txt"
+    record bench FAIL "see bench_*.txt / torch_eager_backward.txt"
   fi
 fi
 
@@ -105,10 +114,41 @@ if [ $SANITIZE = 1 ]; then
   done
 fi
 
+side_by_side() {  # graphward's EagerBackward medians next to PyTorch's, as ratios
+  python3 - "$LOG_DIR/bench_autograd.json" "$LOG_DIR/torch_eager_backward.csv" <<'PY' 2>/dev/null
+import csv, json, sys
+gw = {}
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    if b.get("aggregate_name") == "median" and b["name"].startswith("EagerBackward"):
+        key = b["name"].split("/", 1)[1].split("/min_time")[0].replace("/manual_time", "")
+        gw[key] = (b["real_time"], b["host_us"], b["nodes"])
+torch = {}
+try:
+    for r in csv.DictReader(open(sys.argv[2])):
+        torch[r["config"].split("/", 1)[1]] = (float(r["wall_us"]), float(r["host_us"]))
+except FileNotFoundError:
+    pass
+print(f"{'eager backward (medians, us)':52s} {'gw wall':>8s} {'gw host':>8s} {'torch wall':>10s} {'torch/gw':>8s}")
+for key, (wall, host, nodes) in gw.items():
+    t = torch.get(key)
+    tw = f"{t[0]:10.1f} {t[0] / wall:8.2f}" if t else f"{'-':>10s} {'-':>8s}"
+    print(f"{key:52s} {wall:8.1f} {host:8.1f} {tw}")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    if b.get("aggregate_name") == "median" and b["name"].startswith("PlanOnly"):
+        print(f"plan_for() on the 4x8 study ({b['nodes']:.0f} nodes): {b['real_time']:.1f} us")
+PY
+}
+
 echo
 echo "================ graphward GPU check ================"
-cat "$LOG_DIR/machine.txt" | head -2
-[ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median|Benchmark' "$LOG_DIR/bench_ops.txt"
+head -2 "$LOG_DIR/machine.txt"
+[ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median' "$LOG_DIR/bench_ops.txt" | sed 's/ *[0-9]* host_us.*//; s/ *[0-9]* TFLOP.*//'
+[ -f "$LOG_DIR/bench_autograd.json" ] && side_by_side
 printf '%s\n' "${SUMMARY[@]}"
-echo "logs: $LOG_DIR"
+if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
+  tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"
+  echo "logs: gpu_check_logs.tar.gz"
+else
+  echo "logs: $LOG_DIR"
+fi
 exit $FAILED

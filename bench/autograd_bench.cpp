@@ -1,0 +1,117 @@
+// Eager backward (Google Benchmark): the K-branch x D-layer study of DESIGN.md (linear N + relu,
+// batch B, branch outputs summed, mse loss), single stream and one stream per branch.
+//
+// Per iteration (forward untimed): t0; backward(); t1; synchronize; t2. The manual time is t2 - t0
+// (the backward's wall time with a synchronize, the figure DESIGN.md's tables use); the counter
+// host_us is t1 - t0 (host time of the backward() call) and host_us_per_node divides it by the
+// nodes run. PlanOnly times plan_for() alone: the cost of planning, paid every eager step.
+//
+//   graphward_bench_autograd --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "engine/graphward.h"
+
+namespace gw = graphward;
+
+namespace {
+
+constexpr gw::Device kDev = gw::Device::cuda(0);
+constexpr gw::TensorOptions kF32{gw::DType::kFloat32, kDev};
+
+struct Model {
+  std::vector<std::vector<gw::Tensor>> w, b;
+  gw::Tensor x, target;
+  std::vector<std::unique_ptr<gw::Stream>> streams;
+
+  Model(int k, int d, std::int64_t n, std::int64_t batch, bool multistream) {
+    std::uint64_t seed = 1;
+    const double s = 1.0 / std::sqrt(double(n));
+    w.resize(k);
+    b.resize(k);
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < d; ++j) {
+        w[i].push_back(gw::uniform({n, n}, -s, s, seed++, kF32).set_requires_grad(true));
+        b[i].push_back(gw::uniform({n}, -0.1, 0.1, seed++, kF32).set_requires_grad(true));
+      }
+      if (multistream) streams.push_back(std::make_unique<gw::Stream>(kDev));
+    }
+    x = gw::randn({batch, n}, seed++, kF32);
+    target = gw::randn({batch, n}, seed++, kF32);
+  }
+  gw::Tensor loss() const {
+    gw::Tensor total;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      std::unique_ptr<gw::StreamGuard> g;
+      if (!streams.empty()) g = std::make_unique<gw::StreamGuard>(*streams[i]);
+      gw::Tensor h = x;
+      for (std::size_t j = 0; j < w[i].size(); ++j) h = gw::relu(gw::linear(h, w[i][j], b[i][j]));
+      g.reset();
+      total = total.defined() ? gw::add(total, h) : h;
+    }
+    return gw::mse_loss(total, target);
+  }
+};
+
+void BM_EagerBackward(benchmark::State& state) {
+  if (!gw::cuda_available()) {
+    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+    return;
+  }
+  const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
+  const std::int64_t n = state.range(2), batch = state.range(3);
+  const bool multi = state.range(4) != 0;
+  Model m(k, d, n, batch, multi);
+  const cudaStream_t caller = gw::current_stream(kDev);
+  for (int i = 0; i < 5; ++i) gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite});
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  double host_total = 0;
+  std::size_t nodes = gw::plan_for({m.loss()}).steps.size();
+  for (auto _ : state) {
+    const gw::Tensor loss = m.loss();
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite});
+    const auto t1 = std::chrono::steady_clock::now();
+    GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+    const auto t2 = std::chrono::steady_clock::now();
+    host_total += std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(std::chrono::duration<double>(t2 - t0).count());
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["host_us"] = 1e6 * host_total / iters;
+  state.counters["nodes"] = static_cast<double>(nodes);
+  state.counters["host_us_per_node"] = 1e6 * host_total / iters / static_cast<double>(nodes);
+}
+// args: branches, depth, width, batch, multistream
+BENCHMARK(BM_EagerBackward)
+    ->Name("EagerBackward")
+    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
+    ->Args({4, 8, 256, 64, 0})
+    ->Args({4, 8, 256, 64, 1})
+    ->Args({1, 32, 256, 64, 0})
+    ->Args({4, 4, 1024, 256, 0})
+    ->Args({4, 4, 1024, 256, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_PlanOnly(benchmark::State& state) {
+  if (!gw::cuda_available()) {
+    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+    return;
+  }
+  Model m(4, 8, 256, 64, true);
+  const gw::Tensor loss = m.loss();
+  for (auto _ : state) benchmark::DoNotOptimize(gw::plan_for({loss}));
+  state.counters["nodes"] = static_cast<double>(gw::plan_for({loss}).steps.size());
+}
+BENCHMARK(BM_PlanOnly)->Name("PlanOnly/4x8")->MinTime(0.2)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""PyTorch side of graphward's eager-backward study (bench/autograd_bench.cpp), same run rules.
+
+The K-branch x D-layer model (Linear(N, N) + ReLU per layer, batch B, branch outputs summed, MSE
+loss), fp32 with TF32 off, single stream or one stream per branch in forward. Per iteration the
+forward is untimed; t0; loss.backward(); t1; synchronize; t2. Reports medians of the wall time
+(t2 - t0, DESIGN.md's figure) and the host time of the backward call (t1 - t0), in microseconds.
+
+    python3 scripts/compare_torch.py [--iters 200] [--csv out.csv]
+
+Needs only PyTorch with CUDA; graphward's own tests never need it.
+"""
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+CONFIGS = [  # branches, depth, width, batch, multistream — the same rows as EagerBackward
+    (4, 8, 256, 64, 0),
+    (4, 8, 256, 64, 1),
+    (1, 32, 256, 64, 0),
+    (4, 4, 1024, 256, 0),
+    (4, 4, 1024, 256, 1),
+]
+
+
+def run(torch, k, d, n, b, multi, iters, warmup=20):
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    layers = [[torch.nn.Linear(n, n).to(dev) for _ in range(d)] for _ in range(k)]
+    params = [p for br in layers for l in br for p in l.parameters()]
+    x = torch.randn(b, n, generator=gen).to(dev)
+    target = torch.randn(b, n, generator=gen).to(dev)
+    streams = [torch.cuda.Stream() for _ in range(k)] if multi else None
+    main = torch.cuda.current_stream()
+
+    def loss_fn():
+        outs = []
+        for i in range(k):
+            if streams:
+                streams[i].wait_stream(main)
+                with torch.cuda.stream(streams[i]):
+                    h = x
+                    for layer in layers[i]:
+                        h = torch.relu(layer(h))
+                main.wait_stream(streams[i])
+            else:
+                h = x
+                for layer in layers[i]:
+                    h = torch.relu(layer(h))
+            outs.append(h)
+        total = outs[0]
+        for o in outs[1:]:
+            total = total + o
+        return torch.nn.functional.mse_loss(total, target)
+
+    wall, host = [], []
+    for it in range(warmup + iters):
+        for p in params:
+            p.grad = None
+        loss = loss_fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss.backward()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if it >= warmup:
+            wall.append((t2 - t0) * 1e6)
+            host.append((t1 - t0) * 1e6)
+    return statistics.median(wall), statistics.median(host)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("compare_torch: PyTorch is not installed; nothing to compare", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = []
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} (TF32 off), "
+          f"medians of {args.iters} iterations")
+    print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
+    for k, d, n, b, multi in CONFIGS:
+        wall, host = run(torch, k, d, n, b, multi, args.iters)
+        name = f"torch/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
+        rows.append((name, wall, host))
+        print(f"{name:44s} {wall:9.1f} {host:9.1f}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["config", "wall_us", "host_us"])
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
