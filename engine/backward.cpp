@@ -105,7 +105,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   }
   for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
     std::optional<StreamGuard> guard;
-    if (gpu) guard.emplace(device, caller);
+    if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
     scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
   }
   // Fork (rule 4): every other stream waits on the caller's stream.
@@ -123,7 +123,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
     for (const BackwardPlan::Step& step : plan.steps) {
       const cudaStream_t s = plan.streams[step.stream];
       std::optional<StreamGuard> guard;
-      if (gpu) guard.emplace(device, s);
+      if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
       if (gpu) {
         for (int w : step.waits) event(device, plan.waits[w].event).block(s);
       }

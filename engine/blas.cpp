@@ -44,10 +44,21 @@ class BlasHandle {
   cublasHandle_t handle_ = nullptr;
 };
 
-struct DeviceBlas {
-  explicit DeviceBlas(Device device) : handle(device) {}
+// One handle per stream, bound once to that stream and its own workspace.
+struct StreamBlas {
+  StreamBlas(Device device, cudaStream_t stream)
+      : handle(device), workspace(device, kBlasWorkspaceBytes) {
+    GW_CUBLAS_CHECK(cublasSetStream(handle.get(), stream));
+    GW_CUBLAS_CHECK(cublasSetWorkspace(handle.get(), workspace.data(), workspace.bytes()));
+  }
   BlasHandle handle;
-  std::unordered_map<cudaStream_t, DeviceBuffer> workspaces;
+  DeviceBuffer workspace;
+};
+
+struct DeviceBlas {
+  std::unordered_map<cudaStream_t, std::unique_ptr<StreamBlas>> streams;
+  cudaStream_t last_stream = nullptr;  // one-entry cache in front of the map
+  StreamBlas* last = nullptr;
 };
 
 // Per thread: one entry per device touched. Destroyed at thread exit (before the runtime unloads
@@ -58,7 +69,7 @@ DeviceBlas& device_blas(Device device) {
   check_cuda_device(device, "blas_context");
   if (t_blas.size() <= static_cast<std::size_t>(device.index)) t_blas.resize(device.index + 1);
   auto& slot = t_blas[device.index];
-  if (!slot) slot = std::make_unique<DeviceBlas>(device);
+  if (!slot) slot = std::make_unique<DeviceBlas>();
   return *slot;
 }
 
@@ -66,11 +77,16 @@ DeviceBlas& device_blas(Device device) {
 
 kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
   DeviceBlas& blas = device_blas(device);
-  auto it = blas.workspaces.find(stream);
-  if (it == blas.workspaces.end()) {
-    it = blas.workspaces.emplace(stream, DeviceBuffer(device, kBlasWorkspaceBytes)).first;
+  if (blas.last_stream != stream || !blas.last) {
+    auto it = blas.streams.find(stream);
+    if (it == blas.streams.end()) {
+      it = blas.streams.emplace(stream, std::make_unique<StreamBlas>(device, stream)).first;
+    }
+    blas.last_stream = stream;
+    blas.last = it->second.get();
   }
-  return {blas.handle.get(), it->second.data(), it->second.bytes()};
+  StreamBlas& sb = *blas.last;
+  return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
 }
 
 #endif

@@ -1,11 +1,11 @@
 #pragma once
-// cuBLAS handles for the calling thread. Each thread gets one handle per device (cuBLAS handles
-// must not be used by two threads at once), created on first use with TF32 off (fp32 GEMMs are
-// true fp32) and destroyed at thread exit. Each stream gets its own workspace (32 MiB, the size
-// cuBLAS recommends for Hopper), so GEMMs on two streams never share scratch memory, and no GEMM
-// ever asks cuBLAS to allocate: workspaces are allocated outside any capture, on first use of the
-// stream, and launchers set them after every cublasSetStream (kernels/gemm.h). Streams are never
-// destroyed (Note [Stream lifetime], stream.cpp), so two live streams never share a workspace.
+// cuBLAS handles for the calling thread: one per (thread, device, stream), created on first use
+// with TF32 off (fp32 GEMMs are true fp32), bound once to its stream and to a workspace of its own
+// (32 MiB, the size cuBLAS recommends for Hopper), and destroyed at thread exit. cuBLAS handles
+// must not be used by two threads at once; GEMMs on two streams never share scratch memory; no GEMM
+// ever asks cuBLAS to allocate (workspaces are allocated outside any capture, on a stream's first
+// GEMM); and no GEMM pays host time for cublasSetStream/cublasSetWorkspace. Streams are never destroyed (Note [Stream lifetime], stream.cpp),
+// so a handle keyed by a stream never outlives it.
 #include <cstddef>
 
 #include "engine/cuda.h"

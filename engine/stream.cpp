@@ -248,6 +248,11 @@ StreamGuard::StreamGuard(Device device, cudaStream_t stream) : device_(device) {
   t_current_streams[device.index] = stream;
 }
 
+StreamGuard::StreamGuard(Device device, cudaStream_t stream, Recorded) : device_(device) {
+  previous_ = t_current_streams[device.index];
+  t_current_streams[device.index] = stream;
+}
+
 StreamGuard::~StreamGuard() { t_current_streams[device_.index] = previous_; }
 
 }  // namespace graphward

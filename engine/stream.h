@@ -80,6 +80,10 @@ class StreamGuard {
  public:
   explicit StreamGuard(const Stream& stream);
   StreamGuard(Device device, cudaStream_t stream);
+  // For a stream graphward itself recorded as current on `device` (a backward plan's streams):
+  // skips the checks, which cost a driver call.
+  struct Recorded {};
+  StreamGuard(Device device, cudaStream_t stream, Recorded);
   ~StreamGuard();
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;

@@ -10,8 +10,10 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
           cudaStream_t stream) {
   GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
            "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
-  GW_CUBLAS_CHECK(cublasSetStream(blas.handle, stream));
-  GW_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, blas.workspace, blas.workspace_bytes));
+  if (blas.bound_stream != stream || stream == nullptr) {
+    GW_CUBLAS_CHECK(cublasSetStream(blas.handle, stream));
+    GW_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, blas.workspace, blas.workspace_bytes));
+  }
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: swap the operands.
   const int lda = static_cast<int>(trans_a ? m : k);
   const int ldb = static_cast<int>(trans_b ? k : n);

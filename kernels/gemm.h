@@ -18,10 +18,13 @@ namespace graphward::kernels {
 // A cuBLAS handle and the workspace it must use on one stream. The launcher calls
 // cublasSetStream and then cublasSetWorkspace: setting the stream resets the workspace to cuBLAS's
 // own pool, which would allocate inside a stream capture (DESIGN.md, "A trap").
+// A handle that is already bound to a stream with its workspace (bound_stream) skips both calls
+// on that stream: they cost host time on every GEMM.
 struct BlasContext {
   cublasHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  cudaStream_t bound_stream = nullptr;  // the stream the handle is bound to, if any
 };
 
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
