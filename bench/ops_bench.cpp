@@ -11,7 +11,9 @@
 
 #include <map>
 
+#include "engine/blas.h"
 #include "engine/graphward.h"
+#include "kernels/gemm.h"
 
 namespace gw = graphward;
 
@@ -121,6 +123,60 @@ BENCHMARK(BM_GpuTime_Linear)
     ->UseManualTime()
     ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);
+
+// ---- the cost of single CUDA API calls on this machine: the floor under every eager op ----------
+
+__global__ void empty_kernel() {}
+
+void BM_ApiCost(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const int which = static_cast<int>(state.range(0));
+  gw::Stream s(gw::Device::cuda(0)), other(gw::Device::cuda(0));
+  gw::Event e(gw::Device::cuda(0));
+  const gw::Tensor a = gw::randn({64, 256}, 1, kGpu), w = gw::randn({256, 256}, 2, kGpu);
+  gw::Tensor c = gw::zeros({64, 256}, kGpu);
+  const graphward::kernels::BlasContext blas = gw::blas_context(gw::Device::cuda(0), s.get());
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    switch (which) {
+      case 0:
+        empty_kernel<<<1, 32, 0, s.get()>>>();
+        break;
+      case 1: {
+        void* p = nullptr;
+        GW_CUDA_CHECK(cudaMallocAsync(&p, 64 * 256 * 4, s.get()));
+        GW_CUDA_CHECK(cudaFreeAsync(p, s.get()));
+        break;
+      }
+      case 2:
+        e.record(s.get());
+        e.block(other.get());
+        break;
+      case 3:
+        graphward::kernels::gemm(blas, false, true, 64, 256, 256, 1.f, a.data<float>(),
+                                 w.data<float>(), 0.f, c.data<float>(), s.get());
+        break;
+      case 4: {
+        int d = 0;
+        GW_CUDA_CHECK(cudaGetDevice(&d));
+        break;
+      }
+    }
+    if (++n % 256 == 0) {
+      state.PauseTiming();
+      s.synchronize();
+      other.synchronize();
+      state.ResumeTiming();
+    }
+  }
+  s.synchronize();
+  state.SetLabel(which == 0   ? "empty kernel launch"
+                 : which == 1 ? "cudaMallocAsync + cudaFreeAsync"
+                 : which == 2 ? "cudaEventRecord + cudaStreamWaitEvent"
+                 : which == 3 ? "cuBLAS SGEMM 64x256x256 (bound handle)"
+                              : "cudaGetDevice");
+}
+BENCHMARK(BM_ApiCost)->Name("ApiCost")->DenseRange(0, 4)->MinTime(0.2);
 
 }  // namespace
 

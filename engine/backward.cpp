@@ -68,7 +68,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
   thread_local EagerExecutor executor;
-  executor.run(plan, seeds, device);
+  executor.run(plan, seeds, device, options.timings);
   if (!options.retain_graph) {
     for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
   }
@@ -79,13 +79,21 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
 Event& EagerExecutor::event(Device device, int i) {
   if (!(events_device_ == device)) {
     events_.clear();
+    timing_events_.clear();
     events_device_ = device;
   }
   while (static_cast<int>(events_.size()) <= i) events_.emplace_back(device);
   return events_[i];
 }
 
-void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device) {
+Event& EagerExecutor::timing_event(Device device, int i) {
+  event(device, 0);  // resets both pools when the device changes
+  while (static_cast<int>(timing_events_.size()) <= i) timing_events_.emplace_back(device, true);
+  return timing_events_[i];
+}
+
+void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
+                        std::vector<StepTiming>* timings) {
   using Kind = BackwardPlan::BufferKind;
   // Note [Check, then write]: refuse before launching anything.
   for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
@@ -99,6 +107,8 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   }
   const bool gpu = device.is_cuda();
   const cudaStream_t caller = plan.streams[0];
+  const bool timed = gpu && timings != nullptr;
+  if (timed) timing_event(device, 0).record(caller);  // the origin of the trace
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
     for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
@@ -146,6 +156,8 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       }
       GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
                " (an internal error of the plan)");
+      const int step_index = static_cast<int>(&step - plan.steps.data());
+      if (timed) timing_event(device, 1 + 2 * step_index).record(s);
       slots.assign(step.writes.size(), GradSlot{});
       for (std::size_t i = 0; i < step.writes.size(); ++i) {
         const BackwardPlan::Write& w = step.writes[i];
@@ -154,6 +166,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
         slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate};
       }
       step.node->apply(g, slots);
+      if (timed) timing_event(device, 2 + 2 * step_index).record(s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
     }
@@ -166,6 +179,19 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       e.block(caller);
     }
   }
+#if GRAPHWARD_HAS_CUDA
+  if (timed) {  // read the trace: everything was joined into the caller's stream
+    GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+    const Event& origin = timing_event(device, 0);
+    timings->clear();
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const int k = static_cast<int>(i);
+      timings->push_back({k, plan.steps[i].stream, plan.steps[i].node->label(),
+                          timing_event(device, 1 + 2 * k).elapsed_ms_since(origin),
+                          timing_event(device, 2 + 2 * k).elapsed_ms_since(origin)});
+    }
+  }
+#endif
 }
 
 }  // namespace graphward

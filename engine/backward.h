@@ -10,6 +10,7 @@
 //     before S by the caller (Note [Planned synchronization] in memory.h);
 //   * leaf gradients are written on the stream of the node that produces them (rule 5).
 // One thread; no worker pools.
+#include <string>
 #include <vector>
 
 #include "engine/backward_plan.h"
@@ -17,9 +18,22 @@
 
 namespace graphward {
 
+// One step of a timed backward: when it started and ended on its stream, in milliseconds since
+// the backward began on the caller's stream (CUDA timing events around the step).
+struct StepTiming {
+  int step;
+  int stream;  // index into the plan's streams (0: the caller's)
+  std::string label;
+  float start_ms;
+  float end_ms;
+};
+
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors for another backward through the same graph
   GradWrite grad_write = GradWrite::kAccumulate;
+  // When set (CUDA only), every step is timed with events and the trace is stored here. Costs two
+  // event records a step and a synchronize at the end: for inspection, not for training.
+  std::vector<StepTiming>* timings = nullptr;
 };
 
 // Backward of several roots. `seeds` are the gradients of the roots (same shapes); when empty,
@@ -42,11 +56,14 @@ class EagerExecutor {
   EagerExecutor& operator=(const EagerExecutor&) = delete;
 
   // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's nodes.
-  void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device);
+  // With `timings`, also times every step (see BackwardOptions::timings).
+  void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
+           std::vector<StepTiming>* timings = nullptr);
 
  private:
   Event& event(Device device, int i);
-  std::vector<Event> events_;
+  Event& timing_event(Device device, int i);
+  std::vector<Event> events_, timing_events_;
   Device events_device_ = Device::cpu();
 };
 

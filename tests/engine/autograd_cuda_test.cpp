@@ -1,6 +1,7 @@
 // Stream-aware eager autograd on the GPU: multistream backward equals single-stream backward
 // bitwise, runs on the forward's streams, and leaves gradients readable on the caller's stream
 // with no extra synchronization.
+#include <map>
 #include <memory>
 
 #include "test_util.h"
@@ -116,7 +117,22 @@ TEST_F(CudaAutograd, BackwardRunsOnTheStreamsTheForwardUsed) {
   EXPECT_EQ(on_branch_stream[1], 8);
   EXPECT_EQ(plan.forks.size(), 2u);
   EXPECT_EQ(plan.joins.size(), 2u);
-  backward(loss);
+  std::vector<StepTiming> trace;
+  backward(loss, {.timings = &trace});
+  // The event-timed trace: one entry per step, on the plan's streams, in stream order.
+  ASSERT_EQ(trace.size(), plan.steps.size());
+  std::map<int, float> last_end;
+  for (const StepTiming& t : trace) {
+    EXPECT_EQ(t.stream, plan.steps[t.step].stream);
+    EXPECT_EQ(t.label, plan.steps[t.step].node->label());
+    EXPECT_GE(t.start_ms, 0.0f);
+    EXPECT_GE(t.end_ms, t.start_ms);
+    if (last_end.count(t.stream)) {
+      EXPECT_GE(t.start_ms, last_end[t.stream]) << t.label;
+    }
+    last_end[t.stream] = t.end_ms;
+  }
+  EXPECT_EQ(last_end.size(), 3u) << "the caller's stream and the two branch streams";
   // Leaf gradients were written on the stream of the node that produced them (rule 5).
   for (int j = 0; j < 4; ++j) {
     EXPECT_EQ(m.w[0][j].grad().storage()->producer_stream(), s0.get());

@@ -194,6 +194,14 @@ TEST(AutogradCpu, MicroBatchAccumulationEqualsOneBigBatch) {
   EXPECT_LT(rel_error(values(w.grad()), big), 1e-14);
 }
 
+TEST(AutogradCpu, TimingsAreACudaFeatureAndStayEmptyOnTheCpu) {
+  const Tensor w = param({3}, 1);
+  std::vector<StepTiming> trace{{0, 0, "stale", 1, 2}};
+  backward(sum(mul(w, 2.0)), {.timings = &trace});
+  EXPECT_EQ(trace.size(), 1u) << "the CPU backend does not touch the trace";
+  EXPECT_EQ(testing::values(w.grad()), std::vector<double>(3, 2.0));
+}
+
 TEST(AutogradCpu, LeafRootGetsItsSeed) {
   const Tensor w = param({2}, 1);
   backward({w}, {from_vector(std::vector<double>{3, 4}, {2})});
