@@ -161,6 +161,10 @@ void BM_ApiCost(benchmark::State& state) {
         GW_CUDA_CHECK(cudaGetDevice(&d));
         break;
       }
+      case 5:
+        gw::gemm(gw::Device::cuda(0), s.get(), false, true, 64, 256, 256, 1.f, a.data<float>(),
+                 w.data<float>(), 0.f, c.data<float>());
+        break;
     }
     if (++n % 256 == 0) {
       state.PauseTiming();
@@ -174,9 +178,10 @@ void BM_ApiCost(benchmark::State& state) {
                  : which == 1 ? "cudaMallocAsync + cudaFreeAsync"
                  : which == 2 ? "cudaEventRecord + cudaStreamWaitEvent"
                  : which == 3 ? "cuBLAS SGEMM 64x256x256 (bound handle)"
-                              : "cudaGetDevice");
+                 : which == 4 ? "cudaGetDevice"
+                              : "graphward::gemm 64x256x256 (cuBLASLt, cached plan)");
 }
-BENCHMARK(BM_ApiCost)->Name("ApiCost")->DenseRange(0, 4)->MinTime(0.2);
+BENCHMARK(BM_ApiCost)->Name("ApiCost")->DenseRange(0, 5)->MinTime(0.2);
 
 }  // namespace
 

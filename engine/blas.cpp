@@ -1,5 +1,8 @@
 #include "engine/blas.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -55,7 +58,45 @@ struct StreamBlas {
   DeviceBuffer workspace;
 };
 
+// Move-only owner of a cublasLtHandle_t.
+class LtHandle {
+ public:
+  explicit LtHandle(Device device) : device_(device) {
+    DeviceGuard guard(device);
+    GW_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  }
+  ~LtHandle() {
+    if (handle_ && cublasLtDestroy(handle_) != CUBLAS_STATUS_SUCCESS) {
+      detail::log_error(__FILE__, __LINE__, "cublasLtDestroy failed while releasing a handle");
+    }
+  }
+  LtHandle(const LtHandle&) = delete;
+  LtHandle& operator=(const LtHandle&) = delete;
+  cublasLtHandle_t get() const { return handle_; }
+
+ private:
+  Device device_;
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+struct GemmKey {
+  std::int64_t m, n, k;
+  bool trans_a, trans_b;
+  unsigned alignment;
+  bool operator==(const GemmKey&) const = default;
+};
+struct GemmKeyHash {
+  std::size_t operator()(const GemmKey& g) const noexcept {
+    std::size_t h = std::hash<std::int64_t>()(g.m);
+    h = h * 1000003u ^ std::hash<std::int64_t>()(g.n);
+    h = h * 1000003u ^ std::hash<std::int64_t>()(g.k);
+    return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8);
+  }
+};
+
 struct DeviceBlas {
+  std::unique_ptr<LtHandle> lt;
+  std::unordered_map<GemmKey, std::unique_ptr<kernels::LtGemm>, GemmKeyHash> lt_plans;
   std::unordered_map<cudaStream_t, std::unique_ptr<StreamBlas>> streams;
   cudaStream_t last_stream = nullptr;  // one-entry cache in front of the map
   StreamBlas* last = nullptr;
@@ -87,6 +128,38 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
   }
   StreamBlas& sb = *blas.last;
   return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
+}
+
+namespace {
+unsigned alignment_of(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  unsigned a = 256;
+  while (a > 4 && (v % a) != 0) a /= 2;
+  return a;
+}
+}  // namespace
+
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
+          float* c) {
+  const kernels::BlasContext ctx = blas_context(device, stream);  // the stream's workspace
+  DeviceBlas& blas = device_blas(device);
+  const GemmKey key{m, n, k, trans_a, trans_b,
+                    std::min({alignment_of(a), alignment_of(b), alignment_of(c)})};
+  auto it = blas.lt_plans.find(key);
+  if (it == blas.lt_plans.end()) {
+    if (!blas.lt) blas.lt = std::make_unique<LtHandle>(device);
+    it = blas.lt_plans
+             .emplace(key, std::make_unique<kernels::LtGemm>(blas.lt->get(), trans_a, trans_b, m,
+                                                             n, k, ctx.workspace_bytes,
+                                                             key.alignment))
+             .first;
+  }
+  if (it->second->usable()) {
+    it->second->run(alpha, a, b, beta, c, ctx.workspace, ctx.workspace_bytes, stream);
+  } else {
+    kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, stream);
+  }
 }
 
 #endif

@@ -22,6 +22,14 @@ inline constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
 #if GRAPHWARD_HAS_CUDA
 // The calling thread's cuBLAS handle for `device` with the workspace of `stream`.
 kernels::BlasContext blas_context(Device device, cudaStream_t stream);
+
+// Row-major C[m,n] = alpha·op(A)·op(B) + beta·C on `stream` (layout of kernels/gemm.h), through
+// cuBLASLt with a plan per (shape, transposes, pointer alignment) made on first use and cached
+// per thread and device; falls back to cuBLAS SGEMM where cuBLASLt offers no algorithm. fp32, no
+// TF32. The first GEMM of a shape pays for the heuristic (outside any capture: warm up first).
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
+          float* c);
 #endif
 
 }  // namespace graphward

@@ -26,8 +26,8 @@ void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk,
 void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int64_t m,
                std::int64_t n, std::int64_t kk, const Tensor& a, const Tensor& b, bool accumulate,
                float* c) {
-  k::gemm(blas_context(device, scope.stream()), ta, tb, m, n, kk, 1.f, a.data<float>(),
-          b.data<float>(), accumulate ? 1.f : 0.f, c, scope.stream());
+  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, a.data<float>(),
+                  b.data<float>(), accumulate ? 1.f : 0.f, c);
 }
 #endif
 

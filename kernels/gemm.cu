@@ -23,4 +23,73 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
                               &beta, c, static_cast<int>(n)));
 }
 
+LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m,
+               std::int64_t n, std::int64_t k, std::size_t workspace_bytes, unsigned alignment)
+    : handle_(handle) {
+  GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+           "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
+  // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
+  const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const std::uint64_t mm = static_cast<std::uint64_t>(n), nn = static_cast<std::uint64_t>(m),
+                      kk = static_cast<std::uint64_t>(k);
+  cublasLtMatmulPreference_t pref = nullptr;
+  try {
+    GW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a,
+                                                   sizeof(op_lt_a)));
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,
+                                                   sizeof(op_lt_b)));
+    const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_32F, na ? mm : kk, na ? kk : mm,
+                                               static_cast<std::int64_t>(na ? mm : kk)));
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_32F, nb ? kk : nn, nb ? nn : kk,
+                                               static_cast<std::int64_t>(nb ? kk : nn)));
+    GW_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&c_, CUDA_R_32F, mm, nn, static_cast<std::int64_t>(mm)));
+    GW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = workspace_bytes;
+    GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const std::uint32_t align = alignment;
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    GW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 1,
+                                                   &result, &found));
+    if (found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      algo_ = result.algo;
+      usable_ = true;
+    }
+  } catch (...) {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    release();
+    throw;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+}
+
+LtGemm::~LtGemm() { release(); }
+
+void LtGemm::release() noexcept {
+  if (c_) cublasLtMatrixLayoutDestroy(c_);
+  if (b_) cublasLtMatrixLayoutDestroy(b_);
+  if (a_) cublasLtMatrixLayoutDestroy(a_);
+  if (desc_) cublasLtMatmulDescDestroy(desc_);
+  c_ = b_ = a_ = nullptr;
+  desc_ = nullptr;
+}
+
+void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c,
+                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
+  GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
+  GW_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo_,
+                                 workspace, workspace_bytes, stream));
+}
+
 }  // namespace graphward::kernels

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #if GRAPHWARD_HAS_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -30,6 +31,34 @@ struct BlasContext {
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
+
+// One GEMM shape through cuBLASLt, planned once: the operation and layout descriptors and the
+// algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, no TF32) are made at construction and
+// reused by every run(), which is then a single cublasLtMatmul call — cublasSgemm repeats its
+// heuristics on every call, which dominates the host time of a small GEMM. Same layout contract
+// as gemm(). Pointers passed to run() must be aligned to at least `alignment` bytes (the planner
+// asked the heuristic for algorithms that accept that). Move-only.
+class LtGemm {
+ public:
+  LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+         std::int64_t k, std::size_t workspace_bytes, unsigned alignment);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // False when the heuristic offered no algorithm: use gemm() instead.
+  bool usable() const { return usable_; }
+  void run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
+           std::size_t workspace_bytes, cudaStream_t stream) const;
+
+ private:
+  void release() noexcept;
+  cublasLtHandle_t handle_;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  bool usable_ = false;
+};
 #endif
 
 namespace cpu {
