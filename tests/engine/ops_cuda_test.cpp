@@ -2,6 +2,8 @@
 // shapes (non-multiples of 32 included). New memory is poisoned with NaN, so an element a kernel
 // forgot to write fails the comparison. Tolerances (‖out − ref‖ / ‖ref‖, fp32, TF32 off): 1e-5
 // for elementwise ops and reductions, 1e-4 for GEMMs.
+#include "engine/blas.h"
+#include "kernels/gemm.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -186,6 +188,32 @@ TEST_F(CudaOps, ReductionsAreDeterministic) {
   const Tensor x = gpu(rand({4096, 1031}));
   const float first = static_cast<float>(sum(x).item());
   for (int i = 0; i < 5; ++i) EXPECT_EQ(static_cast<float>(sum(x).item()), first);
+}
+
+TEST_F(CudaOps, GemmPlansForEveryTransposeAlignmentAndBeta) {
+  // graphward::gemm caches a cuBLASLt plan per (shape, transposes, alignment): pointers offset by
+  // one float (4-byte aligned) must get a plan of their own and still be right.
+  const std::int64_t m = 33, n = 65, k = 31;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (std::int64_t off : {0, 1}) {
+        for (float beta : {0.f, 1.f}) {
+          const Tensor a = rand({m * k + 1}), b = rand({k * n + 1}), c0 = rand({m * n + 1});
+          const Tensor ga = gpu(a), gb = gpu(b), gc = gpu(c0);
+          graphward::gemm(kGpu, current_stream(kGpu), ta, tb, m, n, k, 1.f, ga.data<float>() + off,
+                          gb.data<float>() + off, beta, gc.data<float>() + off);
+          std::vector<float> ref = c0.to_vector<float>();
+          kernels::cpu::gemm<float>(ta, tb, m, n, k, 1.f, a.data<float>() + off,
+                                    b.data<float>() + off, beta, ref.data() + off);
+          const std::vector<float> out = gc.to_vector<float>();
+          const std::vector<double> o(out.begin() + off, out.begin() + off + m * n),
+              r(ref.begin() + off, ref.begin() + off + m * n);
+          EXPECT_LT(rel_error(o, r), kGemmTol)
+              << "trans_a=" << ta << " trans_b=" << tb << " offset=" << off << " beta=" << beta;
+        }
+      }
+    }
+  }
 }
 
 // ---- tensors on the GPU ----------------------------------------------------------------------------
