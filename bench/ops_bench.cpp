@@ -1,10 +1,10 @@
 // Per-op costs of the eager CUDA ops (Google Benchmark).
 //
-// HostCost/*: host time to issue one op (checks, stream-ordered allocation, launch), the number that
-// bounds an eager backward when kernels are small. The stream is synchronized every 256 iterations
-// so the queue never fills; the wall time per iteration is the host cost.
-// GpuTime/*: GPU time of a linear layer's forward + backward, timed with CUDA events around 20
-// repetitions (manual time), after a warm-up.
+// HostCost/*: host time to issue one op (checks, stream-ordered allocation, launch), the number
+// that bounds an eager backward when kernels are small. The stream is synchronized every 256
+// iterations so the queue never fills; the wall time per iteration is the host cost. GpuTime/*: GPU
+// time of a linear layer's forward + backward, timed with CUDA events around 20 repetitions (manual
+// time), after a warm-up.
 //
 //   graphward_bench_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -26,7 +26,6 @@ bool skip_without_gpu(benchmark::State& state) {
 }
 
 const gw::TensorOptions kGpu{gw::DType::kFloat32, gw::Device::cuda(0)};
-
 
 template <class F>
 void host_cost(benchmark::State& state, F&& op) {
@@ -85,7 +84,7 @@ LinearInputs& linear_inputs(std::int64_t n) {
   auto it = cache.find(n);
   if (it == cache.end()) {
     LinearInputs in{gw::randn({n, n}, 1, kGpu), gw::randn({n, n}, 2, kGpu), gw::randn({n}, 3, kGpu),
-                    gw::randn({n, n}, 4, kGpu), gw::zeros({n, n}, kGpu), gw::zeros({n, n}, kGpu),
+                    gw::randn({n, n}, 4, kGpu), gw::zeros({n, n}, kGpu),    gw::zeros({n, n}, kGpu),
                     gw::zeros({n}, kGpu)};
     it = cache.emplace(n, std::move(in)).first;
   }
@@ -114,12 +113,14 @@ void BM_GpuTime_Linear(benchmark::State& state) {
     state.SetIterationTime(stop.elapsed_ms_since(start) * 1e-3 / kReps);
   }
   const double flops = 3.0 * 2.0 * double(n) * n * n;  // forward + two backward GEMMs
-  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12 * state.iterations(),
-                                                 benchmark::Counter::kIsRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12 * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_GpuTime_Linear)
     ->Name("GpuTime/linear_fwd_bwd")
-    ->Arg(256)->Arg(1024)->Arg(4096)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(4096)
     ->UseManualTime()
     ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);

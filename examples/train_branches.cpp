@@ -1,7 +1,7 @@
-// A training loop: K parallel branches of (linear + relu + linear) summed into one output, fitted to
-// synthetic regression data with plain SGD written with tensor ops. On a GPU each branch runs on its
-// own stream in forward; tensors remember their producing stream, so the sum waits for every branch
-// with no hand-written synchronization (DESIGN.md rule 6), and backward() runs each branch's
+// A training loop: K parallel branches of (linear + relu + linear) summed into one output, fitted
+// to synthetic regression data with plain SGD written with tensor ops. On a GPU each branch runs on
+// its own stream in forward; tensors remember their producing stream, so the sum waits for every
+// branch with no hand-written synchronization (DESIGN.md rule 6), and backward() runs each branch's
 // gradient on that branch's stream and joins them back into the caller's stream (rules 2-4).
 //
 //   train_branches [--cpu] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
@@ -39,13 +39,21 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw gw::Error("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--cpu") o.force_cpu = true;
-    else if (a == "--steps") o.steps = std::atoi(next());
-    else if (a == "--branches") o.branches = std::atoi(next());
-    else if (a == "--width") o.width = std::atoll(next());
-    else if (a == "--batch") o.batch = std::atoll(next());
-    else if (a == "--lr") o.lr = std::atof(next());
-    else throw gw::Error("unknown argument " + a + " (see the comment at the top of train_branches.cpp)");
+    if (a == "--cpu")
+      o.force_cpu = true;
+    else if (a == "--steps")
+      o.steps = std::atoi(next());
+    else if (a == "--branches")
+      o.branches = std::atoi(next());
+    else if (a == "--width")
+      o.width = std::atoll(next());
+    else if (a == "--batch")
+      o.batch = std::atoll(next());
+    else if (a == "--lr")
+      o.lr = std::atof(next());
+    else
+      throw gw::Error("unknown argument " + a +
+                      " (see the comment at the top of train_branches.cpp)");
   }
   if (o.steps < 1 || o.branches < 1 || o.width < 1 || o.batch < 1) {
     throw gw::Error("steps, branches, width and batch must be positive");
@@ -54,7 +62,7 @@ Options parse(int argc, char** argv) {
 }
 
 struct Branch {
-  gw::Tensor w1, b1, w2, b2;  // [width, in], [width], [out, width], [out]; leaves
+  gw::Tensor w1, b1, w2, b2;           // [width, in], [width], [out, width], [out]; leaves
   std::unique_ptr<gw::Stream> stream;  // null on the CPU
 };
 
@@ -68,9 +76,10 @@ int main(int argc, char** argv) try {
     std::printf("backend: CUDA on %s (%s), %d branches on %d streams\n", dev.str().c_str(),
                 gw::device_name(dev).c_str(), opt.branches, opt.branches);
   } else {
-    std::printf("backend: CPU (%s)\n", opt.force_cpu ? "--cpu given"
-                                                     : ("no usable CUDA device: " +
-                                                        gw::cuda_unavailable_reason()).c_str());
+    std::printf("backend: CPU (%s)\n",
+                opt.force_cpu
+                    ? "--cpu given"
+                    : ("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
   }
   const gw::TensorOptions f32{gw::DType::kFloat32, dev};
 
@@ -102,9 +111,8 @@ int main(int argc, char** argv) try {
     // forward: each branch on its stream; the sum waits for all of them (rule 6)
     gw::Tensor y;
     for (Branch& b : branches) {
-      const gw::Tensor out = on(b, [&] {
-        return gw::linear(gw::relu(gw::linear(x, b.w1, b.b1)), b.w2, b.b2);
-      });
+      const gw::Tensor out =
+          on(b, [&] { return gw::linear(gw::relu(gw::linear(x, b.w1, b.b1)), b.w2, b.b2); });
       y = y.defined() ? gw::add(y, out) : out;
     }
     const gw::Tensor loss = gw::mse_loss(y, target);
@@ -129,9 +137,9 @@ int main(int argc, char** argv) try {
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("loss %.6f -> %.6f (%.1f%% of the start) in %d steps, %.3f ms/step (%s)\n", first_loss,
-              loss_value, 100.0 * loss_value / first_loss, opt.steps, 1e3 * secs / opt.steps,
-              gpu ? "CUDA" : "CPU");
+  std::printf("loss %.6f -> %.6f (%.1f%% of the start) in %d steps, %.3f ms/step (%s)\n",
+              first_loss, loss_value, 100.0 * loss_value / first_loss, opt.steps,
+              1e3 * secs / opt.steps, gpu ? "CUDA" : "CPU");
   if (!(loss_value < first_loss)) {
     std::fprintf(stderr, "train_branches: the loss did not go down\n");
     return 1;

@@ -9,25 +9,25 @@
 
 #include "engine/graphward.h"
 
-#define GW_REQUIRE_GPU()                                                                 \
-  do {                                                                                   \
-    if (!::graphward::cuda_available()) {                                                \
+#define GW_REQUIRE_GPU()                                                                   \
+  do {                                                                                     \
+    if (!::graphward::cuda_available()) {                                                  \
       GTEST_SKIP() << "no usable CUDA device: " << ::graphward::cuda_unavailable_reason(); \
-    }                                                                                    \
+    }                                                                                      \
   } while (0)
 
 // Expects `stmt` to throw graphward::Error whose message contains every one of `parts`.
-#define GW_EXPECT_ERROR(stmt, ...)                                                       \
-  do {                                                                                   \
-    try {                                                                                \
-      stmt;                                                                              \
-      ADD_FAILURE() << "expected graphward::Error from: " #stmt;                         \
-    } catch (const ::graphward::Error& e) {                                              \
-      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) {            \
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)                   \
-            << "message lacks \"" << part << "\": " << e.what();                         \
-      }                                                                                  \
-    }                                                                                    \
+#define GW_EXPECT_ERROR(stmt, ...)                                            \
+  do {                                                                        \
+    try {                                                                     \
+      stmt;                                                                   \
+      ADD_FAILURE() << "expected graphward::Error from: " #stmt;              \
+    } catch (const ::graphward::Error& e) {                                   \
+      for (const std::string& part : std::vector<std::string>{__VA_ARGS__}) { \
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)        \
+            << "message lacks \"" << part << "\": " << e.what();              \
+      }                                                                       \
+    }                                                                         \
   } while (0)
 
 namespace graphward::testing {
@@ -94,6 +94,8 @@ inline double gradcheck_error(const ForwardFn& forward, const BackwardFn& backwa
   return worst;
 }
 
-inline TensorOptions f64() { return {DType::kFloat64, Device::cpu()}; }
+inline TensorOptions f64() {
+  return {DType::kFloat64, Device::cpu()};
+}
 
 }  // namespace graphward::testing

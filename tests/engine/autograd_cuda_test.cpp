@@ -67,8 +67,10 @@ struct BranchModel {
     return out;
   }
   void clear_grads() {
-    for (auto& layer : w) for (auto& t : layer) t.grad() = Tensor();
-    for (auto& layer : b) for (auto& t : layer) t.grad() = Tensor();
+    for (auto& layer : w)
+      for (auto& t : layer) t.grad() = Tensor();
+    for (auto& layer : b)
+      for (auto& t : layer) t.grad() = Tensor();
   }
 };
 

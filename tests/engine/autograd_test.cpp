@@ -66,8 +66,8 @@ TEST(AutogradCpu, LeafReachedBySeveralPathsAndAnIntermediateUsedTwice) {
   const Tensor x = randn({3, 4}, 1, f64());
   const Tensor w = param({4, 4}, 2);
   auto forward = [&] {
-    const Tensor h = linear(x, w);           // w on path 1
-    const Tensor z = linear(relu(h), w);     // w on path 2, h used below as well
+    const Tensor h = linear(x, w);        // w on path 1
+    const Tensor z = linear(relu(h), w);  // w on path 2, h used below as well
     return sum(add(z, mul(h, 2.0)));
   };
   backward(forward());
@@ -101,8 +101,8 @@ TEST(AutogradCpu, SeedGradientForANonScalarRoot) {
   const Tensor seed = randn({2, 3}, 2, f64());
   backward({y}, {seed});
   EXPECT_LT(rel_error(values(x.grad()), values(mul(seed, 3.0))), 1e-15);
-  GW_EXPECT_ERROR(backward({mul(x, 2.0)}, {randn({3}, 1, f64())}), "seed gradient of root 0",
-                  "[3]", "[2, 3]");
+  GW_EXPECT_ERROR(backward({mul(x, 2.0)}, {randn({3}, 1, f64())}), "seed gradient of root 0", "[3]",
+                  "[2, 3]");
 }
 
 TEST(AutogradCpu, RetainGraphAllowsASecondBackwardAndItsAbsenceIsAnError) {
@@ -185,8 +185,10 @@ TEST(AutogradCpu, MicroBatchAccumulationEqualsOneBigBatch) {
   w.grad() = Tensor();
   const std::vector<double> xv = x.to_vector<double>(), tv = t.to_vector<double>();
   for (int half = 0; half < 2; ++half) {
-    const Tensor xh = from_vector(std::vector<double>(xv.begin() + 20 * half, xv.begin() + 20 * half + 20), {4, 5});
-    const Tensor th = from_vector(std::vector<double>(tv.begin() + 8 * half, tv.begin() + 8 * half + 8), {4, 2});
+    const Tensor xh = from_vector(
+        std::vector<double>(xv.begin() + 20 * half, xv.begin() + 20 * half + 20), {4, 5});
+    const Tensor th =
+        from_vector(std::vector<double>(tv.begin() + 8 * half, tv.begin() + 8 * half + 8), {4, 2});
     // mean over 4 rows each: halve to match the mean over all 8
     backward(mul(mse_loss(linear(xh, w), th), 0.5),
              {.grad_write = half == 0 ? GradWrite::kOverwrite : GradWrite::kAccumulate});

@@ -9,7 +9,9 @@
 namespace graphward {
 namespace {
 
-cudaStream_t fake_stream(int id) { return reinterpret_cast<cudaStream_t>(std::uintptr_t(id + 1) * 0x1000); }
+cudaStream_t fake_stream(int id) {
+  return reinterpret_cast<cudaStream_t>(std::uintptr_t(id + 1) * 0x1000);
+}
 constexpr Device kDev = Device::cuda(0);
 
 struct RandomTape {
@@ -91,7 +93,7 @@ std::vector<std::pair<int, int>> required(const BackwardPlan& p) {
 bool satisfied(const BackwardPlan& p, const std::vector<std::vector<bool>>& hb,
                const std::pair<int, int>& r) {
   return p.steps[r.first].stream == p.steps[r.second].stream ? r.first < r.second
-                                                               : hb[r.first][r.second];
+                                                             : hb[r.first][r.second];
 }
 
 // Plans of 300 random tapes (1-30 nodes, 1-4 streams, a caller stream that may be unused,

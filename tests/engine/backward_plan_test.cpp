@@ -6,7 +6,9 @@
 namespace graphward {
 namespace {
 
-cudaStream_t fake_stream(std::uintptr_t id) { return reinterpret_cast<cudaStream_t>(id * 0x1000); }
+cudaStream_t fake_stream(std::uintptr_t id) {
+  return reinterpret_cast<cudaStream_t>(id * 0x1000);
+}
 const cudaStream_t kCaller = fake_stream(1);
 const cudaStream_t kA = fake_stream(2);
 const cudaStream_t kB = fake_stream(3);
@@ -21,7 +23,9 @@ InputMeta from_leaf(const Tensor& leaf) {
 std::shared_ptr<Node> node(const char* name, cudaStream_t s, std::vector<InputMeta> in) {
   return make_node(name, kDev, s, std::move(in), {4});
 }
-Tensor leaf() { return zeros({4}).set_requires_grad(true); }
+Tensor leaf() {
+  return zeros({4}).set_requires_grad(true);
+}
 
 // A chain of `n` nodes on stream `s` starting from a leaf; returns the last node.
 std::shared_ptr<Node> chain(cudaStream_t s, int n, const Tensor& l) {
@@ -33,7 +37,8 @@ std::shared_ptr<Node> chain(cudaStream_t s, int n, const Tensor& l) {
 int count_waits_between(const BackwardPlan& p, int producer_stream, int consumer_stream) {
   int n = 0;
   for (const auto& w : p.waits) {
-    n += p.steps[w.producer].stream == producer_stream && p.steps[w.consumer].stream == consumer_stream;
+    n += p.steps[w.producer].stream == producer_stream &&
+         p.steps[w.consumer].stream == consumer_stream;
   }
   return n;
 }
@@ -82,17 +87,20 @@ TEST(BackwardPlan, BranchesJoinedByALossOnTheCallerWaitOnlyForTheLoss) {
   const auto loss = node("loss", kCaller, {from(ra), from(rb)});
   const BackwardPlan p = plan_backward({{loss, {}}}, kCaller);
   EXPECT_EQ(p.waits.size(), 2u) << p.dump();
-  EXPECT_EQ(count_waits_between(p, 0, p.steps[1].stream) + count_waits_between(p, 0, p.steps[2].stream), 2);
+  EXPECT_EQ(
+      count_waits_between(p, 0, p.steps[1].stream) + count_waits_between(p, 0, p.steps[2].stream),
+      2);
   const int a = p.steps[p.waits[0].consumer].stream, b = p.steps[p.waits[1].consumer].stream;
   EXPECT_NE(a, b);
-  EXPECT_EQ(count_waits_between(p, a, b) + count_waits_between(p, b, a), 0) << "no wait between branches";
+  EXPECT_EQ(count_waits_between(p, a, b) + count_waits_between(p, b, a), 0)
+      << "no wait between branches";
   EXPECT_EQ(p.forks.size(), 2u);
   EXPECT_EQ(p.joins.size(), 2u);
 }
 
 TEST(BackwardPlan, ACrossStreamUseHasExactlyOneWait) {
   const Tensor w = leaf();
-  const auto x = chain(kA, 3, w);            // produced on A
+  const auto x = chain(kA, 3, w);                  // produced on A
   const auto y = node("consumer", kB, {from(x)});  // consumed on B
   const BackwardPlan p = plan_backward({{y, {}}}, kB);
   ASSERT_EQ(p.waits.size(), 1u) << p.dump();

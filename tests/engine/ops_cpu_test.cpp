@@ -9,7 +9,9 @@ using testing::gradcheck_error;
 using testing::Inputs;
 using testing::values;
 
-std::vector<double> vals(const Tensor& t) { return values(t); }
+std::vector<double> vals(const Tensor& t) {
+  return values(t);
+}
 
 TEST(OpsForwardCpu, MatmulMatchesHandComputedProduct) {
   const Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
@@ -72,36 +74,33 @@ TEST(OpsForwardCpu, SumMeanAndMseLossAreScalars) {
 // ---- gradients against finite differences (float64) -------------------------------------------
 
 TEST(OpsGradcheckCpu, Matmul) {
-  const double err = gradcheck_error(
-      [](const Inputs& in) { return matmul(in[0], in[1]); },
-      [](const Tensor& g, const Inputs& in) {
-        Tensor ga, gb;
-        matmul_backward(g, in[0], in[1], {&ga}, {&gb});
-        return Inputs{ga, gb};
-      },
-      {randn({3, 5}, 1, f64()), randn({5, 4}, 2, f64())});
+  const double err = gradcheck_error([](const Inputs& in) { return matmul(in[0], in[1]); },
+                                     [](const Tensor& g, const Inputs& in) {
+                                       Tensor ga, gb;
+                                       matmul_backward(g, in[0], in[1], {&ga}, {&gb});
+                                       return Inputs{ga, gb};
+                                     },
+                                     {randn({3, 5}, 1, f64()), randn({5, 4}, 2, f64())});
   EXPECT_LT(err, 1e-7);
 }
 
 TEST(OpsGradcheckCpu, LinearWithAndWithoutBias) {
   const Inputs in{randn({4, 6}, 3, f64()), randn({5, 6}, 4, f64()), randn({5}, 5, f64())};
-  const double with_bias = gradcheck_error(
-      [](const Inputs& x) { return linear(x[0], x[1], x[2]); },
-      [](const Tensor& g, const Inputs& x) {
-        Tensor gx, gw, gb;
-        linear_backward(g, x[0], x[1], {&gx}, {&gw}, {&gb});
-        return Inputs{gx, gw, gb};
-      },
-      in);
+  const double with_bias = gradcheck_error([](const Inputs& x) { return linear(x[0], x[1], x[2]); },
+                                           [](const Tensor& g, const Inputs& x) {
+                                             Tensor gx, gw, gb;
+                                             linear_backward(g, x[0], x[1], {&gx}, {&gw}, {&gb});
+                                             return Inputs{gx, gw, gb};
+                                           },
+                                           in);
   EXPECT_LT(with_bias, 1e-7);
-  const double without = gradcheck_error(
-      [](const Inputs& x) { return linear(x[0], x[1]); },
-      [](const Tensor& g, const Inputs& x) {
-        Tensor gx, gw;
-        linear_backward(g, x[0], x[1], {&gx}, {&gw});
-        return Inputs{gx, gw};
-      },
-      {in[0], in[1]});
+  const double without = gradcheck_error([](const Inputs& x) { return linear(x[0], x[1]); },
+                                         [](const Tensor& g, const Inputs& x) {
+                                           Tensor gx, gw;
+                                           linear_backward(g, x[0], x[1], {&gx}, {&gw});
+                                           return Inputs{gx, gw};
+                                         },
+                                         {in[0], in[1]});
   EXPECT_LT(without, 1e-7);
 }
 
@@ -112,22 +111,20 @@ struct BinaryCase {
 };
 
 TEST(OpsGradcheckCpu, AddSubMulForEveryBroadcastForm) {
-  const BinaryCase cases[] = {{"add", add, add_backward},
-                              {"sub", sub, sub_backward},
-                              {"mul", mul, mul_backward}};
+  const BinaryCase cases[] = {
+      {"add", add, add_backward}, {"sub", sub, sub_backward}, {"mul", mul, mul_backward}};
   const std::pair<Shape, Shape> shapes[] = {
       {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 4}, {1, 4}}, {{4}, {3, 4}}, {{1, 4}, {2, 3, 4}}};
   std::uint64_t seed = 10;
   for (const BinaryCase& c : cases) {
     for (const auto& [sa, sb] : shapes) {
-      const double err = gradcheck_error(
-          [&](const Inputs& in) { return c.forward(in[0], in[1]); },
-          [&](const Tensor& g, const Inputs& in) {
-            Tensor ga, gb;
-            c.backward(g, in[0], in[1], {&ga}, {&gb});
-            return Inputs{ga, gb};
-          },
-          {randn(sa, seed, f64()), randn(sb, seed + 1, f64())});
+      const double err = gradcheck_error([&](const Inputs& in) { return c.forward(in[0], in[1]); },
+                                         [&](const Tensor& g, const Inputs& in) {
+                                           Tensor ga, gb;
+                                           c.backward(g, in[0], in[1], {&ga}, {&gb});
+                                           return Inputs{ga, gb};
+                                         },
+                                         {randn(sa, seed, f64()), randn(sb, seed + 1, f64())});
       seed += 2;
       EXPECT_LT(err, 1e-7) << c.name << " " << shape_str(sa) << " with " << shape_str(sb);
     }
@@ -136,22 +133,20 @@ TEST(OpsGradcheckCpu, AddSubMulForEveryBroadcastForm) {
 
 TEST(OpsGradcheckCpu, ScalarForms) {
   for (double s : {-1.5, 0.0, 2.25}) {
-    const double err_add = gradcheck_error(
-        [s](const Inputs& in) { return add(in[0], s); },
-        [](const Tensor& g, const Inputs&) {
-          Tensor ga;
-          scale_backward(g, 1.0, {&ga});
-          return Inputs{ga};
-        },
-        {randn({3, 2}, 7, f64())});
-    const double err_mul = gradcheck_error(
-        [s](const Inputs& in) { return mul(in[0], s); },
-        [s](const Tensor& g, const Inputs&) {
-          Tensor ga;
-          scale_backward(g, s, {&ga});
-          return Inputs{ga};
-        },
-        {randn({3, 2}, 8, f64())});
+    const double err_add = gradcheck_error([s](const Inputs& in) { return add(in[0], s); },
+                                           [](const Tensor& g, const Inputs&) {
+                                             Tensor ga;
+                                             scale_backward(g, 1.0, {&ga});
+                                             return Inputs{ga};
+                                           },
+                                           {randn({3, 2}, 7, f64())});
+    const double err_mul = gradcheck_error([s](const Inputs& in) { return mul(in[0], s); },
+                                           [s](const Tensor& g, const Inputs&) {
+                                             Tensor ga;
+                                             scale_backward(g, s, {&ga});
+                                             return Inputs{ga};
+                                           },
+                                           {randn({3, 2}, 8, f64())});
     EXPECT_LT(err_add, 1e-7);
     EXPECT_LT(err_mul, 1e-7);
   }
@@ -167,43 +162,39 @@ TEST(OpsGradcheckCpu, Activations) {
                       {"tanh", graphward::tanh, tanh_backward},
                       {"sigmoid", sigmoid, sigmoid_backward}};
   for (const Act& a : acts) {
-    const double err = gradcheck_error(
-        [&](const Inputs& in) { return a.forward(in[0]); },
-        [&](const Tensor& g, const Inputs& in) {
-          Tensor gx;
-          a.backward(g, a.forward(in[0]), {&gx});
-          return Inputs{gx};
-        },
-        {randn({4, 7}, 21, f64())});
+    const double err = gradcheck_error([&](const Inputs& in) { return a.forward(in[0]); },
+                                       [&](const Tensor& g, const Inputs& in) {
+                                         Tensor gx;
+                                         a.backward(g, a.forward(in[0]), {&gx});
+                                         return Inputs{gx};
+                                       },
+                                       {randn({4, 7}, 21, f64())});
     EXPECT_LT(err, 1e-7) << a.name;
   }
 }
 
 TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
-  const double err_sum = gradcheck_error(
-      [](const Inputs& in) { return sum(in[0]); },
-      [](const Tensor& g, const Inputs& in) {
-        Tensor gx;
-        sum_backward(g, in[0], {&gx});
-        return Inputs{gx};
-      },
-      {randn({3, 5}, 31, f64())});
-  const double err_mean = gradcheck_error(
-      [](const Inputs& in) { return mean(in[0]); },
-      [](const Tensor& g, const Inputs& in) {
-        Tensor gx;
-        mean_backward(g, in[0], {&gx});
-        return Inputs{gx};
-      },
-      {randn({3, 5}, 32, f64())});
-  const double err_mse = gradcheck_error(
-      [](const Inputs& in) { return mse_loss(in[0], in[1]); },
-      [](const Tensor& g, const Inputs& in) {
-        Tensor gp, gt;
-        mse_loss_backward(g, in[0], in[1], {&gp}, {&gt});
-        return Inputs{gp, gt};
-      },
-      {randn({4, 3}, 33, f64()), randn({4, 3}, 34, f64())});
+  const double err_sum = gradcheck_error([](const Inputs& in) { return sum(in[0]); },
+                                         [](const Tensor& g, const Inputs& in) {
+                                           Tensor gx;
+                                           sum_backward(g, in[0], {&gx});
+                                           return Inputs{gx};
+                                         },
+                                         {randn({3, 5}, 31, f64())});
+  const double err_mean = gradcheck_error([](const Inputs& in) { return mean(in[0]); },
+                                          [](const Tensor& g, const Inputs& in) {
+                                            Tensor gx;
+                                            mean_backward(g, in[0], {&gx});
+                                            return Inputs{gx};
+                                          },
+                                          {randn({3, 5}, 32, f64())});
+  const double err_mse = gradcheck_error([](const Inputs& in) { return mse_loss(in[0], in[1]); },
+                                         [](const Tensor& g, const Inputs& in) {
+                                           Tensor gp, gt;
+                                           mse_loss_backward(g, in[0], in[1], {&gp}, {&gt});
+                                           return Inputs{gp, gt};
+                                         },
+                                         {randn({4, 3}, 33, f64()), randn({4, 3}, 34, f64())});
   EXPECT_LT(err_sum, 1e-7);
   EXPECT_LT(err_mean, 1e-7);
   EXPECT_LT(err_mse, 1e-7);
@@ -235,7 +226,8 @@ TEST(OpsGradcheckCpu, ComposedMlpLoss) {
   EXPECT_LT(err, 1e-6);
 }
 
-// ---- gradient slots: write, accumulate, skip -----------------------------------------------------
+// ---- gradient slots: write, accumulate, skip
+// -----------------------------------------------------
 
 TEST(GradSlotsCpu, OverwriteIgnoresOldContentsAndAccumulateAdds) {
   const Tensor dy = from_vector(std::vector<float>{1, 2, 3}, {3});
@@ -270,8 +262,10 @@ TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {
   const std::vector<double> xv = x.to_vector<double>(), dyv = dy.to_vector<double>();
   Tensor gw = zeros({3, 5}, f64());
   for (int half = 0; half < 2; ++half) {
-    const Tensor xh = from_vector(std::vector<double>(xv.begin() + half * 20, xv.begin() + half * 20 + 20), {4, 5});
-    const Tensor dh = from_vector(std::vector<double>(dyv.begin() + half * 12, dyv.begin() + half * 12 + 12), {4, 3});
+    const Tensor xh = from_vector(
+        std::vector<double>(xv.begin() + half * 20, xv.begin() + half * 20 + 20), {4, 5});
+    const Tensor dh = from_vector(
+        std::vector<double>(dyv.begin() + half * 12, dyv.begin() + half * 12 + 12), {4, 3});
     linear_backward(dh, xh, w, {}, {&gw, true});
   }
   EXPECT_LT(testing::rel_error(gw, gw_full), 1e-12);

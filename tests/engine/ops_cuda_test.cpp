@@ -26,13 +26,15 @@ class CudaOps : public ::testing::Test {
   Tensor rand(const Shape& s) { return randn(s, seed_++); }
 };
 
-Tensor gpu(const Tensor& t) { return t.to(kGpu); }
+Tensor gpu(const Tensor& t) {
+  return t.to(kGpu);
+}
 
 // Backward on both devices in both slot modes: overwrite into a fresh (poisoned) tensor, and
 // accumulate into a random tensor. `run(slots...)` calls the backward with the given slots.
 template <int N, class RunCpu, class RunGpu>
-void expect_backward_matches(const char* what, const std::array<Shape, N>& grad_shapes,
-                             double tol, RunCpu run_cpu, RunGpu run_gpu) {
+void expect_backward_matches(const char* what, const std::array<Shape, N>& grad_shapes, double tol,
+                             RunCpu run_cpu, RunGpu run_gpu) {
   for (bool accumulate : {false, true}) {
     std::array<Tensor, N> cpu_g, gpu_g;
     for (int i = 0; i < N; ++i) {
@@ -55,13 +57,15 @@ void expect_backward_matches(const char* what, const std::array<Shape, N>& grad_
 struct GemmShape {
   std::int64_t m, k, n;
 };
-const GemmShape kGemmShapes[] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 31}, {128, 257, 96}, {300, 129, 513}};
+const GemmShape kGemmShapes[] = {
+    {1, 1, 1}, {7, 13, 5}, {33, 65, 31}, {128, 257, 96}, {300, 129, 513}};
 const Shape kElementwiseShapes[] = {{1}, {7, 13}, {33, 65}, {128, 257}, {1000, 1031}};
 
 TEST_F(CudaOps, MatmulForwardAndBackward) {
   for (const auto& s : kGemmShapes) {
     const Tensor a = rand({s.m, s.k}), b = rand({s.k, s.n}), dy = rand({s.m, s.n});
-    EXPECT_LT(rel_error(matmul(gpu(a), gpu(b)), matmul(a, b)), kGemmTol) << s.m << "x" << s.k << "x" << s.n;
+    EXPECT_LT(rel_error(matmul(gpu(a), gpu(b)), matmul(a, b)), kGemmTol)
+        << s.m << "x" << s.k << "x" << s.n;
     const Tensor ga = gpu(a), gb = gpu(b), gdy = gpu(dy);
     auto make = [](const Tensor& dy_, const Tensor& a_, const Tensor& b_) {
       return [&dy_, &a_, &b_](std::array<Tensor, 2>& g, bool acc) {
@@ -96,10 +100,11 @@ TEST_F(CudaOps, BinaryOpsForEveryBroadcastForm) {
     Tensor (*forward)(const Tensor&, const Tensor&);
     void (*backward)(const Tensor&, const Tensor&, const Tensor&, GradSlot, GradSlot);
   };
-  const Op ops[] = {{"add", add, add_backward}, {"sub", sub, sub_backward}, {"mul", mul, mul_backward}};
-  const std::pair<Shape, Shape> shapes[] = {{{7, 13}, {7, 13}},      {{1000, 1031}, {1000, 1031}},
-                                            {{33, 65}, {65}},        {{513, 257}, {1, 257}},
-                                            {{31}, {300, 31}},       {{1, 1}, {1, 1}}};
+  const Op ops[] = {
+      {"add", add, add_backward}, {"sub", sub, sub_backward}, {"mul", mul, mul_backward}};
+  const std::pair<Shape, Shape> shapes[] = {{{7, 13}, {7, 13}}, {{1000, 1031}, {1000, 1031}},
+                                            {{33, 65}, {65}},   {{513, 257}, {1, 257}},
+                                            {{31}, {300, 31}},  {{1, 1}, {1, 1}}};
   for (const Op& op : ops) {
     for (const auto& [sa, sb] : shapes) {
       const Tensor a = rand(sa), b = rand(sb);
@@ -128,8 +133,12 @@ TEST_F(CudaOps, ScalarFormsAndScaleBackward) {
     const Tensor gdy = gpu(dy);
     expect_backward_matches<1>(
         "scale_backward", {s}, kElementwiseTol,
-        [&](std::array<Tensor, 1>& g, bool acc) { scale_backward(dy, -0.5, {&g[0], acc}); },
-        [&](std::array<Tensor, 1>& g, bool acc) { scale_backward(gdy, -0.5, {&g[0], acc}); });
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          scale_backward(dy, -0.5, {&g[0], acc});
+        },
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          scale_backward(gdy, -0.5, {&g[0], acc});
+        });
   }
 }
 
@@ -151,8 +160,12 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
       const Tensor gy = gpu(y), gdy = gpu(dy);
       expect_backward_matches<1>(
           act.name, {s}, kElementwiseTol,
-          [&](std::array<Tensor, 1>& g, bool acc) { act.backward(dy, y, {&g[0], acc}); },
-          [&](std::array<Tensor, 1>& g, bool acc) { act.backward(gdy, gy, {&g[0], acc}); });
+          [&](std::array<Tensor, 1>& g, bool acc) {
+            act.backward(dy, y, {&g[0], acc});
+          },
+          [&](std::array<Tensor, 1>& g, bool acc) {
+            act.backward(gdy, gy, {&g[0], acc});
+          });
     }
   }
 }
@@ -167,12 +180,20 @@ TEST_F(CudaOps, ReductionsAndMseLoss) {
     EXPECT_LT(rel_error(mse_loss(gx, gt), mse_loss(x, t)), kElementwiseTol) << shape_str(s);
     expect_backward_matches<1>(
         "sum_backward", {s}, kElementwiseTol,
-        [&](std::array<Tensor, 1>& g, bool acc) { sum_backward(dy, x, {&g[0], acc}); },
-        [&](std::array<Tensor, 1>& g, bool acc) { sum_backward(gdy, gx, {&g[0], acc}); });
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          sum_backward(dy, x, {&g[0], acc});
+        },
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          sum_backward(gdy, gx, {&g[0], acc});
+        });
     expect_backward_matches<1>(
         "mean_backward", {s}, kElementwiseTol,
-        [&](std::array<Tensor, 1>& g, bool acc) { mean_backward(dy, x, {&g[0], acc}); },
-        [&](std::array<Tensor, 1>& g, bool acc) { mean_backward(gdy, gx, {&g[0], acc}); });
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          mean_backward(dy, x, {&g[0], acc});
+        },
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          mean_backward(gdy, gx, {&g[0], acc});
+        });
     expect_backward_matches<2>(
         "mse_loss_backward", {s, s}, kElementwiseTol,
         [&](std::array<Tensor, 2>& g, bool acc) {
@@ -216,7 +237,8 @@ TEST_F(CudaOps, GemmPlansForEveryTransposeAlignmentAndBeta) {
   }
 }
 
-// ---- tensors on the GPU ----------------------------------------------------------------------------
+// ---- tensors on the GPU
+// ----------------------------------------------------------------------------
 
 TEST_F(CudaOps, RandomTensorsAreBitwiseEqualOnCpuAndGpu) {
   EXPECT_EQ(randn({1000, 33}, 5, {DType::kFloat32, kGpu}).to_vector<float>(),
@@ -230,7 +252,8 @@ TEST_F(CudaOps, RandomTensorsAreBitwiseEqualOnCpuAndGpu) {
 TEST_F(CudaOps, CreationAndCopies) {
   EXPECT_EQ(testing::values(zeros({3, 5}, {DType::kFloat32, kGpu})), std::vector<double>(15, 0.0));
   EXPECT_EQ(testing::values(ones({1031}, {DType::kFloat32, kGpu})), std::vector<double>(1031, 1.0));
-  EXPECT_EQ(testing::values(full({7}, -2.5, {DType::kFloat64, kGpu})), std::vector<double>(7, -2.5));
+  EXPECT_EQ(testing::values(full({7}, -2.5, {DType::kFloat64, kGpu})),
+            std::vector<double>(7, -2.5));
   const Tensor host = rand({129, 3});
   const Tensor dev = gpu(host);
   EXPECT_TRUE(dev.is_cuda());
@@ -241,7 +264,8 @@ TEST_F(CudaOps, CreationAndCopies) {
   EXPECT_EQ(zeros({0}, {DType::kFloat32, kGpu}).to_vector<float>().size(), 0u);
 }
 
-// ---- bad input on the GPU ------------------------------------------------------------------------
+// ---- bad input on the GPU
+// ------------------------------------------------------------------------
 
 TEST_F(CudaOps, MixedDevicesAreRefusedByName) {
   GW_EXPECT_ERROR(add(ones({2}), ones({2}, {DType::kFloat32, kGpu})), "add", "cpu", "cuda:0",
@@ -249,9 +273,9 @@ TEST_F(CudaOps, MixedDevicesAreRefusedByName) {
   GW_EXPECT_ERROR(matmul(ones({2, 2}, {DType::kFloat32, kGpu}), ones({2, 2})), "matmul", "cuda:0",
                   "cpu");
   Tensor g = zeros({2});  // a CPU gradient slot for a CUDA op
-  GW_EXPECT_ERROR(relu_backward(ones({2}, {DType::kFloat32, kGpu}), ones({2}, {DType::kFloat32, kGpu}),
-                                {&g}),
-                  "relu_backward", "grad_x", "cpu", "cuda:0");
+  GW_EXPECT_ERROR(
+      relu_backward(ones({2}, {DType::kFloat32, kGpu}), ones({2}, {DType::kFloat32, kGpu}), {&g}),
+      "relu_backward", "grad_x", "cpu", "cuda:0");
 }
 
 TEST_F(CudaOps, Float64IsRefusedOnCuda) {

@@ -16,8 +16,7 @@ TEST(OpsErrors, MatmulNeeds2dInputs) {
 
 TEST(OpsErrors, LinearWeightAndBiasShapes) {
   GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 5})), "linear", "[2, 3]", "[4, 5]");
-  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]",
-                  "[4]");
+  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]", "[4]");
 }
 
 TEST(OpsErrors, NonBroadcastableShapes) {
@@ -36,7 +35,9 @@ TEST(OpsErrors, EmptyTensor) {
   GW_EXPECT_ERROR(matmul(zeros({2, 0}), zeros({0, 3})), "matmul", "empty");
 }
 
-TEST(OpsErrors, UndefinedTensor) { GW_EXPECT_ERROR(relu(Tensor()), "relu", "undefined"); }
+TEST(OpsErrors, UndefinedTensor) {
+  GW_EXPECT_ERROR(relu(Tensor()), "relu", "undefined");
+}
 
 TEST(OpsErrors, NonFiniteScalar) {
   GW_EXPECT_ERROR(mul(ones({2}), std::nan("")), "mul", "finite");

@@ -136,7 +136,8 @@ TEST_F(CudaStreams, GemmsOnTwoStreamsAtOnceUseSeparateWorkspaces) {
     outs.push_back(matmul(a, b));
   }
   const std::vector<float> r = ref.to_vector<float>();
-  for (const Tensor& o : outs) EXPECT_LT(testing::rel_error(testing::values(o), testing::values(ref)), 1e-6);
+  for (const Tensor& o : outs)
+    EXPECT_LT(testing::rel_error(testing::values(o), testing::values(ref)), 1e-6);
 }
 
 TEST_F(CudaStreams, EventsTimeWork) {
@@ -163,7 +164,7 @@ TEST_F(CudaStreams, TensorsMayOutliveTheStreamTheyWereMadeOn) {
     Tensor scratch = matmul(kept, kept);  // freed inside the scope, on s
   }
   EXPECT_EQ(relu(kept).to_vector<float>(), expected.to_vector<float>());
-  kept = Tensor();  // freed on the pooled stream
+  kept = Tensor();     // freed on the pooled stream
   Stream again(kGpu);  // may reuse that stream
   StreamGuard g(again);
   EXPECT_EQ(sum(ones({1000}, kF32Gpu)).item(), 1000.0);

@@ -81,7 +81,8 @@ TEST(TensorCpu, UniformStaysInItsHalfOpenInterval) {
   EXPECT_LT(*lo, -0.99f);
   EXPECT_GT(*hi, 0.99f);
   // A tiny interval where float rounding would otherwise land on `high`.
-  for (float x : uniform({10000}, 1.0, 1.0 + 1e-9, 3).to_vector<float>()) EXPECT_LT(x, 1.0f + 1e-6f);
+  for (float x : uniform({10000}, 1.0, 1.0 + 1e-9, 3).to_vector<float>())
+    EXPECT_LT(x, 1.0f + 1e-6f);
   GW_EXPECT_ERROR(uniform({2}, 1.0, 1.0, 1), "uniform", "low < high");
 }
 

@@ -20,8 +20,8 @@ TEST(GemmReference, AllFourTransposeCombinations) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       std::vector<double> c(4, NAN);  // beta = 0 must ignore NaN in C
-      gemm<double>(ta, tb, 2, 2, 3, 1.0, ta ? at.data() : a.data(), tb ? bt.data() : b.data(),
-                   0.0, c.data());
+      gemm<double>(ta, tb, 2, 2, 3, 1.0, ta ? at.data() : a.data(), tb ? bt.data() : b.data(), 0.0,
+                   c.data());
       EXPECT_EQ(c, expected) << "trans_a=" << ta << " trans_b=" << tb;
     }
   }
