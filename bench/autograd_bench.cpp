@@ -100,6 +100,39 @@ BENCHMARK(BM_EagerBackward)
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);
 
+// The host time of backward() alone: one forward, then backward with retain_graph again and again
+// (the stream synchronized every 16 calls, untimed, so the queue never fills). No forward runs
+// between the backwards, so this is also the loop to profile the backward's host path with.
+void BM_EagerBackwardRetained(benchmark::State& state) {
+  if (!gw::cuda_available()) {
+    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+    return;
+  }
+  Model m(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), 256, 64, false);
+  const cudaStream_t caller = gw::current_stream(kDev);
+  const gw::Tensor loss = m.loss();
+  const gw::BackwardOptions opts{.retain_graph = true, .grad_write = gw::GradWrite::kOverwrite};
+  for (int i = 0; i < 5; ++i) gw::backward(loss, opts);
+  GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+  std::int64_t n = 0;
+  for (auto _ : state) {
+    gw::backward(loss, opts);
+    if (++n % 16 == 0) {
+      state.PauseTiming();
+      GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+      state.ResumeTiming();
+    }
+  }
+  GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+  state.counters["nodes"] = static_cast<double>(gw::plan_for({loss}).steps.size());
+}
+BENCHMARK(BM_EagerBackwardRetained)
+    ->Name("EagerBackwardRetained")
+    ->ArgNames({"branches", "depth"})
+    ->Args({4, 8})
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_PlanOnly(benchmark::State& state) {
   if (!gw::cuda_available()) {
     state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());

@@ -184,6 +184,89 @@ void BM_ApiCost(benchmark::State& state) {
 }
 BENCHMARK(BM_ApiCost)->Name("ApiCost")->DenseRange(0, 5)->MinTime(0.2);
 
+// The eager backward's GEMMs through a cuBLASLt plan, with and without split-K algorithms, and the
+// weight-gradient GEMM with its bias gradient fused: host time per call (queue never full), GPU
+// time per call (events around 50 calls), and kernels per call (one call captured into a graph and
+// its kernel nodes counted). The label is the algorithm the heuristic chose.
+// Args: width N, batch B, which (0: dX [B,N] = dY[B,N]·W[N,N]; 1: dW [N,N] = dYᵀ·X[B,N];
+// 2: dW with db = Σ_rows dY fused), split_k (1: the heuristic's first choice; 0: one kernel).
+void BM_LtGemm(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const std::int64_t width = state.range(0), batch = state.range(1);
+  const int which = static_cast<int>(state.range(2));
+  const bool split_k = state.range(3) != 0;
+  const bool bias_grad = which == 2;
+  const bool ta = which != 0, tb = false;
+  const std::int64_t m = which == 0 ? batch : width, n = width, k = which == 0 ? width : batch;
+  const gw::Device dev = gw::Device::cuda(0);
+  gw::Stream s(dev);
+  const gw::Tensor a = gw::randn({ta ? k : m, ta ? m : k}, 1, kGpu),
+                   b = gw::randn({tb ? n : k, tb ? k : n}, 2, kGpu);
+  gw::Tensor c = gw::zeros({m, n}, kGpu), bias = gw::zeros({m}, kGpu);
+  cublasLtHandle_t handle = nullptr;
+  GW_CUBLAS_CHECK(cublasLtCreate(&handle));
+  gw::DeviceBuffer workspace(dev, gw::kBlasWorkspaceBytes);
+  {
+    graphward::kernels::LtGemm plan(handle, ta, tb, m, n, k, workspace.bytes(), 256,
+                                    {.bias_grad_a = bias_grad, .split_k = split_k});
+    if (!plan.usable()) {
+      state.SkipWithError("cuBLASLt offers no algorithm for this configuration");
+    } else {
+      auto run = [&] {
+        plan.run(1.f, a.data<float>(), b.data<float>(), 0.f, c.data<float>(), workspace.data(),
+                 workspace.bytes(), s.get(), bias.data<float>());
+      };
+      GW_CUDA_CHECK(cudaDeviceSynchronize());  // the inputs were made on another stream
+      for (int i = 0; i < 20; ++i) run();
+      s.synchronize();
+      // kernels per call (-1: the call could not be captured)
+      double nodes = -1;
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+        try {
+          run();
+        } catch (const gw::Error&) {
+        }
+        if (cudaStreamEndCapture(s.get(), &graph) == cudaSuccess && graph) {
+          std::size_t count = 0;
+          if (cudaGraphGetNodes(graph, nullptr, &count) == cudaSuccess) nodes = double(count);
+          GW_CUDA_CHECK(cudaGraphDestroy(graph));
+        }
+      }
+      (void)cudaGetLastError();
+      // GPU time per call
+      gw::Event start(dev, true), stop(dev, true);
+      start.record(s.get());
+      for (int i = 0; i < 50; ++i) run();
+      stop.record(s.get());
+      stop.synchronize();
+      const double gpu_us = stop.elapsed_ms_since(start) * 1e3 / 50;
+      std::int64_t calls = 0;
+      for (auto _ : state) {
+        run();
+        if (++calls % 32 == 0) {
+          state.PauseTiming();
+          s.synchronize();
+          state.ResumeTiming();
+        }
+      }
+      s.synchronize();
+      state.counters["graph_nodes"] = nodes;
+      state.counters["gpu_us"] = gpu_us;
+      state.SetLabel(plan.describe());
+    }
+  }
+  workspace = gw::DeviceBuffer();
+  GW_CUBLAS_CHECK(cublasLtDestroy(handle));
+}
+BENCHMARK(BM_LtGemm)
+    ->Name("LtGemm")
+    ->ArgNames({"width", "batch", "which", "split_k"})
+    ->ArgsProduct({{256}, {64}, {0, 1, 2}, {1, 0}})
+    ->ArgsProduct({{1024}, {256}, {0, 1, 2}, {1, 0}})
+    ->MinTime(0.2)
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -83,6 +83,7 @@ struct GemmKey {
   std::int64_t m, n, k;
   bool trans_a, trans_b;
   unsigned alignment;
+  kernels::LtOptions options;
   bool operator==(const GemmKey&) const = default;
 };
 struct GemmKeyHash {
@@ -90,7 +91,8 @@ struct GemmKeyHash {
     std::size_t h = std::hash<std::int64_t>()(g.m);
     h = h * 1000003u ^ std::hash<std::int64_t>()(g.n);
     h = h * 1000003u ^ std::hash<std::int64_t>()(g.k);
-    return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8);
+    return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8) ^
+           (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3);
   }
 };
 
@@ -116,8 +118,9 @@ DeviceBlas& device_blas(Device device) {
 
 }  // namespace
 
-kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
-  DeviceBlas& blas = device_blas(device);
+namespace {
+
+StreamBlas& stream_blas(DeviceBlas& blas, Device device, cudaStream_t stream) {
   if (blas.last_stream != stream || !blas.last) {
     auto it = blas.streams.find(stream);
     if (it == blas.streams.end()) {
@@ -126,40 +129,68 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
     blas.last_stream = stream;
     blas.last = it->second.get();
   }
-  StreamBlas& sb = *blas.last;
-  return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
+  return *blas.last;
 }
 
-namespace {
 unsigned alignment_of(const void* p) {
   const auto v = reinterpret_cast<std::uintptr_t>(p);
   unsigned a = 256;
   while (a > 4 && (v % a) != 0) a /= 2;
   return a;
 }
-}  // namespace
 
-void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
-          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
-          float* c) {
-  const kernels::BlasContext ctx = blas_context(device, stream);  // the stream's workspace
-  DeviceBlas& blas = device_blas(device);
-  const GemmKey key{m, n, k, trans_a, trans_b,
-                    std::min({alignment_of(a), alignment_of(b), alignment_of(c)})};
+// The cached cuBLASLt plan for a GEMM, made on first use.
+kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key) {
   auto it = blas.lt_plans.find(key);
   if (it == blas.lt_plans.end()) {
     if (!blas.lt) blas.lt = std::make_unique<LtHandle>(device);
     it = blas.lt_plans
-             .emplace(key, std::make_unique<kernels::LtGemm>(blas.lt->get(), trans_a, trans_b, m,
-                                                             n, k, ctx.workspace_bytes,
-                                                             key.alignment))
+             .emplace(key, std::make_unique<kernels::LtGemm>(
+                               blas.lt->get(), key.trans_a, key.trans_b, key.m, key.n, key.k,
+                               kBlasWorkspaceBytes, key.alignment, key.options))
              .first;
   }
-  if (it->second->usable()) {
-    it->second->run(alpha, a, b, beta, c, ctx.workspace, ctx.workspace_bytes, stream);
+  return *it->second;
+}
+
+}  // namespace
+
+kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
+  StreamBlas& sb = stream_blas(device_blas(device), device, stream);
+  return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
+}
+
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
+          float* c) {
+  DeviceBlas& blas = device_blas(device);
+  StreamBlas& sb = stream_blas(blas, device, stream);  // the stream's workspace
+  const GemmKey key{m, n, k, trans_a, trans_b,
+                    std::min({alignment_of(a), alignment_of(b), alignment_of(c)}),
+                    kernels::LtOptions{.bias_grad_a = false, .split_k = gemm_allows_split_k(m, n, k)}};
+  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  if (plan.usable()) {
+    plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
   } else {
+    const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(),
+                                   stream};
     kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, stream);
   }
+}
+
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b,
+                    std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                    const float* b, float beta, float* c, float* bias_grad) {
+  DeviceBlas& blas = device_blas(device);
+  StreamBlas& sb = stream_blas(blas, device, stream);
+  const GemmKey key{
+      m, n, k, trans_a, trans_b,
+      std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
+      kernels::LtOptions{.bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k)}};
+  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  if (!plan.usable()) return false;
+  plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad);
+  return true;
 }
 
 #endif

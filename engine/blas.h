@@ -7,6 +7,7 @@
 // GEMM); and no GEMM pays host time for cublasSetStream/cublasSetWorkspace. Streams are never destroyed (Note [Stream lifetime], stream.cpp),
 // so a handle keyed by a stream never outlives it.
 #include <cstddef>
+#include <cstdint>
 
 #include "engine/cuda.h"
 #include "engine/device.h"
@@ -18,6 +19,14 @@
 namespace graphward {
 
 inline constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
+// Whether graphward's GEMMs may use split-K algorithms: only where the reduction dimension dwarfs
+// the output (k >= 8·max(m, n)), where splitting k is what fills the GPU. Elsewhere the heuristic's
+// split-K choice costs a second (reduction) kernel: on an H200, [64,256]·[256,256] took 10.0 µs of
+// host and 10.2 µs of GPU time with splitK 4, and 7.3 / 7.6 µs as one kernel (bench/ops_bench.cpp,
+// LtGemm; docs/RESULTS.md).
+constexpr bool gemm_allows_split_k(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return k >= 8 * (m > n ? m : n);
+}
 
 #if GRAPHWARD_HAS_CUDA
 // The calling thread's cuBLAS handle for `device` with the workspace of `stream`.
@@ -30,6 +39,14 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream);
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
           float* c);
+
+// gemm(), and also bias_grad[m] = Σ_k op(A)[i, k] written (never accumulated) by the same kernel
+// (cuBLASLt's bias-gradient epilogue): a linear layer's weight gradient dW = dYᵀ·X with its bias
+// gradient Σ_rows dY. Returns false, having launched nothing, where cuBLASLt offers no algorithm
+// for the fused epilogue: then run gemm() and a column sum instead.
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b,
+                    std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                    const float* b, float beta, float* c, float* bias_grad);
 #endif
 
 }  // namespace graphward

@@ -220,15 +220,24 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       gemm_cuda(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
                 grad_x.tensor->data<float>());
     }
-    if (want_w) {
-      const bool acc = open_slot(grad_weight, weight, scope.stream());
-      gemm_cuda(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc,
+    const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
+    const bool acc_b = want_b && open_slot(grad_bias, {d.out}, x, scope.stream());
+    // The bias gradient rides in the weight-gradient GEMM's epilogue when it is written (the
+    // epilogue cannot accumulate): one launch fewer per layer.
+    bool bias_done = false;
+    if (want_w && want_b && !acc_b) {
+      bias_done = graphward::gemm_bias_grad(
+          x.device(), scope.stream(), true, false, d.out, d.in, d.batch, 1.f,
+          grad_out.data<float>(), x.data<float>(), acc_w ? 1.f : 0.f,
+          grad_weight.tensor->data<float>(), grad_bias.tensor->data<float>());
+    }
+    if (want_w && !bias_done) {
+      gemm_cuda(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
                 grad_weight.tensor->data<float>());
     }
-    if (want_b) {
-      const bool acc = open_slot(grad_bias, {d.out}, x, scope.stream());
+    if (want_b && !bias_done) {
       k::column_sum(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f,
-                    d.batch, d.out, acc, scope.stream());
+                    d.batch, d.out, acc_b, scope.stream());
     }
     return;
 #endif

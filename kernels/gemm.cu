@@ -24,8 +24,9 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
 }
 
 LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m,
-               std::int64_t n, std::int64_t k, std::size_t workspace_bytes, unsigned alignment)
-    : handle_(handle) {
+               std::int64_t n, std::int64_t k, std::size_t workspace_bytes, unsigned alignment,
+               LtOptions options)
+    : handle_(handle), options_(options) {
   GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
            "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
@@ -40,6 +41,15 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
                                                    sizeof(op_lt_a)));
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,
                                                    sizeof(op_lt_b)));
+    if (options.bias_grad_a) {
+      // Our A is cuBLASLt's B: its bias gradient sums op(B) over k, one value per column of D.
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &bias_type, sizeof(bias_type)));
+    }
     const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
     GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_32F, na ? mm : kk, na ? kk : mm,
                                                static_cast<std::int64_t>(na ? mm : kk)));
@@ -58,13 +68,28 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    if (!options.split_k) {
+      const std::uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)));
+    }
+    constexpr int kAsk = 8;
+    cublasLtMatmulHeuristicResult_t results[kAsk] = {};
     int found = 0;
-    GW_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 1,
-                                                   &result, &found));
-    if (found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-      algo_ = result.algo;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
+                                                             kAsk, results, &found);
+    // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      std::int32_t split = 1;
+      std::size_t written = 0;
+      GW_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(
+          &results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split), &written));
+      if (!options.split_k && split > 1) continue;
+      algo_ = results[i].algo;
       usable_ = true;
+      break;
     }
   } catch (...) {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -86,10 +111,40 @@ void LtGemm::release() noexcept {
 }
 
 void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c,
-                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream) const {
+                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                 float* bias_grad) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
+  if (options_.bias_grad_a) {
+    GW_CHECK(bias_grad != nullptr, "LtGemm::run: this plan fuses a bias gradient; expected its "
+                                   "output pointer, got null");
+    if (bias_grad != bias_) {
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias_grad, sizeof(bias_grad)));
+      bias_ = bias_grad;
+    }
+  }
   GW_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo_,
                                  workspace, workspace_bytes, stream));
+}
+
+std::string LtGemm::describe() const {
+  if (!usable_) return "no cuBLASLt algorithm";
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
+    std::uint32_t v = 0;  // every attribute read here is a 32-bit integer
+    std::size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo_, attr, &v, sizeof(v), &written) !=
+        CUBLAS_STATUS_SUCCESS) {
+      return -1;
+    }
+    return static_cast<long long>(v);
+  };
+  std::string s = "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+                  std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
+                  std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitK " +
+                  std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " reduction " +
+                  std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+  if (options_.bias_grad_a) s += " +bias-grad epilogue";
+  return s;
 }
 
 }  // namespace graphward::kernels

@@ -6,6 +6,7 @@
 // op(A) is A stored [m,k] (trans_a = false) or Aᵀ with A stored [k,m] (trans_a = true); same for B.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #if GRAPHWARD_HAS_CUDA
 #include <cublasLt.h>
@@ -32,31 +33,48 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
 
+// What a cuBLASLt plan may fuse into its epilogue and which algorithms it may pick.
+struct LtOptions {
+  // Also writes bias_grad[m] = Σ_k op(A)[i, k] (row-major terms of gemm(); cuBLASLt's BGRADB,
+  // since our A is cuBLASLt's B): a linear layer's bias gradient fused into its weight-gradient
+  // GEMM. The bias gradient is written, never accumulated, whatever beta is.
+  bool bias_grad_a = false;
+  // Allow split-K algorithms (a second, reduction kernel on some): the heuristic's first choice.
+  // Without: only algorithms that run as one kernel with splitK = 1.
+  bool split_k = true;
+  bool operator==(const LtOptions&) const = default;
+};
+
 // One GEMM shape through cuBLASLt, planned once: the operation and layout descriptors and the
 // algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, no TF32) are made at construction and
 // reused by every run(), which is then a single cublasLtMatmul call — cublasSgemm repeats its
 // heuristics on every call, which dominates the host time of a small GEMM. Same layout contract
 // as gemm(). Pointers passed to run() must be aligned to at least `alignment` bytes (the planner
-// asked the heuristic for algorithms that accept that). Move-only.
+// asked the heuristic for algorithms that accept that). Move-only; one thread at a time.
 class LtGemm {
  public:
   LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-         std::int64_t k, std::size_t workspace_bytes, unsigned alignment);
+         std::int64_t k, std::size_t workspace_bytes, unsigned alignment, LtOptions options = {});
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  // False when the heuristic offered no algorithm: use gemm() instead.
+  // False when the heuristic offered no algorithm: use gemm() (and a reduction) instead.
   bool usable() const { return usable_; }
+  // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise).
   void run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
-           std::size_t workspace_bytes, cudaStream_t stream) const;
+           std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad = nullptr);
+  // The chosen algorithm, readable: "algo 6 tile 11 stages 8 splitK 1 reduction none ...".
+  std::string describe() const;
 
  private:
   void release() noexcept;
   cublasLtHandle_t handle_;
+  LtOptions options_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  const float* bias_ = nullptr;  // the bias pointer currently set on desc_
   bool usable_ = false;
 };
 #endif

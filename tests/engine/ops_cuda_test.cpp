@@ -4,6 +4,7 @@
 // for elementwise ops and reductions, 1e-4 for GEMMs.
 #include "engine/blas.h"
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -233,6 +234,68 @@ TEST_F(CudaOps, GemmPlansForEveryTransposeAlignmentAndBeta) {
               << "trans_a=" << ta << " trans_b=" << tb << " offset=" << off << " beta=" << beta;
         }
       }
+    }
+  }
+}
+
+TEST_F(CudaOps, GemmWithFusedBiasGradient) {
+  // dW [out, in] = dYᵀ·X with db [out] = Σ_rows dY in one cuBLASLt call (BGRADB epilogue). It must
+  // be available for the eager-backward study's layers (else every layer pays a launch more), and
+  // wherever it runs it must match the reference; it writes db whatever beta is.
+  struct Case {
+    std::int64_t out, in, batch;
+    bool required;
+  };
+  for (const Case& cs : {Case{256, 256, 64, true}, Case{1024, 1024, 256, true},
+                         Case{33, 65, 31, false}, Case{1, 1, 1, false}}) {
+    for (float beta : {0.f, 1.f}) {
+      const Tensor dy = rand({cs.batch, cs.out}), x = rand({cs.batch, cs.in}),
+                   c0 = rand({cs.out, cs.in}), db0 = rand({cs.out});
+      const Tensor gc = gpu(c0), gdb = gpu(db0);
+      const bool fused = graphward::gemm_bias_grad(
+          kGpu, current_stream(kGpu), true, false, cs.out, cs.in, cs.batch, 1.f,
+          gpu(dy).data<float>(), gpu(x).data<float>(), beta, gc.data<float>(), gdb.data<float>());
+      const std::string what = std::to_string(cs.out) + "x" + std::to_string(cs.in) + "x" +
+                               std::to_string(cs.batch) + " beta=" + std::to_string(beta);
+      if (cs.required) {
+        EXPECT_TRUE(fused) << what << ": cuBLASLt offered no bias-gradient epilogue";
+      }
+      if (!fused) {  // nothing was launched: the outputs are untouched
+        EXPECT_EQ(gc.to_vector<float>(), c0.to_vector<float>()) << what;
+        EXPECT_EQ(gdb.to_vector<float>(), db0.to_vector<float>()) << what;
+        continue;
+      }
+      std::vector<float> ref = c0.to_vector<float>(), ref_db(cs.out, 0.f);
+      kernels::cpu::gemm<float>(true, false, cs.out, cs.in, cs.batch, 1.f, dy.data<float>(),
+                                x.data<float>(), beta, ref.data());
+      kernels::cpu::column_sum<float>(ref_db.data(), dy.data<float>(), nullptr, 1.f, cs.batch,
+                                      cs.out, false);
+      const std::vector<float> out = gc.to_vector<float>(), out_db = gdb.to_vector<float>();
+      EXPECT_LT(rel_error(std::vector<double>(out.begin(), out.end()),
+                          std::vector<double>(ref.begin(), ref.end())),
+                kGemmTol)
+          << what;
+      EXPECT_LT(rel_error(std::vector<double>(out_db.begin(), out_db.end()),
+                          std::vector<double>(ref_db.begin(), ref_db.end())),
+                kGemmTol)
+          << what << " (bias gradient)";
+    }
+  }
+}
+
+TEST_F(CudaOps, LinearBackwardWithMixedSlotModes) {
+  // The fused bias gradient is taken only when the bias slot writes; a weight slot that
+  // accumulates beside it, and the reverse, must both be right.
+  const Tensor x = rand({64, 96}), w = rand({80, 96}), dy = rand({64, 80});
+  const Tensor gx = gpu(x), gw_ = gpu(w), gdy = gpu(dy);
+  for (bool acc_w : {false, true}) {
+    for (bool acc_b : {false, true}) {
+      Tensor cw = rand({80, 96}), cb = rand({80});
+      Tensor dw = gpu(cw), db = gpu(cb);
+      linear_backward(dy, x, w, {}, {&cw, acc_w}, {&cb, acc_b});
+      linear_backward(gdy, gx, gw_, {}, {&dw, acc_w}, {&db, acc_b});
+      EXPECT_LT(rel_error(dw, cw), kGemmTol) << "acc_w=" << acc_w << " acc_b=" << acc_b;
+      EXPECT_LT(rel_error(db, cb), kGemmTol) << "acc_w=" << acc_w << " acc_b=" << acc_b;
     }
   }
 }
