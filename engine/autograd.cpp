@@ -37,19 +37,11 @@ void Node::check_saved() const {
 }
 
 void Node::apply(const Tensor& grad_out, std::span<GradSlot> grads) const {
-  GW_CHECK(!released_, "backward through ", label(),
-           " a second time: its saved tensors were freed by the previous backward; pass "
-           "retain_graph = true to the first backward to keep them");
+  check_saved();
   GW_CHECK(backward_, "node ", label(), " has no backward function");
   std::vector<Tensor> saved;
   saved.reserve(saved_.size());
-  for (const SavedTensor& s : saved_) {
-    GW_CHECK(s.tensor.version() == s.version, "one of the tensors needed for the gradient of ",
-             label(), " was modified in place: '", s.name, "' (", s.tensor.str(), ") is at version ",
-             s.tensor.version(), "; expected version ", s.version,
-             " (the version when the forward saved it)");
-    saved.push_back(s.tensor);
-  }
+  for (const SavedTensor& s : saved_) saved.push_back(s.tensor);
   backward_(grad_out, saved, grads);
 }
 

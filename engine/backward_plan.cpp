@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <queue>
 #include <sstream>
 #include <unordered_map>
@@ -31,13 +32,19 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   std::unordered_map<const Node*, int> index;  // node -> discovery index
   std::vector<Node*> nodes;
   std::vector<int> pending;  // per discovered node: edges from reachable nodes not yet run
-  std::vector<Node*> stack;
+  // Per discovered node, per input: the discovery index of the input's node, or -1 (a leaf or no
+  // edge). Looked up once here; every later stage reads it.
+  std::vector<std::vector<int>> input_node;
+  std::vector<int> stack;
+  index.reserve(64);
+  nodes.reserve(64);
   auto discover = [&](Node* n) {
     auto [it, inserted] = index.emplace(n, static_cast<int>(nodes.size()));
     if (inserted) {
       nodes.push_back(n);
       pending.push_back(0);
-      stack.push_back(n);
+      input_node.emplace_back();
+      stack.push_back(it->second);
     }
     return it->second;
   };
@@ -51,8 +58,9 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     }
   }
   while (!stack.empty()) {
-    Node* n = stack.back();
+    const int ni = stack.back();
     stack.pop_back();
+    Node* n = nodes[ni];
     GW_CHECK(!n->released(), "backward through ", n->label(),
              " a second time: its saved tensors were freed by the previous backward; pass "
              "retain_graph = true to the first backward to keep them");
@@ -63,9 +71,14 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     GW_CHECK(n->device() == device, "backward: the graph spans devices (", n->label(), " ran on ",
              n->device().str(), ", others on ", device.str(),
              "); expected every node on one device");
+    std::vector<int> owners;
+    owners.reserve(n->inputs().size());
     for (const InputMeta& in : n->inputs()) {
-      if (in.edge.node) ++pending[discover(in.edge.node.get())];
+      const int o = in.edge.node ? discover(in.edge.node.get()) : -1;
+      if (o >= 0) ++pending[o];
+      owners.push_back(o);
     }
+    input_node[ni] = std::move(owners);
   }
 
   // 2. Order: a node runs once every node that feeds its gradient has run; among ready nodes the
@@ -76,28 +89,31 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     if (pending[i] == 0) ready.push(static_cast<int>(i));
   }
   std::vector<int> step_of(nodes.size(), -1);
-  std::unordered_map<cudaStream_t, int> stream_index{{caller_stream, 0}};
+  std::vector<int> node_of_step;  // the inverse of step_of
+  node_of_step.reserve(nodes.size());
+  plan.steps.reserve(nodes.size());
   while (!ready.empty()) {
     const int i = ready.top();
     ready.pop();
     Node* n = nodes[i];
     step_of[i] = static_cast<int>(plan.steps.size());
+    node_of_step.push_back(i);
     BackwardPlan::Step step;
     step.node = n;
-    auto [it, inserted] = stream_index.emplace(n->stream(), static_cast<int>(plan.streams.size()));
-    if (inserted) plan.streams.push_back(n->stream());
-    step.stream = it->second;
+    // Streams are few: a linear search beats a hash map.
+    const auto it = std::find(plan.streams.begin(), plan.streams.end(), n->stream());
+    step.stream = static_cast<int>(it - plan.streams.begin());
+    if (it == plan.streams.end()) plan.streams.push_back(n->stream());
     plan.steps.push_back(std::move(step));
-    for (const InputMeta& in : n->inputs()) {
-      if (in.edge.node && --pending[index.at(in.edge.node.get())] == 0) {
-        ready.push(index.at(in.edge.node.get()));
-      }
+    for (const int o : input_node[i]) {
+      if (o >= 0 && --pending[o] == 0) ready.push(o);
     }
   }
   GW_CHECK(plan.steps.size() == nodes.size(), "backward: the graph has a cycle");
 
   // 3. Buffers: one kGrad per step; one kLeaf per leaf reached; contributors in plan order.
   const int num_steps = static_cast<int>(plan.steps.size());
+  plan.buffers.reserve(2 * static_cast<std::size_t>(num_steps));
   for (int s = 0; s < num_steps; ++s) {
     BackwardPlan::Buffer b;
     b.kind = BackwardPlan::BufferKind::kGrad;
@@ -133,12 +149,13 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     }
   }
   for (int s = 0; s < num_steps; ++s) {
-    for (const InputMeta& in : plan.steps[s].node->inputs()) {
-      if (in.edge.node) {
-        plan.buffers[plan.steps[step_of[index.at(in.edge.node.get())]].grad_buffer]
-            .contributors.push_back(s);
-      } else if (in.edge.leaf.defined()) {
-        plan.buffers[leaf_buffer_of(in.edge.leaf)].contributors.push_back(s);
+    const auto& inputs = plan.steps[s].node->inputs();
+    const std::vector<int>& owners = input_node[node_of_step[s]];
+    for (std::size_t j = 0; j < inputs.size(); ++j) {
+      if (owners[j] >= 0) {
+        plan.buffers[plan.steps[step_of[owners[j]]].grad_buffer].contributors.push_back(s);
+      } else if (inputs[j].edge.leaf.defined()) {
+        plan.buffers[leaf_buffer_of(inputs[j].edge.leaf)].contributors.push_back(s);
       }
     }
   }
@@ -175,19 +192,32 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     plan.leaf_seeds.push_back({static_cast<int>(r), b,
                                !first || grad_write == GradWrite::kAccumulate});
   }
+  std::vector<int> producers;
   for (int s = 0; s < num_steps; ++s) {
     BackwardPlan::Step& step = plan.steps[s];
     // The contributions this step consumes were all made by earlier steps.
-    const BackwardPlan::Buffer& mine = plan.buffers[step.grad_buffer];
-    // Latest first: a wait on a later step of a stream covers its earlier steps.
-    for (auto c = mine.contributors.rbegin(); c != mine.contributors.rend(); ++c) depend(s, *c);
-
+    // Its producers: the contributors of its gradient, and the previous writer of every leaf it
+    // writes (writers of one .grad are serialized across streams). Waits are placed latest first:
+    // a wait on step q covers only steps before q, so no later-placed wait can make an earlier one
+    // redundant, and every wait placed is necessary.
     const auto& inputs = step.node->inputs();
+    const std::vector<int>& owners = input_node[node_of_step[s]];
+    producers.assign(plan.buffers[step.grad_buffer].contributors.begin(),
+                     plan.buffers[step.grad_buffer].contributors.end());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (owners[i] < 0 && inputs[i].edge.leaf.defined()) {
+        producers.push_back(leaf_last_writer[leaf_buffer_of(inputs[i].edge.leaf)]);
+      }
+    }
+    std::sort(producers.begin(), producers.end(), std::greater<int>());
+    producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
+    for (int q : producers) depend(s, q);
+
     step.writes.assign(inputs.size(), {});
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const Edge& e = inputs[i].edge;
-      if (e.node) {
-        const int owner = step_of[index.at(e.node.get())];
+      if (owners[i] >= 0) {
+        const int owner = step_of[owners[i]];
         const int gb = plan.steps[owner].grad_buffer;
         BackwardPlan::Buffer& target = plan.buffers[gb];
         const bool sole = target.contributors.size() == 1;
@@ -210,7 +240,6 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
         }
       } else if (e.leaf.defined()) {
         const int lb = leaf_buffer_of(e.leaf);
-        depend(s, leaf_last_writer[lb]);  // serialize writers of one .grad across streams
         const bool first = grad_written[lb]++ == 0;
         step.writes[i] = {lb, !first || grad_write == GradWrite::kAccumulate};
         leaf_last_writer[lb] = s;

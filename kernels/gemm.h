@@ -40,7 +40,7 @@ struct LtOptions {
   // GEMM. The bias gradient is written, never accumulated, whatever beta is.
   bool bias_grad_a = false;
   // Allow split-K algorithms (a second, reduction kernel on some): the heuristic's first choice.
-  // Without: only algorithms that run as one kernel with splitK = 1.
+  // Without: the same choice with its split removed (one kernel), where cuBLASLt accepts that.
   bool split_k = true;
   bool operator==(const LtOptions&) const = default;
 };
@@ -69,6 +69,7 @@ class LtGemm {
 
  private:
   void release() noexcept;
+  void unsplit();
   cublasLtHandle_t handle_;
   LtOptions options_;
   cublasLtMatmulDesc_t desc_ = nullptr;

@@ -145,13 +145,10 @@ TEST(BackwardPlanProperties, RandomTapesAreOrderedAndJoined) {
   EXPECT_GT(total_waits, 100) << "the random tapes should exercise cross-stream waits";
 }
 
-// Known gap, found by this test on 2026-11-30 and left for a session with GPU time to verify the
-// fix: plan_backward places a step's waits for its gradient's contributors first and for earlier
-// writers of the leaves it writes second, each latest-first, so a later leaf-writer wait can cover
-// an earlier contributor wait (a redundant cudaStreamWaitEvent: ~0.4 µs, never a wrong order). Fix:
-// collect all of a step's producers and place them in descending step order — a wait on step q
-// can only cover steps before q, so every wait is then necessary. Enable this test with that fix.
-TEST(BackwardPlanProperties, DISABLED_NoWaitIsRedundant) {
+// Minimality: dropping any single wait breaks some required ordering. (Found broken on 2026-11-30:
+// a step's leaf-writer waits were placed after its contributor waits and could cover one of them;
+// plan_backward now places all of a step's waits latest first.)
+TEST(BackwardPlanProperties, NoWaitIsRedundant) {
   int trial = 0;
   for (const auto& [tape, p] : random_plans()) {
     SCOPED_TRACE("trial " + std::to_string(trial++) + "\n" + p.dump());
