@@ -14,7 +14,10 @@
 #include <memory>
 #include <vector>
 
+#include "engine/blas.h"
 #include "engine/graphward.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 
 namespace gw = graphward;
 
@@ -96,6 +99,93 @@ BENCHMARK(BM_EagerBackward)
     ->Args({1, 32, 256, 64, 0})
     ->Args({4, 4, 1024, 256, 0})
     ->Args({4, 4, 1024, 256, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+// The hand-written launch floor of the same backward: the same kernels as graphward's backward
+// (relu backward, cuBLASLt GEMMs for dX, dW with db fused, the mse backward), launched directly on
+// preallocated buffers in the same order on one stream, with no autograd, no allocation and no
+// copies (the branches read the loss gradient directly). EagerBackward / this = graphward's overhead.
+void BM_HandWrittenBackward(benchmark::State& state) {
+  if (!gw::cuda_available()) {
+    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+    return;
+  }
+  const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
+  const std::int64_t n = state.range(2), batch = state.range(3);
+  Model m(k, d, n, batch, false);
+  const gw::Device dev = kDev;
+  const cudaStream_t s = gw::current_stream(dev);
+  // Forward once, keeping every layer's input and output.
+  std::vector<std::vector<gw::Tensor>> in(k), out(k);
+  gw::Tensor total;
+  {
+    gw::NoGradGuard no_grad;
+    for (int i = 0; i < k; ++i) {
+      gw::Tensor h = m.x;
+      for (int j = 0; j < d; ++j) {
+        in[i].push_back(h);
+        h = gw::relu(gw::linear(h, m.w[i][j], m.b[i][j]));
+        out[i].push_back(h);
+      }
+      total = total.defined() ? gw::add(total, h) : h;
+    }
+  }
+  const gw::Tensor one = gw::ones({1}, kF32), dtotal = gw::Tensor::empty({batch, n}, kF32);
+  std::vector<gw::Tensor> dz, dh, dw, db;
+  for (int i = 0; i < k; ++i) {
+    dz.push_back(gw::Tensor::empty({batch, n}, kF32));
+    dh.push_back(gw::Tensor::empty({batch, n}, kF32));
+  }
+  for (int i = 0; i < k * d; ++i) {
+    dw.push_back(gw::Tensor::empty({n, n}, kF32));
+    db.push_back(gw::Tensor::empty({n}, kF32));
+  }
+  namespace kk = graphward::kernels;
+  auto backward = [&] {
+    kk::mse_loss_backward(dtotal.data<float>(), nullptr, one.data<float>(), total.data<float>(),
+                          m.target.data<float>(), batch * n, false, false, s);
+    for (int i = k - 1; i >= 0; --i) {
+      const float* grad = dtotal.data<float>();  // d(output of layer j)
+      for (int j = d - 1; j >= 0; --j) {
+        kk::relu_backward(dz[i].data<float>(), grad, out[i][j].data<float>(), batch * n, false, s);
+        float* dwp = dw[i * d + j].data<float>();
+        float* dbp = db[i * d + j].data<float>();
+        if (!gw::gemm_bias_grad(dev, s, true, false, n, n, batch, 1.f, dz[i].data<float>(),
+                                in[i][j].data<float>(), 0.f, dwp, dbp)) {
+          gw::gemm(dev, s, true, false, n, n, batch, 1.f, dz[i].data<float>(),
+                   in[i][j].data<float>(), 0.f, dwp);
+          kk::column_sum(dbp, dz[i].data<float>(), nullptr, 1.f, batch, n, false, s);
+        }
+        if (j > 0) {
+          gw::gemm(dev, s, false, false, batch, n, n, 1.f, dz[i].data<float>(),
+                   m.w[i][j].data<float>(), 0.f, dh[i].data<float>());
+          grad = dh[i].data<float>();
+        }
+      }
+    }
+  };
+  for (int i = 0; i < 5; ++i) backward();
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  double host_total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    backward();
+    const auto t1 = std::chrono::steady_clock::now();
+    GW_CUDA_CHECK(cudaStreamSynchronize(s));
+    const auto t2 = std::chrono::steady_clock::now();
+    host_total += std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(std::chrono::duration<double>(t2 - t0).count());
+  }
+  state.counters["host_us"] = 1e6 * host_total / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_HandWrittenBackward)
+    ->Name("HandWrittenBackward")
+    ->ArgNames({"branches", "depth", "width", "batch"})
+    ->Args({4, 8, 256, 64})
+    ->Args({1, 32, 256, 64})
+    ->Args({4, 4, 1024, 256})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);

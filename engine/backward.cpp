@@ -163,7 +163,13 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
         const BackwardPlan::Write& w = step.writes[i];
         if (w.buffer < 0) continue;
         const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
-        slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate};
+        // A gradient buffer written by this step alone is only read after it: an op may store a
+        // gradient equal to its grad_out there without a copy (GradSlot::may_share). Never a
+        // leaf's .grad (persistent, accumulated by later backwards) or a staged buffer (added
+        // into its target in place).
+        const bool share = b.kind == Kind::kGrad && b.contributors.size() == 1 && !w.accumulate;
+        slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate,
+                    share};
       }
       step.node->apply(g, slots);
       if (timed) timing_event(device, 2 + 2 * step_index).record(s);

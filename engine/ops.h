@@ -10,7 +10,9 @@
 // Backward: gradients go into GradSlots (one per input). A slot with a null `tensor` is not
 // wanted and skipped. A slot whose tensor is undefined receives a new tensor, written (=). A slot
 // holding a tensor must match the input's shape, dtype and device; it is overwritten (=) or, with
-// `accumulate`, added to (+=), and its version is bumped.
+// `accumulate`, added to (+=), and its version is bumped. An undefined slot with `may_share` may
+// receive grad_out itself instead of a copy where the gradient equals it (add's, sub's first
+// operand): the caller promises that nothing writes the slot's tensor in place afterwards.
 //
 // Broadcasting (add, sub, mul): the operands have the same shape, or one of them is a row — shape
 // [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.
@@ -23,6 +25,7 @@ namespace graphward {
 struct GradSlot {
   Tensor* tensor = nullptr;
   bool accumulate = false;
+  bool may_share = false;
 };
 
 // ---- linear algebra --------------------------------------------------------------------------------

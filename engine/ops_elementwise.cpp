@@ -115,16 +115,32 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
     }
   };
   const float sign_b = kind == k::BinaryOp::kSub ? -1.f : 1.f;
+  // A gradient that equals grad_out (a full-shape operand of add, the first of sub) is passed
+  // through without a copy where the slot allows sharing (GradSlot::may_share).
+  auto pass_through = [&](const GradSlot& slot, const Tensor& self, float sign) {
+    if (kind == k::BinaryOp::kMul || sign != 1.f || !slot.may_share || slot.accumulate ||
+        slot.tensor->defined() || self.shape() != grad_out.shape()) {
+      return false;
+    }
+    *slot.tensor = grad_out;
+    return true;
+  };
+  const bool share_a = want_a && pass_through(grad_a, a, 1.f);
+  const bool share_b = want_b && pass_through(grad_b, b, sign_b);
   if (a.is_cuda()) {
     CudaScope scope(a.device());
     scope.read({&grad_out, &a, &b});
-    if (want_a) run_cuda(scope.stream(), grad_a, a, bc.a_period, b, bc.b_period, 1.f);
-    if (want_b) run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
+    if (want_a && !share_a) run_cuda(scope.stream(), grad_a, a, bc.a_period, b, bc.b_period, 1.f);
+    if (want_b && !share_b) run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
     return;
   }
   dispatch_cpu(a.dtype(), [&]<class T>() {
-    if (want_a) run_cpu.template operator()<T>(grad_a, a, bc.a_period, b, bc.b_period, T(1));
-    if (want_b) run_cpu.template operator()<T>(grad_b, b, bc.b_period, a, bc.a_period, T(sign_b));
+    if (want_a && !share_a) {
+      run_cpu.template operator()<T>(grad_a, a, bc.a_period, b, bc.b_period, T(1));
+    }
+    if (want_b && !share_b) {
+      run_cpu.template operator()<T>(grad_b, b, bc.b_period, a, bc.a_period, T(sign_b));
+    }
   });
 }
 

@@ -253,6 +253,37 @@ TEST(GradSlotsCpu, UndefinedSlotIsAllocatedAndNullSlotIsSkipped) {
   EXPECT_EQ(vals(ga2), vals(ga));
 }
 
+TEST(GradSlotsCpu, SharingSlotsReceiveGradOutItselfOnlyWhereTheGradientEqualsIt) {
+  const Tensor a = randn({2, 3}, 1), b = randn({2, 3}, 2), row = randn({3}, 4),
+               dy = randn({2, 3}, 3);
+  // add: both full-shape gradients equal dy: passed through, sharing dy's storage.
+  Tensor ga, gb;
+  add_backward(dy, a, b, {&ga, false, true}, {&gb, false, true});
+  EXPECT_EQ(ga.raw_data(), dy.raw_data());
+  EXPECT_EQ(gb.raw_data(), dy.raw_data());
+  // Without may_share: copies.
+  Tensor ca, cb;
+  add_backward(dy, a, b, {&ca}, {&cb});
+  EXPECT_NE(ca.raw_data(), dy.raw_data());
+  EXPECT_EQ(vals(ca), vals(dy));
+  // sub: only the first operand's gradient equals dy; the second is -dy, computed.
+  Tensor sa, sb;
+  sub_backward(dy, a, b, {&sa, false, true}, {&sb, false, true});
+  EXPECT_EQ(sa.raw_data(), dy.raw_data());
+  EXPECT_NE(sb.raw_data(), dy.raw_data());
+  EXPECT_EQ(vals(sb), vals(mul(dy, -1.0)));
+  // A row operand's gradient is a sum, never shared; a defined or accumulating slot is never
+  // replaced.
+  Tensor gr;
+  add_backward(dy, a, row, {}, {&gr, false, true});
+  EXPECT_NE(gr.raw_data(), dy.raw_data());
+  Tensor held = zeros({2, 3});
+  const void* held_data = held.raw_data();
+  add_backward(dy, a, b, {&held, true, true}, {});
+  EXPECT_EQ(held.raw_data(), held_data);
+  EXPECT_EQ(vals(held), vals(dy));
+}
+
 TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {
   // Σ over two halves of dW equals dW over the whole batch: the micro-batch contract.
   const Tensor x = randn({8, 5}, 1, f64()), w = randn({3, 5}, 2, f64()),
