@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -60,7 +62,7 @@ struct Model {
   }
 };
 
-void BM_EagerBackward(benchmark::State& state) {
+void eager_backward(benchmark::State& state, bool keep_graph) {
   if (!gw::cuda_available()) {
     state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
     return;
@@ -78,7 +80,7 @@ void BM_EagerBackward(benchmark::State& state) {
     const gw::Tensor loss = m.loss();
     GW_CUDA_CHECK(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
-    gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite});
+    gw::backward(loss, {.retain_graph = keep_graph, .grad_write = gw::GradWrite::kOverwrite});
     const auto t1 = std::chrono::steady_clock::now();
     GW_CUDA_CHECK(cudaStreamSynchronize(caller));
     const auto t2 = std::chrono::steady_clock::now();
@@ -90,6 +92,11 @@ void BM_EagerBackward(benchmark::State& state) {
   state.counters["nodes"] = static_cast<double>(nodes);
   state.counters["host_us_per_node"] = 1e6 * host_total / iters / static_cast<double>(nodes);
 }
+void BM_EagerBackward(benchmark::State& state) { eager_backward(state, false); }
+// With retain_graph: releasing the saved tensors is left out of the timing (the graph is freed when
+// the loss goes out of scope, untimed).
+void BM_EagerBackwardKeepGraph(benchmark::State& state) { eager_backward(state, true); }
+
 // args: branches, depth, width, batch, multistream
 BENCHMARK(BM_EagerBackward)
     ->Name("EagerBackward")
@@ -99,6 +106,13 @@ BENCHMARK(BM_EagerBackward)
     ->Args({1, 32, 256, 64, 0})
     ->Args({4, 4, 1024, 256, 0})
     ->Args({4, 4, 1024, 256, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EagerBackwardKeepGraph)
+    ->Name("EagerBackwardKeepGraph")
+    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
+    ->Args({4, 8, 256, 64, 0})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);
@@ -222,6 +236,36 @@ BENCHMARK(BM_EagerBackwardRetained)
     ->Args({4, 8})
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);
+
+// Where the eager backward's host time goes, per kind of node: a traced backward (StepTiming's
+// host_us) after a fresh forward, as in EagerBackward. Counters: mean host µs per step of each op,
+// and the sum over all steps (the rest of a backward is planning, seeds, fork/join and releasing
+// the graph). Tracing adds two event records per step.
+void BM_EagerBackwardTrace(benchmark::State& state) {
+  if (!gw::cuda_available()) {
+    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
+    return;
+  }
+  Model m(4, 8, 256, 64, false);
+  std::map<std::string, std::pair<double, int>> per_op;  // name -> (total µs, steps)
+  double steps_total = 0;
+  std::vector<gw::StepTiming> trace;
+  for (int i = 0; i < 5; ++i) gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite});
+  for (auto _ : state) {
+    const gw::Tensor loss = m.loss();
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
+    gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite, .timings = &trace});
+    for (const gw::StepTiming& t : trace) {
+      auto& [total, count] = per_op[t.label.substr(0, t.label.find('#'))];
+      total += t.host_us;
+      ++count;
+      steps_total += t.host_us;
+    }
+  }
+  for (const auto& [name, tc] : per_op) state.counters[name + "_us"] = tc.first / tc.second;
+  state.counters["steps_total_us"] = steps_total / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_EagerBackwardTrace)->Name("EagerBackwardTrace/4x8")->MinTime(0.3);
 
 void BM_PlanOnly(benchmark::State& state) {
   if (!gw::cuda_available()) {

@@ -1,5 +1,6 @@
 #include "engine/backward.h"
 
+#include <chrono>
 #include <optional>
 
 namespace graphward {
@@ -127,10 +128,14 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   }
 
   std::vector<Tensor> buffers(plan.buffers.size());
+  std::vector<double> host_us;  // per step, when timed
   {
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
     std::vector<GradSlot> slots;
+    if (timed) host_us.assign(plan.steps.size(), 0.0);
     for (const BackwardPlan::Step& step : plan.steps) {
+      const auto host_start = timed ? std::chrono::steady_clock::now()
+                                    : std::chrono::steady_clock::time_point{};
       const cudaStream_t s = plan.streams[step.stream];
       std::optional<StreamGuard> guard;
       if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
@@ -175,6 +180,11 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       if (timed) timing_event(device, 2 + 2 * step_index).record(s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
+      if (timed) {
+        host_us[step_index] = std::chrono::duration<double, std::micro>(
+                                  std::chrono::steady_clock::now() - host_start)
+                                  .count();
+      }
     }
   }
   // Join (rule 4): the caller's stream waits on every stream the backward used.
@@ -194,7 +204,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       const int k = static_cast<int>(i);
       timings->push_back({k, plan.steps[i].stream, plan.steps[i].node->label(),
                           timing_event(device, 1 + 2 * k).elapsed_ms_since(origin),
-                          timing_event(device, 2 + 2 * k).elapsed_ms_since(origin)});
+                          timing_event(device, 2 + 2 * k).elapsed_ms_since(origin), host_us[i]});
     }
   }
 #endif

@@ -19,13 +19,15 @@
 namespace graphward {
 
 // One step of a timed backward: when it started and ended on its stream, in milliseconds since
-// the backward began on the caller's stream (CUDA timing events around the step).
+// the backward began on the caller's stream (CUDA timing events around the step), and the host
+// time the executor spent issuing it (its waits, gradient sums, the node's backward and its event).
 struct StepTiming {
   int step;
   int stream;  // index into the plan's streams (0: the caller's)
   std::string label;
   float start_ms;
   float end_ms;
+  double host_us = 0;
 };
 
 struct BackwardOptions {
