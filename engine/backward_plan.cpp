@@ -21,6 +21,54 @@ namespace graphward {
 // order: the first writes (GradWrite::kOverwrite) or adds (kAccumulate), later ones add, and a
 // contributor on another stream than the previous one waits for it.
 
+namespace {
+
+// A small open-addressing map from pointers to indices, for planning: no allocation per entry
+// (std::unordered_map allocates a node per insert, and a plan is built every eager step).
+class PtrIndex {
+ public:
+  explicit PtrIndex(std::size_t expected) {
+    std::size_t cap = 16;
+    while (cap < 2 * expected) cap *= 2;
+    slots_.assign(cap, {nullptr, -1});
+  }
+  // The index stored for `key`, inserting `value` if absent; second: whether it was inserted.
+  std::pair<int, bool> emplace(const void* key, int value) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    auto& slot = find(key);
+    if (slot.first) return {slot.second, false};
+    slot = {key, value};
+    ++size_;
+    return {value, true};
+  }
+  int at(const void* key) const {
+    const auto& slot = const_cast<PtrIndex*>(this)->find(key);
+    GW_CHECK(slot.first != nullptr, "backward: internal error: a node missing from the plan");
+    return slot.second;
+  }
+
+ private:
+  std::pair<const void*, int>& find(const void* key) {
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = (reinterpret_cast<std::uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 7;
+    for (i &= mask;; i = (i + 1) & mask) {
+      if (slots_[i].first == key || slots_[i].first == nullptr) return slots_[i];
+    }
+  }
+  void grow() {
+    std::vector<std::pair<const void*, int>> old(slots_.size() * 2, {nullptr, -1});
+    old.swap(slots_);
+    size_ = 0;
+    for (const auto& [k, v] : old) {
+      if (k) emplace(k, v);
+    }
+  }
+  std::vector<std::pair<const void*, int>> slots_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace
+
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
                            GradWrite grad_write) {
   GW_CHECK(!roots.empty(), "backward: expected at least one root");
@@ -29,24 +77,23 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   plan.streams.push_back(caller_stream);
 
   // 1. The nodes reachable from the roots, and how many edges point at each (dependencies).
-  std::unordered_map<const Node*, int> index;  // node -> discovery index
+  PtrIndex index(64);  // node -> discovery index
   std::vector<Node*> nodes;
   std::vector<int> pending;  // per discovered node: edges from reachable nodes not yet run
   // Per discovered node, per input: the discovery index of the input's node, or -1 (a leaf or no
   // edge). Looked up once here; every later stage reads it.
   std::vector<std::vector<int>> input_node;
   std::vector<int> stack;
-  index.reserve(64);
   nodes.reserve(64);
   auto discover = [&](Node* n) {
-    auto [it, inserted] = index.emplace(n, static_cast<int>(nodes.size()));
+    const auto [i, inserted] = index.emplace(n, static_cast<int>(nodes.size()));
     if (inserted) {
       nodes.push_back(n);
       pending.push_back(0);
       input_node.emplace_back();
-      stack.push_back(it->second);
+      stack.push_back(i);
     }
-    return it->second;
+    return i;
   };
   Device device = Device::cpu();
   bool have_device = false;
@@ -124,9 +171,10 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     plan.steps[s].grad_buffer = static_cast<int>(plan.buffers.size());
     plan.buffers.push_back(std::move(b));
   }
-  std::unordered_map<const Tensor*, int> leaf_buffer;  // keyed by the leaf's shared .grad slot
+  PtrIndex leaf_buffer(64);  // keyed by the leaf's shared .grad slot
   auto leaf_buffer_of = [&](const Tensor& leaf) {
-    auto [it, inserted] = leaf_buffer.emplace(&leaf.grad(), static_cast<int>(plan.buffers.size()));
+    const auto [found, inserted] =
+        leaf_buffer.emplace(&leaf.grad(), static_cast<int>(plan.buffers.size()));
     if (inserted) {
       BackwardPlan::Buffer b;
       b.kind = BackwardPlan::BufferKind::kLeaf;
@@ -134,7 +182,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
       b.shape = leaf.shape();
       plan.buffers.push_back(std::move(b));
     }
-    return it->second;
+    return found;
   };
   plan.root_steps.assign(roots.size(), -1);
   for (std::size_t r = 0; r < roots.size(); ++r) {
@@ -170,7 +218,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   // per stream: clock[s][p] is the last step of stream p that stream s is known to follow.
   const int k = static_cast<int>(plan.streams.size());
   std::vector<std::vector<int>> clock(k, std::vector<int>(k, -1));
-  std::vector<std::vector<int>> snapshot(num_steps);
+  std::vector<int> snapshot(static_cast<std::size_t>(num_steps) * k);  // per step: its clock
   std::vector<int> grad_written(plan.buffers.size(), 0);  // direct writes so far, per buffer
   std::vector<int> leaf_last_writer(plan.buffers.size(), BackwardPlan::kSeed);
   auto depend = [&](int consumer, int producer) {
@@ -181,7 +229,8 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     if (p.event < 0) p.event = plan.num_events++;
     plan.steps[consumer].waits.push_back(static_cast<int>(plan.waits.size()));
     plan.waits.push_back({producer, consumer, p.event});
-    for (int x = 0; x < k; ++x) clock[cs][x] = std::max(clock[cs][x], snapshot[producer][x]);
+    const int* seen = &snapshot[static_cast<std::size_t>(producer) * k];
+    for (int x = 0; x < k; ++x) clock[cs][x] = std::max(clock[cs][x], seen[x]);
   };
 
   // Leaf roots: the seed is the first contribution.
@@ -246,7 +295,8 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
       }
     }
     clock[step.stream][step.stream] = s;
-    snapshot[s] = clock[step.stream];
+    std::copy(clock[step.stream].begin(), clock[step.stream].end(),
+              snapshot.begin() + static_cast<std::ptrdiff_t>(s) * k);
   }
 
   // 5. Forks and joins: every stream the backward uses other than the caller's (rule 4).

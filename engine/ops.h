@@ -12,7 +12,9 @@
 // holding a tensor must match the input's shape, dtype and device; it is overwritten (=) or, with
 // `accumulate`, added to (+=), and its version is bumped. An undefined slot with `may_share` may
 // receive grad_out itself instead of a copy where the gradient equals it (add's, sub's first
-// operand): the caller promises that nothing writes the slot's tensor in place afterwards.
+// operand): the caller promises that nothing writes the slot's tensor in place afterwards. An
+// activation's backward given such a slot and a grad_out that is the only handle on its storage
+// (Tensor::is_unique) computes its gradient in place, into grad_out's memory, and stores that.
 //
 // Broadcasting (add, sub, mul): the operands have the same shape, or one of them is a row — shape
 // [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.

@@ -199,11 +199,20 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
   check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
+  // In place (GradSlot::may_share): dx overwrites dy elementwise, in grad_out's own memory, when
+  // no other handle can see it; then the slot takes grad_out. Saves an allocation and a free.
+  const bool in_place = grad_x.may_share && !grad_x.accumulate && !grad_x.tensor->defined() &&
+                        grad_out.is_unique();
   if (y.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(y.device());
     scope.read({&grad_out, &y});
-    const bool acc = open_slot(grad_x, y, scope.stream());
+    if (in_place) {
+      grad_out.storage()->sync_for_write(scope.stream());
+      grad_out.bump_version();
+      *grad_x.tensor = grad_out;
+    }
+    const bool acc = !in_place && open_slot(grad_x, y, scope.stream());
     float* dx = grad_x.tensor->data<float>();
     const float *dy = grad_out.data<float>(), *out = y.data<float>();
     switch (act) {
@@ -214,7 +223,11 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
     return;
 #endif
   }
-  const bool acc = open_slot(grad_x, y, nullptr);
+  if (in_place) {
+    grad_out.bump_version();
+    *grad_x.tensor = grad_out;
+  }
+  const bool acc = !in_place && open_slot(grad_x, y, nullptr);
   dispatch_cpu(y.dtype(), [&]<class T>() {
     T* dx = slot_ptr<T>(grad_x);
     const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);

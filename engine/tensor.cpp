@@ -41,6 +41,11 @@ std::uint64_t Tensor::version() const { return impl().storage->version(); }
 void Tensor::bump_version() const { impl().storage->bump_version(); }
 const std::shared_ptr<Storage>& Tensor::storage() const { return impl().storage; }
 
+bool Tensor::is_unique() const {
+  return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && !impl_->grad_fn &&
+         !impl_->requires_grad;
+}
+
 std::int64_t Tensor::size(std::int64_t d) const {
   const std::int64_t n = dim();
   GW_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d, " is out of range for a tensor of shape ",

@@ -57,6 +57,9 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const;
   // Whether two tensors share storage.
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // Whether this handle is the only one on its storage (no other handle, no detached view): then
+  // nothing else can observe an in-place write. Single-threaded use only.
+  bool is_unique() const;
 
   // A copy on `device` (a new tensor, even when the device is the same). Copies to the CPU wait
   // for the copy to finish (a host read: it synchronizes with the current stream).

@@ -4,7 +4,8 @@
 // Contract (all launchers): outputs first, then inputs, then sizes, then the stream. Launchers
 // never allocate, never synchronize and check their launch, so each is safe to capture.
 // Backward launchers write their gradient (`accumulate` = false: dx = ...) or add to it
-// (`accumulate` = true: dx += ...). A forward output may be its own input (y == x: in place).
+// (`accumulate` = true: dx += ...). A forward output may be its own input (y == x: in place), and
+// an activation's backward may write over its incoming gradient (dx == dy).
 //
 // Broadcasting: a binary operand is read at index i % period, where period is n (same shape as the
 // output), the last dimension (a row broadcast over the rows) or 1 (a single element).

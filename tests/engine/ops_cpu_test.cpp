@@ -284,6 +284,34 @@ TEST(GradSlotsCpu, SharingSlotsReceiveGradOutItselfOnlyWhereTheGradientEqualsIt)
   EXPECT_EQ(vals(held), vals(dy));
 }
 
+TEST(GradSlotsCpu, ActivationBackwardWritesInPlaceOnlyIntoAUniqueGradOut) {
+  const Tensor y = relu(randn({3, 5}, 7));
+  const Tensor dy_values = randn({3, 5}, 8);
+  Tensor expected;
+  relu_backward(dy_values, y, {&expected});
+  // A unique grad_out and a sharing slot: computed in place, the slot takes grad_out's memory.
+  Tensor dy = dy_values.clone();
+  const void* dy_data = dy.raw_data();
+  Tensor dx;
+  relu_backward(dy, y, {&dx, false, true});
+  EXPECT_EQ(dx.raw_data(), dy_data);
+  EXPECT_EQ(vals(dx), vals(expected));
+  // Another handle on grad_out's storage (here: the caller's copy): never in place.
+  Tensor dy2 = dy_values.clone();
+  const Tensor other_handle = dy2.detach();
+  Tensor dx2;
+  relu_backward(dy2, y, {&dx2, false, true});
+  EXPECT_NE(dx2.raw_data(), dy2.raw_data());
+  EXPECT_EQ(vals(dy2), vals(dy_values));  // untouched
+  EXPECT_EQ(vals(dx2), vals(expected));
+  // Without may_share: never in place.
+  Tensor dy3 = dy_values.clone();
+  Tensor dx3;
+  relu_backward(dy3, y, {&dx3});
+  EXPECT_NE(dx3.raw_data(), dy3.raw_data());
+  EXPECT_EQ(vals(dy3), vals(dy_values));
+}
+
 TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {
   // Σ over two halves of dW equals dW over the whole batch: the micro-batch contract.
   const Tensor x = randn({8, 5}, 1, f64()), w = randn({3, 5}, 2, f64()),
