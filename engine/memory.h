@@ -70,6 +70,13 @@ class Storage {
   void sync_for_read(cudaStream_t stream);
   // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes producer.
   void sync_for_write(cudaStream_t stream);
+  // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
+  // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
+  // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
+  bool used_only_on(cudaStream_t stream) const {
+    return device_.is_cpu() ||
+           (alloc_stream_ == stream && producer_ == stream && other_streams_.empty());
+  }
 
  private:
   Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream);

@@ -200,12 +200,15 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
   // In place (GradSlot::may_share): dx overwrites dy elementwise, in grad_out's own memory, when
-  // no other handle can see it; then the slot takes grad_out. Saves an allocation and a free.
-  const bool in_place = grad_x.may_share && !grad_x.accumulate && !grad_x.tensor->defined() &&
-                        grad_out.is_unique();
+  // no other handle can see it and no other stream ever used that memory (another stream may still
+  // be reading it on the GPU: a handle count says nothing about queued work); then the slot takes
+  // grad_out. Saves an allocation and a free.
+  bool in_place = grad_x.may_share && !grad_x.accumulate && !grad_x.tensor->defined() &&
+                  grad_out.is_unique();
   if (y.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(y.device());
+    in_place = in_place && grad_out.storage()->used_only_on(scope.stream());
     scope.read({&grad_out, &y});
     if (in_place) {
       grad_out.storage()->sync_for_write(scope.stream());

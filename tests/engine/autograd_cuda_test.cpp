@@ -3,6 +3,7 @@
 // with no extra synchronization.
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "test_util.h"
 
@@ -168,6 +169,55 @@ TEST_F(CudaAutograd, GradientsAreReadableOnTheCallersStreamRightAfterBackward) {
   side.synchronize();
   ASSERT_TRUE(w.grad().defined());
   EXPECT_EQ(seen.to_vector<float>(), w.grad().to_vector<float>());
+}
+
+TEST_F(CudaAutograd, SharedGradientIsNotOverwrittenWhileAnotherStreamStillReadsIt) {
+  // add() passes its gradient to both operands without a copy (GradSlot::may_share), so the two
+  // branches' relu steps, on two streams, read one buffer. The second of them holds the last
+  // handle to it, but the first — on a stream kept busy here by a 2048³ GEMM chain — may not have
+  // read it yet on the GPU: writing the relu gradient in place there would corrupt the other
+  // branch's gradient. Bitwise equality with the single-stream backward catches it.
+  Stream s0(kGpu), s1(kGpu);
+  const Tensor w0 = uniform({256, 256}, -0.06, 0.06, 1, kF32Gpu).set_requires_grad(true);
+  const Tensor w1 = uniform({256, 256}, -0.06, 0.06, 2, kF32Gpu).set_requires_grad(true);
+  const Tensor x = randn({64, 256}, 3, kF32Gpu), target = randn({64, 256}, 4, kF32Gpu);
+  const Tensor big0 = mul(randn({2048, 2048}, 5, kF32Gpu), 1.0 / 45.0);
+  auto loss_on = [&](Stream* a, Stream* b) {
+    Tensor h0, h1;
+    {
+      std::optional<StreamGuard> g;
+      if (a) g.emplace(*a);
+      h0 = relu(linear(x, w0));
+    }
+    {
+      std::optional<StreamGuard> g;
+      if (b) g.emplace(*b);
+      h1 = relu(linear(x, w1));
+    }
+    return mse_loss(add(h0, h1), target);
+  };
+  backward(loss_on(nullptr, nullptr));
+  const std::vector<float> ref0 = w0.grad().to_vector<float>(), ref1 = w1.grad().to_vector<float>();
+  for (int rep = 0; rep < 2; ++rep) {
+    const Tensor loss = loss_on(&s0, &s1);
+    // The relu step the plan runs first is the reader that must not be overtaken: delay its stream.
+    const BackwardPlan plan = plan_for({loss});
+    int first_relu = -1;
+    for (std::size_t i = 0; i < plan.steps.size() && first_relu < 0; ++i) {
+      if (plan.steps[i].node->name() == "relu") first_relu = static_cast<int>(i);
+    }
+    ASSERT_GE(first_relu, 0) << plan.dump();
+    const cudaStream_t reader = plan.streams[plan.steps[first_relu].stream];
+    ASSERT_TRUE(reader == s0.get() || reader == s1.get()) << plan.dump();
+    {
+      StreamGuard g(kGpu, reader);
+      Tensor busy = big0;
+      for (int i = 0; i < 6; ++i) busy = matmul(busy, busy);
+    }
+    backward(loss, {.grad_write = GradWrite::kOverwrite});
+    EXPECT_EQ(w0.grad().to_vector<float>(), ref0) << "repetition " << rep;
+    EXPECT_EQ(w1.grad().to_vector<float>(), ref1) << "repetition " << rep;
+  }
 }
 
 TEST_F(CudaAutograd, SeedProducedOnAnotherStreamIsWaitedFor) {
