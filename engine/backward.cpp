@@ -69,10 +69,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
   thread_local EagerExecutor executor;
-  executor.run(plan, seeds, device, options.timings);
-  if (!options.retain_graph) {
-    for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
-  }
+  executor.run(plan, seeds, device, options.timings, !options.retain_graph);
 }
 
 // ---- EagerExecutor ---------------------------------------------------------------------------------
@@ -94,7 +91,7 @@ Event& EagerExecutor::timing_event(Device device, int i) {
 }
 
 void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                        std::vector<StepTiming>* timings) {
+                        std::vector<StepTiming>* timings, bool release_saved) {
   using Kind = BackwardPlan::BufferKind;
   // Note [Check, then write]: refuse before launching anything.
   for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
@@ -177,6 +174,10 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
                     share};
       }
       step.node->apply(g, slots);
+      // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
+      // that the activations' memory is back in the pool for the rest of the backward (rule 7
+      // orders each free after the streams that read it).
+      if (release_saved) step.node->release_saved();
       if (timed) timing_event(device, 2 + 2 * step_index).record(s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)

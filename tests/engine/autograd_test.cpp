@@ -119,6 +119,20 @@ TEST(AutogradCpu, RetainGraphAllowsASecondBackwardAndItsAbsenceIsAnError) {
   EXPECT_EQ(values(w.grad()), before) << "a refused backward must write nothing";
 }
 
+TEST(AutogradCpu, BackwardWithoutRetainGraphFreesTheSavedActivations) {
+  // The relu output h is saved by relu (its backward reads it) and by mul; after a backward
+  // without retain_graph only the caller's handle is left on its memory. With retain_graph the
+  // graph still holds it.
+  const Tensor w = param({4}, 1);
+  const Tensor h = relu(w);
+  const Tensor loss = sum(mul(h, w));
+  EXPECT_GT(h.storage().use_count(), 1);
+  backward(loss, {.retain_graph = true});
+  EXPECT_GT(h.storage().use_count(), 1);
+  backward(loss);
+  EXPECT_EQ(h.storage().use_count(), 1);
+}
+
 TEST(AutogradCpu, UnusedInputsAndBranchesGetNoGradient) {
   const Tensor used = param({3}, 1), unused = param({3}, 2), side = param({3}, 3);
   const Tensor branch_not_in_loss = mul(side, 2.0);  // computed, never part of the loss
