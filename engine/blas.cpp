@@ -16,36 +16,60 @@ namespace graphward {
 #if GRAPHWARD_HAS_CUDA
 namespace {
 
-// Move-only owner of a cublasHandle_t.
-class BlasHandle {
+// An owned cuBLAS or cuBLASLt handle of one device: created with the device current, configured,
+// destroyed at the end with the device current again (a failure to destroy is logged, never thrown).
+template <class Traits>
+class OwnedHandle {
  public:
-  explicit BlasHandle(Device device) : device_(device) {
+  using Handle = typename Traits::Handle;
+  explicit OwnedHandle(Device device) : device_(device) {
     DeviceGuard guard(device);
-    GW_CUBLAS_CHECK(cublasCreate(&handle_));
-    const cublasStatus_t mode = cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH);  // no TF32
-    if (mode != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(handle_);
-      GW_CUBLAS_CHECK(mode);
+    GW_CUBLAS_CHECK(Traits::create(&handle_));
+    try {
+      Traits::configure(handle_);
+    } catch (...) {
+      Traits::destroy(handle_);
+      throw;
     }
   }
-  ~BlasHandle() {
-    if (handle_) {
+  ~OwnedHandle() {
+    if (!handle_) return;
+    try {
       DeviceGuard guard(device_);
-      const cublasStatus_t st = cublasDestroy(handle_);
-      if (st != CUBLAS_STATUS_SUCCESS) {
-        detail::log_error(__FILE__, __LINE__, "cublasDestroy failed while releasing a handle");
+      if (Traits::destroy(handle_) != CUBLAS_STATUS_SUCCESS) {
+        detail::log_error(__FILE__, __LINE__, Traits::kDestroyFailed);
       }
+    } catch (...) {
+      detail::log_error(__FILE__, __LINE__, Traits::kDestroyFailed);
     }
   }
-  BlasHandle(const BlasHandle&) = delete;
-  BlasHandle& operator=(const BlasHandle&) = delete;
-
-  cublasHandle_t get() const { return handle_; }
+  OwnedHandle(const OwnedHandle&) = delete;
+  OwnedHandle& operator=(const OwnedHandle&) = delete;
+  Handle get() const { return handle_; }
 
  private:
   Device device_;
-  cublasHandle_t handle_ = nullptr;
+  Handle handle_ = nullptr;
 };
+
+struct CublasTraits {
+  using Handle = cublasHandle_t;
+  static constexpr const char* kDestroyFailed = "cublasDestroy failed while releasing a handle";
+  static cublasStatus_t create(Handle* h) { return cublasCreate(h); }
+  static cublasStatus_t destroy(Handle h) { return cublasDestroy(h); }
+  static void configure(Handle h) {
+    GW_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));  // no TF32
+  }
+};
+struct CublasLtTraits {
+  using Handle = cublasLtHandle_t;
+  static constexpr const char* kDestroyFailed = "cublasLtDestroy failed while releasing a handle";
+  static cublasStatus_t create(Handle* h) { return cublasLtCreate(h); }
+  static cublasStatus_t destroy(Handle h) { return cublasLtDestroy(h); }
+  static void configure(Handle) {}
+};
+using BlasHandle = OwnedHandle<CublasTraits>;
+using LtHandle = OwnedHandle<CublasLtTraits>;
 
 // One handle per stream, bound once to that stream and its own workspace.
 struct StreamBlas {
@@ -56,27 +80,6 @@ struct StreamBlas {
   }
   BlasHandle handle;
   DeviceBuffer workspace;
-};
-
-// Move-only owner of a cublasLtHandle_t.
-class LtHandle {
- public:
-  explicit LtHandle(Device device) : device_(device) {
-    DeviceGuard guard(device);
-    GW_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  }
-  ~LtHandle() {
-    if (handle_ && cublasLtDestroy(handle_) != CUBLAS_STATUS_SUCCESS) {
-      detail::log_error(__FILE__, __LINE__, "cublasLtDestroy failed while releasing a handle");
-    }
-  }
-  LtHandle(const LtHandle&) = delete;
-  LtHandle& operator=(const LtHandle&) = delete;
-  cublasLtHandle_t get() const { return handle_; }
-
- private:
-  Device device_;
-  cublasLtHandle_t handle_ = nullptr;
 };
 
 struct GemmKey {
