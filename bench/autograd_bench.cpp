@@ -12,8 +12,8 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/blas.h"
@@ -92,10 +92,14 @@ void eager_backward(benchmark::State& state, bool keep_graph) {
   state.counters["nodes"] = static_cast<double>(nodes);
   state.counters["host_us_per_node"] = 1e6 * host_total / iters / static_cast<double>(nodes);
 }
-void BM_EagerBackward(benchmark::State& state) { eager_backward(state, false); }
+void BM_EagerBackward(benchmark::State& state) {
+  eager_backward(state, false);
+}
 // With retain_graph: releasing the saved tensors is left out of the timing (the graph is freed when
 // the loss goes out of scope, untimed).
-void BM_EagerBackwardKeepGraph(benchmark::State& state) { eager_backward(state, true); }
+void BM_EagerBackwardKeepGraph(benchmark::State& state) {
+  eager_backward(state, true);
+}
 
 // args: branches, depth, width, batch, multistream
 BENCHMARK(BM_EagerBackward)
@@ -120,7 +124,8 @@ BENCHMARK(BM_EagerBackwardKeepGraph)
 // The hand-written launch floor of the same backward: the same kernels as graphward's backward
 // (relu backward, cuBLASLt GEMMs for dX, dW with db fused, the mse backward), launched directly on
 // preallocated buffers in the same order on one stream, with no autograd, no allocation and no
-// copies (the branches read the loss gradient directly). EagerBackward / this = graphward's overhead.
+// copies (the branches read the loss gradient directly). EagerBackward / this = graphward's
+// overhead.
 void BM_HandWrittenBackward(benchmark::State& state) {
   if (!gw::cuda_available()) {
     state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());

@@ -30,8 +30,8 @@ void Node::check_saved() const {
            "retain_graph = true to the first backward to keep them");
   for (const SavedTensor& s : saved_) {
     GW_CHECK(s.tensor.version() == s.version, "one of the tensors needed for the gradient of ",
-             label(), " was modified in place: '", s.name, "' (", s.tensor.str(), ") is at version ",
-             s.tensor.version(), "; expected version ", s.version,
+             label(), " was modified in place: '", s.name, "' (", s.tensor.str(),
+             ") is at version ", s.tensor.version(), "; expected version ", s.version,
              " (the version when the forward saved it)");
   }
 }
@@ -51,9 +51,15 @@ void Node::release_saved() {
   released_ = true;
 }
 
-bool grad_mode_enabled() { return t_grad_mode; }
-NoGradGuard::NoGradGuard() : previous_(t_grad_mode) { t_grad_mode = false; }
-NoGradGuard::~NoGradGuard() { t_grad_mode = previous_; }
+bool grad_mode_enabled() {
+  return t_grad_mode;
+}
+NoGradGuard::NoGradGuard() : previous_(t_grad_mode) {
+  t_grad_mode = false;
+}
+NoGradGuard::~NoGradGuard() {
+  t_grad_mode = previous_;
+}
 
 std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t stream,
                                 std::vector<InputMeta> inputs, Shape output_shape,
@@ -95,8 +101,7 @@ void record(const char* op, const Tensor& output, std::initializer_list<const Te
   }
   output.set_grad_fn(std::make_shared<Node>(op, output.device(),
                                             output.storage()->producer_stream(), std::move(metas),
-                                            std::move(saved), output.shape(),
-                                            std::move(backward)));
+                                            std::move(saved), output.shape(), std::move(backward)));
 }
 
 }  // namespace autograd_detail

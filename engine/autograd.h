@@ -87,7 +87,8 @@ class Node {
   bool released_ = false;
 };
 
-// ---- grad mode ---------------------------------------------------------------------------------------
+// ---- grad mode
+// ---------------------------------------------------------------------------------------
 bool grad_mode_enabled();
 // Turns recording off for the scope (per thread), e.g. for optimizer updates.
 class NoGradGuard {
@@ -109,8 +110,8 @@ std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t st
 namespace autograd_detail {
 // Whether an op over `inputs` must be recorded.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
-// Records `output` as produced by a node named `op` over `inputs`, saving `saved`. The node's stream
-// is the stream that produced `output`.
+// Records `output` as produced by a node named `op` over `inputs`, saving `saved`. The node's
+// stream is the stream that produced `output`.
 void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
             std::vector<SavedTensor> saved, Node::BackwardFn backward);
 SavedTensor save(const char* name, const Tensor& t);

@@ -46,8 +46,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
               BackwardOptions options) {
   const Device device = roots_device(roots);
   const std::vector<PlanRoot> proots = plan_roots(roots);
-  GW_CHECK(seeds_in.empty() || seeds_in.size() == roots.size(), "backward: got ",
-           seeds_in.size(), " seed gradients for ", roots.size(),
+  GW_CHECK(seeds_in.empty() || seeds_in.size() == roots.size(), "backward: got ", seeds_in.size(),
+           " seed gradients for ", roots.size(),
            " roots; expected one per root, or none for one-element roots");
   std::vector<Tensor> seeds(roots.size());
   for (std::size_t r = 0; r < roots.size(); ++r) {
@@ -72,7 +72,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   executor.run(plan, seeds, device, options.timings, !options.retain_graph);
 }
 
-// ---- EagerExecutor ---------------------------------------------------------------------------------
+// ---- EagerExecutor
+// ---------------------------------------------------------------------------------
 
 Event& EagerExecutor::event(Device device, int i) {
   if (!(events_device_ == device)) {
@@ -98,10 +99,10 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   for (const BackwardPlan::Buffer& b : plan.buffers) {
     if (b.kind != Kind::kLeaf || !b.leaf.grad().defined()) continue;
     const Tensor& g = b.leaf.grad();
-    GW_CHECK(g.shape() == b.leaf.shape() && g.dtype() == b.leaf.dtype() &&
-                 g.device() == b.leaf.device(),
-             "backward: the .grad of leaf ", b.leaf.str(), " is ", g.str(),
-             "; expected the leaf's shape, dtype and device");
+    GW_CHECK(
+        g.shape() == b.leaf.shape() && g.dtype() == b.leaf.dtype() && g.device() == b.leaf.device(),
+        "backward: the .grad of leaf ", b.leaf.str(), " is ", g.str(),
+        "; expected the leaf's shape, dtype and device");
   }
   const bool gpu = device.is_cuda();
   const cudaStream_t caller = plan.streams[0];
@@ -131,8 +132,8 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
     std::vector<GradSlot> slots;
     if (timed) host_us.assign(plan.steps.size(), 0.0);
     for (const BackwardPlan::Step& step : plan.steps) {
-      const auto host_start = timed ? std::chrono::steady_clock::now()
-                                    : std::chrono::steady_clock::time_point{};
+      const auto host_start =
+          timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       const cudaStream_t s = plan.streams[step.stream];
       std::optional<StreamGuard> guard;
       if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
@@ -182,9 +183,9 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
       if (timed) {
-        host_us[step_index] = std::chrono::duration<double, std::micro>(
-                                  std::chrono::steady_clock::now() - host_start)
-                                  .count();
+        host_us[step_index] =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
+                .count();
       }
     }
   }

@@ -57,10 +57,10 @@ class EagerExecutor {
   EagerExecutor(const EagerExecutor&) = delete;
   EagerExecutor& operator=(const EagerExecutor&) = delete;
 
-  // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's nodes.
-  // With `timings`, also times every step (see BackwardOptions::timings). With `release_saved`
-  // (a backward without retain_graph), each node's saved tensors are freed right after its step;
-  // if a step throws, the nodes before it are already released.
+  // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's
+  // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
+  // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
+  // after its step; if a step throws, the nodes before it are already released.
   void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
            std::vector<StepTiming>* timings = nullptr, bool release_saved = false);
 

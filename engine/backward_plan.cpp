@@ -238,8 +238,8 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     if (roots[r].node) continue;
     const int b = leaf_buffer_of(roots[r].leaf);
     const bool first = grad_written[b]++ == 0;
-    plan.leaf_seeds.push_back({static_cast<int>(r), b,
-                               !first || grad_write == GradWrite::kAccumulate});
+    plan.leaf_seeds.push_back(
+        {static_cast<int>(r), b, !first || grad_write == GradWrite::kAccumulate});
   }
   std::vector<int> producers;
   for (int s = 0; s < num_steps; ++s) {
@@ -310,9 +310,12 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
 namespace {
 const char* kind_name(BackwardPlan::BufferKind k) {
   switch (k) {
-    case BackwardPlan::BufferKind::kGrad: return "grad";
-    case BackwardPlan::BufferKind::kStaged: return "staged";
-    case BackwardPlan::BufferKind::kLeaf: return "leaf";
+    case BackwardPlan::BufferKind::kGrad:
+      return "grad";
+    case BackwardPlan::BufferKind::kStaged:
+      return "staged";
+    case BackwardPlan::BufferKind::kLeaf:
+      return "leaf";
   }
   return "?";
 }
@@ -361,7 +364,8 @@ std::string BackwardPlan::dump() const {
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     const Buffer& buf = buffers[b];
     os << "  b" << b << ": " << kind_name(buf.kind) << " " << shape_str(buf.shape);
-    if (buf.kind != BufferKind::kLeaf) os << " on s" << buf.stream << ", read by step " << buf.owner;
+    if (buf.kind != BufferKind::kLeaf)
+      os << " on s" << buf.stream << ", read by step " << buf.owner;
     if (buf.kind == BufferKind::kStaged) os << " into b" << buf.target;
     os << ", written by [";
     for (std::size_t c = 0; c < buf.contributors.size(); ++c) {

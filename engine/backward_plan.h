@@ -6,13 +6,13 @@
 // A plan lists the nodes to run in a valid order with the stream of each (the stream its forward
 // ran on, DESIGN.md rule 2); every cross-stream wait as an explicit (producer step, consumer step,
 // event) record (rule 3); the streams forked from the caller's stream at the start and joined back
-// at the end (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and 5)
-// and its first and last use. Note [Gradient buffers] in backward_plan.cpp says how contributions
-// are routed.
+// at the end (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and
+// 5) and its first and last use. Note [Gradient buffers] in backward_plan.cpp says how
+// contributions are routed.
 //
-// Waits are minimal: a stream that already waited on a later step of the producer's stream (directly
-// or through another stream) gets no second wait — a vector clock per stream tracks what each stream
-// has seen.
+// Waits are minimal: a stream that already waited on a later step of the producer's stream
+// (directly or through another stream) gets no second wait — a vector clock per stream tracks what
+// each stream has seen.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,7 +26,8 @@ namespace graphward {
 // this backward overwrites .grad (then later ones add).
 enum class GradWrite : std::uint8_t { kAccumulate, kOverwrite };
 
-// A root of a backward: the node that produced the root tensor, or the root itself when it is a leaf.
+// A root of a backward: the node that produced the root tensor, or the root itself when it is a
+// leaf.
 struct PlanRoot {
   std::shared_ptr<Node> node;
   Tensor leaf;
@@ -42,29 +43,30 @@ struct BackwardPlan {
 
   struct Buffer {
     BufferKind kind = BufferKind::kGrad;
-    int owner = -1;     // kGrad/kStaged: the step that consumes it; kLeaf: -1
-    int target = -1;    // kStaged: the kGrad buffer it is added into
-    Tensor leaf;        // kLeaf: the leaf
+    int owner = -1;   // kGrad/kStaged: the step that consumes it; kLeaf: -1
+    int target = -1;  // kStaged: the kGrad buffer it is added into
+    Tensor leaf;      // kLeaf: the leaf
     Shape shape;
-    int stream = 0;     // where it is accumulated: the owner's stream (kLeaf: each contributor's)
+    int stream = 0;  // where it is accumulated: the owner's stream (kLeaf: each contributor's)
     std::vector<int> contributors;  // steps in plan order; kSeed for a seed
     int first_use = -1;  // first step that writes or reads it (kSeed contributions count as -1)
     int last_use = -1;   // last step that reads (kGrad/kStaged) or writes (kLeaf) it
   };
-  // Where one input's gradient goes: nowhere (buffer -1), or into a buffer, written (=) or added (+=).
+  // Where one input's gradient goes: nowhere (buffer -1), or into a buffer, written (=) or added
+  // (+=).
   struct Write {
     int buffer = -1;
     bool accumulate = false;
   };
   struct Step {
-    Node* node = nullptr;  // not owned: the roots keep the graph alive
-    int stream = 0;        // index into streams
-    int grad_buffer = -1;  // the kGrad buffer this step consumes
-    std::vector<Write> writes;      // one per node input
-    std::vector<int> staged;        // kStaged buffers (and kSeed via seeds) added into grad_buffer first
-    std::vector<int> seeds;         // root indices whose seed is added into grad_buffer first
-    std::vector<int> waits;         // indices into waits: this step's stream waits on them first
-    int event = -1;                 // event recorded on this step's stream after it, or -1
+    Node* node = nullptr;       // not owned: the roots keep the graph alive
+    int stream = 0;             // index into streams
+    int grad_buffer = -1;       // the kGrad buffer this step consumes
+    std::vector<Write> writes;  // one per node input
+    std::vector<int> staged;  // kStaged buffers (and kSeed via seeds) added into grad_buffer first
+    std::vector<int> seeds;   // root indices whose seed is added into grad_buffer first
+    std::vector<int> waits;   // indices into waits: this step's stream waits on them first
+    int event = -1;           // event recorded on this step's stream after it, or -1
   };
   struct Wait {
     int producer;  // step

@@ -17,7 +17,8 @@ namespace graphward {
 namespace {
 
 // An owned cuBLAS or cuBLASLt handle of one device: created with the device current, configured,
-// destroyed at the end with the device current again (a failure to destroy is logged, never thrown).
+// destroyed at the end with the device current again (a failure to destroy is logged, never
+// thrown).
 template <class Traits>
 class OwnedHandle {
  public:
@@ -168,9 +169,14 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
           float* c) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);  // the stream's workspace
-  const GemmKey key{m, n, k, trans_a, trans_b,
-                    std::min({alignment_of(a), alignment_of(b), alignment_of(c)}),
-                    kernels::LtOptions{.bias_grad_a = false, .split_k = gemm_allows_split_k(m, n, k)}};
+  const GemmKey key{
+      m,
+      n,
+      k,
+      trans_a,
+      trans_b,
+      std::min({alignment_of(a), alignment_of(b), alignment_of(c)}),
+      kernels::LtOptions{.bias_grad_a = false, .split_k = gemm_allows_split_k(m, n, k)}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
@@ -181,13 +187,17 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
   }
 }
 
-bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b,
-                    std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                    const float* b, float beta, float* c, float* bias_grad) {
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
+                    float beta, float* c, float* bias_grad) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   const GemmKey key{
-      m, n, k, trans_a, trans_b,
+      m,
+      n,
+      k,
+      trans_a,
+      trans_b,
       std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
       kernels::LtOptions{.bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k)}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);

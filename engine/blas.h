@@ -4,8 +4,8 @@
 // (32 MiB, the size cuBLAS recommends for Hopper), and destroyed at thread exit. cuBLAS handles
 // must not be used by two threads at once; GEMMs on two streams never share scratch memory; no GEMM
 // ever asks cuBLAS to allocate (workspaces are allocated outside any capture, on a stream's first
-// GEMM); and no GEMM pays host time for cublasSetStream/cublasSetWorkspace. Streams are never destroyed (Note [Stream lifetime], stream.cpp),
-// so a handle keyed by a stream never outlives it.
+// GEMM); and no GEMM pays host time for cublasSetStream/cublasSetWorkspace. Streams are never
+// destroyed (Note [Stream lifetime], stream.cpp), so a handle keyed by a stream never outlives it.
 #include <cstddef>
 #include <cstdint>
 
@@ -44,9 +44,9 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
 // (cuBLASLt's bias-gradient epilogue): a linear layer's weight gradient dW = dYᵀ·X with its bias
 // gradient Σ_rows dY. Returns false, having launched nothing, where cuBLASLt offers no algorithm
 // for the fused epilogue: then run gemm() and a column sum instead.
-bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b,
-                    std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                    const float* b, float beta, float* c, float* bias_grad);
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
+                    float beta, float* c, float* bias_grad);
 #endif
 
 }  // namespace graphward

@@ -8,7 +8,9 @@
 
 namespace graphward {
 
-std::size_t dtype_size(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
+std::size_t dtype_size(DType dtype) {
+  return dtype == DType::kFloat64 ? 8 : 4;
+}
 
 const char* dtype_name(DType dtype) {
   return dtype == DType::kFloat64 ? "float64" : "float32";
@@ -75,7 +77,9 @@ int cuda_device_count() noexcept {
   }
 }
 
-std::string cuda_unavailable_reason() { return probe().reason; }
+std::string cuda_unavailable_reason() {
+  return probe().reason;
+}
 
 void check_cuda_device(Device device, const char* what) {
   GW_CHECK(device.is_cuda(), what, ": expected a CUDA device, got ", device.str());

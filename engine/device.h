@@ -22,7 +22,9 @@ struct Device {
 
 // Number of usable CUDA devices: 0 in a CPU-only build, with no driver, or with no GPU.
 int cuda_device_count() noexcept;
-inline bool cuda_available() noexcept { return cuda_device_count() > 0; }
+inline bool cuda_available() noexcept {
+  return cuda_device_count() > 0;
+}
 // Why cuda_device_count() is 0 ("" when it is not), e.g. "no CUDA-capable device is detected".
 std::string cuda_unavailable_reason();
 // The device's name as the driver reports it (e.g. "NVIDIA H200"); "cpu" for the CPU.

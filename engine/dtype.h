@@ -16,9 +16,13 @@ const char* dtype_name(DType dtype);  // "float32", "float64"
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::kFloat32; }
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::kFloat64; }
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
 
 using Shape = std::vector<std::int64_t>;
 

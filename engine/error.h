@@ -45,7 +45,8 @@ std::string concat(const Parts&... parts) {
 [[noreturn]] void throw_check_failure(const char* file, int line, const char* condition,
                                       const std::string& message);
 [[noreturn]] void throw_cuda_failure(const char* file, int line, const char* expression, int code);
-[[noreturn]] void throw_cublas_failure(const char* file, int line, const char* expression, int code);
+[[noreturn]] void throw_cublas_failure(const char* file, int line, const char* expression,
+                                       int code);
 [[noreturn]] void throw_cudnn_failure(const char* file, int line, const char* expression, int code);
 // For destructors and other places that must not throw.
 void log_error(const char* file, int line, const std::string& message) noexcept;
@@ -54,45 +55,45 @@ void log_cuda_failure(const char* file, int line, const char* expression, int co
 }  // namespace detail
 }  // namespace graphward
 
-#define GW_CHECK(cond, ...)                                                                  \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
-      ::graphward::detail::throw_check_failure(__FILE__, __LINE__, #cond,                    \
-                                               ::graphward::detail::concat(__VA_ARGS__));    \
-    }                                                                                        \
+#define GW_CHECK(cond, ...)                                                               \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]] {                                                           \
+      ::graphward::detail::throw_check_failure(__FILE__, __LINE__, #cond,                 \
+                                               ::graphward::detail::concat(__VA_ARGS__)); \
+    }                                                                                     \
   } while (0)
 
-#define GW_CUDA_CHECK(expr)                                                                  \
-  do {                                                                                       \
-    const int gw_status_ = static_cast<int>(expr);                                           \
-    if (gw_status_ != 0) [[unlikely]] {                                                      \
-      ::graphward::detail::throw_cuda_failure(__FILE__, __LINE__, #expr, gw_status_);        \
-    }                                                                                        \
+#define GW_CUDA_CHECK(expr)                                                           \
+  do {                                                                                \
+    const int gw_status_ = static_cast<int>(expr);                                    \
+    if (gw_status_ != 0) [[unlikely]] {                                               \
+      ::graphward::detail::throw_cuda_failure(__FILE__, __LINE__, #expr, gw_status_); \
+    }                                                                                 \
   } while (0)
 
 // Checks in destructors: log, never throw.
-#define GW_CUDA_CHECK_NOTHROW(expr)                                                          \
-  do {                                                                                       \
-    const int gw_status_ = static_cast<int>(expr);                                           \
-    if (gw_status_ != 0) {                                                                   \
-      ::graphward::detail::log_cuda_failure(__FILE__, __LINE__, #expr, gw_status_);          \
-    }                                                                                        \
+#define GW_CUDA_CHECK_NOTHROW(expr)                                                 \
+  do {                                                                              \
+    const int gw_status_ = static_cast<int>(expr);                                  \
+    if (gw_status_ != 0) {                                                          \
+      ::graphward::detail::log_cuda_failure(__FILE__, __LINE__, #expr, gw_status_); \
+    }                                                                               \
   } while (0)
 
-#define GW_CUBLAS_CHECK(expr)                                                                \
-  do {                                                                                       \
-    const int gw_status_ = static_cast<int>(expr);                                           \
-    if (gw_status_ != 0) [[unlikely]] {                                                      \
-      ::graphward::detail::throw_cublas_failure(__FILE__, __LINE__, #expr, gw_status_);      \
-    }                                                                                        \
+#define GW_CUBLAS_CHECK(expr)                                                           \
+  do {                                                                                  \
+    const int gw_status_ = static_cast<int>(expr);                                      \
+    if (gw_status_ != 0) [[unlikely]] {                                                 \
+      ::graphward::detail::throw_cublas_failure(__FILE__, __LINE__, #expr, gw_status_); \
+    }                                                                                   \
   } while (0)
 
-#define GW_CUDNN_CHECK(expr)                                                                 \
-  do {                                                                                       \
-    const int gw_status_ = static_cast<int>(expr);                                           \
-    if (gw_status_ != 0) [[unlikely]] {                                                      \
-      ::graphward::detail::throw_cudnn_failure(__FILE__, __LINE__, #expr, gw_status_);       \
-    }                                                                                        \
+#define GW_CUDNN_CHECK(expr)                                                           \
+  do {                                                                                 \
+    const int gw_status_ = static_cast<int>(expr);                                     \
+    if (gw_status_ != 0) [[unlikely]] {                                                \
+      ::graphward::detail::throw_cudnn_failure(__FILE__, __LINE__, #expr, gw_status_); \
+    }                                                                                  \
   } while (0)
 
 #define GW_LAUNCH_CHECK() GW_CUDA_CHECK(cudaGetLastError())

@@ -21,17 +21,26 @@ std::atomic<bool>& poison_flag() {
   return flag;
 }
 }  // namespace
-void set_poison_new_memory(bool on) { poison_flag().store(on); }
-bool poison_new_memory() { return poison_flag().load(); }
+void set_poison_new_memory(bool on) {
+  poison_flag().store(on);
+}
+bool poison_new_memory() {
+  return poison_flag().load();
+}
 }  // namespace debug
 
 namespace {
 thread_local bool t_planned_sync = false;
 }
-PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) { t_planned_sync = true; }
-PlannedSyncScope::~PlannedSyncScope() { t_planned_sync = previous_; }
+PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) {
+  t_planned_sync = true;
+}
+PlannedSyncScope::~PlannedSyncScope() {
+  t_planned_sync = previous_;
+}
 
-// ---- DeviceBuffer ----------------------------------------------------------------------------------
+// ---- DeviceBuffer
+// ----------------------------------------------------------------------------------
 
 DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
 #if GRAPHWARD_HAS_CUDA
@@ -42,7 +51,9 @@ DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : bytes_(bytes), de
 #endif
 }
 
-DeviceBuffer::~DeviceBuffer() { reset(); }
+DeviceBuffer::~DeviceBuffer() {
+  reset();
+}
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
@@ -67,7 +78,8 @@ void DeviceBuffer::reset() noexcept {
   bytes_ = 0;
 }
 
-// ---- Storage ---------------------------------------------------------------------------------------
+// ---- Storage
+// ---------------------------------------------------------------------------------------
 
 namespace {
 constexpr std::size_t kHostAlignment = 64;
@@ -92,8 +104,8 @@ Storage::Storage(Device device, void* data, std::size_t bytes, cudaStream_t stre
     : device_(device), data_(data), bytes_(bytes), alloc_stream_(stream), producer_(stream) {}
 
 std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
-  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) /
-                              kHostAlignment * kHostAlignment;
+  const std::size_t rounded =
+      (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
   void* p = std::aligned_alloc(kHostAlignment, rounded);
   if (!p) throw std::bad_alloc();
   if (debug::poison_new_memory()) std::memset(p, 0xFF, rounded);

@@ -49,7 +49,8 @@ class DeviceBuffer {
 
 class Storage {
  public:
-  // Allocates `bytes` on `device`; for CUDA, stream-ordered on `stream`, which becomes the producer.
+  // Allocates `bytes` on `device`; for CUDA, stream-ordered on `stream`, which becomes the
+  // producer.
   static std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, cudaStream_t stream);
   static std::shared_ptr<Storage> allocate_cpu(std::size_t bytes);
   ~Storage();
@@ -68,7 +69,8 @@ class Storage {
   cudaStream_t producer_stream() const { return producer_; }
   // Prepare a read on `stream`: wait for the producer if it is another stream.
   void sync_for_read(cudaStream_t stream);
-  // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes producer.
+  // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes
+  // producer.
   void sync_for_write(cudaStream_t stream);
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
@@ -88,8 +90,8 @@ class Storage {
   std::uint64_t version_ = 0;
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;
-  Event producer_event_;             // created on the first cross-stream read
-  std::uint64_t writes_ = 0;         // number of writes so far
+  Event producer_event_;                        // created on the first cross-stream read
+  std::uint64_t writes_ = 0;                    // number of writes so far
   std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
 };

@@ -24,8 +24,8 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs) {
     GW_CHECK(t.device() == f.device(), op, ": inputs are on different devices: '", first->name,
              "' is on ", f.device().str(), ", '", in.name, "' is on ", t.device().str(),
              "; expected all inputs on one device (copy with Tensor::to)");
-    GW_CHECK(t.dtype() == f.dtype(), op, ": inputs have different dtypes: '", first->name,
-             "' is ", dtype_name(f.dtype()), ", '", in.name, "' is ", dtype_name(t.dtype()),
+    GW_CHECK(t.dtype() == f.dtype(), op, ": inputs have different dtypes: '", first->name, "' is ",
+             dtype_name(f.dtype()), ", '", in.name, "' is ", dtype_name(t.dtype()),
              "; expected one dtype");
   }
 }

@@ -16,13 +16,15 @@ namespace {
 // How two operands broadcast (see ops.h): the output shape and each operand's period.
 struct Broadcast {
   Shape out_shape;
-  std::int64_t n = 0;          // output elements
-  std::int64_t a_period = 0;   // n, or the row length for a row operand
+  std::int64_t n = 0;         // output elements
+  std::int64_t a_period = 0;  // n, or the row length for a row operand
   std::int64_t b_period = 0;
-  std::int64_t cols = 0;       // the output's last dimension
+  std::int64_t cols = 0;  // the output's last dimension
 };
 
-bool is_row(const Tensor& t) { return t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1); }
+bool is_row(const Tensor& t) {
+  return t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1);
+}
 
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
   check_inputs(op, {{"a", &a}, {"b", &b}});
@@ -131,7 +133,8 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
     CudaScope scope(a.device());
     scope.read({&grad_out, &a, &b});
     if (want_a && !share_a) run_cuda(scope.stream(), grad_a, a, bc.a_period, b, bc.b_period, 1.f);
-    if (want_b && !share_b) run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
+    if (want_b && !share_b)
+      run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
     return;
   }
   dispatch_cpu(a.dtype(), [&]<class T>() {
@@ -175,9 +178,15 @@ Tensor activation(const char* op, Activation act, const Tensor& x) {
     float* out = y.data<float>();
     const float* in = x.data<float>();
     switch (act) {
-      case Activation::kRelu: k::relu_forward(out, in, x.numel(), scope.stream()); break;
-      case Activation::kTanh: k::tanh_forward(out, in, x.numel(), scope.stream()); break;
-      case Activation::kSigmoid: k::sigmoid_forward(out, in, x.numel(), scope.stream()); break;
+      case Activation::kRelu:
+        k::relu_forward(out, in, x.numel(), scope.stream());
+        break;
+      case Activation::kTanh:
+        k::tanh_forward(out, in, x.numel(), scope.stream());
+        break;
+      case Activation::kSigmoid:
+        k::sigmoid_forward(out, in, x.numel(), scope.stream());
+        break;
     }
     return y;
 #endif
@@ -185,9 +194,15 @@ Tensor activation(const char* op, Activation act, const Tensor& x) {
   Tensor y = new_output(x.shape(), x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
     switch (act) {
-      case Activation::kRelu: k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
-      case Activation::kTanh: k::cpu::tanh_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
-      case Activation::kSigmoid: k::cpu::sigmoid_forward<T>(ptr<T>(y), ptr<T>(x), x.numel()); break;
+      case Activation::kRelu:
+        k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        break;
+      case Activation::kTanh:
+        k::cpu::tanh_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        break;
+      case Activation::kSigmoid:
+        k::cpu::sigmoid_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        break;
     }
   });
   return y;
@@ -203,8 +218,8 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
   // no other handle can see it and no other stream ever used that memory (another stream may still
   // be reading it on the GPU: a handle count says nothing about queued work); then the slot takes
   // grad_out. Saves an allocation and a free.
-  bool in_place = grad_x.may_share && !grad_x.accumulate && !grad_x.tensor->defined() &&
-                  grad_out.is_unique();
+  bool in_place =
+      grad_x.may_share && !grad_x.accumulate && !grad_x.tensor->defined() && grad_out.is_unique();
   if (y.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(y.device());
@@ -219,9 +234,15 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
     float* dx = grad_x.tensor->data<float>();
     const float *dy = grad_out.data<float>(), *out = y.data<float>();
     switch (act) {
-      case Activation::kRelu: k::relu_backward(dx, dy, out, n, acc, scope.stream()); break;
-      case Activation::kTanh: k::tanh_backward(dx, dy, out, n, acc, scope.stream()); break;
-      case Activation::kSigmoid: k::sigmoid_backward(dx, dy, out, n, acc, scope.stream()); break;
+      case Activation::kRelu:
+        k::relu_backward(dx, dy, out, n, acc, scope.stream());
+        break;
+      case Activation::kTanh:
+        k::tanh_backward(dx, dy, out, n, acc, scope.stream());
+        break;
+      case Activation::kSigmoid:
+        k::sigmoid_backward(dx, dy, out, n, acc, scope.stream());
+        break;
     }
     return;
 #endif
@@ -235,9 +256,15 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
     T* dx = slot_ptr<T>(grad_x);
     const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);
     switch (act) {
-      case Activation::kRelu: k::cpu::relu_backward<T>(dx, dy, out, n, acc); break;
-      case Activation::kTanh: k::cpu::tanh_backward<T>(dx, dy, out, n, acc); break;
-      case Activation::kSigmoid: k::cpu::sigmoid_backward<T>(dx, dy, out, n, acc); break;
+      case Activation::kRelu:
+        k::cpu::relu_backward<T>(dx, dy, out, n, acc);
+        break;
+      case Activation::kTanh:
+        k::cpu::tanh_backward<T>(dx, dy, out, n, acc);
+        break;
+      case Activation::kSigmoid:
+        k::cpu::sigmoid_backward<T>(dx, dy, out, n, acc);
+        break;
     }
   });
 }

@@ -26,8 +26,8 @@ void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk,
 void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int64_t m,
                std::int64_t n, std::int64_t kk, const Tensor& a, const Tensor& b, bool accumulate,
                float* c) {
-  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, a.data<float>(),
-                  b.data<float>(), accumulate ? 1.f : 0.f, c);
+  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, a.data<float>(), b.data<float>(),
+                  accumulate ? 1.f : 0.f, c);
 }
 #endif
 
@@ -75,7 +75,8 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b) {
 #endif
   }
   Tensor c = new_output({m, n}, a);
-  dispatch_cpu(a.dtype(), [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
+  dispatch_cpu(a.dtype(),
+               [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
   return c;
 }
 }  // namespace
@@ -124,8 +125,7 @@ struct LinearDims {
   std::int64_t batch, in, out;
 };
 
-LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight,
-                        const Tensor& bias) {
+LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined()) {
     check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
   } else {
@@ -199,8 +199,8 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 }  // namespace
 
-void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                     GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias) {
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
+                     GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear(op, x, weight, Tensor());
   check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}});
@@ -226,18 +226,18 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     // epilogue cannot accumulate): one launch fewer per layer.
     bool bias_done = false;
     if (want_w && want_b && !acc_b) {
-      bias_done = graphward::gemm_bias_grad(
-          x.device(), scope.stream(), true, false, d.out, d.in, d.batch, 1.f,
-          grad_out.data<float>(), x.data<float>(), acc_w ? 1.f : 0.f,
-          grad_weight.tensor->data<float>(), grad_bias.tensor->data<float>());
+      bias_done = graphward::gemm_bias_grad(x.device(), scope.stream(), true, false, d.out, d.in,
+                                            d.batch, 1.f, grad_out.data<float>(), x.data<float>(),
+                                            acc_w ? 1.f : 0.f, grad_weight.tensor->data<float>(),
+                                            grad_bias.tensor->data<float>());
     }
     if (want_w && !bias_done) {
       gemm_cuda(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
                 grad_weight.tensor->data<float>());
     }
     if (want_b && !bias_done) {
-      k::column_sum(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f,
-                    d.batch, d.out, acc_b, scope.stream());
+      k::column_sum(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f, d.batch,
+                    d.out, acc_b, scope.stream());
     }
     return;
 #endif
@@ -253,8 +253,8 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     }
     if (want_b) {
       const bool acc = open_slot(grad_bias, {d.out}, x, nullptr);
-      k::cpu::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, T(1), d.batch,
-                            d.out, acc);
+      k::cpu::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, T(1), d.batch, d.out,
+                            acc);
     }
   });
 }

@@ -26,7 +26,8 @@ Tensor reduce(const char* op, const Tensor& x, bool mean) {
 #endif
   }
   Tensor y = new_output({}, x);
-  dispatch_cpu(x.dtype(), [&]<class T>() { k::cpu::sum_forward<T>(ptr<T>(y), ptr<T>(x), T(scale), n); });
+  dispatch_cpu(x.dtype(),
+               [&]<class T>() { k::cpu::sum_forward<T>(ptr<T>(y), ptr<T>(x), T(scale), n); });
   return y;
 }
 
@@ -43,8 +44,8 @@ void reduce_backward(const char* op, const Tensor& grad_out, const Tensor& x, Gr
     CudaScope scope(x.device());
     scope.read({&grad_out});
     const bool acc = open_slot(grad_x, x, scope.stream());
-    k::sum_backward(grad_x.tensor->data<float>(), grad_out.data<float>(),
-                    static_cast<float>(scale), n, acc, scope.stream());
+    k::sum_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), static_cast<float>(scale),
+                    n, acc, scope.stream());
     return;
 #endif
   }
@@ -71,8 +72,12 @@ Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
 }
 }  // namespace
 
-Tensor sum(const Tensor& x) { return recorded_reduce("sum", x, false); }
-Tensor mean(const Tensor& x) { return recorded_reduce("mean", x, true); }
+Tensor sum(const Tensor& x) {
+  return recorded_reduce("sum", x, false);
+}
+Tensor mean(const Tensor& x) {
+  return recorded_reduce("mean", x, true);
+}
 void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
   reduce_backward("sum_backward", grad_out, x, grad_x, false);
 }
@@ -138,16 +143,16 @@ void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor&
     const bool acc_t = want_t && open_slot(grad_target, target, scope.stream());
     k::mse_loss_backward(want_p ? grad_pred.tensor->data<float>() : nullptr,
                          want_t ? grad_target.tensor->data<float>() : nullptr,
-                         grad_out.data<float>(), pred.data<float>(), target.data<float>(), n,
-                         acc_p, acc_t, scope.stream());
+                         grad_out.data<float>(), pred.data<float>(), target.data<float>(), n, acc_p,
+                         acc_t, scope.stream());
     return;
 #endif
   }
   const bool acc_p = want_p && open_slot(grad_pred, pred, nullptr);
   const bool acc_t = want_t && open_slot(grad_target, target, nullptr);
   dispatch_cpu(pred.dtype(), [&]<class T>() {
-    k::cpu::mse_loss_backward<T>(slot_ptr<T>(grad_pred), slot_ptr<T>(grad_target),
-                                 ptr<T>(grad_out), ptr<T>(pred), ptr<T>(target), n, acc_p, acc_t);
+    k::cpu::mse_loss_backward<T>(slot_ptr<T>(grad_pred), slot_ptr<T>(grad_target), ptr<T>(grad_out),
+                                 ptr<T>(pred), ptr<T>(target), n, acc_p, acc_t);
   });
 }
 

@@ -21,20 +21,23 @@ constexpr int kMaxDevices = 64;
 #endif
 }  // namespace
 
-// ---- Event -----------------------------------------------------------------------------------------
+// ---- Event
+// -----------------------------------------------------------------------------------------
 
 Event::Event(Device device, bool enable_timing) : device_(device) {
 #if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device);
-  GW_CUDA_CHECK(cudaEventCreateWithFlags(
-      &event_, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+  GW_CUDA_CHECK(
+      cudaEventCreateWithFlags(&event_, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
 #else
   (void)enable_timing;
   no_cuda("Event");
 #endif
 }
 
-Event::~Event() { reset(); }
+Event::~Event() {
+  reset();
+}
 
 Event::Event(Event&& other) noexcept
     : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
@@ -70,21 +73,34 @@ bool Event::query() const {
   GW_CUDA_CHECK(err);
   return true;
 }
-void Event::synchronize() const { GW_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void Event::synchronize() const {
+  GW_CUDA_CHECK(cudaEventSynchronize(event_));
+}
 float Event::elapsed_ms_since(const Event& start) const {
   float ms = 0;
   GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
   return ms;
 }
 #else
-void Event::record(cudaStream_t) { no_cuda("Event::record"); }
-void Event::block(cudaStream_t) const { no_cuda("Event::block"); }
-bool Event::query() const { no_cuda("Event::query"); }
-void Event::synchronize() const { no_cuda("Event::synchronize"); }
-float Event::elapsed_ms_since(const Event&) const { no_cuda("Event::elapsed_ms_since"); }
+void Event::record(cudaStream_t) {
+  no_cuda("Event::record");
+}
+void Event::block(cudaStream_t) const {
+  no_cuda("Event::block");
+}
+bool Event::query() const {
+  no_cuda("Event::query");
+}
+void Event::synchronize() const {
+  no_cuda("Event::synchronize");
+}
+float Event::elapsed_ms_since(const Event&) const {
+  no_cuda("Event::elapsed_ms_since");
+}
 #endif
 
-// ---- Stream ----------------------------------------------------------------------------------------
+// ---- Stream
+// ----------------------------------------------------------------------------------------
 
 // Note [Stream lifetime]
 // Memory is freed, and cross-stream events are recorded, on the streams that used it, possibly long
@@ -132,7 +148,9 @@ Stream::Stream(Device device, int priority) : device_(device), priority_(priorit
 #endif
 }
 
-Stream::~Stream() { reset(); }
+Stream::~Stream() {
+  reset();
+}
 
 Stream::Stream(Stream&& other) noexcept
     : stream_(std::exchange(other.stream_, nullptr)),
@@ -168,7 +186,9 @@ void Stream::synchronize() const {
 #endif
 }
 
-void Stream::wait_stream(cudaStream_t other) const { stream_wait_stream(device_, stream_, other); }
+void Stream::wait_stream(cudaStream_t other) const {
+  stream_wait_stream(device_, stream_, other);
+}
 
 void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer) {
 #if GRAPHWARD_HAS_CUDA
@@ -187,10 +207,11 @@ void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t produce
 #endif
 }
 
-// ---- default and current streams -------------------------------------------------------------------
-// Note [Current stream]: the current stream is per thread and per device; nullptr in the slot means
-// "the device's default stream". Default streams are created once and deliberately never destroyed
-// (like the runtime's own default stream): tensors alive at process exit may still free on them.
+// ---- default and current streams
+// ------------------------------------------------------------------- Note [Current stream]: the
+// current stream is per thread and per device; nullptr in the slot means "the device's default
+// stream". Default streams are created once and deliberately never destroyed (like the runtime's
+// own default stream): tensors alive at process exit may still free on them.
 
 cudaStream_t default_stream(Device device) {
   check_cuda_device(device, "default_stream");
@@ -253,6 +274,8 @@ StreamGuard::StreamGuard(Device device, cudaStream_t stream, Recorded) : device_
   t_current_streams[device.index] = stream;
 }
 
-StreamGuard::~StreamGuard() { t_current_streams[device_.index] = previous_; }
+StreamGuard::~StreamGuard() {
+  t_current_streams[device_.index] = previous_;
+}
 
 }  // namespace graphward

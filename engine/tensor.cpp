@@ -13,7 +13,8 @@
 
 namespace graphward {
 
-// ---- Tensor ----------------------------------------------------------------------------------------
+// ---- Tensor
+// ----------------------------------------------------------------------------------------
 
 struct Tensor::Impl {
   std::shared_ptr<Storage> storage;
@@ -27,19 +28,36 @@ struct Tensor::Impl {
 };
 
 Tensor::Impl& Tensor::impl() const {
-  GW_CHECK(impl_, "use of an undefined Tensor (default-constructed or moved from); expected a "
-                  "tensor made by a creation function or an op");
+  GW_CHECK(impl_,
+           "use of an undefined Tensor (default-constructed or moved from); expected a "
+           "tensor made by a creation function or an op");
   return *impl_;
 }
 
-const Shape& Tensor::shape() const { return impl().shape; }
-std::int64_t Tensor::numel() const { return impl().numel; }
-DType Tensor::dtype() const { return impl().dtype; }
-Device Tensor::device() const { return impl().storage->device(); }
-void* Tensor::raw_data() const { return impl().storage->data(); }
-std::uint64_t Tensor::version() const { return impl().storage->version(); }
-void Tensor::bump_version() const { impl().storage->bump_version(); }
-const std::shared_ptr<Storage>& Tensor::storage() const { return impl().storage; }
+const Shape& Tensor::shape() const {
+  return impl().shape;
+}
+std::int64_t Tensor::numel() const {
+  return impl().numel;
+}
+DType Tensor::dtype() const {
+  return impl().dtype;
+}
+Device Tensor::device() const {
+  return impl().storage->device();
+}
+void* Tensor::raw_data() const {
+  return impl().storage->data();
+}
+std::uint64_t Tensor::version() const {
+  return impl().storage->version();
+}
+void Tensor::bump_version() const {
+  impl().storage->bump_version();
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  return impl().storage;
+}
 
 bool Tensor::is_unique() const {
   return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && !impl_->grad_fn &&
@@ -48,8 +66,9 @@ bool Tensor::is_unique() const {
 
 std::int64_t Tensor::size(std::int64_t d) const {
   const std::int64_t n = dim();
-  GW_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d, " is out of range for a tensor of shape ",
-           shape_str(shape()), "; expected a dimension in [", -n, ", ", n, ")");
+  GW_CHECK(d >= -n && d < n, "Tensor::size: dimension ", d,
+           " is out of range for a tensor of shape ", shape_str(shape()),
+           "; expected a dimension in [", -n, ", ", n, ")");
   return shape()[static_cast<std::size_t>(d < 0 ? d + n : d)];
 }
 
@@ -68,7 +87,8 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
     check_cuda_device(options.device, "Tensor::empty");
     storage = Storage::allocate(options.device, bytes, current_stream(options.device));
   }
-  return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n, false, {}, {}}));
+  return Tensor(
+      std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n, false, {}, {}}));
 }
 
 const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
@@ -78,10 +98,18 @@ const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
   i.requires_grad = requires_grad;
   return *this;
 }
-bool Tensor::requires_grad() const { return impl().requires_grad; }
-bool Tensor::is_leaf() const { return !impl().grad_fn; }
-Tensor& Tensor::grad() const { return impl().grad; }
-const std::shared_ptr<Node>& Tensor::grad_fn() const { return impl().grad_fn; }
+bool Tensor::requires_grad() const {
+  return impl().requires_grad;
+}
+bool Tensor::is_leaf() const {
+  return !impl().grad_fn;
+}
+Tensor& Tensor::grad() const {
+  return impl().grad;
+}
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  return impl().grad_fn;
+}
 void Tensor::set_grad_fn(std::shared_ptr<Node> node) const {
   Impl& i = impl();
   i.requires_grad = node != nullptr;
@@ -158,11 +186,13 @@ Tensor Tensor::to(Device target) const {
     GW_CUDA_CHECK(cudaStreamSynchronize(src.storage->producer_stream()));
   }
   DeviceGuard guard(target);
-  GW_CUDA_CHECK(cudaMemcpyPeerAsync(out.raw_data(), target.index, raw_data(), from.index, bytes, s));
+  GW_CUDA_CHECK(
+      cudaMemcpyPeerAsync(out.raw_data(), target.index, raw_data(), from.index, bytes, s));
   GW_CUDA_CHECK(cudaStreamSynchronize(s));
   return out;
 #else
-  GW_CHECK(false, "Tensor::to: cannot copy from ", from.str(), ": graphward was built without CUDA");
+  GW_CHECK(false, "Tensor::to: cannot copy from ", from.str(),
+           ": graphward was built without CUDA");
   return {};
 #endif
 }
@@ -184,7 +214,8 @@ double Tensor::item() const {
   return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];
 }
 
-// ---- creation --------------------------------------------------------------------------------------
+// ---- creation
+// --------------------------------------------------------------------------------------
 
 Tensor zeros(const Shape& shape, TensorOptions options) {
   if (options.device.is_cpu()) {
@@ -202,7 +233,9 @@ Tensor zeros(const Shape& shape, TensorOptions options) {
   return t;
 }
 
-Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) {
+  return full(shape, 1.0, options);
+}
 
 Tensor full(const Shape& shape, double value, TensorOptions options) {
 #if GRAPHWARD_HAS_CUDA
@@ -218,8 +251,9 @@ Tensor full(const Shape& shape, double value, TensorOptions options) {
 }
 
 Tensor randn(const Shape& shape, std::uint64_t seed, TensorOptions options) {
-  return generate(shape, options,
-                  [seed](std::int64_t i) { return philox_normal(seed, static_cast<std::uint64_t>(i)); });
+  return generate(shape, options, [seed](std::int64_t i) {
+    return philox_normal(seed, static_cast<std::uint64_t>(i));
+  });
 }
 
 Tensor uniform(const Shape& shape, double low, double high, std::uint64_t seed,

@@ -94,17 +94,19 @@ class Tensor {
   std::shared_ptr<Impl> impl_;
 };
 
-// ---- creation --------------------------------------------------------------------------------------
+// ---- creation
+// --------------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, double value, TensorOptions options = {});
-// Standard normal (mean 0, std 1) and uniform [low, high): a pure function of (seed, element index);
-// bitwise the same on every device (engine/random.h).
+// Standard normal (mean 0, std 1) and uniform [low, high): a pure function of (seed, element
+// index); bitwise the same on every device (engine/random.h).
 Tensor randn(const Shape& shape, std::uint64_t seed, TensorOptions options = {});
 Tensor uniform(const Shape& shape, double low, double high, std::uint64_t seed,
                TensorOptions options = {});
 // From host values; values.size() must equal the shape's element count.
-Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());
+Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                   Device device = Device::cpu());
 Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    Device device = Device::cpu());
 

@@ -9,30 +9,44 @@ using detail::kThreads;
 using detail::store;
 
 __global__ void fill_kernel(float* y, float value, std::int64_t n) {
-  GW_GRID_STRIDE(i, n) { y[i] = value; }
+  GW_GRID_STRIDE(i, n) {
+    y[i] = value;
+  }
 }
 
 __global__ void relu_forward_kernel(float* y, const float* x, std::int64_t n) {
-  GW_GRID_STRIDE(i, n) { y[i] = x[i] > 0.f ? x[i] : 0.f; }
+  GW_GRID_STRIDE(i, n) {
+    y[i] = x[i] > 0.f ? x[i] : 0.f;
+  }
 }
 __global__ void relu_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
                                      bool accumulate) {
-  GW_GRID_STRIDE(i, n) { store(dx, i, y[i] > 0.f ? dy[i] : 0.f, accumulate); }
+  GW_GRID_STRIDE(i, n) {
+    store(dx, i, y[i] > 0.f ? dy[i] : 0.f, accumulate);
+  }
 }
 __global__ void tanh_forward_kernel(float* y, const float* x, std::int64_t n) {
-  GW_GRID_STRIDE(i, n) { y[i] = tanhf(x[i]); }
+  GW_GRID_STRIDE(i, n) {
+    y[i] = tanhf(x[i]);
+  }
 }
 __global__ void tanh_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
                                      bool accumulate) {
-  GW_GRID_STRIDE(i, n) { store(dx, i, dy[i] * (1.f - y[i] * y[i]), accumulate); }
+  GW_GRID_STRIDE(i, n) {
+    store(dx, i, dy[i] * (1.f - y[i] * y[i]), accumulate);
+  }
 }
 __global__ void sigmoid_forward_kernel(float* y, const float* x, std::int64_t n) {
   // expf of a large negative argument is 0, of a large positive one inf: 1/(1+inf) = 0. No NaN.
-  GW_GRID_STRIDE(i, n) { y[i] = 1.f / (1.f + expf(-x[i])); }
+  GW_GRID_STRIDE(i, n) {
+    y[i] = 1.f / (1.f + expf(-x[i]));
+  }
 }
-__global__ void sigmoid_backward_kernel(float* dx, const float* dy, const float* y,
-                                        std::int64_t n, bool accumulate) {
-  GW_GRID_STRIDE(i, n) { store(dx, i, dy[i] * y[i] * (1.f - y[i]), accumulate); }
+__global__ void sigmoid_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
+                                        bool accumulate) {
+  GW_GRID_STRIDE(i, n) {
+    store(dx, i, dy[i] * y[i] * (1.f - y[i]), accumulate);
+  }
 }
 
 template <BinaryOp op>
@@ -48,11 +62,15 @@ __global__ void binary_forward_kernel(float* y, const float* a, std::int64_t a_p
 }
 __global__ void affine_forward_kernel(float* y, const float* x, float alpha, float beta,
                                       std::int64_t n) {
-  GW_GRID_STRIDE(i, n) { y[i] = alpha * x[i] + beta; }
+  GW_GRID_STRIDE(i, n) {
+    y[i] = alpha * x[i] + beta;
+  }
 }
 __global__ void scale_backward_kernel(float* dx, const float* dy, float alpha, std::int64_t n,
                                       bool accumulate) {
-  GW_GRID_STRIDE(i, n) { store(dx, i, alpha * dy[i], accumulate); }
+  GW_GRID_STRIDE(i, n) {
+    store(dx, i, alpha * dy[i], accumulate);
+  }
 }
 __global__ void mul_backward_kernel(float* dx, const float* dy, const float* other,
                                     std::int64_t other_period, std::int64_t n, bool accumulate) {

@@ -58,18 +58,18 @@ void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period,
   for (std::int64_t i = 0; i < n; ++i) store(dx, i, dy[i] * other[i % other_period], accumulate);
 }
 
-#define GW_INSTANTIATE(T)                                                                     \
-  template void fill<T>(T*, T, std::int64_t);                                                 \
-  template void relu_forward<T>(T*, const T*, std::int64_t);                                  \
-  template void relu_backward<T>(T*, const T*, const T*, std::int64_t, bool);                 \
-  template void tanh_forward<T>(T*, const T*, std::int64_t);                                  \
-  template void tanh_backward<T>(T*, const T*, const T*, std::int64_t, bool);                 \
-  template void sigmoid_forward<T>(T*, const T*, std::int64_t);                               \
-  template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool);              \
-  template void binary_forward<T>(BinaryOp, T*, const T*, std::int64_t, const T*,             \
-                                  std::int64_t, std::int64_t);                                \
-  template void affine_forward<T>(T*, const T*, T, T, std::int64_t);                          \
-  template void scale_backward<T>(T*, const T*, T, std::int64_t, bool);                       \
+#define GW_INSTANTIATE(T)                                                                       \
+  template void fill<T>(T*, T, std::int64_t);                                                   \
+  template void relu_forward<T>(T*, const T*, std::int64_t);                                    \
+  template void relu_backward<T>(T*, const T*, const T*, std::int64_t, bool);                   \
+  template void tanh_forward<T>(T*, const T*, std::int64_t);                                    \
+  template void tanh_backward<T>(T*, const T*, const T*, std::int64_t, bool);                   \
+  template void sigmoid_forward<T>(T*, const T*, std::int64_t);                                 \
+  template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool);                \
+  template void binary_forward<T>(BinaryOp, T*, const T*, std::int64_t, const T*, std::int64_t, \
+                                  std::int64_t);                                                \
+  template void affine_forward<T>(T*, const T*, T, T, std::int64_t);                            \
+  template void scale_backward<T>(T*, const T*, T, std::int64_t, bool);                         \
   template void mul_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)

@@ -23,9 +23,8 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
                               &beta, c, static_cast<int>(n)));
 }
 
-LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m,
-               std::int64_t n, std::int64_t k, std::size_t workspace_bytes, unsigned alignment,
-               LtOptions options)
+LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+               std::int64_t k, std::size_t workspace_bytes, unsigned alignment, LtOptions options)
     : handle_(handle), options_(options) {
   GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
            "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
@@ -62,16 +61,15 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     const std::uint32_t align = alignment;
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
-                                                             1, &result, &found);
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 1, &result, &found);
     // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
     if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
@@ -88,9 +86,9 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
 }
 
 // The heuristic's choice with its split of k removed: the same algorithm, tile and stages as one
-// kernel, where cuBLASLt accepts that configuration (else the choice stays as it was). Dropping only
-// the split keeps the heuristic's tile; asking it for a one-kernel algorithm instead can return a
-// far slower tile (on an H200, 164 µs instead of 21 µs for [256,1024]·[1024,1024]).
+// kernel, where cuBLASLt accepts that configuration (else the choice stays as it was). Dropping
+// only the split keeps the heuristic's tile; asking it for a one-kernel algorithm instead can
+// return a far slower tile (on an H200, 164 µs instead of 21 µs for [256,1024]·[1024,1024]).
 void LtGemm::unsplit() {
   std::int32_t split = 1;
   std::size_t written = 0;
@@ -114,7 +112,9 @@ void LtGemm::unsplit() {
   }
 }
 
-LtGemm::~LtGemm() { release(); }
+LtGemm::~LtGemm() {
+  release();
+}
 
 void LtGemm::release() noexcept {
   if (c_) cublasLtMatrixLayoutDestroy(c_);
@@ -125,13 +125,13 @@ void LtGemm::release() noexcept {
   desc_ = nullptr;
 }
 
-void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c,
-                 void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                 float* bias_grad) {
+void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
   if (options_.bias_grad_a) {
-    GW_CHECK(bias_grad != nullptr, "LtGemm::run: this plan fuses a bias gradient; expected its "
-                                   "output pointer, got null");
+    GW_CHECK(bias_grad != nullptr,
+             "LtGemm::run: this plan fuses a bias gradient; expected its "
+             "output pointer, got null");
     if (bias_grad != bias_) {
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias_grad, sizeof(bias_grad)));

@@ -29,8 +29,8 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
 }
 
-template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
-                          const float*, const float*, float, float*);
+template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                          const float*, float, float*);
 template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
                            const double*, const double*, double, double*);
 

@@ -20,6 +20,6 @@ __device__ __forceinline__ void store(float* dst, std::int64_t i, float v, bool 
 
 }  // namespace graphward::kernels::detail
 
-#define GW_GRID_STRIDE(i, n)                                                                   \
+#define GW_GRID_STRIDE(i, n)                                                                       \
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)

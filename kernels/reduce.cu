@@ -38,7 +38,9 @@ __global__ void sum_forward_kernel(float* out, const float* x, float scale, std:
 __global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std::int64_t n,
                                     bool accumulate) {
   const float g = scale * dy[0];
-  GW_GRID_STRIDE(i, n) { store(dx, i, g, accumulate); }
+  GW_GRID_STRIDE(i, n) {
+    store(dx, i, g, accumulate);
+  }
 }
 
 // Block (32, 8): threadIdx.x picks a column, threadIdx.y a slice of rows; a fixed shared-memory

@@ -38,8 +38,8 @@ void sum_forward(T* out, const T* x, T scale, std::int64_t n);
 template <class T>
 void sum_backward(T* dx, const T* dy, T scale, std::int64_t n, bool accumulate);
 template <class T>
-void column_sum(T* dst, const T* src, const T* other, T alpha, std::int64_t rows,
-                std::int64_t cols, bool accumulate);
+void column_sum(T* dst, const T* src, const T* other, T alpha, std::int64_t rows, std::int64_t cols,
+                bool accumulate);
 template <class T>
 void mse_loss_forward(T* out, const T* pred, const T* target, std::int64_t n);
 template <class T>

@@ -17,8 +17,8 @@ void sum_backward(T* dx, const T* dy, T scale, std::int64_t n, bool accumulate) 
   for (std::int64_t i = 0; i < n; ++i) store(dx, i, g, accumulate);
 }
 template <class T>
-void column_sum(T* dst, const T* src, const T* other, T alpha, std::int64_t rows,
-                std::int64_t cols, bool accumulate) {
+void column_sum(T* dst, const T* src, const T* other, T alpha, std::int64_t rows, std::int64_t cols,
+                bool accumulate) {
   for (std::int64_t c = 0; c < cols; ++c) {
     double acc = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -48,11 +48,11 @@ void mse_loss_backward(T* dpred, T* dtarget, const T* dy, const T* pred, const T
   }
 }
 
-#define GW_INSTANTIATE(T)                                                                    \
-  template void sum_forward<T>(T*, const T*, T, std::int64_t);                               \
-  template void sum_backward<T>(T*, const T*, T, std::int64_t, bool);                        \
-  template void column_sum<T>(T*, const T*, const T*, T, std::int64_t, std::int64_t, bool);  \
-  template void mse_loss_forward<T>(T*, const T*, const T*, std::int64_t);                   \
+#define GW_INSTANTIATE(T)                                                                      \
+  template void sum_forward<T>(T*, const T*, T, std::int64_t);                                 \
+  template void sum_backward<T>(T*, const T*, T, std::int64_t, bool);                          \
+  template void column_sum<T>(T*, const T*, const T*, T, std::int64_t, std::int64_t, bool);    \
+  template void mse_loss_forward<T>(T*, const T*, const T*, std::int64_t);                     \
   template void mse_loss_backward<T>(T*, T*, const T*, const T*, const T*, std::int64_t, bool, \
                                      bool);
 GW_INSTANTIATE(float)
