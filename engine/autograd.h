@@ -87,8 +87,7 @@ class Node {
   bool released_ = false;
 };
 
-// ---- grad mode
-// ---------------------------------------------------------------------------------------
+// ---- grad mode ----------------------------------------------------------------------------------
 bool grad_mode_enabled();
 // Turns recording off for the scope (per thread), e.g. for optimizer updates.
 class NoGradGuard {

@@ -72,8 +72,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   executor.run(plan, seeds, device, options.timings, !options.retain_graph);
 }
 
-// ---- EagerExecutor
-// ---------------------------------------------------------------------------------
+// ---- EagerExecutor ------------------------------------------------------------------------------
 
 Event& EagerExecutor::event(Device device, int i) {
   if (!(events_device_ == device)) {

@@ -39,8 +39,7 @@ PlannedSyncScope::~PlannedSyncScope() {
   t_planned_sync = previous_;
 }
 
-// ---- DeviceBuffer
-// ----------------------------------------------------------------------------------
+// ---- DeviceBuffer -------------------------------------------------------------------------------
 
 DeviceBuffer::DeviceBuffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
 #if GRAPHWARD_HAS_CUDA
@@ -78,8 +77,7 @@ void DeviceBuffer::reset() noexcept {
   bytes_ = 0;
 }
 
-// ---- Storage
-// ---------------------------------------------------------------------------------------
+// ---- Storage ------------------------------------------------------------------------------------
 
 namespace {
 constexpr std::size_t kHostAlignment = 64;

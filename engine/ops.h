@@ -30,9 +30,8 @@ struct GradSlot {
   bool may_share = false;
 };
 
-// ---- linear algebra
-// -------------------------------------------------------------------------------- a [m, k] · b [k,
-// n] -> [m, n]
+// ---- linear algebra -----------------------------------------------------------------------------
+// a [m, k] · b [k, n] -> [m, n]
 Tensor matmul(const Tensor& a, const Tensor& b);
 void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                      GradSlot grad_b);
@@ -42,8 +41,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
                      GradSlot grad_weight, GradSlot grad_bias = {});
 
-// ---- elementwise
-// -----------------------------------------------------------------------------------
+// ---- elementwise --------------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);

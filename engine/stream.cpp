@@ -21,8 +21,7 @@ constexpr int kMaxDevices = 64;
 #endif
 }  // namespace
 
-// ---- Event
-// -----------------------------------------------------------------------------------------
+// ---- Event --------------------------------------------------------------------------------------
 
 Event::Event(Device device, bool enable_timing) : device_(device) {
 #if GRAPHWARD_HAS_CUDA
@@ -99,8 +98,7 @@ float Event::elapsed_ms_since(const Event&) const {
 }
 #endif
 
-// ---- Stream
-// ----------------------------------------------------------------------------------------
+// ---- Stream -------------------------------------------------------------------------------------
 
 // Note [Stream lifetime]
 // Memory is freed, and cross-stream events are recorded, on the streams that used it, possibly long
@@ -207,11 +205,10 @@ void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t produce
 #endif
 }
 
-// ---- default and current streams
-// ------------------------------------------------------------------- Note [Current stream]: the
-// current stream is per thread and per device; nullptr in the slot means "the device's default
-// stream". Default streams are created once and deliberately never destroyed (like the runtime's
-// own default stream): tensors alive at process exit may still free on them.
+// ---- default and current streams ----------------------------------------------------------------
+// Note [Current stream]: the current stream is per thread and per device; nullptr in the slot means
+// "the device's default stream". Default streams are created once and deliberately never destroyed
+// (like the runtime's own default stream): tensors alive at process exit may still free on them.
 
 cudaStream_t default_stream(Device device) {
   check_cuda_device(device, "default_stream");

@@ -13,8 +13,7 @@
 
 namespace graphward {
 
-// ---- Tensor
-// ----------------------------------------------------------------------------------------
+// ---- Tensor -------------------------------------------------------------------------------------
 
 struct Tensor::Impl {
   std::shared_ptr<Storage> storage;
@@ -214,8 +213,7 @@ double Tensor::item() const {
   return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];
 }
 
-// ---- creation
-// --------------------------------------------------------------------------------------
+// ---- creation -----------------------------------------------------------------------------------
 
 Tensor zeros(const Shape& shape, TensorOptions options) {
   if (options.device.is_cpu()) {

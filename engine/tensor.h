@@ -94,8 +94,7 @@ class Tensor {
   std::shared_ptr<Impl> impl_;
 };
 
-// ---- creation
-// --------------------------------------------------------------------------------------
+// ---- creation -----------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, double value, TensorOptions options = {});

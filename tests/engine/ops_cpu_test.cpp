@@ -226,8 +226,7 @@ TEST(OpsGradcheckCpu, ComposedMlpLoss) {
   EXPECT_LT(err, 1e-6);
 }
 
-// ---- gradient slots: write, accumulate, skip
-// -----------------------------------------------------
+// ---- gradient slots: write, accumulate, skip ----------------------------------------------------
 
 TEST(GradSlotsCpu, OverwriteIgnoresOldContentsAndAccumulateAdds) {
   const Tensor dy = from_vector(std::vector<float>{1, 2, 3}, {3});

@@ -300,8 +300,7 @@ TEST_F(CudaOps, LinearBackwardWithMixedSlotModes) {
   }
 }
 
-// ---- tensors on the GPU
-// ----------------------------------------------------------------------------
+// ---- tensors on the GPU -------------------------------------------------------------------------
 
 TEST_F(CudaOps, RandomTensorsAreBitwiseEqualOnCpuAndGpu) {
   EXPECT_EQ(randn({1000, 33}, 5, {DType::kFloat32, kGpu}).to_vector<float>(),
@@ -327,8 +326,7 @@ TEST_F(CudaOps, CreationAndCopies) {
   EXPECT_EQ(zeros({0}, {DType::kFloat32, kGpu}).to_vector<float>().size(), 0u);
 }
 
-// ---- bad input on the GPU
-// ------------------------------------------------------------------------
+// ---- bad input on the GPU -----------------------------------------------------------------------
 
 TEST_F(CudaOps, MixedDevicesAreRefusedByName) {
   GW_EXPECT_ERROR(add(ones({2}), ones({2}, {DType::kFloat32, kGpu})), "add", "cpu", "cuda:0",
