@@ -1,6 +1,10 @@
 #include "engine/memory.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -83,6 +87,112 @@ namespace {
 constexpr std::size_t kHostAlignment = 64;
 
 #if GRAPHWARD_HAS_CUDA
+// ---- the block cache (Note [Block cache]) ----
+constexpr int kCacheDevices = 64;
+constexpr std::size_t kBlockRound = 512;
+std::atomic<std::size_t> g_cache_limit{std::size_t{4} << 30};
+
+std::size_t block_size(std::size_t bytes) {
+  return (bytes + kBlockRound - 1) / kBlockRound * kBlockRound;
+}
+
+struct CacheKey {
+  cudaStream_t stream;
+  std::size_t bytes;
+  bool operator==(const CacheKey&) const = default;
+};
+struct CacheKeyHash {
+  std::size_t operator()(const CacheKey& k) const noexcept {
+    return std::hash<const void*>()(k.stream) * 1000003u ^ std::hash<std::size_t>()(k.bytes);
+  }
+};
+struct DeviceCache {
+  std::mutex mutex;
+  std::unordered_map<CacheKey, std::vector<void*>, CacheKeyHash> blocks;
+  std::size_t bytes = 0;
+};
+
+// Never destroyed (tensors that outlive main may still free into it); its blocks go back to the
+// pool at exit from an atexit handler registered on first use, which runs before the CUDA runtime's
+// own teardown (registered earlier, at the runtime's initialization). After that, frees bypass it.
+struct BlockCache {
+  std::array<DeviceCache, kCacheDevices> devices;
+  std::atomic<bool> shut_down{false};
+};
+void release_cached_blocks(int device, DeviceCache& dc) noexcept;
+BlockCache& block_cache() {
+  static BlockCache* cache = [] {
+    auto* c = new BlockCache();
+    std::atexit([] {
+      BlockCache& bc = block_cache();
+      bc.shut_down.store(true);
+      for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d]);
+    });
+    return c;
+  }();
+  return *cache;
+}
+
+void release_cached_blocks(int device, DeviceCache& dc) noexcept {
+  try {
+    std::unordered_map<CacheKey, std::vector<void*>, CacheKeyHash> blocks;
+    {
+      std::lock_guard<std::mutex> lock(dc.mutex);
+      blocks.swap(dc.blocks);
+      dc.bytes = 0;
+    }
+    if (blocks.empty()) return;
+    int saved = -1;
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    if (saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device));
+    for (const auto& [key, ptrs] : blocks) {
+      for (void* p : ptrs) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, key.stream));
+    }
+    if (saved >= 0 && saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
+  } catch (...) {
+    detail::log_error(__FILE__, __LINE__, "block cache: could not release cached blocks");
+  }
+}
+
+bool capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;  // cannot tell: do not cache
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// A cached block of exactly `bytes` for `stream`, or nullptr.
+void* cache_take(int device, cudaStream_t stream, std::size_t bytes) {
+  DeviceCache& dc = block_cache().devices[device];
+  std::lock_guard<std::mutex> lock(dc.mutex);
+  auto it = dc.blocks.find({stream, bytes});
+  if (it == dc.blocks.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  dc.bytes -= bytes;
+  return p;
+}
+
+// Keeps a freed block; false if the cache declines it (full, shut down, or capturing).
+bool cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p) noexcept {
+  try {
+    BlockCache& bc = block_cache();
+    if (bc.shut_down.load() || capturing(stream)) return false;
+    DeviceCache& dc = bc.devices[device];
+    std::lock_guard<std::mutex> lock(dc.mutex);
+    if (dc.bytes + bytes > g_cache_limit.load(std::memory_order_relaxed)) return false;
+    dc.blocks[{stream, bytes}].push_back(p);
+    dc.bytes += bytes;
+    return true;
+  } catch (...) {
+    return false;  // e.g. out of host memory: the block goes back to the pool instead
+  }
+}
+#endif
+
+#if GRAPHWARD_HAS_CUDA
 // Keep freed memory in the device's pool instead of returning it to the OS at every
 // synchronization (the default threshold of 0 would make each step re-map its memory).
 void configure_pool_once(int device) {
@@ -115,20 +225,38 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 #if GRAPHWARD_HAS_CUDA
   check_cuda_device(device, "Storage::allocate");
   GW_CHECK(stream != nullptr, "Storage::allocate: expected a stream for ", device.str());
+  GW_CHECK(device.index < kCacheDevices, "Storage::allocate: device index ", device.index,
+           " exceeds graphward's limit of ", kCacheDevices, " devices");
   DeviceGuard guard(device);
-  configure_pool_once(device.index);
   void* p = nullptr;
+  const std::size_t block = block_size(bytes);
+  // Note [Block cache]: graphward's own streams, outside a capture, with the cache on.
+  const bool cacheable = bytes > 0 && g_cache_limit.load(std::memory_order_relaxed) > 0 &&
+                         is_graphward_stream(stream) && !capturing(stream);
   if (bytes > 0) {
-    GW_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+    if (cacheable) p = cache_take(device.index, stream, block);
+    if (!p) {
+      configure_pool_once(device.index);
+      GW_CUDA_CHECK(cudaMallocAsync(&p, block, stream));
+    }
     if (debug::poison_new_memory()) {
-      const cudaError_t err = cudaMemsetAsync(p, 0xFF, bytes, stream);
+      const cudaError_t err = cudaMemsetAsync(p, 0xFF, block, stream);
       if (err != cudaSuccess) {
         GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, stream));
         GW_CUDA_CHECK(err);
       }
     }
   }
-  return std::shared_ptr<Storage>(new Storage(device, p, bytes, stream));
+  std::shared_ptr<Storage> storage;
+  try {
+    storage.reset(new Storage(device, p, bytes, stream));
+  } catch (...) {
+    if (p) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, stream));
+    throw;
+  }
+  storage->block_bytes_ = block;
+  storage->cacheable_ = cacheable;
+  return storage;
 #else
   (void)bytes, (void)stream;
   GW_CHECK(false, "Storage::allocate: cannot allocate on ", device.str(),
@@ -149,6 +277,14 @@ Storage::~Storage() {
     return cudaGetDevice(&d) == cudaSuccess ? d : -1;
   }();
   if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
+  // Used on its own stream only: into the block cache (Note [Block cache]).
+  if (cacheable_ && other_streams_.empty() &&
+      cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
+    if (saved_device >= 0 && saved_device != device_.index) {
+      GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+    }
+    return;
+  }
   // Rule 7: the pool may hand this block out on alloc_stream_ only after every other stream that
   // used it has finished with it.
   for (cudaStream_t s : other_streams_) {
@@ -166,6 +302,49 @@ Storage::~Storage() {
   if (saved_device >= 0 && saved_device != device_.index) {
     GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
   }
+#endif
+}
+
+// ---- block cache API --------------------------------------------------------------------------
+
+std::size_t cached_bytes(Device device) {
+#if GRAPHWARD_HAS_CUDA
+  if (!device.is_cuda()) return 0;
+  check_cuda_device(device, "cached_bytes");
+  if (device.index >= kCacheDevices) return 0;
+  DeviceCache& dc = block_cache().devices[device.index];
+  std::lock_guard<std::mutex> lock(dc.mutex);
+  return dc.bytes;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+void empty_cache(Device device) {
+#if GRAPHWARD_HAS_CUDA
+  if (!device.is_cuda()) return;
+  check_cuda_device(device, "empty_cache");
+  if (device.index >= kCacheDevices) return;
+  release_cached_blocks(device.index, block_cache().devices[device.index]);
+#else
+  (void)device;
+#endif
+}
+
+void set_block_cache_limit(std::size_t bytes) {
+#if GRAPHWARD_HAS_CUDA
+  g_cache_limit.store(bytes);
+#else
+  (void)bytes;
+#endif
+}
+
+std::size_t block_cache_limit() {
+#if GRAPHWARD_HAS_CUDA
+  return g_cache_limit.load();
+#else
+  return 0;
 #endif
 }
 

@@ -122,7 +122,34 @@ std::vector<PooledStream>& stream_pool() {
   static auto* pool = new std::vector<PooledStream>();  // never destroyed: see the note
   return *pool;
 }
+
+// Every stream graphward created, append-only (they are never destroyed): read without a lock.
+constexpr int kMaxRegistered = 4096;
+std::array<std::atomic<cudaStream_t>, kMaxRegistered> g_registered{};
+std::atomic<int> g_num_registered{0};
+std::mutex g_register_mutex;
+
+void register_stream(cudaStream_t stream) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(g_register_mutex);
+    const int n = g_num_registered.load(std::memory_order_relaxed);
+    if (n >= kMaxRegistered) return;  // beyond the table: treated as a raw stream
+    g_registered[n].store(stream, std::memory_order_relaxed);
+    g_num_registered.store(n + 1, std::memory_order_release);
+  } catch (...) {
+    // Not registered: the stream is treated as a raw stream (its memory is not cached).
+  }
+}
 }  // namespace
+
+bool is_graphward_stream(cudaStream_t stream) noexcept {
+  if (!stream) return false;
+  const int n = g_num_registered.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (g_registered[i].load(std::memory_order_relaxed) == stream) return true;
+  }
+  return false;
+}
 
 Stream::Stream(Device device, int priority) : device_(device), priority_(priority) {
 #if GRAPHWARD_HAS_CUDA
@@ -140,6 +167,7 @@ Stream::Stream(Device device, int priority) : device_(device), priority_(priorit
   }
   DeviceGuard guard(device);
   GW_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  register_stream(stream_);
 #else
   (void)priority;
   no_cuda("Stream");
@@ -225,6 +253,7 @@ cudaStream_t default_stream(Device device) {
   if (!s) {
     DeviceGuard guard(device);
     GW_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    register_stream(s);
     slot.store(s, std::memory_order_release);
   }
   return s;

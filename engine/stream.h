@@ -97,4 +97,9 @@ class StreamGuard {
 // they are the same stream.
 void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer);
 
+// Whether `stream` is one graphward created (a default stream or a graphward::Stream's): such a
+// stream lives as long as the process (Note [Stream lifetime]), so a handle to it never dangles
+// and is never reused for another stream. Streams passed in raw are not.
+bool is_graphward_stream(cudaStream_t stream) noexcept;
+
 }  // namespace graphward

@@ -126,6 +126,95 @@ TEST_F(CudaStreams, FreedMemoryIsNotReusedWhileAnotherStreamStillReadsIt) {  // 
   EXPECT_EQ(seen.to_vector<float>(), expected.to_vector<float>());
 }
 
+// ---- the block cache (Note [Block cache]) -------------------------------------------------------
+
+TEST_F(CudaStreams, BlocksUsedOnOneStreamAreReusedFromTheCacheOnThatStreamOnly) {
+  Stream s(kGpu), other(kGpu);
+  empty_cache(kGpu);
+  ASSERT_EQ(cached_bytes(kGpu), 0u);
+  StreamGuard g(s);
+  void* block = nullptr;
+  {
+    const Tensor a = full({1000}, 1.0, kF32Gpu);  // 4000 bytes: a 4096-byte block
+    block = a.raw_data();
+  }
+  EXPECT_EQ(cached_bytes(kGpu), 4096u);
+  {
+    StreamGuard on_other(other);  // another stream never takes it
+    const Tensor b = full({1000}, 2.0, kF32Gpu);
+    EXPECT_NE(b.raw_data(), block);
+    EXPECT_EQ(cached_bytes(kGpu), 4096u);
+  }
+  const Tensor c = full({1000}, 3.0, kF32Gpu);  // same stream, same size: the cached block
+  EXPECT_EQ(c.raw_data(), block);
+  EXPECT_EQ(c.to_vector<float>(), std::vector<float>(1000, 3.0f));
+  empty_cache(kGpu);
+  EXPECT_EQ(cached_bytes(kGpu), 0u);
+}
+
+TEST_F(CudaStreams, ReusedBlocksFollowTheStreamOrderOfTheirEarlierUses) {
+  // A reader enqueued behind a long GEMM chain on the same stream still sees the old contents:
+  // the block is rewritten only after it, in stream order.
+  Stream s(kGpu);
+  StreamGuard g(s);
+  const Shape shape{1024, 1024};
+  Tensor seen;
+  void* block = nullptr;
+  {
+    const Tensor a = full(shape, 1.0, kF32Gpu);
+    block = a.raw_data();
+    const Tensor keep_busy = busy_work();
+    seen = mul(a, 2.0);
+  }
+  const Tensor scribble = full(shape, -7.0, kF32Gpu);
+  EXPECT_EQ(scribble.raw_data(), block) << "expected the freed block back from the cache";
+  EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
+}
+
+TEST_F(CudaStreams, MemoryUsedOnAnotherStreamOrOnARawStreamIsNotCached) {
+  Stream home(kGpu), reader(kGpu);
+  empty_cache(kGpu);
+  Tensor kept;
+  {
+    Tensor t;
+    {
+      StreamGuard g(home);
+      t = full({4096}, 1.0, kF32Gpu);
+    }
+    StreamGuard g(reader);
+    kept = relu(t);  // t is read on `reader`: its free takes rule 7's event-ordered path
+  }
+  EXPECT_EQ(cached_bytes(kGpu), 0u);
+  cudaStream_t raw = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  {
+    StreamGuard g(kGpu, raw);
+    const Tensor r = full({4096}, 1.0, kF32Gpu);
+  }
+  EXPECT_EQ(cached_bytes(kGpu), 0u) << "a raw stream's handle may be destroyed and reused";
+  ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(raw), cudaSuccess);
+}
+
+TEST_F(CudaStreams, CacheLimitBoundsWhatIsKept) {
+  Stream s(kGpu);
+  StreamGuard g(s);
+  empty_cache(kGpu);
+  const std::size_t limit = block_cache_limit();
+  set_block_cache_limit(0);
+  { const Tensor a = full({1000}, 1.0, kF32Gpu); }
+  EXPECT_EQ(cached_bytes(kGpu), 0u);
+  set_block_cache_limit(8192);
+  {
+    const Tensor a = full({1000}, 1.0, kF32Gpu), b = full({1000}, 1.0, kF32Gpu),
+                 c = full({1000}, 1.0, kF32Gpu);
+  }
+  EXPECT_EQ(cached_bytes(kGpu), 8192u);  // two 4096-byte blocks fit, the third went to the pool
+  set_block_cache_limit(limit);
+  empty_cache(kGpu);
+  EXPECT_EQ(cached_bytes(kGpu), 0u);
+}
+
 TEST_F(CudaStreams, GemmsOnTwoStreamsAtOnceUseSeparateWorkspaces) {
   Stream s1(kGpu), s2(kGpu);
   const Tensor a = randn({1024, 1024}, 1, kF32Gpu), b = randn({1024, 1024}, 2, kF32Gpu);
