@@ -76,6 +76,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--only", default="",
+                    help="run only the configs whose name contains this string")
     args = ap.parse_args()
     try:
         import torch
@@ -92,8 +94,10 @@ def main():
           f"medians of {args.iters} iterations")
     print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
     for k, d, n, b, multi in CONFIGS:
-        wall, host = run(torch, k, d, n, b, multi, args.iters)
         name = f"torch/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
+        if args.only not in name:
+            continue
+        wall, host = run(torch, k, d, n, b, multi, args.iters)
         rows.append((name, wall, host))
         print(f"{name:44s} {wall:9.1f} {host:9.1f}")
     if args.csv:
