@@ -1,17 +1,28 @@
 #include "engine/autograd.h"
 
 #include <atomic>
+#include <mutex>
+#include <unordered_set>
 
 namespace graphward {
 
 namespace {
 std::atomic<std::uint64_t> g_next_sequence_nr{0};
 thread_local bool t_grad_mode = true;
+
+// Op names, interned for the life of the process (never freed: a handful of short strings).
+const std::string* intern(const std::string& name) {
+  static std::mutex mutex;
+  static auto* names = new std::unordered_set<std::string>();
+  std::lock_guard<std::mutex> lock(mutex);
+  return &*names->insert(name).first;
+}
 }  // namespace
 
 Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
            std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward)
     : name_(std::move(name)),
+      interned_name_(intern(name_)),
       device_(device),
       stream_(stream),
       inputs_(std::move(inputs)),

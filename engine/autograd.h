@@ -57,10 +57,15 @@ class Node {
        std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward);
 
   const std::string& name() const { return name_; }
+  // The name, interned: one pointer per distinct name for the life of the process (cheap to
+  // compare and safe to keep after the node is gone, as tape signatures do).
+  const std::string* interned_name() const { return interned_name_; }
   Device device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   const std::vector<InputMeta>& inputs() const { return inputs_; }
   const Shape& output_shape() const { return output_shape_; }
+  // The tensors the backward reads (empty once released).
+  const std::vector<SavedTensor>& saved() const { return saved_; }
   // Order of creation in this process: a later node never feeds an earlier one.
   std::uint64_t sequence_nr() const { return sequence_nr_; }
   bool released() const { return released_; }
@@ -77,6 +82,7 @@ class Node {
 
  private:
   std::string name_;
+  const std::string* interned_name_;
   Device device_;
   cudaStream_t stream_;
   std::vector<InputMeta> inputs_;

@@ -1,5 +1,7 @@
 #include "engine/backward_plan.h"
 
+#include "engine/ptr_index.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -21,54 +23,6 @@ namespace graphward {
 // order: the first writes (GradWrite::kOverwrite) or adds (kAccumulate), later ones add, and a
 // contributor on another stream than the previous one waits for it.
 
-namespace {
-
-// A small open-addressing map from pointers to indices, for planning: no allocation per entry
-// (std::unordered_map allocates a node per insert, and a plan is built every eager step).
-class PtrIndex {
- public:
-  explicit PtrIndex(std::size_t expected) {
-    std::size_t cap = 16;
-    while (cap < 2 * expected) cap *= 2;
-    slots_.assign(cap, {nullptr, -1});
-  }
-  // The index stored for `key`, inserting `value` if absent; second: whether it was inserted.
-  std::pair<int, bool> emplace(const void* key, int value) {
-    if (2 * (size_ + 1) > slots_.size()) grow();
-    auto& slot = find(key);
-    if (slot.first) return {slot.second, false};
-    slot = {key, value};
-    ++size_;
-    return {value, true};
-  }
-  int at(const void* key) const {
-    const auto& slot = const_cast<PtrIndex*>(this)->find(key);
-    GW_CHECK(slot.first != nullptr, "backward: internal error: a node missing from the plan");
-    return slot.second;
-  }
-
- private:
-  std::pair<const void*, int>& find(const void* key) {
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t i = (reinterpret_cast<std::uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 7;
-    for (i &= mask;; i = (i + 1) & mask) {
-      if (slots_[i].first == key || slots_[i].first == nullptr) return slots_[i];
-    }
-  }
-  void grow() {
-    std::vector<std::pair<const void*, int>> old(slots_.size() * 2, {nullptr, -1});
-    old.swap(slots_);
-    size_ = 0;
-    for (const auto& [k, v] : old) {
-      if (k) emplace(k, v);
-    }
-  }
-  std::vector<std::pair<const void*, int>> slots_;
-  std::size_t size_ = 0;
-};
-
-}  // namespace
-
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
                            GradWrite grad_write) {
   GW_CHECK(!roots.empty(), "backward: expected at least one root");
@@ -77,7 +31,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   plan.streams.push_back(caller_stream);
 
   // 1. The nodes reachable from the roots, and how many edges point at each (dependencies).
-  PtrIndex index(64);  // node -> discovery index
+  detail::PtrIndex index(64);  // node -> discovery index
   std::vector<Node*> nodes;
   std::vector<int> pending;  // per discovered node: edges from reachable nodes not yet run
   // Per discovered node, per input: the discovery index of the input's node, or -1 (a leaf or no
@@ -171,7 +125,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     plan.steps[s].grad_buffer = static_cast<int>(plan.buffers.size());
     plan.buffers.push_back(std::move(b));
   }
-  PtrIndex leaf_buffer(64);  // keyed by the leaf's shared .grad slot
+  detail::PtrIndex leaf_buffer(64);  // keyed by the leaf's shared .grad slot
   auto leaf_buffer_of = [&](const Tensor& leaf) {
     const auto [found, inserted] =
         leaf_buffer.emplace(&leaf.grad(), static_cast<int>(plan.buffers.size()));

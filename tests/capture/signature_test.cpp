@@ -1,0 +1,256 @@
+// Tape signatures and the graph cache's policy, on the CPU: equal for equal tapes; for every kind
+// of change a graph cannot survive (a shape, a dtype, a new branch, the stream structure, the
+// gradient mode, a .grad appearing) a different structure; for a replaced parameter or gradient the
+// same structure with other addresses; and a readable reason for each. Hand-built tapes carry fake
+// stream handles: nothing is launched.
+#include "capture/signature.h"
+#include "capture/graph_cache.h"
+#include "test_util.h"
+
+namespace graphward::capture {
+namespace {
+
+cudaStream_t fake_stream(std::uintptr_t id) {
+  return reinterpret_cast<cudaStream_t>(id * 0x1000);
+}
+
+// A model of two branches (linear + relu) summed, mse loss; CPU tensors.
+struct Model {
+  Tensor w0, b0, w1, b1, target;
+  explicit Model(std::int64_t width = 6) {
+    w0 = randn({width, width}, 1).set_requires_grad(true);
+    b0 = randn({width}, 2).set_requires_grad(true);
+    w1 = randn({width, width}, 3).set_requires_grad(true);
+    b1 = randn({width}, 4).set_requires_grad(true);
+    target = randn({5, width}, 5);
+  }
+  Tensor loss(const Tensor& x, bool tanh_branch = false) const {
+    const Tensor h0 = relu(linear(x, w0, b0));
+    const Tensor h1 = tanh_branch ? tanh(linear(x, w1, b1)) : relu(linear(x, w1, b1));
+    return mse_loss(add(h0, h1), target);
+  }
+};
+
+TapeSignature sig(const Tensor& loss, GradWrite mode = GradWrite::kAccumulate) {
+  return tape_signature({loss}, {}, nullptr, mode);
+}
+
+TEST(TapeSignature, EqualForTheSameTapeAndForTheSameModelAgain) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  const Tensor loss = m.loss(x);
+  const TapeSignature a = sig(loss), b = sig(loss);
+  EXPECT_TRUE(a.same_structure(b));
+  EXPECT_TRUE(a.same_addresses(b));
+  EXPECT_EQ(describe_difference(a, b), "");
+  EXPECT_EQ(a.num_nodes(), 6);  // mse_loss, add, and relu + linear per branch
+  // Another forward of the same model: the same structure; its activations are new memory.
+  const TapeSignature c = sig(m.loss(x));
+  EXPECT_TRUE(a.same_structure(c));
+  EXPECT_FALSE(a.same_addresses(c));
+  EXPECT_NE(describe_difference(a, c).find("addresses changed"), std::string::npos)
+      << describe_difference(a, c);
+}
+
+TEST(TapeSignature, AShapeChangeIsANewStructureAndTheReasonSaysWhere) {
+  Model m;
+  const TapeSignature a = sig(m.loss(randn({5, 6}, 10)));
+  Model m2;
+  m2.target = randn({3, 6}, 5);
+  const TapeSignature b = sig(m2.loss(randn({3, 6}, 10)));
+  EXPECT_FALSE(a.same_structure(b));
+  const std::string why = describe_difference(a, b);
+  EXPECT_NE(why.find("node 0"), std::string::npos) << why;
+  EXPECT_NE(why.find("[5, 6]"), std::string::npos) << why;
+  EXPECT_NE(why.find("[3, 6]"), std::string::npos) << why;
+}
+
+TEST(TapeSignature, ANewBranchOrADifferentOpIsANewStructure) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  const TapeSignature relu_tape = sig(m.loss(x)), tanh_tape = sig(m.loss(x, true));
+  EXPECT_FALSE(relu_tape.same_structure(tanh_tape));
+  const std::string why = describe_difference(relu_tape, tanh_tape);
+  EXPECT_NE(why.find("relu"), std::string::npos) << why;
+  EXPECT_NE(why.find("tanh"), std::string::npos) << why;
+  // An extra node.
+  const TapeSignature longer = sig(mul(m.loss(x), 2.0));
+  EXPECT_FALSE(relu_tape.same_structure(longer));
+  EXPECT_NE(describe_difference(relu_tape, longer).find("nodes"), std::string::npos);
+}
+
+TEST(TapeSignature, DtypeGradModeAndAGradAppearingChangeTheStructure) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  const Tensor loss = m.loss(x);
+  const TapeSignature a = sig(loss);
+  EXPECT_FALSE(a.same_structure(sig(loss, GradWrite::kOverwrite)));
+  // float64 model
+  Model d;
+  const auto f64 = [](const Tensor& t) {
+    const std::vector<float> v = t.to_vector<float>();
+    return from_vector(std::vector<double>(v.begin(), v.end()), t.shape());
+  };
+  d.w0 = f64(m.w0).set_requires_grad(true);
+  d.b0 = f64(m.b0).set_requires_grad(true);
+  d.w1 = f64(m.w1).set_requires_grad(true);
+  d.b1 = f64(m.b1).set_requires_grad(true);
+  d.target = f64(m.target);
+  EXPECT_FALSE(a.same_structure(sig(d.loss(f64(x)))));
+  // A leaf's .grad now exists (the backward will accumulate into it, not allocate it).
+  backward(loss, {.retain_graph = true});
+  EXPECT_FALSE(a.same_structure(sig(loss)));
+}
+
+TEST(TapeSignature, AReplacedParameterOrGradientKeepsTheStructureAndChangesAnAddress) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  Tensor loss = m.loss(x);
+  backward(loss, {.retain_graph = true});  // .grad exists from now on
+  const TapeSignature before = sig(loss);
+  // The same tape, one gradient buffer replaced.
+  m.w1.grad() = zeros(m.w1.shape());
+  const TapeSignature grad_moved = sig(loss);
+  EXPECT_TRUE(before.same_structure(grad_moved));
+  EXPECT_FALSE(before.same_addresses(grad_moved));
+  std::string why = describe_difference(before, grad_moved);
+  EXPECT_NE(why.find("1 of"), std::string::npos) << why;
+  EXPECT_NE(why.find(".grad of leaf"), std::string::npos) << why;
+  // A parameter reallocated (same shape): a new forward saves the new storage.
+  const Tensor old_w0 = m.w0;
+  m.w0 = randn(m.w0.shape(), 99).set_requires_grad(true);
+  m.w0.grad() = old_w0.grad();
+  const TapeSignature param_moved = sig(m.loss(x));
+  EXPECT_TRUE(before.same_structure(param_moved));
+  EXPECT_FALSE(before.same_addresses(param_moved));
+}
+
+// ---- hand-built multistream tapes ---------------------------------------------------------------
+
+InputMeta from(const std::shared_ptr<Node>& n) {
+  return {n->output_shape(), DType::kFloat32, Device::cuda(0), n->stream(), {n, Tensor()}};
+}
+InputMeta from_leaf(const Tensor& leaf, cudaStream_t s) {
+  return {leaf.shape(), DType::kFloat32, Device::cuda(0), s, {nullptr, leaf}};
+}
+// Two branches on streams sa and sb, joined on the caller's stream.
+Tensor two_stream_tape(cudaStream_t caller, cudaStream_t sa, cudaStream_t sb, const Tensor& la,
+                       const Tensor& lb) {
+  const auto a = make_node("layer", Device::cuda(0), sa, {from_leaf(la, sa)}, {4});
+  const auto b = make_node("layer", Device::cuda(0), sb, {from_leaf(lb, sb)}, {4});
+  const auto join = make_node("add", Device::cuda(0), caller, {from(a), from(b)}, {4});
+  const Tensor root = zeros({1});
+  root.set_grad_fn(join);
+  return root;
+}
+
+TEST(TapeSignature, StreamsAreNumberedSoTheSameStructureOnOtherStreamsMatches) {
+  const Tensor la = zeros({4}).set_requires_grad(true), lb = zeros({4}).set_requires_grad(true);
+  const cudaStream_t caller = fake_stream(1);
+  const Tensor t1 = two_stream_tape(caller, fake_stream(2), fake_stream(3), la, lb);
+  const Tensor t2 = two_stream_tape(caller, fake_stream(7), fake_stream(8), la, lb);
+  const Tensor same_stream = two_stream_tape(caller, fake_stream(2), fake_stream(2), la, lb);
+  const Tensor on_caller = two_stream_tape(caller, caller, fake_stream(3), la, lb);
+  const auto s1 = tape_signature({t1}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  const auto s2 = tape_signature({t2}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  EXPECT_TRUE(s1.same_structure(s2)) << describe_difference(s1, s2);
+  const auto s3 = tape_signature({same_stream}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  EXPECT_FALSE(s1.same_structure(s3));
+  const std::string why = describe_difference(s1, s3);
+  EXPECT_NE(why.find("on s"), std::string::npos) << why;
+  const auto s4 = tape_signature({on_caller}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  EXPECT_FALSE(s1.same_structure(s4));
+  // The node record reads back.
+  EXPECT_EQ(s1.describe_node(0),
+            "add on s0 -> [4] (in0: node 1 float32[4] from s1; in1: node 2 float32[4] from s2)");
+  // A seed of another shape is another structure.
+  const auto s5 = tape_signature({t1}, {zeros({2})}, caller, GradWrite::kAccumulate);
+  EXPECT_FALSE(s1.same_structure(s5));
+}
+
+TEST(TapeSignature, AReleasedGraphIsRefusedAsBackwardWouldRefuseIt) {
+  Model m;
+  const Tensor loss = m.loss(randn({5, 6}, 10));
+  backward(loss);
+  GW_EXPECT_ERROR(sig(loss), "a second time", "retain_graph");
+}
+
+// ---- the graph cache's policy -------------------------------------------------------------------
+
+using Cache = GraphCache<int>;
+
+TEST(GraphCache, CaptureThenReplayThenUpdateThenCaptureANewStructure) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  Cache cache(4);
+  const Tensor loss = m.loss(x);
+  const TapeSignature s = sig(loss);
+  auto d = cache.decide(s);
+  EXPECT_EQ(d.action, Cache::Action::kCapture);
+  EXPECT_EQ(d.reason, "no graph captured yet");
+  cache.insert(s, 1);
+  d = cache.decide(s);
+  ASSERT_EQ(d.action, Cache::Action::kReplay);
+  EXPECT_EQ(d.entry->exec, 1);
+  EXPECT_TRUE(d.reason.empty());
+  // Same structure, new activations: update the same entry.
+  const TapeSignature s2 = sig(m.loss(x));
+  d = cache.decide(s2);
+  ASSERT_EQ(d.action, Cache::Action::kUpdate);
+  EXPECT_EQ(d.entry->exec, 1);
+  EXPECT_NE(d.reason.find("addresses changed"), std::string::npos) << d.reason;
+  cache.count_update(*d.entry, s2);
+  EXPECT_EQ(cache.decide(s2).action, Cache::Action::kReplay);
+  // A new structure: capture, with the difference against the last graph as the reason.
+  const TapeSignature s3 = sig(m.loss(x, true));
+  d = cache.decide(s3);
+  EXPECT_EQ(d.action, Cache::Action::kCapture);
+  EXPECT_NE(d.reason.find("tanh"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("1 cached graph"), std::string::npos) << d.reason;
+  cache.insert(s3, 2);
+  EXPECT_EQ(cache.decide(s3).action, Cache::Action::kReplay);
+  EXPECT_EQ(cache.decide(s2).action, Cache::Action::kReplay);  // the first graph is still there
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.counters().captures, 2u);
+  EXPECT_EQ(cache.counters().updates, 1u);
+}
+
+TEST(GraphCache, BoundedLeastRecentlyUsedOut) {
+  Cache cache(2);
+  std::vector<TapeSignature> sigs;
+  std::vector<Tensor> keep;  // the tapes stay alive
+  for (std::int64_t width : {3, 4, 5}) {
+    Model m(width);
+    m.target = randn({5, width}, 5);
+    keep.push_back(m.loss(randn({5, width}, 10)));
+    sigs.push_back(sig(keep.back()));
+  }
+  cache.insert(sigs[0], 0);
+  cache.insert(sigs[1], 1);
+  EXPECT_EQ(cache.decide(sigs[0]).action, Cache::Action::kReplay);  // 0 is now the most recent
+  cache.insert(sigs[2], 2);                                         // evicts 1
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.counters().evictions, 1u);
+  EXPECT_EQ(cache.decide(sigs[0]).action, Cache::Action::kReplay);
+  EXPECT_EQ(cache.decide(sigs[2]).action, Cache::Action::kReplay);
+  EXPECT_EQ(cache.decide(sigs[1]).action, Cache::Action::kCapture);
+  GW_EXPECT_ERROR(Cache(0), "capacity");
+}
+
+TEST(GraphCache, EntriesOutliveTheTapeTheyWereCapturedFrom) {
+  Cache cache(2);
+  {
+    Model m;
+    const Tensor loss = m.loss(randn({5, 6}, 10));
+    cache.insert(sig(loss), 7);
+  }  // the tape and its op names are gone; the entry owns copies
+  Model m;
+  m.target = randn({2, 6}, 5);
+  const Tensor loss = m.loss(randn({2, 6}, 10));
+  const auto d = cache.decide(sig(loss));
+  EXPECT_EQ(d.action, Cache::Action::kCapture);
+  EXPECT_NE(d.reason.find("mse_loss"), std::string::npos) << d.reason;
+}
+
+}  // namespace
+}  // namespace graphward::capture
