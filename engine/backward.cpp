@@ -1,5 +1,7 @@
 #include "engine/backward.h"
 
+#include "engine/capture_mode.h"
+
 #include <chrono>
 #include <optional>
 
@@ -106,6 +108,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   const bool gpu = device.is_cuda();
   const cudaStream_t caller = plan.streams[0];
   const bool timed = gpu && timings != nullptr;
+  if (timed) check_capturable("backward() with timings");  // its trace synchronizes
   if (timed) timing_event(device, 0).record(caller);  // the origin of the trace
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)

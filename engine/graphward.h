@@ -1,11 +1,12 @@
 #pragma once
 // graphward: the public header. Include this one; the others are its parts.
-#include "engine/autograd.h"  // IWYU pragma: export
-#include "engine/backward.h"  // IWYU pragma: export
-#include "engine/device.h"    // IWYU pragma: export
-#include "engine/dtype.h"     // IWYU pragma: export
-#include "engine/error.h"     // IWYU pragma: export
-#include "engine/memory.h"    // IWYU pragma: export
-#include "engine/ops.h"       // IWYU pragma: export
-#include "engine/stream.h"    // IWYU pragma: export
-#include "engine/tensor.h"    // IWYU pragma: export
+#include "engine/autograd.h"      // IWYU pragma: export
+#include "engine/backward.h"      // IWYU pragma: export
+#include "engine/capture_mode.h"  // IWYU pragma: export
+#include "engine/device.h"        // IWYU pragma: export
+#include "engine/dtype.h"         // IWYU pragma: export
+#include "engine/error.h"         // IWYU pragma: export
+#include "engine/memory.h"        // IWYU pragma: export
+#include "engine/ops.h"           // IWYU pragma: export
+#include "engine/stream.h"        // IWYU pragma: export
+#include "engine/tensor.h"        // IWYU pragma: export

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/capture_mode.h"
 #include "engine/error.h"
 
 namespace graphward {
@@ -67,12 +68,14 @@ void Event::block(cudaStream_t stream) const {
   GW_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
 }
 bool Event::query() const {
+  check_capturable("Event::query");  // Note [Capture-unsafe ops]
   const cudaError_t err = cudaEventQuery(event_);
   if (err == cudaErrorNotReady) return false;
   GW_CUDA_CHECK(err);
   return true;
 }
 void Event::synchronize() const {
+  check_capturable("Event::synchronize");  // Note [Capture-unsafe ops]
   GW_CUDA_CHECK(cudaEventSynchronize(event_));
 }
 float Event::elapsed_ms_since(const Event& start) const {
@@ -88,9 +91,11 @@ void Event::block(cudaStream_t) const {
   no_cuda("Event::block");
 }
 bool Event::query() const {
+  check_capturable("Event::query");  // Note [Capture-unsafe ops]
   no_cuda("Event::query");
 }
 void Event::synchronize() const {
+  check_capturable("Event::synchronize");  // Note [Capture-unsafe ops]
   no_cuda("Event::synchronize");
 }
 float Event::elapsed_ms_since(const Event&) const {
@@ -205,6 +210,7 @@ void Stream::reset() noexcept {
 }
 
 void Stream::synchronize() const {
+  check_capturable("Stream::synchronize");  // Note [Capture-unsafe ops]
 #if GRAPHWARD_HAS_CUDA
   GW_CUDA_CHECK(cudaStreamSynchronize(stream_));
 #else

@@ -1,5 +1,7 @@
 #include "engine/tensor.h"
 
+#include "engine/capture_mode.h"
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -156,6 +158,7 @@ Tensor generate(const Shape& shape, TensorOptions options, Gen gen) {
 Tensor Tensor::to(Device target) const {
   const Impl& src = impl();
   const Device from = device();
+  if (from != target) check_capturable("Tensor::to");  // Note [Capture-unsafe ops]
   const TensorOptions options{src.dtype, target};
   if (from.is_cpu()) return upload(raw_data(), src.shape, options);
 #if GRAPHWARD_HAS_CUDA
@@ -198,6 +201,7 @@ Tensor Tensor::to(Device target) const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  check_capturable("Tensor::to_vector");  // Note [Capture-unsafe ops]
   GW_CHECK(dtype() == dtype_of<T>(), "Tensor::to_vector: the tensor holds ", dtype_name(dtype()),
            ", not ", dtype_name(dtype_of<T>()));
   const Tensor host = device().is_cpu() ? *this : to(Device::cpu());
@@ -208,6 +212,7 @@ template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 
 double Tensor::item() const {
+  check_capturable("Tensor::item");  // Note [Capture-unsafe ops]
   GW_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
            shape_str(shape()));
   return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];

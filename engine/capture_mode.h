@@ -1,0 +1,37 @@
+#pragma once
+// Note [Capture-unsafe ops]
+// While graphward captures a backward into a CUDA graph (capture/), the code that runs is recorded,
+// not executed, and on replay only the recorded GPU work runs again. An op that waits for the GPU
+// (a synchronize, a host read of a device tensor, a host-to-device upload) would invalidate the
+// capture; host code that reads a tensor's value would run once, at capture time, and its result
+// would be baked into every replay. Such ops call check_capturable(op) first: inside a
+// CaptureModeScope it throws a graphward::Error that names the op and what is being captured,
+// before anything is enqueued, instead of corrupting or silently freezing the graph.
+//
+// Ops that check: Tensor::item, Tensor::to_vector, Tensor::to (host <-> device and across
+// devices), Stream::synchronize, Event::synchronize, Event::query, and a timed backward() (its
+// trace synchronizes).
+#include <string>
+
+namespace graphward {
+
+// Marks the calling thread as capturing `what` (e.g. "the backward of step 12") for the scope.
+// Scopes nest; the innermost names the capture.
+class CaptureModeScope {
+ public:
+  explicit CaptureModeScope(std::string what);
+  ~CaptureModeScope();
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+
+ private:
+  const std::string* previous_;
+  std::string what_;
+};
+
+// Whether the calling thread is inside a CaptureModeScope.
+bool capturing() noexcept;
+// Throws graphward::Error naming `op` when the calling thread is capturing.
+void check_capturable(const char* op);
+
+}  // namespace graphward
