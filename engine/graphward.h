@@ -8,5 +8,6 @@
 #include "engine/error.h"         // IWYU pragma: export
 #include "engine/memory.h"        // IWYU pragma: export
 #include "engine/ops.h"           // IWYU pragma: export
+#include "engine/step_arena.h"    // IWYU pragma: export
 #include "engine/stream.h"        // IWYU pragma: export
 #include "engine/tensor.h"        // IWYU pragma: export

@@ -2,16 +2,17 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
-#include <mutex>
-#include <unordered_map>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/step_arena.h"
 
 namespace graphward {
 
@@ -154,7 +155,7 @@ void release_cached_blocks(int device, DeviceCache& dc) noexcept {
   }
 }
 
-bool capturing(cudaStream_t stream) noexcept {
+bool stream_capturing(cudaStream_t stream) noexcept {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -179,7 +180,7 @@ void* cache_take(int device, cudaStream_t stream, std::size_t bytes) {
 bool cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p) noexcept {
   try {
     BlockCache& bc = block_cache();
-    if (bc.shut_down.load() || capturing(stream)) return false;
+    if (bc.shut_down.load() || stream_capturing(stream)) return false;
     DeviceCache& dc = bc.devices[device];
     std::lock_guard<std::mutex> lock(dc.mutex);
     if (dc.bytes + bytes > g_cache_limit.load(std::memory_order_relaxed)) return false;
@@ -208,12 +209,218 @@ void configure_pool_once(int device) {
 #endif
 }  // namespace
 
+// ---- step arena (Note [Step arena]) -----------------------------------------------------------
+
+namespace detail {
+
+struct ArenaSlot {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;  // the block's size
+  cudaStream_t stream = nullptr;
+  bool in_use = false;
+  bool orphan = false;  // no longer the arena's: the storage holding it frees it
+#if GRAPHWARD_HAS_CUDA
+  // Streams other than `stream` that used the memory before it was released, each with an event
+  // recorded at release: the next user waits for them.
+  std::vector<std::pair<cudaStream_t, Event>> released_on;
+#endif
+};
+
+struct ArenaState {
+  explicit ArenaState(Device d) : device(d) {}
+  std::mutex mutex;
+  Device device;
+  std::vector<std::shared_ptr<ArenaSlot>> slots;
+  std::size_t cursor = 0;
+  bool alive = true;
+  StepArena::Stats stats;
+#if GRAPHWARD_HAS_CUDA
+  Event step_end;
+  bool step_end_recorded = false;
+  std::vector<cudaStream_t> waited;  // streams that waited on step_end in this step
+#endif
+};
+
+}  // namespace detail
+
+namespace {
+
+thread_local std::shared_ptr<detail::ArenaState> t_step_arena;
+
+// Frees a slot's memory now (the slot is not in use). Errors are logged: called from destructors.
+void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
+  if (!slot.ptr) return;
+  if (device.is_cpu()) {
+    std::free(slot.ptr);
+  } else {
+#if GRAPHWARD_HAS_CUDA
+    try {
+      DeviceGuard guard(device);
+      for (auto& [s, ev] : slot.released_on) ev.block(slot.stream);  // rule 7
+      GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(slot.ptr, slot.stream));
+    } catch (const std::exception& e) {
+      detail::log_error(__FILE__, __LINE__, e.what());
+    }
+#endif
+  }
+  slot.ptr = nullptr;
+}
+
+// Drops the slots from `from` on: free ones are freed, held ones become their storage's to free.
+void drop_slots(detail::ArenaState& st, std::size_t from) noexcept {
+  for (std::size_t i = from; i < st.slots.size(); ++i) {
+    detail::ArenaSlot& slot = *st.slots[i];
+    st.stats.bytes -= slot.bytes;
+    if (slot.in_use) {
+      slot.orphan = true;
+    } else {
+      free_slot_memory(st.device, slot);
+    }
+  }
+  st.slots.resize(std::min(from, st.slots.size()));
+  st.stats.slots = st.slots.size();
+}
+
+// The slot for the next allocation of the step (`block` bytes on `stream`), in use and ordered
+// after its earlier users on the GPU; nullptr when this allocation must be served fresh (its slot
+// is still held). Records a new slot past the end.
+std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size_t block,
+                                               cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.cursor < st.slots.size()) {
+    const std::shared_ptr<detail::ArenaSlot>& slot = st.slots[st.cursor];
+    if (slot->bytes == block && slot->stream == stream) {
+      ++st.cursor;
+      if (slot->in_use) {  // a tensor of an earlier step still holds it
+        ++st.stats.held;
+        return nullptr;
+      }
+#if GRAPHWARD_HAS_CUDA
+      if (!st.device.is_cpu()) {
+        if (st.step_end_recorded &&
+            std::find(st.waited.begin(), st.waited.end(), stream) == st.waited.end()) {
+          st.step_end.block(stream);
+          st.waited.push_back(stream);
+        }
+        for (auto& [s, ev] : slot->released_on) ev.block(stream);
+        slot->released_on.clear();
+      }
+#endif
+      slot->in_use = true;
+      ++st.stats.served;
+      return slot;
+    }
+    drop_slots(st, st.cursor);  // the step diverged: record the rest anew
+    ++st.stats.rerecords;
+  }
+  auto slot = std::make_shared<detail::ArenaSlot>();
+  slot->bytes = block;
+  slot->stream = stream;
+  if (st.device.is_cpu()) {
+    slot->ptr = std::aligned_alloc(kHostAlignment, block);
+    if (!slot->ptr) throw std::bad_alloc();
+  } else {
+#if GRAPHWARD_HAS_CUDA
+    configure_pool_once(st.device.index);
+    GW_CUDA_CHECK(cudaMallocAsync(&slot->ptr, block, stream));
+#endif
+  }
+  slot->in_use = true;
+  st.slots.push_back(slot);
+  st.cursor = st.slots.size();
+  st.stats.slots = st.slots.size();
+  st.stats.bytes += block;
+  ++st.stats.recorded;
+  return slot;
+}
+
+}  // namespace
+
+StepArena::StepArena(Device device) : state_(std::make_shared<detail::ArenaState>(device)) {
+  if (device.is_cuda()) check_cuda_device(device, "StepArena");
+}
+
+StepArena::~StepArena() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->alive = false;
+  drop_slots(*state_, 0);
+}
+
+Device StepArena::device() const {
+  return state_->device;
+}
+
+StepArena::Stats StepArena::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->stats;
+}
+
+void StepArena::record_step_end(cudaStream_t stream) {
+  if (state_->device.is_cpu()) return;
+#if GRAPHWARD_HAS_CUDA
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->step_end.valid()) state_->step_end = Event(state_->device);
+  state_->step_end.record(stream);
+  state_->step_end_recorded = true;
+#else
+  (void)stream;
+#endif
+}
+
+StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
+  GW_CHECK(!t_step_arena, "StepScope: a step is already open on this thread; steps do not nest");
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->cursor = 0;
+#if GRAPHWARD_HAS_CUDA
+    state_->waited.clear();
+#endif
+    ++state_->stats.steps;
+  }
+  t_step_arena = state_;
+}
+
+StepScope::~StepScope() {
+  t_step_arena.reset();
+}
+
+bool Storage::release_to_arena() noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(arena_->mutex);
+    if (!arena_->alive || slot_->orphan) return false;
+#if GRAPHWARD_HAS_CUDA
+    for (cudaStream_t s : other_streams_) {  // rule 7 across steps: the next user waits for them
+      Event ev(device_);
+      ev.record(s);
+      slot_->released_on.emplace_back(s, std::move(ev));
+    }
+#endif
+    slot_->in_use = false;
+    return true;
+  } catch (const std::exception& e) {
+    // Could not record the release: keep the slot marked in use (never reused) rather than risk it.
+    detail::log_error(__FILE__, __LINE__, e.what());
+    return true;
+  }
+}
+
 Storage::Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream)
     : device_(device), data_(data), bytes_(bytes), alloc_stream_(stream), producer_(stream) {}
 
 std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
   const std::size_t rounded =
       (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+  if (t_step_arena && t_step_arena->device.is_cpu()) {  // Note [Step arena]
+    std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, rounded, nullptr);
+    if (slot) {
+      if (debug::poison_new_memory()) std::memset(slot->ptr, 0xFF, rounded);
+      std::shared_ptr<Storage> storage(new Storage(Device::cpu(), slot->ptr, bytes, nullptr));
+      storage->slot_ = std::move(slot);
+      storage->arena_ = t_step_arena;
+      storage->block_bytes_ = rounded;
+      return storage;
+    }
+  }
   void* p = std::aligned_alloc(kHostAlignment, rounded);
   if (!p) throw std::bad_alloc();
   if (debug::poison_new_memory()) std::memset(p, 0xFF, rounded);
@@ -230,9 +437,22 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   DeviceGuard guard(device);
   void* p = nullptr;
   const std::size_t block = block_size(bytes);
+  // Note [Step arena]: inside a step, outside a capture.
+  if (t_step_arena && t_step_arena->device == device && bytes > 0 && !stream_capturing(stream)) {
+    std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, block, stream);
+    if (slot) {
+      if (debug::poison_new_memory())
+        GW_CUDA_CHECK(cudaMemsetAsync(slot->ptr, 0xFF, block, stream));
+      std::shared_ptr<Storage> storage(new Storage(device, slot->ptr, bytes, stream));
+      storage->slot_ = std::move(slot);
+      storage->arena_ = t_step_arena;
+      storage->block_bytes_ = block;
+      return storage;
+    }
+  }
   // Note [Block cache]: graphward's own streams, outside a capture, with the cache on.
   const bool cacheable = bytes > 0 && g_cache_limit.load(std::memory_order_relaxed) > 0 &&
-                         is_graphward_stream(stream) && !capturing(stream);
+                         is_graphward_stream(stream) && !stream_capturing(stream);
   if (bytes > 0) {
     if (cacheable) p = cache_take(device.index, stream, block);
     if (!p) {
@@ -266,6 +486,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 }
 
 Storage::~Storage() {
+  if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
   if (device_.is_cpu()) {
     std::free(data_);
     return;

@@ -39,6 +39,11 @@
 
 namespace graphward {
 
+namespace detail {
+struct ArenaSlot;
+struct ArenaState;
+}  // namespace detail
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -96,12 +101,16 @@ class Storage {
  private:
   Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream);
   void note_use(cudaStream_t stream);
+  // A block served by a step arena goes back to it; false if this storage must free it itself.
+  bool release_to_arena() noexcept;
 
   Device device_;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   std::size_t block_bytes_ = 0;  // the block's size (bytes_ rounded up)
   bool cacheable_ = false;       // may go to the block cache when freed (Note [Block cache])
+  std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
+  std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::uint64_t version_ = 0;
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;
