@@ -1,0 +1,116 @@
+// Note [Step arena] on the GPU: the same device addresses every step, a kept tensor never
+// overwritten, and cross-step reuse ordered after every stream that used a slot — each race test
+// keeps the other stream busy behind a GEMM chain, so a missing wait reads scribbled memory.
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+constexpr Device kGpu = Device::cuda(0);
+constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+class CudaStepArena : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GW_REQUIRE_GPU();
+    debug::set_poison_new_memory(true);
+  }
+  void TearDown() override { debug::set_poison_new_memory(false); }
+};
+
+Tensor busy_work(int gemms = 6) {
+  Tensor x = mul(randn({2048, 2048}, 77, kF32Gpu), 1.0 / 45.0);
+  Tensor y = x;
+  for (int i = 0; i < gemms; ++i) y = matmul(y, x);
+  return y;
+}
+
+TEST_F(CudaStepArena, EveryStepGetsTheSameDeviceAddressesAndTheSameGradients) {
+  const Tensor w = randn({64, 64}, 1, kF32Gpu).set_requires_grad(true);
+  w.grad() = zeros({64, 64}, kF32Gpu);  // persistent, made outside the steps
+  const Tensor x = randn({32, 64}, 2, kF32Gpu);
+  StepArena arena(kGpu);
+  std::vector<const void*> first;
+  std::vector<float> first_grad;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<const void*> ptrs;
+    {
+      StepScope step(arena);
+      const Tensor h = relu(matmul(x, w));
+      const Tensor loss = mean(mul(h, h));
+      ptrs = {h.raw_data(), loss.raw_data()};
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      arena.record_step_end(current_stream(kGpu));
+    }
+    if (s == 0) {
+      first = ptrs;
+      first_grad = w.grad().to_vector<float>();
+    } else {
+      EXPECT_EQ(ptrs, first) << "step " << s;
+      EXPECT_EQ(w.grad().to_vector<float>(), first_grad) << "step " << s;
+    }
+  }
+  EXPECT_EQ(arena.stats().rerecords, 0u);
+  EXPECT_GT(arena.stats().served, 0u);
+}
+
+TEST_F(CudaStepArena, ASlotReadOnAnotherStreamIsReusedOnlyAfterThatStreamIsDone) {
+  // Step 1 makes `t` on `home` and reads it on `reader` behind a GEMM chain; `t` dies at the end
+  // of the step while the read is still queued. Step 2 gets t's slot on `home` and scribbles on it
+  // at once: correct only if the slot waited for `reader`.
+  Stream home(kGpu), reader(kGpu);
+  StepArena arena(kGpu);
+  const Shape shape{1024, 1024};
+  Tensor seen, expected;
+  const void* slot_ptr = nullptr;
+  {
+    StepScope step(arena);
+    Tensor t;
+    {
+      StreamGuard g(home);
+      t = randn(shape, 3, kF32Gpu);
+      slot_ptr = t.raw_data();
+    }
+    expected = relu(t.to(Device::cpu())).to(kGpu);
+    StreamGuard g(reader);
+    const Tensor keep_busy = busy_work();
+    seen = relu(t);
+  }
+  {
+    StepScope step(arena);
+    StreamGuard g(home);
+    const Tensor scribble = full(shape, -5.0, kF32Gpu);
+    EXPECT_EQ(scribble.raw_data(), slot_ptr) << "expected t's slot back";
+  }
+  EXPECT_EQ(seen.to_vector<float>(), expected.to_vector<float>());
+}
+
+TEST_F(CudaStepArena, SlotsAreReusedOnlyAfterThePreviousStepsEnd) {
+  // The previous step's end is recorded on `caller` behind a GEMM chain (standing in for a replayed
+  // backward that still reads the step's memory); the next step's forward on `fwd` must wait for
+  // it before it rewrites the slot.
+  Stream caller(kGpu), fwd(kGpu);
+  StepArena arena(kGpu);
+  const Shape shape{1024, 1024};
+  Tensor seen;
+  {
+    StepScope step(arena);
+    Tensor a;
+    {
+      StreamGuard g(fwd);
+      a = full(shape, 2.0, kF32Gpu);
+    }
+    StreamGuard g(caller);
+    const Tensor keep_busy = busy_work();
+    seen = mul(a, 3.0);  // reads a on `caller`, after the chain
+    arena.record_step_end(caller.get());
+  }
+  {
+    StepScope step(arena);
+    StreamGuard g(fwd);
+    const Tensor scribble = full(shape, -1.0, kF32Gpu);
+  }
+  EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 6.0f));
+}
+
+}  // namespace
+}  // namespace graphward
