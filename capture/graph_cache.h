@@ -74,6 +74,9 @@ class GraphCache {
   // least recently used one evicted beyond capacity. Counts a capture.
   Entry& insert(const TapeSignature& signature, Exec exec) {
     entries_.push_front(Entry{signature, std::move(exec)});
+    entries_.front().signature.nodes.clear();  // this step's handles: not kept
+    entries_.front().signature.streams.clear();
+    entries_.front().signature.leaves.clear();
     ++counters_.captures;
     while (entries_.size() > capacity_) {
       entries_.pop_back();

@@ -59,6 +59,7 @@ class Walker {
     return {i, inserted};
   }
   const std::vector<Tensor>& leaves() const { return leaves_; }
+  const std::vector<cudaStream_t>& streams() const { return stream_ids_; }
 
  private:
   std::vector<cudaStream_t> stream_ids_;
@@ -73,21 +74,19 @@ TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector
   GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
   TapeSignature sig;
   // 1. Discover the nodes in canonical order: depth first from the roots, inputs in order.
-  std::vector<const Node*> nodes;
+  std::vector<Node*>& nodes = sig.nodes;
   detail::PtrIndex index(64);
-  std::vector<const Node*> stack;
+  std::vector<Node*> stack;
   for (std::size_t r = 0; r < roots.size(); ++r) {
     const Tensor& t = roots[r];
     GW_CHECK(t.defined() && t.requires_grad(), "tape_signature: root ", r,
              " is undefined or does not require grad");
     if (t.grad_fn()) stack.push_back(t.grad_fn().get());
     while (!stack.empty()) {
-      const Node* n = stack.back();
+      Node* n = stack.back();
       stack.pop_back();
       if (!index.emplace(n, static_cast<int>(nodes.size())).second) continue;
-      GW_CHECK(!n->released(), "backward through ", n->label(),
-               " a second time: its saved tensors were freed by the previous backward; pass "
-               "retain_graph = true to the first backward to keep them");
+      n->check_saved();  // released, or a saved tensor modified in place: refused by name
       nodes.push_back(n);
       const auto& in = n->inputs();
       for (auto it = in.rbegin(); it != in.rend(); ++it) {  // first input visited first
@@ -181,6 +180,8 @@ TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector
   w.insert(w.end(), root_words.begin(), root_words.end());
   w.push_back(kModeTag);
   w.push_back(static_cast<std::uint64_t>(grad_write));
+  sig.streams = walk.streams();
+  sig.leaves = walk.leaves();
   sig.structure_hash = hash_words(sig.structure);
   sig.address_hash = hash_words(sig.addresses);
   return sig;

@@ -37,6 +37,12 @@ struct TapeSignature {
   std::vector<std::uint32_t> node_offsets;
   std::vector<const std::string*> ops;
   std::vector<std::uint32_t> address_owners;
+  // This step's streams in numbering order (streams[0]: the caller's) and nodes in canonical order:
+  // handles for the step that computed the signature (waits before a replay, releasing the saved
+  // tensors after it). Not compared; meaningless once the tape is gone.
+  std::vector<cudaStream_t> streams;
+  std::vector<Node*> nodes;
+  std::vector<Tensor> leaves;  // in leaf numbering order
 
   int num_nodes() const { return static_cast<int>(node_offsets.size()); }
   bool same_structure(const TapeSignature& o) const {
@@ -53,8 +59,10 @@ struct TapeSignature {
 };
 
 // The signature of the backward of `roots` with `seeds` (empty: scalar roots, seeds made by the
-// backward) called on `caller_stream`, writing leaf gradients by `grad_write`. A signature holds
-// no reference into the tape: it stays valid after the tape is gone. Throws what backward() would
+// backward) called on `caller_stream`, writing leaf gradients by `grad_write`. Apart from `streams`
+// and `nodes`, a signature holds no reference into the tape: it stays comparable after the tape is
+// gone. Checks, as backward() does, that no node was released and no saved tensor was modified in
+// place since it was saved. Throws what backward() would
 // throw for an invalid tape (a released graph, a root that needs no grad).
 TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds,
                              cudaStream_t caller_stream, GradWrite grad_write);

@@ -576,6 +576,15 @@ void Storage::note_use(cudaStream_t stream) {
   }
 }
 
+void Storage::record_use(cudaStream_t stream, bool wrote) {
+  if (device_.is_cpu()) return;
+  note_use(stream);
+  if (wrote) {
+    producer_ = stream;
+    ++writes_;
+  }
+}
+
 void Storage::sync_for_read(cudaStream_t stream) {
   if (device_.is_cpu() || stream == producer_) return;
 #if GRAPHWARD_HAS_CUDA

@@ -90,6 +90,10 @@ class Storage {
   // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes
   // producer.
   void sync_for_write(cudaStream_t stream);
+  // Work on `stream` that this storage did not see used its memory — a replayed CUDA graph launched
+  // on `stream` read it, or wrote it (`wrote`: `stream` becomes the producer). Records the use for
+  // rule 7 (the free waits for `stream`) and rule 6 (later readers wait for `stream`); no wait.
+  void record_use(cudaStream_t stream, bool wrote);
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.

@@ -62,6 +62,9 @@ void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a);
 // In place: a += alpha * b (same shape). Bumps a's version. Not recorded: a tensor that requires
 // grad may be updated only inside a NoGradGuard scope (an optimizer step).
 void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
+// In place: dst = src (same shape, dtype and device), e.g. a data loader's batch into a static
+// input slot whose address a captured graph keeps. Bumps dst's version. Not recorded.
+void copy_(const Tensor& dst, const Tensor& src);
 
 // Activations; their backward reads the forward's output y.
 Tensor relu(const Tensor& x);

@@ -393,6 +393,17 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
   scale_backward(b, alpha, {&target, /*accumulate=*/true});  // a += alpha * b; bumps a's version
 }
 
+void copy_(const Tensor& dst, const Tensor& src) {
+  const char* op = "copy_";
+  check_inputs(op, {{"dst", &dst}, {"src", &src}});
+  check_same_shape(op, {"dst", &dst}, {"src", &src});
+  GW_CHECK(!(grad_mode_enabled() && dst.requires_grad()), op, ": ", dst.str(),
+           " requires grad; in-place ops are not recorded on the tape: copy into it inside a "
+           "NoGradGuard scope");
+  Tensor target = dst;
+  scale_backward(src, 1.0, {&target, /*accumulate=*/false});  // dst = src; bumps dst's version
+}
+
 void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
   activation_backward("relu_backward", Activation::kRelu, grad_out, y, grad_x);
 }

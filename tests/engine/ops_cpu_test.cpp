@@ -311,6 +311,19 @@ TEST(GradSlotsCpu, ActivationBackwardWritesInPlaceOnlyIntoAUniqueGradOut) {
   EXPECT_EQ(vals(dy3), vals(dy_values));
 }
 
+TEST(OpsInPlaceCpu, CopyOverwritesKeepsTheAddressAndBumpsTheVersion) {
+  const Tensor dst = zeros({2, 3}), src = randn({2, 3}, 1);
+  const void* where = dst.raw_data();
+  const std::uint64_t v = dst.version();
+  copy_(dst, src);
+  EXPECT_EQ(vals(dst), vals(src));
+  EXPECT_EQ(dst.raw_data(), where);
+  EXPECT_GT(dst.version(), v);
+  GW_EXPECT_ERROR(copy_(dst, randn({3, 2}, 2)), "copy_", "shapes differ");
+  const Tensor p = zeros({2}).set_requires_grad(true);
+  GW_EXPECT_ERROR(copy_(p, randn({2}, 3)), "copy_", "NoGradGuard");
+}
+
 TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {
   // Σ over two halves of dW equals dW over the whole batch: the micro-batch contract.
   const Tensor x = randn({8, 5}, 1, f64()), w = randn({3, 5}, 2, f64()),

@@ -1,0 +1,99 @@
+#pragma once
+// BackwardGraph: the backward of a repeated, fixed-shape training step, captured once into a CUDA
+// graph and replayed every step (DESIGN.md, "Capture and replay").
+//
+//   gw::BackwardGraph bw(dev);
+//   for (step ...) {
+//     gw::Tensor loss = model(batch);       // eager forward on your streams, recorded
+//     bw.backward(loss);                    // warm-up, capture, replay, update: by itself
+//   }
+//
+// Each backward():
+//   1. computes the tape's signature (capture/signature.h) on the current stream S;
+//   2. asks the graph cache (capture/graph_cache.h): same signature -> replay; same structure with
+//      other addresses -> capture again and update the cached executable in place
+//      (cudaGraphExecUpdate; re-instantiated if the update is refused); a new structure -> capture
+//      and cache a new executable (least recently used out). Never a stale replay;
+//   3. capture: the eager executor runs the backward plan under thread-local stream capture from
+//      S, each forward stream mapped onto a private capture stream forked from S by an event and
+//      joined back before the capture ends (the legacy stream, or an earlier step's stream, cannot
+//      enter); backward intermediates are allocated inside the capture, so the graph owns them;
+//      ops that cannot be captured are refused by name (Note [Capture-unsafe ops]);
+//   4. replay: S first waits for every stream the forward used (the graph reads their results),
+//      then the executable is launched on S; gradients are ready on S when backward() returns,
+//      like the eager backward (rule 4). The step's saved tensors are released after the launch,
+//      their memory ordered after S (rule 7).
+// The first `warmup` calls run the eager backward (cuBLAS handles, workspaces and GEMM plans are
+// made there, outside any capture). Leaf gradients must persist for a graph to write them: a leaf
+// whose .grad is undefined gets zeros before its first captured step.
+//
+// The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
+//
+// STATUS (2026-11-30): written and compiled; not yet run on a GPU. See the capture issue's notes.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capture/graph_cache.h"
+#include "capture/signature.h"
+#include "engine/backward.h"
+#include "engine/stream.h"
+
+namespace graphward {
+
+struct BackwardGraphOptions {
+  std::size_t cache_capacity = 8;  // executables kept (least recently used out)
+  int warmup = 1;                  // eager backwards before the first capture
+  bool force_eager = false;        // never capture (debugging, comparisons)
+};
+
+// The shape of a captured graph.
+struct GraphStats {
+  std::size_t kernel_nodes = 0;
+  std::size_t other_nodes = 0;  // memsets, memory allocation and free nodes, event nodes, ...
+  std::size_t edges = 0;
+  std::size_t streams = 0;  // the caller's stream and one private stream per other forward stream
+  std::size_t forks = 0;
+  std::size_t joins = 0;
+};
+
+class BackwardGraph {
+ public:
+  explicit BackwardGraph(Device device, BackwardGraphOptions options = {});
+  ~BackwardGraph();
+  BackwardGraph(const BackwardGraph&) = delete;
+  BackwardGraph& operator=(const BackwardGraph&) = delete;
+
+  // The backward of the scalar `loss` on the current stream of its device (see above).
+  void backward(const Tensor& loss, GradWrite grad_write = GradWrite::kAccumulate);
+
+  const capture::GraphCacheCounters& counters() const { return cache_.counters(); }
+  std::uint64_t eager_backwards() const { return eager_; }
+  std::size_t cache_size() const { return cache_.size(); }
+  // Why the last capture or update happened ("" before the first).
+  const std::string& last_reason() const { return last_reason_; }
+  // The graph the last backward replayed (zeros before the first capture).
+  GraphStats last_graph_stats() const { return last_stats_; }
+  // Writes the last captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint).
+  void write_dot(const std::string& path) const;
+
+  struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
+
+ private:
+  void eager(const Tensor& loss, GradWrite grad_write);
+  Device device_;
+  BackwardGraphOptions options_;
+  capture::GraphCache<std::shared_ptr<Executable>> cache_;
+  std::vector<std::unique_ptr<Stream>> capture_streams_;
+  EagerExecutor executor_;
+  Tensor seed_;  // the static seed gradient (a one), made on the caller's stream
+  std::uint64_t eager_ = 0;
+  std::uint64_t calls_ = 0;
+  std::string last_reason_;
+  GraphStats last_stats_;
+  std::shared_ptr<Executable> last_captured_;
+};
+
+}  // namespace graphward

@@ -1,0 +1,35 @@
+// BackwardGraph on the CPU backend: always the eager backward (graphs are a CUDA feature), same
+// gradients as backward(), counted as eager; bad input refused by name.
+#include "capture/backward_graph.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+TEST(BackwardGraphCpu, RunsTheEagerBackwardAndCountsIt) {
+  const Tensor w = randn({4, 3}, 1).set_requires_grad(true);
+  const Tensor x = randn({5, 3}, 2), target = randn({5, 4}, 3);
+  BackwardGraph bw(Device::cpu());
+  for (int s = 0; s < 3; ++s) bw.backward(mse_loss(linear(x, w), target), GradWrite::kOverwrite);
+  const std::vector<double> got = testing::values(w.grad());
+  w.grad() = Tensor();
+  backward(mse_loss(linear(x, w), target));
+  EXPECT_EQ(got, testing::values(w.grad()));
+  EXPECT_EQ(bw.eager_backwards(), 3u);
+  EXPECT_EQ(bw.counters().captures, 0u);
+  EXPECT_EQ(bw.counters().replays, 0u);
+  EXPECT_EQ(bw.last_reason(), "");
+  GW_EXPECT_ERROR(bw.write_dot("/tmp/none.dot"), "write_dot");
+}
+
+TEST(BackwardGraphCpu, BadLossesAreRefusedByName) {
+  const Tensor w = randn({4}, 1).set_requires_grad(true);
+  BackwardGraph bw(Device::cpu());
+  GW_EXPECT_ERROR(bw.backward(mul(w, 2.0)), "BackwardGraph::backward", "one-element loss");
+  GW_EXPECT_ERROR(bw.backward(sum(randn({4}, 2))), "requires grad");
+  GW_EXPECT_ERROR(bw.backward(Tensor()), "one-element loss");
+  GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.cache_capacity = 0}), "capacity");
+}
+
+}  // namespace
+}  // namespace graphward
