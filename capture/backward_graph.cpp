@@ -113,7 +113,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       seed_.storage()->producer_stream() != caller) {
     seed_ = ones(loss.shape(), {loss.dtype(), device_});
   }
-  capture::TapeSignature sig = capture::tape_signature({loss}, {seed_}, caller, grad_write);
+  capture::TapeSignature& sig = signature_;
+  const std::vector<Tensor> roots{loss}, seeds{seed_};
+  capture::tape_signature(sig, roots, seeds, caller, grad_write);
   // A graph writes gradients into persistent buffers: give every leaf one before it is captured.
   bool made = false;
   for (const Tensor& leaf : sig.leaves) {
@@ -122,7 +124,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       made = true;
     }
   }
-  if (made) sig = capture::tape_signature({loss}, {seed_}, caller, grad_write);
+  if (made) capture::tape_signature(sig, roots, seeds, caller, grad_write);
 
   auto decision = cache_.decide(sig);
   std::shared_ptr<Executable> exec;
@@ -211,6 +213,8 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     }
     n->release_saved();
   }
+  sig.nodes.clear();  // the step's handles: let the tape go
+  sig.leaves.clear();
 #else
   eager(loss, grad_write);
 #endif

@@ -94,6 +94,7 @@ class BackwardGraph {
   std::string last_reason_;
   GraphStats last_stats_;
   std::shared_ptr<Executable> last_captured_;
+  capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
 };
 
 }  // namespace graphward

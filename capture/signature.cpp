@@ -1,6 +1,7 @@
 #include "capture/signature.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <sstream>
 
@@ -24,26 +25,32 @@ std::uint32_t owner(OwnerKind kind, std::uint32_t index, std::uint32_t j) {
   return (static_cast<std::uint32_t>(kind) << 28) | ((index & 0xFFFFF) << 8) | (j & 0xFF);
 }
 
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h;
+// FNV-1a over 64-bit words, finalized: one multiply per word (the hash only picks the cache entry
+// to compare; equality is always checked word by word).
+// Four independent lanes: a single multiply chain is latency-bound.
+template <class V>
+std::uint64_t hash_words(const V& words) {
+  constexpr std::uint64_t kPrime = 0x100000001b3ull;
+  std::uint64_t h[4] = {0xcbf29ce484222325ull ^ words.size(), 0x84222325cbf29ce4ull,
+                        0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull};
+  const std::size_t n = words.size(), blocks = n / 4 * 4;
+  for (std::size_t i = 0; i < blocks; i += 4) {
+    for (int l = 0; l < 4; ++l) h[l] = (h[l] ^ static_cast<std::uint64_t>(words[i + l])) * kPrime;
+  }
+  for (std::size_t i = blocks; i < n; ++i) h[0] = (h[0] ^ static_cast<std::uint64_t>(words[i])) * kPrime;
+  std::uint64_t out = h[0];
+  for (int l = 1; l < 4; ++l) out = (out ^ (h[l] >> 31) ^ h[l]) * 0xbf58476d1ce4e5b9ull;
+  return out ^ (out >> 29);
 }
 
-template <class T>
-std::uint64_t hash_words(const std::vector<T>& words) {
-  std::uint64_t h = 0xcbf29ce484222325ull ^ words.size();
-  for (T w : words) h = mix(h, static_cast<std::uint64_t>(w));
-  return h;
-}
-
-void put_shape(std::vector<std::uint64_t>& out, const Shape& shape) {
-  out.push_back(shape.size());
-  for (std::int64_t d : shape) out.push_back(static_cast<std::uint64_t>(d));
-}
 
 class Walker {
  public:
-  explicit Walker(cudaStream_t caller) { stream_ids_.push_back(caller); }
+  void reset(cudaStream_t caller) {
+    stream_ids_.assign(1, caller);
+    leaf_index_.clear();
+    leaves_.clear();
+  }
 
   std::uint64_t stream_id(cudaStream_t s) {
     for (std::size_t i = 0; i < stream_ids_.size(); ++i) {
@@ -69,14 +76,62 @@ class Walker {
 
 }  // namespace
 
+namespace {
+
+std::atomic<std::uint64_t> g_walk_epoch{0};
+
+// Appends words through a raw pointer: the signature is computed before every replay, and
+// std::vector::push_back's per-word checks were most of its cost.
+class WordWriter {
+ public:
+  explicit WordWriter(Words& v) : v_(v) {}
+  ~WordWriter() { v_.resize(size_); }
+  void reserve(std::size_t more) {
+    if (size_ + more > v_.size()) v_.resize(std::max(2 * v_.size(), size_ + more));
+    p_ = v_.data();
+  }
+  void put(std::uint64_t x) { p_[size_++] = x; }
+  void shape(const Shape& s) {
+    p_[size_++] = s.size();
+    for (std::int64_t d : s) p_[size_++] = static_cast<std::uint64_t>(d);
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  Words& v_;
+  std::uint64_t* p_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace
+
 TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds,
                              cudaStream_t caller_stream, GradWrite grad_write) {
-  GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
   TapeSignature sig;
-  // 1. Discover the nodes in canonical order: depth first from the roots, inputs in order.
+  tape_signature(sig, roots, seeds, caller_stream, grad_write);
+  return sig;
+}
+
+void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
+                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                    GradWrite grad_write) {
+  GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
+  // Reuse the buffers' capacity: a signature is computed every step.
+  sig.structure.clear();
+  sig.addresses.clear();
+  sig.node_offsets.clear();
+  sig.ops.clear();
+  sig.address_owners.clear();
+  sig.streams.clear();
+  sig.nodes.clear();
+  sig.leaves.clear();
+  // 1. Discover the nodes in canonical order: depth first from the roots, inputs in order. A node
+  // is marked with this walk's epoch and its index (Node::walk_epoch) instead of hashed.
+  const std::uint64_t epoch = g_walk_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
   std::vector<Node*>& nodes = sig.nodes;
-  detail::PtrIndex index(64);
-  std::vector<Node*> stack;
+  thread_local std::vector<Node*> stack;
+  stack.clear();
+  auto seen = [epoch](const Node* n) { return n->walk_epoch == epoch; };
   for (std::size_t r = 0; r < roots.size(); ++r) {
     const Tensor& t = roots[r];
     GW_CHECK(t.defined() && t.requires_grad(), "tape_signature: root ", r,
@@ -85,106 +140,120 @@ TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector
     while (!stack.empty()) {
       Node* n = stack.back();
       stack.pop_back();
-      if (!index.emplace(n, static_cast<int>(nodes.size())).second) continue;
+      if (seen(n)) continue;
       n->check_saved();  // released, or a saved tensor modified in place: refused by name
+      n->walk_epoch = epoch;
+      n->walk_index = static_cast<int>(nodes.size());
       nodes.push_back(n);
       const auto& in = n->inputs();
       for (auto it = in.rbegin(); it != in.rend(); ++it) {  // first input visited first
-        if (it->edge.node && index.find_index(it->edge.node.get()) < 0) {
-          stack.push_back(it->edge.node.get());
-        }
+        if (it->edge.node && !seen(it->edge.node.get())) stack.push_back(it->edge.node.get());
       }
     }
   }
 
   // 2. Emit: nodes in canonical order, then leaves, seeds, roots and the mode.
-  Walker walk(caller_stream);
-  std::vector<std::uint64_t>& w = sig.structure;
-  w.reserve(nodes.size() * 24 + 16);
+  thread_local Walker walk;
+  walk.reset(caller_stream);
   sig.node_offsets.reserve(nodes.size());
   sig.ops.reserve(nodes.size());
   sig.addresses.reserve(nodes.size() * 2 + 8);
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    const Node* n = nodes[i];
-    sig.node_offsets.push_back(static_cast<std::uint32_t>(w.size()));
-    sig.ops.push_back(n->interned_name());
-    w.push_back(kNodeTag);
-    w.push_back(reinterpret_cast<std::uintptr_t>(n->interned_name()));  // one pointer per op name
-    w.push_back(walk.stream_id(n->stream()));
-    put_shape(w, n->output_shape());
-    w.push_back(n->inputs().size());
-    w.push_back(n->saved().size());
-    for (const InputMeta& in : n->inputs()) {
-      if (in.edge.node) {
-        w.push_back(kNodeEdge);
-        w.push_back(static_cast<std::uint64_t>(index.at(in.edge.node.get())));
-      } else if (in.edge.leaf.defined()) {
-        w.push_back(kLeafEdge);
-        w.push_back(static_cast<std::uint64_t>(walk.leaf_id(in.edge.leaf).first));
-      } else {
-        w.push_back(kNoEdge);
-        w.push_back(0);
+  sig.address_owners.reserve(nodes.size() * 2 + 8);
+  {
+    WordWriter w(sig.structure);
+    w.reserve(nodes.size() * 40 + 64);
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const Node* n = nodes[i];
+      const auto& inputs = n->inputs();
+      const auto& saved = n->saved();
+      std::size_t bound = 6 + n->output_shape().size();
+      for (const InputMeta& in : inputs) bound += 5 + (in.edge.node ? 0 : in.shape.size());
+      for (const SavedTensor& st : saved) bound += 3 + (st.tensor.defined() ? st.tensor.dim() : 0);
+      w.reserve(bound);
+      sig.node_offsets.push_back(static_cast<std::uint32_t>(w.size()));
+      sig.ops.push_back(n->interned_name());
+      w.put(kNodeTag);
+      w.put(reinterpret_cast<std::uintptr_t>(n->interned_name()));  // one pointer per op name
+      w.put(walk.stream_id(n->stream()));
+      w.shape(n->output_shape());
+      w.put(inputs.size());
+      w.put(saved.size());
+      for (const InputMeta& in : inputs) {
+        if (in.edge.node) {
+          w.put(kNodeEdge);
+          w.put(static_cast<std::uint64_t>(in.edge.node->walk_index));
+        } else if (in.edge.leaf.defined()) {
+          w.put(kLeafEdge);
+          w.put(static_cast<std::uint64_t>(walk.leaf_id(in.edge.leaf).first));
+        } else {
+          w.put(kNoEdge);
+          w.put(0);
+        }
+        w.put(static_cast<std::uint64_t>(in.dtype));
+        w.put(walk.stream_id(in.stream));
+        // A node edge's shape is its producer's output shape, already in the producer's record.
+        if (!in.edge.node) w.shape(in.shape);
       }
-      w.push_back(static_cast<std::uint64_t>(in.dtype));
-      w.push_back(walk.stream_id(in.stream));
-      put_shape(w, in.shape);
+      for (std::size_t j = 0; j < saved.size(); ++j) {
+        const Tensor& t = saved[j].tensor;
+        w.put(t.defined());
+        if (!t.defined()) continue;
+        w.put(static_cast<std::uint64_t>(t.dtype()));
+        w.shape(t.shape());
+        sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
+        sig.address_owners.push_back(
+            owner(kSaved, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(j)));
+      }
     }
-    for (std::size_t j = 0; j < n->saved().size(); ++j) {
-      const Tensor& t = n->saved()[j].tensor;
-      w.push_back(t.defined());
+    // Roots that are leaves themselves get a leaf index too.
+    std::vector<std::uint64_t> root_words;
+    for (const Tensor& t : roots) {
+      if (t.grad_fn()) {
+        root_words.push_back(kNodeEdge);
+        root_words.push_back(static_cast<std::uint64_t>(t.grad_fn()->walk_index));
+      } else {
+        root_words.push_back(kLeafEdge);
+        root_words.push_back(static_cast<std::uint64_t>(walk.leaf_id(t).first));
+      }
+    }
+    for (std::size_t l = 0; l < walk.leaves().size(); ++l) {
+      const Tensor& leaf = walk.leaves()[l];
+      const Tensor& g = leaf.grad();
+      w.reserve(8 + 2 * leaf.shape().size());
+      w.put(kLeafTag);
+      w.put(static_cast<std::uint64_t>(leaf.dtype()));
+      w.shape(leaf.shape());
+      w.put(g.defined());
+      if (g.defined()) w.shape(g.shape());
+      sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(leaf.raw_data()));
+      sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
+      sig.addresses.push_back(g.defined() ? reinterpret_cast<std::uintptr_t>(g.raw_data()) : 0);
+      sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+    }
+    w.reserve(8 + root_words.size());
+    w.put(kSeedTag);
+    w.put(seeds.size());
+    for (std::size_t s = 0; s < seeds.size(); ++s) {
+      const Tensor& t = seeds[s];
+      w.reserve(4 + (t.defined() ? t.dim() : 0));
+      w.put(t.defined());
       if (!t.defined()) continue;
-      w.push_back(static_cast<std::uint64_t>(t.dtype()));
-      put_shape(w, t.shape());
+      w.put(static_cast<std::uint64_t>(t.dtype()));
+      w.shape(t.shape());
       sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
-      sig.address_owners.push_back(
-          owner(kSaved, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(j)));
+      sig.address_owners.push_back(owner(kSeed, static_cast<std::uint32_t>(s), 0));
     }
+    w.reserve(8 + root_words.size());
+    w.put(kRootTag);
+    w.put(roots.size());
+    for (std::uint64_t x : root_words) w.put(x);
+    w.put(kModeTag);
+    w.put(static_cast<std::uint64_t>(grad_write));
   }
-  // Roots that are leaves themselves get a leaf index too.
-  std::vector<std::uint64_t> root_words;
-  for (const Tensor& t : roots) {
-    if (t.grad_fn()) {
-      root_words.push_back(kNodeEdge);
-      root_words.push_back(static_cast<std::uint64_t>(index.at(t.grad_fn().get())));
-    } else {
-      root_words.push_back(kLeafEdge);
-      root_words.push_back(static_cast<std::uint64_t>(walk.leaf_id(t).first));
-    }
-  }
-  for (std::size_t l = 0; l < walk.leaves().size(); ++l) {
-    const Tensor& leaf = walk.leaves()[l];
-    w.push_back(kLeafTag);
-    w.push_back(static_cast<std::uint64_t>(leaf.dtype()));
-    put_shape(w, leaf.shape());
-    const Tensor& g = leaf.grad();
-    w.push_back(g.defined());
-    if (g.defined()) put_shape(w, g.shape());
-    sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(leaf.raw_data()));
-    sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
-    sig.addresses.push_back(g.defined() ? reinterpret_cast<std::uintptr_t>(g.raw_data()) : 0);
-    sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
-  }
-  w.push_back(kSeedTag);
-  w.push_back(seeds.size());
-  for (std::size_t s = 0; s < seeds.size(); ++s) {
-    const Tensor& t = seeds[s];
-    w.push_back(t.defined());
-    if (!t.defined()) continue;
-    w.push_back(static_cast<std::uint64_t>(t.dtype()));
-    put_shape(w, t.shape());
-    sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
-    sig.address_owners.push_back(owner(kSeed, static_cast<std::uint32_t>(s), 0));
-  }
-  w.push_back(kRootTag);
-  w.push_back(roots.size());
-  w.insert(w.end(), root_words.begin(), root_words.end());
-  w.push_back(kModeTag);
-  w.push_back(static_cast<std::uint64_t>(grad_write));
-  sig.streams = walk.streams();
-  sig.leaves = walk.leaves();
+  sig.streams.assign(walk.streams().begin(), walk.streams().end());
+  sig.leaves.assign(walk.leaves().begin(), walk.leaves().end());
   sig.structure_hash = hash_words(sig.structure);
   sig.address_hash = hash_words(sig.addresses);
-  return sig;
 }
 
 namespace {
@@ -193,7 +262,7 @@ namespace {
 // reading past the end.
 class Reader {
  public:
-  Reader(const std::vector<std::uint64_t>& w, std::size_t pos) : w_(w), pos_(pos) {}
+  Reader(const Words& w, std::size_t pos) : w_(w), pos_(pos) {}
   bool ok() const { return ok_; }
   std::uint64_t next() {
     if (pos_ >= w_.size()) {
@@ -214,7 +283,7 @@ class Reader {
   }
 
  private:
-  const std::vector<std::uint64_t>& w_;
+  const Words& w_;
   std::size_t pos_;
   bool ok_ = true;
 };
@@ -243,7 +312,9 @@ std::string TapeSignature::describe_node(int i) const {
     } else {
       os << "no grad";
     }
-    os << " " << dtype_str(dtype) << r.shape() << " from s" << stream;
+    os << " " << dtype_str(dtype);
+    if (kind != kNodeEdge) os << r.shape();
+    os << " from s" << stream;
   }
   if (nin > 0) os << ")";
   for (std::uint64_t k = 0; k < nsaved && r.ok(); ++k) {

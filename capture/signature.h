@@ -17,6 +17,9 @@
 // Computing one is a walk of the tape — no plan is built — and comparing is two vector compares, so
 // the check costs little next to a graph launch.
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,8 +28,30 @@
 
 namespace graphward::capture {
 
+// A std::allocator that leaves new elements uninitialized: the signature's words are all written
+// right after the vector grows, and zeroing them first cost as much as writing them.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using Words = std::vector<std::uint64_t, UninitAllocator<std::uint64_t>>;
+
 struct TapeSignature {
-  std::vector<std::uint64_t> structure;
+  Words structure;
   std::vector<std::uintptr_t> addresses;
   std::uint64_t structure_hash = 0;
   std::uint64_t address_hash = 0;
@@ -66,6 +91,10 @@ struct TapeSignature {
 // throw for an invalid tape (a released graph, a root that needs no grad).
 TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds,
                              cudaStream_t caller_stream, GradWrite grad_write);
+// The same into `out`, reusing its buffers (what a step loop does: no allocation once warm).
+void tape_signature(TapeSignature& out, const std::vector<Tensor>& roots,
+                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                    GradWrite grad_write);
 
 // Why `now` cannot replay a graph captured from `captured`: the first difference, readable. Empty
 // when both structure and addresses are equal.

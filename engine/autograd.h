@@ -91,6 +91,13 @@ class Node {
   BackwardFn backward_;
   std::uint64_t sequence_nr_;
   bool released_ = false;
+
+ public:
+  // Scratch for walks of the tape (capture/signature.cpp): a walk takes a fresh epoch and marks
+  // each node it reaches with it and its index, instead of hashing node pointers. One walk of a
+  // tape at a time.
+  mutable std::uint64_t walk_epoch = 0;
+  mutable int walk_index = -1;
 };
 
 // ---- grad mode ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #pragma once
 // A small open-addressing map from pointers to indices, for the per-step walks of a tape (planning,
 // signatures): no allocation per entry, where std::unordered_map allocates a node per insert.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -37,6 +38,11 @@ class PtrIndex {
     return slot.first ? slot.second : -1;
   }
   std::size_t size() const { return size_; }
+  // Empties the map, keeping its table.
+  void clear() {
+    std::fill(slots_.begin(), slots_.end(), std::pair<const void*, int>{nullptr, -1});
+    size_ = 0;
+  }
 
  private:
   std::pair<const void*, int>& find(const void* key) {

@@ -162,7 +162,7 @@ TEST(TapeSignature, StreamsAreNumberedSoTheSameStructureOnOtherStreamsMatches) {
   EXPECT_FALSE(s1.same_structure(s4));
   // The node record reads back.
   EXPECT_EQ(s1.describe_node(0),
-            "add on s0 -> [4] (in0: node 1 float32[4] from s1; in1: node 2 float32[4] from s2)");
+            "add on s0 -> [4] (in0: node 1 float32 from s1; in1: node 2 float32 from s2)");
   // A seed of another shape is another structure.
   const auto s5 = tape_signature({t1}, {zeros({2})}, caller, GradWrite::kAccumulate);
   EXPECT_FALSE(s1.same_structure(s5));
