@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -27,6 +28,17 @@ std::uint32_t owner(OwnerKind kind, std::uint32_t index, std::uint32_t j) {
 
 // FNV-1a over 64-bit words, finalized: one multiply per word (the hash only picks the cache entry
 // to compare; equality is always checked word by word).
+// The structure's hash only picks which cache entries to compare word by word (equality is always
+// checked in full), so it samples: the length and 64 words spread over the record. Hashing all of
+// a 200-node structure's ~7000 words cost as much as the comparison it would save.
+std::uint64_t fingerprint(const Words& words) {
+  std::uint64_t h = 0xcbf29ce484222325ull ^ words.size();
+  const std::size_t n = words.size(), step = n / 64 + 1;
+  for (std::size_t i = 0; i < n; i += step) h = (h ^ words[i]) * 0x100000001b3ull;
+  if (n > 0) h = (h ^ words[n - 1]) * 0x100000001b3ull;
+  return h ^ (h >> 29);
+}
+
 // Four independent lanes: a single multiply chain is latency-bound.
 template <class V>
 std::uint64_t hash_words(const V& words) {
@@ -37,12 +49,12 @@ std::uint64_t hash_words(const V& words) {
   for (std::size_t i = 0; i < blocks; i += 4) {
     for (int l = 0; l < 4; ++l) h[l] = (h[l] ^ static_cast<std::uint64_t>(words[i + l])) * kPrime;
   }
-  for (std::size_t i = blocks; i < n; ++i) h[0] = (h[0] ^ static_cast<std::uint64_t>(words[i])) * kPrime;
+  for (std::size_t i = blocks; i < n; ++i)
+    h[0] = (h[0] ^ static_cast<std::uint64_t>(words[i])) * kPrime;
   std::uint64_t out = h[0];
   for (int l = 1; l < 4; ++l) out = (out ^ (h[l] >> 31) ^ h[l]) * 0xbf58476d1ce4e5b9ull;
   return out ^ (out >> 29);
 }
-
 
 class Walker {
  public:
@@ -95,6 +107,11 @@ class WordWriter {
     p_[size_++] = s.size();
     for (std::int64_t d : s) p_[size_++] = static_cast<std::uint64_t>(d);
   }
+  void append(const std::uint64_t* src, std::size_t n) {
+    std::memcpy(p_ + size_, src, n * sizeof(std::uint64_t));
+    size_ += n;
+  }
+  std::uint64_t& at(std::size_t i) { return p_[i]; }
   std::size_t size() const { return size_; }
 
  private:
@@ -141,13 +158,13 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
       Node* n = stack.back();
       stack.pop_back();
       if (seen(n)) continue;
-      n->check_saved();  // released, or a saved tensor modified in place: refused by name
+      n->check_saved_fast();  // released, or a saved tensor modified in place: refused by name
       n->walk_epoch = epoch;
       n->walk_index = static_cast<int>(nodes.size());
       nodes.push_back(n);
-      const auto& in = n->inputs();
-      for (auto it = in.rbegin(); it != in.rend(); ++it) {  // first input visited first
-        if (it->edge.node && !seen(it->edge.node.get())) stack.push_back(it->edge.node.get());
+      const auto& producers = n->record().producers;
+      for (auto it = producers.rbegin(); it != producers.rend(); ++it) {  // first input first
+        if (*it && !seen(*it)) stack.push_back(const_cast<Node*>(*it));
       }
     }
   }
@@ -164,45 +181,29 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
     w.reserve(nodes.size() * 40 + 64);
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       const Node* n = nodes[i];
-      const auto& inputs = n->inputs();
-      const auto& saved = n->saved();
-      std::size_t bound = 6 + n->output_shape().size();
-      for (const InputMeta& in : inputs) bound += 5 + (in.edge.node ? 0 : in.shape.size());
-      for (const SavedTensor& st : saved) bound += 3 + (st.tensor.defined() ? st.tensor.dim() : 0);
-      w.reserve(bound);
-      sig.node_offsets.push_back(static_cast<std::uint32_t>(w.size()));
+      const NodeRecord& rec = n->record();  // Note [Node record]: made when the node was
+      w.reserve(rec.words.size());
+      const std::size_t at = w.size();
+      sig.node_offsets.push_back(static_cast<std::uint32_t>(at));
       sig.ops.push_back(n->interned_name());
-      w.put(kNodeTag);
-      w.put(reinterpret_cast<std::uintptr_t>(n->interned_name()));  // one pointer per op name
-      w.put(walk.stream_id(n->stream()));
-      w.shape(n->output_shape());
-      w.put(inputs.size());
-      w.put(saved.size());
-      for (const InputMeta& in : inputs) {
-        if (in.edge.node) {
-          w.put(kNodeEdge);
-          w.put(static_cast<std::uint64_t>(in.edge.node->walk_index));
-        } else if (in.edge.leaf.defined()) {
-          w.put(kLeafEdge);
-          w.put(static_cast<std::uint64_t>(walk.leaf_id(in.edge.leaf).first));
-        } else {
-          w.put(kNoEdge);
-          w.put(0);
+      w.append(rec.words.data(), rec.words.size());
+      for (const NodeRecord::PatchAt& p : rec.patches) {
+        std::uint64_t& word = w.at(at + p.word);
+        switch (p.kind) {
+          case NodeRecord::Patch::kStream:
+            word = walk.stream_id(reinterpret_cast<cudaStream_t>(word));
+            break;
+          case NodeRecord::Patch::kNode:
+            word = static_cast<std::uint64_t>(reinterpret_cast<const Node*>(word)->walk_index);
+            break;
+          case NodeRecord::Patch::kLeaf:
+            word = static_cast<std::uint64_t>(walk.leaf_id(n->inputs()[p.input].edge.leaf).first);
+            break;
         }
-        w.put(static_cast<std::uint64_t>(in.dtype));
-        w.put(walk.stream_id(in.stream));
-        // A node edge's shape is its producer's output shape, already in the producer's record.
-        if (!in.edge.node) w.shape(in.shape);
       }
-      for (std::size_t j = 0; j < saved.size(); ++j) {
-        const Tensor& t = saved[j].tensor;
-        w.put(t.defined());
-        if (!t.defined()) continue;
-        w.put(static_cast<std::uint64_t>(t.dtype()));
-        w.shape(t.shape());
-        sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
-        sig.address_owners.push_back(
-            owner(kSaved, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(j)));
+      for (const auto& [address, j] : rec.saved_addresses) {
+        sig.addresses.push_back(address);
+        sig.address_owners.push_back(owner(kSaved, static_cast<std::uint32_t>(i), j));
       }
     }
     // Roots that are leaves themselves get a leaf index too.
@@ -252,7 +253,7 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
   }
   sig.streams.assign(walk.streams().begin(), walk.streams().end());
   sig.leaves.assign(walk.leaves().begin(), walk.leaves().end());
-  sig.structure_hash = hash_words(sig.structure);
+  sig.structure_hash = fingerprint(sig.structure);
   sig.address_hash = hash_words(sig.addresses);
 }
 

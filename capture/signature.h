@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/autograd.h"

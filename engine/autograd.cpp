@@ -29,7 +29,63 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
       saved_(std::move(saved)),
       output_shape_(std::move(output_shape)),
       backward_(std::move(backward)),
-      sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+      sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {
+  // Note [Node record]
+  std::vector<std::uint64_t>& w = record_.words;
+  std::size_t n = 6 + output_shape_.size();
+  for (const InputMeta& in : inputs_) n += 5 + (in.edge.node ? 0 : in.shape.size());
+  for (const SavedTensor& st : saved_)
+    n += 3 + (st.tensor.defined() ? st.tensor.shape().size() : 0);
+  w.reserve(n);
+  auto shape = [&w](const Shape& sh) {
+    w.push_back(sh.size());
+    for (std::int64_t d : sh) w.push_back(static_cast<std::uint64_t>(d));
+  };
+  using Patch = NodeRecord::Patch;
+  auto patch = [this, &w](Patch kind, std::uint32_t input = 0) {
+    record_.patches.push_back({static_cast<std::uint32_t>(w.size()), kind, input});
+  };
+  w.push_back(NodeRecord::kTag);
+  w.push_back(reinterpret_cast<std::uintptr_t>(interned_name_));
+  patch(Patch::kStream);
+  w.push_back(reinterpret_cast<std::uintptr_t>(stream_));
+  shape(output_shape_);
+  w.push_back(inputs_.size());
+  w.push_back(saved_.size());
+  record_.producers.reserve(inputs_.size());
+  for (const InputMeta& in : inputs_) record_.producers.push_back(in.edge.node.get());
+  saved_storages_.reserve(saved_.size());
+  for (const SavedTensor& st : saved_) {
+    saved_storages_.push_back(st.tensor.defined() ? st.tensor.storage().get() : nullptr);
+  }
+  for (std::uint32_t i = 0; i < inputs_.size(); ++i) {
+    const InputMeta& in = inputs_[i];
+    if (in.edge.node) {
+      w.push_back(1);
+      patch(Patch::kNode);
+      w.push_back(reinterpret_cast<std::uintptr_t>(in.edge.node.get()));
+    } else if (in.edge.leaf.defined()) {
+      w.push_back(2);
+      patch(Patch::kLeaf, i);
+      w.push_back(0);
+    } else {
+      w.push_back(0);
+      w.push_back(0);
+    }
+    w.push_back(static_cast<std::uint64_t>(in.dtype));
+    patch(Patch::kStream);
+    w.push_back(reinterpret_cast<std::uintptr_t>(in.stream));
+    if (!in.edge.node) shape(in.shape);
+  }
+  for (std::uint32_t j = 0; j < saved_.size(); ++j) {
+    const Tensor& t = saved_[j].tensor;
+    w.push_back(t.defined());
+    if (!t.defined()) continue;
+    w.push_back(static_cast<std::uint64_t>(t.dtype()));
+    shape(t.shape());
+    record_.saved_addresses.emplace_back(reinterpret_cast<std::uintptr_t>(t.raw_data()), j);
+  }
+}
 
 // Note [Saved tensor versions]
 // A backward reads the tensors its forward saved. If one was modified in place after it was saved
@@ -57,6 +113,7 @@ void Node::apply(const Tensor& grad_out, std::span<GradSlot> grads) const {
 }
 
 void Node::release_saved() {
+  saved_storages_.clear();
   saved_.clear();
   saved_.shrink_to_fit();
   released_ = true;

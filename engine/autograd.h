@@ -18,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/ops.h"
@@ -46,6 +47,29 @@ struct SavedTensor {
   std::uint64_t version = 0;
 };
 
+// Note [Node record]
+// A node's structure as plain words, made once when the node is created (its data is at hand
+// then): the op (its interned name), the node's stream, its output shape, and per input the edge
+// kind (0 none, 1 node, 2 leaf), the edge's target, the dtype, the producing stream and — unless
+// the edge is a node's, whose record has it — the shape; per saved tensor whether it is defined,
+// its dtype and shape. Tags open the record. Fields that name per-step objects (a producing node,
+// a stream, a leaf) hold raw identifiers and are listed in `patches`, so that a walk of the tape
+// can number them canonically (capture/signature.cpp, which also decodes records). Saved tensors'
+// data pointers are kept in `saved_addresses`.
+struct NodeRecord {
+  enum class Patch : std::uint8_t { kStream, kNode, kLeaf };
+  struct PatchAt {
+    std::uint32_t word;  // position in `words`
+    Patch kind;
+    std::uint32_t input;  // kLeaf: the input whose edge is the leaf
+  };
+  static constexpr std::uint64_t kTag = 0x4e4f4445;  // "NODE"
+  std::vector<std::uint64_t> words;
+  std::vector<PatchAt> patches;
+  std::vector<std::pair<std::uintptr_t, std::uint32_t>> saved_addresses;  // (data, saved index)
+  std::vector<const Node*> producers;  // the input nodes, in input order (nullptr: none)
+};
+
 class Node {
  public:
   // Computes the gradients of the inputs from grad_out, writing them into `grads` (one slot per
@@ -66,6 +90,8 @@ class Node {
   const Shape& output_shape() const { return output_shape_; }
   // The tensors the backward reads (empty once released).
   const std::vector<SavedTensor>& saved() const { return saved_; }
+  // Note [Node record]. Describes the node as created (not affected by release_saved()).
+  const NodeRecord& record() const { return record_; }
   // Order of creation in this process: a later node never feeds an earlier one.
   std::uint64_t sequence_nr() const { return sequence_nr_; }
   bool released() const { return released_; }
@@ -77,6 +103,13 @@ class Node {
   void apply(const Tensor& grad_out, std::span<GradSlot> grads) const;
   // The checks of apply() alone, so that a backward can refuse before it launches anything.
   void check_saved() const;
+  // check_saved() without building anything unless it fails (for walks that run every step).
+  void check_saved_fast() const {
+    if (released_) check_saved();
+    for (std::size_t i = 0; i < saved_storages_.size(); ++i) {
+      if (saved_storages_[i] && saved_storages_[i]->version() != saved_[i].version) check_saved();
+    }
+  }
   // Frees the saved tensors (a backward without retain_graph).
   void release_saved();
 
@@ -91,6 +124,8 @@ class Node {
   BackwardFn backward_;
   std::uint64_t sequence_nr_;
   bool released_ = false;
+  NodeRecord record_;
+  std::vector<const Storage*> saved_storages_;  // per saved tensor (nullptr: undefined)
 
  public:
   // Scratch for walks of the tape (capture/signature.cpp): a walk takes a fresh epoch and marks
