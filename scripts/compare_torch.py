@@ -6,7 +6,10 @@ loss), fp32 with TF32 off, single stream or one stream per branch in forward. Pe
 forward is untimed; t0; loss.backward(); t1; synchronize; t2. Reports medians of the wall time
 (t2 - t0, DESIGN.md's figure) and the host time of the backward call (t1 - t0), in microseconds.
 
-    python3 scripts/compare_torch.py [--iters 200] [--csv out.csv]
+    python3 scripts/compare_torch.py [--iters 200] [--csv out.csv] [--only SUBSTRING] [--graph]
+
+--graph: PyTorch's own CUDA graph of the backward (captured once with torch.cuda.graph, replayed),
+the side-by-side figure for bench/capture_bench.cpp.
 
 Needs only PyTorch with CUDA; graphward's own tests never need it.
 """
@@ -72,12 +75,65 @@ def run(torch, k, d, n, b, multi, iters, warmup=20):
     return statistics.median(wall), statistics.median(host)
 
 
+def run_graph(torch, k, d, n, b, multi, iters, warmup=20):
+    """PyTorch's own CUDA graph of the same backward: one forward, the backward (retain_graph)
+    captured once with torch.cuda.graph and replayed; t0; replay(); t1; synchronize; t2."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    layers = [[torch.nn.Linear(n, n).to(dev) for _ in range(d)] for _ in range(k)]
+    params = [p for br in layers for l in br for p in l.parameters()]
+    x = torch.randn(b, n, generator=gen).to(dev)
+    target = torch.randn(b, n, generator=gen).to(dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # forward, warm-up and capture off the default stream
+        streams = [torch.cuda.Stream() for _ in range(k)] if multi else None
+        main = torch.cuda.current_stream()
+        outs = []
+        for i in range(k):
+            if streams:
+                streams[i].wait_stream(main)
+                with torch.cuda.stream(streams[i]):
+                    h = x
+                    for layer in layers[i]:
+                        h = torch.relu(layer(h))
+                main.wait_stream(streams[i])
+            else:
+                h = x
+                for layer in layers[i]:
+                    h = torch.relu(layer(h))
+            outs.append(h)
+        total = outs[0]
+        for o in outs[1:]:
+            total = total + o
+        loss = torch.nn.functional.mse_loss(total, target)
+        for _ in range(3):
+            loss.backward(retain_graph=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss.backward(retain_graph=True)
+    torch.cuda.synchronize()
+    wall, host = [], []
+    for it in range(warmup + iters):
+        t0 = time.perf_counter()
+        graph.replay()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if it >= warmup:
+            wall.append((t2 - t0) * 1e6)
+            host.append((t1 - t0) * 1e6)
+    return statistics.median(wall), statistics.median(host)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--csv", default=None)
     ap.add_argument("--only", default="",
                     help="run only the configs whose name contains this string")
+    ap.add_argument("--graph", action="store_true",
+                    help="PyTorch's CUDA-graph-captured backward instead of its eager backward")
     args = ap.parse_args()
     try:
         import torch
@@ -94,10 +150,15 @@ def main():
           f"medians of {args.iters} iterations")
     print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
     for k, d, n, b, multi in CONFIGS:
-        name = f"torch/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
+        prefix = "torch_graph" if args.graph else "torch"
+        name = f"{prefix}/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
         if args.only not in name:
             continue
-        wall, host = run(torch, k, d, n, b, multi, args.iters)
+        try:
+            wall, host = (run_graph if args.graph else run)(torch, k, d, n, b, multi, args.iters)
+        except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
+            print(f"{name}: failed: {e}", file=sys.stderr)
+            wall, host = float("nan"), float("nan")
         rows.append((name, wall, host))
         print(f"{name:44s} {wall:9.1f} {host:9.1f}")
     if args.csv:

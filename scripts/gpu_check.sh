@@ -91,6 +91,16 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
         --csv "$LOG_DIR/torch_eager_backward_r$round.csv" >"$LOG_DIR/torch_eager_backward_r$round.txt" 2>&1 || ok=0
     fi
   done
+  # The captured backward (capture issue) and PyTorch's own CUDA graph of it.
+  if [ -x "$BIN/bench/graphward_bench_capture" ]; then
+    "$BIN/bench/graphward_bench_capture" --benchmark_repetitions=3 \
+       --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_capture.json" \
+       --benchmark_out_format=json >"$LOG_DIR/bench_capture.txt" 2>&1 || ok=0
+    if [ $have_torch = 1 ]; then
+      PYTHONUNBUFFERED=1 python3 "$GW_ROOT/scripts/compare_torch.py" --graph --iters 200 \
+        --csv "$LOG_DIR/torch_graph_backward.csv" >"$LOG_DIR/torch_graph_backward.txt" 2>&1 || ok=0
+    fi
+  fi
   if [ $ok = 1 ]; then
     record bench ok "bench_*.json, torch_eager_backward_r*.csv; $((SECONDS - start)) s"
   else
@@ -163,6 +173,11 @@ echo "================ graphward GPU check ================"
 head -2 "$LOG_DIR/machine.txt"
 [ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median' "$LOG_DIR/bench_ops.txt" | sed 's/ *[0-9]* host_us.*//; s/ *[0-9]* TFLOP.*//'
 [ -f "$LOG_DIR/bench_autograd_r1.json" ] && side_by_side
+if [ -f "$LOG_DIR/bench_capture.txt" ]; then
+  echo "captured backward (medians):"
+  grep -E '_median' "$LOG_DIR/bench_capture.txt" | sed 's/min_time:0.[0-9]*//; s/manual_time_median/median/' | cut -c1-160
+  [ -f "$LOG_DIR/torch_graph_backward.csv" ] && cat "$LOG_DIR/torch_graph_backward.csv"
+fi
 printf '%s\n' "${SUMMARY[@]}"
 if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
   tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"
