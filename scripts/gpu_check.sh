@@ -50,7 +50,7 @@ BIN=$GW_BUILD_DIR
 
 # 2. the whole suite
 start=$SECONDS
-(cd "$BIN" && ctest --output-on-failure -j 8 --timeout 600) >"$LOG_DIR/ctest.log" 2>&1
+(cd "$BIN" && ctest --output-on-failure -j 8 --timeout 180) >"$LOG_DIR/ctest.log" 2>&1
 rc=$?
 line=$(grep -E 'tests passed|tests failed' "$LOG_DIR/ctest.log" | tail -1)
 gpu_tests=$(cd "$BIN" && ctest -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p')
@@ -93,7 +93,7 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
   done
   # The captured backward (capture issue) and PyTorch's own CUDA graph of it.
   if [ -x "$BIN/bench/graphward_bench_capture" ]; then
-    "$BIN/bench/graphward_bench_capture" --benchmark_repetitions=3 \
+    timeout 300 "$BIN/bench/graphward_bench_capture" --benchmark_repetitions=3 \
        --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_capture.json" \
        --benchmark_out_format=json >"$LOG_DIR/bench_capture.txt" 2>&1 || ok=0
     if [ $have_torch = 1 ]; then
