@@ -72,13 +72,13 @@ struct Model {
   }
 };
 
-void BM_GraphBackward(benchmark::State& state) {
+void graph_backward(benchmark::State& state, bool split) {
   if (skip_without_gpu(state)) return;
   const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
   Model m(k, d, state.range(2), state.range(3), state.range(4) != 0);
   const cudaStream_t caller = gw::current_stream(kDev);
   gw::StepArena arena(kDev);
-  gw::BackwardGraph bw(kDev);
+  gw::BackwardGraph bw(kDev, {.split_weight_grads = split});
   auto step = [&](bool timed, double* host) {
     gw::StepScope scope(arena);
     const gw::Tensor loss = m.loss();
@@ -109,6 +109,22 @@ void BM_GraphBackward(benchmark::State& state) {
       static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
   state.SetLabel(bw.last_reason());
 }
+void BM_GraphBackward(benchmark::State& state) {
+  graph_backward(state, false);
+}
+// With weight-gradient parallelism (each layer's dW/db on a side stream).
+void BM_GraphBackwardSplit(benchmark::State& state) {
+  graph_backward(state, true);
+}
+BENCHMARK(BM_GraphBackwardSplit)
+    ->Name("GraphBackwardSplit")
+    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
+    ->Args({4, 8, 256, 64, 1})
+    ->Args({1, 32, 256, 64, 0})
+    ->Args({4, 4, 1024, 256, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GraphBackward)
     ->Name("GraphBackward")
     ->ArgNames({"branches", "depth", "width", "batch", "multistream"})

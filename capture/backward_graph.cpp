@@ -38,7 +38,8 @@ BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
 BackwardGraph::~BackwardGraph() = default;
 
 void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
-  graphward::backward(loss, {.grad_write = grad_write});
+  graphward::backward(
+      loss, {.grad_write = grad_write, .split_weight_grads = options_.split_weight_grads});
   ++eager_;
 }
 
@@ -133,7 +134,8 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   } else {
     // Capture: the eager executor runs the plan under stream capture from the caller's stream,
     // each other forward stream mapped onto a private capture stream.
-    BackwardPlan plan = plan_for({loss}, grad_write);
+    BackwardPlan plan =
+        plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
     while (capture_streams_.size() + 1 < plan.streams.size()) {
       capture_streams_.push_back(std::make_unique<Stream>(device_));
     }

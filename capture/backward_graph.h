@@ -47,6 +47,9 @@ struct BackwardGraphOptions {
   std::size_t cache_capacity = 8;  // executables kept (least recently used out)
   int warmup = 1;                  // eager backwards before the first capture
   bool force_eager = false;        // never capture (debugging, comparisons)
+  // Weight-gradient parallelism (PlanOptions::split_weight_grads): each layer's weight and bias
+  // gradients on a side stream, off the critical path. Opt-in.
+  bool split_weight_grads = false;
 };
 
 // The shape of a captured graph.

@@ -39,9 +39,10 @@ Device roots_device(const std::vector<Tensor>& roots) {
 
 }  // namespace
 
-BackwardPlan plan_for(const std::vector<Tensor>& roots, GradWrite grad_write) {
+BackwardPlan plan_for(const std::vector<Tensor>& roots, GradWrite grad_write, PlanOptions options) {
   const Device d = roots_device(roots);
-  return plan_backward(plan_roots(roots), d.is_cuda() ? current_stream(d) : nullptr, grad_write);
+  return plan_backward(plan_roots(roots), d.is_cuda() ? current_stream(d) : nullptr, grad_write,
+                       options);
 }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds_in,
@@ -66,7 +67,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   }
   const cudaStream_t caller = device.is_cuda() ? current_stream(device) : nullptr;
   // Plan (and check) everything before creating or launching anything.
-  BackwardPlan plan = plan_backward(proots, caller, options.grad_write);
+  BackwardPlan plan = plan_backward(proots, caller, options.grad_write,
+                                    {.split_weight_grads = options.split_weight_grads});
   for (std::size_t r = 0; r < roots.size(); ++r) {
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
@@ -80,10 +82,17 @@ Event& EagerExecutor::event(Device device, int i) {
   if (!(events_device_ == device)) {
     events_.clear();
     timing_events_.clear();
+    side_streams_.clear();
     events_device_ = device;
   }
   while (static_cast<int>(events_.size()) <= i) events_.emplace_back(device);
   return events_[i];
+}
+
+cudaStream_t EagerExecutor::side_stream(Device device, int i) {
+  event(device, 0);  // resets the pools when the device changes
+  while (static_cast<int>(side_streams_.size()) <= i) side_streams_.emplace_back(device);
+  return side_streams_[static_cast<std::size_t>(i)].get();
 }
 
 Event& EagerExecutor::timing_event(Device device, int i) {
@@ -106,10 +115,17 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
         "; expected the leaf's shape, dtype and device");
   }
   const bool gpu = device.is_cuda();
-  const cudaStream_t caller = plan.streams[0];
+  // The plan's streams, with this executor's own streams for the side streams it leaves open.
+  std::vector<cudaStream_t> streams = plan.streams;
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    if (gpu && !streams[i] && i < plan.side_of.size() && plan.side_of[i] >= 0) {
+      streams[i] = side_stream(device, static_cast<int>(i));
+    }
+  }
+  const cudaStream_t caller = streams[0];
   const bool timed = gpu && timings != nullptr;
   if (timed) check_capturable("backward() with timings");  // its trace synchronizes
-  if (timed) timing_event(device, 0).record(caller);  // the origin of the trace
+  if (timed) timing_event(device, 0).record(caller);       // the origin of the trace
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
     for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
@@ -124,19 +140,19 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   if (gpu && !plan.forks.empty()) {
     Event& e = event(device, fork_event);
     e.record(caller);
-    for (int f : plan.forks) e.block(plan.streams[f]);
+    for (int f : plan.forks) e.block(streams[f]);
   }
 
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double> host_us;  // per step, when timed
   {
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
-    std::vector<GradSlot> slots;
+    std::vector<GradSlot> slots, side_slots;
     if (timed) host_us.assign(plan.steps.size(), 0.0);
     for (const BackwardPlan::Step& step : plan.steps) {
       const auto host_start =
           timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-      const cudaStream_t s = plan.streams[step.stream];
+      const cudaStream_t s = streams[step.stream];
       std::optional<StreamGuard> guard;
       if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
       if (gpu) {
@@ -176,7 +192,31 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
         slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate,
                     share};
       }
-      step.node->apply(g, slots);
+      if (step.side_stream < 0) {
+        step.node->apply(g, slots);
+      } else {
+        // Weight-gradient parallelism: the leaf gradients on the side stream, from this point of
+        // the step's stream (the gradient is assembled), the rest on the step's stream.
+        const cudaStream_t side = streams[step.side_stream];
+        if (gpu) {
+          Event& fork = event(device, step.side_fork_event);
+          fork.record(s);
+          fork.block(side);
+          for (int w : step.side_waits) event(device, plan.waits[w].event).block(side);
+        }
+        side_slots.assign(slots.size(), GradSlot{});
+        for (std::size_t i = 0; i < slots.size(); ++i) {
+          const int b = step.writes[i].buffer;
+          if (b >= 0 && plan.buffers[b].kind == Kind::kLeaf) std::swap(side_slots[i], slots[i]);
+        }
+        {
+          std::optional<StreamGuard> on_side;
+          if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
+          step.node->apply(g, side_slots);
+        }
+        if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
+        step.node->apply(g, slots);
+      }
       // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
       // that the activations' memory is back in the pool for the rest of the backward (rule 7
       // orders each free after the streams that read it).
@@ -195,7 +235,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   if (gpu) {
     for (std::size_t j = 0; j < plan.joins.size(); ++j) {
       Event& e = event(device, fork_event + 1 + static_cast<int>(j));
-      e.record(plan.streams[plan.joins[j]]);
+      e.record(streams[plan.joins[j]]);
       e.block(caller);
     }
   }

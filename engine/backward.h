@@ -36,6 +36,9 @@ struct BackwardOptions {
   // When set (CUDA only), every step is timed with events and the trace is stored here. Costs two
   // event records a step and a synchronize at the end: for inspection, not for training.
   std::vector<StepTiming>* timings = nullptr;
+  // Weight-gradient parallelism (PlanOptions::split_weight_grads): leaf gradients of layers on
+  // the critical path run on side streams. Opt-in.
+  bool split_weight_grads = false;
 };
 
 // Backward of several roots. `seeds` are the gradients of the roots (same shapes); when empty,
@@ -48,7 +51,7 @@ inline void backward(const Tensor& root, BackwardOptions options = {}) {
 
 // The plan backward() would run for these roots on the current stream (for inspection and tests).
 BackwardPlan plan_for(const std::vector<Tensor>& roots,
-                      GradWrite grad_write = GradWrite::kAccumulate);
+                      GradWrite grad_write = GradWrite::kAccumulate, PlanOptions options = {});
 
 // Launches plans. Owns its events; one thread at a time.
 class EagerExecutor {
@@ -67,7 +70,9 @@ class EagerExecutor {
  private:
   Event& event(Device device, int i);
   Event& timing_event(Device device, int i);
+  cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i
   std::vector<Event> events_, timing_events_;
+  std::vector<Stream> side_streams_;
   Device events_device_ = Device::cpu();
 };
 

@@ -24,7 +24,7 @@ namespace graphward {
 // contributor on another stream than the previous one waits for it.
 
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
-                           GradWrite grad_write) {
+                           GradWrite grad_write, PlanOptions options) {
   GW_CHECK(!roots.empty(), "backward: expected at least one root");
   BackwardPlan plan;
   plan.grad_write = grad_write;
@@ -168,22 +168,53 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     }
   }
 
+  // 3b. Weight-gradient parallelism (opt-in): a step with both a node-edge input (the critical
+  // path) and leaf inputs gets a side stream per forward stream for its leaf gradients.
+  const int num_forward_streams = static_cast<int>(plan.streams.size());
+  plan.side_of.assign(plan.streams.size(), -1);
+  if (options.split_weight_grads) {
+    std::vector<int> side_for(plan.streams.size(), -1);
+    for (int s = 0; s < num_steps; ++s) {
+      BackwardPlan::Step& step = plan.steps[s];
+      bool node_edge = false, leaf_edge = false;
+      for (const InputMeta& in : step.node->inputs()) {
+        node_edge = node_edge || in.edge.node != nullptr;
+        leaf_edge = leaf_edge || (!in.edge.node && in.edge.leaf.defined());
+      }
+      if (!node_edge || !leaf_edge) continue;
+      int& side = side_for[static_cast<std::size_t>(step.stream)];
+      if (side < 0) {
+        side = static_cast<int>(plan.streams.size());
+        plan.streams.push_back(nullptr);
+        plan.side_of.push_back(step.stream);
+      }
+      step.side_stream = side;
+    }
+  }
+
   // 4. Route every contribution (Note [Gradient buffers]) and place the waits, with a vector clock
-  // per stream: clock[s][p] is the last step of stream p that stream s is known to follow.
+  // per stream: clock[s][p] is the last step of stream p that stream s is known to follow (a side
+  // stream runs at most one part per step, so step numbers order its work too). A producer is a
+  // key 2·step (the step on its stream) or 2·step + 1 (its side part): keys order every part.
   const int k = static_cast<int>(plan.streams.size());
   std::vector<std::vector<int>> clock(k, std::vector<int>(k, -1));
-  std::vector<int> snapshot(static_cast<std::size_t>(num_steps) * k);  // per step: its clock
+  std::vector<int> snapshot(static_cast<std::size_t>(2 * num_steps) * k);  // per key: its clock
   std::vector<int> grad_written(plan.buffers.size(), 0);  // direct writes so far, per buffer
-  std::vector<int> leaf_last_writer(plan.buffers.size(), BackwardPlan::kSeed);
-  auto depend = [&](int consumer, int producer) {
-    if (producer < 0) return;  // the seed / the caller: covered by the fork
-    const int cs = plan.steps[consumer].stream, ps = plan.steps[producer].stream;
-    if (cs == ps || clock[cs][ps] >= producer) return;
+  std::vector<int> leaf_last_writer(plan.buffers.size(), BackwardPlan::kSeed);  // a key
+  auto depend = [&](int consumer, bool consumer_side, int key) {
+    if (key < 0) return;  // the seed / the caller: covered by the fork
+    const int producer = key / 2;
+    const bool producer_side = key % 2 == 1;
+    BackwardPlan::Step& c = plan.steps[consumer];
     BackwardPlan::Step& p = plan.steps[producer];
-    if (p.event < 0) p.event = plan.num_events++;
-    plan.steps[consumer].waits.push_back(static_cast<int>(plan.waits.size()));
-    plan.waits.push_back({producer, consumer, p.event});
-    const int* seen = &snapshot[static_cast<std::size_t>(producer) * k];
+    const int cs = consumer_side ? c.side_stream : c.stream;
+    const int ps = producer_side ? p.side_stream : p.stream;
+    if (cs == ps || clock[cs][ps] >= producer) return;
+    int& event = producer_side ? p.side_event : p.event;
+    if (event < 0) event = plan.num_events++;
+    (consumer_side ? c.side_waits : c.waits).push_back(static_cast<int>(plan.waits.size()));
+    plan.waits.push_back({producer, consumer, event, producer_side, consumer_side});
+    const int* seen = &snapshot[static_cast<std::size_t>(key) * k];
     for (int x = 0; x < k; ++x) clock[cs][x] = std::max(clock[cs][x], seen[x]);
   };
 
@@ -205,16 +236,35 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     // redundant, and every wait placed is necessary.
     const auto& inputs = step.node->inputs();
     const std::vector<int>& owners = input_node[node_of_step[s]];
-    producers.assign(plan.buffers[step.grad_buffer].contributors.begin(),
-                     plan.buffers[step.grad_buffer].contributors.end());
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const bool split = step.side_stream >= 0;
+    producers.clear();
+    for (int c : plan.buffers[step.grad_buffer].contributors) {
+      producers.push_back(c < 0 ? c : 2 * c);  // contributions come from steps, never side parts
+    }
+    for (std::size_t i = 0; i < inputs.size() && !split; ++i) {
       if (owners[i] < 0 && inputs[i].edge.leaf.defined()) {
         producers.push_back(leaf_last_writer[leaf_buffer_of(inputs[i].edge.leaf)]);
       }
     }
     std::sort(producers.begin(), producers.end(), std::greater<int>());
     producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
-    for (int q : producers) depend(s, q);
+    for (int q : producers) depend(s, false, q);
+    if (split) {
+      // The side part starts from this step's stream once the gradient is assembled (the fork
+      // event), then waits for the previous writers of its leaves.
+      const int side = step.side_stream;
+      step.side_fork_event = plan.num_events++;
+      for (int x = 0; x < k; ++x) clock[side][x] = std::max(clock[side][x], clock[step.stream][x]);
+      producers.clear();
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        if (owners[i] < 0 && inputs[i].edge.leaf.defined()) {
+          producers.push_back(leaf_last_writer[leaf_buffer_of(inputs[i].edge.leaf)]);
+        }
+      }
+      std::sort(producers.begin(), producers.end(), std::greater<int>());
+      producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
+      for (int q : producers) depend(s, true, q);
+    }
 
     step.writes.assign(inputs.size(), {});
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -245,17 +295,23 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
         const int lb = leaf_buffer_of(e.leaf);
         const bool first = grad_written[lb]++ == 0;
         step.writes[i] = {lb, !first || grad_write == GradWrite::kAccumulate};
-        leaf_last_writer[lb] = s;
+        leaf_last_writer[lb] = 2 * s + (split ? 1 : 0);
       }
+    }
+    if (split) {
+      clock[step.side_stream][step.side_stream] = s;
+      std::copy(clock[step.side_stream].begin(), clock[step.side_stream].end(),
+                snapshot.begin() + static_cast<std::ptrdiff_t>(2 * s + 1) * k);
     }
     clock[step.stream][step.stream] = s;
     std::copy(clock[step.stream].begin(), clock[step.stream].end(),
-              snapshot.begin() + static_cast<std::ptrdiff_t>(s) * k);
+              snapshot.begin() + static_cast<std::ptrdiff_t>(2 * s) * k);
   }
 
-  // 5. Forks and joins: every stream the backward uses other than the caller's (rule 4).
+  // 5. Forks and joins: every stream the backward uses other than the caller's (rule 4). Side
+  // streams start from their forward stream inside a step (after it was forked): joined only.
   for (int x = 1; x < k; ++x) {
-    plan.forks.push_back(x);
+    if (x < num_forward_streams) plan.forks.push_back(x);
     plan.joins.push_back(x);
   }
   return plan;
@@ -282,7 +338,9 @@ std::string BackwardPlan::dump() const {
      << (grad_write == GradWrite::kAccumulate ? "accumulate" : "overwrite") << "\n";
   for (std::size_t s = 0; s < streams.size(); ++s) {
     os << "  stream s" << s << " = " << static_cast<const void*>(streams[s])
-       << (s == 0 ? " (caller)" : "") << "\n";
+       << (s == 0 ? " (caller)" : "");
+    if (s < side_of.size() && side_of[s] >= 0) os << " (side stream of s" << side_of[s] << ")";
+    os << "\n";
   }
   os << "  fork:";
   for (int f : forks) os << " s" << f;
@@ -311,6 +369,12 @@ std::string BackwardPlan::dump() const {
       } else {
         os << "b" << w.buffer << (w.accumulate ? "+=" : "=");
       }
+    }
+    if (st.side_stream >= 0) {
+      os << ", leaf grads on side s" << st.side_stream << " (after e" << st.side_fork_event;
+      for (int w : st.side_waits) os << ", e" << waits[w].event;
+      os << ")";
+      if (st.side_event >= 0) os << " recording e" << st.side_event;
     }
     if (st.event >= 0) os << ", records e" << st.event;
     os << "\n";

@@ -67,11 +67,22 @@ struct BackwardPlan {
     std::vector<int> seeds;   // root indices whose seed is added into grad_buffer first
     std::vector<int> waits;   // indices into waits: this step's stream waits on them first
     int event = -1;           // event recorded on this step's stream after it, or -1
+    // Weight-gradient parallelism (PlanOptions::split_weight_grads): the node's leaf gradients
+    // are computed on `side_stream` (an index into streams whose handle is nullptr: the executor
+    // supplies the stream), which first waits on `side_fork_event` (recorded on this step's
+    // stream once its gradient is assembled) and on `side_waits`, and records `side_event` after.
+    // -1 when the step is not split.
+    int side_stream = -1;
+    int side_fork_event = -1;
+    std::vector<int> side_waits;
+    int side_event = -1;
   };
   struct Wait {
-    int producer;  // step
-    int consumer;  // step
-    int event;     // recorded after the producer, waited on by the consumer's stream
+    int producer;                // step
+    int consumer;                // step
+    int event;                   // recorded after the producer, waited on by the consumer's stream
+    bool producer_side = false;  // the producer is the step's side part (its leaf gradients)
+    bool consumer_side = false;  // the consumer is the step's side part
   };
   struct LeafSeed {  // a root that is itself a leaf: its seed is written into .grad first
     int root;
@@ -79,7 +90,9 @@ struct BackwardPlan {
     bool accumulate;
   };
 
-  std::vector<cudaStream_t> streams;  // streams[0] is the caller's stream
+  std::vector<cudaStream_t> streams;  // streams[0] is the caller's stream; nullptr: a side stream
+  // Per stream index: the forward stream index a side stream serves, or -1 for a forward stream.
+  std::vector<int> side_of;
   std::vector<Step> steps;
   std::vector<Wait> waits;
   std::vector<int> forks;  // stream indices that first wait on the caller's stream
@@ -95,9 +108,15 @@ struct BackwardPlan {
   int num_cross_stream_waits() const { return static_cast<int>(waits.size()); }
 };
 
+struct PlanOptions {
+  // Move the leaf (weight and bias) gradients of every node that also has a node-edge input onto
+  // a side stream per forward stream, off the critical path (the input gradient). Opt-in.
+  bool split_weight_grads = false;
+};
+
 // Plans the backward of `roots` called on `caller_stream` (nullptr on the CPU). Checks, before
 // anything runs, that every node is on one device and still holds its saved tensors.
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
-                           GradWrite grad_write = GradWrite::kAccumulate);
+                           GradWrite grad_write = GradWrite::kAccumulate, PlanOptions options = {});
 
 }  // namespace graphward

@@ -90,6 +90,27 @@ TEST_F(CudaAutograd, MultistreamBackwardEqualsSingleStreamBitwise) {
   }
 }
 
+TEST_F(CudaAutograd, SplitWeightGradientsOnSideStreamsEqualTheSingleStreamBackwardBitwise) {
+  // Weight-gradient parallelism moves each layer's dW/db onto a side stream; with the forward on
+  // four streams the backward then uses eight. The gradients must not change by a bit.
+  // STATUS (2026-11-30): written and compiled; not yet run on a GPU.
+  BranchModel m(4, 8, 256, 64, kF32Gpu);
+  backward(m.loss());
+  const auto single = m.grads();
+  m.clear_grads();
+  std::vector<Stream> owned;
+  for (int i = 0; i < 4; ++i) owned.emplace_back(kGpu);
+  std::vector<Stream*> streams;
+  for (auto& s : owned) streams.push_back(&s);
+  const BackwardPlan plan =
+      plan_for({m.loss(streams)}, GradWrite::kOverwrite, {.split_weight_grads = true});
+  EXPECT_EQ(plan.streams.size(), 9u) << plan.dump();  // caller, 4 branch streams, 4 side streams
+  for (int rep = 0; rep < 3; ++rep) {
+    backward(m.loss(streams), {.grad_write = GradWrite::kOverwrite, .split_weight_grads = true});
+    EXPECT_EQ(m.grads(), single) << "repetition " << rep;
+  }
+}
+
 TEST_F(CudaAutograd, GpuGradientsMatchTheCpuBackend) {
   BranchModel gpu(2, 3, 67, 33, kF32Gpu);
   BranchModel cpu(2, 3, 67, 33, {});

@@ -133,6 +133,31 @@ TEST(AutogradCpu, BackwardWithoutRetainGraphFreesTheSavedActivations) {
   EXPECT_EQ(h.storage().use_count(), 1);
 }
 
+TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
+  // Weight-gradient parallelism moves work between streams, never changes the math: on the CPU
+  // (no streams) the split plan must give exactly the unsplit gradients, shared weights included.
+  const Tensor w1 = param({6, 6}, 1), b1 = param({6}, 2), w2 = param({6, 6}, 3), b2 = param({6}, 4);
+  const Tensor x = randn({5, 6}, 5, f64()), target = randn({5, 6}, 6, f64());
+  auto loss = [&] {
+    const Tensor h1 = relu(linear(x, w1, b1));
+    const Tensor h2 = tanh(linear(h1, w2, b2));
+    return mse_loss(linear(h2, w1, b1), target);  // w1, b1 used twice
+  };
+  backward(loss());
+  std::vector<std::vector<double>> plain;
+  for (const Tensor* t : {&w1, &b1, &w2, &b2}) {
+    plain.push_back(values(t->grad()));
+    t->grad() = Tensor();
+  }
+  const BackwardPlan p = plan_for({loss()}, GradWrite::kAccumulate, {.split_weight_grads = true});
+  int split = 0;
+  for (const auto& st : p.steps) split += st.side_stream >= 0;
+  EXPECT_EQ(split, 2) << p.dump();  // the two linears fed by another node
+  backward(loss(), {.split_weight_grads = true});
+  int i = 0;
+  for (const Tensor* t : {&w1, &b1, &w2, &b2}) EXPECT_EQ(values(t->grad()), plain[i++]);
+}
+
 TEST(AutogradCpu, UnusedInputsAndBranchesGetNoGradient) {
   const Tensor used = param({3}, 1), unused = param({3}, 2), side = param({3}, 3);
   const Tensor branch_not_in_loss = mul(side, 2.0);  // computed, never part of the loss

@@ -180,5 +180,68 @@ TEST(BackwardPlan, RefusesGraphsItCannotRun) {
   GW_EXPECT_ERROR(plan_backward({{released, {}}}, kA), "freed#", "a second time");
 }
 
+// ---- weight-gradient parallelism (PlanOptions::split_weight_grads) ------------------------------
+
+// A layer: a node with the previous layer's node and a leaf (its weight) as inputs.
+std::shared_ptr<Node> layer(cudaStream_t s, const std::shared_ptr<Node>& prev, const Tensor& w) {
+  return node("layer", s, {from(prev), from_leaf(w)});
+}
+
+TEST(BackwardPlanSplit, LeafGradientsOfCriticalPathLayersMoveToOneSideStreamPerForwardStream) {
+  const Tensor w0 = leaf(), w1 = leaf(), w2 = leaf(), w3 = leaf();
+  const auto l0 = node("first", kA, {from_leaf(w0)});  // no node input: stays whole
+  const auto l1 = layer(kA, l0, w1), l2 = layer(kA, l1, w2), l3 = layer(kA, l2, w3);
+  const BackwardPlan plain = plan_backward({{l3, {}}}, kCaller);
+  const BackwardPlan p =
+      plan_backward({{l3, {}}}, kCaller, GradWrite::kAccumulate, {.split_weight_grads = true});
+  SCOPED_TRACE(p.dump());
+  ASSERT_EQ(p.steps.size(), 4u);
+  ASSERT_EQ(p.streams.size(), 3u);  // caller, A, A's side stream
+  EXPECT_EQ(p.streams[2], nullptr) << "the executor supplies side streams";
+  EXPECT_EQ(p.side_of, (std::vector<int>{-1, -1, 1}));
+  EXPECT_EQ(p.forks, (std::vector<int>{1})) << "a side stream starts inside a step";
+  EXPECT_EQ(p.joins, (std::vector<int>{1, 2}));
+  for (const auto& st : p.steps) {
+    if (st.node == l0.get()) {
+      EXPECT_EQ(st.side_stream, -1);
+    } else {
+      EXPECT_EQ(st.side_stream, 2);
+      EXPECT_GE(st.side_fork_event, 0);
+      EXPECT_TRUE(st.side_waits.empty()) << "each weight is written once";
+    }
+  }
+  // The rest of the plan is unchanged: same order, same waits.
+  EXPECT_EQ(p.waits.size(), plain.waits.size());
+  EXPECT_EQ(plain.streams.size(), 2u);
+  EXPECT_TRUE(plain.side_of == std::vector<int>({-1, -1}));
+}
+
+TEST(BackwardPlanSplit, AWeightSharedWithALayerOnTheMainStreamIsWrittenInOrder) {
+  // w is used by a split layer (its gradient goes to the side stream) and by the first layer
+  // (written on A itself, later in the backward): the first layer must wait for the side part.
+  const Tensor w = leaf(), w1 = leaf();
+  const auto l0 = node("first", kA, {from_leaf(w)});
+  const auto l1 = layer(kA, l0, w);
+  const auto l2 = layer(kA, l1, w1);
+  const BackwardPlan p =
+      plan_backward({{l2, {}}}, kCaller, GradWrite::kAccumulate, {.split_weight_grads = true});
+  SCOPED_TRACE(p.dump());
+  int first = -1, split = -1;
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    if (p.steps[i].node == l0.get()) first = static_cast<int>(i);
+    if (p.steps[i].node == l1.get()) split = static_cast<int>(i);
+  }
+  ASSERT_GE(first, 0);
+  ASSERT_GE(split, 0);
+  ASSERT_GE(p.steps[split].side_event, 0) << "someone waits for the side part";
+  bool waited = false;
+  for (int wi : p.steps[first].waits) {
+    const auto& wt = p.waits[wi];
+    waited = waited ||
+             (wt.producer == split && wt.producer_side && wt.event == p.steps[split].side_event);
+  }
+  EXPECT_TRUE(waited) << "the first layer writes w after the side part of layer 1 did";
+}
+
 }  // namespace
 }  // namespace graphward
