@@ -163,5 +163,109 @@ TEST(BackwardPlanProperties, NoWaitIsRedundant) {
   }
 }
 
+// ---- the same with weight-gradient parallelism (PlanOptions::split_weight_grads) ----------------
+// A step is three parts: its start on its stream (waits, then the gradient is assembled and the
+// side stream forked), its main part on its stream, and its side part (leaf gradients) on the side
+// stream. Part p of step s is node 3s + p.
+
+std::vector<std::vector<bool>> happens_before_parts(const BackwardPlan& p,
+                                                    const std::vector<bool>& skip_wait) {
+  const int n = 3 * static_cast<int>(p.steps.size());
+  std::vector<std::vector<int>> next(n);
+  std::vector<int> last_on_stream(p.streams.size(), -1);
+  auto on_stream = [&](int stream, int part) {
+    int& last = last_on_stream[stream];
+    if (last >= 0) next[last].push_back(part);
+    last = part;
+  };
+  for (int s = 0; s < static_cast<int>(p.steps.size()); ++s) {
+    const auto& st = p.steps[s];
+    on_stream(st.stream, 3 * s);
+    on_stream(st.stream, 3 * s + 1);
+    if (st.side_stream >= 0) {
+      next[3 * s].push_back(3 * s + 2);  // the fork, after the start
+      on_stream(st.side_stream, 3 * s + 2);
+    }
+  }
+  for (std::size_t w = 0; w < p.waits.size(); ++w) {
+    if (skip_wait[w]) continue;
+    const auto& wt = p.waits[w];
+    const int from = 3 * wt.producer + (wt.producer_side ? 2 : 1);
+    const int to = 3 * wt.consumer + (wt.consumer_side ? 2 : 0);
+    next[from].push_back(to);
+  }
+  std::vector<std::vector<bool>> hb(n, std::vector<bool>(n, false));
+  for (int i = n - 1; i >= 0; --i) {
+    for (int j : next[i]) {
+      hb[i][j] = true;
+      for (int k = 0; k < n; ++k) {
+        if (hb[j][k]) hb[i][k] = true;
+      }
+    }
+  }
+  return hb;
+}
+
+// (earlier part, later part): a contribution before its consumer's start; consecutive writers
+// of a leaf, each from the part that writes it.
+std::vector<std::pair<int, int>> required_parts(const BackwardPlan& p) {
+  auto leaf_writer = [&](int s) { return 3 * s + (p.steps[s].side_stream >= 0 ? 2 : 1); };
+  std::vector<std::pair<int, int>> req;
+  for (const auto& b : p.buffers) {
+    if (b.kind == BackwardPlan::BufferKind::kGrad) {
+      for (int c : b.contributors) {
+        if (c >= 0) req.push_back({3 * c + 1, 3 * b.owner});
+      }
+    } else if (b.kind == BackwardPlan::BufferKind::kLeaf) {
+      for (std::size_t i = 1; i < b.contributors.size(); ++i) {
+        const int a = b.contributors[i - 1], c = b.contributors[i];
+        if (a >= 0 && a != c) req.push_back({leaf_writer(a), leaf_writer(c)});
+      }
+    }
+  }
+  return req;
+}
+
+TEST(BackwardPlanProperties, SplitPlansOfRandomTapesAreOrderedJoinedAndMinimal) {
+  std::mt19937 rng(20261201);
+  int split_steps = 0, side_waits = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int num_nodes = std::uniform_int_distribution<int>(1, 30)(rng);
+    const int num_streams = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int caller = std::uniform_int_distribution<int>(0, num_streams)(rng);
+    RandomTape t = make_tape(rng, num_nodes, num_streams, 3);
+    const BackwardPlan p = plan_backward(t.roots, fake_stream(caller), GradWrite::kOverwrite,
+                                         {.split_weight_grads = true});
+    SCOPED_TRACE("trial " + std::to_string(trial) + "\n" + p.dump());
+    const auto hb = happens_before_parts(p, std::vector<bool>(p.waits.size(), false));
+    for (const auto& [a, b] : required_parts(p)) {
+      EXPECT_TRUE(hb[a][b]) << "part " << a << " -> part " << b;
+    }
+    for (const auto& st : p.steps) {
+      split_steps += st.side_stream >= 0;
+      side_waits += static_cast<int>(st.side_waits.size());
+      if (st.side_stream >= 0) {
+        ASSERT_LT(static_cast<std::size_t>(st.side_stream), p.side_of.size());
+        EXPECT_EQ(p.side_of[st.side_stream], st.stream);
+        EXPECT_EQ(p.streams[st.side_stream], nullptr);
+      }
+    }
+    // Every stream but the caller's is joined; side streams are not forked.
+    EXPECT_EQ(p.joins.size(), p.streams.size() - 1);
+    for (int f : p.forks) EXPECT_EQ(p.side_of[f], -1);
+    // Minimal: dropping any wait breaks a required ordering.
+    for (std::size_t w = 0; w < p.waits.size(); ++w) {
+      std::vector<bool> skip(p.waits.size(), false);
+      skip[w] = true;
+      const auto without = happens_before_parts(p, skip);
+      bool needed = false;
+      for (const auto& [a, b] : required_parts(p)) needed = needed || !without[a][b];
+      EXPECT_TRUE(needed) << "wait " << w << " is redundant";
+    }
+  }
+  EXPECT_GT(split_steps, 100) << "the random tapes should exercise split steps";
+  EXPECT_GT(side_waits, 5) << "and leaf writers across side streams";
+}
+
 }  // namespace
 }  // namespace graphward
