@@ -134,7 +134,7 @@ std::array<std::atomic<cudaStream_t>, kMaxRegistered> g_registered{};
 std::atomic<int> g_num_registered{0};
 std::mutex g_register_mutex;
 
-void register_stream(cudaStream_t stream) noexcept {
+[[maybe_unused]] void register_stream(cudaStream_t stream) noexcept {
   try {
     std::lock_guard<std::mutex> lock(g_register_mutex);
     const int n = g_num_registered.load(std::memory_order_relaxed);
