@@ -62,7 +62,7 @@ struct Model {
   }
 };
 
-void eager_backward(benchmark::State& state, bool keep_graph) {
+void eager_backward(benchmark::State& state, bool keep_graph, bool split = false) {
   if (!gw::cuda_available()) {
     state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
     return;
@@ -72,7 +72,9 @@ void eager_backward(benchmark::State& state, bool keep_graph) {
   const bool multi = state.range(4) != 0;
   Model m(k, d, n, batch, multi);
   const cudaStream_t caller = gw::current_stream(kDev);
-  for (int i = 0; i < 5; ++i) gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite});
+  for (int i = 0; i < 5; ++i) {
+    gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite, .split_weight_grads = split});
+  }
   GW_CUDA_CHECK(cudaDeviceSynchronize());
   double host_total = 0;
   std::size_t nodes = gw::plan_for({m.loss()}).steps.size();
@@ -80,7 +82,9 @@ void eager_backward(benchmark::State& state, bool keep_graph) {
     const gw::Tensor loss = m.loss();
     GW_CUDA_CHECK(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
-    gw::backward(loss, {.retain_graph = keep_graph, .grad_write = gw::GradWrite::kOverwrite});
+    gw::backward(loss, {.retain_graph = keep_graph,
+                        .grad_write = gw::GradWrite::kOverwrite,
+                        .split_weight_grads = split});
     const auto t1 = std::chrono::steady_clock::now();
     GW_CUDA_CHECK(cudaStreamSynchronize(caller));
     const auto t2 = std::chrono::steady_clock::now();
@@ -100,6 +104,10 @@ void BM_EagerBackward(benchmark::State& state) {
 void BM_EagerBackwardKeepGraph(benchmark::State& state) {
   eager_backward(state, true);
 }
+// With weight-gradient parallelism (each layer's dW/db on a side stream; not yet measured).
+void BM_EagerBackwardSplit(benchmark::State& state) {
+  eager_backward(state, false, true);
+}
 
 // args: branches, depth, width, batch, multistream
 BENCHMARK(BM_EagerBackward)
@@ -109,6 +117,15 @@ BENCHMARK(BM_EagerBackward)
     ->Args({4, 8, 256, 64, 1})
     ->Args({1, 32, 256, 64, 0})
     ->Args({4, 4, 1024, 256, 0})
+    ->Args({4, 4, 1024, 256, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EagerBackwardSplit)
+    ->Name("EagerBackwardSplit")
+    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
+    ->Args({4, 8, 256, 64, 1})
+    ->Args({1, 32, 256, 64, 0})
     ->Args({4, 4, 1024, 256, 1})
     ->UseManualTime()
     ->MinTime(0.3)
@@ -255,7 +272,9 @@ void BM_EagerBackwardTrace(benchmark::State& state) {
   std::map<std::string, std::pair<double, int>> per_op;  // name -> (total µs, steps)
   double steps_total = 0;
   std::vector<gw::StepTiming> trace;
-  for (int i = 0; i < 5; ++i) gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite});
+  for (int i = 0; i < 5; ++i) {
+    gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite, .split_weight_grads = split});
+  }
   for (auto _ : state) {
     const gw::Tensor loss = m.loss();
     GW_CUDA_CHECK(cudaDeviceSynchronize());
