@@ -272,9 +272,7 @@ void BM_EagerBackwardTrace(benchmark::State& state) {
   std::map<std::string, std::pair<double, int>> per_op;  // name -> (total µs, steps)
   double steps_total = 0;
   std::vector<gw::StepTiming> trace;
-  for (int i = 0; i < 5; ++i) {
-    gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite, .split_weight_grads = split});
-  }
+  for (int i = 0; i < 5; ++i) gw::backward(m.loss(), {.grad_write = gw::GradWrite::kOverwrite});
   for (auto _ : state) {
     const gw::Tensor loss = m.loss();
     GW_CUDA_CHECK(cudaDeviceSynchronize());
