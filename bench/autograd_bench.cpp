@@ -16,51 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/blas.h"
-#include "engine/graphward.h"
-#include "kernels/elementwise.h"
-#include "kernels/reduce.h"
+#include "bench/bench_models.h"
 
 namespace gw = graphward;
 
 namespace {
 
-constexpr gw::Device kDev = gw::Device::cuda(0);
-constexpr gw::TensorOptions kF32{gw::DType::kFloat32, kDev};
-
-struct Model {
-  std::vector<std::vector<gw::Tensor>> w, b;
-  gw::Tensor x, target;
-  std::vector<std::unique_ptr<gw::Stream>> streams;
-
-  Model(int k, int d, std::int64_t n, std::int64_t batch, bool multistream) {
-    std::uint64_t seed = 1;
-    const double s = 1.0 / std::sqrt(double(n));
-    w.resize(k);
-    b.resize(k);
-    for (int i = 0; i < k; ++i) {
-      for (int j = 0; j < d; ++j) {
-        w[i].push_back(gw::uniform({n, n}, -s, s, seed++, kF32).set_requires_grad(true));
-        b[i].push_back(gw::uniform({n}, -0.1, 0.1, seed++, kF32).set_requires_grad(true));
-      }
-      if (multistream) streams.push_back(std::make_unique<gw::Stream>(kDev));
-    }
-    x = gw::randn({batch, n}, seed++, kF32);
-    target = gw::randn({batch, n}, seed++, kF32);
-  }
-  gw::Tensor loss() const {
-    gw::Tensor total;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      std::unique_ptr<gw::StreamGuard> g;
-      if (!streams.empty()) g = std::make_unique<gw::StreamGuard>(*streams[i]);
-      gw::Tensor h = x;
-      for (std::size_t j = 0; j < w[i].size(); ++j) h = gw::relu(gw::linear(h, w[i][j], b[i][j]));
-      g.reset();
-      total = total.defined() ? gw::add(total, h) : h;
-    }
-    return gw::mse_loss(total, target);
-  }
-};
+using gw::bench::kDev;
+using gw::bench::kF32;
+using Model = gw::bench::BranchModel;
 
 void eager_backward(benchmark::State& state, bool keep_graph, bool split = false) {
   if (!gw::cuda_available()) {
@@ -144,64 +108,12 @@ BENCHMARK(BM_EagerBackwardKeepGraph)
 // copies (the branches read the loss gradient directly). EagerBackward / this = graphward's
 // overhead.
 void BM_HandWrittenBackward(benchmark::State& state) {
-  if (!gw::cuda_available()) {
-    state.SkipWithError(("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
-    return;
-  }
+  if (gw::bench::skip_without_gpu(state)) return;
   const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
-  const std::int64_t n = state.range(2), batch = state.range(3);
-  Model m(k, d, n, batch, false);
-  const gw::Device dev = kDev;
-  const cudaStream_t s = gw::current_stream(dev);
-  // Forward once, keeping every layer's input and output.
-  std::vector<std::vector<gw::Tensor>> in(k), out(k);
-  gw::Tensor total;
-  {
-    gw::NoGradGuard no_grad;
-    for (int i = 0; i < k; ++i) {
-      gw::Tensor h = m.x;
-      for (int j = 0; j < d; ++j) {
-        in[i].push_back(h);
-        h = gw::relu(gw::linear(h, m.w[i][j], m.b[i][j]));
-        out[i].push_back(h);
-      }
-      total = total.defined() ? gw::add(total, h) : h;
-    }
-  }
-  const gw::Tensor one = gw::ones({1}, kF32), dtotal = gw::Tensor::empty({batch, n}, kF32);
-  std::vector<gw::Tensor> dz, dh, dw, db;
-  for (int i = 0; i < k; ++i) {
-    dz.push_back(gw::Tensor::empty({batch, n}, kF32));
-    dh.push_back(gw::Tensor::empty({batch, n}, kF32));
-  }
-  for (int i = 0; i < k * d; ++i) {
-    dw.push_back(gw::Tensor::empty({n, n}, kF32));
-    db.push_back(gw::Tensor::empty({n}, kF32));
-  }
-  namespace kk = graphward::kernels;
-  auto backward = [&] {
-    kk::mse_loss_backward(dtotal.data<float>(), nullptr, one.data<float>(), total.data<float>(),
-                          m.target.data<float>(), batch * n, false, false, s);
-    for (int i = k - 1; i >= 0; --i) {
-      const float* grad = dtotal.data<float>();  // d(output of layer j)
-      for (int j = d - 1; j >= 0; --j) {
-        kk::relu_backward(dz[i].data<float>(), grad, out[i][j].data<float>(), batch * n, false, s);
-        float* dwp = dw[i * d + j].data<float>();
-        float* dbp = db[i * d + j].data<float>();
-        if (!gw::gemm_bias_grad(dev, s, true, false, n, n, batch, 1.f, dz[i].data<float>(),
-                                in[i][j].data<float>(), 0.f, dwp, dbp)) {
-          gw::gemm(dev, s, true, false, n, n, batch, 1.f, dz[i].data<float>(),
-                   in[i][j].data<float>(), 0.f, dwp);
-          kk::column_sum(dbp, dz[i].data<float>(), nullptr, 1.f, batch, n, false, s);
-        }
-        if (j > 0) {
-          gw::gemm(dev, s, false, false, batch, n, n, 1.f, dz[i].data<float>(),
-                   m.w[i][j].data<float>(), 0.f, dh[i].data<float>());
-          grad = dh[i].data<float>();
-        }
-      }
-    }
-  };
+  Model m(k, d, state.range(2), state.range(3), false);
+  const cudaStream_t s = gw::current_stream(kDev);
+  const gw::bench::HandWrittenBackward hand(m, s);
+  auto backward = [&] { hand.launch(); };
   for (int i = 0; i < 5; ++i) backward();
   GW_CUDA_CHECK(cudaDeviceSynchronize());
   double host_total = 0;

@@ -1,0 +1,136 @@
+#pragma once
+// What the autograd and capture benchmarks share: DESIGN.md's K-branch x D-layer study model and
+// its hand-written backward (the launch floor, and the hand-written graph when captured).
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "engine/blas.h"
+#include "engine/graphward.h"
+#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
+
+namespace graphward::bench {
+
+inline constexpr Device kDev = Device::cuda(0);
+inline constexpr TensorOptions kF32{DType::kFloat32, kDev};
+
+// Skips the benchmark, with the reason, where no CUDA device is usable.
+inline bool skip_without_gpu(benchmark::State& state) {
+  if (cuda_available()) return false;
+  state.SkipWithError(("no usable CUDA device: " + cuda_unavailable_reason()).c_str());
+  return true;
+}
+
+// K branches of D x (linear N + relu) on one input, branch outputs summed, mse loss; with
+// `multistream`, branch i runs on a stream of its own in the forward.
+struct BranchModel {
+  std::vector<std::vector<Tensor>> w, b;
+  Tensor x, target;
+  std::vector<std::unique_ptr<Stream>> streams;
+
+  BranchModel(int k, int d, std::int64_t n, std::int64_t batch, bool multistream) {
+    std::uint64_t seed = 1;
+    const double s = 1.0 / std::sqrt(double(n));
+    w.resize(k);
+    b.resize(k);
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < d; ++j) {
+        w[i].push_back(uniform({n, n}, -s, s, seed++, kF32).set_requires_grad(true));
+        b[i].push_back(uniform({n}, -0.1, 0.1, seed++, kF32).set_requires_grad(true));
+      }
+      if (multistream) streams.push_back(std::make_unique<Stream>(kDev));
+    }
+    x = randn({batch, n}, seed++, kF32);
+    target = randn({batch, n}, seed++, kF32);
+  }
+  Tensor loss() const {
+    Tensor total;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      std::unique_ptr<StreamGuard> g;
+      if (!streams.empty()) g = std::make_unique<StreamGuard>(*streams[i]);
+      Tensor h = x;
+      for (std::size_t j = 0; j < w[i].size(); ++j) h = relu(linear(h, w[i][j], b[i][j]));
+      g.reset();
+      total = total.defined() ? add(total, h) : h;
+    }
+    return mse_loss(total, target);
+  }
+};
+
+// The same backward as graphward's for a single-stream BranchModel — relu backward, the dX GEMM,
+// the dW GEMM with db fused (cuBLASLt BGRADB, or GEMM + column sum), the mse backward — launched
+// directly on `stream` on buffers made once, with no autograd, no allocation and no copies (the
+// branches read the loss gradient directly). The forward runs once at construction, keeping every
+// layer's input and output.
+class HandWrittenBackward {
+ public:
+  HandWrittenBackward(const BranchModel& m, cudaStream_t stream)
+      : m_(m), s_(stream), k_(static_cast<int>(m.w.size())), d_(static_cast<int>(m.w[0].size())) {
+    n_ = m.w[0][0].size(0);
+    batch_ = m.x.size(0);
+    StreamGuard on(kDev, stream);
+    NoGradGuard no_grad;
+    in_.resize(k_);
+    out_.resize(k_);
+    for (int i = 0; i < k_; ++i) {
+      Tensor h = m.x;
+      for (int j = 0; j < d_; ++j) {
+        in_[i].push_back(h);
+        h = relu(linear(h, m.w[i][j], m.b[i][j]));
+        out_[i].push_back(h);
+      }
+      total_ = total_.defined() ? add(total_, h) : h;
+    }
+    one_ = ones({1}, kF32);
+    dtotal_ = Tensor::empty({batch_, n_}, kF32);
+    for (int i = 0; i < k_; ++i) {
+      dz_.push_back(Tensor::empty({batch_, n_}, kF32));
+      dh_.push_back(Tensor::empty({batch_, n_}, kF32));
+    }
+    for (int i = 0; i < k_ * d_; ++i) {
+      dw_.push_back(Tensor::empty({n_, n_}, kF32));
+      db_.push_back(Tensor::empty({n_}, kF32));
+    }
+  }
+
+  void launch() const {
+    namespace kk = graphward::kernels;
+    const std::int64_t n = n_, batch = batch_;
+    kk::mse_loss_backward(dtotal_.data<float>(), nullptr, one_.data<float>(), total_.data<float>(),
+                          m_.target.data<float>(), batch * n, false, false, s_);
+    for (int i = k_ - 1; i >= 0; --i) {
+      const float* grad = dtotal_.data<float>();  // d(output of layer j)
+      for (int j = d_ - 1; j >= 0; --j) {
+        kk::relu_backward(dz_[i].data<float>(), grad, out_[i][j].data<float>(), batch * n, false,
+                          s_);
+        float* dwp = dw_[i * d_ + j].data<float>();
+        float* dbp = db_[i * d_ + j].data<float>();
+        if (!gemm_bias_grad(kDev, s_, true, false, n, n, batch, 1.f, dz_[i].data<float>(),
+                            in_[i][j].data<float>(), 0.f, dwp, dbp)) {
+          gemm(kDev, s_, true, false, n, n, batch, 1.f, dz_[i].data<float>(),
+               in_[i][j].data<float>(), 0.f, dwp);
+          kk::column_sum(dbp, dz_[i].data<float>(), nullptr, 1.f, batch, n, false, s_);
+        }
+        if (j > 0) {
+          gemm(kDev, s_, false, false, batch, n, n, 1.f, dz_[i].data<float>(),
+               m_.w[i][j].data<float>(), 0.f, dh_[i].data<float>());
+          grad = dh_[i].data<float>();
+        }
+      }
+    }
+  }
+
+ private:
+  const BranchModel& m_;
+  cudaStream_t s_;
+  int k_, d_;
+  std::int64_t n_ = 0, batch_ = 0;
+  std::vector<std::vector<Tensor>> in_, out_;
+  Tensor total_, one_, dtotal_;
+  std::vector<Tensor> dz_, dh_, dw_, db_;
+};
+
+}  // namespace graphward::bench
