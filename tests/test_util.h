@@ -55,6 +55,16 @@ inline double rel_error(const Tensor& out, const Tensor& ref) {
   return rel_error(values(out), values(ref));
 }
 
+// Keeps the current stream of cuda:0 busy for several milliseconds (a chain of 2048³ GEMMs): the
+// other side of every race test, so that a missing wait reads scribbled or NaN memory.
+inline Tensor busy_work(int gemms = 6) {
+  const TensorOptions f32{DType::kFloat32, Device::cuda(0)};
+  Tensor x = mul(randn({2048, 2048}, 77, f32), 1.0 / 45.0);
+  Tensor y = x;
+  for (int i = 0; i < gemms; ++i) y = matmul(y, x);
+  return y;
+}
+
 using Inputs = std::vector<Tensor>;
 using ForwardFn = std::function<Tensor(const Inputs&)>;
 // Returns the gradient of each input for the given grad_out (undefined where not computed).

@@ -17,12 +17,7 @@ class CudaStepArena : public ::testing::Test {
   void TearDown() override { debug::set_poison_new_memory(false); }
 };
 
-Tensor busy_work(int gemms = 6) {
-  Tensor x = mul(randn({2048, 2048}, 77, kF32Gpu), 1.0 / 45.0);
-  Tensor y = x;
-  for (int i = 0; i < gemms; ++i) y = matmul(y, x);
-  return y;
-}
+using testing::busy_work;
 
 TEST_F(CudaStepArena, EveryStepGetsTheSameDeviceAddressesAndTheSameGradients) {
   const Tensor w = randn({64, 64}, 1, kF32Gpu).set_requires_grad(true);

@@ -18,13 +18,7 @@ class CudaStreams : public ::testing::Test {
   void TearDown() override { debug::set_poison_new_memory(false); }
 };
 
-// Keeps the current stream busy for several milliseconds (a chain of 2048³ GEMMs).
-Tensor busy_work(int gemms = 6) {
-  Tensor x = mul(randn({2048, 2048}, 77, kF32Gpu), 1.0 / 45.0);
-  Tensor y = x;
-  for (int i = 0; i < gemms; ++i) y = matmul(y, x);
-  return y;
-}
+using testing::busy_work;
 
 TEST_F(CudaStreams, CurrentStreamDefaultsToANonBlockingGraphwardStream) {
   cudaStream_t s = current_stream(kGpu);
