@@ -28,7 +28,9 @@ CONFIGS = [  # branches, depth, width, batch, multistream — the same rows as E
 ]
 
 
-def run(torch, k, d, n, b, multi, iters, warmup=20):
+def make_model(torch, k, d, n, b, multi):
+    """The study's model: layers, parameters, input, target and a loss function whose forward
+    runs on the current stream (and one stream per branch with `multi`)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(0)
     layers = [[torch.nn.Linear(n, n).to(dev) for _ in range(d)] for _ in range(k)]
@@ -36,9 +38,9 @@ def run(torch, k, d, n, b, multi, iters, warmup=20):
     x = torch.randn(b, n, generator=gen).to(dev)
     target = torch.randn(b, n, generator=gen).to(dev)
     streams = [torch.cuda.Stream() for _ in range(k)] if multi else None
-    main = torch.cuda.current_stream()
 
     def loss_fn():
+        main = torch.cuda.current_stream()
         outs = []
         for i in range(k):
             if streams:
@@ -57,6 +59,12 @@ def run(torch, k, d, n, b, multi, iters, warmup=20):
         for o in outs[1:]:
             total = total + o
         return torch.nn.functional.mse_loss(total, target)
+
+    return params, loss_fn
+
+
+def run(torch, k, d, n, b, multi, iters, warmup=20):
+    params, loss_fn = make_model(torch, k, d, n, b, multi)
 
     wall, host = [], []
     for it in range(warmup + iters):
@@ -78,35 +86,11 @@ def run(torch, k, d, n, b, multi, iters, warmup=20):
 def run_graph(torch, k, d, n, b, multi, iters, warmup=20):
     """PyTorch's own CUDA graph of the same backward: one forward, the backward (retain_graph)
     captured once with torch.cuda.graph and replayed; t0; replay(); t1; synchronize; t2."""
-    dev = torch.device("cuda")
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    layers = [[torch.nn.Linear(n, n).to(dev) for _ in range(d)] for _ in range(k)]
-    params = [p for br in layers for l in br for p in l.parameters()]
-    x = torch.randn(b, n, generator=gen).to(dev)
-    target = torch.randn(b, n, generator=gen).to(dev)
+    _, loss_fn = make_model(torch, k, d, n, b, multi)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # forward, warm-up and capture off the default stream
-        streams = [torch.cuda.Stream() for _ in range(k)] if multi else None
-        main = torch.cuda.current_stream()
-        outs = []
-        for i in range(k):
-            if streams:
-                streams[i].wait_stream(main)
-                with torch.cuda.stream(streams[i]):
-                    h = x
-                    for layer in layers[i]:
-                        h = torch.relu(layer(h))
-                main.wait_stream(streams[i])
-            else:
-                h = x
-                for layer in layers[i]:
-                    h = torch.relu(layer(h))
-            outs.append(h)
-        total = outs[0]
-        for o in outs[1:]:
-            total = total + o
-        loss = torch.nn.functional.mse_loss(total, target)
+        loss = loss_fn()
         for _ in range(3):
             loss.backward(retain_graph=True)
         graph = torch.cuda.CUDAGraph()

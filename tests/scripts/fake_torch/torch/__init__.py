@@ -1,0 +1,31 @@
+# A minimal stand-in for the parts of PyTorch that scripts/compare_torch.py uses, so that CI (no
+# PyTorch, no GPU) runs the script end to end: its control flow and CSV output, not its figures.
+import contextlib, types
+__version__ = "fake"
+class _T:
+    def __init__(self, *a, **k): pass
+    def to(self, dev): return self
+    def __add__(self, o): return _T()
+    def backward(self, retain_graph=False): pass
+def device(name): return name
+class Generator:
+    def __init__(self, device=None): pass
+    def manual_seed(self, s): return self
+def randn(*a, generator=None): return _T()
+def relu(x): return _T()
+class _Linear:
+    def __init__(self, i, o): pass
+    def to(self, dev): return self
+    def __call__(self, x): return _T()
+    def parameters(self): return [types.SimpleNamespace(grad=None), types.SimpleNamespace(grad=None)]
+nn = types.SimpleNamespace(Linear=_Linear, functional=types.SimpleNamespace(mse_loss=lambda a, b: _T()))
+class _Stream:
+    def wait_stream(self, o): pass
+class _Graph:
+    def replay(self): pass
+cuda = types.SimpleNamespace(
+    Stream=_Stream, current_stream=lambda: _Stream(), stream=lambda s: contextlib.nullcontext(),
+    synchronize=lambda: None, CUDAGraph=_Graph, graph=lambda g: contextlib.nullcontext(),
+    is_available=lambda: True, get_device_name=lambda: "fake GPU")
+backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
+                                 cudnn=types.SimpleNamespace(allow_tf32=True))
