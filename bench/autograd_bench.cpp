@@ -74,26 +74,10 @@ void BM_EagerBackwardSplit(benchmark::State& state) {
 }
 
 // args: branches, depth, width, batch, multistream
-BENCHMARK(BM_EagerBackward)
-    ->Name("EagerBackward")
-    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
-    ->Args({4, 8, 256, 64, 0})
-    ->Args({4, 8, 256, 64, 1})
-    ->Args({1, 32, 256, 64, 0})
-    ->Args({4, 4, 1024, 256, 0})
-    ->Args({4, 4, 1024, 256, 1})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_EagerBackwardSplit)
-    ->Name("EagerBackwardSplit")
-    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
-    ->Args({4, 8, 256, 64, 1})
-    ->Args({1, 32, 256, 64, 0})
-    ->Args({4, 4, 1024, 256, 1})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EagerBackward)->Name("EagerBackward")->Apply([](auto* b) { gw::bench::studies(b); });
+BENCHMARK(BM_EagerBackwardSplit)->Name("EagerBackwardSplit")->Apply([](auto* b) {
+  gw::bench::studies(b, /*side_streams_only=*/true);
+});
 BENCHMARK(BM_EagerBackwardKeepGraph)
     ->Name("EagerBackwardKeepGraph")
     ->ArgNames({"branches", "depth", "width", "batch", "multistream"})

@@ -24,6 +24,24 @@ inline bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
+// Registers DESIGN.md's studies as args (branches, depth, width, batch, multistream), timed
+// manually in microseconds: all five rows, or (`side_streams_only`) the three where weight-gradient
+// parallelism has something to overlap with.
+inline benchmark::internal::Benchmark* studies(benchmark::internal::Benchmark* b,
+                                               bool side_streams_only = false) {
+  b->ArgNames({"branches", "depth", "width", "batch", "multistream"});
+  if (side_streams_only) {
+    b->Args({4, 8, 256, 64, 1})->Args({1, 32, 256, 64, 0})->Args({4, 4, 1024, 256, 1});
+  } else {
+    b->Args({4, 8, 256, 64, 0})
+        ->Args({4, 8, 256, 64, 1})
+        ->Args({1, 32, 256, 64, 0})
+        ->Args({4, 4, 1024, 256, 0})
+        ->Args({4, 4, 1024, 256, 1});
+  }
+  return b->UseManualTime()->MinTime(0.3)->Unit(benchmark::kMicrosecond);
+}
+
 // K branches of D x (linear N + relu) on one input, branch outputs summed, mse loss; with
 // `multistream`, branch i runs on a stream of its own in the forward.
 struct BranchModel {

@@ -76,26 +76,10 @@ void BM_GraphBackward(benchmark::State& state) {
 void BM_GraphBackwardSplit(benchmark::State& state) {
   graph_backward(state, true);
 }
-BENCHMARK(BM_GraphBackwardSplit)
-    ->Name("GraphBackwardSplit")
-    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
-    ->Args({4, 8, 256, 64, 1})
-    ->Args({1, 32, 256, 64, 0})
-    ->Args({4, 4, 1024, 256, 1})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_GraphBackward)
-    ->Name("GraphBackward")
-    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
-    ->Args({4, 8, 256, 64, 0})
-    ->Args({4, 8, 256, 64, 1})
-    ->Args({1, 32, 256, 64, 0})
-    ->Args({4, 4, 1024, 256, 0})
-    ->Args({4, 4, 1024, 256, 1})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GraphBackwardSplit)->Name("GraphBackwardSplit")->Apply([](auto* b) {
+  gw::bench::studies(b, /*side_streams_only=*/true);
+});
+BENCHMARK(BM_GraphBackward)->Name("GraphBackward")->Apply([](auto* b) { gw::bench::studies(b); });
 
 // The hand-written graph: graphward's backward kernels for the single-stream study, launched by
 // hand on preallocated buffers inside one stream capture.

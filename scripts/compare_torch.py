@@ -66,14 +66,25 @@ def make_model(torch, k, d, n, b, multi):
 def run(torch, k, d, n, b, multi, iters, warmup=20):
     params, loss_fn = make_model(torch, k, d, n, b, multi)
 
-    wall, host = [], []
-    for it in range(warmup + iters):
+    state = {}
+
+    def prepare():
         for p in params:
             p.grad = None
-        loss = loss_fn()
+        state["loss"] = loss_fn()
+
+    return timed(torch, iters, warmup, prepare, lambda: state["loss"].backward())
+
+
+def timed(torch, iters, warmup, prepare, op):
+    """Medians (µs) over `iters` iterations after `warmup`: prepare() untimed; synchronize; t0;
+    op(); t1; synchronize; t2. Wall = t2 - t0, host = t1 - t0."""
+    wall, host = [], []
+    for it in range(warmup + iters):
+        prepare()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss.backward()
+        op()
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
@@ -96,18 +107,7 @@ def run_graph(torch, k, d, n, b, multi, iters, warmup=20):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             loss.backward(retain_graph=True)
-    torch.cuda.synchronize()
-    wall, host = [], []
-    for it in range(warmup + iters):
-        t0 = time.perf_counter()
-        graph.replay()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        if it >= warmup:
-            wall.append((t2 - t0) * 1e6)
-            host.append((t1 - t0) * 1e6)
-    return statistics.median(wall), statistics.median(host)
+    return timed(torch, iters, warmup, lambda: None, graph.replay)
 
 
 def main():
