@@ -78,11 +78,14 @@ struct BranchModel {
   }
 };
 
-// The same backward as graphward's for a single-stream BranchModel — relu backward, the dX GEMM,
-// the dW GEMM with db fused (cuBLASLt BGRADB, or GEMM + column sum), the mse backward — launched
-// directly on `stream` on buffers made once, with no autograd, no allocation and no copies (the
-// branches read the loss gradient directly). The forward runs once at construction, keeping every
-// layer's input and output.
+// The same backward as graphward's for a BranchModel — relu backward, the dX GEMM, the dW GEMM with
+// db fused (cuBLASLt BGRADB, or GEMM + column sum), the mse backward — launched directly on
+// `stream` on buffers made once, with no autograd, no allocation and no copies (the branches read
+// the loss gradient directly). The forward runs once at construction, keeping every layer's input
+// and output. launch() takes optional streams: branch i on `branch[i]` (forked from `stream` after
+// the mse backward by an event, joined back at the end), and each layer's dW/db GEMM on `side[i]`
+// (forked from the branch stream after the layer's relu backward, joined back at the end): the
+// hand-written multistream and weight-gradient-parallel programs.
 class HandWrittenBackward {
  public:
   HandWrittenBackward(const BranchModel& m, cudaStream_t stream)
@@ -104,39 +107,62 @@ class HandWrittenBackward {
     }
     one_ = ones({1}, kF32);
     dtotal_ = Tensor::empty({batch_, n_}, kF32);
-    for (int i = 0; i < k_; ++i) {
-      dz_.push_back(Tensor::empty({batch_, n_}, kF32));
-      dh_.push_back(Tensor::empty({batch_, n_}, kF32));
-    }
+    for (int i = 0; i < k_; ++i) dh_.push_back(Tensor::empty({batch_, n_}, kF32));
     for (int i = 0; i < k_ * d_; ++i) {
+      dz_.push_back(Tensor::empty({batch_, n_}, kF32));  // per layer: a side stream may still read
       dw_.push_back(Tensor::empty({n_, n_}, kF32));
       db_.push_back(Tensor::empty({n_}, kF32));
     }
   }
 
-  void launch() const {
+  void launch(const std::vector<cudaStream_t>& branch = {},
+              const std::vector<cudaStream_t>& side = {}) const {
     namespace kk = graphward::kernels;
     const std::int64_t n = n_, batch = batch_;
+    std::size_t used = 0;
+    auto event = [&]() -> Event& {
+      if (used == events_.size()) events_.emplace_back(kDev);
+      return events_[used++];
+    };
     kk::mse_loss_backward(dtotal_.data<float>(), nullptr, one_.data<float>(), total_.data<float>(),
                           m_.target.data<float>(), batch * n, false, false, s_);
+    Event* start = nullptr;
+    if (!branch.empty()) {
+      start = &event();
+      start->record(s_);
+    }
     for (int i = k_ - 1; i >= 0; --i) {
+      const cudaStream_t bs = branch.empty() ? s_ : branch[static_cast<std::size_t>(i)];
+      const cudaStream_t ws = side.empty() ? bs : side[static_cast<std::size_t>(i)];
+      if (bs != s_) start->block(bs);
       const float* grad = dtotal_.data<float>();  // d(output of layer j)
       for (int j = d_ - 1; j >= 0; --j) {
-        kk::relu_backward(dz_[i].data<float>(), grad, out_[i][j].data<float>(), batch * n, false,
-                          s_);
+        const float* dz = dz_[i * d_ + j].data<float>();
+        kk::relu_backward(dz_[i * d_ + j].data<float>(), grad, out_[i][j].data<float>(),
+                          batch * n, false, bs);
+        if (ws != bs) {
+          Event& e = event();
+          e.record(bs);
+          e.block(ws);
+        }
         float* dwp = dw_[i * d_ + j].data<float>();
         float* dbp = db_[i * d_ + j].data<float>();
-        if (!gemm_bias_grad(kDev, s_, true, false, n, n, batch, 1.f, dz_[i].data<float>(),
-                            in_[i][j].data<float>(), 0.f, dwp, dbp)) {
-          gemm(kDev, s_, true, false, n, n, batch, 1.f, dz_[i].data<float>(),
-               in_[i][j].data<float>(), 0.f, dwp);
-          kk::column_sum(dbp, dz_[i].data<float>(), nullptr, 1.f, batch, n, false, s_);
+        if (!gemm_bias_grad(kDev, ws, true, false, n, n, batch, 1.f, dz, in_[i][j].data<float>(),
+                            0.f, dwp, dbp)) {
+          gemm(kDev, ws, true, false, n, n, batch, 1.f, dz, in_[i][j].data<float>(), 0.f, dwp);
+          kk::column_sum(dbp, dz, nullptr, 1.f, batch, n, false, ws);
         }
         if (j > 0) {
-          gemm(kDev, s_, false, false, batch, n, n, 1.f, dz_[i].data<float>(),
-               m_.w[i][j].data<float>(), 0.f, dh_[i].data<float>());
+          gemm(kDev, bs, false, false, batch, n, n, 1.f, dz, m_.w[i][j].data<float>(), 0.f,
+               dh_[i].data<float>());
           grad = dh_[i].data<float>();
         }
+      }
+      for (cudaStream_t done : {bs, ws}) {  // join the branch (and its side stream) back
+        if (done == s_ || (done == ws && ws == bs)) continue;
+        Event& e = event();
+        e.record(done);
+        e.block(s_);
       }
     }
   }
@@ -149,6 +175,7 @@ class HandWrittenBackward {
   std::vector<std::vector<Tensor>> in_, out_;
   Tensor total_, one_, dtotal_;
   std::vector<Tensor> dz_, dh_, dw_, db_;
+  mutable std::vector<Event> events_;  // fork and join points, recorded again every launch
 };
 
 }  // namespace graphward::bench

@@ -5,13 +5,14 @@
 //                            stay 0 in steady state (counters).
 //   HandWrittenGraph/<study> the same kernels as graphward's backward (relu backward, dX GEMM, dW
 //                            GEMM with db fused, the mse backward), captured by hand into one CUDA
-//                            graph on one stream and replayed: the figure to be within 1.05x of.
-//   Signature/<nodes>        tape_signature() alone on a K x D model (host time).
+//                            graph (one stream, a stream per branch, or also side streams for the
+//                            weight gradients) and replayed: the figures to be within 1.05x of.
+//   Signature/<nodes>        a signature by a walk of the tape alone on a K x D model (host time;
+//                            GraphBackward's sig_us is the one from the tape log that replays use).
 // Side by side with PyTorch's captured backward: scripts/compare_torch.py --graph.
 //
 //   graphward_bench_capture --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //
-// STATUS (2026-11-30): written and compiled; not yet run on a GPU.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -59,7 +60,21 @@ void graph_backward(benchmark::State& state, bool split) {
   for (int i = 0; i < 5; ++i) step(false, &unused);  // warm-up, capture, first replays
   const auto before = bw.counters();
   double host = 0;
-  for (auto _ : state) step(true, &host);
+  gw::BackwardHostTimes parts;
+  for (auto _ : state) {
+    step(true, &host);
+    const gw::BackwardHostTimes t = bw.last_host_times();
+    parts.signature_us += t.signature_us;
+    parts.decide_us += t.decide_us;
+    parts.launch_us += t.launch_us;
+    parts.release_us += t.release_us;
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["sig_us"] = parts.signature_us / iters;
+  state.counters["from_log"] = bw.last_signature_from_log();  // Note [Tape log]
+  state.counters["decide_us"] = parts.decide_us / iters;
+  state.counters["launch_us"] = parts.launch_us / iters;
+  state.counters["release_us"] = parts.release_us / iters;
   const auto after = bw.counters();
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   state.counters["captures"] = static_cast<double>(after.captures - before.captures);
@@ -67,7 +82,8 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["kernel_nodes"] = static_cast<double>(bw.last_graph_stats().kernel_nodes);
   state.counters["graph_nodes"] =
       static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
-  state.SetLabel(bw.last_reason());
+  state.SetLabel(bw.last_signature_from_log() ? bw.last_reason()
+                                               : std::string("walked: ") + bw.last_walk_reason());
 }
 void BM_GraphBackward(benchmark::State& state) {
   graph_backward(state, false);
@@ -81,8 +97,9 @@ BENCHMARK(BM_GraphBackwardSplit)->Name("GraphBackwardSplit")->Apply([](auto* b) 
 });
 BENCHMARK(BM_GraphBackward)->Name("GraphBackward")->Apply([](auto* b) { gw::bench::studies(b); });
 
-// The hand-written graph: graphward's backward kernels for the single-stream study, launched by
-// hand on preallocated buffers inside one stream capture.
+// The hand-written graph: graphward's backward kernels, launched by hand on preallocated buffers
+// inside one stream capture, on one stream, on a stream per branch, or with each branch's weight
+// gradients on a side stream as well (`streams` 0 / 1 / 2).
 void BM_HandWrittenGraph(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
@@ -91,7 +108,19 @@ void BM_HandWrittenGraph(benchmark::State& state) {
   gw::Stream stream(kDev);
   const cudaStream_t s = stream.get();
   const gw::bench::HandWrittenBackward hand(m, s);
-  auto backward = [&] { hand.launch(); };
+  // streams: 0 one stream; 1 a stream per branch; 2 and each branch's dW/db GEMMs on a side stream
+  const int mode = static_cast<int>(state.range(4));
+  std::vector<std::unique_ptr<gw::Stream>> owned;
+  std::vector<cudaStream_t> branch, side;
+  for (int i = 0; i < k && mode >= 1; ++i) {
+    owned.push_back(std::make_unique<gw::Stream>(kDev));
+    branch.push_back(owned.back()->get());
+    if (mode == 2) {
+      owned.push_back(std::make_unique<gw::Stream>(kDev));
+      side.push_back(owned.back()->get());
+    }
+  }
+  auto backward = [&] { hand.launch(branch, side); };
   GW_CUDA_CHECK(cudaDeviceSynchronize());
   backward();  // GEMM plans and handles outside the capture
   stream.synchronize();
@@ -122,10 +151,15 @@ void BM_HandWrittenGraph(benchmark::State& state) {
 }
 BENCHMARK(BM_HandWrittenGraph)
     ->Name("HandWrittenGraph")
-    ->ArgNames({"branches", "depth", "width", "batch"})
-    ->Args({4, 8, 256, 64})
-    ->Args({1, 32, 256, 64})
-    ->Args({4, 4, 1024, 256})
+    ->ArgNames({"branches", "depth", "width", "batch", "streams"})
+    ->Args({4, 8, 256, 64, 0})
+    ->Args({4, 8, 256, 64, 1})
+    ->Args({4, 8, 256, 64, 2})
+    ->Args({1, 32, 256, 64, 0})
+    ->Args({1, 32, 256, 64, 2})
+    ->Args({4, 4, 1024, 256, 0})
+    ->Args({4, 4, 1024, 256, 1})
+    ->Args({4, 4, 1024, 256, 2})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);
@@ -144,7 +178,7 @@ void BM_Signature(benchmark::State& state) {
   gw::capture::tape_signature(first, roots, seeds, gw::current_stream(kDev),
                               gw::GradWrite::kOverwrite);
   for (auto _ : state) {
-    gw::capture::tape_signature(sig, roots, seeds, gw::current_stream(kDev),
+    gw::capture::tape_signature_walk(sig, roots, seeds, gw::current_stream(kDev),
                                 gw::GradWrite::kOverwrite);
     benchmark::DoNotOptimize(sig.same_structure(first) && sig.same_addresses(first));
   }

@@ -1,7 +1,11 @@
 #include "capture/backward_graph.h"
 
+#include <chrono>
+#include <thread>
+
 #include "engine/capture_mode.h"
 #include "engine/memory.h"
+#include "engine/tape_log.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include "engine/blas.h"
@@ -9,12 +13,19 @@
 
 namespace graphward {
 
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
 struct BackwardGraph::Executable {
 #if GRAPHWARD_HAS_CUDA
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
 #endif
   GraphStats stats;
+  // Where the nodes and leaves the backward reaches are in the signature's `nodes` and `leaves`
+  // (the same for every step with this structure).
+  std::vector<std::uint32_t> nodes, leaves;
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -28,6 +39,10 @@ struct BackwardGraph::Executable {
 
 BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
     : device_(device), options_(options), cache_(options.cache_capacity) {
+  if (device.is_cuda() && !options.force_eager) {
+    detail::tape_log_arm();  // Note [Tape log]
+    armed_on_ = std::this_thread::get_id();
+  }
   if (device.is_cuda()) check_cuda_device(device, "BackwardGraph");
   GW_CHECK(options.warmup >= 1 || device.is_cpu() || options.force_eager,
            "BackwardGraph: warmup is ", options.warmup,
@@ -35,7 +50,10 @@ BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
            "plans must be initialized outside a capture)");
 }
 
-BackwardGraph::~BackwardGraph() = default;
+BackwardGraph::~BackwardGraph() {
+  // Another thread's log cannot be reached from here; it stays armed, within its cap.
+  if (armed_on_ == std::this_thread::get_id()) detail::tape_log_disarm();
+}
 
 void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
   graphward::backward(
@@ -44,6 +62,19 @@ void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
 }
 
 #if GRAPHWARD_HAS_CUDA
+std::shared_ptr<const Event> BackwardGraph::next_fence(cudaStream_t stream) {
+  // An event no storage holds any more may be recorded again.
+  for (const std::shared_ptr<Event>& ev : fences_) {
+    if (ev.use_count() == 1) {
+      ev->record(stream);
+      return ev;
+    }
+  }
+  fences_.push_back(std::make_shared<Event>(device_));
+  fences_.back()->record(stream);
+  return fences_.back();
+}
+
 namespace {
 
 GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
@@ -99,6 +130,10 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
            loss.str());
   GW_CHECK(loss.device() == device_, "BackwardGraph::backward: the loss is on ",
            loss.device().str(), "; this BackwardGraph is for ", device_.str());
+  // Whatever happens, the next step's tape is logged from here (Note [Tape log]).
+  struct ResetLog {
+    ~ResetLog() { detail::tape_log_reset(); }
+  } reset_log;
   ++calls_;
   if (device_.is_cpu() || options_.force_eager ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
@@ -107,6 +142,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   }
 #if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device_);
+  const auto t0 = Clock::now();
   const cudaStream_t caller = current_stream(device_);
   // The seed: static, made on the caller's stream (so nothing waits on another stream in the
   // capture), remade only when the loss's shape or the caller's stream changes.
@@ -115,21 +151,33 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     seed_ = ones(loss.shape(), {loss.dtype(), device_});
   }
   capture::TapeSignature& sig = signature_;
-  const std::vector<Tensor> roots{loss}, seeds{seed_};
-  capture::tape_signature(sig, roots, seeds, caller, grad_write);
-  // A graph writes gradients into persistent buffers: give every leaf one before it is captured.
-  bool made = false;
-  for (const Tensor& leaf : sig.leaves) {
-    if (!leaf.grad().defined()) {
-      leaf.grad() = zeros(leaf.shape(), {leaf.dtype(), device_});
-      made = true;
-    }
-  }
-  if (made) capture::tape_signature(sig, roots, seeds, caller, grad_write);
+  roots_.assign(1, loss);
+  seeds_.assign(1, seed_);
+  capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
+  last_from_log_ = sig.source == capture::TapeSignature::Source::kLog;
+  if (last_from_log_) ++log_signatures_;
+  const auto t_signed = Clock::now();
 
   auto decision = cache_.decide(sig);
+  using Action = decltype(cache_)::Action;
+  if (decision.action != Action::kReplay) {
+    // The nodes and leaves the backward reaches (the log may hold more). A graph writes gradients
+    // into persistent buffers: every leaf it reaches gets one before it is captured.
+    capture::tape_signature_walk(walk_, roots_, seeds_, caller, grad_write);
+    bool made = false;
+    for (const Tensor& leaf : walk_.leaves) {
+      if (!leaf.grad().defined()) {
+        leaf.grad() = zeros(leaf.shape(), {leaf.dtype(), device_});
+        made = true;
+      }
+    }
+    if (made) {
+      capture::refresh_leaves(sig, roots_, seeds_, caller, grad_write);
+      decision = cache_.decide(sig);
+    }
+  }
   std::shared_ptr<Executable> exec;
-  if (decision.action == decltype(cache_)::Action::kReplay) {
+  if (decision.action == Action::kReplay) {
     exec = decision.entry->exec;
   } else {
     // Capture: the eager executor runs the plan under stream capture from the caller's stream,
@@ -144,6 +192,23 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       (void)blas_context(device_, plan.streams[i]);  // handle and workspace: outside the capture
     }
     auto fresh = std::make_shared<Executable>();
+    // Where the reached nodes and leaves are in this signature (and in every later step's with
+    // the same structure): what a replay releases and records.
+    const bool log = sig.source == capture::TapeSignature::Source::kLog;
+    for (const Node* n : walk_.nodes) {
+      const int i = log ? n->log_index : n->walk_index;
+      GW_CHECK(i >= 0 && static_cast<std::size_t>(i) < sig.nodes.size() && sig.nodes[i] == n,
+               "BackwardGraph: internal error: a node the backward reaches is missing from the "
+               "step's signature");
+      fresh->nodes.push_back(static_cast<std::uint32_t>(i));
+    }
+    for (const Tensor& leaf : walk_.leaves) {
+      std::size_t l = 0;
+      while (l < sig.leaves.size() && &sig.leaves[l].grad() != &leaf.grad()) ++l;
+      GW_CHECK(l < sig.leaves.size(), "BackwardGraph: internal error: a leaf the backward "
+                                      "reaches is missing from the step's signature");
+      fresh->leaves.push_back(static_cast<std::uint32_t>(l));
+    }
     GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
     try {
       CaptureModeScope scope("the backward graph");
@@ -164,7 +229,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     }
     fresh->stats = stats_of(fresh->graph, plan);
     bool updated = false;
-    if (decision.action == decltype(cache_)::Action::kUpdate) {
+    if (decision.action == Action::kUpdate) {
       Executable& old = *decision.entry->exec;
       cudaGraphExecUpdateResultInfo info{};
       const cudaError_t err = cudaGraphExecUpdate(old.exec, fresh->graph, &info);
@@ -183,40 +248,59 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     if (!updated) {
       GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, fresh->graph, 0));
       exec = fresh;
-      if (decision.action == decltype(cache_)::Action::kUpdate) {
+      if (decision.action == Action::kUpdate) {
         decision.entry->exec = fresh;
       } else {
         cache_.insert(sig, fresh);
         last_reason_ = "capture: " + decision.reason;
       }
     }
-    if (decision.action == decltype(cache_)::Action::kUpdate)
-      cache_.count_update(*decision.entry, sig);
+    if (decision.action == Action::kUpdate) cache_.count_update(*decision.entry, sig);
     last_captured_ = exec;
   }
 
   // Replay on the caller's stream, after every stream the forward used (the graph reads its
-  // results; its private streams are forked from the caller's stream inside the graph).
-  for (std::size_t i = 1; i < sig.streams.size(); ++i) {
-    if (sig.streams[i] && sig.streams[i] != caller)
-      stream_wait_stream(device_, caller, sig.streams[i]);
+  // results; its private streams are forked from the caller's stream inside the graph). The events
+  // are the BackwardGraph's own, recorded again every step.
+  const auto t_decided = Clock::now();
+  std::size_t waits = 0;
+  for (cudaStream_t s : sig.streams) {
+    if (!s || s == caller) continue;
+    if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
+    Event& ev = wait_events_[waits++];
+    ev.record(s);
+    ev.block(caller);
   }
   GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
+  const auto t_launched = Clock::now();
   cache_.count_replay();
   last_stats_ = exec->stats;
   // The graph wrote the gradients and read the saved tensors on the caller's stream: record it, so
   // that later readers wait for it (rule 6) and frees are ordered after it (rule 7); then release
-  // the step's saved tensors, as a backward without retain_graph does.
-  for (const Tensor& leaf : sig.leaves) leaf.grad().storage()->record_use(caller, true);
-  seed_.storage()->record_use(caller, false);
-  for (Node* n : sig.nodes) {
+  // the step's saved tensors, as a backward without retain_graph does. One event, recorded after
+  // the launch, covers every saved tensor that another stream allocated.
+  std::shared_ptr<const Event> fence;
+  for (std::uint32_t l : exec->leaves) sig.leaves[l].grad().storage()->record_use(caller, true);
+  for (std::uint32_t i : exec->nodes) {
+    Node* n = sig.nodes[i];
     for (const SavedTensor& s : n->saved()) {
-      if (s.tensor.defined()) s.tensor.storage()->record_use(caller, false);
+      if (!s.tensor.defined() || s.tensor.storage()->used_only_on(caller)) continue;
+      if (!fence) fence = next_fence(caller);
+      s.tensor.storage()->record_read(caller, fence);
     }
     n->release_saved();
   }
   sig.nodes.clear();  // the step's handles: let the tape go
   sig.leaves.clear();
+  walk_.nodes.clear();
+  walk_.leaves.clear();
+  roots_.clear();
+  const auto t_end = Clock::now();
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  host_ = {us(t0, t_signed), us(t_signed, t_decided), us(t_decided, t_launched),
+           us(t_launched, t_end)};
 #else
   eager(loss, grad_write);
 #endif

@@ -29,11 +29,11 @@
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
 //
-// STATUS (2026-11-30): written and compiled; not yet run on a GPU. See the capture issue's notes.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capture/graph_cache.h"
@@ -62,6 +62,16 @@ struct GraphStats {
   std::size_t joins = 0;
 };
 
+// Host time of the last backward() that replayed, in microseconds.
+struct BackwardHostTimes {
+  double signature_us = 0;  // this step's tape signature
+  double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
+  double launch_us = 0;     // waits on the forward's streams and the graph launch
+  double release_us = 0;    // after the launch: recording the uses, releasing saved tensors
+  double before_launch_us() const { return signature_us + decide_us + launch_us; }
+  double total_us() const { return before_launch_us() + release_us; }
+};
+
 class BackwardGraph {
  public:
   explicit BackwardGraph(Device device, BackwardGraphOptions options = {});
@@ -74,11 +84,19 @@ class BackwardGraph {
 
   const capture::GraphCacheCounters& counters() const { return cache_.counters(); }
   std::uint64_t eager_backwards() const { return eager_; }
+  // Graph backwards whose signature came from the step's tape log (Note [Tape log]) rather than a
+  // walk of the tape, and whether the last one did.
+  std::uint64_t log_signatures() const { return log_signatures_; }
+  bool last_signature_from_log() const { return last_from_log_; }
+  // Why the last signature walked the tape (nullptr when it came from the log).
+  const char* last_walk_reason() const { return signature_.walk_reason; }
   std::size_t cache_size() const { return cache_.size(); }
   // Why the last capture or update happened ("" before the first).
   const std::string& last_reason() const { return last_reason_; }
   // The graph the last backward replayed (zeros before the first capture).
   GraphStats last_graph_stats() const { return last_stats_; }
+  // Where the host time of the last graph backward went (zeros before the first).
+  BackwardHostTimes last_host_times() const { return host_; }
   // Writes the last captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint).
   void write_dot(const std::string& path) const;
 
@@ -86,6 +104,7 @@ class BackwardGraph {
 
  private:
   void eager(const Tensor& loss, GradWrite grad_write);
+  std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
   capture::GraphCache<std::shared_ptr<Executable>> cache_;
@@ -96,8 +115,16 @@ class BackwardGraph {
   std::uint64_t calls_ = 0;
   std::string last_reason_;
   GraphStats last_stats_;
+  BackwardHostTimes host_;
+  std::vector<Event> wait_events_;             // the caller waits on the forward's streams
+  std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
+  capture::TapeSignature walk_;       // a walk of this step's tape, when capturing
+  std::vector<Tensor> roots_, seeds_;
+  std::uint64_t log_signatures_ = 0;
+  bool last_from_log_ = false;
+  std::thread::id armed_on_;          // the thread whose tape log this BackwardGraph armed
 };
 
 }  // namespace graphward

@@ -20,10 +20,11 @@ constexpr std::uint64_t kSeedTag = 0x53454544;  // "SEED"
 constexpr std::uint64_t kRootTag = 0x524f4f54;  // "ROOT"
 constexpr std::uint64_t kModeTag = 0x4d4f4445;  // "MODE"
 enum EdgeKind : std::uint64_t { kNoEdge = 0, kNodeEdge = 1, kLeafEdge = 2 };
-enum OwnerKind : std::uint32_t { kSaved = 1, kLeafData = 2, kLeafGrad = 3, kSeed = 4 };
-
+using OwnerKind = detail::AddressOwnerKind;
+constexpr OwnerKind kSaved = detail::kOwnerSaved, kLeafData = detail::kOwnerLeafData,
+                    kLeafGrad = detail::kOwnerLeafGrad, kSeed = detail::kOwnerSeed;
 std::uint32_t owner(OwnerKind kind, std::uint32_t index, std::uint32_t j) {
-  return (static_cast<std::uint32_t>(kind) << 28) | ((index & 0xFFFFF) << 8) | (j & 0xFF);
+  return detail::address_owner(kind, index, j);
 }
 
 // FNV-1a over 64-bit words, finalized: one multiply per word (the hash only picks the cache entry
@@ -96,8 +97,9 @@ std::atomic<std::uint64_t> g_walk_epoch{0};
 // std::vector::push_back's per-word checks were most of its cost.
 class WordWriter {
  public:
-  explicit WordWriter(Words& v) : v_(v) {}
-  ~WordWriter() { v_.resize(size_); }
+  explicit WordWriter(Words& v) : v_(v), p_(v.data()), size_(v.size()) {}
+  ~WordWriter() { finish(); }
+  void finish() { v_.resize(size_); }
   void reserve(std::size_t more) {
     if (size_ + more > v_.size()) v_.resize(std::max(2 * v_.size(), size_ + more));
     p_ = v_.data();
@@ -116,8 +118,8 @@ class WordWriter {
 
  private:
   Words& v_;
-  std::uint64_t* p_ = nullptr;
-  std::size_t size_ = 0;
+  std::uint64_t* p_;
+  std::size_t size_;
 };
 
 }  // namespace
@@ -129,11 +131,9 @@ TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector
   return sig;
 }
 
-void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
-                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
-                    GradWrite grad_write) {
-  GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
-  // Reuse the buffers' capacity: a signature is computed every step.
+namespace {
+
+void clear_signature(TapeSignature& sig) {
   sig.structure.clear();
   sig.addresses.clear();
   sig.node_offsets.clear();
@@ -142,6 +142,149 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
   sig.streams.clear();
   sig.nodes.clear();
   sig.leaves.clear();
+  sig.walk_reason = nullptr;
+}
+
+// The leaves', seeds', roots' and mode's part, after the nodes' part (either source).
+void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds,
+            cudaStream_t caller_stream, GradWrite grad_write) {
+  sig.structure.resize(sig.nodes_words);
+  sig.addresses.resize(sig.nodes_addresses);
+  sig.address_owners.resize(sig.nodes_addresses);
+  const bool from_log = sig.source == TapeSignature::Source::kLog;
+  auto leaf_number = [&sig](const Tensor& leaf) {
+    for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
+      if (&sig.leaves[l].grad() == &leaf.grad()) return l;
+    }
+    sig.leaves.push_back(leaf);
+    return sig.leaves.size() - 1;
+  };
+  // Roots that are leaves themselves get a leaf number too.
+  std::uint64_t root_words[2 * 8];
+  std::vector<std::uint64_t> more_root_words;
+  std::uint64_t* rw = roots.size() <= 8 ? root_words : (more_root_words.resize(2 * roots.size()),
+                                                        more_root_words.data());
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& t = roots[r];
+    if (t.grad_fn()) {
+      rw[2 * r] = kNodeEdge;
+      rw[2 * r + 1] = static_cast<std::uint64_t>(from_log ? t.grad_fn()->log_index
+                                                          : t.grad_fn()->walk_index);
+    } else {
+      rw[2 * r] = kLeafEdge;
+      rw[2 * r + 1] = leaf_number(t);
+    }
+  }
+  std::size_t caller = 0;
+  while (caller < sig.streams.size() && sig.streams[caller] != caller_stream) ++caller;
+  if (caller == sig.streams.size()) sig.streams.push_back(caller_stream);
+  WordWriter w(sig.structure);
+  w.reserve(16 + 2 * roots.size() + 8 * sig.leaves.size());
+  for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
+    const Tensor& leaf = sig.leaves[l];
+    const Tensor& g = leaf.grad();
+    w.reserve(8 + 2 * leaf.shape().size());
+    w.put(kLeafTag);
+    w.put(static_cast<std::uint64_t>(leaf.dtype()));
+    w.shape(leaf.shape());
+    w.put(g.defined());
+    if (g.defined()) w.shape(g.shape());
+    sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(leaf.raw_data()));
+    sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
+    sig.addresses.push_back(g.defined() ? reinterpret_cast<std::uintptr_t>(g.raw_data()) : 0);
+    sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+  }
+  w.put(kSeedTag);
+  w.put(seeds.size());
+  for (std::size_t s = 0; s < seeds.size(); ++s) {
+    const Tensor& t = seeds[s];
+    w.reserve(4 + (t.defined() ? t.dim() : 0));
+    w.put(t.defined());
+    if (!t.defined()) continue;
+    w.put(static_cast<std::uint64_t>(t.dtype()));
+    w.shape(t.shape());
+    sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
+    sig.address_owners.push_back(owner(kSeed, static_cast<std::uint32_t>(s), 0));
+  }
+  w.reserve(8 + 2 * roots.size());
+  w.put(kRootTag);
+  w.put(roots.size());
+  for (std::size_t i = 0; i < 2 * roots.size(); ++i) w.put(rw[i]);
+  w.put(kModeTag);
+  w.put(static_cast<std::uint64_t>(grad_write));
+  w.put(caller);  // the caller's stream's number: 0 for a walk
+  w.finish();
+  sig.structure_hash = fingerprint(sig.structure);
+  sig.address_hash = hash_words(sig.addresses);
+}
+
+// From the calling thread's tape log (Note [Tape log]); false (with the reason in walk_reason) if
+// the log cannot stand for the tape of `roots`.
+bool from_log(TapeSignature& sig, const std::vector<Tensor>& roots) {
+  const char* why = nullptr;
+  for (const Tensor& t : roots) {
+    why = t.grad_fn() ? detail::tape_log_unusable_for(t.grad_fn().get())
+                      : detail::tape_log_unusable_for(nullptr);
+    if (why) break;
+  }
+  if (why) {
+    sig.walk_reason = why;
+    return false;
+  }
+  detail::TapeLog& log = detail::tape_log();
+  // Take the log's buffers (and give it ours, emptied, for the next step): no copy.
+  clear_signature(sig);
+  std::swap(sig.structure, log.words);
+  std::swap(sig.node_offsets, log.node_offsets);
+  std::swap(sig.ops, log.ops);
+  std::swap(sig.addresses, log.addresses);
+  std::swap(sig.address_owners, log.address_owners);
+  std::swap(sig.nodes, log.nodes);
+  std::swap(sig.streams, log.streams);
+  std::swap(sig.leaves, log.leaves);
+  log.leaf_index.clear();
+  log.words.clear();
+  log.words.push_back(detail::kLogSignatureTag);
+  log.unusable = "the step's tape log was taken by a signature already";
+  sig.source = TapeSignature::Source::kLog;
+  sig.nodes_words = sig.structure.size();
+  sig.nodes_addresses = sig.addresses.size();
+  return true;
+}
+
+}  // namespace
+
+void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
+                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                    GradWrite grad_write) {
+  GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    GW_CHECK(roots[r].defined() && roots[r].requires_grad(), "tape_signature: root ", r,
+             " is undefined or does not require grad");
+  }
+  if (from_log(sig, roots)) {
+    finish(sig, roots, seeds, caller_stream, grad_write);
+    return;
+  }
+  const char* why = sig.walk_reason;
+  tape_signature_walk(sig, roots, seeds, caller_stream, grad_write);
+  sig.walk_reason = why;
+}
+
+void refresh_leaves(TapeSignature& sig, const std::vector<Tensor>& roots,
+                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                    GradWrite grad_write) {
+  finish(sig, roots, seeds, caller_stream, grad_write);
+}
+
+void tape_signature_walk(TapeSignature& sig, const std::vector<Tensor>& roots,
+                         const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                         GradWrite grad_write) {
+  GW_CHECK(!roots.empty(), "tape_signature: expected at least one root");
+  // Reuse the buffers' capacity: a signature is computed every step.
+  clear_signature(sig);
+  sig.source = TapeSignature::Source::kWalk;
+  sig.walk_reason = "asked for a walk";
   // 1. Discover the nodes in canonical order: depth first from the roots, inputs in order. A node
   // is marked with this walk's epoch and its index (Node::walk_epoch) instead of hashed.
   const std::uint64_t epoch = g_walk_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -169,7 +312,7 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
     }
   }
 
-  // 2. Emit: nodes in canonical order, then leaves, seeds, roots and the mode.
+  // 2. Emit the nodes in canonical order; finish() adds the leaves, seeds, roots and the mode.
   thread_local Walker walk;
   walk.reset(caller_stream);
   sig.node_offsets.reserve(nodes.size());
@@ -179,6 +322,7 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
   {
     WordWriter w(sig.structure);
     w.reserve(nodes.size() * 40 + 64);
+    w.put(detail::kWalkSignatureTag);
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       const Node* n = nodes[i];
       const NodeRecord& rec = n->record();  // Note [Node record]: made when the node was
@@ -206,55 +350,12 @@ void tape_signature(TapeSignature& sig, const std::vector<Tensor>& roots,
         sig.address_owners.push_back(owner(kSaved, static_cast<std::uint32_t>(i), j));
       }
     }
-    // Roots that are leaves themselves get a leaf index too.
-    std::vector<std::uint64_t> root_words;
-    for (const Tensor& t : roots) {
-      if (t.grad_fn()) {
-        root_words.push_back(kNodeEdge);
-        root_words.push_back(static_cast<std::uint64_t>(t.grad_fn()->walk_index));
-      } else {
-        root_words.push_back(kLeafEdge);
-        root_words.push_back(static_cast<std::uint64_t>(walk.leaf_id(t).first));
-      }
-    }
-    for (std::size_t l = 0; l < walk.leaves().size(); ++l) {
-      const Tensor& leaf = walk.leaves()[l];
-      const Tensor& g = leaf.grad();
-      w.reserve(8 + 2 * leaf.shape().size());
-      w.put(kLeafTag);
-      w.put(static_cast<std::uint64_t>(leaf.dtype()));
-      w.shape(leaf.shape());
-      w.put(g.defined());
-      if (g.defined()) w.shape(g.shape());
-      sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(leaf.raw_data()));
-      sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
-      sig.addresses.push_back(g.defined() ? reinterpret_cast<std::uintptr_t>(g.raw_data()) : 0);
-      sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
-    }
-    w.reserve(8 + root_words.size());
-    w.put(kSeedTag);
-    w.put(seeds.size());
-    for (std::size_t s = 0; s < seeds.size(); ++s) {
-      const Tensor& t = seeds[s];
-      w.reserve(4 + (t.defined() ? t.dim() : 0));
-      w.put(t.defined());
-      if (!t.defined()) continue;
-      w.put(static_cast<std::uint64_t>(t.dtype()));
-      w.shape(t.shape());
-      sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(t.raw_data()));
-      sig.address_owners.push_back(owner(kSeed, static_cast<std::uint32_t>(s), 0));
-    }
-    w.reserve(8 + root_words.size());
-    w.put(kRootTag);
-    w.put(roots.size());
-    for (std::uint64_t x : root_words) w.put(x);
-    w.put(kModeTag);
-    w.put(static_cast<std::uint64_t>(grad_write));
   }
   sig.streams.assign(walk.streams().begin(), walk.streams().end());
   sig.leaves.assign(walk.leaves().begin(), walk.leaves().end());
-  sig.structure_hash = fingerprint(sig.structure);
-  sig.address_hash = hash_words(sig.addresses);
+  sig.nodes_words = sig.structure.size();
+  sig.nodes_addresses = sig.addresses.size();
+  finish(sig, roots, seeds, caller_stream, grad_write);
 }
 
 namespace {
@@ -358,6 +459,16 @@ std::string TapeSignature::address_owner_str(std::size_t a) const {
 
 std::string describe_difference(const TapeSignature& captured, const TapeSignature& now) {
   std::ostringstream os;
+  if (captured.source != now.source) {
+    auto how = [](const TapeSignature& s) {
+      return s.source == TapeSignature::Source::kLog
+                 ? std::string("from the step's tape log")
+                 : "by a walk of the tape (the log was not used: " +
+                       std::string(s.walk_reason ? s.walk_reason : "?") + ")";
+    };
+    os << "this step's signature was made " << how(now) << ", the captured one " << how(captured);
+    return os.str();
+  }
   if (!captured.same_structure(now)) {
     const int common = std::min(captured.num_nodes(), now.num_nodes());
     for (int i = 0; i < common; ++i) {

@@ -14,8 +14,13 @@
 //   * addresses — the data pointer of every saved tensor, every leaf and its .grad, and every seed:
 //     what the kernels of a captured graph point at. Same structure, other addresses: the
 //     executable can be updated (cudaGraphExecUpdate) instead of captured again.
-// Computing one is a walk of the tape — no plan is built — and comparing is two vector compares, so
-// the check costs little next to a graph launch.
+// Two ways to make one, never equal to each other (the first word says which):
+//   * from the step's tape log (Note [Tape log], engine/tape_log.h): the forward appended every
+//     node's record as it recorded the tape, numbered in creation order; the signature takes the
+//     log's buffers and adds the leaves, seeds, roots and mode — no walk. Used whenever the log
+//     can stand for the tape;
+//   * by a walk of the tape (the canonical depth-first order below): always correct, ~150 ns a node.
+// Comparing is two vector compares, so with the log the check costs little next to a launch.
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -25,32 +30,16 @@
 
 #include "engine/autograd.h"
 #include "engine/backward_plan.h"
+#include "engine/tape_log.h"
 
 namespace graphward::capture {
 
-// A std::allocator that leaves new elements uninitialized: the signature's words are all written
-// right after the vector grows, and zeroing them first cost as much as writing them.
-template <class T>
-struct UninitAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitAllocator<U>;
-  };
-  UninitAllocator() = default;
-  template <class U>
-  UninitAllocator(const UninitAllocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using Words = std::vector<std::uint64_t, UninitAllocator<std::uint64_t>>;
+using detail::Words;
 
 struct TapeSignature {
+  enum class Source : std::uint8_t { kWalk, kLog };
+  Source source = Source::kWalk;
+  const char* walk_reason = nullptr;  // kWalk: why the tape log could not be used
   Words structure;
   std::vector<std::uintptr_t> addresses;
   std::uint64_t structure_hash = 0;
@@ -68,6 +57,9 @@ struct TapeSignature {
   std::vector<cudaStream_t> streams;
   std::vector<Node*> nodes;
   std::vector<Tensor> leaves;  // in leaf numbering order
+  // Where the nodes' part of `structure` and `addresses` ends (the leaves, seeds, roots and mode
+  // follow; refresh_leaves() makes them again).
+  std::size_t nodes_words = 0, nodes_addresses = 0;
 
   int num_nodes() const { return static_cast<int>(node_offsets.size()); }
   bool same_structure(const TapeSignature& o) const {
@@ -91,8 +83,18 @@ struct TapeSignature {
 // throw for an invalid tape (a released graph, a root that needs no grad).
 TapeSignature tape_signature(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds,
                              cudaStream_t caller_stream, GradWrite grad_write);
-// The same into `out`, reusing its buffers (what a step loop does: no allocation once warm).
+// The same into `out`, reusing its buffers (what a step loop does: no allocation once warm). Takes
+// the calling thread's tape log when it can stand for the tape (and consumes it), else walks.
 void tape_signature(TapeSignature& out, const std::vector<Tensor>& roots,
+                    const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                    GradWrite grad_write);
+// Always by a walk of the tape (`nodes` then holds exactly the nodes the backward reaches).
+void tape_signature_walk(TapeSignature& out, const std::vector<Tensor>& roots,
+                         const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
+                         GradWrite grad_write);
+// Makes the leaves', seeds', roots' and mode's part of `sig` again (after leaves' .grads changed),
+// keeping the nodes' part. The same arguments as the call that made `sig`.
+void refresh_leaves(TapeSignature& sig, const std::vector<Tensor>& roots,
                     const std::vector<Tensor>& seeds, cudaStream_t caller_stream,
                     GradWrite grad_write);
 

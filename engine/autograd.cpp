@@ -4,6 +4,9 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "engine/memory.h"
+#include "engine/tape_log.h"
+
 namespace graphward {
 
 namespace {
@@ -85,6 +88,16 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
     shape(t.shape());
     record_.saved_addresses.emplace_back(reinterpret_cast<std::uintptr_t>(t.raw_data()), j);
   }
+  for (const Storage* st : saved_storages_) {
+    if (st) st->note_saved(+1);
+  }
+  detail::tape_log_append(*this);  // Note [Tape log]
+}
+
+Node::~Node() {
+  for (const Storage* st : saved_storages_) {
+    if (st) st->note_saved(-1);
+  }
 }
 
 // Note [Saved tensor versions]
@@ -113,6 +126,12 @@ void Node::apply(const Tensor& grad_out, std::span<GradSlot> grads) const {
 }
 
 void Node::release_saved() {
+  // A logged tape changed under the log (Note [Tape log]); a backward's own release is followed by
+  // a reset of the log.
+  if (log_epoch != 0 && !released_) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
+  for (const Storage* st : saved_storages_) {
+    if (st) st->note_saved(-1);
+  }
   saved_storages_.clear();
   saved_.clear();
   saved_.shrink_to_fit();

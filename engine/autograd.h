@@ -79,6 +79,9 @@ class Node {
 
   Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
        std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
 
   const std::string& name() const { return name_; }
   // The name, interned: one pointer per distinct name for the life of the process (cheap to
@@ -133,6 +136,9 @@ class Node {
   // tape at a time.
   mutable std::uint64_t walk_epoch = 0;
   mutable int walk_index = -1;
+  // The tape log (Note [Tape log]) this node was appended to, and its number there (0, -1: none).
+  std::uint64_t log_epoch = 0;
+  int log_index = -1;
 };
 
 // ---- grad mode ----------------------------------------------------------------------------------

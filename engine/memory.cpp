@@ -13,6 +13,7 @@
 
 #include "engine/error.h"
 #include "engine/step_arena.h"
+#include "engine/tape_log.h"
 
 namespace graphward {
 
@@ -222,7 +223,7 @@ struct ArenaSlot {
 #if GRAPHWARD_HAS_CUDA
   // Streams other than `stream` that used the memory before it was released, each with an event
   // recorded at release: the next user waits for them.
-  std::vector<std::pair<cudaStream_t, Event>> released_on;
+  std::vector<std::shared_ptr<const Event>> released_on;
 #endif
 };
 
@@ -256,7 +257,7 @@ void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
 #if GRAPHWARD_HAS_CUDA
     try {
       DeviceGuard guard(device);
-      for (auto& [s, ev] : slot.released_on) ev.block(slot.stream);  // rule 7
+      for (const auto& ev : slot.released_on) ev->block(slot.stream);  // rule 7
       GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(slot.ptr, slot.stream));
     } catch (const std::exception& e) {
       detail::log_error(__FILE__, __LINE__, e.what());
@@ -302,7 +303,7 @@ std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size
           st.step_end.block(stream);
           st.waited.push_back(stream);
         }
-        for (auto& [s, ev] : slot->released_on) ev.block(stream);
+        for (const auto& ev : slot->released_on) ev->block(stream);
         slot->released_on.clear();
       }
 #endif
@@ -378,6 +379,7 @@ StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
     ++state_->stats.steps;
   }
   t_step_arena = state_;
+  detail::tape_log_reset();  // Note [Tape log]: the step's tape starts here
 }
 
 StepScope::~StepScope() {
@@ -390,10 +392,11 @@ bool Storage::release_to_arena() noexcept {
     if (!arena_->alive || slot_->orphan) return false;
 #if GRAPHWARD_HAS_CUDA
     for (cudaStream_t s : other_streams_) {  // rule 7 across steps: the next user waits for them
-      Event ev(device_);
-      ev.record(s);
-      slot_->released_on.emplace_back(s, std::move(ev));
+      auto ev = std::make_shared<Event>(device_);
+      ev->record(s);
+      slot_->released_on.push_back(std::move(ev));
     }
+    for (auto& [s, ev] : fences_) slot_->released_on.push_back(std::move(ev));
 #endif
     slot_->in_use = false;
     return true;
@@ -499,7 +502,7 @@ Storage::~Storage() {
   }();
   if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
   // Used on its own stream only: into the block cache (Note [Block cache]).
-  if (cacheable_ && other_streams_.empty() &&
+  if (cacheable_ && other_streams_.empty() && fences_.empty() &&
       cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
     if (saved_device >= 0 && saved_device != device_.index) {
       GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
@@ -518,6 +521,9 @@ Storage::~Storage() {
     GW_CUDA_CHECK_NOTHROW(cudaEventRecord(ev, s));
     GW_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(alloc_stream_, ev, 0));
     GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(ev));
+  }
+  for (const auto& [s, ev] : fences_) {
+    GW_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(alloc_stream_, ev->get(), 0));
   }
   GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, alloc_stream_));
   if (saved_device >= 0 && saved_device != device_.index) {
@@ -569,6 +575,13 @@ std::size_t block_cache_limit() {
 #endif
 }
 
+void Storage::bump_version() {
+  ++version_;
+  if (saves_.load(std::memory_order_relaxed) > 0) {
+    detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
 void Storage::note_use(cudaStream_t stream) {
   if (stream == alloc_stream_) return;
   if (std::find(other_streams_.begin(), other_streams_.end(), stream) == other_streams_.end()) {
@@ -583,6 +596,17 @@ void Storage::record_use(cudaStream_t stream, bool wrote) {
     producer_ = stream;
     ++writes_;
   }
+}
+
+void Storage::record_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
+  if (device_.is_cpu() || stream == alloc_stream_) return;  // ordered before any reuse already
+  for (auto& [s, ev] : fences_) {
+    if (s == stream) {  // the newer event covers the older one's work
+      ev = std::move(done);
+      return;
+    }
+  }
+  fences_.emplace_back(stream, std::move(done));
 }
 
 void Storage::sync_for_read(cudaStream_t stream) {
@@ -614,6 +638,9 @@ void Storage::sync_for_write(cudaStream_t stream) {
   sync_for_read(stream);  // read-after-write and write-after-write with the producer
   for (cudaStream_t s : other_streams_) {  // write-after-read with other readers
     if (s != stream && s != producer_) stream_wait_stream(device_, stream, s);
+  }
+  for (const auto& [s, ev] : fences_) {
+    if (s != stream) ev->block(stream);
   }
   if (alloc_stream_ != stream && alloc_stream_ != producer_) {
     stream_wait_stream(device_, stream, alloc_stream_);

@@ -28,6 +28,7 @@
 // did not create (a raw stream may be destroyed and its handle reused). It holds at most
 // block_cache_limit() bytes per device; empty_cache() returns its blocks to the pool, and process
 // exit does.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -81,7 +82,10 @@ class Storage {
 
   // Bumped by every in-place write; autograd compares it with the version it saved.
   std::uint64_t version() const { return version_; }
-  void bump_version() { ++version_; }
+  // An in-place write to memory a live node saved is a tape mutation (Note [Tape log]).
+  void bump_version();
+  // A node saved (+1) or released (-1) a tensor of this storage.
+  void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
 
   // The stream whose work last wrote this memory (nullptr for CPU storage).
   cudaStream_t producer_stream() const { return producer_; }
@@ -94,12 +98,17 @@ class Storage {
   // on `stream` read it, or wrote it (`wrote`: `stream` becomes the producer). Records the use for
   // rule 7 (the free waits for `stream`) and rule 6 (later readers wait for `stream`); no wait.
   void record_use(cudaStream_t stream, bool wrote);
+  // The same, for a read by work that `done` (an event recorded on `stream` after that work)
+  // completes: later writers on other streams and the free wait for `done` instead of recording an
+  // event of their own on `stream` (no CUDA call here; one event can cover a whole step's storages).
+  // A newer fence on the same stream replaces an older one. CUDA only.
+  void record_read(cudaStream_t stream, std::shared_ptr<const Event> done);
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
   bool used_only_on(cudaStream_t stream) const {
-    return device_.is_cpu() ||
-           (alloc_stream_ == stream && producer_ == stream && other_streams_.empty());
+    return device_.is_cpu() || (alloc_stream_ == stream && producer_ == stream &&
+                                other_streams_.empty() && fences_.empty());
   }
 
  private:
@@ -116,12 +125,15 @@ class Storage {
   std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::uint64_t version_ = 0;
+  mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;
   Event producer_event_;                        // created on the first cross-stream read
   std::uint64_t writes_ = 0;                    // number of writes so far
   std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
+  // Reads by work that an event completes (record_read): (the event's stream, the event).
+  std::vector<std::pair<cudaStream_t, std::shared_ptr<const Event>>> fences_;
 };
 
 // ---- the block cache (Note [Block cache]) -------------------------------------------------------

@@ -168,16 +168,51 @@ for rnd in (1, 2):
 PY
 }
 
+capture_side_by_side() {  # the captured backward against the hand-written graph and PyTorch's graph
+  python3 - "$LOG_DIR" <<'PY' 2>/dev/null
+import csv, json, os, sys
+d = sys.argv[1]
+meds = {}
+for b in json.load(open(os.path.join(d, "bench_capture.json")))["benchmarks"]:
+    if b.get("aggregate_name") == "median":
+        meds[b["name"].split("/min_time")[0].replace("/manual_time", "")] = b
+torch = {}
+try:
+    for r in csv.DictReader(open(os.path.join(d, "torch_graph_backward.csv"))):
+        torch[r["config"].split("/", 1)[1]] = float(r["wall_us"])
+except FileNotFoundError:
+    pass
+print(f"{'captured backward (medians, us)':52s} {'gw':>7s} {'hand':>7s} {'gw/hand':>7s} "
+      f"{'torch':>7s} {'gw/torch':>8s} {'host':>6s} {'sig':>5s} {'launch':>6s} {'capt':>4s} {'upd':>4s}")
+for name, b in meds.items():
+    kind, _, key = name.partition("/")
+    if kind not in ("GraphBackward", "GraphBackwardSplit"):
+        continue
+    parts = dict(p.split(":") for p in key.split("/"))
+    streams = 2 if kind.endswith("Split") else int(parts["multistream"])
+    hk = (f"HandWrittenGraph/branches:{parts['branches']}/depth:{parts['depth']}/"
+          f"width:{parts['width']}/batch:{parts['batch']}/streams:{streams}")
+    h = meds.get(hk)
+    t = torch.get(key)
+    gw = b["real_time"]
+    hs = f"{h['real_time']:7.1f} {gw / h['real_time']:7.2f}" if h else f"{'-':>7s} {'-':>7s}"
+    ts = f"{t:7.1f} {gw / t:8.2f}" if t else f"{'-':>7s} {'-':>8s}"
+    label = ("split " if kind.endswith("Split") else "") + key.replace("branches:", "").replace(
+        "depth:", "x").replace("width:", "w").replace("batch:", "b").replace("multistream:", "ms")
+    print(f"{label:52s} {gw:7.1f} {hs} {ts} {b.get('host_us', 0):6.1f} {b.get('sig_us', 0):5.1f} "
+          f"{b.get('launch_us', 0):6.1f} {b.get('captures', 0):4.0f} {b.get('updates', 0):4.0f}")
+for name, b in meds.items():
+    if name.startswith("Signature"):
+        print(f"tape_signature() by a walk, {b['nodes']:.0f} nodes: {b['real_time'] / 1e3:.1f} us")
+PY
+}
+
 echo
 echo "================ graphward GPU check ================"
 head -2 "$LOG_DIR/machine.txt"
 [ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median' "$LOG_DIR/bench_ops.txt" | sed 's/ *[0-9]* host_us.*//; s/ *[0-9]* TFLOP.*//'
 [ -f "$LOG_DIR/bench_autograd_r1.json" ] && side_by_side
-if [ -f "$LOG_DIR/bench_capture.txt" ]; then
-  echo "captured backward (medians):"
-  grep -E '_median' "$LOG_DIR/bench_capture.txt" | sed 's/min_time:0.[0-9]*//; s/manual_time_median/median/' | cut -c1-160
-  [ -f "$LOG_DIR/torch_graph_backward.csv" ] && cat "$LOG_DIR/torch_graph_backward.csv"
-fi
+[ -f "$LOG_DIR/bench_capture.json" ] && capture_side_by_side
 printf '%s\n' "${SUMMARY[@]}"
 if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
   tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"

@@ -3,7 +3,6 @@
 // changed branch each take the right path (counters) with correct gradients; micro-batches
 // accumulate under replay; capture-unsafe work is refused by name.
 //
-// STATUS (2026-11-30): written and compiled; not yet run on a GPU.
 #include <optional>
 
 #include "capture/backward_graph.h"
@@ -82,6 +81,8 @@ TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
   EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
   EXPECT_EQ(bw.counters().replays, 99u);
+  // Every graph step's signature came from the step's tape log, not a walk (Note [Tape log]).
+  EXPECT_EQ(bw.log_signatures(), 99u) << bw.last_walk_reason();
   // The graph mirrors the forward: four branch streams forked from the caller's and joined back.
   const GraphStats st = bw.last_graph_stats();
   EXPECT_EQ(st.streams, 5u);

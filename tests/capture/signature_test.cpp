@@ -5,7 +5,11 @@
 // stream handles: nothing is launched.
 #include "capture/signature.h"
 #include "capture/graph_cache.h"
+#include "engine/tape_log.h"
 #include "test_util.h"
+
+#include <algorithm>
+#include <functional>
 
 namespace graphward::capture {
 namespace {
@@ -173,6 +177,182 @@ TEST(TapeSignature, AReleasedGraphIsRefusedAsBackwardWouldRefuseIt) {
   const Tensor loss = m.loss(randn({5, 6}, 10));
   backward(loss);
   GW_EXPECT_ERROR(sig(loss), "a second time", "retain_graph");
+}
+
+// ---- signatures from the tape log (Note [Tape log]) ------------------------------------------------
+
+// Arms this thread's tape log for the test (as a BackwardGraph does) and starts a step.
+struct ArmedLog {
+  ArmedLog() { detail::tape_log_arm(); }
+  ~ArmedLog() { detail::tape_log_disarm(); }
+  void new_step() const { detail::tape_log_reset(); }
+};
+
+TEST(TapeLog, EqualStepsGiveEqualSignaturesFromTheLogWithoutAWalk) {
+  ArmedLog log;
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  log.new_step();
+  const Tensor loss1 = m.loss(x);
+  const TapeSignature a = sig(loss1);
+  EXPECT_EQ(a.source, TapeSignature::Source::kLog) << (a.walk_reason ? a.walk_reason : "");
+  EXPECT_EQ(a.num_nodes(), 6);
+  EXPECT_EQ(a.leaves.size(), 4u);
+  log.new_step();
+  const Tensor loss2 = m.loss(x);
+  const TapeSignature b = sig(loss2);
+  ASSERT_EQ(b.source, TapeSignature::Source::kLog);
+  EXPECT_TRUE(a.same_structure(b)) << describe_difference(a, b);
+  EXPECT_FALSE(a.same_addresses(b));  // new activations
+  EXPECT_NE(describe_difference(a, b).find("addresses changed"), std::string::npos);
+  // A walk of the same tape is the other kind of signature: never equal to a log's.
+  TapeSignature walked;
+  tape_signature_walk(walked, {loss2}, {}, nullptr, GradWrite::kAccumulate);
+  EXPECT_EQ(walked.source, TapeSignature::Source::kWalk);
+  EXPECT_FALSE(walked.same_structure(b));
+  EXPECT_NE(describe_difference(b, walked).find("tape log"), std::string::npos)
+      << describe_difference(b, walked);
+  // Both list the same nodes, in their own orders.
+  std::vector<Node*> x1 = walked.nodes, x2 = b.nodes;
+  std::sort(x1.begin(), x1.end());
+  std::sort(x2.begin(), x2.end());
+  EXPECT_EQ(x1, x2);
+}
+
+TEST(TapeLog, EveryKindOfChangeIsANewStructure) {
+  ArmedLog log;
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  auto step = [&](const std::function<Tensor()>& forward, GradWrite mode = GradWrite::kAccumulate) {
+    log.new_step();
+    const Tensor loss = forward();
+    TapeSignature s = sig(loss, mode);
+    EXPECT_EQ(s.source, TapeSignature::Source::kLog) << (s.walk_reason ? s.walk_reason : "");
+    return s;
+  };
+  const TapeSignature base = step([&] { return m.loss(x); });
+  const TapeSignature tanh_branch = step([&] { return m.loss(x, true); });
+  EXPECT_FALSE(base.same_structure(tanh_branch));
+  const std::string why = describe_difference(base, tanh_branch);
+  EXPECT_NE(why.find("tanh"), std::string::npos) << why;
+  EXPECT_FALSE(base.same_structure(step([&] { return m.loss(x); }, GradWrite::kOverwrite)));
+  Model m3;
+  m3.target = randn({3, 6}, 5);
+  EXPECT_FALSE(base.same_structure(step([&] { return m3.loss(randn({3, 6}, 11)); })));
+  EXPECT_FALSE(base.same_structure(step([&] { return mul(m.loss(x), 2.0); })));
+  // The same model on another stream structure: nodes on two "streams" of a hand-built tape.
+  const Tensor la = zeros({4}).set_requires_grad(true), lb = zeros({4}).set_requires_grad(true);
+  const cudaStream_t caller = fake_stream(1);
+  log.new_step();
+  const Tensor t1 = two_stream_tape(caller, fake_stream(2), fake_stream(3), la, lb);
+  const auto s1 = tape_signature({t1}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  log.new_step();
+  const Tensor t2 = two_stream_tape(caller, fake_stream(2), fake_stream(2), la, lb);
+  const auto s2 = tape_signature({t2}, {zeros({1})}, caller, GradWrite::kAccumulate);
+  ASSERT_EQ(s1.source, TapeSignature::Source::kLog);
+  ASSERT_EQ(s2.source, TapeSignature::Source::kLog);
+  EXPECT_FALSE(s1.same_structure(s2));
+  log.new_step();
+  const Tensor t3 = two_stream_tape(caller, fake_stream(7), fake_stream(8), la, lb);
+  EXPECT_TRUE(s1.same_structure(tape_signature({t3}, {zeros({1})}, caller,
+                                               GradWrite::kAccumulate)));
+  // ... and called from another stream: another structure.
+  log.new_step();
+  const Tensor t4 = two_stream_tape(caller, fake_stream(2), fake_stream(3), la, lb);
+  EXPECT_FALSE(s1.same_structure(tape_signature({t4}, {zeros({1})}, fake_stream(9),
+                                                GradWrite::kAccumulate)));
+  // A .grad appearing, and a replaced .grad.
+  log.new_step();
+  Tensor loss = m.loss(x);
+  backward(loss, {.retain_graph = true});
+  log.new_step();
+  loss = m.loss(x);
+  const TapeSignature with_grads = sig(loss);
+  ASSERT_EQ(with_grads.source, TapeSignature::Source::kLog);
+  EXPECT_FALSE(base.same_structure(with_grads));
+  TapeSignature refreshed = with_grads;
+  m.w1.grad() = zeros(m.w1.shape());
+  refresh_leaves(refreshed, {loss}, {}, nullptr, GradWrite::kAccumulate);
+  EXPECT_TRUE(refreshed.same_structure(with_grads));
+  EXPECT_FALSE(refreshed.same_addresses(with_grads));
+  EXPECT_NE(describe_difference(with_grads, refreshed).find(".grad of leaf"), std::string::npos)
+      << describe_difference(with_grads, refreshed);
+}
+
+TEST(TapeLog, FallsBackToTheWalkWheneverTheLogCannotStandForTheTape) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  {
+    const TapeSignature s = sig(m.loss(x));  // not armed
+    EXPECT_EQ(s.source, TapeSignature::Source::kWalk);
+    EXPECT_NE(std::string(s.walk_reason).find("no BackwardGraph"), std::string::npos);
+  }
+  ArmedLog log;
+  {  // an input from a node made before the step
+    const Tensor h = relu(linear(x, m.w0, m.b0));
+    log.new_step();
+    const Tensor loss = mse_loss(add(h, relu(linear(x, m.w1, m.b1))), m.target);
+    const TapeSignature s = sig(loss);
+    EXPECT_EQ(s.source, TapeSignature::Source::kWalk);
+    EXPECT_NE(std::string(s.walk_reason).find("before the step"), std::string::npos)
+        << s.walk_reason;
+    EXPECT_EQ(s.num_nodes(), 6);
+  }
+  {  // the log was taken already: the second signature of a step walks
+    log.new_step();
+    const Tensor loss = m.loss(x);
+    EXPECT_EQ(sig(loss).source, TapeSignature::Source::kLog);
+    const TapeSignature again = sig(loss);
+    EXPECT_EQ(again.source, TapeSignature::Source::kWalk);
+    EXPECT_NE(std::string(again.walk_reason).find("taken"), std::string::npos);
+  }
+  {  // the loss was computed before the step began
+    const Tensor loss = m.loss(x);
+    log.new_step();
+    EXPECT_EQ(sig(loss).source, TapeSignature::Source::kWalk);
+  }
+  {  // a saved tensor modified in place: the walk refuses it by name, as backward() would
+    log.new_step();
+    const Tensor loss = m.loss(x);
+    {
+      NoGradGuard no_grad;
+      add_(m.w0, ones(m.w0.shape()), 0.5);
+    }
+    GW_EXPECT_ERROR(sig(loss), "modified in place", "linear");
+  }
+  {  // released by an eager backward: refused by name, as a second backward would be
+    log.new_step();
+    const Tensor loss = m.loss(x);
+    backward(loss);
+    GW_EXPECT_ERROR(sig(loss), "a second time");
+  }
+  {  // an in-place update of a parameter no live node saved (an optimizer step) is no mutation
+    log.new_step();
+    {
+      NoGradGuard no_grad;
+      add_(m.w0, ones(m.w0.shape()), 0.5);
+    }
+    const Tensor loss = m.loss(x);
+    EXPECT_EQ(sig(loss).source, TapeSignature::Source::kLog);
+  }
+}
+
+TEST(TapeLog, NodesTheLossDoesNotReachKeepTheSignatureConservative) {
+  ArmedLog log;
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  auto step = [&] {
+    log.new_step();
+    const Tensor unused = relu(linear(x, m.w1, m.b1));  // logged, not reached by the loss
+    const Tensor loss = m.loss(x);
+    return sig(loss);
+  };
+  const TapeSignature a = step(), b = step();
+  ASSERT_EQ(a.source, TapeSignature::Source::kLog);
+  EXPECT_EQ(a.num_nodes(), 8);  // the walk reaches 6
+  EXPECT_TRUE(a.same_structure(b));
+  log.new_step();
+  EXPECT_FALSE(a.same_structure(sig(m.loss(x))));  // without them: another structure
 }
 
 // ---- the graph cache's policy -------------------------------------------------------------------

@@ -93,7 +93,6 @@ TEST_F(CudaAutograd, MultistreamBackwardEqualsSingleStreamBitwise) {
 TEST_F(CudaAutograd, SplitWeightGradientsOnSideStreamsEqualTheSingleStreamBackwardBitwise) {
   // Weight-gradient parallelism moves each layer's dW/db onto a side stream; with the forward on
   // four streams the backward then uses eight. The gradients must not change by a bit.
-  // STATUS (2026-11-30): written and compiled; not yet run on a GPU.
   BranchModel m(4, 8, 256, 64, kF32Gpu);
   backward(m.loss());
   const auto single = m.grads();

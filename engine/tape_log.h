@@ -1,0 +1,111 @@
+#pragma once
+// Note [Tape log]
+// A replayed backward must prove, every step, that this step's tape is the one its graph was
+// captured from (capture/signature.h). Walking a 200-node tape to prove it costs ~30 µs of host
+// time — several graph launches. So the proof is built while the forward records the tape, when
+// every node's data is at hand anyway: while a BackwardGraph is alive on a thread, each node that
+// thread creates appends its record (Note [Node record]) to the thread's tape log, with its
+// producers, streams and leaves numbered in creation order (first appearance), and its saved
+// tensors' addresses. At the backward, the log *is* the structure and addresses of the step's
+// tape, and the signature check is a compare of two flat buffers — no walk.
+//
+// The log stands for the tape only when nothing escaped it; otherwise the signature falls back to
+// the walk, which is always correct (and says why in the signature's `source_note`):
+//   * a logged node's producer was created before the log began (a tensor kept from an earlier
+//     step, or made on another thread): "an input came from before the step";
+//   * the root's node is not in the log (the forward ran on another thread, or before the reset);
+//   * a tape mutation since the reset: a storage that a live node saved was modified in place, or
+//     a logged node's saved tensors were released (a backward ran) — the walk checks these and
+//     raises the errors backward() would;
+//   * the log grew beyond its cap (kMaxWords), or was already consumed by a signature.
+// The log is reset when a step begins (StepScope) and after every BackwardGraph::backward; it may
+// hold nodes the backward does not reach (they make the signature conservative, never wrong: the
+// tape reachable from the root is a function of the log).
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/cuda.h"
+#include "engine/ptr_index.h"
+#include "engine/tensor.h"
+
+namespace graphward {
+
+class Node;
+
+namespace detail {
+
+// A std::allocator that leaves new elements uninitialized: signature words are all written right
+// after the vector grows, and zeroing them first cost as much as writing them.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using Words = std::vector<std::uint64_t, UninitAllocator<std::uint64_t>>;
+
+// Who owns an address of a signature (for readable reasons): kind, index (node or leaf), j.
+enum AddressOwnerKind : std::uint32_t { kOwnerSaved = 1, kOwnerLeafData = 2, kOwnerLeafGrad = 3,
+                                        kOwnerSeed = 4 };
+inline std::uint32_t address_owner(AddressOwnerKind kind, std::uint32_t index, std::uint32_t j) {
+  return (static_cast<std::uint32_t>(kind) << 28) | ((index & 0xFFFFF) << 8) | (j & 0xFF);
+}
+
+// The first word of a signature: how it was made (a log's and a walk's numberings differ, so the
+// two kinds never compare equal).
+inline constexpr std::uint64_t kLogSignatureTag = 0x4c4f47;    // "LOG"
+inline constexpr std::uint64_t kWalkSignatureTag = 0x57414c4b;  // "WALK"
+
+struct TapeLog {
+  static constexpr std::size_t kMaxWords = std::size_t{1} << 22;  // 32 MiB of records
+  int armed = 0;                   // BackwardGraphs that asked for the log on this thread
+  std::uint64_t epoch = 0;         // logged nodes carry it (Node::log_epoch)
+  const char* unusable = nullptr;  // why the log cannot stand for the tape (nullptr: it can)
+  std::uint64_t mutations_at_reset = 0;
+  Words words;  // kLogSignatureTag, then the nodes' records, patched, in creation order
+  std::vector<std::uint32_t> node_offsets;       // where each node's record starts in `words`
+  std::vector<const std::string*> ops;           // each node's interned op name
+  std::vector<std::uintptr_t> addresses;         // saved tensors' data pointers, node by node
+  std::vector<std::uint32_t> address_owners;     // address_owner(kOwnerSaved, node, j)
+  std::vector<Node*> nodes;                      // creation order
+  std::vector<cudaStream_t> streams;             // numbered by first appearance
+  std::vector<Tensor> leaves;                    // numbered by first appearance
+  PtrIndex leaf_index{16};                       // a leaf's .grad slot -> its number
+};
+
+// This thread's log.
+TapeLog& tape_log();
+// Empties this thread's log and starts a new epoch (a no-op unless armed).
+void tape_log_reset();
+// A BackwardGraph on this thread wants the log (arm) or no longer does (disarm; the log is emptied
+// when none does).
+void tape_log_arm();
+void tape_log_disarm();
+// Appends `node` to this thread's log if armed (called by the Node constructor).
+void tape_log_append(Node& node);
+// Counts tape mutations (Note [Tape log]): in-place writes to saved storage, releases of logged
+// nodes. Process-wide.
+std::atomic<std::uint64_t>& tape_mutations();
+// Whether the log can stand for a tape rooted at `root` now; if not, why.
+const char* tape_log_unusable_for(const Node* root);
+
+}  // namespace detail
+}  // namespace graphward
