@@ -158,10 +158,14 @@ class HandWrittenBackward {
           grad = dh_[i].data<float>();
         }
       }
-      for (cudaStream_t done : {bs, ws}) {  // join the branch (and its side stream) back
-        if (done == s_ || (done == ws && ws == bs)) continue;
+      if (bs != s_) {  // join the branch back
         Event& e = event();
-        e.record(done);
+        e.record(bs);
+        e.block(s_);
+      }
+      if (ws != bs && ws != s_) {  // and its side stream
+        Event& e = event();
+        e.record(ws);
         e.block(s_);
       }
     }

@@ -80,6 +80,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["captures"] = static_cast<double>(after.captures - before.captures);
   state.counters["updates"] = static_cast<double>(after.updates - before.updates);
   state.counters["kernel_nodes"] = static_cast<double>(bw.last_graph_stats().kernel_nodes);
+  state.counters["tape_nodes"] = static_cast<double>(bw.last_graph_stats().tape_nodes);
   state.counters["graph_nodes"] =
       static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
   state.SetLabel(bw.last_signature_from_log() ? bw.last_reason()
@@ -96,6 +97,17 @@ BENCHMARK(BM_GraphBackwardSplit)->Name("GraphBackwardSplit")->Apply([](auto* b) 
   gw::bench::studies(b, /*side_streams_only=*/true);
 });
 BENCHMARK(BM_GraphBackward)->Name("GraphBackward")->Apply([](auto* b) { gw::bench::studies(b); });
+// The host cost of replaying a ~200-node tape (4 branches x 24 layers + the adds and the loss:
+// 196 nodes), narrow so that the GPU time stays short; sig_us + decide_us + launch_us is the
+// "signature check + launch" figure.
+BENCHMARK(BM_GraphBackward)
+    ->Name("GraphBackwardHost")
+    ->ArgNames({"branches", "depth", "width", "batch", "multistream"})
+    ->Args({4, 24, 64, 16, 0})
+    ->Args({4, 24, 64, 16, 1})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
 
 // The hand-written graph: graphward's backward kernels, launched by hand on preallocated buffers
 // inside one stream capture, on one stream, on a stream per branch, or with each branch's weight
@@ -145,6 +157,7 @@ void BM_HandWrittenGraph(benchmark::State& state) {
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   std::size_t nodes = 0;
   GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  state.counters["tape_nodes"] = static_cast<double>(bw.last_graph_stats().tape_nodes);
   state.counters["graph_nodes"] = static_cast<double>(nodes);
   GW_CUDA_CHECK(cudaGraphExecDestroy(exec));
   GW_CUDA_CHECK(cudaGraphDestroy(graph));

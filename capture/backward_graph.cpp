@@ -228,6 +228,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
                "); some work in it was not capturable or used a stream outside the capture");
     }
     fresh->stats = stats_of(fresh->graph, plan);
+    fresh->stats.tape_nodes = fresh->nodes.size();
     bool updated = false;
     if (decision.action == Action::kUpdate) {
       Executable& old = *decision.entry->exec;

@@ -54,6 +54,7 @@ struct BackwardGraphOptions {
 
 // The shape of a captured graph.
 struct GraphStats {
+  std::size_t tape_nodes = 0;  // the tape nodes the backward reaches
   std::size_t kernel_nodes = 0;
   std::size_t other_nodes = 0;  // memsets, memory allocation and free nodes, event nodes, ...
   std::size_t edges = 0;

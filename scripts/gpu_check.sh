@@ -5,6 +5,8 @@
 # GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench]
+# Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
+# four sanitizer tools one after another instead of at once).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -108,24 +110,35 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
   fi
 fi
 
-# 5. compute-sanitizer over the GPU tests
+# 5. compute-sanitizer over the GPU tests: the four tools at once (GW_SANITIZER_SERIAL=1: one by
+# one), each within GW_SANITIZER_TIMEOUT seconds.
+sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanitizer_TOOL.rc
+  local tool=$1 extra=()
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
+  # racecheck checks shared-memory hazards; cuBLAS's GEMM kernels (library code, and most of the
+  # suite's GPU time through the 2048³ busy-work chains) are excluded to keep it within minutes.
+  [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
+  local start=$SECONDS
+  timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+    --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
+  echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
+}
 if [ $SANITIZE = 1 ]; then
-  for tool in memcheck racecheck synccheck initcheck; do
-    start=$SECONDS
-    extra=()
-    [ $tool = memcheck ] && extra=(--leak-check full)
-    # racecheck checks shared-memory hazards; cuBLAS's GEMM kernels (library code, and most of the
-    # suite's GPU time through the 2048³ busy-work chains) are excluded to keep it within minutes.
-    [ $tool = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
-    timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 \
-      "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
-    rc=$?
+  tools=(memcheck racecheck synccheck initcheck)
+  if [ "${GW_SANITIZER_SERIAL:-0}" = 1 ]; then
+    for tool in "${tools[@]}"; do sanitize "$tool"; done
+  else
+    for tool in "${tools[@]}"; do sanitize "$tool" & done
+    wait
+  fi
+  for tool in "${tools[@]}"; do
+    read -r rc secs <"$LOG_DIR/sanitizer_$tool.rc"
     summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" | tail -1)
     tests=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
-    if [ $rc -eq 0 ]; then
-      record "sanitizer $tool" ok "${summary:-no summary}; $tests; $((SECONDS - start)) s"
+    if [ "$rc" -eq 0 ]; then
+      record "sanitizer $tool" ok "${summary:-no summary}; $tests; $secs s"
     else
-      record "sanitizer $tool" FAIL "rc=$rc ${summary}; $tests"
+      record "sanitizer $tool" FAIL "rc=$rc ${summary}; $tests; $secs s"
       grep -E '=========' "$LOG_DIR/sanitizer_$tool.log" | head -12
     fi
   done
@@ -183,7 +196,9 @@ try:
 except FileNotFoundError:
     pass
 print(f"{'captured backward (medians, us)':52s} {'gw':>7s} {'hand':>7s} {'gw/hand':>7s} "
-      f"{'torch':>7s} {'gw/torch':>8s} {'host':>6s} {'sig':>5s} {'launch':>6s} {'capt':>4s} {'upd':>4s}")
+      f"{'torch':>7s} {'gw/torch':>8s} {'pre':>5s} {'sig':>5s} {'rel':>5s} {'capt':>4s} {'upd':>4s}")
+def pre(b):  # host us before the launch returned: signature, cache lookup, waits and launch
+    return b.get("sig_us", 0) + b.get("decide_us", 0) + b.get("launch_us", 0)
 for name, b in meds.items():
     kind, _, key = name.partition("/")
     if kind not in ("GraphBackward", "GraphBackwardSplit"):
@@ -199,8 +214,14 @@ for name, b in meds.items():
     ts = f"{t:7.1f} {gw / t:8.2f}" if t else f"{'-':>7s} {'-':>8s}"
     label = ("split " if kind.endswith("Split") else "") + key.replace("branches:", "").replace(
         "depth:", "x").replace("width:", "w").replace("batch:", "b").replace("multistream:", "ms")
-    print(f"{label:52s} {gw:7.1f} {hs} {ts} {b.get('host_us', 0):6.1f} {b.get('sig_us', 0):5.1f} "
-          f"{b.get('launch_us', 0):6.1f} {b.get('captures', 0):4.0f} {b.get('updates', 0):4.0f}")
+    print(f"{label:52s} {gw:7.1f} {hs} {ts} {pre(b):5.1f} {b.get('sig_us', 0):5.1f} "
+          f"{b.get('release_us', 0):5.1f} {b.get('captures', 0):4.0f} {b.get('updates', 0):4.0f}")
+for name, b in meds.items():
+    if name.startswith("GraphBackwardHost"):
+        print(f"replay host cost, {b.get('tape_nodes', 0):.0f} tape nodes, "
+              f"multistream:{name[-1]}: signature + lookup + launch {pre(b):.1f} us "
+              f"(signature {b.get('sig_us', 0):.1f}, launch {b.get('launch_us', 0):.1f}), "
+              f"then release {b.get('release_us', 0):.1f} us; from_log {b.get('from_log', 0):.0f}")
 for name, b in meds.items():
     if name.startswith("Signature"):
         print(f"tape_signature() by a walk, {b['nodes']:.0f} nodes: {b['real_time'] / 1e3:.1f} us")
