@@ -126,15 +126,15 @@ class HandWrittenBackward {
     };
     kk::mse_loss_backward(dtotal_.data<float>(), nullptr, one_.data<float>(), total_.data<float>(),
                           m_.target.data<float>(), batch * n, false, false, s_);
-    Event* start = nullptr;
+    std::size_t start = 0;  // an index: event() may grow events_
     if (!branch.empty()) {
-      start = &event();
-      start->record(s_);
+      start = used;
+      event().record(s_);
     }
     for (int i = k_ - 1; i >= 0; --i) {
       const cudaStream_t bs = branch.empty() ? s_ : branch[static_cast<std::size_t>(i)];
       const cudaStream_t ws = side.empty() ? bs : side[static_cast<std::size_t>(i)];
-      if (bs != s_) start->block(bs);
+      if (bs != s_) events_[start].block(bs);
       const float* grad = dtotal_.data<float>();  // d(output of layer j)
       for (int j = d_ - 1; j >= 0; --j) {
         const float* dz = dz_[i * d_ + j].data<float>();

@@ -72,6 +72,7 @@ void graph_backward(benchmark::State& state, bool split) {
   const double iters = static_cast<double>(state.iterations());
   state.counters["sig_us"] = parts.signature_us / iters;
   state.counters["from_log"] = bw.last_signature_from_log();  // Note [Tape log]
+  state.counters["fwd_match"] = bw.last_matched_in_forward();
   state.counters["decide_us"] = parts.decide_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;

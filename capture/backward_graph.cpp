@@ -1,5 +1,6 @@
 #include "capture/backward_graph.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -26,6 +27,9 @@ struct BackwardGraph::Executable {
   // Where the nodes and leaves the backward reaches are in the signature's `nodes` and `leaves`
   // (the same for every step with this structure).
   std::vector<std::uint32_t> nodes, leaves;
+  // A signature from the tape log: its nodes' part, what the next step's forward is compared with
+  // as it records (Note [Tape log]). Null for a signature made by a walk.
+  std::shared_ptr<const capture::Words> nodes_part;
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -158,7 +162,13 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
 
-  auto decision = cache_.decide(sig);
+  // The forward compared its tape with the last replayed one as it recorded it: when all of it
+  // matched, only the rest is compared now.
+  auto* recent = cache_.most_recent();
+  const bool nodes_known = sig.nodes_equal_to && recent &&
+                           recent->exec->nodes_part.get() == sig.nodes_equal_to;
+  last_matched_in_forward_ = nodes_known;
+  auto decision = nodes_known ? cache_.decide_nodes_known(*recent, sig) : cache_.decide(sig);
   using Action = decltype(cache_)::Action;
   if (decision.action != Action::kReplay) {
     // The nodes and leaves the backward reaches (the log may hold more). A graph writes gradients
@@ -192,6 +202,10 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       (void)blas_context(device_, plan.streams[i]);  // handle and workspace: outside the capture
     }
     auto fresh = std::make_shared<Executable>();
+    if (sig.source == capture::TapeSignature::Source::kLog) {
+      fresh->nodes_part = std::make_shared<const capture::Words>(
+          sig.structure.begin(), sig.structure.begin() + static_cast<std::ptrdiff_t>(sig.nodes_words));
+    }
     // Where the reached nodes and leaves are in this signature (and in every later step's with
     // the same structure): what a replay releases and records.
     const bool log = sig.source == capture::TapeSignature::Source::kLog;
@@ -265,15 +279,32 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // are the BackwardGraph's own, recorded again every step.
   const auto t_decided = Clock::now();
   std::size_t waits = 0;
-  for (cudaStream_t s : sig.streams) {
-    if (!s || s == caller) continue;
+  auto wait_for = [&](cudaStream_t s) {
     if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
     Event& ev = wait_events_[waits++];
     ev.record(s);
     ev.block(caller);
+  };
+  for (cudaStream_t s : sig.streams) {
+    if (s && s != caller) wait_for(s);
+  }
+  // Rule 6 for what the graph writes: a .grad it overwrites or accumulates into may have been
+  // used on a stream the forward did not use (an optimizer on a stream of its own): wait for it.
+  extra_waited_.clear();
+  for (std::uint32_t l : exec->leaves) {
+    sig.leaves[l].grad().storage()->for_each_user([&](cudaStream_t s) {
+      if (!s || s == caller ||
+          std::find(sig.streams.begin(), sig.streams.end(), s) != sig.streams.end() ||
+          std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
+        return;
+      }
+      extra_waited_.push_back(s);
+      wait_for(s);
+    });
   }
   GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
   const auto t_launched = Clock::now();
+  detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with
   cache_.count_replay();
   last_stats_ = exec->stats;
   // The graph wrote the gradients and read the saved tensors on the caller's stream: record it, so

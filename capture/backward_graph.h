@@ -89,6 +89,9 @@ class BackwardGraph {
   // walk of the tape, and whether the last one did.
   std::uint64_t log_signatures() const { return log_signatures_; }
   bool last_signature_from_log() const { return last_from_log_; }
+  // Whether the last step's forward matched the replayed tape node for node as it recorded it, so
+  // that the check before the launch compared only leaves, seeds, roots, mode and addresses.
+  bool last_matched_in_forward() const { return last_matched_in_forward_; }
   // Why the last signature walked the tape (nullptr when it came from the log).
   const char* last_walk_reason() const { return signature_.walk_reason; }
   std::size_t cache_size() const { return cache_.size(); }
@@ -118,6 +121,7 @@ class BackwardGraph {
   GraphStats last_stats_;
   BackwardHostTimes host_;
   std::vector<Event> wait_events_;             // the caller waits on the forward's streams
+  std::vector<cudaStream_t> extra_waited_;     // ... and on other users of the .grads (scratch)
   std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
@@ -125,6 +129,7 @@ class BackwardGraph {
   std::vector<Tensor> roots_, seeds_;
   std::uint64_t log_signatures_ = 0;
   bool last_from_log_ = false;
+  bool last_matched_in_forward_ = false;
   std::thread::id armed_on_;          // the thread whose tape log this BackwardGraph armed
 };
 

@@ -10,6 +10,7 @@
 // holds at most `capacity` executables; inserting beyond evicts the least recently used. Nothing
 // here touches CUDA: `Exec` is whatever the caller keeps per entry (a cudaGraphExec_t owner on the
 // GPU; anything in tests).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -68,6 +69,27 @@ class GraphCache {
             describe_difference(entries_.front().signature, now) + " (" +
                 std::to_string(entries_.size()) + " cached graph" +
                 (entries_.size() == 1 ? "" : "s") + ", none with this structure)"};
+  }
+
+  // The entry the last decide() or insert() returned (the most recently used), or nullptr.
+  Entry* most_recent() { return entries_.empty() ? nullptr : &entries_.front(); }
+
+  // decide() for a signature whose nodes' part (TapeSignature::nodes_words) is already known to
+  // equal that of `e`, the most recently used entry (the tape log's running comparison): compares
+  // only the rest of the structure and the addresses. Falls back to decide() if the rest differs.
+  Decision decide_nodes_known(Entry& e, const TapeSignature& now) {
+    GW_CHECK(&e == most_recent(), "GraphCache::decide_nodes_known: internal error: expected the "
+                                  "most recently used entry");
+    const TapeSignature& was = e.signature;
+    const bool same = was.structure_hash == now.structure_hash &&
+                      was.nodes_words == now.nodes_words &&
+                      was.structure.size() == now.structure.size() &&
+                      std::equal(was.structure.begin() + static_cast<std::ptrdiff_t>(was.nodes_words),
+                                 was.structure.end(),
+                                 now.structure.begin() + static_cast<std::ptrdiff_t>(now.nodes_words));
+    if (!same) return decide(now);
+    if (was.same_addresses(now)) return {Action::kReplay, &e, {}};
+    return {Action::kUpdate, &e, describe_difference(was, now)};
   }
 
   // A newly captured executable for `signature`: inserted as the most recently used entry, the

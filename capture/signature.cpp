@@ -15,11 +15,12 @@ namespace {
 // Record tags: they make a record self-describing for describe_node() and keep two different
 // layouts from ever encoding to the same words.
 constexpr std::uint64_t kNodeTag = 0x4e4f4445;  // "NODE"
-constexpr std::uint64_t kLeafTag = 0x4c454146;  // "LEAF"
+constexpr std::uint64_t kLeafTag = detail::kLeafRecordTag;
 constexpr std::uint64_t kSeedTag = 0x53454544;  // "SEED"
 constexpr std::uint64_t kRootTag = 0x524f4f54;  // "ROOT"
 constexpr std::uint64_t kModeTag = 0x4d4f4445;  // "MODE"
 enum EdgeKind : std::uint64_t { kNoEdge = 0, kNodeEdge = 1, kLeafEdge = 2 };
+enum LeafGrad : std::uint64_t { kNoGrad = 0, kGradLikeLeaf = 1, kGradOtherShape = 2 };
 using OwnerKind = detail::AddressOwnerKind;
 constexpr OwnerKind kSaved = detail::kOwnerSaved, kLeafData = detail::kOwnerLeafData,
                     kLeafGrad = detail::kOwnerLeafGrad, kSeed = detail::kOwnerSeed;
@@ -143,6 +144,7 @@ void clear_signature(TapeSignature& sig) {
   sig.nodes.clear();
   sig.leaves.clear();
   sig.walk_reason = nullptr;
+  sig.nodes_equal_to = nullptr;
 }
 
 // The leaves', seeds', roots' and mode's part, after the nodes' part (either source).
@@ -179,20 +181,57 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
   while (caller < sig.streams.size() && sig.streams[caller] != caller_stream) ++caller;
   if (caller == sig.streams.size()) sig.streams.push_back(caller_stream);
   WordWriter w(sig.structure);
-  w.reserve(16 + 2 * roots.size() + 8 * sig.leaves.size());
-  for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
-    const Tensor& leaf = sig.leaves[l];
-    const Tensor& g = leaf.grad();
-    w.reserve(8 + 2 * leaf.shape().size());
+  w.reserve(16 + 2 * roots.size());
+  if (from_log) {
+    // The leaves' dtypes, shapes and data are in the log (they never change); only the .grads
+    // are read now: one word each (none / the leaf's shape / another shape, then that shape) and
+    // the address. A .grad that is the same tensor as last time is not read again (grad_memo).
+    sig.grad_memo.resize(sig.leaves.size());
+    w.reserve(2 + sig.leaves.size());
     w.put(kLeafTag);
-    w.put(static_cast<std::uint64_t>(leaf.dtype()));
-    w.shape(leaf.shape());
-    w.put(g.defined());
-    if (g.defined()) w.shape(g.shape());
-    sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(leaf.raw_data()));
-    sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
-    sig.addresses.push_back(g.defined() ? reinterpret_cast<std::uintptr_t>(g.raw_data()) : 0);
-    sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+    for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
+      const Tensor& leaf = sig.leaves[l];
+      TapeSignature::GradMemo& m = sig.grad_memo[l];
+      const void* gid = leaf.grad_id();
+      if (m.leaf.id() != leaf.id() || m.grad.id() != gid || m.word == kGradOtherShape) {
+        const Tensor::LeafView v = leaf.leaf_view();
+        m = {leaf, leaf.grad(),
+             !v.grad_shape ? kNoGrad : *v.grad_shape == *v.shape ? kGradLikeLeaf : kGradOtherShape,
+             reinterpret_cast<std::uintptr_t>(v.grad_data)};
+        if (m.word == kGradOtherShape) {
+          w.put(m.word);
+          w.reserve(2 + v.grad_shape->size() + sig.leaves.size() - l);
+          w.shape(*v.grad_shape);
+          sig.addresses.push_back(m.data);
+          sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+          continue;
+        }
+      }
+      w.put(m.word);
+      sig.addresses.push_back(m.data);
+      sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+    }
+  } else {
+    for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
+      const Tensor::LeafView v = sig.leaves[l].leaf_view();
+      w.reserve(8 + 2 * v.shape->size() + (v.grad_shape ? v.grad_shape->size() : 0));
+      w.put(kLeafTag);
+      w.put(static_cast<std::uint64_t>(v.dtype));
+      w.shape(*v.shape);
+      // The .grad: none, one of the leaf's shape (the usual case), or one of another shape.
+      if (!v.grad_shape) {
+        w.put(kNoGrad);
+      } else if (*v.grad_shape == *v.shape) {
+        w.put(kGradLikeLeaf);
+      } else {
+        w.put(kGradOtherShape);
+        w.shape(*v.grad_shape);
+      }
+      sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(v.data));
+      sig.address_owners.push_back(owner(kLeafData, static_cast<std::uint32_t>(l), 0));
+      sig.addresses.push_back(reinterpret_cast<std::uintptr_t>(v.grad_data));
+      sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
+    }
   }
   w.put(kSeedTag);
   w.put(seeds.size());
@@ -232,6 +271,9 @@ bool from_log(TapeSignature& sig, const std::vector<Tensor>& roots) {
     return false;
   }
   detail::TapeLog& log = detail::tape_log();
+  const void* matched = log.on_track && log.expect && log.expect->size() == log.words.size()
+                            ? log.expect.get()
+                            : nullptr;
   // Take the log's buffers (and give it ours, emptied, for the next step): no copy.
   clear_signature(sig);
   std::swap(sig.structure, log.words);
@@ -247,6 +289,8 @@ bool from_log(TapeSignature& sig, const std::vector<Tensor>& roots) {
   log.words.push_back(detail::kLogSignatureTag);
   log.unusable = "the step's tape log was taken by a signature already";
   sig.source = TapeSignature::Source::kLog;
+  sig.nodes_equal_to = matched;
+  log.on_track = false;
   sig.nodes_words = sig.structure.size();
   sig.nodes_addresses = sig.addresses.size();
   return true;

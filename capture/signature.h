@@ -60,6 +60,18 @@ struct TapeSignature {
   // Where the nodes' part of `structure` and `addresses` ends (the leaves, seeds, roots and mode
   // follow; refresh_leaves() makes them again).
   std::size_t nodes_words = 0, nodes_addresses = 0;
+  // kLog: the expectation (detail::TapeLog::expect) the nodes' part equals word for word, by the
+  // running comparison during the forward; nullptr if none or it did not match.
+  const void* nodes_equal_to = nullptr;
+  // Per leaf, what its .grad was when last read (not compared; kept from step to step): a .grad
+  // that is the same tensor (Tensor::grad_id) of the same leaf is not read again. The memo holds
+  // both tensors, so their identities cannot be reused by other tensors meanwhile.
+  struct GradMemo {
+    Tensor leaf, grad;
+    std::uint64_t word = 0;
+    std::uintptr_t data = 0;
+  };
+  std::vector<GradMemo> grad_memo;
 
   int num_nodes() const { return static_cast<int>(node_offsets.size()); }
   bool same_structure(const TapeSignature& o) const {

@@ -106,6 +106,16 @@ class Storage {
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
+  // Calls f(stream) for every stream that used this memory: the allocating stream, the producer,
+  // and every other (CUDA; nothing on the CPU). Streams may repeat.
+  template <class F>
+  void for_each_user(F&& f) const {
+    if (device_.is_cpu()) return;
+    f(alloc_stream_);
+    f(producer_);
+    for (cudaStream_t s : other_streams_) f(s);
+    for (const auto& fence : fences_) f(fence.first);
+  }
   bool used_only_on(cudaStream_t stream) const {
     return device_.is_cpu() || (alloc_stream_ == stream && producer_ == stream &&
                                 other_streams_.empty() && fences_.empty());

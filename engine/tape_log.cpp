@@ -40,6 +40,7 @@ void tape_log_reset() {
   clear(log);
   log.epoch = g_log_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
   log.unusable = nullptr;
+  log.on_track = log.expect != nullptr;
   log.mutations_at_reset = g_mutations.load(std::memory_order_acquire);
 }
 
@@ -55,7 +56,13 @@ void tape_log_disarm() {
     clear(t_log);
     t_log.words.shrink_to_fit();
     t_log.unusable = "no BackwardGraph on this thread";
+    t_log.expect.reset();
   }
+}
+
+void tape_log_expect(std::shared_ptr<const Words> nodes_part) {
+  t_log.expect = std::move(nodes_part);
+  t_log.on_track = false;  // until the next reset
 }
 
 void tape_log_append(Node& node) {
@@ -75,6 +82,7 @@ void tape_log_append(Node& node) {
   log.words.resize(at + rec.words.size());
   std::uint64_t* w = log.words.data() + at;
   std::memcpy(w, rec.words.data(), rec.words.size() * sizeof(std::uint64_t));
+  const std::size_t leaves_before = log.leaves.size();
   for (const NodeRecord::PatchAt& p : rec.patches) {
     std::uint64_t& word = w[p.word];
     switch (p.kind) {
@@ -108,6 +116,22 @@ void tape_log_append(Node& node) {
   for (const auto& [address, j] : rec.saved_addresses) {
     log.addresses.push_back(address);
     log.address_owners.push_back(address_owner(kOwnerSaved, index, j));
+  }
+  // Leaves used for the first time: their dtype, shape and data, which never change.
+  for (std::size_t l = leaves_before; l < log.leaves.size(); ++l) {
+    const Tensor::LeafView v = log.leaves[l].leaf_view();
+    log.words.push_back(kLeafRecordTag);
+    log.words.push_back(static_cast<std::uint64_t>(v.dtype));
+    log.words.push_back(v.shape->size());
+    for (std::int64_t d : *v.shape) log.words.push_back(static_cast<std::uint64_t>(d));
+    log.addresses.push_back(reinterpret_cast<std::uintptr_t>(v.data));
+    log.address_owners.push_back(address_owner(kOwnerLeafData, static_cast<std::uint32_t>(l), 0));
+  }
+  if (log.on_track) {  // the running comparison with the last replayed signature
+    const std::size_t n = log.words.size() - at;
+    log.on_track = at + n <= log.expect->size() &&
+                   std::memcmp(log.expect->data() + at, log.words.data() + at,
+                               n * sizeof(std::uint64_t)) == 0;
   }
 }
 

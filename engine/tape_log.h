@@ -7,7 +7,12 @@
 // thread creates appends its record (Note [Node record]) to the thread's tape log, with its
 // producers, streams and leaves numbered in creation order (first appearance), and its saved
 // tensors' addresses. At the backward, the log *is* the structure and addresses of the step's
-// tape, and the signature check is a compare of two flat buffers — no walk.
+// tape, and the signature check is a compare of two flat buffers — no walk. A leaf's dtype, shape
+// and data (which never change) are logged at its first use too; only the leaves' .grads, which
+// may change until the backward, are read at the backward (capture/signature.cpp). Better still, each
+// appended record is compared at once with the same place of the signature the last replay used
+// (`expect`): when the whole log matched it, the check before the replay compares only the leaves,
+// seeds, roots, mode and addresses.
 //
 // The log stands for the tape only when nothing escaped it; otherwise the signature falls back to
 // the walk, which is always correct (and says why in the signature's `source_note`):
@@ -73,6 +78,9 @@ inline std::uint32_t address_owner(AddressOwnerKind kind, std::uint32_t index, s
 // two kinds never compare equal).
 inline constexpr std::uint64_t kLogSignatureTag = 0x4c4f47;    // "LOG"
 inline constexpr std::uint64_t kWalkSignatureTag = 0x57414c4b;  // "WALK"
+// Opens a leaf's record: its dtype and shape (in the log: after the record of the node that first
+// used it; in a walk's signature: after all the nodes).
+inline constexpr std::uint64_t kLeafRecordTag = 0x4c454146;  // "LEAF"
 
 struct TapeLog {
   static constexpr std::size_t kMaxWords = std::size_t{1} << 22;  // 32 MiB of records
@@ -83,12 +91,19 @@ struct TapeLog {
   Words words;  // kLogSignatureTag, then the nodes' records, patched, in creation order
   std::vector<std::uint32_t> node_offsets;       // where each node's record starts in `words`
   std::vector<const std::string*> ops;           // each node's interned op name
-  std::vector<std::uintptr_t> addresses;         // saved tensors' data pointers, node by node
-  std::vector<std::uint32_t> address_owners;     // address_owner(kOwnerSaved, node, j)
+  // Saved tensors' data pointers, node by node, and each leaf's after the node that first used it.
+  std::vector<std::uintptr_t> addresses;
+  std::vector<std::uint32_t> address_owners;     // address_owner(kOwnerSaved, node, j), ...
   std::vector<Node*> nodes;                      // creation order
   std::vector<cudaStream_t> streams;             // numbered by first appearance
   std::vector<Tensor> leaves;                    // numbered by first appearance
   PtrIndex leaf_index{16};                       // a leaf's .grad slot -> its number
+  // The running comparison: the nodes' part of the signature the last backward on this thread
+  // replayed (set by tape_log_expect), and whether every node logged since the reset matched it
+  // word for word. Then the check before a replay compares only the small rest (leaves, seeds,
+  // roots, mode) and the addresses: the forward did the rest, a node at a time.
+  std::shared_ptr<const Words> expect;
+  bool on_track = false;
 };
 
 // This thread's log.
@@ -99,6 +114,8 @@ void tape_log_reset();
 // when none does).
 void tape_log_arm();
 void tape_log_disarm();
+// The nodes' part of the signature the next step is expected to have (nullptr: none).
+void tape_log_expect(std::shared_ptr<const Words> nodes_part);
 // Appends `node` to this thread's log if armed (called by the Node constructor).
 void tape_log_append(Node& node);
 // Counts tape mutations (Note [Tape log]): in-place writes to saved storage, releases of logged

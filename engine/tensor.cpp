@@ -108,6 +108,18 @@ bool Tensor::is_leaf() const {
 Tensor& Tensor::grad() const {
   return impl().grad;
 }
+const void* Tensor::grad_id() const {
+  return impl().grad.impl_.get();
+}
+Tensor::LeafView Tensor::leaf_view() const {
+  const Impl& i = impl();
+  LeafView v{i.dtype, &i.shape, i.storage->data(), nullptr, nullptr};
+  if (const Impl* g = i.grad.impl_.get()) {
+    v.grad_shape = &g->shape;
+    v.grad_data = g->storage->data();
+  }
+  return v;
+}
 const std::shared_ptr<Node>& Tensor::grad_fn() const {
   return impl().grad_fn;
 }

@@ -87,6 +87,23 @@ class Tensor {
   // A new handle on the same storage (same version counter) with no autograd history.
   Tensor detach() const;
 
+  // What a tape signature reads of a leaf, in one call (capture/signature.cpp reads it for every
+  // leaf before every replay): its dtype, shape and data, and its .grad's shape and data (null
+  // when the .grad is undefined). The pointers are valid while the tensor and its .grad are.
+  struct LeafView {
+    DType dtype;
+    const Shape* shape;
+    const void* data;
+    const Shape* grad_shape;
+    const void* grad_data;
+  };
+  LeafView leaf_view() const;
+  // Identities for memos: the tensor behind this handle, and behind its .grad (nullptr when
+  // undefined). A tensor's shape, dtype and storage never change, so the same identity means the
+  // same shape and data.
+  const void* id() const { return impl_.get(); }
+  const void* grad_id() const;
+
  private:
   struct Impl;
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -83,6 +83,8 @@ TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData
   EXPECT_EQ(bw.counters().replays, 99u);
   // Every graph step's signature came from the step's tape log, not a walk (Note [Tape log]).
   EXPECT_EQ(bw.log_signatures(), 99u) << bw.last_walk_reason();
+  // ... and the forward matched the replayed tape as it recorded it.
+  EXPECT_TRUE(bw.last_matched_in_forward());
   // The graph mirrors the forward: four branch streams forked from the caller's and joined back.
   const GraphStats st = bw.last_graph_stats();
   EXPECT_EQ(st.streams, 5u);
@@ -173,11 +175,37 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
   EXPECT_GT(bw.counters().replays, 0u);
 }
 
+TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
+  // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a long
+  // GEMM chain; the next step's replayed backward overwrites w.grad on the caller's stream. The
+  // replay must wait for that stream (rule 6): else the reader sees the next step's gradient.
+  Model m(1, 2, 64), ref(1, 2, 64);
+  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
+  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
+  BackwardGraph bw(kGpu);
+  for (int i = 0; i < 3; ++i) bw.backward(m.loss(x1, t1), GradWrite::kOverwrite);  // to replays
+  ASSERT_EQ(bw.counters().captures, 1u);
+  const std::vector<float> step_a = m.w[0][0].grad().to_vector<float>();
+  Stream optimizer(kGpu);
+  Tensor snapshot;
+  {
+    StreamGuard g(optimizer);
+    const Tensor busy = testing::busy_work(8);  // milliseconds of GEMMs on this stream first
+    snapshot = mul(m.w[0][0].grad(), 1.0);      // then the read, behind them in stream order
+  }
+  bw.backward(m.loss(x2, t2), GradWrite::kOverwrite);
+  EXPECT_GT(bw.counters().replays, 2u);
+  EXPECT_EQ(snapshot.to_vector<float>(), step_a);
+  backward(ref.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
+  EXPECT_EQ(m.grads(), ref.grads());
+  EXPECT_NE(m.w[0][0].grad().to_vector<float>(), step_a);
+}
+
 TEST_F(CudaBackwardGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {
   const Tensor w = randn({8}, 1, kF32Gpu).set_requires_grad(true);
   auto loss_with_peek = [&] {
     const Tensor y = mul(w, 3.0);
-    const Tensor out = Tensor::empty({8}, kF32Gpu);
+    const Tensor out = zeros({8}, kF32Gpu);
     InputMeta in{y.shape(), y.dtype(), y.device(), current_stream(kGpu), {y.grad_fn(), Tensor()}};
     out.set_grad_fn(
         make_node("peek", kGpu, current_stream(kGpu), {in}, {8},

@@ -355,6 +355,91 @@ TEST(TapeLog, NodesTheLossDoesNotReachKeepTheSignatureConservative) {
   EXPECT_FALSE(a.same_structure(sig(m.loss(x))));  // without them: another structure
 }
 
+TEST(TapeLog, ASignatureReusedStepAfterStepSeesEveryChangeOfALeafsGrad) {
+  ArmedLog log;
+  Model m;
+  backward(m.loss(randn({5, 6}, 10)));  // every leaf has a .grad
+  const Tensor x = randn({5, 6}, 10);
+  TapeSignature s;  // reused, as BackwardGraph reuses its own (with its memo of the .grads)
+  auto step = [&] {
+    log.new_step();
+    const Tensor loss = m.loss(x);
+    tape_signature(s, {loss}, {}, nullptr, GradWrite::kAccumulate);
+    EXPECT_EQ(s.source, TapeSignature::Source::kLog);
+    TapeSignature copy = s;
+    copy.nodes.clear();
+    copy.leaves.clear();
+    return copy;
+  };
+  const TapeSignature a = step(), b = step();
+  EXPECT_TRUE(a.same_structure(b));
+  // Only the activations moved: every leaf's data and .grad address is the same.
+  for (std::size_t i = 0; i < a.addresses.size(); ++i) {
+    const std::string who = a.address_owner_str(i);
+    if (who.find("leaf") != std::string::npos) EXPECT_EQ(a.addresses[i], b.addresses[i]) << who;
+  }
+  m.w1.grad() = zeros(m.w1.shape());  // a new .grad tensor
+  const TapeSignature c = step();
+  EXPECT_TRUE(b.same_structure(c));
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < b.addresses.size(); ++i) {
+    const std::string who = b.address_owner_str(i);
+    if (who.find("leaf") != std::string::npos && b.addresses[i] != c.addresses[i]) {
+      ++moved;
+      EXPECT_NE(who.find(".grad of leaf"), std::string::npos) << who;
+    }
+  }
+  EXPECT_EQ(moved, 1u);
+  m.w1.grad() = Tensor();  // no .grad: another structure
+  const TapeSignature d = step();
+  EXPECT_FALSE(c.same_structure(d));
+  m.w1.grad() = zeros({36});  // a .grad of another shape: another structure again
+  const TapeSignature e = step();
+  EXPECT_FALSE(c.same_structure(e));
+  EXPECT_FALSE(d.same_structure(e));
+  m.w1.grad() = zeros(m.w1.shape());
+  EXPECT_TRUE(c.same_structure(step()));
+}
+
+TEST(TapeLog, TheForwardIsComparedWithTheLastReplayedTapeAsItIsRecorded) {
+  ArmedLog log;
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  log.new_step();
+  const TapeSignature a = sig(m.loss(x));
+  ASSERT_EQ(a.source, TapeSignature::Source::kLog);
+  EXPECT_EQ(a.nodes_equal_to, nullptr);  // nothing expected yet
+  const auto part = std::make_shared<const Words>(
+      a.structure.begin(), a.structure.begin() + static_cast<std::ptrdiff_t>(a.nodes_words));
+  auto step = [&](const std::function<Tensor()>& forward, GradWrite mode = GradWrite::kAccumulate) {
+    detail::tape_log_expect(part);
+    log.new_step();
+    const Tensor loss = forward();
+    return sig(loss, mode);
+  };
+  const TapeSignature same = step([&] { return m.loss(x); });
+  EXPECT_EQ(same.nodes_equal_to, part.get());
+  EXPECT_EQ(step([&] { return m.loss(x, true); }).nodes_equal_to, nullptr);   // another op
+  EXPECT_EQ(step([&] { return mul(m.loss(x), 2.0); }).nodes_equal_to, nullptr);  // longer
+  EXPECT_EQ(step([&] { return sum(relu(linear(x, m.w0, m.b0))); }).nodes_equal_to,
+            nullptr);  // shorter
+  // The cache then compares only the rest and the addresses.
+  GraphCache<int> cache(2);
+  cache.insert(a, 1);
+  auto d = cache.decide_nodes_known(*cache.most_recent(), same);
+  ASSERT_EQ(d.action, GraphCache<int>::Action::kUpdate);  // new activations
+  EXPECT_NE(d.reason.find("addresses changed"), std::string::npos) << d.reason;
+  cache.count_update(*d.entry, same);
+  EXPECT_EQ(cache.decide_nodes_known(*cache.most_recent(), same).action,
+            GraphCache<int>::Action::kReplay);
+  // Same nodes, another gradient mode: the rest differs, and the full decision says so.
+  const TapeSignature overwrite = step([&] { return m.loss(x); }, GradWrite::kOverwrite);
+  EXPECT_EQ(overwrite.nodes_equal_to, part.get());
+  d = cache.decide_nodes_known(*cache.most_recent(), overwrite);
+  EXPECT_EQ(d.action, GraphCache<int>::Action::kCapture);
+  detail::tape_log_expect(nullptr);
+}
+
 // ---- the graph cache's policy -------------------------------------------------------------------
 
 using Cache = GraphCache<int>;
