@@ -16,6 +16,8 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -32,6 +34,20 @@ using gw::bench::kDev;
 using gw::bench::kF32;
 using gw::bench::skip_without_gpu;
 using Model = gw::bench::BranchModel;
+
+// With GW_DOT_DIR set, each benchmark writes its captured graph there as Graphviz DOT
+// (<kind>_<args>.dot), for reading the graphs' shapes side by side.
+std::string dot_path(const std::string& kind, const benchmark::State& state) {
+  const char* dir = std::getenv("GW_DOT_DIR");
+  if (!dir || !*dir) return "";
+  std::string name = std::string(dir) + "/" + kind;
+  for (int i = 0; i < 5; ++i) name += "_" + std::to_string(state.range(i));
+  return name + ".dot";
+}
+void dump_dot(const gw::BackwardGraph& bw, const std::string& kind, const benchmark::State& state) {
+  const std::string path = dot_path(kind, state);
+  if (!path.empty()) bw.write_dot(path);
+}
 
 void graph_backward(benchmark::State& state, bool split) {
   if (skip_without_gpu(state)) return;
@@ -84,6 +100,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["tape_nodes"] = static_cast<double>(bw.last_graph_stats().tape_nodes);
   state.counters["graph_nodes"] =
       static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
+  dump_dot(bw, split ? "graphward_split" : "graphward", state);
   state.SetLabel(bw.last_signature_from_log() ? bw.last_reason()
                                                : std::string("walked: ") + bw.last_walk_reason());
 }
@@ -158,6 +175,9 @@ void BM_HandWrittenGraph(benchmark::State& state) {
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   std::size_t nodes = 0;
   GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  if (const std::string path = dot_path("hand", state); !path.empty()) {
+    GW_CUDA_CHECK(cudaGraphDebugDotPrint(graph, path.c_str(), 0));
+  }
   state.counters["graph_nodes"] = static_cast<double>(nodes);
   GW_CUDA_CHECK(cudaGraphExecDestroy(exec));
   GW_CUDA_CHECK(cudaGraphDestroy(graph));

@@ -274,33 +274,30 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     last_captured_ = exec;
   }
 
-  // Replay on the caller's stream, after every stream the forward used (the graph reads its
-  // results; its private streams are forked from the caller's stream inside the graph). The events
-  // are the BackwardGraph's own, recorded again every step.
+  // Replay on the caller's stream. What the graph reads was made by the forward, upstream of the
+  // loss: every cross-stream edge of it was ordered when the forward consumed it (rule 6), so the
+  // stream that produced the loss is ordered after all of it — the caller waits on that stream if
+  // it is another. What the graph writes (the .grads) it orders by rule 6 too: after their last
+  // writer and every stream that read them since (an optimizer on a stream of its own). The events
+  // are the BackwardGraph's own, recorded again every step; in the usual step (loss and optimizer
+  // on the caller's stream) there is no wait at all.
   const auto t_decided = Clock::now();
   std::size_t waits = 0;
+  extra_waited_.clear();
   auto wait_for = [&](cudaStream_t s) {
+    if (!s || s == caller ||
+        std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
+      return;
+    }
+    extra_waited_.push_back(s);
     if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
     Event& ev = wait_events_[waits++];
     ev.record(s);
     ev.block(caller);
   };
-  for (cudaStream_t s : sig.streams) {
-    if (s && s != caller) wait_for(s);
-  }
-  // Rule 6 for what the graph writes: a .grad it overwrites or accumulates into may have been
-  // used on a stream the forward did not use (an optimizer on a stream of its own): wait for it.
-  extra_waited_.clear();
+  wait_for(loss.storage()->producer_stream());
   for (std::uint32_t l : exec->leaves) {
-    sig.leaves[l].grad().storage()->for_each_user([&](cudaStream_t s) {
-      if (!s || s == caller ||
-          std::find(sig.streams.begin(), sig.streams.end(), s) != sig.streams.end() ||
-          std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
-        return;
-      }
-      extra_waited_.push_back(s);
-      wait_for(s);
-    });
+    sig.leaves[l].grad().storage()->for_each_write_hazard(wait_for);
   }
   GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
   const auto t_launched = Clock::now();

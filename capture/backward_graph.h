@@ -120,8 +120,8 @@ class BackwardGraph {
   std::string last_reason_;
   GraphStats last_stats_;
   BackwardHostTimes host_;
-  std::vector<Event> wait_events_;             // the caller waits on the forward's streams
-  std::vector<cudaStream_t> extra_waited_;     // ... and on other users of the .grads (scratch)
+  std::vector<Event> wait_events_;             // the caller's waits before a launch
+  std::vector<cudaStream_t> extra_waited_;     // the streams waited on this step (scratch)
   std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step

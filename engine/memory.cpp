@@ -583,6 +583,11 @@ void Storage::bump_version() {
 }
 
 void Storage::note_use(cudaStream_t stream) {
+  if (stream != producer_ &&
+      std::find(reads_since_write_.begin(), reads_since_write_.end(), stream) ==
+          reads_since_write_.end()) {
+    reads_since_write_.push_back(stream);
+  }
   if (stream == alloc_stream_) return;
   if (std::find(other_streams_.begin(), other_streams_.end(), stream) == other_streams_.end()) {
     other_streams_.push_back(stream);
@@ -595,6 +600,7 @@ void Storage::record_use(cudaStream_t stream, bool wrote) {
   if (wrote) {
     producer_ = stream;
     ++writes_;
+    reads_since_write_.clear();
   }
 }
 
@@ -633,6 +639,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
     note_use(stream);
     producer_ = stream;
     ++writes_;
+    reads_since_write_.clear();
     return;
   }
   sync_for_read(stream);  // read-after-write and write-after-write with the producer
@@ -648,6 +655,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
   note_use(stream);
   producer_ = stream;
   ++writes_;
+  reads_since_write_.clear();
 #else
   (void)stream;
 #endif

@@ -106,14 +106,14 @@ class Storage {
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
-  // Calls f(stream) for every stream that used this memory: the allocating stream, the producer,
-  // and every other (CUDA; nothing on the CPU). Streams may repeat.
+  // Calls f(stream) for every stream whose work a new write must wait for (rule 6): the last
+  // writer (at first, the allocating stream) and every stream that read the memory since (CUDA;
+  // nothing on the CPU). Streams may repeat.
   template <class F>
-  void for_each_user(F&& f) const {
+  void for_each_write_hazard(F&& f) const {
     if (device_.is_cpu()) return;
-    f(alloc_stream_);
     f(producer_);
-    for (cudaStream_t s : other_streams_) f(s);
+    for (cudaStream_t s : reads_since_write_) f(s);
     for (const auto& fence : fences_) f(fence.first);
   }
   bool used_only_on(cudaStream_t stream) const {
@@ -142,6 +142,7 @@ class Storage {
   std::uint64_t writes_ = 0;                    // number of writes so far
   std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
+  std::vector<cudaStream_t> reads_since_write_;  // streams other than producer_ that read it since
   // Reads by work that an event completes (record_read): (the event's stream, the event).
   std::vector<std::pair<cudaStream_t, std::shared_ptr<const Event>>> fences_;
 };

@@ -201,6 +201,36 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
   EXPECT_NE(m.w[0][0].grad().to_vector<float>(), step_a);
 }
 
+TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
+  // The last layers and the loss run on stream `late`, behind a long GEMM chain; backward() is
+  // called on the caller's stream. The graph reads what `late` produced (the last relu's output,
+  // the mse's input): the replay must wait for `late` (DESIGN.md rule 4), else it reads it early.
+  const Tensor w0 = uniform({64, 64}, -0.2, 0.2, 1, kF32Gpu).set_requires_grad(true);
+  const Tensor w1 = uniform({64, 64}, -0.2, 0.2, 2, kF32Gpu).set_requires_grad(true);
+  const Tensor w0r = w0.clone().set_requires_grad(true), w1r = w1.clone().set_requires_grad(true);
+  Stream late(kGpu);
+  auto loss_of = [&](const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& t, bool busy) {
+    const Tensor h = relu(linear(x, a));
+    StreamGuard g(late);
+    if (busy) (void)testing::busy_work(8);  // milliseconds of GEMMs on `late` first
+    return mse_loss(relu(linear(h, b)), t);
+  };
+  BackwardGraph bw(kGpu);
+  StepArena arena(kGpu);
+  for (int s = 0; s < 6; ++s) {
+    const Tensor x = randn({16, 64}, 10 + s, kF32Gpu), t = randn({16, 64}, 20 + s, kF32Gpu);
+    {
+      StepScope step(arena);
+      bw.backward(loss_of(w0, w1, x, t, s >= 2), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(loss_of(w0r, w1r, x, t, false), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(w0.grad().to_vector<float>(), w0r.grad().to_vector<float>()) << "step " << s;
+    ASSERT_EQ(w1.grad().to_vector<float>(), w1r.grad().to_vector<float>()) << "step " << s;
+  }
+  EXPECT_GE(bw.counters().replays, 4u);
+}
+
 TEST_F(CudaBackwardGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {
   const Tensor w = randn({8}, 1, kF32Gpu).set_requires_grad(true);
   auto loss_with_peek = [&] {
