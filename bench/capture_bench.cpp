@@ -81,6 +81,7 @@ void graph_backward(benchmark::State& state, bool split) {
     step(true, &host);
     const gw::BackwardHostTimes t = bw.last_host_times();
     parts.signature_us += t.signature_us;
+    parts.wait_us += t.wait_us;
     parts.decide_us += t.decide_us;
     parts.launch_us += t.launch_us;
     parts.release_us += t.release_us;
@@ -89,6 +90,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["sig_us"] = parts.signature_us / iters;
   state.counters["from_log"] = bw.last_signature_from_log();  // Note [Tape log]
   state.counters["fwd_match"] = bw.last_matched_in_forward();
+  state.counters["wait_us"] = parts.wait_us / iters;
   state.counters["decide_us"] = parts.decide_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;

@@ -162,6 +162,34 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
 
+  // Before the launch (and before any capture, which records the plan's uses of the storage as if
+  // it ran), the caller's stream waits where rule 6 needs it. What the graph reads was made by the
+  // forward, upstream of the loss: every cross-stream edge of it was ordered when the forward
+  // consumed it, so the stream that produced the loss is ordered after all of it — the caller
+  // waits on that stream if it is another. What the graph writes (the .grads) it orders after
+  // their last writer and every stream that read them since (an optimizer on a stream of its
+  // own). The events are the BackwardGraph's own, recorded again every step; in the usual step
+  // (loss and optimizer on the caller's stream) there is no wait at all.
+  std::size_t waits = 0;
+  extra_waited_.clear();
+  auto wait_for = [&](cudaStream_t s) {
+    if (!s || s == caller ||
+        std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
+      return;
+    }
+    extra_waited_.push_back(s);
+    if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
+    Event& ev = wait_events_[waits++];
+    ev.record(s);
+    ev.block(caller);
+  };
+  wait_for(loss.storage()->producer_stream());
+  for (const Tensor& leaf : sig.leaves) {  // a signature from the log may list more: harmless
+    const Tensor& g = leaf.grad();
+    if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
+  }
+  const auto t_waited = Clock::now();
+
   // The forward compared its tape with the last replayed one as it recorded it: when all of it
   // matched, only the rest is compared now.
   auto* recent = cache_.most_recent();
@@ -274,31 +302,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     last_captured_ = exec;
   }
 
-  // Replay on the caller's stream. What the graph reads was made by the forward, upstream of the
-  // loss: every cross-stream edge of it was ordered when the forward consumed it (rule 6), so the
-  // stream that produced the loss is ordered after all of it — the caller waits on that stream if
-  // it is another. What the graph writes (the .grads) it orders by rule 6 too: after their last
-  // writer and every stream that read them since (an optimizer on a stream of its own). The events
-  // are the BackwardGraph's own, recorded again every step; in the usual step (loss and optimizer
-  // on the caller's stream) there is no wait at all.
   const auto t_decided = Clock::now();
-  std::size_t waits = 0;
-  extra_waited_.clear();
-  auto wait_for = [&](cudaStream_t s) {
-    if (!s || s == caller ||
-        std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
-      return;
-    }
-    extra_waited_.push_back(s);
-    if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
-    Event& ev = wait_events_[waits++];
-    ev.record(s);
-    ev.block(caller);
-  };
-  wait_for(loss.storage()->producer_stream());
-  for (std::uint32_t l : exec->leaves) {
-    sig.leaves[l].grad().storage()->for_each_write_hazard(wait_for);
-  }
   GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
   const auto t_launched = Clock::now();
   detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with
@@ -328,7 +332,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   auto us = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
-  host_ = {us(t0, t_signed), us(t_signed, t_decided), us(t_decided, t_launched),
+  host_ = {us(t0, t_signed), us(t_signed, t_waited), us(t_waited, t_decided), us(t_decided, t_launched),
            us(t_launched, t_end)};
 #else
   eager(loss, grad_write);

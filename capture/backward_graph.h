@@ -66,10 +66,11 @@ struct GraphStats {
 // Host time of the last backward() that replayed, in microseconds.
 struct BackwardHostTimes {
   double signature_us = 0;  // this step's tape signature
+  double wait_us = 0;       // the waits rule 6 needs (usually none) and finding them
   double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
-  double launch_us = 0;     // waits on the forward's streams and the graph launch
+  double launch_us = 0;     // the graph launch
   double release_us = 0;    // after the launch: recording the uses, releasing saved tensors
-  double before_launch_us() const { return signature_us + decide_us + launch_us; }
+  double before_launch_us() const { return signature_us + wait_us + decide_us + launch_us; }
   double total_us() const { return before_launch_us() + release_us; }
 };
 

@@ -198,7 +198,7 @@ except FileNotFoundError:
 print(f"{'captured backward (medians, us)':52s} {'gw':>7s} {'hand':>7s} {'gw/hand':>7s} "
       f"{'torch':>7s} {'gw/torch':>8s} {'pre':>5s} {'sig':>5s} {'rel':>5s} {'capt':>4s} {'upd':>4s}")
 def pre(b):  # host us before the launch returned: signature, cache lookup, waits and launch
-    return b.get("sig_us", 0) + b.get("decide_us", 0) + b.get("launch_us", 0)
+    return b.get("sig_us", 0) + b.get("wait_us", 0) + b.get("decide_us", 0) + b.get("launch_us", 0)
 for name, b in meds.items():
     kind, _, key = name.partition("/")
     if kind not in ("GraphBackward", "GraphBackwardSplit"):
@@ -219,7 +219,7 @@ for name, b in meds.items():
 for name, b in meds.items():
     if name.startswith("GraphBackwardHost"):
         print(f"replay host cost, {b.get('tape_nodes', 0):.0f} tape nodes, "
-              f"multistream:{name[-1]}: signature + lookup + launch {pre(b):.1f} us "
+              f"multistream:{name[-1]}: signature + waits + lookup + launch {pre(b):.1f} us "
               f"(signature {b.get('sig_us', 0):.1f}, launch {b.get('launch_us', 0):.1f}), "
               f"then release {b.get('release_us', 0):.1f} us; from_log {b.get('from_log', 0):.0f}")
 for name, b in meds.items():

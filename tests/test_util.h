@@ -1,4 +1,6 @@
 #pragma once
+#include <chrono>
+#include <thread>
 // Helpers shared by the tests: GPU skips, error measures, finite-difference gradient checks.
 #include <gtest/gtest.h>
 
@@ -57,6 +59,21 @@ inline double rel_error(const Tensor& out, const Tensor& ref) {
 
 // Keeps the current stream of cuda:0 busy for several milliseconds (a chain of 2048³ GEMMs): the
 // other side of every race test, so that a missing wait reads scribbled or NaN memory.
+#if GRAPHWARD_HAS_CUDA
+// Holds `stream` for `ms` milliseconds with a host function: later work on it starts only after,
+// while every other stream runs freely (no GPU resources are held, unlike busy_work()).
+inline void stall(cudaStream_t stream, int ms) {
+  auto* wait = new int(ms);
+  GW_CUDA_CHECK(cudaLaunchHostFunc(
+      stream,
+      [](void* p) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(p)));
+        delete static_cast<int*>(p);
+      },
+      wait));
+}
+#endif
+
 inline Tensor busy_work(int gemms = 6) {
   const TensorOptions f32{DType::kFloat32, Device::cuda(0)};
   Tensor x = mul(randn({2048, 2048}, 77, f32), 1.0 / 45.0);

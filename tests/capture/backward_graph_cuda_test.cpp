@@ -176,8 +176,8 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
 }
 
 TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
-  // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a long
-  // GEMM chain; the next step's replayed backward overwrites w.grad on the caller's stream. The
+  // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a 50 ms
+  // stall; the next step's replayed backward overwrites w.grad on the caller's stream. The
   // replay must wait for that stream (rule 6): else the reader sees the next step's gradient.
   Model m(1, 2, 64), ref(1, 2, 64);
   const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
@@ -190,8 +190,8 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
   Tensor snapshot;
   {
     StreamGuard g(optimizer);
-    const Tensor busy = testing::busy_work(8);  // milliseconds of GEMMs on this stream first
-    snapshot = mul(m.w[0][0].grad(), 1.0);      // then the read, behind them in stream order
+    testing::stall(optimizer.get(), 50);    // the stream is held 50 ms
+    snapshot = mul(m.w[0][0].grad(), 1.0);  // then the read, behind it in stream order
   }
   bw.backward(m.loss(x2, t2), GradWrite::kOverwrite);
   EXPECT_GT(bw.counters().replays, 2u);
@@ -202,7 +202,7 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
 }
 
 TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
-  // The last layers and the loss run on stream `late`, behind a long GEMM chain; backward() is
+  // The last layers and the loss run on stream `late`, behind a 50 ms stall; backward() is
   // called on the caller's stream. The graph reads what `late` produced (the last relu's output,
   // the mse's input): the replay must wait for `late` (DESIGN.md rule 4), else it reads it early.
   const Tensor w0 = uniform({64, 64}, -0.2, 0.2, 1, kF32Gpu).set_requires_grad(true);
@@ -212,7 +212,7 @@ TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
   auto loss_of = [&](const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& t, bool busy) {
     const Tensor h = relu(linear(x, a));
     StreamGuard g(late);
-    if (busy) (void)testing::busy_work(8);  // milliseconds of GEMMs on `late` first
+    if (busy) testing::stall(late.get(), 50);  // `late` is held 50 ms first
     return mse_loss(relu(linear(h, b)), t);
   };
   BackwardGraph bw(kGpu);
