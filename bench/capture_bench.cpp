@@ -100,6 +100,8 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["updates"] = static_cast<double>(after.updates - before.updates);
   state.counters["kernel_nodes"] = static_cast<double>(bw.last_graph_stats().kernel_nodes);
   state.counters["tape_nodes"] = static_cast<double>(bw.last_graph_stats().tape_nodes);
+  state.counters["graph_mem_kib"] = static_cast<double>(bw.last_graph_stats().memory_bytes) / 1024;
+  state.counters["memory_nodes"] = static_cast<double>(bw.last_graph_stats().memory_nodes);
   state.counters["graph_nodes"] =
       static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
   dump_dot(bw, split ? "graphward_split" : "graphward", state);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "engine/capture_mode.h"
+#include "engine/graph_pool.h"
 #include "engine/memory.h"
 #include "engine/tape_log.h"
 
@@ -30,6 +31,8 @@ struct BackwardGraph::Executable {
   // A signature from the tape log: its nodes' part, what the next step's forward is compared with
   // as it records (Note [Tape log]). Null for a signature made by a walk.
   std::shared_ptr<const capture::Words> nodes_part;
+  // The graph's intermediates (Note [Graph memory pool]); declared first, destroyed last.
+  std::unique_ptr<GraphMemoryPool> pool;
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -94,6 +97,7 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
       ++st.kernel_nodes;
     } else {
       ++st.other_nodes;
+      if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) ++st.memory_nodes;
     }
   }
   GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &st.edges));
@@ -184,6 +188,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     ev.block(caller);
   };
   wait_for(loss.storage()->producer_stream());
+  // Graphs launched on one stream run in order; after a launch on another stream, wait for it
+  // (graphs of one structure share their memory pool).
+  wait_for(last_launch_stream_);
   for (const Tensor& leaf : sig.leaves) {  // a signature from the log may list more: harmless
     const Tensor& g = leaf.grad();
     if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
@@ -251,9 +258,19 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
                                       "reaches is missing from the step's signature");
       fresh->leaves.push_back(static_cast<std::uint32_t>(l));
     }
+    // The same structure captured again (an update) reuses the entry's pool: the graph's memory
+    // stays where the executable's kernels point.
+    GraphMemoryPool* pool = nullptr;
+    if (decision.action == Action::kUpdate) {
+      pool = decision.entry->exec->pool.get();
+    } else {
+      fresh->pool = std::make_unique<GraphMemoryPool>(device_);
+      pool = fresh->pool.get();
+    }
     GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
     try {
       CaptureModeScope scope("the backward graph");
+      GraphPoolScope pool_scope(*pool);
       executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
     } catch (...) {
       cudaGraph_t abandoned = nullptr;
@@ -271,6 +288,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     }
     fresh->stats = stats_of(fresh->graph, plan);
     fresh->stats.tape_nodes = fresh->nodes.size();
+    fresh->stats.memory_bytes = pool->bytes();
     bool updated = false;
     if (decision.action == Action::kUpdate) {
       Executable& old = *decision.entry->exec;
@@ -292,6 +310,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, fresh->graph, 0));
       exec = fresh;
       if (decision.action == Action::kUpdate) {
+        fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
         decision.entry->exec = fresh;
       } else {
         cache_.insert(sig, fresh);
@@ -304,6 +323,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
 
   const auto t_decided = Clock::now();
   GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
+  last_launch_stream_ = caller;
   const auto t_launched = Clock::now();
   detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with
   cache_.count_replay();

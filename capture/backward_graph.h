@@ -17,7 +17,8 @@
 //   3. capture: the eager executor runs the backward plan under thread-local stream capture from
 //      S, each forward stream mapped onto a private capture stream forked from S by an event and
 //      joined back before the capture ends (the legacy stream, or an earlier step's stream, cannot
-//      enter); backward intermediates are allocated inside the capture, so the graph owns them;
+//      enter); backward intermediates are served from a pool the executable owns, reused inside
+//      the graph where stream order allows (Note [Graph memory pool]): kernel nodes only;
 //      ops that cannot be captured are refused by name (Note [Capture-unsafe ops]);
 //   4. replay: S first waits for every stream the forward used (the graph reads their results),
 //      then the executable is launched on S; gradients are ready on S when backward() returns,
@@ -56,7 +57,9 @@ struct BackwardGraphOptions {
 struct GraphStats {
   std::size_t tape_nodes = 0;  // the tape nodes the backward reaches
   std::size_t kernel_nodes = 0;
-  std::size_t other_nodes = 0;  // memsets, memory allocation and free nodes, event nodes, ...
+  std::size_t other_nodes = 0;  // memsets, event nodes, ... (memory_nodes among them)
+  std::size_t memory_nodes = 0;  // memory allocation and free nodes (none: Note [Graph memory pool])
+  std::size_t memory_bytes = 0;  // the graph's own memory: its intermediates' pool
   std::size_t edges = 0;
   std::size_t streams = 0;  // the caller's stream and one private stream per other forward stream
   std::size_t forks = 0;
@@ -123,6 +126,7 @@ class BackwardGraph {
   BackwardHostTimes host_;
   std::vector<Event> wait_events_;             // the caller's waits before a launch
   std::vector<cudaStream_t> extra_waited_;     // the streams waited on this step (scratch)
+  cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
   std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step

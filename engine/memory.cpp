@@ -6,12 +6,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
 
 #include "engine/error.h"
+#include "engine/graph_pool.h"
 #include "engine/step_arena.h"
 #include "engine/tape_log.h"
 
@@ -386,6 +388,108 @@ StepScope::~StepScope() {
   t_step_arena.reset();
 }
 
+// ---- graph memory pool (Note [Graph memory pool]) ----------------------------------------------
+
+namespace detail {
+
+struct GraphPoolState {
+  explicit GraphPoolState(Device d) : device(d) {}
+  std::mutex mutex;
+  Device device;
+  bool scoped = false;  // a GraphPoolScope is open: freed blocks may be reused
+  std::vector<std::pair<void*, std::size_t>> blocks;  // every block and its size
+  std::size_t bytes = 0;
+  std::map<std::pair<cudaStream_t, std::size_t>, std::vector<void*>> free;  // reusable now
+  std::map<std::size_t, std::vector<void*>> unused;  // not yet used by the capture in scope
+  ~GraphPoolState() {
+#if GRAPHWARD_HAS_CUDA
+    if (blocks.empty()) return;
+    int saved = -1;
+    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+    if (saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device.index));
+    for (const auto& [p, n] : blocks) GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
+    if (saved >= 0 && saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
+#endif
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+thread_local std::shared_ptr<detail::GraphPoolState> t_graph_pool;
+
+#if GRAPHWARD_HAS_CUDA
+// A block of `bytes` for an allocation on `stream` (being captured) from the pool: a reusable one,
+// or a new one made with cudaMalloc under a relaxed capture mode.
+void* graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.free.find({stream, bytes});
+  if (it != st.free.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  auto un = st.unused.find(bytes);  // a block an earlier capture with this pool used
+  if (un != st.unused.end() && !un->second.empty()) {
+    void* p = un->second.back();
+    un->second.pop_back();
+    return p;
+  }
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  GW_CUDA_CHECK(err);
+  try {
+    st.blocks.emplace_back(p, bytes);
+  } catch (...) {
+    GW_CUDA_CHECK_NOTHROW(cudaFree(p));
+    throw;
+  }
+  st.bytes += bytes;
+  return p;
+}
+#endif
+
+}  // namespace
+
+GraphMemoryPool::GraphMemoryPool(Device device)
+    : state_(std::make_shared<detail::GraphPoolState>(device)) {
+  GW_CHECK(device.is_cuda(), "GraphMemoryPool: expected a CUDA device, got ", device.str());
+  check_cuda_device(device, "GraphMemoryPool");
+}
+
+GraphMemoryPool::~GraphMemoryPool() = default;  // blocks go with the last storage holding them
+
+std::size_t GraphMemoryPool::bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->bytes;
+}
+
+std::size_t GraphMemoryPool::blocks() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->blocks.size();
+}
+
+GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : state_(pool.state_) {
+  GW_CHECK(!t_graph_pool, "GraphPoolScope: a graph memory pool is already in use on this thread");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->scoped = true;
+  state_->unused.clear();  // a new capture: every block is free for it
+  for (const auto& [p, n] : state_->blocks) state_->unused[n].push_back(p);
+  t_graph_pool = state_;
+}
+
+GraphPoolScope::~GraphPoolScope() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->scoped = false;
+  state_->free.clear();  // the graph is made: nothing is reused any more
+  state_->unused.clear();
+  t_graph_pool.reset();
+}
+
 bool Storage::release_to_arena() noexcept {
   try {
     std::lock_guard<std::mutex> lock(arena_->mutex);
@@ -440,6 +544,15 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   DeviceGuard guard(device);
   void* p = nullptr;
   const std::size_t block = block_size(bytes);
+  // Note [Graph memory pool]: a stream being captured, with a pool in scope.
+  if (t_graph_pool && t_graph_pool->device == device && bytes > 0 && stream_capturing(stream)) {
+    p = graph_pool_take(*t_graph_pool, stream, block);
+    std::shared_ptr<Storage> storage(new Storage(device, p, bytes, stream));  // owns nothing yet
+    storage->graph_pool_ = t_graph_pool;
+    storage->block_bytes_ = block;
+    if (debug::poison_new_memory()) GW_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, block, stream));
+    return storage;
+  }
   // Note [Step arena]: inside a step, outside a capture.
   if (t_step_arena && t_step_arena->device == device && bytes > 0 && !stream_capturing(stream)) {
     std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, block, stream);
@@ -490,6 +603,17 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 
 Storage::~Storage() {
   if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
+  if (graph_pool_) {  // the pool keeps the memory (Note [Graph memory pool])
+    try {
+      std::lock_guard<std::mutex> lock(graph_pool_->mutex);
+      if (graph_pool_->scoped && other_streams_.empty() && fences_.empty()) {
+        graph_pool_->free[{alloc_stream_, block_bytes_}].push_back(data_);
+      }
+    } catch (...) {
+      // not reused: the block stays the pool's
+    }
+    return;
+  }
   if (device_.is_cpu()) {
     std::free(data_);
     return;

@@ -43,6 +43,7 @@ namespace graphward {
 namespace detail {
 struct ArenaSlot;
 struct ArenaState;
+struct GraphPoolState;
 }  // namespace detail
 
 class DeviceBuffer {
@@ -134,6 +135,7 @@ class Storage {
   bool cacheable_ = false;       // may go to the block cache when freed (Note [Block cache])
   std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
+  std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
   cudaStream_t alloc_stream_ = nullptr;

@@ -91,6 +91,10 @@ TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData
   EXPECT_EQ(st.forks, 4u);
   EXPECT_EQ(st.joins, 4u);
   EXPECT_GT(st.kernel_nodes, 4u * 3u * 3u);
+  // Intermediates come from the executable's pool: no memory nodes in the graph, and its memory
+  // is reported.
+  EXPECT_EQ(st.memory_nodes, 0u);
+  EXPECT_GT(st.memory_bytes, 0u);
   bw.write_dot(::testing::TempDir() + "backward_graph.dot");
 }
 

@@ -376,7 +376,9 @@ TEST(TapeLog, ASignatureReusedStepAfterStepSeesEveryChangeOfALeafsGrad) {
   // Only the activations moved: every leaf's data and .grad address is the same.
   for (std::size_t i = 0; i < a.addresses.size(); ++i) {
     const std::string who = a.address_owner_str(i);
-    if (who.find("leaf") != std::string::npos) EXPECT_EQ(a.addresses[i], b.addresses[i]) << who;
+    if (who.find("leaf") != std::string::npos) {
+      EXPECT_EQ(a.addresses[i], b.addresses[i]) << who;
+    }
   }
   m.w1.grad() = zeros(m.w1.shape());  // a new .grad tensor
   const TapeSignature c = step();

@@ -109,3 +109,92 @@ TEST_F(CudaStepArena, SlotsAreReusedOnlyAfterThePreviousStepsEnd) {
 
 }  // namespace
 }  // namespace graphward
+
+namespace graphward {
+namespace {
+
+// Note [Graph memory pool]: inside a capture, allocations come from the pool (no memory nodes in
+// the graph); a block used on its own capture stream only is reused by the next allocation of its
+// size there, a block another stream read is not; outside the capture nothing comes from the pool.
+TEST(CudaGraphMemoryPool, ServesACaptureAndReusesOnlyWhatStreamOrderAllows) {
+  GW_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const TensorOptions f32{DType::kFloat32, gpu};
+  Stream s(gpu), t(gpu);
+  Tensor src;
+  {
+    StreamGuard on(s);
+    src = randn({256}, 1, f32);  // made on s: read there with no wait
+  }
+  Event fork(gpu), join(gpu);
+  GraphMemoryPool pool(gpu);
+  {
+    const Tensor outside = zeros({256}, f32);  // not captured: not the pool's
+    (void)outside;
+  }
+  EXPECT_EQ(pool.bytes(), 0u);
+  cudaGraph_t graph = nullptr;
+  const void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+  {
+    StreamGuard on(s);
+    ASSERT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    {
+      GraphPoolScope scope(pool);
+      {
+        const Tensor x = mul(src, 2.0);  // used on s only
+        a = x.raw_data();
+      }
+      {
+        const Tensor y = mul(src, 3.0);  // the same size on s: x's block again
+        b = y.raw_data();
+        // y is read on t (forked from s inside the capture): its block is not reused.
+        fork.record(s.get());
+        fork.block(t.get());
+        {
+          StreamGuard on_t(t);
+          const Tensor z = mul(y, 1.0);
+          d = z.raw_data();
+        }
+        join.record(t.get());
+        join.block(s.get());
+      }
+      const Tensor w = mul(src, 4.0);  // not y's block
+      c = w.raw_data();
+    }
+    ASSERT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(c, b);
+  EXPECT_NE(d, b);
+  EXPECT_EQ(pool.blocks(), 3u);  // x/y, z, w
+  std::size_t n = 0, mem_nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  ASSERT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    ASSERT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) ++mem_nodes;
+  }
+  EXPECT_EQ(mem_nodes, 0u);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  // The same work captured again with the pool (an update) takes the pool's blocks: no new ones.
+  const std::size_t bytes = pool.bytes();
+  {
+    StreamGuard on(s);
+    ASSERT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    {
+      GraphPoolScope scope(pool);
+      const Tensor x = mul(src, 2.0);
+      const Tensor y = mul(src, 3.0);
+      const Tensor w = mul(src, 4.0);
+    }
+    ASSERT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
+  }
+  EXPECT_EQ(pool.bytes(), bytes);
+  EXPECT_EQ(pool.blocks(), 3u);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace graphward
