@@ -278,7 +278,12 @@ cudaStream_t current_stream(Device device) {
   return s ? s : default_stream(device);
 }
 
-StreamGuard::StreamGuard(const Stream& stream) : StreamGuard(stream.device(), stream.get()) {}
+// A graphward::Stream is a non-blocking stream of its device by construction: no driver call to
+// check it (cudaStreamGetDevice is refused while the thread captures a graph).
+StreamGuard::StreamGuard(const Stream& stream)
+    : StreamGuard(stream.device(), stream.get(), Recorded{}) {
+  GW_CHECK(stream.get() != nullptr, "StreamGuard: the Stream was moved from");
+}
 
 StreamGuard::StreamGuard(Device device, cudaStream_t stream) : device_(device) {
   check_cuda_device(device, "StreamGuard");

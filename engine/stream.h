@@ -78,7 +78,7 @@ cudaStream_t current_stream(Device device);
 // previous one. Checks that the stream is a real stream on that device.
 class StreamGuard {
  public:
-  explicit StreamGuard(const Stream& stream);
+  explicit StreamGuard(const Stream& stream);  // no driver call: usable while capturing
   StreamGuard(Device device, cudaStream_t stream);
   // For a stream graphward itself recorded as current on `device` (a backward plan's streams):
   // skips the checks, which cost a driver call.
