@@ -208,6 +208,10 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
   Tensor snapshot;
   {
     StreamGuard g(optimizer);
+    // The read's kernel once before the stall: loading a kernel's module on first use (CUDA's
+    // lazy loading) can wait for the whole device, which would order the replay by accident.
+    (void)mul(m.w[0][0].grad(), 1.0);
+    optimizer.synchronize();
     testing::stall(optimizer.get(), 50);    // the stream is held 50 ms
     snapshot = mul(m.w[0][0].grad(), 1.0);  // then the read, behind it in stream order
   }
