@@ -9,7 +9,9 @@
 //   }
 //
 // Each backward():
-//   1. computes the tape's signature (capture/signature.h) on the current stream S;
+//   1. computes the tape's signature (capture/signature.h) on the current stream S — from the
+//      step's tape log, which the forward filled and compared with the last replayed tape as it
+//      recorded it (Note [Tape log]), or by a walk of the tape when the log cannot stand for it;
 //   2. asks the graph cache (capture/graph_cache.h): same signature -> replay; same structure with
 //      other addresses -> capture again and update the cached executable in place
 //      (cudaGraphExecUpdate; re-instantiated if the update is refused); a new structure -> capture
@@ -20,10 +22,13 @@
 //      enter); backward intermediates are served from a pool the executable owns, reused inside
 //      the graph where stream order allows (Note [Graph memory pool]): kernel nodes only;
 //      ops that cannot be captured are refused by name (Note [Capture-unsafe ops]);
-//   4. replay: S first waits for every stream the forward used (the graph reads their results),
-//      then the executable is launched on S; gradients are ready on S when backward() returns,
+//   4. replay: S waits where rule 6 needs it, found before any capture — on the stream that
+//      produced the loss if another (the forward ordered everything the graph reads before the
+//      loss), on the stream of the last launch if another, and on streams that used a .grad the
+//      graph writes since its last write (an optimizer on a stream of its own); usually on none.
+//      Then the executable is launched on S; gradients are ready on S when backward() returns,
 //      like the eager backward (rule 4). The step's saved tensors are released after the launch,
-//      their memory ordered after S (rule 7).
+//      their memory ordered after S by one event (rule 7, Storage::record_read).
 // The first `warmup` calls run the eager backward (cuBLAS handles, workspaces and GEMM plans are
 // made there, outside any capture). Leaf gradients must persist for a graph to write them: a leaf
 // whose .grad is undefined gets zeros before its first captured step.
