@@ -59,6 +59,23 @@ inline double rel_error(const Tensor& out, const Tensor& ref) {
 
 // Keeps the current stream of cuda:0 busy for several milliseconds (a chain of 2048³ GEMMs): the
 // other side of every race test, so that a missing wait reads scribbled or NaN memory.
+// A GPU test fixture: the test is skipped, with the reason, where no CUDA device is usable.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { GW_REQUIRE_GPU(); }
+};
+
+// ... and every new allocation is filled with NaN for the test (debug::set_poison_new_memory), so
+// an element a kernel forgot to write, or memory reused too early, fails the comparison.
+class PoisonedCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GW_REQUIRE_GPU();
+    debug::set_poison_new_memory(true);
+  }
+  void TearDown() override { debug::set_poison_new_memory(false); }
+};
+
 #if GRAPHWARD_HAS_CUDA
 // Holds `stream` for `ms` milliseconds with a host function: later work on it starts only after,
 // while every other stream runs freely (no GPU resources are held, unlike busy_work()).

@@ -13,10 +13,7 @@ namespace {
 constexpr Device kGpu = Device::cuda(0);
 constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
 
-class CudaBackwardGraph : public ::testing::Test {
- protected:
-  void SetUp() override { GW_REQUIRE_GPU(); }
-};
+class CudaBackwardGraph : public testing::CudaTest {};
 
 // K branches of D x (linear + relu) on K streams, summed, mse against a target.
 struct Model {

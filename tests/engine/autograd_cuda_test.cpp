@@ -13,14 +13,7 @@ constexpr Device kGpu = Device::cuda(0);
 constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
 using testing::rel_error;
 
-class CudaAutograd : public ::testing::Test {
- protected:
-  void SetUp() override {
-    GW_REQUIRE_GPU();
-    debug::set_poison_new_memory(true);
-  }
-  void TearDown() override { debug::set_poison_new_memory(false); }
-};
+class CudaAutograd : public testing::PoisonedCudaTest {};
 
 // K branches of D x (linear N->N + relu), summed; mse against a target.
 struct BranchModel {
@@ -75,15 +68,26 @@ struct BranchModel {
   }
 };
 
+// k streams of the GPU, and pointers to them for BranchModel::loss.
+struct BranchStreams {
+  std::vector<Stream> owned;
+  std::vector<Stream*> ptrs;
+  explicit BranchStreams(int k) {
+    owned.reserve(static_cast<std::size_t>(k));
+    for (int i = 0; i < k; ++i) owned.emplace_back(kGpu);
+    for (Stream& s : owned) ptrs.push_back(&s);
+  }
+  BranchStreams(const BranchStreams&) = delete;
+  BranchStreams& operator=(const BranchStreams&) = delete;
+};
+
 TEST_F(CudaAutograd, MultistreamBackwardEqualsSingleStreamBitwise) {
   BranchModel m(4, 8, 256, 64, kF32Gpu);
   backward(m.loss());
   const auto single = m.grads();
   m.clear_grads();
-  std::vector<Stream> owned;
-  for (int i = 0; i < 4; ++i) owned.emplace_back(kGpu);
-  std::vector<Stream*> streams;
-  for (auto& s : owned) streams.push_back(&s);
+  const BranchStreams owned(4);
+  const std::vector<Stream*>& streams = owned.ptrs;
   for (int rep = 0; rep < 3; ++rep) {
     backward(m.loss(streams), {.grad_write = GradWrite::kOverwrite});
     EXPECT_EQ(m.grads(), single) << "repetition " << rep;
@@ -97,10 +101,8 @@ TEST_F(CudaAutograd, SplitWeightGradientsOnSideStreamsEqualTheSingleStreamBackwa
   backward(m.loss());
   const auto single = m.grads();
   m.clear_grads();
-  std::vector<Stream> owned;
-  for (int i = 0; i < 4; ++i) owned.emplace_back(kGpu);
-  std::vector<Stream*> streams;
-  for (auto& s : owned) streams.push_back(&s);
+  const BranchStreams owned(4);
+  const std::vector<Stream*>& streams = owned.ptrs;
   const BackwardPlan plan =
       plan_for({m.loss(streams)}, GradWrite::kOverwrite, {.split_weight_grads = true});
   EXPECT_EQ(plan.streams.size(), 9u) << plan.dump();  // caller, 4 branch streams, 4 side streams

@@ -15,13 +15,8 @@ constexpr double kElementwiseTol = 1e-5;
 constexpr double kGemmTol = 1e-4;
 constexpr Device kGpu = Device::cuda(0);
 
-class CudaOps : public ::testing::Test {
+class CudaOps : public testing::PoisonedCudaTest {
  protected:
-  void SetUp() override {
-    GW_REQUIRE_GPU();
-    debug::set_poison_new_memory(true);
-  }
-  void TearDown() override { debug::set_poison_new_memory(false); }
   std::uint64_t seed_ = 1000;
   // A fresh random CPU tensor; its CUDA copy has the same values.
   Tensor rand(const Shape& s) { return randn(s, seed_++); }

@@ -8,14 +8,7 @@ namespace {
 constexpr Device kGpu = Device::cuda(0);
 constexpr TensorOptions kF32Gpu{DType::kFloat32, kGpu};
 
-class CudaStepArena : public ::testing::Test {
- protected:
-  void SetUp() override {
-    GW_REQUIRE_GPU();
-    debug::set_poison_new_memory(true);
-  }
-  void TearDown() override { debug::set_poison_new_memory(false); }
-};
+class CudaStepArena : public testing::PoisonedCudaTest {};
 
 using testing::busy_work;
 
