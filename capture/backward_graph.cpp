@@ -191,10 +191,18 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // Graphs launched on one stream run in order; after a launch on another stream, wait for it
   // (graphs of one structure share their memory pool).
   wait_for(last_launch_stream_);
-  for (const Tensor& leaf : sig.leaves) {  // a signature from the log may list more: harmless
-    const Tensor& g = leaf.grad();
-    if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
+  // The scan of the .grads is skipped when it cannot find anything new: the same .grad tensors
+  // as at the last scan (Storage::watch()ed after each replay), and no new hazard on any watched
+  // storage since (detail::watched_hazard_epoch). The epoch is read before the scan: a hazard
+  // that appears during or after it bumps it again.
+  const std::uint64_t hazards = detail::watched_hazard_epoch();
+  if (!(sig.grads_unchanged && hazards == hazards_seen_)) {
+    for (const Tensor& leaf : sig.leaves) {  // a signature from the log may list more: harmless
+      const Tensor& g = leaf.grad();
+      if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
+    }
   }
+  hazards_seen_ = hazards;
   const auto t_waited = Clock::now();
 
   // The forward compared its tape with the last replayed one as it recorded it: when all of it
@@ -333,7 +341,11 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // the step's saved tensors, as a backward without retain_graph does. One event, recorded after
   // the launch, covers every saved tensor that another stream allocated.
   std::shared_ptr<const Event> fence;
-  for (std::uint32_t l : exec->leaves) sig.leaves[l].grad().storage()->record_use(caller, true);
+  for (std::uint32_t l : exec->leaves) {
+    Storage& g = *sig.leaves[l].grad().storage();
+    g.record_use(caller, true);
+    g.watch();
+  }
   for (std::uint32_t i : exec->nodes) {
     Node* n = sig.nodes[i];
     for (const SavedTensor& s : n->saved()) {

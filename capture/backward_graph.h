@@ -132,6 +132,7 @@ class BackwardGraph {
   std::vector<Event> wait_events_;             // the caller's waits before a launch
   std::vector<cudaStream_t> extra_waited_;     // the streams waited on this step (scratch)
   cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
+  std::uint64_t hazards_seen_ = ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
   std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step

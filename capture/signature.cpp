@@ -186,6 +186,8 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
     // The leaves' dtypes, shapes and data are in the log (they never change); only the .grads
     // are read now: one word each (none / the leaf's shape / another shape, then that shape) and
     // the address. A .grad that is the same tensor as last time is not read again (grad_memo).
+    const bool same_count = sig.grad_memo.size() == sig.leaves.size();
+    bool all_hits = same_count;
     sig.grad_memo.resize(sig.leaves.size());
     w.reserve(2 + sig.leaves.size());
     w.put(kLeafTag);
@@ -194,6 +196,7 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
       TapeSignature::GradMemo& m = sig.grad_memo[l];
       const void* gid = leaf.grad_id();
       if (m.leaf.id() != leaf.id() || m.grad.id() != gid || m.word == kGradOtherShape) {
+        all_hits = false;
         const Tensor::LeafView v = leaf.leaf_view();
         m = {leaf, leaf.grad(),
              !v.grad_shape ? kNoGrad : *v.grad_shape == *v.shape ? kGradLikeLeaf : kGradOtherShape,
@@ -211,7 +214,9 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
       sig.addresses.push_back(m.data);
       sig.address_owners.push_back(owner(kLeafGrad, static_cast<std::uint32_t>(l), 0));
     }
+    sig.grads_unchanged = all_hits;
   } else {
+    sig.grads_unchanged = false;
     for (std::size_t l = 0; l < sig.leaves.size(); ++l) {
       const Tensor::LeafView v = sig.leaves[l].leaf_view();
       w.reserve(8 + 2 * v.shape->size() + (v.grad_shape ? v.grad_shape->size() : 0));

@@ -72,6 +72,9 @@ struct TapeSignature {
     std::uintptr_t data = 0;
   };
   std::vector<GradMemo> grad_memo;
+  // kLog: every leaf's .grad was the same tensor as at the last signature made into this object
+  // (all memo hits); false otherwise, and always for kWalk.
+  bool grads_unchanged = false;
 
   int num_nodes() const { return static_cast<int>(node_offsets.size()); }
   bool same_structure(const TapeSignature& o) const {

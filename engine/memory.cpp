@@ -706,11 +706,24 @@ void Storage::bump_version() {
   }
 }
 
+namespace {
+std::atomic<std::uint64_t> g_watched_hazards{0};
+}  // namespace
+
+std::uint64_t detail::watched_hazard_epoch() {
+  return g_watched_hazards.load(std::memory_order_acquire);
+}
+
+void Storage::new_hazard() const {
+  if (watched_) g_watched_hazards.fetch_add(1, std::memory_order_acq_rel);
+}
+
 void Storage::note_use(cudaStream_t stream) {
   if (stream != producer_ &&
       std::find(reads_since_write_.begin(), reads_since_write_.end(), stream) ==
           reads_since_write_.end()) {
     reads_since_write_.push_back(stream);
+    new_hazard();
   }
   if (stream == alloc_stream_) return;
   if (std::find(other_streams_.begin(), other_streams_.end(), stream) == other_streams_.end()) {
@@ -722,6 +735,7 @@ void Storage::record_use(cudaStream_t stream, bool wrote) {
   if (device_.is_cpu()) return;
   note_use(stream);
   if (wrote) {
+    if (producer_ != stream) new_hazard();
     producer_ = stream;
     ++writes_;
     reads_since_write_.clear();
@@ -737,6 +751,7 @@ void Storage::record_read(cudaStream_t stream, std::shared_ptr<const Event> done
     }
   }
   fences_.emplace_back(stream, std::move(done));
+  new_hazard();
 }
 
 void Storage::sync_for_read(cudaStream_t stream) {
@@ -761,6 +776,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
 #if GRAPHWARD_HAS_CUDA
   if (t_planned_sync) {  // Note [Planned synchronization]
     note_use(stream);
+    if (producer_ != stream) new_hazard();
     producer_ = stream;
     ++writes_;
     reads_since_write_.clear();
@@ -777,6 +793,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
     stream_wait_stream(device_, stream, alloc_stream_);
   }
   note_use(stream);
+  if (producer_ != stream) new_hazard();
   producer_ = stream;
   ++writes_;
   reads_since_write_.clear();

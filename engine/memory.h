@@ -117,6 +117,10 @@ class Storage {
     for (cudaStream_t s : reads_since_write_) f(s);
     for (const auto& fence : fences_) f(fence.first);
   }
+  // A BackwardGraph writes this memory at every replay (a leaf's .grad): from now on, every new
+  // write hazard on it (a reader since the last write, a writer on another stream) bumps
+  // watched_hazard_epoch(), so that a replay can skip looking for hazards when none appeared.
+  void watch() { watched_ = true; }
   bool used_only_on(cudaStream_t stream) const {
     return device_.is_cpu() || (alloc_stream_ == stream && producer_ == stream &&
                                 other_streams_.empty() && fences_.empty());
@@ -145,9 +149,16 @@ class Storage {
   std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
   std::vector<cudaStream_t> reads_since_write_;  // streams other than producer_ that read it since
+  bool watched_ = false;                          // watch()
+  void new_hazard() const;                        // bumps the epoch if watched
   // Reads by work that an event completes (record_read): (the event's stream, the event).
   std::vector<std::pair<cudaStream_t, std::shared_ptr<const Event>>> fences_;
 };
+
+namespace detail {
+// Bumped by every new write hazard on a watched storage (Storage::watch).
+std::uint64_t watched_hazard_epoch();
+}  // namespace detail
 
 // ---- the block cache (Note [Block cache]) -------------------------------------------------------
 // Bytes the cache holds for `device`.

@@ -373,6 +373,8 @@ TEST(TapeLog, ASignatureReusedStepAfterStepSeesEveryChangeOfALeafsGrad) {
   };
   const TapeSignature a = step(), b = step();
   EXPECT_TRUE(a.same_structure(b));
+  EXPECT_FALSE(a.grads_unchanged);  // nothing to compare with yet
+  EXPECT_TRUE(b.grads_unchanged);
   // Only the activations moved: every leaf's data and .grad address is the same.
   for (std::size_t i = 0; i < a.addresses.size(); ++i) {
     const std::string who = a.address_owner_str(i);
@@ -383,6 +385,8 @@ TEST(TapeLog, ASignatureReusedStepAfterStepSeesEveryChangeOfALeafsGrad) {
   m.w1.grad() = zeros(m.w1.shape());  // a new .grad tensor
   const TapeSignature c = step();
   EXPECT_TRUE(b.same_structure(c));
+  EXPECT_FALSE(c.grads_unchanged);
+  EXPECT_TRUE(step().grads_unchanged);
   std::size_t moved = 0;
   for (std::size_t i = 0; i < b.addresses.size(); ++i) {
     const std::string who = b.address_owner_str(i);
