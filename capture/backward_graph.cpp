@@ -1,5 +1,8 @@
 #include "capture/backward_graph.h"
 
+#include "capture/graph_topology.h"
+#include "engine/ptr_index.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -101,6 +104,20 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
     }
   }
   GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &st.edges));
+  // The graph's own shape (not the plan's): numbered nodes, edges between them.
+  std::vector<cudaGraphNode_t> from(st.edges), to(st.edges);
+  if (st.edges > 0) {
+    GW_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &st.edges));
+  }
+  detail::PtrIndex index(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], static_cast<int>(i));
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
+  edges.reserve(st.edges);
+  for (std::size_t e = 0; e < st.edges; ++e) {
+    edges.emplace_back(static_cast<std::uint32_t>(index.at(from[e])),
+                       static_cast<std::uint32_t>(index.at(to[e])));
+  }
+  st.topology = capture::analyze_topology(nodes.size(), edges);
   st.streams = plan.streams.size();
   st.forks = plan.forks.size();
   st.joins = plan.joins.size();

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "capture/graph_cache.h"
+#include "capture/graph_topology.h"
 #include "capture/signature.h"
 #include "engine/backward.h"
 #include "engine/stream.h"
@@ -67,8 +68,9 @@ struct GraphStats {
   std::size_t memory_bytes = 0;  // the graph's own memory: its intermediates' pool
   std::size_t edges = 0;
   std::size_t streams = 0;  // the caller's stream and one private stream per other forward stream
-  std::size_t forks = 0;
-  std::size_t joins = 0;
+  std::size_t forks = 0;    // the plan's: streams forked from the caller's
+  std::size_t joins = 0;    // the plan's: streams joined back into it
+  capture::Topology topology;  // the graph's own: roots, sinks, fork and join nodes, longest path
 };
 
 // Host time of the last backward() that replayed, in microseconds.

@@ -2,9 +2,12 @@
 // to synthetic regression data with plain SGD written with tensor ops. On a GPU each branch runs on
 // its own stream in forward; tensors remember their producing stream, so the sum waits for every
 // branch with no hand-written synchronization (DESIGN.md rule 6), and backward() runs each branch's
-// gradient on that branch's stream and joins them back into the caller's stream (rules 2-4).
+// gradient on that branch's stream and joins them back into the caller's stream (rules 2-4). On a
+// GPU the backward is a BackwardGraph: captured once after a warm-up step, replayed every step (the
+// step's activations come from a StepArena, so their addresses repeat); `--eager` runs the eager
+// backward instead.
 //
-//   train_branches [--cpu] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
+//   train_branches [--cpu] [--eager] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/backward_graph.h"
 #include "engine/graphward.h"
 
 namespace gw = graphward;
@@ -22,6 +26,7 @@ namespace {
 
 struct Options {
   bool force_cpu = false;
+  bool eager = false;
   int steps = 200;
   int branches = 4;
   std::int64_t width = 64;
@@ -41,6 +46,8 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--cpu")
       o.force_cpu = true;
+    else if (a == "--eager")
+      o.eager = true;
     else if (a == "--steps")
       o.steps = std::atoi(next());
     else if (a == "--branches")
@@ -81,6 +88,9 @@ int main(int argc, char** argv) try {
                     ? "--cpu given"
                     : ("no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str());
   }
+  const bool graph = gpu && !opt.eager;
+  std::printf("backward: %s\n", graph ? "captured CUDA graph (BackwardGraph), replayed every step"
+                                      : "eager");
   const gw::TensorOptions f32{gw::DType::kFloat32, dev};
 
   // Synthetic regression: target = tanh(x · Wtrueᵀ), fixed data set of one batch.
@@ -105,9 +115,16 @@ int main(int argc, char** argv) try {
     return f();
   };
 
+  // The captured backward and the arena that gives each step's activations the same addresses.
+  gw::BackwardGraph bw(dev, {.force_eager = !graph});
+  std::unique_ptr<gw::StepArena> arena;
+  if (graph) arena = std::make_unique<gw::StepArena>(dev);
+
   double first_loss = 0, loss_value = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < opt.steps; ++step) {
+    std::unique_ptr<gw::StepScope> scope;
+    if (arena) scope = std::make_unique<gw::StepScope>(*arena);
     // forward: each branch on its stream; the sum waits for all of them (rule 6)
     gw::Tensor y;
     for (Branch& b : branches) {
@@ -118,7 +135,9 @@ int main(int argc, char** argv) try {
     const gw::Tensor loss = gw::mse_loss(y, target);
 
     // backward: each branch's gradients on its own stream; .grad overwritten (no zero_grad needed)
-    gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite});
+    bw.backward(loss, gw::GradWrite::kOverwrite);
+    if (arena) arena->record_step_end(gw::current_stream(dev));
+    scope.reset();
 
     // SGD, in place and unrecorded, on each branch's stream
     {
@@ -137,6 +156,14 @@ int main(int argc, char** argv) try {
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (graph) {
+    const auto& c = bw.counters();
+    std::printf("graph: %llu captures, %llu updates, %llu replays, %llu eager warm-up steps\n",
+                static_cast<unsigned long long>(c.captures),
+                static_cast<unsigned long long>(c.updates),
+                static_cast<unsigned long long>(c.replays),
+                static_cast<unsigned long long>(bw.eager_backwards()));
+  }
   std::printf("loss %.6f -> %.6f (%.1f%% of the start) in %d steps, %.3f ms/step (%s)\n",
               first_loss, loss_value, 100.0 * loss_value / first_loss, opt.steps,
               1e3 * secs / opt.steps, gpu ? "CUDA" : "CPU");

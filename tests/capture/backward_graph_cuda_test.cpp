@@ -88,6 +88,14 @@ TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData
   EXPECT_EQ(st.forks, 4u);
   EXPECT_EQ(st.joins, 4u);
   EXPECT_GT(st.kernel_nodes, 4u * 3u * 3u);
+  // ... and the graph itself: one root (the loss's backward) forking into 4 chains, which end the
+  // graph (the capture's join is the graph's end), no node joining two.
+  EXPECT_EQ(st.topology.roots, 1u);
+  EXPECT_EQ(st.topology.fork_nodes, 1u);
+  EXPECT_EQ(st.topology.max_fan_out, 4u);
+  EXPECT_EQ(st.topology.join_nodes, 0u);
+  EXPECT_EQ(st.topology.sinks, 4u);
+  EXPECT_EQ(st.topology.longest_path, 1 + (st.kernel_nodes - 1) / 4);  // 4 equal chains
   // Intermediates come from the executable's pool: no memory nodes in the graph, and its memory
   // is reported.
   EXPECT_EQ(st.memory_nodes, 0u);
