@@ -3,6 +3,9 @@
 // its hand-written backward (the launch floor, and the hand-written graph when captured).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -41,6 +44,59 @@ inline benchmark::internal::Benchmark* studies(benchmark::internal::Benchmark* b
   }
   return b->UseManualTime()->MinTime(0.3)->Unit(benchmark::kMicrosecond);
 }
+
+// GPU time of the work that `enqueue` puts on `stream`, without the host time it takes to enqueue
+// it: a host function holds the stream until `enqueue` has returned, so the timing events around
+// the work see the GPU's execution alone. A wall clock around the same call also sees the launch
+// gap (the host's enqueue time while the GPU idles); the two are reported apart. The hold gives up
+// after a second (a call that waits for the stream would otherwise deadlock): `timed_out()`.
+class GpuTimer {
+ public:
+  explicit GpuTimer(Device device) : start_(device, true), end_(device, true) {}
+  GpuTimer(const GpuTimer&) = delete;
+  GpuTimer& operator=(const GpuTimer&) = delete;
+
+  template <class Enqueue>
+  double time_us(cudaStream_t stream, Enqueue&& enqueue) {
+    released_.store(false, std::memory_order_relaxed);
+    GW_CUDA_CHECK(cudaLaunchHostFunc(stream, &GpuTimer::hold, this));
+    start_.record(stream);
+    enqueue();
+    end_.record(stream);
+    released_.store(true, std::memory_order_release);
+    end_.synchronize();
+    return 1e3 * static_cast<double>(end_.elapsed_ms_since(start_));
+  }
+  bool timed_out() const { return timed_out_.load(std::memory_order_acquire); }
+
+  // The median of `n` timings of the same work.
+  template <class Enqueue>
+  double median_us(cudaStream_t stream, int n, Enqueue&& enqueue) {
+    std::vector<double> t;
+    for (int i = 0; i < n; ++i) t.push_back(time_us(stream, enqueue));
+    return median(t);
+  }
+  static double median(std::vector<double> t) {
+    if (t.empty()) return 0;
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    return t[t.size() / 2];
+  }
+
+ private:
+  static void CUDART_CB hold(void* self) {
+    auto* t = static_cast<GpuTimer*>(self);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!t->released_.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        t->timed_out_.store(true, std::memory_order_release);
+        return;
+      }
+    }
+  }
+  Event start_, end_;
+  std::atomic<bool> released_{false};
+  std::atomic<bool> timed_out_{false};
+};
 
 // K branches of D x (linear N + relu) on one input, branch outputs summed, mse loss; with
 // `multistream`, branch i runs on a stream of its own in the forward.

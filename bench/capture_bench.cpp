@@ -1,6 +1,7 @@
 // The captured backward (capture issue), Google Benchmark:
 //   GraphBackward/<study>    BackwardGraph replaying the backward of DESIGN.md's studies: wall time
-//                            (backward() + synchronize, forward untimed, medians) and host_us (the
+//                            (backward() + synchronize, forward untimed, medians), gpu_us (the
+//                            GPU's execution alone: GpuTimer, median of 101) and host_us (the
 //                            backward() call: signature check + launch); captures and updates must
 //                            stay 0 in steady state (counters).
 //   HandWrittenGraph/<study> the same kernels as graphward's backward (relu backward, dX GEMM, dW
@@ -86,6 +87,22 @@ void graph_backward(benchmark::State& state, bool split) {
     parts.launch_us += t.launch_us;
     parts.release_us += t.release_us;
   }
+  // The GPU's execution alone (GpuTimer): the same steps, each backward enqueued behind a hold
+  // (the forward first, outside the timing: the hold is on the caller's stream).
+  gw::bench::GpuTimer timer(kDev);
+  std::vector<double> gpu;
+  for (int i = 0; i < 101; ++i) {
+    gw::StepScope scope(arena);
+    const gw::Tensor loss = m.loss();
+    GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+    for (auto& s : m.streams) s->synchronize();
+    gpu.push_back(timer.time_us(caller, [&] {
+      bw.backward(loss, gw::GradWrite::kOverwrite);
+      arena.record_step_end(caller);
+    }));
+  }
+  state.counters["gpu_us"] = gw::bench::GpuTimer::median(gpu);
+  if (timer.timed_out()) state.SkipWithError("GpuTimer: the hold timed out");
   const double iters = static_cast<double>(state.iterations());
   state.counters["sig_us"] = parts.signature_us / iters;
   state.counters["from_log"] = bw.last_signature_from_log();  // Note [Tape log]
@@ -177,6 +194,10 @@ void BM_HandWrittenGraph(benchmark::State& state) {
     state.SetIterationTime(std::chrono::duration<double>(t2 - t0).count());
   }
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
+  gw::bench::GpuTimer timer(kDev);  // the GPU's execution alone, as GraphBackward's gpu_us
+  state.counters["gpu_us"] =
+      timer.median_us(s, 101, [&] { GW_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
+  if (timer.timed_out()) state.SkipWithError("GpuTimer: the hold timed out");
   std::size_t nodes = 0;
   GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   if (const std::string path = dot_path("hand", state); !path.empty()) {

@@ -195,8 +195,9 @@ try:
         torch[r["config"].split("/", 1)[1]] = float(r["wall_us"])
 except FileNotFoundError:
     pass
-print(f"{'captured backward (medians, us)':52s} {'gw':>7s} {'hand':>7s} {'gw/hand':>7s} "
-      f"{'torch':>7s} {'gw/torch':>8s} {'pre':>5s} {'sig':>5s} {'rel':>5s} {'capt':>4s} {'upd':>4s}")
+print(f"{'captured backward (medians, us)':40s} {'gw':>6s} {'hand':>6s} {'gw/hand':>7s} "
+      f"{'gw gpu':>6s} {'hand':>6s} {'ratio':>5s} {'torch':>6s} {'gw/torch':>8s} {'pre':>5s} {'sig':>4s} "
+      f"{'rel':>5s} {'capt':>4s} {'upd':>4s}")
 def pre(b):  # host us before the launch returned: signature, cache lookup, waits and launch
     return b.get("sig_us", 0) + b.get("wait_us", 0) + b.get("decide_us", 0) + b.get("launch_us", 0)
 for name, b in meds.items():
@@ -210,11 +211,13 @@ for name, b in meds.items():
     h = meds.get(hk)
     t = torch.get(key)
     gw = b["real_time"]
-    hs = f"{h['real_time']:7.1f} {gw / h['real_time']:7.2f}" if h else f"{'-':>7s} {'-':>7s}"
-    ts = f"{t:7.1f} {gw / t:8.2f}" if t else f"{'-':>7s} {'-':>8s}"
+    hs = f"{h['real_time']:6.1f} {gw / h['real_time']:7.2f}" if h else f"{'-':>6s} {'-':>7s}"
+    g, hg = b.get("gpu_us"), h.get("gpu_us") if h else None
+    gs = f"{g:6.1f} {hg:6.1f} {g / hg:5.2f}" if g and hg else f"{'-':>6s} {'-':>6s} {'-':>5s}"
+    ts = f"{t:6.1f} {gw / t:8.2f}" if t else f"{'-':>6s} {'-':>8s}"
     label = ("split " if kind.endswith("Split") else "") + key.replace("branches:", "").replace(
         "depth:", "x").replace("width:", "w").replace("batch:", "b").replace("multistream:", "ms")
-    print(f"{label:52s} {gw:7.1f} {hs} {ts} {pre(b):5.1f} {b.get('sig_us', 0):5.1f} "
+    print(f"{label:40s} {gw:6.1f} {hs} {gs} {ts} {pre(b):5.1f} {b.get('sig_us', 0):4.1f} "
           f"{b.get('release_us', 0):5.1f} {b.get('captures', 0):4.0f} {b.get('updates', 0):4.0f}")
 for name, b in meds.items():
     if name.startswith("GraphBackwardHost"):
