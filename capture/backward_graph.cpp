@@ -10,6 +10,7 @@
 #include "engine/capture_mode.h"
 #include "engine/graph_pool.h"
 #include "engine/memory.h"
+#include "engine/nvtx.h"
 #include "engine/tape_log.h"
 
 #if GRAPHWARD_HAS_CUDA
@@ -149,12 +150,66 @@ const char* update_result_name(cudaGraphExecUpdateResult r) {
 }  // namespace
 #endif
 
+void BackwardGraph::check_loss(const Tensor& loss, const char* what) const {
+  GW_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), what,
+           ": expected a one-element loss that requires grad, got ", loss.str());
+  GW_CHECK(loss.device() == device_, what, ": the loss is on ", loss.device().str(),
+           "; this BackwardGraph is for ", device_.str());
+}
+
+#if GRAPHWARD_HAS_CUDA
+void BackwardGraph::ensure_seed(const Tensor& loss, cudaStream_t caller) {
+  // The seed: static, made on the caller's stream (so nothing waits on another stream in the
+  // capture), remade only when the loss's shape or the caller's stream changes.
+  if (!seed_.defined() || seed_.shape() != loss.shape() || seed_.dtype() != loss.dtype() ||
+      seed_.storage()->producer_stream() != caller) {
+    seed_ = ones(loss.shape(), {loss.dtype(), device_});
+  }
+}
+
+void BackwardGraph::use_capture_streams(BackwardPlan& plan) {
+  while (capture_streams_.size() + 1 < plan.streams.size()) {
+    capture_streams_.push_back(std::make_unique<Stream>(device_));
+  }
+  for (std::size_t i = 1; i < plan.streams.size(); ++i) {
+    plan.streams[i] = capture_streams_[i - 1]->get();
+    (void)blas_context(device_, plan.streams[i]);  // handle and workspace: outside the capture
+  }
+}
+
+cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t caller,
+                                        GraphMemoryPool& pool, bool timed) {
+  detail::NvtxRange nvtx("BackwardGraph::capture");
+  GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
+  try {
+    CaptureModeScope scope("the backward graph");
+    GraphPoolScope pool_scope(pool);
+    if (timed) {
+      executor_.run_timed_in_capture(plan, {seed_}, device_);
+    } else {
+      executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
+    }
+  } catch (...) {
+    cudaGraph_t abandoned = nullptr;
+    (void)cudaStreamEndCapture(caller, &abandoned);
+    if (abandoned) (void)cudaGraphDestroy(abandoned);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(caller, &graph);
+  if (ended != cudaSuccess || !graph) {
+    (void)cudaGetLastError();
+    GW_CHECK(false, "BackwardGraph: capturing the backward failed (", cudaGetErrorName(ended),
+             ": ", cudaGetErrorString(ended),
+             "); some work in it was not capturable or used a stream outside the capture");
+  }
+  return graph;
+}
+#endif
+
 void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
-  GW_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(),
-           "BackwardGraph::backward: expected a one-element loss that requires grad, got ",
-           loss.str());
-  GW_CHECK(loss.device() == device_, "BackwardGraph::backward: the loss is on ",
-           loss.device().str(), "; this BackwardGraph is for ", device_.str());
+  check_loss(loss, "BackwardGraph::backward");
   // Whatever happens, the next step's tape is logged from here (Note [Tape log]).
   struct ResetLog {
     ~ResetLog() { detail::tape_log_reset(); }
@@ -169,16 +224,14 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   DeviceGuard guard(device_);
   const auto t0 = Clock::now();
   const cudaStream_t caller = current_stream(device_);
-  // The seed: static, made on the caller's stream (so nothing waits on another stream in the
-  // capture), remade only when the loss's shape or the caller's stream changes.
-  if (!seed_.defined() || seed_.shape() != loss.shape() || seed_.dtype() != loss.dtype() ||
-      seed_.storage()->producer_stream() != caller) {
-    seed_ = ones(loss.shape(), {loss.dtype(), device_});
-  }
+  ensure_seed(loss, caller);
   capture::TapeSignature& sig = signature_;
   roots_.assign(1, loss);
   seeds_.assign(1, seed_);
-  capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
+  {
+    detail::NvtxRange nvtx("BackwardGraph::signature");
+    capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
+  }
   last_from_log_ = sig.source == capture::TapeSignature::Source::kLog;
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
@@ -254,13 +307,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     // each other forward stream mapped onto a private capture stream.
     BackwardPlan plan =
         plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
-    while (capture_streams_.size() + 1 < plan.streams.size()) {
-      capture_streams_.push_back(std::make_unique<Stream>(device_));
-    }
-    for (std::size_t i = 1; i < plan.streams.size(); ++i) {
-      plan.streams[i] = capture_streams_[i - 1]->get();
-      (void)blas_context(device_, plan.streams[i]);  // handle and workspace: outside the capture
-    }
+    use_capture_streams(plan);
     auto fresh = std::make_shared<Executable>();
     if (sig.source == capture::TapeSignature::Source::kLog) {
       fresh->nodes_part = std::make_shared<const capture::Words>(
@@ -292,25 +339,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       fresh->pool = std::make_unique<GraphMemoryPool>(device_);
       pool = fresh->pool.get();
     }
-    GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
-    try {
-      CaptureModeScope scope("the backward graph");
-      GraphPoolScope pool_scope(*pool);
-      executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
-    } catch (...) {
-      cudaGraph_t abandoned = nullptr;
-      (void)cudaStreamEndCapture(caller, &abandoned);
-      if (abandoned) (void)cudaGraphDestroy(abandoned);
-      (void)cudaGetLastError();
-      throw;
-    }
-    const cudaError_t ended = cudaStreamEndCapture(caller, &fresh->graph);
-    if (ended != cudaSuccess || !fresh->graph) {
-      (void)cudaGetLastError();
-      GW_CHECK(false, "BackwardGraph: capturing the backward failed (", cudaGetErrorName(ended),
-               ": ", cudaGetErrorString(ended),
-               "); some work in it was not capturable or used a stream outside the capture");
-    }
+    fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
     fresh->stats = stats_of(fresh->graph, plan);
     fresh->stats.tape_nodes = fresh->nodes.size();
     fresh->stats.memory_bytes = pool->bytes();
@@ -318,6 +347,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     if (decision.action == Action::kUpdate) {
       Executable& old = *decision.entry->exec;
       cudaGraphExecUpdateResultInfo info{};
+      detail::NvtxRange nvtx("BackwardGraph::update");
       const cudaError_t err = cudaGraphExecUpdate(old.exec, fresh->graph, &info);
       if (err == cudaSuccess) {
         std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
@@ -347,7 +377,10 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   }
 
   const auto t_decided = Clock::now();
-  GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
+  {
+    detail::NvtxRange nvtx("BackwardGraph::replay");
+    GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
+  }
   last_launch_stream_ = caller;
   const auto t_launched = Clock::now();
   detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with
@@ -385,6 +418,80 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
            us(t_launched, t_end)};
 #else
   eager(loss, grad_write);
+#endif
+}
+
+std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_write) {
+  check_loss(loss, "BackwardGraph::trace");
+  GW_CHECK(device_.is_cuda(), "BackwardGraph::trace: times a replay of a CUDA graph; this "
+                              "BackwardGraph is for ", device_.str(),
+           " (the eager backward's trace: backward(loss, {.timings = &steps}))");
+  check_capturable("BackwardGraph::trace");  // it synchronizes
+  GW_CHECK(calls_ >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
+           "BackwardGraph::trace: call it after the warm-up (", options_.warmup,
+           " backward() call(s); so far ", calls_,
+           ") so that library initialization happens outside the capture, and not with "
+           "force_eager (there is no graph to trace; time the eager backward with "
+           "backward(loss, {.timings = &steps}))");
+  struct ResetLog {
+    ~ResetLog() { detail::tape_log_reset(); }
+  } reset_log;
+#if GRAPHWARD_HAS_CUDA
+  detail::NvtxRange nvtx("BackwardGraph::trace");
+  DeviceGuard guard(device_);
+  const cudaStream_t caller = current_stream(device_);
+  ensure_seed(loss, caller);
+  BackwardPlan plan =
+      plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
+  // The .grads the graph writes exist before the capture (as backward() makes them).
+  for (const BackwardPlan::Buffer& b : plan.buffers) {
+    if (b.kind == BackwardPlan::BufferKind::kLeaf && !b.leaf.grad().defined()) {
+      b.leaf.grad() = zeros(b.leaf.shape(), {b.leaf.dtype(), device_});
+    }
+  }
+  // Rule 6, as backward() does: the loss's stream and the .grads' other users, before the launch.
+  Event wait(device_);
+  auto wait_for = [&](cudaStream_t s) {
+    if (!s || s == caller) return;
+    wait.record(s);
+    wait.block(caller);
+  };
+  wait_for(loss.storage()->producer_stream());
+  wait_for(last_launch_stream_);
+  for (const BackwardPlan::Buffer& b : plan.buffers) {
+    if (b.kind == BackwardPlan::BufferKind::kLeaf) {
+      b.leaf.grad().storage()->for_each_write_hazard(wait_for);
+    }
+  }
+  use_capture_streams(plan);
+  GraphMemoryPool pool(device_);
+  struct Owned {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Owned() {
+      if (exec) (void)cudaGraphExecDestroy(exec);
+      if (graph) (void)cudaGraphDestroy(graph);
+    }
+  } owned;
+  owned.graph = capture_plan(plan, caller, pool, /*timed=*/true);
+  GW_CUDA_CHECK(cudaGraphInstantiate(&owned.exec, owned.graph, 0));
+  {
+    detail::NvtxRange launch("BackwardGraph::replay (traced)");
+    GW_CUDA_CHECK(cudaGraphLaunch(owned.exec, caller));
+  }
+  GW_CUDA_CHECK(cudaStreamSynchronize(caller));
+  std::vector<StepTiming> steps = executor_.read_timings(plan, device_);
+  for (StepTiming& t : steps) t.host_us = 0;  // host time of the capture, not of a replay
+  // The graph wrote the .grads on the caller's stream, and is done with the saved tensors.
+  for (const BackwardPlan::Buffer& b : plan.buffers) {
+    if (b.kind == BackwardPlan::BufferKind::kLeaf) b.leaf.grad().storage()->record_use(caller, true);
+  }
+  for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
+  trace_stream_names_ = stream_names(plan);
+  return steps;
+#else
+  (void)grad_write;
+  return {};
 #endif
 }
 

@@ -46,7 +46,9 @@
 #include "capture/graph_topology.h"
 #include "capture/signature.h"
 #include "engine/backward.h"
+#include "engine/graph_pool.h"
 #include "engine/stream.h"
+#include "engine/timeline.h"
 
 namespace graphward {
 
@@ -119,10 +121,31 @@ class BackwardGraph {
   // Writes the last captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint).
   void write_dot(const std::string& path) const;
 
+  // An instrumented replay (Note [Timeline]): the backward of `loss` captured the way backward()
+  // captures it, with a timing-event node before and after every step (and its side part),
+  // launched once and synchronized; returns each step's start and end on its stream (host_us 0).
+  // The step's backward runs for real (the .grads are written, the saved tensors released, as by
+  // backward()), but the cache and the counters are neither used nor changed: it captures and
+  // instantiates every call, for inspection. Write it out with write_chrome_trace(path, steps,
+  // trace_stream_names(), ...). CUDA only; not inside a capture.
+  std::vector<StepTiming> trace(const Tensor& loss, GradWrite grad_write = GradWrite::kAccumulate);
+  // The names of the streams of the last trace()'s plan (stream_names in engine/timeline.h).
+  const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
+
   struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
 
  private:
   void eager(const Tensor& loss, GradWrite grad_write);
+  void check_loss(const Tensor& loss, const char* what) const;
+#if GRAPHWARD_HAS_CUDA
+  void ensure_seed(const Tensor& loss, cudaStream_t caller);
+  // Maps the plan's streams other than the caller's onto this BackwardGraph's capture streams.
+  void use_capture_streams(BackwardPlan& plan);
+  // Runs `plan` under a thread-local stream capture of `caller`, intermediates from `pool`
+  // (timed: with timing-event nodes, EagerExecutor::run_timed_in_capture); returns the graph.
+  cudaGraph_t capture_plan(const BackwardPlan& plan, cudaStream_t caller, GraphMemoryPool& pool,
+                           bool timed);
+#endif
   std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
@@ -148,6 +171,7 @@ class BackwardGraph {
   bool last_from_log_ = false;
   bool last_matched_in_forward_ = false;
   std::thread::id armed_on_;          // the thread whose tape log this BackwardGraph armed
+  std::vector<std::string> trace_stream_names_;
 };
 
 }  // namespace graphward

@@ -1,6 +1,7 @@
 #include "engine/backward.h"
 
 #include "engine/capture_mode.h"
+#include "engine/nvtx.h"
 
 #include <chrono>
 #include <optional>
@@ -103,7 +104,49 @@ Event& EagerExecutor::timing_event(Device device, int i) {
 
 void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
                         std::vector<StepTiming>* timings, bool release_saved) {
+  const bool timed = device.is_cuda() && timings != nullptr;
+  if (timed) check_capturable("backward() with timings");  // its trace synchronizes
+  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved);
+#if GRAPHWARD_HAS_CUDA
+  if (timed) {  // read the trace: everything was joined into the caller's stream
+    GW_CUDA_CHECK(cudaStreamSynchronize(plan.streams[0]));
+    *timings = read_timings(plan, device);
+  }
+#endif
+}
+
+void EagerExecutor::run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
+                                         Device device) {
+  GW_CHECK(device.is_cuda(), "EagerExecutor::run_timed_in_capture: a CUDA plan only");
+  run_impl(plan, seeds, device, /*timed=*/true, /*in_capture=*/true, /*release_saved=*/false);
+}
+
+std::vector<StepTiming> EagerExecutor::read_timings(const BackwardPlan& plan, Device device) {
+  std::vector<StepTiming> out;
+  const std::size_t n = plan.steps.size();
+  GW_CHECK(host_us_.size() == n, "EagerExecutor::read_timings: no timed run of this plan");
+  const Event& origin = timing_event(device, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int k = static_cast<int>(i);
+    const BackwardPlan::Step& step = plan.steps[i];
+    StepTiming t{k, step.stream, step.node->label(),
+                 timing_event(device, 1 + 2 * k).elapsed_ms_since(origin),
+                 timing_event(device, 2 + 2 * k).elapsed_ms_since(origin), host_us_[i]};
+    if (step.side_stream >= 0) {
+      const int side = 1 + 2 * static_cast<int>(n) + 2 * k;
+      t.side_stream = step.side_stream;
+      t.side_start_ms = timing_event(device, side).elapsed_ms_since(origin);
+      t.side_end_ms = timing_event(device, side + 1).elapsed_ms_since(origin);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
+                             Device device, bool timed, bool in_capture, bool release_saved) {
   using Kind = BackwardPlan::BufferKind;
+  detail::NvtxRange nvtx_backward("backward");
   // Note [Check, then write]: refuse before launching anything.
   for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
   for (const BackwardPlan::Buffer& b : plan.buffers) {
@@ -123,9 +166,14 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
     }
   }
   const cudaStream_t caller = streams[0];
-  const bool timed = gpu && timings != nullptr;
-  if (timed) check_capturable("backward() with timings");  // its trace synchronizes
-  if (timed) timing_event(device, 0).record(caller);       // the origin of the trace
+  timed = timed && gpu;
+  // Timing events: in a capture, nodes of the graph (recorded by every replay).
+  auto mark = [&](int i, cudaStream_t s) {
+    Event& e = timing_event(device, i);
+    in_capture ? e.record_external(s) : e.record(s);
+  };
+  const int num_steps = static_cast<int>(plan.steps.size());
+  if (timed) mark(0, caller);  // the origin of the trace
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
     for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
@@ -144,7 +192,8 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
   }
 
   std::vector<Tensor> buffers(plan.buffers.size());
-  std::vector<double> host_us;  // per step, when timed
+  std::vector<double>& host_us = host_us_;  // per step, when timed
+  host_us.clear();
   {
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
     std::vector<GradSlot> slots, side_slots;
@@ -153,6 +202,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       const auto host_start =
           timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       const cudaStream_t s = streams[step.stream];
+      detail::NvtxRange nvtx_step(step.node->name().c_str());
       std::optional<StreamGuard> guard;
       if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
       if (gpu) {
@@ -178,7 +228,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
                " (an internal error of the plan)");
       const int step_index = static_cast<int>(&step - plan.steps.data());
-      if (timed) timing_event(device, 1 + 2 * step_index).record(s);
+      if (timed) mark(1 + 2 * step_index, s);
       slots.assign(step.writes.size(), GradSlot{});
       for (std::size_t i = 0; i < step.writes.size(); ++i) {
         const BackwardPlan::Write& w = step.writes[i];
@@ -204,6 +254,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
           fork.block(side);
           for (int w : step.side_waits) event(device, plan.waits[w].event).block(side);
         }
+        if (timed) mark(1 + 2 * num_steps + 2 * step_index, side);
         side_slots.assign(slots.size(), GradSlot{});
         for (std::size_t i = 0; i < slots.size(); ++i) {
           const int b = step.writes[i].buffer;
@@ -214,6 +265,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
           if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
           step.node->apply(g, side_slots);
         }
+        if (timed) mark(2 + 2 * num_steps + 2 * step_index, side);
         if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
         step.node->apply(g, slots);
       }
@@ -221,7 +273,7 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       // that the activations' memory is back in the pool for the rest of the backward (rule 7
       // orders each free after the streams that read it).
       if (release_saved) step.node->release_saved();
-      if (timed) timing_event(device, 2 + 2 * step_index).record(s);
+      if (timed) mark(2 + 2 * step_index, s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
       if (timed) {
@@ -239,19 +291,6 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
       e.block(caller);
     }
   }
-#if GRAPHWARD_HAS_CUDA
-  if (timed) {  // read the trace: everything was joined into the caller's stream
-    GW_CUDA_CHECK(cudaStreamSynchronize(caller));
-    const Event& origin = timing_event(device, 0);
-    timings->clear();
-    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-      const int k = static_cast<int>(i);
-      timings->push_back({k, plan.steps[i].stream, plan.steps[i].node->label(),
-                          timing_event(device, 1 + 2 * k).elapsed_ms_since(origin),
-                          timing_event(device, 2 + 2 * k).elapsed_ms_since(origin), host_us[i]});
-    }
-  }
-#endif
 }
 
 }  // namespace graphward

@@ -28,6 +28,11 @@ struct StepTiming {
   float start_ms;
   float end_ms;
   double host_us = 0;
+  // Weight-gradient parallelism: the step's leaf gradients on a side stream (plan index), timed
+  // apart; -1 when the step has no side part.
+  int side_stream = -1;
+  float side_start_ms = 0;
+  float side_end_ms = 0;
 };
 
 struct BackwardOptions {
@@ -67,11 +72,21 @@ class EagerExecutor {
   void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
            std::vector<StepTiming>* timings = nullptr, bool release_saved = false);
 
+  // The timed run for a capture (BackwardGraph::trace): records the timing events as graph nodes
+  // (Event::record_external) and reads nothing; after the graph ran and finished,
+  // read_timings() returns the trace of that replay. No other run() may come in between.
+  void run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
+                            Device device);
+  std::vector<StepTiming> read_timings(const BackwardPlan& plan, Device device);
+
  private:
+  void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
+                bool timed, bool in_capture, bool release_saved);
   Event& event(Device device, int i);
   Event& timing_event(Device device, int i);
   cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i
   std::vector<Event> events_, timing_events_;
+  std::vector<double> host_us_;  // per step, of the last timed run
   std::vector<Stream> side_streams_;
   Device events_device_ = Device::cpu();
 };

@@ -12,3 +12,4 @@
 #include "engine/step_arena.h"    // IWYU pragma: export
 #include "engine/stream.h"        // IWYU pragma: export
 #include "engine/tensor.h"        // IWYU pragma: export
+#include "engine/timeline.h"      // IWYU pragma: export

@@ -1,5 +1,6 @@
 // Elementwise ops: add, sub, mul (tensor and scalar forms) and the activations.
 #include "engine/autograd.h"
+#include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
@@ -276,6 +277,7 @@ using BinaryBackward = void (*)(const Tensor&, const Tensor&, const Tensor&, Gra
 
 Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward, const Tensor& a,
                        const Tensor& b) {
+  detail::NvtxRange range(op);
   Tensor y = binary(op, kind, a, b);
   if (needs_grad({&a, &b})) {
     // add and sub need only the operands' shapes, but the broadcast checks take tensors.
@@ -288,6 +290,7 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
 }
 
 Tensor recorded_affine(const char* op, const Tensor& x, double alpha, double beta) {
+  detail::NvtxRange range(op);
   Tensor y = affine(op, x, alpha, beta);
   if (needs_grad({&x})) {
     record(op, y, {&x}, {},
@@ -302,6 +305,7 @@ using ActivationBackward = void (*)(const Tensor&, const Tensor&, GradSlot);
 
 Tensor recorded_activation(const char* op, Activation act, ActivationBackward backward,
                            const Tensor& x) {
+  detail::NvtxRange range(op);
   Tensor y = activation(op, act, x);
   if (needs_grad({&x})) {
     record(op, y, {&x}, {save("output", y)},
@@ -383,6 +387,7 @@ Tensor sigmoid(const Tensor& x) {
 
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   const char* op = "add_";
+  detail::NvtxRange range(op);
   check_finite_scalar(op, alpha);
   check_inputs(op, {{"a", &a}, {"b", &b}});
   check_same_shape(op, {"a", &a}, {"b", &b});
@@ -395,6 +400,7 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
 
 void copy_(const Tensor& dst, const Tensor& src) {
   const char* op = "copy_";
+  detail::NvtxRange range(op);
   check_inputs(op, {{"dst", &dst}, {"src", &src}});
   check_same_shape(op, {"dst", &dst}, {"src", &src});
   GW_CHECK(!(grad_mode_enabled() && dst.requires_grad()), op, ": ", dst.str(),

@@ -1,6 +1,7 @@
 // matmul and linear: GEMMs through cuBLAS on CUDA (kernels/gemm.h), the reference on the CPU.
 #include "engine/autograd.h"
 #include "engine/blas.h"
+#include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -52,6 +53,7 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  detail::NvtxRange range("matmul");
   Tensor c = matmul_impl(a, b);
   if (needs_grad({&a, &b})) {
     record("matmul", c, {&a, &b}, {save("a", a), save("b", b)},
@@ -149,6 +151,7 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::NvtxRange range("linear");
   Tensor y = linear_impl(x, weight, bias);
   if (needs_grad({&x, &weight, &bias})) {
     auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {

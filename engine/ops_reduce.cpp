@@ -1,5 +1,6 @@
 // Reductions and losses: sum, mean, mse_loss. Results are 0-d tensors that stay on the device.
 #include "engine/autograd.h"
+#include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/reduce.h"
 
@@ -59,6 +60,7 @@ void reduce_backward(const char* op, const Tensor& grad_out, const Tensor& x, Gr
 
 namespace {
 Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
+  detail::NvtxRange range(op);
   Tensor y = reduce(op, x, is_mean);
   if (needs_grad({&x})) {
     // The backward needs x's shape only; a detached handle carries it.
@@ -90,6 +92,7 @@ Tensor mse_loss_impl(const Tensor& pred, const Tensor& target);
 }
 
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+  detail::NvtxRange range("mse_loss");
   Tensor y = mse_loss_impl(pred, target);
   if (needs_grad({&pred, &target})) {
     record("mse_loss", y, {&pred, &target}, {save("pred", pred), save("target", target)},

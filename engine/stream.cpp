@@ -63,6 +63,10 @@ void Event::record(cudaStream_t stream) {
   GW_CHECK(event_, "Event::record: the event was moved from or never created");
   GW_CUDA_CHECK(cudaEventRecord(event_, stream));
 }
+void Event::record_external(cudaStream_t stream) {
+  GW_CHECK(event_, "Event::record_external: the event was moved from or never created");
+  GW_CUDA_CHECK(cudaEventRecordWithFlags(event_, stream, cudaEventRecordExternal));
+}
 void Event::block(cudaStream_t stream) const {
   GW_CHECK(event_, "Event::block: the event was moved from or never created");
   GW_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
@@ -86,6 +90,9 @@ float Event::elapsed_ms_since(const Event& start) const {
 #else
 void Event::record(cudaStream_t) {
   no_cuda("Event::record");
+}
+void Event::record_external(cudaStream_t) {
+  no_cuda("Event::record_external");
 }
 void Event::block(cudaStream_t) const {
   no_cuda("Event::block");

@@ -32,6 +32,9 @@ class Event {
   bool valid() const { return event_ != nullptr; }
 
   void record(cudaStream_t stream);
+  // Inside a stream capture: records the event as a node of the graph (cudaEventRecordExternal),
+  // so that each replay records it (timing a replay's steps); outside one, as record().
+  void record_external(cudaStream_t stream);
   // Makes `stream` wait for the work captured by the last record() (no host blocking).
   void block(cudaStream_t stream) const;
   bool query() const;  // true when the recorded work has finished

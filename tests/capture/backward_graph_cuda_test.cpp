@@ -3,9 +3,11 @@
 // changed branch each take the right path (counters) with correct gradients; micro-batches
 // accumulate under replay; capture-unsafe work is refused by name.
 //
+#include <algorithm>
 #include <optional>
 
 #include "capture/backward_graph.h"
+#include "json_check.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -284,6 +286,88 @@ TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
     ASSERT_EQ(w1.grad().to_vector<float>(), w1r.grad().to_vector<float>()) << "step " << s;
   }
   EXPECT_GE(bw.counters().replays, 4u);
+}
+
+// A timeline's invariants: valid Chrome-trace JSON with one named track per stream, an event per
+// step (and per side part), every time after the origin, and the parts on one stream in stream
+// order (each ends before the next one on that stream starts). Returns the number of side parts.
+std::size_t check_timeline(const std::vector<StepTiming>& steps,
+                           const std::vector<std::string>& names, std::size_t plan_steps) {
+  EXPECT_EQ(steps.size(), plan_steps);
+  const std::string json = chrome_trace(steps, names, "test");
+  EXPECT_TRUE(testing::json_valid(json));
+  EXPECT_EQ(testing::trace_track_names(json), names);
+  std::vector<std::vector<std::pair<float, float>>> on(names.size());
+  std::size_t sides = 0;
+  for (const StepTiming& t : steps) {
+    on[static_cast<std::size_t>(t.stream)].push_back({t.start_ms, t.end_ms});
+    if (t.side_stream >= 0) {
+      on[static_cast<std::size_t>(t.side_stream)].push_back({t.side_start_ms, t.side_end_ms});
+      ++sides;
+    }
+  }
+  std::size_t events = 0;
+  for (std::size_t s = 0; s < on.size(); ++s) {
+    EXPECT_EQ(testing::trace_events_on(json, static_cast<int>(s)), on[s].size()) << names[s];
+    events += on[s].size();
+    std::sort(on[s].begin(), on[s].end());
+    for (std::size_t i = 0; i < on[s].size(); ++i) {
+      EXPECT_GE(on[s][i].first, 0.f) << names[s];
+      EXPECT_LE(on[s][i].first, on[s][i].second) << names[s];
+      if (i + 1 < on[s].size()) {
+        EXPECT_LE(on[s][i].second, on[s][i + 1].first) << names[s];
+      }
+    }
+  }
+  EXPECT_EQ(events, steps.size() + sides);
+  return sides;
+}
+
+TEST_F(CudaBackwardGraph, TheTimelinesOfAnEagerBackwardAndOfAReplayHaveATrackPerStream) {
+  Model m(4, 3, 64), ref(4, 3, 64);
+  const Tensor x = randn({16, 64}, 1, kF32Gpu), t = randn({16, 64}, 2, kF32Gpu);
+  // Eagerly, with weight-gradient parallelism: the caller, 4 branch streams and their 4 sides.
+  {
+    const Tensor loss = m.loss(x, t);
+    const BackwardPlan plan = plan_for({loss}, GradWrite::kOverwrite, {.split_weight_grads = true});
+    std::vector<StepTiming> steps;
+    backward(loss, {.grad_write = GradWrite::kOverwrite, .timings = &steps,
+                    .split_weight_grads = true});
+    const std::vector<std::string> names = stream_names(plan);
+    ASSERT_EQ(names.size(), 9u);
+    EXPECT_EQ(names[0], "stream 0 (caller)");
+    // Layers 3 and 2 of each branch compute dW/db on the side (layer 1 has no dX to overlap).
+    EXPECT_EQ(check_timeline(steps, names, plan.steps.size()), 8u);
+  }
+  // A replay of the captured graph (BackwardGraph's default: the same side streams), after the
+  // warm-up, the capture and a replay.
+  BackwardGraph bw(kGpu);
+  auto expect_same_grads = [&] {
+    backward(ref.loss(x, t), {.grad_write = GradWrite::kOverwrite});
+    EXPECT_EQ(m.grads(), ref.grads());
+  };
+  for (int s = 0; s < 3; ++s) bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+  expect_same_grads();
+  ASSERT_EQ(bw.counters().captures, 1u);
+  ASSERT_EQ(bw.counters().replays, 1u);
+  const Tensor loss = m.loss(x, t);
+  const std::size_t plan_steps = plan_for({loss}, GradWrite::kOverwrite).steps.size();
+  const std::vector<StepTiming> steps = bw.trace(loss, GradWrite::kOverwrite);
+  ASSERT_EQ(bw.trace_stream_names().size(), 9u);
+  EXPECT_EQ(check_timeline(steps, bw.trace_stream_names(), plan_steps), 8u);
+  for (const StepTiming& st : steps) EXPECT_EQ(st.host_us, 0.0);
+  write_chrome_trace(::testing::TempDir() + "replay_timeline.json", steps,
+                     bw.trace_stream_names(), "replay");
+  // The traced replay ran the backward for real, and left the cache and the counters alone.
+  expect_same_grads();
+  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.counters().replays, 1u);
+  EXPECT_EQ(bw.cache_size(), 1u);
+  // ... and the next step replays as usual.
+  bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+  expect_same_grads();
+  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().replays, 2u);
 }
 
 TEST_F(CudaBackwardGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {
