@@ -5,9 +5,14 @@
 // gradient on that branch's stream and joins them back into the caller's stream (rules 2-4). On a
 // GPU the backward is a BackwardGraph: captured once after a warm-up step, replayed every step (the
 // step's activations come from a StepArena, so their addresses repeat); `--eager` runs the eager
-// backward instead.
+// backward instead. `--trace FILE` times one more backward step by step on the GPU — a replay of the
+// captured graph (BackwardGraph::trace), or the eager backward with `--eager` — and writes it as a
+// Chrome trace with a track per stream (open it in ui.perfetto.dev): the overlap, without a
+// profiler.
 //
 //   train_branches [--cpu] [--eager] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
+//                  [--trace FILE]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +39,7 @@ struct Options {
   std::int64_t in = 16;
   std::int64_t out = 4;
   double lr = 0.05;
+  std::string trace;  // --trace FILE
 };
 
 Options parse(int argc, char** argv) {
@@ -58,6 +64,8 @@ Options parse(int argc, char** argv) {
       o.batch = std::atoll(next());
     else if (a == "--lr")
       o.lr = std::atof(next());
+    else if (a == "--trace")
+      o.trace = next();
     else
       throw gw::Error("unknown argument " + a +
                       " (see the comment at the top of train_branches.cpp)");
@@ -120,19 +128,24 @@ int main(int argc, char** argv) try {
   std::unique_ptr<gw::StepArena> arena;
   if (graph) arena = std::make_unique<gw::StepArena>(dev);
 
-  double first_loss = 0, loss_value = 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (int step = 0; step < opt.steps; ++step) {
-    std::unique_ptr<gw::StepScope> scope;
-    if (arena) scope = std::make_unique<gw::StepScope>(*arena);
-    // forward: each branch on its stream; the sum waits for all of them (rule 6)
+  // forward: each branch on its stream; the sum waits for all of them (rule 6)
+  auto forward = [&] {
     gw::Tensor y;
     for (Branch& b : branches) {
       const gw::Tensor out =
           on(b, [&] { return gw::linear(gw::relu(gw::linear(x, b.w1, b.b1)), b.w2, b.b2); });
       y = y.defined() ? gw::add(y, out) : out;
     }
-    const gw::Tensor loss = gw::mse_loss(y, target);
+    return gw::mse_loss(y, target);
+  };
+  if (!opt.trace.empty() && !gpu) throw gw::Error("--trace times CUDA streams: it needs a GPU");
+
+  double first_loss = 0, loss_value = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < opt.steps; ++step) {
+    std::unique_ptr<gw::StepScope> scope;
+    if (arena) scope = std::make_unique<gw::StepScope>(*arena);
+    const gw::Tensor loss = forward();
 
     // backward: each branch's gradients on its own stream; .grad overwritten (no zero_grad needed)
     bw.backward(loss, gw::GradWrite::kOverwrite);
@@ -163,6 +176,25 @@ int main(int argc, char** argv) try {
                 static_cast<unsigned long long>(c.updates),
                 static_cast<unsigned long long>(c.replays),
                 static_cast<unsigned long long>(bw.eager_backwards()));
+  }
+  if (!opt.trace.empty()) {  // one more step, timed step by step (Note [Timeline])
+    std::vector<gw::StepTiming> steps;
+    std::vector<std::string> names;
+    const gw::Tensor loss = forward();
+    if (graph) {
+      steps = bw.trace(loss, gw::GradWrite::kOverwrite);
+      names = bw.trace_stream_names();
+    } else {
+      names = gw::stream_names(gw::plan_for({loss}, gw::GradWrite::kOverwrite));
+      gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite, .timings = &steps});
+    }
+    gw::write_chrome_trace(opt.trace, steps, names,
+                           graph ? "train_branches: a traced replay" : "train_branches: eager");
+    float end = 0;
+    for (const gw::StepTiming& t : steps) end = std::max({end, t.end_ms, t.side_end_ms});
+    std::printf("timeline: %s (%zu backward steps on %zu streams, %.3f ms; open in "
+                "ui.perfetto.dev)\n",
+                opt.trace.c_str(), steps.size(), names.size(), static_cast<double>(end));
   }
   std::printf("loss %.6f -> %.6f (%.1f%% of the start) in %d steps, %.3f ms/step (%s)\n",
               first_loss, loss_value, 100.0 * loss_value / first_loss, opt.steps,

@@ -11,6 +11,12 @@ forward is untimed; t0; loss.backward(); t1; synchronize; t2. Reports medians of
 --graph: PyTorch's own CUDA graph of the backward (captured once with torch.cuda.graph, replayed),
 the side-by-side figure for bench/capture_bench.cpp.
 
+--overlap: the overlap studies of bench/overlap_bench.cpp — DESIGN.md's studies and the review's
+sweep (two parallel linears on an N x N input, N = 2^6 ... 2^13), each eager and as a CUDA graph,
+the forward on one stream and on a stream per branch. Adds event_us: CUDA events on the current
+stream around the backward (the figure graphward's overlap rows report). Fewer iterations at large
+N (--iters is the most). scripts/overlap_table.py prints it side by side with graphward's.
+
 Needs only PyTorch with CUDA; graphward's own tests never need it.
 """
 import argparse
@@ -63,7 +69,23 @@ def make_model(torch, k, d, n, b, multi):
     return params, loss_fn
 
 
-def run(torch, k, d, n, b, multi, iters, warmup=20):
+OVERLAP_STUDIES = [(4, 8, 256, 64), (1, 32, 256, 64), (4, 4, 1024, 256)]
+SWEEP = [(2, 1, 1 << e, 1 << e) for e in range(6, 14)]  # the review's: N = 2^6 ... 2^13
+
+
+def overlap_configs():
+    for k, d, n, b in OVERLAP_STUDIES + SWEEP:
+        for graph in (0, 1):
+            for multi in ((0, 1) if k > 1 else (0,)):
+                yield k, d, n, b, graph, multi
+
+
+def iters_for(n, most):
+    """Fewer iterations where one backward takes milliseconds (N >= 2048 in the sweep)."""
+    return max(5, min(most, 200 if n <= 1024 else 50 if n <= 2048 else 20 if n <= 4096 else 10))
+
+
+def run(torch, k, d, n, b, multi, iters, warmup=20, events=False):
     params, loss_fn = make_model(torch, k, d, n, b, multi)
 
     state = {}
@@ -73,28 +95,39 @@ def run(torch, k, d, n, b, multi, iters, warmup=20):
             p.grad = None
         state["loss"] = loss_fn()
 
-    return timed(torch, iters, warmup, prepare, lambda: state["loss"].backward())
+    return timed(torch, iters, warmup, prepare, lambda: state["loss"].backward(), events)
 
 
-def timed(torch, iters, warmup, prepare, op):
+def timed(torch, iters, warmup, prepare, op, events=False):
     """Medians (µs) over `iters` iterations after `warmup`: prepare() untimed; synchronize; t0;
-    op(); t1; synchronize; t2. Wall = t2 - t0, host = t1 - t0."""
-    wall, host = [], []
+    op(); t1; synchronize; t2. Wall = t2 - t0, host = t1 - t0. With `events`, also the time
+    between CUDA events recorded on the current stream just before and after op()."""
+    wall, host, ev = [], [], []
+    start = torch.cuda.Event(enable_timing=True) if events else None
+    end = torch.cuda.Event(enable_timing=True) if events else None
     for it in range(warmup + iters):
         prepare()
         torch.cuda.synchronize()
+        if events:
+            start.record()
         t0 = time.perf_counter()
         op()
         t1 = time.perf_counter()
+        if events:
+            end.record()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         if it >= warmup:
             wall.append((t2 - t0) * 1e6)
             host.append((t1 - t0) * 1e6)
+            if events:
+                ev.append(start.elapsed_time(end) * 1e3)
+    if events:
+        return statistics.median(ev), statistics.median(wall), statistics.median(host)
     return statistics.median(wall), statistics.median(host)
 
 
-def run_graph(torch, k, d, n, b, multi, iters, warmup=20):
+def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False):
     """PyTorch's own CUDA graph of the same backward: one forward, the backward (retain_graph)
     captured once with torch.cuda.graph and replayed; t0; replay(); t1; synchronize; t2."""
     _, loss_fn = make_model(torch, k, d, n, b, multi)
@@ -107,7 +140,33 @@ def run_graph(torch, k, d, n, b, multi, iters, warmup=20):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             loss.backward(retain_graph=True)
-    return timed(torch, iters, warmup, lambda: None, graph.replay)
+    return timed(torch, iters, warmup, lambda: None, graph.replay, events)
+
+
+def main_overlap(torch, args):
+    rows = []
+    print(f"{'config':64s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
+    for k, d, n, b, graph, multi in overlap_configs():
+        name = (f"torch_overlap/branches:{k}/depth:{d}/width:{n}/batch:{b}/graph:{graph}/"
+                f"multistream:{multi}")
+        if args.only not in name:
+            continue
+        iters = iters_for(n, args.iters)
+        try:
+            ev, wall, host = (run_graph if graph else run)(
+                torch, k, d, n, b, multi, iters, warmup=min(20, iters), events=True)
+        except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
+            print(f"{name}: failed: {e}", file=sys.stderr)
+            ev = wall = host = float("nan")
+        rows.append((name, ev, wall, host))
+        print(f"{name:64s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
+        torch.cuda.empty_cache()
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["config", "event_us", "wall_us", "host_us"])
+            w.writerows(rows)
+    return 0
 
 
 def main():
@@ -118,6 +177,8 @@ def main():
                     help="run only the configs whose name contains this string")
     ap.add_argument("--graph", action="store_true",
                     help="PyTorch's CUDA-graph-captured backward instead of its eager backward")
+    ap.add_argument("--overlap", action="store_true",
+                    help="the overlap studies and the sweep, eager and graph, 1 and K streams")
     args = ap.parse_args()
     try:
         import torch
@@ -132,6 +193,8 @@ def main():
     rows = []
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} (TF32 off), "
           f"medians of {args.iters} iterations")
+    if args.overlap:
+        return main_overlap(torch, args)
     print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
     for k, d, n, b, multi in CONFIGS:
         prefix = "torch_graph" if args.graph else "torch"

@@ -4,17 +4,21 @@
 # compute-sanitizer (memcheck, racecheck, synccheck; initcheck reported), runs the example on the
 # GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
-#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench]
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench | --overlap-only]
+# --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
+# PyTorch's same studies (compare_torch.py --overlap), merged by scripts/overlap_table.py (and
+# drawn by scripts/plot_overlap.py where matplotlib is installed).
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-SANITIZE=1 BENCH=1
+SANITIZE=1 BENCH=1 OVERLAP=1
 for a in "$@"; do
   case "$a" in
     --no-sanitizer) SANITIZE=0 ;;
-    --no-bench) BENCH=0 ;;
+    --no-bench) BENCH=0 OVERLAP=0 ;;
+    --overlap-only) BENCH=0 OVERLAP=1 ;;
     *) echo "unknown argument $a"; exit 2 ;;
   esac
 done
@@ -66,11 +70,14 @@ else
   grep -E 'Failed|\*\*\*|Skipped' "$LOG_DIR/ctest.log" | head -20
 fi
 
-# 3. the example on the GPU
-if "$BIN/examples/train_branches" --steps 200 >"$LOG_DIR/example.log" 2>&1; then
-  record example ok "$(tail -1 "$LOG_DIR/example.log")"
+# 3. the example on the GPU, with the built-in timeline of a traced replay and of an eager backward
+if "$BIN/examples/train_branches" --steps 200 --trace "$LOG_DIR/timeline_replay.json" \
+     >"$LOG_DIR/example.log" 2>&1 &&
+   "$BIN/examples/train_branches" --steps 20 --eager --trace "$LOG_DIR/timeline_eager.json" \
+     >"$LOG_DIR/example_eager.log" 2>&1; then
+  record example ok "$(tail -1 "$LOG_DIR/example.log"); $(grep '^timeline' "$LOG_DIR/example.log" | cut -c1-60)"
 else
-  record example FAIL "$(tail -1 "$LOG_DIR/example.log")"
+  record example FAIL "$(tail -1 "$LOG_DIR/example.log") / $(tail -1 "$LOG_DIR/example_eager.log")"
 fi
 
 # 4. benchmarks: graphward's, then PyTorch's same study in the same session, in two alternating
@@ -107,6 +114,30 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
     record bench ok "bench_*.json, torch_eager_backward_r*.csv; $((SECONDS - start)) s"
   else
     record bench FAIL "see bench_*.txt / torch_eager_backward_r*.txt"
+  fi
+fi
+
+# 4b. the overlap studies, graphward's then PyTorch's, in the same session, side by side
+if [ $OVERLAP = 1 ] && [ -x "$BIN/bench/graphward_bench_overlap" ]; then
+  start=$SECONDS
+  ok=1
+  timeout 400 "$BIN/bench/graphward_bench_overlap" --benchmark_repetitions=3 \
+     --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_overlap.json" \
+     --benchmark_out_format=json >"$LOG_DIR/bench_overlap.txt" 2>&1 || ok=0
+  torch_csv=
+  if python3 -c 'import torch' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 timeout 400 python3 "$GW_ROOT/scripts/compare_torch.py" --overlap --iters 100 \
+      --csv "$LOG_DIR/torch_overlap.csv" >"$LOG_DIR/torch_overlap.txt" 2>&1 || ok=0
+    torch_csv="$LOG_DIR/torch_overlap.csv"
+  fi
+  python3 "$GW_ROOT/scripts/overlap_table.py" "$LOG_DIR/bench_overlap.json" $torch_csv \
+    --csv "$LOG_DIR/overlap_merged.csv" >"$LOG_DIR/overlap_table.txt" 2>&1 || ok=0
+  python3 "$GW_ROOT/scripts/plot_overlap.py" "$LOG_DIR/overlap_merged.csv" \
+    "$LOG_DIR/overlap_sweep.png" >>"$LOG_DIR/overlap_table.txt" 2>&1 || true  # matplotlib optional
+  if [ $ok = 1 ]; then
+    record overlap ok "overlap_table.txt; $((SECONDS - start)) s"
+  else
+    record overlap FAIL "see bench_overlap.txt / torch_overlap.txt / overlap_table.txt"
   fi
 fi
 
@@ -237,6 +268,7 @@ head -2 "$LOG_DIR/machine.txt"
 [ -f "$LOG_DIR/bench_ops.txt" ] && grep -E '_median' "$LOG_DIR/bench_ops.txt" | sed 's/ *[0-9]* host_us.*//; s/ *[0-9]* TFLOP.*//'
 [ -f "$LOG_DIR/bench_autograd_r1.json" ] && side_by_side
 [ -f "$LOG_DIR/bench_capture.json" ] && capture_side_by_side
+[ -f "$LOG_DIR/overlap_table.txt" ] && cat "$LOG_DIR/overlap_table.txt"
 printf '%s\n' "${SUMMARY[@]}"
 if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
   tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"

@@ -23,9 +23,14 @@ class _Stream:
     def wait_stream(self, o): pass
 class _Graph:
     def replay(self): pass
+class _Event:
+    def __init__(self, enable_timing=False): pass
+    def record(self): pass
+    def elapsed_time(self, other): return 0.001
 cuda = types.SimpleNamespace(
     Stream=_Stream, current_stream=lambda: _Stream(), stream=lambda s: contextlib.nullcontext(),
     synchronize=lambda: None, CUDAGraph=_Graph, graph=lambda g: contextlib.nullcontext(),
-    is_available=lambda: True, get_device_name=lambda: "fake GPU")
+    is_available=lambda: True, get_device_name=lambda: "fake GPU",
+    Event=_Event, empty_cache=lambda: None)
 backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
                                  cudnn=types.SimpleNamespace(allow_tf32=True))

@@ -1,0 +1,201 @@
+// Overlap studies (Google Benchmark): does running the forward on a stream per branch make the
+// backward faster, eagerly and replayed as a CUDA graph, and by how much?
+//
+//   Overlap/<study>/graph:G/multistream:M/split:S
+//       DESIGN.md's K-branch x D-layer studies (linear N + relu, batch B, branches summed, mse):
+//       the eager backward (graph:0) or BackwardGraph's replay (graph:1), the forward on one
+//       stream (multistream:0) or on a stream per branch (multistream:1), weight-gradient
+//       parallelism off or on (split).
+//   OverlapSweep/width:N/graph:G/multistream:M
+//       the study of the review in ../shared/seed/: two parallel linear layers (+ relu) on an
+//       N x N input, N = 2^6 ... 2^13 — where do streams pay off on this GPU?
+//
+// Per iteration, the forward untimed and synchronized: CUDA events on the caller's stream around
+// the backward (the manual time: the backward on the GPU's clock, the host's enqueue gaps
+// included), host_us the backward() call's host time. Counters: gpu_us (the GPU's execution alone:
+// GpuTimer, the stream held until the backward was enqueued; median of 15), nodes (tape nodes),
+// kernel_nodes (graph), and for multistream rows overlap = (the same run's single-stream twin's
+// median event time) / (this row's median): above 1, the streams pay off. Graph rows also count
+// captures and updates while timed (0 in steady state).
+//
+//   graphward_bench_overlap --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//       --benchmark_out=overlap.json --benchmark_out_format=json   (one command line)
+//   python3 scripts/overlap_table.py overlap.json torch_overlap.csv   (side by side with PyTorch)
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "bench/bench_models.h"
+#include "capture/backward_graph.h"
+
+namespace gw = graphward;
+
+namespace {
+
+using gw::bench::kDev;
+using Model = gw::bench::BranchModel;
+using Clock = std::chrono::steady_clock;
+
+// One configuration: a model and the backward it runs (eager, or BackwardGraph with a step arena).
+class Runner {
+ public:
+  Runner(int k, int d, std::int64_t n, std::int64_t batch, bool multistream, bool graph, bool split)
+      : m_(k, d, n, batch, multistream), graph_(graph), split_(split),
+        caller_(gw::current_stream(kDev)), start_(kDev, true), end_(kDev, true) {
+    nodes_ = gw::plan_for({m_.loss()}).steps.size();
+    if (graph_) {
+      arena_ = std::make_unique<gw::StepArena>(kDev);
+      bw_ = std::make_unique<gw::BackwardGraph>(kDev, gw::BackwardGraphOptions{.split_weight_grads = split});
+    }
+    for (int i = 0; i < 5; ++i) step();  // warm-up (and capture, first replays)
+  }
+  struct Sample {
+    double event_us, host_us;
+  };
+  // One step: the forward (untimed, finished), then the backward between two timing events.
+  Sample step() {
+    std::optional<gw::StepScope> scope;
+    if (graph_) scope.emplace(*arena_);
+    const gw::Tensor loss = m_.loss();
+    finish_forward();
+    start_.record(caller_);
+    const auto t0 = Clock::now();
+    backward(loss);
+    const auto t1 = Clock::now();
+    end_.record(caller_);
+    end_.synchronize();
+    return {1e3 * static_cast<double>(end_.elapsed_ms_since(start_)),
+            std::chrono::duration<double, std::micro>(t1 - t0).count()};
+  }
+  // The GPU's execution alone (GpuTimer), median of `n` steps.
+  double gpu_us(int n) {
+    gw::bench::GpuTimer timer(kDev);
+    std::vector<double> t;
+    for (int i = 0; i < n; ++i) {
+      std::optional<gw::StepScope> scope;
+      if (graph_) scope.emplace(*arena_);
+      const gw::Tensor loss = m_.loss();
+      finish_forward();
+      t.push_back(timer.time_us(caller_, [&] { backward(loss); }));
+    }
+    timed_out_ = timed_out_ || timer.timed_out();
+    return gw::bench::GpuTimer::median(t);
+  }
+  std::size_t nodes() const { return nodes_; }
+  const gw::BackwardGraph* graph() const { return bw_.get(); }
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  void finish_forward() {
+    GW_CUDA_CHECK(cudaStreamSynchronize(caller_));
+    for (auto& s : m_.streams) s->synchronize();
+  }
+  void backward(const gw::Tensor& loss) {
+    if (graph_) {
+      bw_->backward(loss, gw::GradWrite::kOverwrite);
+      arena_->record_step_end(caller_);
+    } else {
+      gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite, .split_weight_grads = split_});
+    }
+  }
+  Model m_;
+  bool graph_, split_;
+  cudaStream_t caller_;
+  gw::Event start_, end_;
+  std::unique_ptr<gw::StepArena> arena_;
+  std::unique_ptr<gw::BackwardGraph> bw_;
+  std::size_t nodes_ = 0;
+  bool timed_out_ = false;
+};
+
+void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t batch,
+             bool graph, bool multistream, bool split) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  Runner run(k, d, n, batch, multistream, graph, split);
+  const auto before = graph ? run.graph()->counters() : gw::capture::GraphCacheCounters{};
+  std::vector<double> event_us;
+  double host = 0;
+  for (auto _ : state) {
+    const Runner::Sample s = run.step();
+    event_us.push_back(s.event_us);
+    host += s.host_us;
+    state.SetIterationTime(s.event_us * 1e-6);
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["host_us"] = host / iters;
+  state.counters["nodes"] = static_cast<double>(run.nodes());
+  if (graph) {
+    const auto after = run.graph()->counters();
+    state.counters["captures"] = static_cast<double>(after.captures - before.captures);
+    state.counters["updates"] = static_cast<double>(after.updates - before.updates);
+    state.counters["kernel_nodes"] = static_cast<double>(run.graph()->last_graph_stats().kernel_nodes);
+  }
+  const int samples = n >= 4096 ? 5 : 15;
+  state.counters["gpu_us"] = run.gpu_us(samples);
+  if (multistream) {  // the single-stream twin, same run: the overlap ratio
+    Runner twin(k, d, n, batch, false, graph, split);
+    std::vector<double> twin_us;
+    for (int i = 0; i < std::max<int>(samples, static_cast<int>(std::min<double>(iters, 50))); ++i) {
+      twin_us.push_back(twin.step().event_us);
+    }
+    const double single = gw::bench::GpuTimer::median(twin_us);
+    state.counters["single_us"] = single;
+    state.counters["overlap"] = single / gw::bench::GpuTimer::median(event_us);
+  }
+  if (run.timed_out()) {  // a call in the backward waited for the held stream: no GPU-only figure
+    state.counters["gpu_us"] = 0;
+    state.counters["gpu_hold_timed_out"] = 1;
+  }
+}
+
+void BM_Overlap(benchmark::State& state) {
+  overlap(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2),
+          state.range(3), state.range(4) != 0, state.range(5) != 0, state.range(6) != 0);
+}
+BENCHMARK(BM_Overlap)
+    ->Name("Overlap")
+    ->ArgNames({"branches", "depth", "width", "batch", "graph", "multistream", "split"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const std::vector<std::vector<std::int64_t>> studies = {
+          {4, 8, 256, 64}, {1, 32, 256, 64}, {4, 4, 1024, 256}};
+      for (const auto& s : studies) {
+        for (int graph = 0; graph <= 1; ++graph) {
+          for (int multi = 0; multi <= (s[0] > 1 ? 1 : 0); ++multi) {
+            for (int split = 0; split <= 1; ++split) {
+              b->Args({s[0], s[1], s[2], s[3], graph, multi, split});
+            }
+          }
+        }
+      }
+    })
+    ->UseManualTime()
+    ->MinTime(0.2)
+    ->Unit(benchmark::kMicrosecond);
+
+// The review's study: two parallel linears (+ relu) on an N x N input; nothing to split (the
+// input needs no gradient, so each branch is one weight-gradient GEMM and its bias gradient).
+void BM_OverlapSweep(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  overlap(state, 2, 1, n, n, state.range(1) != 0, state.range(2) != 0, false);
+}
+BENCHMARK(BM_OverlapSweep)
+    ->Name("OverlapSweep")
+    ->ArgNames({"width", "graph", "multistream"})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (std::int64_t n = 64; n <= 8192; n *= 2) {
+        for (int graph = 0; graph <= 1; ++graph) {
+          for (int multi = 0; multi <= 1; ++multi) b->Args({n, graph, multi});
+        }
+      }
+    })
+    ->UseManualTime()
+    ->MinTime(0.2)
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
