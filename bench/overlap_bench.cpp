@@ -27,6 +27,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bench/bench_models.h"
@@ -139,7 +140,7 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   if (multistream) {  // the single-stream twin, same run: the overlap ratio
     Runner twin(k, d, n, batch, false, graph, split);
     std::vector<double> twin_us;
-    for (int i = 0; i < std::max<int>(samples, static_cast<int>(std::min<double>(iters, 50))); ++i) {
+    for (int i = 0; i < std::max(samples, static_cast<int>(iters)); ++i) {
       twin_us.push_back(twin.step().event_us);
     }
     const double single = gw::bench::GpuTimer::median(twin_us);
@@ -152,50 +153,61 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   }
 }
 
-void BM_Overlap(benchmark::State& state) {
-  overlap(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2),
-          state.range(3), state.range(4) != 0, state.range(5) != 0, state.range(6) != 0);
+// Iterations are fixed per size (the manual time is short, but every iteration also runs an
+// untimed forward and synchronizes): 30 up to N = 2048, then 10 and 5.
+int iterations_for(std::int64_t n) {
+  return n <= 2048 ? 30 : n <= 4096 ? 10 : 5;
 }
-BENCHMARK(BM_Overlap)
-    ->Name("Overlap")
-    ->ArgNames({"branches", "depth", "width", "batch", "graph", "multistream", "split"})
-    ->Apply([](benchmark::internal::Benchmark* b) {
-      const std::vector<std::vector<std::int64_t>> studies = {
-          {4, 8, 256, 64}, {1, 32, 256, 64}, {4, 4, 1024, 256}};
-      for (const auto& s : studies) {
-        for (int graph = 0; graph <= 1; ++graph) {
-          for (int multi = 0; multi <= (s[0] > 1 ? 1 : 0); ++multi) {
-            for (int split = 0; split <= 1; ++split) {
-              b->Args({s[0], s[1], s[2], s[3], graph, multi, split});
-            }
-          }
-        }
-      }
-    })
-    ->UseManualTime()
-    ->MinTime(0.2)
-    ->Unit(benchmark::kMicrosecond);
 
-// The review's study: two parallel linears (+ relu) on an N x N input; nothing to split (the
-// input needs no gradient, so each branch is one weight-gradient GEMM and its bias gradient).
-void BM_OverlapSweep(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  overlap(state, 2, 1, n, n, state.range(1) != 0, state.range(2) != 0, false);
-}
-BENCHMARK(BM_OverlapSweep)
-    ->Name("OverlapSweep")
-    ->ArgNames({"width", "graph", "multistream"})
-    ->Apply([](benchmark::internal::Benchmark* b) {
-      for (std::int64_t n = 64; n <= 8192; n *= 2) {
-        for (int graph = 0; graph <= 1; ++graph) {
-          for (int multi = 0; multi <= 1; ++multi) b->Args({n, graph, multi});
+void register_all() {
+  auto add = [](const std::string& name, std::vector<std::int64_t> args,
+                const std::vector<std::string>& arg_names, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->ArgNames(arg_names)
+        ->Args(args)
+        ->Iterations(iterations_for(args[arg_names[0] == "width" ? 0 : 2]))
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  };
+  const std::vector<std::vector<std::int64_t>> studies = {
+      {4, 8, 256, 64}, {1, 32, 256, 64}, {4, 4, 1024, 256}};
+  for (const auto& s : studies) {
+    for (int graph = 0; graph <= 1; ++graph) {
+      for (int multi = 0; multi <= (s[0] > 1 ? 1 : 0); ++multi) {
+        for (int split = 0; split <= 1; ++split) {
+          add("Overlap", {s[0], s[1], s[2], s[3], graph, multi, split},
+              {"branches", "depth", "width", "batch", "graph", "multistream", "split"},
+              [](benchmark::State& st) {
+                overlap(st, static_cast<int>(st.range(0)), static_cast<int>(st.range(1)),
+                        st.range(2), st.range(3), st.range(4) != 0, st.range(5) != 0,
+                        st.range(6) != 0);
+              });
         }
       }
-    })
-    ->UseManualTime()
-    ->MinTime(0.2)
-    ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  // The review's study: two parallel linears (+ relu) on an N x N input; nothing to split (the
+  // input needs no gradient, so each branch is one weight-gradient GEMM and its bias gradient).
+  for (std::int64_t n = 64; n <= 8192; n *= 2) {
+    for (int graph = 0; graph <= 1; ++graph) {
+      for (int multi = 0; multi <= 1; ++multi) {
+        add("OverlapSweep", {n, graph, multi}, {"width", "graph", "multistream"},
+            [](benchmark::State& st) {
+              overlap(st, 2, 1, st.range(0), st.range(0), st.range(1) != 0, st.range(2) != 0,
+                      false);
+            });
+      }
+    }
+  }
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -5,7 +5,7 @@ sweep size, the backward's time with the forward on one stream and on a stream p
 and replayed as a CUDA graph, and the overlap ratio (one stream / K streams: above 1, the streams
 pay off). Medians, µs, CUDA events around the backward on both sides.
 
-    python3 scripts/overlap_table.py overlap.json [torch_overlap.csv] [--csv merged.csv]
+    python3 scripts/overlap_table.py overlap.json[,more.json] [torch_overlap.csv] [--csv merged.csv]
 
 The merged CSV (one row per library, mode, size) is what scripts/plot_overlap.py draws.
 """
@@ -21,10 +21,17 @@ KEY = re.compile(r"branches:(\d+)/depth:(\d+)/width:(\d+)/batch:(\d+)/graph:(\d)
 SWEEP = re.compile(r"OverlapSweep/width:(\d+)/graph:(\d)/multistream:(\d)")
 
 
-def load_graphward(path):
-    """{(k, d, n, b, graph, multi, split): benchmark} from the medians of a GB JSON file."""
+def load_graphward(paths):
+    """{(k, d, n, b, graph, multi, split): benchmark} from the medians of GB JSON files
+    (comma-separated paths)."""
     out = {}
-    for bm in json.load(open(path))["benchmarks"]:
+    benchmarks = []
+    for path in paths.split(","):
+        try:
+            benchmarks += json.load(open(path))["benchmarks"]
+        except (OSError, ValueError, KeyError) as e:  # a run cut short: say so, use the rest
+            print(f"overlap_table: skipping {path}: {e}", file=sys.stderr)
+    for bm in benchmarks:
         if bm.get("aggregate_name", "median") != "median" or bm.get("error_occurred"):
             continue
         name = bm.get("run_name", bm["name"])
