@@ -21,6 +21,23 @@ KEY = re.compile(r"branches:(\d+)/depth:(\d+)/width:(\d+)/batch:(\d+)/graph:(\d)
 SWEEP = re.compile(r"OverlapSweep/width:(\d+)/graph:(\d)/multistream:(\d)")
 
 
+def salvage(text):
+    """The complete entries of the "benchmarks" array of a JSON file cut short."""
+    start = text.find('"benchmarks"')
+    if start < 0:
+        return []
+    i = text.find("[", start) + 1
+    out, dec = [], json.JSONDecoder()
+    while True:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except ValueError:
+            return out
+        out.append(obj)
+
+
 def load_graphward(paths):
     """{(k, d, n, b, graph, multi, split): benchmark} from the medians of GB JSON files
     (comma-separated paths)."""
@@ -28,9 +45,17 @@ def load_graphward(paths):
     benchmarks = []
     for path in paths.split(","):
         try:
-            benchmarks += json.load(open(path))["benchmarks"]
-        except (OSError, ValueError, KeyError) as e:  # a run cut short: say so, use the rest
+            text = open(path).read()
+        except OSError as e:
             print(f"overlap_table: skipping {path}: {e}", file=sys.stderr)
+            continue
+        try:
+            benchmarks += json.loads(text)["benchmarks"]
+        except (ValueError, KeyError) as e:  # a run cut short: use the benchmarks it finished
+            found = salvage(text)
+            print(f"overlap_table: {path} is incomplete ({e}); using the {len(found)} benchmark "
+                  f"entries written before it stopped", file=sys.stderr)
+            benchmarks += found
     for bm in benchmarks:
         if bm.get("aggregate_name", "median") != "median" or bm.get("error_occurred"):
             continue
