@@ -31,5 +31,21 @@ TEST(BackwardGraphCpu, BadLossesAreRefusedByName) {
   GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.cache_capacity = 0}), "capacity");
 }
 
+TEST(BackwardGraphCpu, TraceNamesWhatItNeedsAndLeavesTheTapeUsable) {
+  // trace() times a replay of a CUDA graph: on the CPU backend it says so and where the eager
+  // backward's timeline is; a bad loss is refused by name first. The tape is left as it was.
+  const Tensor w = randn({4, 3}, 1).set_requires_grad(true);
+  const Tensor x = randn({5, 3}, 2), target = randn({5, 4}, 3);
+  BackwardGraph bw(Device::cpu());
+  GW_EXPECT_ERROR((void)bw.trace(mul(w, 2.0)), "BackwardGraph::trace", "one-element loss");
+  const Tensor loss = mse_loss(linear(x, w), target);
+  GW_EXPECT_ERROR((void)bw.trace(loss), "BackwardGraph::trace: times a replay of a CUDA graph",
+                  "backward(loss, {.timings = &steps})");
+  EXPECT_TRUE(bw.trace_stream_names().empty());
+  bw.backward(loss);  // the tape is intact
+  EXPECT_TRUE(w.grad().defined());
+  EXPECT_EQ(bw.counters().captures, 0u);
+}
+
 }  // namespace
 }  // namespace graphward
