@@ -451,16 +451,16 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   }
   // Rule 6, as backward() does: the loss's stream and the .grads' other users, before the launch.
   Event wait(device_);
-  auto wait_for = [&](cudaStream_t s) {
+  auto wait_on = [&](cudaStream_t s) {
     if (!s || s == caller) return;
     wait.record(s);
     wait.block(caller);
   };
-  wait_for(loss.storage()->producer_stream());
-  wait_for(last_launch_stream_);
+  wait_on(loss.storage()->producer_stream());
+  wait_on(last_launch_stream_);
   for (const BackwardPlan::Buffer& b : plan.buffers) {
     if (b.kind == BackwardPlan::BufferKind::kLeaf) {
-      b.leaf.grad().storage()->for_each_write_hazard(wait_for);
+      b.leaf.grad().storage()->for_each_write_hazard(wait_on);
     }
   }
   use_capture_streams(plan);
