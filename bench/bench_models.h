@@ -120,6 +120,20 @@ struct BranchModel {
     x = randn({batch, n}, seed++, kF32);
     target = randn({batch, n}, seed++, kF32);
   }
+  // A copy of `init`'s parameters and data (device copies, own leaves and .grads: fast where the
+  // host-side random initialization of a large model is slow), with its own streams.
+  BranchModel(const BranchModel& init, bool multistream)
+      : x(init.x.clone()), target(init.target.clone()) {
+    w.resize(init.w.size());
+    b.resize(init.b.size());
+    for (std::size_t i = 0; i < init.w.size(); ++i) {
+      for (std::size_t j = 0; j < init.w[i].size(); ++j) {
+        w[i].push_back(init.w[i][j].clone().set_requires_grad(true));
+        b[i].push_back(init.b[i][j].clone().set_requires_grad(true));
+      }
+      if (multistream) streams.push_back(std::make_unique<Stream>(kDev));
+    }
+  }
   Tensor loss() const {
     Tensor total;
     for (std::size_t i = 0; i < w.size(); ++i) {

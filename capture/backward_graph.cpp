@@ -206,7 +206,54 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
   }
   return graph;
 }
+
+void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,
+                                        const std::vector<Tensor>& leaves, bool scan_grads) {
+  // Before the launch (and before any capture, which records the plan's uses of the storage as if
+  // it ran), the caller's stream waits where rule 6 needs it. What the graph reads was made by the
+  // forward, upstream of the loss: every cross-stream edge of it was ordered when the forward
+  // consumed it, so the stream that produced the loss is ordered after all of it — the caller
+  // waits on that stream if it is another. What the graph writes (the .grads) it orders after
+  // their last writer and every stream that read them since (an optimizer on a stream of its
+  // own). The events are the BackwardGraph's own, recorded again every step; in the usual step
+  // (loss and optimizer on the caller's stream) there is no wait at all.
+  std::size_t waits = 0;
+  extra_waited_.clear();
+  auto wait_for = [&](cudaStream_t s) {
+    if (!s || s == caller ||
+        std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
+      return;
+    }
+    extra_waited_.push_back(s);
+    if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
+    Event& ev = wait_events_[waits++];
+    ev.record(s);
+    ev.block(caller);
+  };
+  wait_for(loss.storage()->producer_stream());
+  // Graphs launched on one stream run in order; after a launch on another stream, wait for it
+  // (graphs of one structure share their memory pool).
+  wait_for(last_launch_stream_);
+  if (!scan_grads) return;
+  for (const Tensor& leaf : leaves) {
+    const Tensor& g = leaf.grad();
+    if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
+  }
+}
 #endif
+
+bool BackwardGraph::make_missing_grads(const std::vector<Tensor>& leaves) {
+  // A graph writes gradients into persistent buffers: every leaf it reaches gets one before it is
+  // captured.
+  bool made = false;
+  for (const Tensor& leaf : leaves) {
+    if (!leaf.grad().defined()) {
+      leaf.grad() = zeros(leaf.shape(), {leaf.dtype(), device_});
+      made = true;
+    }
+  }
+  return made;
+}
 
 void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   check_loss(loss, "BackwardGraph::backward");
@@ -236,42 +283,14 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
 
-  // Before the launch (and before any capture, which records the plan's uses of the storage as if
-  // it ran), the caller's stream waits where rule 6 needs it. What the graph reads was made by the
-  // forward, upstream of the loss: every cross-stream edge of it was ordered when the forward
-  // consumed it, so the stream that produced the loss is ordered after all of it — the caller
-  // waits on that stream if it is another. What the graph writes (the .grads) it orders after
-  // their last writer and every stream that read them since (an optimizer on a stream of its
-  // own). The events are the BackwardGraph's own, recorded again every step; in the usual step
-  // (loss and optimizer on the caller's stream) there is no wait at all.
-  std::size_t waits = 0;
-  extra_waited_.clear();
-  auto wait_for = [&](cudaStream_t s) {
-    if (!s || s == caller ||
-        std::find(extra_waited_.begin(), extra_waited_.end(), s) != extra_waited_.end()) {
-      return;
-    }
-    extra_waited_.push_back(s);
-    if (waits == wait_events_.size()) wait_events_.emplace_back(device_);
-    Event& ev = wait_events_[waits++];
-    ev.record(s);
-    ev.block(caller);
-  };
-  wait_for(loss.storage()->producer_stream());
-  // Graphs launched on one stream run in order; after a launch on another stream, wait for it
-  // (graphs of one structure share their memory pool).
-  wait_for(last_launch_stream_);
+  // Rule 6 before the launch and before any capture (order_before_launch).
   // The scan of the .grads is skipped when it cannot find anything new: the same .grad tensors
   // as at the last scan (Storage::watch()ed after each replay), and no new hazard on any watched
   // storage since (detail::watched_hazard_epoch). The epoch is read before the scan: a hazard
   // that appears during or after it bumps it again.
   const std::uint64_t hazards = detail::watched_hazard_epoch();
-  if (!(sig.grads_unchanged && hazards == hazards_seen_)) {
-    for (const Tensor& leaf : sig.leaves) {  // a signature from the log may list more: harmless
-      const Tensor& g = leaf.grad();
-      if (g.defined()) g.storage()->for_each_write_hazard(wait_for);
-    }
-  }
+  const bool scan_grads = !(sig.grads_unchanged && hazards == hazards_seen_);
+  order_before_launch(loss, caller, sig.leaves, scan_grads);  // a log's list may hold more: harmless
   hazards_seen_ = hazards;
   const auto t_waited = Clock::now();
 
@@ -287,14 +306,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     // The nodes and leaves the backward reaches (the log may hold more). A graph writes gradients
     // into persistent buffers: every leaf it reaches gets one before it is captured.
     capture::tape_signature_walk(walk_, roots_, seeds_, caller, grad_write);
-    bool made = false;
-    for (const Tensor& leaf : walk_.leaves) {
-      if (!leaf.grad().defined()) {
-        leaf.grad() = zeros(leaf.shape(), {leaf.dtype(), device_});
-        made = true;
-      }
-    }
-    if (made) {
+    if (make_missing_grads(walk_.leaves)) {
       capture::refresh_leaves(sig, roots_, seeds_, caller, grad_write);
       decision = cache_.decide(sig);
     }
@@ -443,26 +455,14 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   ensure_seed(loss, caller);
   BackwardPlan plan =
       plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
-  // The .grads the graph writes exist before the capture (as backward() makes them).
+  // As backward() does: the .grads the graph writes exist before the capture; the caller waits
+  // where rule 6 needs it (the whole scan: trace() is not a hot path).
+  std::vector<Tensor> leaves;
   for (const BackwardPlan::Buffer& b : plan.buffers) {
-    if (b.kind == BackwardPlan::BufferKind::kLeaf && !b.leaf.grad().defined()) {
-      b.leaf.grad() = zeros(b.leaf.shape(), {b.leaf.dtype(), device_});
-    }
+    if (b.kind == BackwardPlan::BufferKind::kLeaf) leaves.push_back(b.leaf);
   }
-  // Rule 6, as backward() does: the loss's stream and the .grads' other users, before the launch.
-  Event wait(device_);
-  auto wait_on = [&](cudaStream_t s) {
-    if (!s || s == caller) return;
-    wait.record(s);
-    wait.block(caller);
-  };
-  wait_on(loss.storage()->producer_stream());
-  wait_on(last_launch_stream_);
-  for (const BackwardPlan::Buffer& b : plan.buffers) {
-    if (b.kind == BackwardPlan::BufferKind::kLeaf) {
-      b.leaf.grad().storage()->for_each_write_hazard(wait_on);
-    }
-  }
+  make_missing_grads(leaves);
+  order_before_launch(loss, caller, leaves, /*scan_grads=*/true);
   use_capture_streams(plan);
   GraphMemoryPool pool(device_);
   struct Owned {
@@ -483,9 +483,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   std::vector<StepTiming> steps = executor_.read_timings(plan, device_);
   for (StepTiming& t : steps) t.host_us = 0;  // host time of the capture, not of a replay
   // The graph wrote the .grads on the caller's stream, and is done with the saved tensors.
-  for (const BackwardPlan::Buffer& b : plan.buffers) {
-    if (b.kind == BackwardPlan::BufferKind::kLeaf) b.leaf.grad().storage()->record_use(caller, true);
-  }
+  for (const Tensor& leaf : leaves) leaf.grad().storage()->record_use(caller, true);
   for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
   trace_stream_names_ = stream_names(plan);
   return steps;

@@ -145,7 +145,13 @@ class BackwardGraph {
   // (timed: with timing-event nodes, EagerExecutor::run_timed_in_capture); returns the graph.
   cudaGraph_t capture_plan(const BackwardPlan& plan, cudaStream_t caller, GraphMemoryPool& pool,
                            bool timed);
+  // Rule 6 before a launch on `caller`: waits for the loss's stream, the last launch's stream and
+  // (scan_grads) every other user of the leaves' .grads since their last write.
+  void order_before_launch(const Tensor& loss, cudaStream_t caller,
+                           const std::vector<Tensor>& leaves, bool scan_grads);
 #endif
+  // Gives each leaf without a .grad a zero one; whether it made any.
+  bool make_missing_grads(const std::vector<Tensor>& leaves);
   std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
