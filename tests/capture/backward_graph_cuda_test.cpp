@@ -345,28 +345,41 @@ TEST_F(CudaBackwardGraph, TheTimelinesOfAnEagerBackwardAndOfAReplayHaveATrackPer
     EXPECT_EQ(check_timeline(steps, names, plan.steps.size()), 8u);
   }
   // A replay of the captured graph (BackwardGraph's default: the same side streams), after the
-  // warm-up, the capture and a replay.
+  // warm-up, the capture and a replay. Each step in a StepScope, as a training loop runs them:
+  // without one, the forward's addresses may move between steps (an update, not a replay), which
+  // would hide whether trace() disturbed the cache.
   BackwardGraph bw(kGpu);
+  StepArena arena(kGpu);
+  auto graph_step = [&] {
+    StepScope scope(arena);
+    bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+    arena.record_step_end(current_stream(kGpu));
+  };
   auto expect_same_grads = [&] { EXPECT_EQ(m.grads(), want); };
-  for (int s = 0; s < 3; ++s) bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+  for (int s = 0; s < 3; ++s) graph_step();
   expect_same_grads();
   ASSERT_EQ(bw.counters().captures, 1u);
+  ASSERT_EQ(bw.counters().updates, 0u) << bw.last_reason();
   ASSERT_EQ(bw.counters().replays, 2u);  // every launch counts, the capturing step's included
-  const Tensor loss = m.loss(x, t);
-  const std::size_t plan_steps = plan_for({loss}, GradWrite::kOverwrite).steps.size();
-  const std::vector<StepTiming> steps = bw.trace(loss, GradWrite::kOverwrite);
-  ASSERT_EQ(bw.trace_stream_names().size(), 9u);
-  EXPECT_EQ(check_timeline(steps, bw.trace_stream_names(), plan_steps), 8u);
-  for (const StepTiming& st : steps) EXPECT_EQ(st.host_us, 0.0);
-  write_chrome_trace(::testing::TempDir() + "replay_timeline.json", steps,
-                     bw.trace_stream_names(), "replay");
+  {
+    StepScope scope(arena);
+    const Tensor loss = m.loss(x, t);
+    const std::size_t plan_steps = plan_for({loss}, GradWrite::kOverwrite).steps.size();
+    const std::vector<StepTiming> steps = bw.trace(loss, GradWrite::kOverwrite);
+    arena.record_step_end(current_stream(kGpu));
+    ASSERT_EQ(bw.trace_stream_names().size(), 9u);
+    EXPECT_EQ(check_timeline(steps, bw.trace_stream_names(), plan_steps), 8u);
+    for (const StepTiming& st : steps) EXPECT_EQ(st.host_us, 0.0);
+    write_chrome_trace(::testing::TempDir() + "replay_timeline.json", steps,
+                       bw.trace_stream_names(), "replay");
+  }
   // The traced replay ran the backward for real, and left the cache and the counters alone.
   expect_same_grads();
   EXPECT_EQ(bw.counters().captures, 1u);
   EXPECT_EQ(bw.counters().replays, 2u);
   EXPECT_EQ(bw.cache_size(), 1u);
-  // ... and the next step replays as usual.
-  bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+  // ... and the next step replays as usual: no capture, no update.
+  graph_step();
   expect_same_grads();
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
   EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
