@@ -96,7 +96,8 @@ struct GemmKeyHash {
     h = h * 1000003u ^ std::hash<std::int64_t>()(g.n);
     h = h * 1000003u ^ std::hash<std::int64_t>()(g.k);
     return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8) ^
-           (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3);
+           (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3) ^
+           (static_cast<std::size_t>(g.options.epilogue) << 4);
   }
 };
 
@@ -203,6 +204,25 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (!plan.usable()) return false;
   plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad);
+  return true;
+}
+
+bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
+                   kernels::Epilogue epilogue, const float* bias, float* aux) {
+  DeviceBlas& blas = device_blas(device);
+  StreamBlas& sb = stream_blas(blas, device, stream);
+  unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
+  if (kernels::epilogue_has_bias(epilogue)) alignment = std::min(alignment, alignment_of(bias));
+  if (kernels::epilogue_has_aux(epilogue)) alignment = std::min(alignment, alignment_of(aux));
+  const GemmKey key{m, n, k, trans_a, trans_b, alignment,
+                    kernels::LtOptions{.bias_grad_a = false,
+                                       .split_k = gemm_allows_split_k(m, n, k),
+                                       .epilogue = epilogue}};
+  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  if (!plan.usable()) return false;
+  plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
+           aux);
   return true;
 }
 

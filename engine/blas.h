@@ -47,6 +47,14 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
 bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                     std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
                     float beta, float* c, float* bias_grad);
+
+// C[m,n] = act(op(A)·op(B) + bias) in one cuBLASLt kernel (kernels::Epilogue: the bias [n] added
+// to every row; kGeluAux also writes the pre-activation into aux [m,n]). Returns false, having
+// launched nothing, where cuBLASLt offers no algorithm for the epilogue (GELU's aux needs n to be
+// a multiple of 8): then run gemm() and the bias and activation kernels instead.
+bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
+                   kernels::Epilogue epilogue, const float* bias = nullptr, float* aux = nullptr);
 #endif
 
 }  // namespace graphward

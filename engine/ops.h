@@ -41,6 +41,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
                      GradSlot grad_weight, GradSlot grad_bias = {});
 
+// A linear layer with its activation fused (linear(x, weight, bias, act)). On CUDA the GEMM, the
+// bias and the activation are one cuBLASLt kernel (its epilogue) where cuBLASLt offers one for the
+// shape — GELU needs `out` to be a multiple of 8 — else the same three steps as separate kernels.
+// GELU is the tanh approximation (gelu() below).
+enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
+// act(x · weightᵀ + bias); bias may be undefined. Recorded as one node — "linear" (kNone),
+// "linear_relu" or "linear_gelu" — saving x, weight and, for its backward, the output (ReLU) or
+// the pre-activation x · weightᵀ + bias (GELU).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+// `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's
+// gradient dz = grad_out · act'(·) is formed once per call, then as linear_backward(dz, ...).
+void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& saved, Activation act, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias = {});
+
 // ---- elementwise --------------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
@@ -66,13 +81,17 @@ void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
 // input slot whose address a captured graph keeps. Bumps dst's version. Not recorded.
 void copy_(const Tensor& dst, const Tensor& src);
 
-// Activations; their backward reads the forward's output y.
+// Activations; their backward reads the forward's output y (GELU's: its input).
 Tensor relu(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 void tanh_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 void sigmoid_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+// GELU, tanh approximation (PyTorch's gelu(approximate="tanh"), cuBLASLt's GELU epilogue):
+// x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³))). Its backward reads the input x.
+Tensor gelu(const Tensor& x);
+void gelu_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
 
 // ---- reductions and losses (results are 0-d tensors, shape []) ---------------------------------
 Tensor sum(const Tensor& x);

@@ -167,9 +167,11 @@ Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
   return y;
 }
 
-enum class Activation { kRelu, kTanh, kSigmoid };
+// The pointwise activations. Their backward reads the output y, except GELU's, which reads the
+// input x (passed as `y` below: the tensor the node saved).
+enum class Pointwise { kRelu, kTanh, kSigmoid, kGelu };
 
-Tensor activation(const char* op, Activation act, const Tensor& x) {
+Tensor activation(const char* op, Pointwise act, const Tensor& x) {
   check_inputs(op, {{"x", &x}});
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -179,14 +181,17 @@ Tensor activation(const char* op, Activation act, const Tensor& x) {
     float* out = y.data<float>();
     const float* in = x.data<float>();
     switch (act) {
-      case Activation::kRelu:
+      case Pointwise::kRelu:
         k::relu_forward(out, in, x.numel(), scope.stream());
         break;
-      case Activation::kTanh:
+      case Pointwise::kTanh:
         k::tanh_forward(out, in, x.numel(), scope.stream());
         break;
-      case Activation::kSigmoid:
+      case Pointwise::kSigmoid:
         k::sigmoid_forward(out, in, x.numel(), scope.stream());
+        break;
+      case Pointwise::kGelu:
+        k::gelu_forward(out, in, x.numel(), scope.stream());
         break;
     }
     return y;
@@ -195,24 +200,28 @@ Tensor activation(const char* op, Activation act, const Tensor& x) {
   Tensor y = new_output(x.shape(), x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
     switch (act) {
-      case Activation::kRelu:
+      case Pointwise::kRelu:
         k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
         break;
-      case Activation::kTanh:
+      case Pointwise::kTanh:
         k::cpu::tanh_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
         break;
-      case Activation::kSigmoid:
+      case Pointwise::kSigmoid:
         k::cpu::sigmoid_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        break;
+      case Pointwise::kGelu:
+        k::cpu::gelu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
         break;
     }
   });
   return y;
 }
 
-void activation_backward(const char* op, Activation act, const Tensor& grad_out, const Tensor& y,
+void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, const Tensor& y,
                          GradSlot grad_x) {
-  check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}});
-  check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
+  const char* saved = act == Pointwise::kGelu ? "x" : "y";
+  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}});
+  check_same_shape(op, {"grad_out", &grad_out}, {saved, &y});
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
   // In place (GradSlot::may_share): dx overwrites dy elementwise, in grad_out's own memory, when
@@ -235,14 +244,17 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
     float* dx = grad_x.tensor->data<float>();
     const float *dy = grad_out.data<float>(), *out = y.data<float>();
     switch (act) {
-      case Activation::kRelu:
+      case Pointwise::kRelu:
         k::relu_backward(dx, dy, out, n, acc, scope.stream());
         break;
-      case Activation::kTanh:
+      case Pointwise::kTanh:
         k::tanh_backward(dx, dy, out, n, acc, scope.stream());
         break;
-      case Activation::kSigmoid:
+      case Pointwise::kSigmoid:
         k::sigmoid_backward(dx, dy, out, n, acc, scope.stream());
+        break;
+      case Pointwise::kGelu:
+        k::gelu_backward(dx, dy, out, n, acc, scope.stream());
         break;
     }
     return;
@@ -257,14 +269,17 @@ void activation_backward(const char* op, Activation act, const Tensor& grad_out,
     T* dx = slot_ptr<T>(grad_x);
     const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);
     switch (act) {
-      case Activation::kRelu:
+      case Pointwise::kRelu:
         k::cpu::relu_backward<T>(dx, dy, out, n, acc);
         break;
-      case Activation::kTanh:
+      case Pointwise::kTanh:
         k::cpu::tanh_backward<T>(dx, dy, out, n, acc);
         break;
-      case Activation::kSigmoid:
+      case Pointwise::kSigmoid:
         k::cpu::sigmoid_backward<T>(dx, dy, out, n, acc);
+        break;
+      case Pointwise::kGelu:
+        k::cpu::gelu_backward<T>(dx, dy, out, n, acc);
         break;
     }
   });
@@ -303,12 +318,12 @@ Tensor recorded_affine(const char* op, const Tensor& x, double alpha, double bet
 
 using ActivationBackward = void (*)(const Tensor&, const Tensor&, GradSlot);
 
-Tensor recorded_activation(const char* op, Activation act, ActivationBackward backward,
+Tensor recorded_activation(const char* op, Pointwise act, ActivationBackward backward,
                            const Tensor& x) {
   detail::NvtxRange range(op);
   Tensor y = activation(op, act, x);
   if (needs_grad({&x})) {
-    record(op, y, {&x}, {save("output", y)},
+    record(op, y, {&x}, {act == Pointwise::kGelu ? save("input", x) : save("output", y)},
            [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              backward(g, s[0], grads[0]);
            });
@@ -376,13 +391,16 @@ void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
 }
 
 Tensor relu(const Tensor& x) {
-  return recorded_activation("relu", Activation::kRelu, relu_backward, x);
+  return recorded_activation("relu", Pointwise::kRelu, relu_backward, x);
 }
 Tensor tanh(const Tensor& x) {
-  return recorded_activation("tanh", Activation::kTanh, tanh_backward, x);
+  return recorded_activation("tanh", Pointwise::kTanh, tanh_backward, x);
 }
 Tensor sigmoid(const Tensor& x) {
-  return recorded_activation("sigmoid", Activation::kSigmoid, sigmoid_backward, x);
+  return recorded_activation("sigmoid", Pointwise::kSigmoid, sigmoid_backward, x);
+}
+Tensor gelu(const Tensor& x) {
+  return recorded_activation("gelu", Pointwise::kGelu, gelu_backward, x);
 }
 
 void add_(const Tensor& a, const Tensor& b, double alpha) {
@@ -411,13 +429,16 @@ void copy_(const Tensor& dst, const Tensor& src) {
 }
 
 void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
-  activation_backward("relu_backward", Activation::kRelu, grad_out, y, grad_x);
+  activation_backward("relu_backward", Pointwise::kRelu, grad_out, y, grad_x);
 }
 void tanh_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
-  activation_backward("tanh_backward", Activation::kTanh, grad_out, y, grad_x);
+  activation_backward("tanh_backward", Pointwise::kTanh, grad_out, y, grad_x);
 }
 void sigmoid_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
-  activation_backward("sigmoid_backward", Activation::kSigmoid, grad_out, y, grad_x);
+  activation_backward("sigmoid_backward", Pointwise::kSigmoid, grad_out, y, grad_x);
+}
+void gelu_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
+  activation_backward("gelu_backward", Pointwise::kGelu, grad_out, x, grad_x);
 }
 
 }  // namespace graphward

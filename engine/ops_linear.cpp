@@ -147,30 +147,58 @@ LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, c
 }  // namespace
 
 namespace {
-Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias);
+const char* linear_name(Activation act) {
+  switch (act) {
+    case Activation::kRelu:
+      return "linear_relu";
+    case Activation::kGelu:
+      return "linear_gelu";
+    case Activation::kNone:
+      break;
+  }
+  return "linear";
 }
 
+struct LinearOut {
+  Tensor y;
+  Tensor z;  // the pre-activation x · Wᵀ + b (GELU only: its backward reads it)
+};
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  detail::NvtxRange range("linear");
-  Tensor y = linear_impl(x, weight, bias);
+  return linear(x, weight, bias, Activation::kNone);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  const char* name = linear_name(act);
+  detail::NvtxRange range(name);
+  LinearOut out = linear_impl(x, weight, bias, act);
   if (needs_grad({&x, &weight, &bias})) {
-    auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
-      linear_backward(g, s[0], s[1], grads[0], grads[1], grads.size() > 2 ? grads[2] : GradSlot{});
+    auto backward = [act](const Tensor& g, const std::vector<Tensor>& s,
+                          std::span<GradSlot> grads) {
+      linear_act_backward(g, s[0], s[1], s.size() > 2 ? s[2] : Tensor(), act, grads[0], grads[1],
+                          grads.size() > 2 ? grads[2] : GradSlot{});
     };
+    std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    if (act == Activation::kRelu) saved.push_back(save("output", out.y));
+    if (act == Activation::kGelu) saved.push_back(save("preactivation", out.z));
     if (bias.defined()) {
-      record("linear", y, {&x, &weight, &bias}, {save("x", x), save("weight", weight)}, backward);
+      record(name, out.y, {&x, &weight, &bias}, std::move(saved), backward);
     } else {
-      record("linear", y, {&x, &weight}, {save("x", x), save("weight", weight)}, backward);
+      record(name, out.y, {&x, &weight}, std::move(saved), backward);
     }
   }
-  return y;
+  return out.y;
 }
 
 namespace {
-Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const char* op = "linear";
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  const char* op = linear_name(act);
   const LinearDims d = check_linear(op, x, weight, bias);
-  // y [B,out] = x [B,in] · Wᵀ, then y += bias (a row broadcast, in place)
+  const std::int64_t n = d.batch * d.out;
+  LinearOut o;
+  // y [B,out] = act(x [B,in] · Wᵀ + bias): the bias a row broadcast; GELU's input kept in z.
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
@@ -179,28 +207,95 @@ Tensor linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     } else {
       scope.read({&x, &weight});
     }
-    Tensor y = new_output({d.batch, d.out}, x);
-    float* out = y.data<float>();
-    gemm_cuda(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, out);
-    if (bias.defined()) {
-      k::binary_forward(k::BinaryOp::kAdd, out, out, d.batch * d.out, bias.data<float>(), d.out,
-                        d.batch * d.out, scope.stream());
+    o.y = new_output({d.batch, d.out}, x);
+    if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
+    float* out = o.y.data<float>();
+    float* pre = act == Activation::kGelu ? o.z.data<float>() : out;
+    const float* b = bias.defined() ? bias.data<float>() : nullptr;
+    const bool has_bias = bias.defined();
+    k::Epilogue ep = has_bias ? k::Epilogue::kBias : k::Epilogue::kNone;
+    if (act == Activation::kRelu) ep = has_bias ? k::Epilogue::kBiasRelu : k::Epilogue::kRelu;
+    if (act == Activation::kGelu) ep = has_bias ? k::Epilogue::kBiasGeluAux : k::Epilogue::kGeluAux;
+    // One kernel where cuBLASLt has the epilogue; else the GEMM, the bias and the activation.
+    const bool fused = ep != k::Epilogue::kNone &&
+                       graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
+                                                d.out, d.in, x.data<float>(), weight.data<float>(),
+                                                out, ep, b, o.z.defined() ? pre : nullptr);
+    if (!fused) {
+      gemm_cuda(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
+      if (has_bias) {
+        k::binary_forward(k::BinaryOp::kAdd, pre, pre, n, b, d.out, n, scope.stream());
+      }
+      if (act == Activation::kRelu) k::relu_forward(out, out, n, scope.stream());
+      if (act == Activation::kGelu) k::gelu_forward(out, pre, n, scope.stream());
     }
-    return y;
+    return o;
 #endif
   }
-  Tensor y = new_output({d.batch, d.out}, x);
+  o.y = new_output({d.batch, d.out}, x);
+  if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
-    T* out = ptr<T>(y);
-    gemm_cpu<T>(false, true, d.batch, d.out, d.in, x, weight, false, out);
+    T* out = ptr<T>(o.y);
+    T* pre = act == Activation::kGelu ? ptr<T>(o.z) : out;
+    gemm_cpu<T>(false, true, d.batch, d.out, d.in, x, weight, false, pre);
     if (bias.defined()) {
-      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, out, out, d.batch * d.out, ptr<T>(bias), d.out,
-                                d.batch * d.out);
+      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, pre, pre, n, ptr<T>(bias), d.out, n);
     }
+    if (act == Activation::kRelu) k::cpu::relu_forward<T>(out, out, n);
+    if (act == Activation::kGelu) k::cpu::gelu_forward<T>(out, pre, n);
   });
-  return y;
+  return o;
 }
 }  // namespace
+
+void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& saved, Activation act, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias) {
+  if (act == Activation::kNone) {
+    linear_backward(grad_out, x, weight, grad_x, grad_weight, grad_bias);
+    return;
+  }
+  const char* op = act == Activation::kRelu ? "linear_relu_backward" : "linear_gelu_backward";
+  const char* saved_name = act == Activation::kRelu ? "output" : "preactivation";
+  // Every check before anything is allocated or written (Note [Check, then write]).
+  const LinearDims d = check_linear(op, x, weight, Tensor());
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}});
+  GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str({d.batch, d.out}));
+  check_same_shape(op, {"grad_out", &grad_out}, {saved_name, &saved});
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  if (!want_x && !want_w && !want_b) return;
+  // dz = dy · act'(·), a temporary; then the linear layer's backward of dz.
+  Tensor dz;
+  const std::int64_t n = d.batch * d.out;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &saved});
+    dz = new_output({d.batch, d.out}, x);
+    if (act == Activation::kRelu) {
+      k::relu_backward(dz.data<float>(), grad_out.data<float>(), saved.data<float>(), n, false,
+                       scope.stream());
+    } else {
+      k::gelu_backward(dz.data<float>(), grad_out.data<float>(), saved.data<float>(), n, false,
+                       scope.stream());
+    }
+#endif
+  } else {
+    dz = new_output({d.batch, d.out}, x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      if (act == Activation::kRelu) {
+        k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+      } else {
+        k::cpu::gelu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+      }
+    });
+  }
+  linear_backward(dz, x, weight, grad_x, grad_weight, grad_bias);
+}
 
 void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
                      GradSlot grad_weight, GradSlot grad_bias) {

@@ -49,6 +49,24 @@ __global__ void sigmoid_backward_kernel(float* dx, const float* dy, const float*
   }
 }
 
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+__global__ void gelu_forward_kernel(float* y, const float* x, std::int64_t n) {
+  GW_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
+  }
+}
+__global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x, std::int64_t n,
+                                     bool accumulate) {
+  GW_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
+    const float d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
+    store(dx, i, dy[i] * d, accumulate);
+  }
+}
+
 template <BinaryOp op>
 __global__ void binary_forward_kernel(float* y, const float* a, std::int64_t a_period,
                                       const float* b, std::int64_t b_period, std::int64_t n) {
@@ -112,6 +130,16 @@ void sigmoid_forward(float* y, const float* x, std::int64_t n, cudaStream_t stre
 void sigmoid_backward(float* dx, const float* dy, const float* y, std::int64_t n, bool accumulate,
                       cudaStream_t stream) {
   sigmoid_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, y, n, accumulate);
+  GW_LAUNCH_CHECK();
+}
+
+void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream) {
+  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
+  GW_LAUNCH_CHECK();
+}
+void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
+                   cudaStream_t stream) {
+  gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, x, n, accumulate);
   GW_LAUNCH_CHECK();
 }
 

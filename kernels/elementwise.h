@@ -31,6 +31,12 @@ void tanh_backward(float* dx, const float* dy, const float* y, std::int64_t n, b
 void sigmoid_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream);
 void sigmoid_backward(float* dx, const float* dy, const float* y, std::int64_t n, bool accumulate,
                       cudaStream_t stream);  // dx = dy * y * (1 - y)
+// GELU, tanh approximation (the form cuBLASLt's GELU epilogues compute, PyTorch's
+// gelu(approximate="tanh")): y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x³))). Its backward
+// reads the input x, not y.
+void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream);
+void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
+                   cudaStream_t stream);  // dx = dy * gelu'(x)
 
 // y[i] = a[i % a_period] (op) b[i % b_period]
 void binary_forward(BinaryOp op, float* y, const float* a, std::int64_t a_period, const float* b,
@@ -61,6 +67,10 @@ template <class T>
 void sigmoid_forward(T* y, const T* x, std::int64_t n);
 template <class T>
 void sigmoid_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accumulate);
+template <class T>
+void gelu_forward(T* y, const T* x, std::int64_t n);
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumulate);
 template <class T>
 void binary_forward(BinaryOp op, T* y, const T* a, std::int64_t a_period, const T* b,
                     std::int64_t b_period, std::int64_t n);

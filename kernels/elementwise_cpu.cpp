@@ -36,6 +36,24 @@ void sigmoid_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accum
   for (std::int64_t i = 0; i < n; ++i) store(dx, i, dy[i] * y[i] * (T(1) - y[i]), accumulate);
 }
 template <class T>
+void gelu_forward(T* y, const T* x, std::int64_t n) {
+  const T c = T(0.7978845608028654), a = T(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    y[i] = T(0.5) * v * (T(1) + std::tanh(c * (v + a * v * v * v)));
+  }
+}
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumulate) {
+  const T c = T(0.7978845608028654), a = T(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T v = x[i];
+    const T t = std::tanh(c * (v + a * v * v * v));
+    const T d = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * c * (T(1) + T(3) * a * v * v);
+    store(dx, i, dy[i] * d, accumulate);
+  }
+}
+template <class T>
 void binary_forward(BinaryOp op, T* y, const T* a, std::int64_t a_period, const T* b,
                     std::int64_t b_period, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
@@ -66,6 +84,8 @@ void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period,
   template void tanh_backward<T>(T*, const T*, const T*, std::int64_t, bool);                   \
   template void sigmoid_forward<T>(T*, const T*, std::int64_t);                                 \
   template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool);                \
+  template void gelu_forward<T>(T*, const T*, std::int64_t);                                    \
+  template void gelu_backward<T>(T*, const T*, const T*, std::int64_t, bool);                   \
   template void binary_forward<T>(BinaryOp, T*, const T*, std::int64_t, const T*, std::int64_t, \
                                   std::int64_t);                                                \
   template void affine_forward<T>(T*, const T*, T, T, std::int64_t);                            \

@@ -49,6 +49,44 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                      &bias_type, sizeof(bias_type)));
     }
+    if (options.epilogue != Epilogue::kNone) {
+      GW_CHECK(!options.bias_grad_a, "LtGemm: a forward epilogue and a bias gradient cannot be "
+                                     "fused into one GEMM");
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+      switch (options.epilogue) {
+        case Epilogue::kNone:
+          break;
+        case Epilogue::kBias:
+          epilogue = CUBLASLT_EPILOGUE_BIAS;
+          break;
+        case Epilogue::kRelu:
+          epilogue = CUBLASLT_EPILOGUE_RELU;
+          break;
+        case Epilogue::kBiasRelu:
+          epilogue = CUBLASLT_EPILOGUE_RELU_BIAS;
+          break;
+        case Epilogue::kGeluAux:
+          epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+          break;
+        case Epilogue::kBiasGeluAux:
+          epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+          break;
+      }
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
+      if (epilogue_has_bias(options.epilogue)) {
+        // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of
+        // our row-major C, as a linear layer's bias is.
+        const cudaDataType_t bias_type = CUDA_R_32F;
+        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      }
+      if (epilogue_has_aux(options.epilogue)) {
+        const std::int64_t aux_ld = n;  // laid out like C
+        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                       &aux_ld, sizeof(aux_ld)));
+      }
+    }
     const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
     GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_32F, na ? mm : kk, na ? kk : mm,
                                                static_cast<std::int64_t>(na ? mm : kk)));
@@ -68,6 +106,11 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
+    // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
+    if (epilogue_has_aux(options.epilogue) && n % 8 != 0) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      return;  // not usable: the caller runs separate kernels
+    }
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 1, &result, &found);
     // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
@@ -126,7 +169,8 @@ void LtGemm::release() noexcept {
 }
 
 void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
-                 std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad) {
+                 std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad,
+                 const float* bias, float* aux) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
   if (options_.bias_grad_a) {
     GW_CHECK(bias_grad != nullptr,
@@ -136,6 +180,23 @@ void LtGemm::run(float alpha, const float* a, const float* b, float beta, float*
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &bias_grad, sizeof(bias_grad)));
       bias_ = bias_grad;
+    }
+  }
+  if (epilogue_has_bias(options_.epilogue)) {
+    GW_CHECK(bias != nullptr, "LtGemm::run: this plan adds a bias; expected its pointer, got null");
+    if (bias != bias_) {
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bias, sizeof(bias)));
+      bias_ = bias;
+    }
+  }
+  if (epilogue_has_aux(options_.epilogue)) {
+    GW_CHECK(aux != nullptr, "LtGemm::run: this plan writes the pre-activation; expected its "
+                             "pointer, got null");
+    if (aux != aux_) {
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                     &aux, sizeof(aux)));
+      aux_ = aux;
     }
   }
   GW_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo_,
@@ -159,6 +220,9 @@ std::string LtGemm::describe() const {
                   std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + " reduction " +
                   std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
   if (options_.bias_grad_a) s += " +bias-grad epilogue";
+  if (options_.epilogue != Epilogue::kNone) {
+    s += " +epilogue " + std::to_string(static_cast<int>(options_.epilogue));
+  }
   return s;
 }
 

@@ -33,6 +33,17 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
 
+// A forward epilogue (row-major terms of gemm(), beta = 0): C = act(op(A)·op(B) + bias), the bias
+// [n] added to every row. kGeluAux also writes the pre-activation op(A)·op(B) + bias into `aux`
+// ([m, n], row-major, like C): what GELU's backward reads. GELU is the tanh approximation.
+enum class Epilogue : std::uint8_t { kNone, kBias, kRelu, kBiasRelu, kGeluAux, kBiasGeluAux };
+constexpr bool epilogue_has_bias(Epilogue e) {
+  return e == Epilogue::kBias || e == Epilogue::kBiasRelu || e == Epilogue::kBiasGeluAux;
+}
+constexpr bool epilogue_has_aux(Epilogue e) {
+  return e == Epilogue::kGeluAux || e == Epilogue::kBiasGeluAux;
+}
+
 // What a cuBLASLt plan may fuse into its epilogue and which algorithms it may pick.
 struct LtOptions {
   // Also writes bias_grad[m] = Σ_k op(A)[i, k] (row-major terms of gemm(); cuBLASLt's BGRADB,
@@ -42,6 +53,8 @@ struct LtOptions {
   // Allow split-K algorithms (a second, reduction kernel on some): the heuristic's first choice.
   // Without: the same choice with its split removed (one kernel), where cuBLASLt accepts that.
   bool split_k = true;
+  // A forward epilogue (not with bias_grad_a).
+  Epilogue epilogue = Epilogue::kNone;
   bool operator==(const LtOptions&) const = default;
 };
 
@@ -61,9 +74,11 @@ class LtGemm {
 
   // False when the heuristic offered no algorithm: use gemm() (and a reduction) instead.
   bool usable() const { return usable_; }
-  // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise).
+  // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise);
+  // bias ([n]) and aux ([m, n]): the epilogue's (required where it has them, ignored otherwise).
   void run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
-           std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad = nullptr);
+           std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad = nullptr,
+           const float* bias = nullptr, float* aux = nullptr);
   // The chosen algorithm, readable: "algo 6 tile 11 stages 8 splitK 1 reduction none ...".
   std::string describe() const;
 
@@ -76,6 +91,7 @@ class LtGemm {
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
   const float* bias_ = nullptr;  // the bias pointer currently set on desc_
+  float* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
   bool usable_ = false;
 };
 #endif

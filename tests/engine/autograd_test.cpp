@@ -53,6 +53,24 @@ TEST(AutogradCpu, BranchModelGradientsMatchFiniteDifferences) {
   }
 }
 
+TEST(AutogradCpu, ALinearWithAFusedActivationIsOneNodeWithTheComposedOpsGradients) {
+  for (const Activation act : {Activation::kRelu, Activation::kGelu}) {
+    const Tensor x = param({6, 5}, 61), w = param({4, 5}, 62), b = param({4}, 63);
+    const Tensor x2 = param({6, 5}, 61), w2 = param({4, 5}, 62), b2 = param({4}, 63);
+    const Tensor t = randn({6, 4}, 64, f64());
+    const Tensor y = linear(x, w, b, act);
+    ASSERT_TRUE(y.grad_fn());
+    EXPECT_EQ(y.grad_fn()->name(), act == Activation::kRelu ? "linear_relu" : "linear_gelu");
+    EXPECT_EQ(y.grad_fn()->inputs().size(), 3u);
+    backward(mse_loss(y, t));
+    const Tensor z = linear(x2, w2, b2);
+    backward(mse_loss(act == Activation::kRelu ? relu(z) : gelu(z), t));
+    for (auto [a, c] : {std::pair{x, x2}, std::pair{w, w2}, std::pair{b, b2}}) {
+      EXPECT_LT(rel_error(a.grad(), c.grad()), 1e-14) << static_cast<int>(act);
+    }
+  }
+}
+
 TEST(AutogradCpu, FanOutSumsTheGradients) {
   // y = sum(x * x + x): dy/dx = 2x + 1; x is used three times.
   const Tensor x = param({7}, 11);

@@ -173,6 +173,73 @@ TEST(OpsGradcheckCpu, Activations) {
   }
 }
 
+TEST(OpsForwardCpu, GeluIsTheTanhApproximation) {
+  const std::vector<double> xs{-6, -2, -0.5, 0, 0.5, 3, 8};
+  const std::vector<double> y = vals(gelu(from_vector(xs, {7})));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_DOUBLE_EQ(y[i], want) << v;
+  }
+  EXPECT_EQ(y[3], 0.0);
+  EXPECT_NEAR(y[0], 0.0, 1e-10);  // saturates to 0 and to x, never NaN
+  EXPECT_DOUBLE_EQ(y[6], 8.0);
+  EXPECT_EQ(vals(gelu(from_vector(std::vector<float>{-1e30f, 1e30f}, {2}))),
+            (std::vector<double>{0.0, 1e30f}));
+}
+
+TEST(OpsGradcheckCpu, Gelu) {
+  const double err = gradcheck_error([](const Inputs& in) { return gelu(in[0]); },
+                                     [](const Tensor& g, const Inputs& in) {
+                                       Tensor gx;
+                                       gelu_backward(g, in[0], {&gx});
+                                       return Inputs{gx};
+                                     },
+                                     {mul(randn({4, 7}, 22, f64()), 2.0)});
+  EXPECT_LT(err, 1e-7);
+}
+
+TEST(OpsForwardCpu, LinearWithAnActivationIsTheActivationOfTheLinear) {
+  const Tensor x = randn({5, 6}, 31, f64()), w = randn({4, 6}, 32, f64()), b = randn({4}, 33, f64());
+  EXPECT_EQ(vals(linear(x, w, b, Activation::kNone)), vals(linear(x, w, b)));
+  EXPECT_EQ(vals(linear(x, w, b, Activation::kRelu)), vals(relu(linear(x, w, b))));
+  EXPECT_EQ(vals(linear(x, w, b, Activation::kGelu)), vals(gelu(linear(x, w, b))));
+  EXPECT_EQ(vals(linear(x, w, Tensor(), Activation::kGelu)), vals(gelu(linear(x, w))));
+}
+
+TEST(OpsGradcheckCpu, LinearWithAFusedActivation) {
+  struct Case {
+    Activation act;
+    bool bias;
+  };
+  for (const Case c : {Case{Activation::kRelu, true}, Case{Activation::kRelu, false},
+                       Case{Activation::kGelu, true}, Case{Activation::kGelu, false}}) {
+    Inputs in{randn({4, 6}, 41, f64()), randn({5, 6}, 42, f64())};
+    if (c.bias) in.push_back(randn({5}, 43, f64()));
+    const Activation act = c.act;
+    auto forward = [act](const Inputs& x) {
+      return linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor(), act);
+    };
+    // The tensor the node saves: the output (ReLU) or the pre-activation (GELU).
+    auto saved = [act](const Inputs& x) {
+      const Tensor z = linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor());
+      return act == Activation::kRelu ? relu(z) : z;
+    };
+    const double err = gradcheck_error(forward,
+                                       [&](const Tensor& g, const Inputs& x) {
+                                         Tensor gx, gw, gb;
+                                         linear_act_backward(g, x[0], x[1], saved(x), act, {&gx},
+                                                             {&gw}, x.size() > 2 ? GradSlot{&gb}
+                                                                                 : GradSlot{});
+                                         Inputs out{gx, gw};
+                                         if (x.size() > 2) out.push_back(gb);
+                                         return out;
+                                       },
+                                       in);
+    EXPECT_LT(err, 1e-7) << "act " << static_cast<int>(act) << " bias " << c.bias;
+  }
+}
+
 TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
   const double err_sum = gradcheck_error([](const Inputs& in) { return sum(in[0]); },
                                          [](const Tensor& g, const Inputs& in) {

@@ -143,16 +143,20 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
     const char* name;
     Tensor (*forward)(const Tensor&);
     void (*backward)(const Tensor&, const Tensor&, GradSlot);
+    bool reads_input;  // the backward reads x (GELU), not y
   };
-  const Act acts[] = {{"relu", relu, relu_backward},
-                      {"tanh", graphward::tanh, tanh_backward},
-                      {"sigmoid", sigmoid, sigmoid_backward}};
+  const Act acts[] = {{"relu", relu, relu_backward, false},
+                      {"tanh", graphward::tanh, tanh_backward, false},
+                      {"sigmoid", sigmoid, sigmoid_backward, false},
+                      {"gelu", gelu, gelu_backward, true}};
   for (const Act& act : acts) {
     for (const Shape& s : kElementwiseShapes) {
       const Tensor x = mul(rand(s), 3.0), dy = rand(s);
-      const Tensor y = act.forward(x);
-      EXPECT_LT(rel_error(act.forward(gpu(x)), y), kElementwiseTol) << act.name << shape_str(s);
-      // Both backends differentiate through the same y, so the comparison tests the backward alone.
+      const Tensor out = act.forward(x);
+      EXPECT_LT(rel_error(act.forward(gpu(x)), out), kElementwiseTol) << act.name << shape_str(s);
+      // Both backends differentiate through the same tensor, so the comparison tests the backward
+      // alone.
+      const Tensor y = act.reads_input ? x : out;
       const Tensor gy = gpu(y), gdy = gpu(dy);
       expect_backward_matches<1>(
           act.name, {s}, kElementwiseTol,
@@ -276,6 +280,89 @@ TEST_F(CudaOps, GemmWithFusedBiasGradient) {
           << what << " (bias gradient)";
     }
   }
+}
+
+TEST_F(CudaOps, LinearWithAFusedActivationForwardAndBackward) {
+  // The fused epilogue (cuBLASLt) where the shape allows it, the separate kernels elsewhere (GELU's
+  // aux needs out % 8 == 0): both against the CPU reference, with and without a bias.
+  std::vector<GemmShape> shapes(std::begin(kGemmShapes), std::end(kGemmShapes));
+  shapes.push_back({64, 256, 256});
+  shapes.push_back({256, 1024, 1024});
+  for (const GemmShape& s : shapes) {
+    for (const Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu}) {
+      for (const bool with_bias : {true, false}) {
+        const std::string what = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" +
+                                 std::to_string(s.n) + " act " +
+                                 std::to_string(static_cast<int>(act)) + " bias " +
+                                 std::to_string(with_bias);
+        const Tensor x = rand({s.m, s.k}), w = rand({s.n, s.k}), dy = rand({s.m, s.n});
+        const Tensor b = with_bias ? rand({s.n}) : Tensor();
+        const Tensor gb = with_bias ? gpu(b) : Tensor();
+        const Tensor y = linear(x, w, b, act);
+        EXPECT_LT(rel_error(linear(gpu(x), gpu(w), gb, act), y), kGemmTol) << what;
+        // The backward alone, from the same saved tensor on both backends.
+        const Tensor z = linear(x, w, b);
+        const Tensor saved = act == Activation::kRelu ? y : z;
+        const Tensor gx = gpu(x), gw = gpu(w), gdy = gpu(dy), gsaved = gpu(saved);
+        auto make = [act, with_bias](const Tensor& dy_, const Tensor& x_, const Tensor& w_,
+                                     const Tensor& s_) {
+          return [&dy_, &x_, &w_, &s_, act, with_bias](std::array<Tensor, 3>& g, bool acc) {
+            linear_act_backward(dy_, x_, w_, s_, act, {&g[0], acc}, {&g[1], acc},
+                                {&g[2], acc});
+            (void)with_bias;
+          };
+        };
+        expect_backward_matches<3>(what.c_str(), {x.shape(), w.shape(), Shape{s.n}}, kGemmTol,
+                                   make(dy, x, w, saved), make(gdy, gx, gw, gsaved));
+      }
+    }
+  }
+}
+
+// Kernel nodes of `forward` captured on a stream of its own (after one eager run: plans and
+// workspaces are made outside the capture).
+std::size_t kernels_in(const std::function<Tensor()>& forward) {
+  (void)forward();
+  Stream s(kGpu);
+  GraphMemoryPool pool(kGpu);
+  cudaGraph_t graph = nullptr;
+  {
+    StreamGuard on(s);
+    (void)forward();  // this stream's cuBLAS workspace, outside the capture
+    EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    {
+      GraphPoolScope scope(pool);
+      (void)forward();
+    }
+    EXPECT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
+  }
+  std::size_t n = 0, kernels = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type == cudaGraphNodeTypeKernel) ++kernels;
+  }
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  return kernels;
+}
+
+TEST(CudaLinearEpilogue, ALinearLayerWithItsBiasAndActivationIsOneKernel) {
+  GW_REQUIRE_GPU();  // no poisoning here: it would add a fill kernel per allocation
+  const TensorOptions f32{DType::kFloat32, kGpu};
+  const Tensor x = randn({64, 256}, 1, f32), w = randn({256, 256}, 2, f32), b = randn({256}, 3, f32);
+  EXPECT_EQ(kernels_in([&] { return linear(x, w, b); }), 1u);
+  EXPECT_EQ(kernels_in([&] { return linear(x, w, b, Activation::kRelu); }), 1u);
+  EXPECT_EQ(kernels_in([&] { return linear(x, w, b, Activation::kGelu); }), 1u);
+  EXPECT_EQ(kernels_in([&] { return linear(x, w, Tensor(), Activation::kGelu); }), 1u);
+  // The composed ops: GEMM, bias, activation.
+  EXPECT_EQ(kernels_in([&] { return gelu(linear(x, w, b)); }), 2u);
+  // GELU's pre-activation output needs out % 8 == 0 in cuBLASLt: the separate kernels.
+  const Tensor w13 = randn({13, 256}, 4, f32), b13 = randn({13}, 5, f32);
+  EXPECT_EQ(kernels_in([&] { return linear(x, w13, b13, Activation::kGelu); }), 3u);
 }
 
 TEST_F(CudaOps, LinearBackwardWithMixedSlotModes) {

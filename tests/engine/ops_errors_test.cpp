@@ -19,6 +19,25 @@ TEST(OpsErrors, LinearWeightAndBiasShapes) {
   GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5})), "linear", "bias", "[5]", "[4]");
 }
 
+TEST(OpsErrors, LinearWithAnActivationNamesItselfAndItsSavedTensor) {
+  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 5}), Tensor(), Activation::kGelu), "linear_gelu",
+                  "[2, 3]", "[4, 5]");
+  GW_EXPECT_ERROR(linear(zeros({2, 3}), zeros({4, 3}), zeros({5}), Activation::kRelu),
+                  "linear_relu", "bias", "[5]", "[4]");
+  // A saved tensor of the wrong shape: refused before any slot is written.
+  const Tensor x = randn({2, 3}, 1), w = randn({4, 3}, 2), dy = randn({2, 4}, 3);
+  Tensor gx = randn({2, 3}, 4), gw = randn({4, 3}, 5);
+  const std::vector<float> gx0 = gx.to_vector<float>(), gw0 = gw.to_vector<float>();
+  GW_EXPECT_ERROR(linear_act_backward(dy, x, w, zeros({2, 5}), Activation::kGelu, {&gx, true},
+                                      {&gw, true}),
+                  "linear_gelu_backward", "preactivation", "[2, 5]", "[2, 4]");
+  GW_EXPECT_ERROR(linear_act_backward(dy, x, w, Tensor(), Activation::kRelu, {&gx, true},
+                                      {&gw, true}),
+                  "linear_relu_backward", "output", "undefined");
+  EXPECT_EQ(gx.to_vector<float>(), gx0);
+  EXPECT_EQ(gw.to_vector<float>(), gw0);
+}
+
 TEST(OpsErrors, NonBroadcastableShapes) {
   GW_EXPECT_ERROR(add(zeros({2, 3}), zeros({3, 2})), "add", "[2, 3]", "[3, 2]", "broadcast");
   GW_EXPECT_ERROR(mul(zeros({2, 3}), zeros({2})), "mul", "[2, 3]", "[2]");
