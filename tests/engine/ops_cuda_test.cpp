@@ -319,28 +319,33 @@ TEST_F(CudaOps, LinearWithAFusedActivationForwardAndBackward) {
   }
 }
 
-// Kernel nodes of `forward` captured on a stream of its own (after one eager run: plans and
-// workspaces are made outside the capture).
-std::size_t kernels_in(const std::function<Tensor()>& forward) {
-  (void)forward();
-  Stream s(kGpu);
+// Kernel nodes of `forward` captured on `s`, where its inputs were made (so that nothing in the
+// capture waits on another stream), after one eager run on `s` (plans and cuBLAS workspaces are
+// made outside the capture).
+std::size_t kernels_in(Stream& s, const std::function<Tensor()>& forward) {
   GraphMemoryPool pool(kGpu);
   cudaGraph_t graph = nullptr;
   {
     StreamGuard on(s);
-    (void)forward();  // this stream's cuBLAS workspace, outside the capture
+    (void)forward();
     EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
     EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    {
+    try {
       GraphPoolScope scope(pool);
       (void)forward();
+    } catch (...) {
+      (void)cudaStreamEndCapture(s.get(), &graph);
+      if (graph) (void)cudaGraphDestroy(graph);
+      throw;
     }
     EXPECT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
   }
   std::size_t n = 0, kernels = 0;
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  if (n > 0) {
+    EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
+  }
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
     EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
@@ -353,16 +358,18 @@ std::size_t kernels_in(const std::function<Tensor()>& forward) {
 TEST(CudaLinearEpilogue, ALinearLayerWithItsBiasAndActivationIsOneKernel) {
   GW_REQUIRE_GPU();  // no poisoning here: it would add a fill kernel per allocation
   const TensorOptions f32{DType::kFloat32, kGpu};
+  Stream s(kGpu);
+  StreamGuard on(s);  // the inputs are made on s
   const Tensor x = randn({64, 256}, 1, f32), w = randn({256, 256}, 2, f32), b = randn({256}, 3, f32);
-  EXPECT_EQ(kernels_in([&] { return linear(x, w, b); }), 1u);
-  EXPECT_EQ(kernels_in([&] { return linear(x, w, b, Activation::kRelu); }), 1u);
-  EXPECT_EQ(kernels_in([&] { return linear(x, w, b, Activation::kGelu); }), 1u);
-  EXPECT_EQ(kernels_in([&] { return linear(x, w, Tensor(), Activation::kGelu); }), 1u);
-  // The composed ops: GEMM, bias, activation.
-  EXPECT_EQ(kernels_in([&] { return gelu(linear(x, w, b)); }), 2u);
-  // GELU's pre-activation output needs out % 8 == 0 in cuBLASLt: the separate kernels.
   const Tensor w13 = randn({13, 256}, 4, f32), b13 = randn({13}, 5, f32);
-  EXPECT_EQ(kernels_in([&] { return linear(x, w13, b13, Activation::kGelu); }), 3u);
+  EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, b); }), 1u);
+  EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, b, Activation::kRelu); }), 1u);
+  EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, b, Activation::kGelu); }), 1u);
+  EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, Tensor(), Activation::kGelu); }), 1u);
+  // The composed ops: the linear (bias fused), then the activation.
+  EXPECT_EQ(kernels_in(s, [&] { return gelu(linear(x, w, b)); }), 2u);
+  // GELU's pre-activation output needs out % 8 == 0 in cuBLASLt: GEMM, bias, GELU apart.
+  EXPECT_EQ(kernels_in(s, [&] { return linear(x, w13, b13, Activation::kGelu); }), 3u);
 }
 
 TEST_F(CudaOps, LinearBackwardWithMixedSlotModes) {

@@ -1,0 +1,275 @@
+#include "engine/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "engine/autograd.h"
+#include "engine/nvtx.h"
+#include "engine/ops_common.h"
+#include "kernels/elementwise.h"
+
+namespace graphward {
+using namespace ops_detail;
+namespace k = kernels;
+
+namespace {
+
+void check_params(const char* what, const std::vector<Tensor>& params) {
+  GW_CHECK(!params.empty(), what, ": expected at least one parameter, got none");
+  const Tensor& first = params.front();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    GW_CHECK(p.defined() && p.numel() > 0, what, ": parameter ", i,
+             " is undefined or empty; expected a tensor with elements");
+    GW_CHECK(p.device() == first.device() && p.dtype() == first.dtype(), what, ": parameter ", i,
+             " is ", p.str(), " and parameter 0 is ", first.str(),
+             "; expected one device and one dtype");
+    if (p.is_cuda()) {
+      GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
+               "; CUDA parameters are float32");
+    }
+    const Tensor& g = p.grad();
+    if (g.defined()) {
+      GW_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(), what,
+               ": parameter ", i, "'s .grad is ", g.str(), "; expected the parameter's shape, "
+               "dtype and device (", p.str(), ")");
+    }
+  }
+}
+
+void check_hyper(const char* what, const char* name, double v, double low, bool low_open,
+                 double high = INFINITY) {
+  const bool ok = std::isfinite(v) && (low_open ? v > low : v >= low) && v <= high;
+  GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ", low_open ? ">" : ">=",
+           " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
+}
+
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.raw_data());
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
+    : name_(name), params_(std::move(params)), lr_value_(lr) {
+  check_params(name_, params_);
+  check_hyper(name_, "lr", lr, 0, false);
+  device_ = params_.front().device();
+  const TensorOptions opt{params_.front().dtype(), device_};
+  lr_ = full({1}, lr, opt);
+  step_ = zeros({1}, opt);
+}
+
+void Optimizer::set_lr(double lr) {
+  check_hyper(name_, "lr", lr, 0, false);
+  Tensor target = lr_;
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    target.storage()->sync_for_write(scope.stream());
+    k::fill(f32(target), static_cast<float>(lr), 1, scope.stream());
+#endif
+  } else {
+    dispatch_cpu(target.dtype(), [&]<class T>() { ptr<T>(target)[0] = static_cast<T>(lr); });
+  }
+  target.bump_version();
+  lr_value_ = lr;
+}
+
+std::int64_t Optimizer::steps() const {
+  return static_cast<std::int64_t>(step_.item());
+}
+
+bool Optimizer::prepare(std::size_t i, const std::vector<Tensor*>& state, cudaStream_t stream) {
+  const Tensor& p = params_[i];
+  const Tensor& g = p.grad();
+  if (!g.defined()) return false;
+  if (stream) {
+    g.storage()->sync_for_read(stream);
+    p.storage()->sync_for_write(stream);
+    for (Tensor* s : state) {
+      if (s->defined()) s->storage()->sync_for_write(stream);
+    }
+  }
+  p.bump_version();
+  for (Tensor* s : state) {
+    if (s->defined()) s->bump_version();
+  }
+  return true;
+}
+
+void Optimizer::finish_step(cudaStream_t stream) {
+  if (stream) {
+#if GRAPHWARD_HAS_CUDA
+    step_.storage()->sync_for_write(stream);
+    k::increment(f32(step_), stream);
+#endif
+  } else {
+    dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[0] += T(1); });
+  }
+  step_.bump_version();
+}
+
+void Optimizer::zero_grad() {
+  detail::NvtxRange range("zero_grad");
+  for (const Tensor& p : params_) {
+    const Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+      CudaScope scope(device_);
+      g.storage()->sync_for_write(scope.stream());
+      GW_CUDA_CHECK(cudaMemsetAsync(g.raw_data(), 0, g.nbytes(), scope.stream()));
+#endif
+    } else {
+      dispatch_cpu(g.dtype(), [&]<class T>() {
+        T* d = ptr<T>(g);
+        for (std::int64_t j = 0; j < g.numel(); ++j) d[j] = T(0);
+      });
+    }
+    g.bump_version();
+  }
+}
+
+Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
+    : Optimizer("Sgd", std::move(params), o.lr) {
+  check_hyper(name_, "momentum", o.momentum, 0, false);
+  check_hyper(name_, "dampening", o.dampening, 0, false, 1);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false);
+  GW_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), name_,
+           ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
+           ", dampening ", o.dampening);
+  hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov};
+  momentum_.resize(params_.size());
+  if (o.momentum != 0) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      momentum_[i] = zeros(params_[i].shape(), {params_[i].dtype(), device_});
+    }
+  }
+}
+
+void Sgd::step() {
+  detail::NvtxRange range("Sgd::step");
+  check_params(name_, params_);
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    const cudaStream_t s = scope.stream();
+    lr_.storage()->sync_for_read(s);
+    step_.storage()->sync_for_read(s);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!prepare(i, {&momentum_[i]}, s)) continue;
+      const Tensor& p = params_[i];
+      k::sgd_step(f32(p), f32(p.grad()), momentum_[i].defined() ? f32(momentum_[i]) : nullptr,
+                  p.numel(), f32(lr_), f32(step_), hp_, s);
+    }
+    finish_step(s);
+    return;
+#endif
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!prepare(i, {&momentum_[i]}, nullptr)) continue;
+    const Tensor& p = params_[i];
+    dispatch_cpu(p.dtype(), [&]<class T>() {
+      k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()),
+                          momentum_[i].defined() ? ptr<T>(momentum_[i]) : nullptr, p.numel(),
+                          ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+    });
+  }
+  finish_step(nullptr);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
+    : Optimizer("AdamW", std::move(params), o.lr) {
+  check_hyper(name_, "beta1", o.beta1, 0, false, 1);
+  check_hyper(name_, "beta2", o.beta2, 0, false, 1);
+  GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
+  check_hyper(name_, "eps", o.eps, 0, true);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false);
+  hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
+  for (const Tensor& p : params_) {
+    m_.push_back(zeros(p.shape(), {p.dtype(), device_}));
+    v_.push_back(zeros(p.shape(), {p.dtype(), device_}));
+  }
+}
+
+void AdamW::step() {
+  detail::NvtxRange range("AdamW::step");
+  check_params(name_, params_);
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    const cudaStream_t s = scope.stream();
+    lr_.storage()->sync_for_read(s);
+    step_.storage()->sync_for_read(s);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!prepare(i, {&m_[i], &v_[i]}, s)) continue;
+      const Tensor& p = params_[i];
+      k::adamw_step(f32(p), f32(p.grad()), f32(m_[i]), f32(v_[i]), p.numel(), f32(lr_),
+                    f32(step_), hp_, s);
+    }
+    finish_step(s);
+    return;
+#endif
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!prepare(i, {&m_[i], &v_[i]}, nullptr)) continue;
+    const Tensor& p = params_[i];
+    dispatch_cpu(p.dtype(), [&]<class T>() {
+      k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m_[i]), ptr<T>(v_[i]), p.numel(),
+                            ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+    });
+  }
+  finish_step(nullptr);
+}
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  const char* what = "clip_grad_norm";
+  detail::NvtxRange range(what);
+  check_params(what, params);
+  check_hyper(what, "max_norm", max_norm, 0, true);
+  std::vector<const Tensor*> grads;
+  for (const Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(&p.grad());
+  }
+  const Device device = params.front().device();
+  const TensorOptions opt{params.front().dtype(), device};
+  if (grads.empty()) return zeros({}, opt);
+  Tensor norm = Tensor::empty({}, opt);
+  if (device.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device);
+    const cudaStream_t s = scope.stream();
+    Tensor parts = Tensor::empty({static_cast<std::int64_t>(grads.size())}, opt);
+    Tensor scale = Tensor::empty({1}, opt);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      grads[i]->storage()->sync_for_read(s);
+      k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
+    }
+    k::clip_coefficient(f32(norm), f32(scale), f32(parts),
+                        static_cast<std::int64_t>(grads.size()), static_cast<float>(max_norm), s);
+    for (const Tensor* g : grads) {
+      g->storage()->sync_for_write(s);
+      k::scale_by(f32(*g), f32(scale), g->numel(), s);
+      g->bump_version();
+    }
+    return norm;
+#endif
+  }
+  dispatch_cpu(norm.dtype(), [&]<class T>() {
+    double total = 0;
+    for (const Tensor* g : grads) total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
+    const double nrm = std::sqrt(total);
+    ptr<T>(norm)[0] = static_cast<T>(nrm);
+    const double c = std::min(1.0, max_norm / (nrm + 1e-6));
+    for (const Tensor* g : grads) {
+      T* d = ptr<T>(*g);
+      for (std::int64_t j = 0; j < g->numel(); ++j) d[j] *= static_cast<T>(c);
+      g->bump_version();
+    }
+  });
+  return norm;
+}
+
+}  // namespace graphward

@@ -1,0 +1,96 @@
+#pragma once
+// Optimizers whose whole state lives with the parameters, on their device — the step count and the
+// learning rate included — so that an optimizer step can be captured into a CUDA graph and
+// replayed: nothing is read back to the host, nothing is allocated after construction, and every
+// replay advances the device step count (bias corrections and momentum's first step follow it).
+// Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay).
+//
+// A step runs on the current stream of the parameters' device (DESIGN.md rule 1), after the
+// streams that wrote the .grads and used the parameters (rule 6); it updates the parameters in
+// place, bumping their versions (a tape that saved a parameter refuses its backward afterwards,
+// as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step the set
+// must stay the same (make the .grads first: zero_grad() never undefines them).
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.h"
+#include "kernels/optim.h"
+
+namespace graphward {
+
+struct SgdOptions {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// What SGD and AdamW share: the parameters, the device scalars (lr, step) and zero_grad.
+class Optimizer {
+ public:
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  virtual ~Optimizer() = default;
+
+  virtual void step() = 0;
+  // Writes zeros into every defined .grad, in place (addresses kept: a captured backward writes
+  // the same buffers). On the current stream, ordered after the .grads' other users.
+  void zero_grad();
+  // The learning rate for the next steps: a stream-ordered write of the device scalar that every
+  // step reads (a captured step replayed after it uses the new rate).
+  void set_lr(double lr);
+  double lr() const { return lr_value_; }
+  // The number of steps taken, read from the device (synchronizes; not inside a capture).
+  std::int64_t steps() const;
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  Optimizer(const char* name, std::vector<Tensor> params, double lr);
+  // Orders the update of parameter i on `stream` after its .grad's and its state's users, bumps
+  // the versions of what it writes. Returns false when the parameter has no .grad (skipped).
+  bool prepare(std::size_t i, const std::vector<Tensor*>& state, cudaStream_t stream);
+  void finish_step(cudaStream_t stream);
+
+  const char* name_;
+  std::vector<Tensor> params_;
+  Tensor lr_, step_;  // [1] each, on the parameters' device
+  double lr_value_;
+  Device device_;
+};
+
+class Sgd : public Optimizer {
+ public:
+  explicit Sgd(std::vector<Tensor> params, SgdOptions options = {});
+  void step() override;
+
+ private:
+  kernels::SgdParams hp_;
+  std::vector<Tensor> momentum_;  // per parameter (undefined without momentum)
+};
+
+class AdamW : public Optimizer {
+ public:
+  explicit AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  void step() override;
+
+ private:
+  kernels::AdamWParams hp_;
+  std::vector<Tensor> m_, v_;
+};
+
+// Scales the .grads of `params` (the defined ones) in place so that their global L2 norm is at
+// most max_norm (torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at
+// 1). The norm is computed and applied on the device, deterministically, with no host read;
+// returns it (before clipping) as a 0-d tensor on the parameters' device.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace graphward

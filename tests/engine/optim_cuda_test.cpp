@@ -1,0 +1,124 @@
+// Optimizers on the GPU: against the CPU reference, and captured into a CUDA graph — a replayed
+// step equals an eager one bitwise, advances the device step count, and sees a new learning rate.
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+using testing::rel_error;
+
+constexpr Device kGpu = Device::cuda(0);
+
+class CudaOptim : public testing::PoisonedCudaTest {};
+
+std::vector<Tensor> params_on(Device d) {
+  std::vector<Tensor> p;
+  const Shape shapes[] = {{33, 65}, {65}, {1000}, {7, 13}};
+  std::uint64_t seed = 50;
+  for (const Shape& s : shapes) p.push_back(randn(s, seed++).to(d).set_requires_grad(true));
+  return p;
+}
+
+void set_grads(const std::vector<Tensor>& ps, int step) {
+  std::uint64_t seed = 100 + 10 * static_cast<std::uint64_t>(step);
+  for (const Tensor& p : ps) {
+    const Tensor g = randn(p.shape(), seed++).to(p.device());
+    if (p.grad().defined()) {
+      NoGradGuard no_grad;
+      copy_(p.grad(), g);  // in place: the buffer a captured step reads
+    } else {
+      p.grad() = g;
+    }
+  }
+}
+
+template <class Opt, class Options>
+void expect_matches_cpu(const Options& o, const char* what) {
+  const std::vector<Tensor> cpu = params_on(Device::cpu()), gpu = params_on(kGpu);
+  Opt a(cpu, o), b(gpu, o);
+  for (int s = 0; s < 5; ++s) {
+    set_grads(cpu, s);
+    set_grads(gpu, s);
+    a.step();
+    b.step();
+  }
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << what << " parameter " << i;
+  }
+  EXPECT_EQ(b.steps(), 5);
+}
+
+TEST_F(CudaOptim, SgdAndAdamWMatchTheCpuReference) {
+  expect_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}, "sgd");
+  expect_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true}, "nesterov");
+  expect_matches_cpu<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, "adamw");
+}
+
+TEST_F(CudaOptim, ClipGradNormMatchesTheCpuReference) {
+  const std::vector<Tensor> cpu = params_on(Device::cpu()), gpu = params_on(kGpu);
+  set_grads(cpu, 0);
+  set_grads(gpu, 0);
+  const double a = clip_grad_norm(cpu, 2.0).item(), b = clip_grad_norm(gpu, 2.0).item();
+  EXPECT_NEAR(b, a, 1e-5 * a);
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_LT(rel_error(gpu[i].grad(), cpu[i].grad()), 1e-6) << i;
+  }
+}
+
+// Captures `body` on a stream of its own (with a graph memory pool), returns the executable.
+cudaGraphExec_t capture(Stream& s, GraphMemoryPool& pool, const std::function<void()>& body) {
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    GraphPoolScope scope(pool);
+    body();
+  }
+  EXPECT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  return exec;
+}
+
+TEST_F(CudaOptim, ACapturedStepReplaysAsEagerStepsDoAndCountsItsSteps) {
+  for (int which = 0; which < 2; ++which) {
+    Stream s(kGpu);
+    StreamGuard on(s);
+    const std::vector<Tensor> eager = params_on(kGpu), graphed = params_on(kGpu);
+    auto make = [which](const std::vector<Tensor>& p) -> std::unique_ptr<Optimizer> {
+      if (which == 0) return std::make_unique<Sgd>(p, SgdOptions{.lr = 0.05, .momentum = 0.9});
+      return std::make_unique<AdamW>(p, AdamWOptions{.lr = 0.01});
+    };
+    auto a = make(eager), b = make(graphed);
+    set_grads(eager, 0);
+    set_grads(graphed, 0);
+    GraphMemoryPool pool(kGpu);
+    ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+    // Step and clip, captured once; each replay reads the .grads in place.
+    cudaGraphExec_t exec = capture(s, pool, [&] {
+      (void)clip_grad_norm(graphed, 10.0);
+      b->step();
+    });
+    EXPECT_EQ(b->steps(), 0) << "capturing ran nothing";
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {  // a new learning rate, written between replays
+        a->set_lr(a->lr() / 2);
+        b->set_lr(b->lr() / 2);
+      }
+      set_grads(eager, step);
+      set_grads(graphed, step);
+      (void)clip_grad_norm(eager, 10.0);
+      a->step();
+      ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+    EXPECT_EQ(b->steps(), 4);
+    for (std::size_t i = 0; i < eager.size(); ++i) {
+      EXPECT_EQ(graphed[i].to_vector<float>(), eager[i].to_vector<float>())
+          << (which == 0 ? "sgd" : "adamw") << " parameter " << i;
+    }
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  }
+}
+
+}  // namespace
+}  // namespace graphward

@@ -1,0 +1,195 @@
+// Optimizers on the CPU backend: SGD (momentum, dampening, Nesterov, weight decay) and AdamW
+// against the formulas of torch.optim written out here in double, the device-held learning rate
+// and step count, zero_grad keeping the buffers, gradient clipping, bad input, and a small MLP
+// (linear + GELU layers) trained with each.
+#include <cmath>
+
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+using testing::f64;
+using testing::values;
+
+Tensor param(const Shape& s, std::uint64_t seed) {
+  return randn(s, seed, f64()).set_requires_grad(true);
+}
+
+// Sets p's .grad to the values of `g` (a fresh tensor each call, as a backward writes).
+void set_grad(const Tensor& p, const std::vector<double>& g) {
+  p.grad() = from_vector(g, p.shape(), p.device());
+}
+
+std::vector<double> grads_for(int step, std::size_t n) {
+  std::vector<double> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = std::sin(1.0 + i + 3.0 * step) * (i % 2 ? 2.0 : 0.5);
+  return g;
+}
+
+TEST(OptimCpu, SgdFollowsTorchOptimSgdForEveryOption) {
+  struct Case {
+    SgdOptions o;
+  };
+  const SgdOptions cases[] = {{.lr = 0.1},
+                              {.lr = 0.1, .weight_decay = 0.01},
+                              {.lr = 0.05, .momentum = 0.9},
+                              {.lr = 0.05, .momentum = 0.9, .dampening = 0.5, .weight_decay = 0.1},
+                              {.lr = 0.05, .momentum = 0.9, .nesterov = true}};
+  for (const SgdOptions& o : cases) {
+    const Tensor p = param({7}, 1);
+    std::vector<double> want = values(p), buf(7, 0.0);
+    Sgd opt({p}, o);
+    for (int s = 0; s < 4; ++s) {
+      const std::vector<double> g0 = grads_for(s, 7);
+      set_grad(p, g0);
+      opt.step();
+      for (std::size_t i = 0; i < 7; ++i) {
+        double g = g0[i] + o.weight_decay * want[i];
+        if (o.momentum != 0) {
+          buf[i] = s == 0 ? g : o.momentum * buf[i] + (1 - o.dampening) * g;
+          g = o.nesterov ? g + o.momentum * buf[i] : buf[i];
+        }
+        want[i] -= o.lr * g;
+      }
+    }
+    const std::vector<double> got = values(p);
+    for (std::size_t i = 0; i < 7; ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-12) << "momentum " << o.momentum << " nesterov " << o.nesterov;
+    }
+    EXPECT_EQ(opt.steps(), 4);
+  }
+}
+
+TEST(OptimCpu, AdamWFollowsTorchOptimAdamW) {
+  const AdamWOptions o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  const Tensor p = param({5}, 2), q = param({2, 3}, 3);
+  std::vector<double> wp = values(p), mp(5, 0), vp(5, 0);
+  AdamW opt({p, q}, o);
+  for (int s = 0; s < 5; ++s) {
+    const std::vector<double> g = grads_for(s, 5);
+    set_grad(p, g);
+    set_grad(q, grads_for(s, 6));
+    opt.step();
+    const double t = s + 1;
+    for (std::size_t i = 0; i < 5; ++i) {
+      wp[i] *= 1 - o.lr * o.weight_decay;
+      mp[i] = o.beta1 * mp[i] + (1 - o.beta1) * g[i];
+      vp[i] = o.beta2 * vp[i] + (1 - o.beta2) * g[i] * g[i];
+      const double mhat = mp[i] / (1 - std::pow(o.beta1, t));
+      const double denom = std::sqrt(vp[i]) / std::sqrt(1 - std::pow(o.beta2, t)) + o.eps;
+      wp[i] -= o.lr * mhat / denom;
+    }
+  }
+  const std::vector<double> got = values(p);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], wp[i], 1e-12);
+  EXPECT_EQ(opt.steps(), 5);
+}
+
+TEST(OptimCpu, TheLearningRateAndTheStepCountLiveWithTheParameters) {
+  const Tensor p = param({3}, 4);
+  Sgd opt({p}, {.lr = 0.5});
+  EXPECT_EQ(opt.lr(), 0.5);
+  opt.set_lr(0.25);
+  EXPECT_EQ(opt.lr(), 0.25);
+  const std::vector<double> before = values(p);
+  set_grad(p, {1, 2, 4});
+  opt.step();
+  EXPECT_EQ(values(p), (std::vector<double>{before[0] - 0.25, before[1] - 0.5, before[2] - 1.0}));
+  // A parameter without a .grad is skipped; the step still counts.
+  const Tensor q = param({2}, 5);
+  Sgd opt2({p, q}, {.lr = 1});
+  p.grad() = Tensor();
+  const std::vector<double> pq = values(q);
+  q.grad() = from_vector(std::vector<double>{1, 1}, {2});
+  opt2.step();
+  EXPECT_EQ(values(q), (std::vector<double>{pq[0] - 1, pq[1] - 1}));
+  EXPECT_EQ(opt2.steps(), 1);
+}
+
+TEST(OptimCpu, ZeroGradWritesZerosIntoTheSameBuffers) {
+  const Tensor p = param({4}, 6);
+  set_grad(p, {1, 2, 3, 4});
+  const void* where = p.grad().raw_data();
+  const auto version = p.grad().version();
+  Sgd opt({p});
+  opt.zero_grad();
+  EXPECT_EQ(p.grad().raw_data(), where);
+  EXPECT_EQ(values(p.grad()), std::vector<double>(4, 0.0));
+  EXPECT_GT(p.grad().version(), version);
+  const Tensor q = param({2}, 7);  // no .grad: stays undefined
+  Sgd opt2({q});
+  opt2.zero_grad();
+  EXPECT_FALSE(q.grad().defined());
+}
+
+TEST(OptimCpu, ClipGradNormScalesToTheMaximumAndReturnsTheNorm) {
+  const Tensor p = param({2}, 8), q = param({2}, 9);
+  set_grad(p, {3, 0});
+  set_grad(q, {0, 4});  // global norm 5
+  const Tensor norm = clip_grad_norm({p, q}, 1.0);
+  EXPECT_EQ(norm.shape(), Shape({}));
+  EXPECT_NEAR(norm.item(), 5.0, 1e-12);
+  const double c = 1.0 / (5.0 + 1e-6);
+  EXPECT_NEAR(values(p.grad())[0], 3 * c, 1e-12);
+  EXPECT_NEAR(values(q.grad())[1], 4 * c, 1e-12);
+  // Below the maximum: unchanged.
+  set_grad(p, {0.3, 0});
+  set_grad(q, {0, 0.4});
+  EXPECT_NEAR(clip_grad_norm({p, q}, 1.0).item(), 0.5, 1e-12);
+  EXPECT_EQ(values(p.grad()), (std::vector<double>{0.3, 0}));
+}
+
+TEST(OptimCpu, BadInputIsRefusedByName) {
+  const Tensor p = param({3}, 10);
+  GW_EXPECT_ERROR(Sgd({}, {}), "Sgd", "at least one parameter");
+  GW_EXPECT_ERROR(Sgd({p}, {.lr = -1}), "Sgd", "lr", "-1");
+  GW_EXPECT_ERROR(Sgd({p}, {.lr = 0.1, .momentum = 0, .nesterov = true}), "Sgd", "nesterov");
+  GW_EXPECT_ERROR(AdamW({p}, {.beta1 = 1.0}), "AdamW", "betas");
+  GW_EXPECT_ERROR(AdamW({p}, {.eps = 0}), "AdamW", "eps");
+  GW_EXPECT_ERROR(Sgd({p, randn({2}, 1)}, {}), "Sgd", "parameter 1", "one device and one dtype");
+  GW_EXPECT_ERROR(clip_grad_norm({p}, 0.0), "clip_grad_norm", "max_norm");
+  // A .grad of the wrong shape: the step refuses and writes nothing.
+  Sgd opt({p}, {.lr = 1});
+  const std::vector<double> before = values(p);
+  p.grad() = zeros({4}, f64());
+  GW_EXPECT_ERROR(opt.step(), "Sgd", ".grad", "[4]");
+  EXPECT_EQ(values(p), before);
+  EXPECT_EQ(opt.steps(), 0);
+}
+
+// A two-layer MLP with a fused linear+GELU layer, trained on a fixed regression batch.
+double train_mlp(Optimizer& opt, const std::vector<Tensor>& w, int steps, double* first) {
+  const Tensor x = randn({16, 8}, 20, f64()), t = mul(randn({16, 4}, 21, f64()), 0.5);
+  double last = 0;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    const Tensor h = linear(x, w[0], w[1], Activation::kGelu);
+    const Tensor loss = mse_loss(linear(h, w[2], w[3]), t);
+    backward(loss);
+    opt.step();
+    last = loss.item();
+    if (s == 0) *first = last;
+  }
+  return last;
+}
+
+TEST(OptimCpu, AnMlpWithFusedGeluLayersTrainsWithSgdAndWithAdamW) {
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<Tensor> w{mul(param({32, 8}, 30), 0.3).detach().set_requires_grad(true),
+                                zeros({32}, f64()).set_requires_grad(true),
+                                mul(param({4, 32}, 31), 0.2).detach().set_requires_grad(true),
+                                zeros({4}, f64()).set_requires_grad(true)};
+    std::unique_ptr<Optimizer> opt;
+    if (which == 0) {
+      opt = std::make_unique<Sgd>(w, SgdOptions{.lr = 0.1, .momentum = 0.9});
+    } else {
+      opt = std::make_unique<AdamW>(w, AdamWOptions{.lr = 0.01, .weight_decay = 0.0});
+    }
+    double first = 0;
+    const double last = train_mlp(*opt, w, 200, &first);
+    EXPECT_LT(last, 0.1 * first) << (which == 0 ? "Sgd" : "AdamW") << ": " << first << " -> " << last;
+  }
+}
+
+}  // namespace
+}  // namespace graphward
