@@ -23,6 +23,19 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
                               &beta, c, static_cast<int>(n)));
 }
 
+namespace {
+// The algorithm's split of k (1: one kernel, no reduction).
+std::int32_t splits(const cublasLtMatmulAlgo_t& algo) {
+  std::int32_t split = 1;
+  std::size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                           sizeof(split), &written) != CUBLAS_STATUS_SUCCESS) {
+    return 1;
+  }
+  return split;
+}
+}  // namespace
+
 LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                std::int64_t k, std::size_t workspace_bytes, unsigned alignment, LtOptions options)
     : handle_(handle), options_(options) {
@@ -104,21 +117,31 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    // A few candidates: where the first splits k and its split cannot be removed, a later one
+    // that runs as one kernel may be taken instead (split_k = false).
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
     // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
     if (epilogue_has_aux(options.epilogue) && n % 8 != 0) {
       cublasLtMatmulPreferenceDestroy(pref);
       return;  // not usable: the caller runs separate kernels
     }
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
+                                                             kCandidates, results, &found);
     // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-      algo_ = result.algo;
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
+      algo_ = results[0].algo;
       usable_ = true;
-      if (!options.split_k) unsplit();
+      if (!options.split_k) {
+        unsplit();
+        for (int i = 1; i < found && splits(algo_) > 1; ++i) {
+          if (results[i].state == CUBLAS_STATUS_SUCCESS && splits(results[i].algo) <= 1) {
+            algo_ = results[i].algo;
+          }
+        }
+      }
     }
   } catch (...) {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -127,6 +150,7 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
   }
   cublasLtMatmulPreferenceDestroy(pref);
 }
+
 
 // The heuristic's choice with its split of k removed: the same algorithm, tile and stages as one
 // kernel, where cuBLASLt accepts that configuration (else the choice stays as it was). Dropping
