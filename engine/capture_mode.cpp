@@ -25,7 +25,7 @@ void check_capturable(const char* op) {
   GW_CHECK(t_capturing == nullptr, op, " cannot run while graphward is capturing ", *t_capturing,
            " into a CUDA graph: it waits for the GPU or reads a tensor's value on the host, which "
            "a graph cannot replay (the read would happen once, at capture time); move it out of "
-           "the backward (e.g. read the loss after backward() returns)");
+           "the captured work (e.g. read the loss after backward() or StepGraph::run() returns)");
 }
 
 }  // namespace graphward

@@ -1,0 +1,228 @@
+#include "capture/step_graph.h"
+
+#include <unordered_set>
+
+#include "engine/autograd.h"
+#include "engine/capture_mode.h"
+#include "engine/nvtx.h"
+
+namespace graphward {
+
+namespace {
+// A tensor as the graph baked it in.
+struct Baked {
+  Tensor tensor;
+  const void* data = nullptr;
+  Shape shape;
+  DType dtype = DType::kFloat32;
+};
+Baked bake(const Tensor& t) {
+  return {t, t.defined() ? t.raw_data() : nullptr, t.defined() ? t.shape() : Shape{},
+          t.defined() ? t.dtype() : DType::kFloat32};
+}
+}  // namespace
+
+struct StepGraph::Executable {
+  // The graph's memory: declared first, destroyed last (the loss lives in it).
+  std::unique_ptr<GraphMemoryPool> pool;
+#if GRAPHWARD_HAS_CUDA
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+#endif
+  Tensor loss;
+  std::vector<Baked> inputs;
+  std::vector<Baked> leaves, grads;  // the leaves the backward reaches, and their .grads
+  Executable() = default;
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+  ~Executable() {
+    loss = Tensor();
+    leaves.clear();
+    grads.clear();
+#if GRAPHWARD_HAS_CUDA
+    if (exec) GW_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
+    if (graph) GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
+#endif
+  }
+};
+
+StepGraph::StepGraph(Device device, std::vector<Tensor> inputs, StepGraphOptions options)
+    : device_(device), inputs_(std::move(inputs)), options_(options) {
+  if (device.is_cuda()) check_cuda_device(device, "StepGraph");
+  GW_CHECK(options.warmup >= 1 || device.is_cpu() || options.force_eager,
+           "StepGraph: warmup is ", options.warmup,
+           "; expected at least 1 eager step before the capture (cuBLAS handles, GEMM plans, "
+           "workspaces and the .grads must be made outside a capture)");
+  for (std::size_t i = 0; i < inputs_.size(); ++i) {
+    GW_CHECK(inputs_[i].defined() && inputs_[i].device() == device, "StepGraph: input ", i,
+             " is ", inputs_[i].defined() ? inputs_[i].str() : std::string("undefined"),
+             "; expected a tensor on ", device.str(), " (a static slot the step reads)");
+  }
+}
+
+StepGraph::~StepGraph() = default;
+
+void StepGraph::recapture() {
+  exec_.reset();
+}
+
+std::string StepGraph::check_signature() const {
+  const Executable& e = *exec_;
+  if (inputs_.size() != e.inputs.size()) return "the number of inputs changed";
+  for (std::size_t i = 0; i < inputs_.size(); ++i) {
+    const Tensor& t = inputs_[i];
+    const Baked& b = e.inputs[i];
+    if (t.raw_data() != b.data || t.shape() != b.shape || t.dtype() != b.dtype) {
+      return "input " + std::to_string(i) + " is " + t.str() + ", captured as " +
+             shape_str(b.shape) + " at another address or dtype";
+    }
+  }
+  for (std::size_t i = 0; i < e.leaves.size(); ++i) {
+    const Tensor& leaf = e.leaves[i].tensor;
+    if (leaf.raw_data() != e.leaves[i].data || leaf.shape() != e.leaves[i].shape) {
+      return "parameter " + leaf.str() + " moved or changed shape since the capture";
+    }
+    const Tensor& g = leaf.grad();
+    if (!g.defined() || g.raw_data() != e.grads[i].data) {
+      return "the .grad of parameter " + leaf.str() +
+             (g.defined() ? " is another tensor" : " is undefined") +
+             " (the graph writes the one it captured, in place)";
+    }
+  }
+  return "";
+}
+
+Tensor StepGraph::run(const std::function<Tensor()>& step) {
+  GW_CHECK(static_cast<bool>(step), "StepGraph::run: expected a step function, got an empty one");
+  ++calls_;
+  if (device_.is_cpu() || options_.force_eager ||
+      calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
+    ++counters_.eager;
+    return step();
+  }
+#if GRAPHWARD_HAS_CUDA
+  DeviceGuard guard(device_);
+  const cudaStream_t caller = current_stream(device_);
+  std::string why = exec_ ? check_signature() : "first capture";
+  if (!why.empty()) {
+    exec_.reset();
+    last_reason_ = why;
+    (void)capture(step, caller);
+  }
+  launch(caller);
+  return exec_->loss;
+#else
+  ++counters_.eager;
+  return step();
+#endif
+}
+
+#if GRAPHWARD_HAS_CUDA
+namespace {
+// The leaves the tape of `loss` reaches (each once).
+std::vector<Tensor> reached_leaves(const Tensor& loss) {
+  std::vector<Tensor> leaves;
+  std::unordered_set<const Node*> seen;
+  std::unordered_set<const void*> seen_leaf;
+  std::vector<const Node*> todo;
+  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) todo.push_back(in.edge.node.get());
+      if (in.edge.leaf.defined() && seen_leaf.insert(in.edge.leaf.storage().get()).second) {
+        leaves.push_back(in.edge.leaf);
+      }
+    }
+  }
+  return leaves;
+}
+}  // namespace
+
+Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t caller) {
+  detail::NvtxRange nvtx("StepGraph::capture");
+  auto fresh = std::make_unique<Executable>();
+  fresh->pool = std::make_unique<GraphMemoryPool>(device_);
+  // Rule 6 for the capture itself: what the step reads was made on S or ordered before S.
+  for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
+  GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
+  Tensor loss;
+  try {
+    CaptureModeScope scope("a whole training step (StepGraph)");
+    GraphPoolScope pool_scope(*fresh->pool);
+    loss = step();
+    GW_CHECK(loss.defined() && loss.device() == device_,
+             "StepGraph: the step returned ", loss.defined() ? loss.str() : std::string("nothing"),
+             "; expected its loss, a tensor on ", device_.str());
+  } catch (...) {
+    cudaGraph_t abandoned = nullptr;
+    (void)cudaStreamEndCapture(caller, &abandoned);
+    if (abandoned) (void)cudaGraphDestroy(abandoned);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(caller, &graph);
+  if (ended != cudaSuccess || !graph) {
+    (void)cudaGetLastError();
+    GW_CHECK(false, "StepGraph: capturing the step failed (", cudaGetErrorName(ended), ": ",
+             cudaGetErrorString(ended),
+             "); some work in it was not capturable, used a stream outside the capture, or was "
+             "left on another stream without joining the step's stream");
+  }
+  fresh->graph = graph;
+  GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, graph, 0));
+  std::size_t n = 0;
+  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  kernel_nodes_ = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) ++kernel_nodes_;
+  }
+  graph_nodes_ = n;
+  fresh->loss = loss;
+  for (const Tensor& t : inputs_) fresh->inputs.push_back(bake(t));
+  for (const Tensor& leaf : reached_leaves(loss)) {
+    fresh->leaves.push_back(bake(leaf));
+    fresh->grads.push_back(bake(leaf.grad()));
+  }
+  exec_ = std::move(fresh);
+  ++counters_.captures;
+  // What the capture recorded ran nothing: check that the graph can be replayed as captured (a
+  // .grad the step created inside the capture is graph memory, rewritten by each replay: fine).
+  const std::string why = check_signature();
+  GW_CHECK(why.empty(), "StepGraph: internal error: the graph's signature fails right after its "
+                        "capture: ", why);
+  return exec_->loss;
+}
+
+void StepGraph::launch(cudaStream_t caller) {
+  Executable& e = *exec_;
+  // Rule 6: S waits for the inputs' producers and for the other users of what the graph writes.
+  for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
+  for (std::size_t i = 0; i < e.leaves.size(); ++i) {
+    e.leaves[i].tensor.storage()->sync_for_write(caller);
+    e.leaves[i].tensor.grad().storage()->sync_for_write(caller);
+  }
+  {
+    detail::NvtxRange nvtx("StepGraph::replay");
+    GW_CUDA_CHECK(cudaGraphLaunch(e.exec, caller));
+  }
+  ++counters_.replays;
+  // The graph read the inputs and wrote the parameters, their .grads and the loss on S.
+  for (const Tensor& t : inputs_) t.storage()->record_use(caller, false);
+  for (std::size_t i = 0; i < e.leaves.size(); ++i) {
+    e.leaves[i].tensor.storage()->record_use(caller, true);
+    e.leaves[i].tensor.bump_version();
+    e.leaves[i].tensor.grad().storage()->record_use(caller, true);
+  }
+  e.loss.storage()->record_use(caller, true);
+}
+#endif
+
+}  // namespace graphward

@@ -1,0 +1,40 @@
+// StepGraph on the CPU backend: every step runs eagerly (counted), bad construction is refused by
+// name. The capture itself is tested on the GPU (step_graph_cuda_test.cpp).
+#include "capture/step_graph.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+TEST(StepGraphCpu, RunsEveryStepEagerlyOnTheCpu) {
+  const Tensor x = randn({8, 4}, 1), t = randn({8, 3}, 2);
+  const Tensor w = mul(randn({3, 4}, 3), 0.3).detach().set_requires_grad(true);
+  Sgd opt({w}, {.lr = 0.1});
+  StepGraph step(Device::cpu(), {x, t});
+  int calls = 0;
+  double first = 0, last = 0;
+  for (int s = 0; s < 30; ++s) {
+    const Tensor loss = step.run([&] {
+      ++calls;
+      const Tensor l = mse_loss(linear(x, w), t);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt.step();
+      return l;
+    });
+    last = loss.item();
+    if (s == 0) first = last;
+  }
+  EXPECT_EQ(calls, 30);
+  EXPECT_EQ(step.counters().eager, 30u);
+  EXPECT_EQ(step.counters().captures, 0u);
+  EXPECT_LT(last, first);
+}
+
+TEST(StepGraphCpu, BadConstructionAndAnEmptyStepAreRefusedByName) {
+  GW_EXPECT_ERROR(StepGraph(Device::cpu(), {Tensor()}), "StepGraph", "input 0", "undefined");
+  StepGraph step(Device::cpu(), {});
+  GW_EXPECT_ERROR(step.run({}), "StepGraph::run", "step function");
+}
+
+}  // namespace
+}  // namespace graphward
