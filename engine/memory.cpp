@@ -1,5 +1,7 @@
 #include "engine/memory.h"
 
+#include "engine/capture_mode.h"
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -761,10 +763,14 @@ void Storage::sync_for_read(cudaStream_t stream) {
     note_use(stream);
     return;
   }
-  if (event_for_write_ != writes_) {
+  // An event recorded into a stream capture can be waited on only inside that capture, and one
+  // recorded outside cannot be waited on inside: while graphward captures (a StepGraph's forward
+  // reads across streams here), the event is recorded for this read alone and not kept.
+  const bool in_capture = capturing();
+  if (event_for_write_ != writes_ || in_capture) {
     if (!producer_event_.valid()) producer_event_ = Event(device_);
     producer_event_.record(producer_);
-    event_for_write_ = writes_;
+    event_for_write_ = in_capture ? UINT64_MAX : writes_;
   }
   producer_event_.block(stream);
   note_use(stream);

@@ -55,16 +55,16 @@ TEST_F(CudaStepGraph, ReplayedStepsGiveTheParametersOfEagerStepsBitwise) {
   std::vector<float> eager_losses, graph_losses;
   for (int s = 0; s < 8; ++s) {
     fill_batch(x, t, s);
+    if (s == 5) {  // a learning rate changed between replays reaches the graph
+      opt_e.set_lr(0.005);
+      opt_g.set_lr(0.005);
+    }
     {
       const Tensor l = eager.loss(x, t);
       backward(l, {.grad_write = GradWrite::kOverwrite});
       (void)clip_grad_norm(eager.w, 1.0);
       opt_e.step();
       eager_losses.push_back(static_cast<float>(l.item()));
-    }
-    if (s == 5) {  // a learning rate changed between replays reaches the graph
-      opt_e.set_lr(0.005);
-      opt_g.set_lr(0.005);
     }
     const Tensor l = step.run([&] {
       const Tensor loss = graphed.loss(x, t);
