@@ -440,7 +440,7 @@ class Reader {
 };
 
 const char* dtype_str(std::uint64_t d) {
-  return static_cast<DType>(d) == DType::kFloat64 ? "float64" : "float32";
+  return dtype_name(static_cast<DType>(d));
 }
 
 }  // namespace

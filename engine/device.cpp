@@ -13,7 +13,15 @@ std::size_t dtype_size(DType dtype) {
 }
 
 const char* dtype_name(DType dtype) {
-  return dtype == DType::kFloat64 ? "float64" : "float32";
+  switch (dtype) {
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kFloat32:
+      break;
+  }
+  return "float32";
 }
 
 std::string shape_str(const Shape& shape) {

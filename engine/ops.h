@@ -104,4 +104,19 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target);
 void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor& target,
                        GradSlot grad_pred, GradSlot grad_target = {});
 
+// ---- softmax and classification losses (over the last dimension) -----------------------------
+// softmax(x) / log_softmax(x) per row of the last dimension; their backward reads the output.
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+
+// mean over rows of −log softmax(logits)[target]: logits [B, C] (float), targets int32 [B] with
+// values in [0, C), on the same device. Fused and numerically stable: one pass saves each row's
+// log-sum-exp; the backward is (softmax − one-hot) · dloss / B. An out-of-range target is refused
+// by name on the CPU; on CUDA (no host read) it makes the loss NaN.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, GradSlot grad_logits);
+
 }  // namespace graphward

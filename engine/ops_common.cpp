@@ -10,6 +10,8 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs) {
     GW_CHECK(in.tensor && in.tensor->defined(), op, ": input '", in.name,
              "' is an undefined tensor; expected a tensor");
     const Tensor& t = *in.tensor;
+    GW_CHECK(is_floating(t.dtype()), op, ": input '", in.name, "' is ", t.str(),
+             "; expected a floating-point tensor");
     GW_CHECK(t.numel() > 0, op, ": input '", in.name, "' is empty (shape ", shape_str(t.shape()),
              "); expected at least one element");
     if (t.is_cuda()) {

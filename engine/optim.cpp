@@ -25,6 +25,8 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
     GW_CHECK(p.device() == first.device() && p.dtype() == first.dtype(), what, ": parameter ", i,
              " is ", p.str(), " and parameter 0 is ", first.str(),
              "; expected one device and one dtype");
+    GW_CHECK(is_floating(p.dtype()), what, ": parameter ", i, " is ", p.str(),
+             "; expected a floating-point tensor");
     if (p.is_cuda()) {
       GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
                "; CUDA parameters are float32");

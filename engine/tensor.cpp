@@ -96,6 +96,8 @@ const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
   Impl& i = impl();
   GW_CHECK(!i.grad_fn, "set_requires_grad: ", str(),
            " is the result of a recorded op (it has a grad_fn); only leaves can be marked");
+  GW_CHECK(!requires_grad || is_floating(i.dtype), "set_requires_grad: ", str(),
+           " holds integers; only floating-point tensors can require grad");
   i.requires_grad = requires_grad;
   return *this;
 }
@@ -154,6 +156,9 @@ Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
 
 template <class Gen>
 Tensor generate(const Shape& shape, TensorOptions options, Gen gen) {
+  GW_CHECK(is_floating(options.dtype), "creating a ", dtype_name(options.dtype), shape_str(shape),
+           " tensor from values: expected float32 or float64 (int32 tensors: from_vector or "
+           "zeros)");
   const std::int64_t n = shape_numel(shape);
   if (options.dtype == DType::kFloat64) {
     std::vector<double> v(static_cast<std::size_t>(n));
@@ -222,11 +227,13 @@ std::vector<T> Tensor::to_vector() const {
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<std::int32_t> Tensor::to_vector<std::int32_t>() const;
 
 double Tensor::item() const {
   check_capturable("Tensor::item");  // Note [Capture-unsafe ops]
   GW_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
            shape_str(shape()));
+  if (dtype() == DType::kInt32) return to_vector<std::int32_t>()[0];
   return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];
 }
 
@@ -300,6 +307,13 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device
            values.size(), " values for shape ", shape_str(shape), ", which holds ",
            shape_numel(shape));
   return upload(values.data(), shape, {DType::kFloat64, device});
+}
+
+Tensor from_vector(const std::vector<std::int32_t>& values, const Shape& shape, Device device) {
+  GW_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: got ",
+           values.size(), " values for shape ", shape_str(shape), ", which holds ",
+           shape_numel(shape));
+  return upload(values.data(), shape, {DType::kInt32, device});
 }
 
 }  // namespace graphward

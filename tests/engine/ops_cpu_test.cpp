@@ -240,6 +240,74 @@ TEST(OpsGradcheckCpu, LinearWithAFusedActivation) {
   }
 }
 
+TEST(OpsForwardCpu, SoftmaxLogSoftmaxAndCrossEntropyMatchTheirDefinitions) {
+  const std::vector<double> xs{1, 2, 3, -1, 0, 1000};  // a huge logit: stable, no inf or NaN
+  const Tensor x = from_vector(xs, {2, 3});
+  const std::vector<double> p = vals(softmax(x)), lp = vals(log_softmax(x));
+  for (int r = 0; r < 2; ++r) {
+    const double m = std::max({xs[3 * r], xs[3 * r + 1], xs[3 * r + 2]});
+    double s = 0;
+    for (int j = 0; j < 3; ++j) s += std::exp(xs[3 * r + j] - m);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_NEAR(p[3 * r + j], std::exp(xs[3 * r + j] - m) / s, 1e-15);
+      EXPECT_NEAR(lp[3 * r + j], xs[3 * r + j] - m - std::log(s), 1e-12);
+    }
+  }
+  const Tensor targets = from_vector(std::vector<std::int32_t>{2, 0}, {2});
+  const double ce = cross_entropy(x, targets).item();
+  EXPECT_NEAR(ce, -(lp[2] + lp[3]) / 2, 1e-12);
+  EXPECT_EQ(cross_entropy(x, targets).shape(), Shape({}));
+}
+
+TEST(OpsGradcheckCpu, SoftmaxLogSoftmaxAndCrossEntropy) {
+  for (bool log : {false, true}) {
+    const double err = gradcheck_error(
+        [log](const Inputs& in) { return log ? log_softmax(in[0]) : softmax(in[0]); },
+        [log](const Tensor& g, const Inputs& in) {
+          Tensor gx;
+          if (log) {
+            log_softmax_backward(g, log_softmax(in[0]), {&gx});
+          } else {
+            softmax_backward(g, softmax(in[0]), {&gx});
+          }
+          return Inputs{gx};
+        },
+        {randn({3, 5}, 51, f64())});
+    EXPECT_LT(err, 1e-7) << (log ? "log_softmax" : "softmax");
+  }
+  const Tensor targets = from_vector(std::vector<std::int32_t>{4, 0, 2, 2}, {4});
+  const double err = gradcheck_error(
+      [&](const Inputs& in) { return cross_entropy(in[0], targets); },
+      [&](const Tensor& g, const Inputs& in) {
+        Tensor gx;
+        const Tensor lse = sub(in[0], log_softmax(in[0]));  // every column holds the row's lse
+        std::vector<double> l = vals(lse), row(4);
+        for (int r = 0; r < 4; ++r) row[r] = l[5 * r];
+        cross_entropy_backward(g, in[0], from_vector(row, {4}), targets, {&gx});
+        return Inputs{gx};
+      },
+      {mul(randn({4, 5}, 52, f64()), 2.0)});
+  EXPECT_LT(err, 1e-7) << "cross_entropy";
+}
+
+TEST(AutogradCpu, CrossEntropyTrainsThroughTheTapeAndTargetsGetNoGradient) {
+  const Tensor w = randn({3, 4}, 53, f64()).set_requires_grad(true);
+  const Tensor x = randn({6, 4}, 54, f64());
+  const Tensor targets = from_vector(std::vector<std::int32_t>{0, 1, 2, 0, 1, 2}, {6});
+  const Tensor loss = cross_entropy(linear(x, w), targets);
+  ASSERT_TRUE(loss.grad_fn());
+  EXPECT_EQ(loss.grad_fn()->name(), "cross_entropy");
+  backward(loss);
+  ASSERT_TRUE(w.grad().defined());
+  // The gradient against the composed definition: -mean(log_softmax(xWᵀ)[target]).
+  const Tensor w2 = randn({3, 4}, 53, f64()).set_requires_grad(true);
+  const Tensor lp = log_softmax(linear(x, w2));
+  std::vector<double> onehot(18, 0.0);
+  for (int r = 0; r < 6; ++r) onehot[3 * r + r % 3] = -1.0 / 6;
+  backward(sum(mul(lp, from_vector(onehot, {6, 3}))));
+  EXPECT_LT(testing::rel_error(w.grad(), w2.grad()), 1e-12);
+}
+
 TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
   const double err_sum = gradcheck_error([](const Inputs& in) { return sum(in[0]); },
                                          [](const Tensor& g, const Inputs& in) {

@@ -170,6 +170,51 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
   }
 }
 
+TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
+  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {128, 50257}, {3, 4, 5}};
+  for (const Shape& s : shapes) {
+    const Tensor x = mul(rand(s), 4.0), dy = rand(s);
+    for (bool log : {false, true}) {
+      const Tensor y = log ? log_softmax(x) : softmax(x);
+      EXPECT_LT(rel_error(log ? log_softmax(gpu(x)) : softmax(gpu(x)), y), kElementwiseTol)
+          << shape_str(s) << " log=" << log;
+      const Tensor gy = gpu(y), gdy = gpu(dy);
+      expect_backward_matches<1>(
+          log ? "log_softmax" : "softmax", {s}, kElementwiseTol,
+          [&](std::array<Tensor, 1>& g, bool acc) {
+            if (log) log_softmax_backward(dy, y, {&g[0], acc});
+            else softmax_backward(dy, y, {&g[0], acc});
+          },
+          [&](std::array<Tensor, 1>& g, bool acc) {
+            if (log) log_softmax_backward(gdy, gy, {&g[0], acc});
+            else softmax_backward(gdy, gy, {&g[0], acc});
+          });
+    }
+    if (s.size() != 2) continue;
+    std::vector<std::int32_t> t(static_cast<std::size_t>(s[0]));
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int32_t>((i * 7919) % s[1]);
+    const Tensor targets = from_vector(t, {s[0]}), gtargets = targets.to(kGpu);
+    const Tensor loss = cross_entropy(x, targets);
+    EXPECT_LT(rel_error(cross_entropy(gpu(x), gtargets), loss), kElementwiseTol) << shape_str(s);
+    const Tensor lse = sub(x, log_softmax(x));
+    std::vector<float> l = lse.to_vector<float>(), row(static_cast<std::size_t>(s[0]));
+    for (std::int64_t r = 0; r < s[0]; ++r) row[r] = l[r * s[1]];
+    const Tensor lse_row = from_vector(row, {s[0]});
+    const Tensor dl = rand({}), gx = gpu(x), glse = gpu(lse_row), gdl = gpu(dl);
+    expect_backward_matches<1>(
+        "cross_entropy", {s}, kElementwiseTol,
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          cross_entropy_backward(dl, x, lse_row, targets, {&g[0], acc});
+        },
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          cross_entropy_backward(gdl, gx, glse, gtargets, {&g[0], acc});
+        });
+  }
+  // An out-of-range target on the GPU: the loss is NaN (no host read refuses it there).
+  const Tensor bad = from_vector(std::vector<std::int32_t>{0, 9}, {2}).to(kGpu);
+  EXPECT_TRUE(std::isnan(cross_entropy(gpu(rand({2, 4})), bad).item()));
+}
+
 TEST_F(CudaOps, ReductionsAndMseLoss) {
   const Shape shapes[] = {{1}, {7, 13}, {1000, 1031}, {3, 1 << 20}};
   for (const Shape& s : shapes) {

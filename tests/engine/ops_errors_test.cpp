@@ -38,6 +38,26 @@ TEST(OpsErrors, LinearWithAnActivationNamesItselfAndItsSavedTensor) {
   EXPECT_EQ(gw.to_vector<float>(), gw0);
 }
 
+TEST(OpsErrors, IntegerTensorsAreIndicesOnly) {
+  const Tensor ids = from_vector(std::vector<std::int32_t>{0, 1, 2}, {3});
+  EXPECT_EQ(ids.dtype(), DType::kInt32);
+  EXPECT_EQ(ids.to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 1, 2}));
+  GW_EXPECT_ERROR(relu(ids), "relu", "int32", "floating-point");
+  GW_EXPECT_ERROR(ids.set_requires_grad(true), "set_requires_grad", "integers");
+  GW_EXPECT_ERROR(randn({2}, 1, {DType::kInt32}), "int32", "float32 or float64");
+}
+
+TEST(OpsErrors, CrossEntropyTargets) {
+  const Tensor logits = randn({3, 4}, 1);
+  GW_EXPECT_ERROR(cross_entropy(logits, from_vector(std::vector<std::int32_t>{0, 1}, {2})),
+                  "cross_entropy", "int32[3]");
+  GW_EXPECT_ERROR(cross_entropy(logits, zeros({3})), "cross_entropy", "float32[3]", "int32[3]");
+  GW_EXPECT_ERROR(cross_entropy(logits, from_vector(std::vector<std::int32_t>{0, 4, 1}, {3})),
+                  "cross_entropy", "target 1 is 4", "[0, 4)");
+  GW_EXPECT_ERROR(cross_entropy(randn({3}, 2), from_vector(std::vector<std::int32_t>{0}, {1})),
+                  "cross_entropy", "2-d");
+}
+
 TEST(OpsErrors, NonBroadcastableShapes) {
   GW_EXPECT_ERROR(add(zeros({2, 3}), zeros({3, 2})), "add", "[2, 3]", "[3, 2]", "broadcast");
   GW_EXPECT_ERROR(mul(zeros({2, 3}), zeros({2})), "mul", "[2, 3]", "[2]");

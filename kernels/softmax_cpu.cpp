@@ -1,0 +1,87 @@
+// CPU references of the softmax kernels (the CPU backend and the test oracle).
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu_store.h"
+#include "kernels/softmax.h"
+
+namespace graphward::kernels::cpu {
+using detail::store;
+
+namespace {
+template <class T>
+T row_lse(const T* x, std::int64_t cols) {
+  T m = x[0];
+  for (std::int64_t j = 1; j < cols; ++j) m = x[j] > m ? x[j] : m;
+  double s = 0;
+  for (std::int64_t j = 0; j < cols; ++j) s += std::exp(static_cast<double>(x[j] - m));
+  return m + static_cast<T>(std::log(s));
+}
+}  // namespace
+
+template <class T>
+void softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const T lse = row_lse(x + i * cols, cols);
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const T v = x[i * cols + j] - lse;
+      y[i * cols + j] = log ? v : std::exp(v);
+    }
+  }
+}
+
+template <class T>
+void softmax_backward(T* dx, const T* dy, const T* y, std::int64_t rows, std::int64_t cols,
+                      bool log, bool accumulate) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const T* dyr = dy + i * cols;
+    const T* yr = y + i * cols;
+    double s = 0;
+    for (std::int64_t j = 0; j < cols; ++j) s += log ? dyr[j] : dyr[j] * yr[j];
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const T g = log ? dyr[j] - std::exp(yr[j]) * static_cast<T>(s)
+                      : yr[j] * (dyr[j] - static_cast<T>(s));
+      store(dx, i * cols + j, g, accumulate);
+    }
+  }
+}
+
+template <class T>
+void cross_entropy_forward(T* loss, T* lse, const T* x, const std::int32_t* target,
+                           std::int64_t rows, std::int64_t cols) {
+  double total = 0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    lse[i] = row_lse(x + i * cols, cols);
+    const std::int32_t t = target[i];
+    total += (t >= 0 && t < cols) ? static_cast<double>(lse[i] - x[i * cols + t])
+                                  : std::numeric_limits<double>::quiet_NaN();
+  }
+  loss[0] = static_cast<T>(total / static_cast<double>(rows));
+}
+
+template <class T>
+void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
+                            const std::int32_t* target, std::int64_t rows, std::int64_t cols,
+                            bool accumulate) {
+  const T scale = dloss[0] / static_cast<T>(rows);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const T p = std::exp(x[i * cols + j] - lse[i]);
+      store(dx, i * cols + j, (p - (j == target[i] ? T(1) : T(0))) * scale, accumulate);
+    }
+  }
+}
+
+#define GW_INSTANTIATE(T)                                                                      \
+  template void softmax_forward<T>(T*, const T*, std::int64_t, std::int64_t, bool);            \
+  template void softmax_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool,  \
+                                    bool);                                                     \
+  template void cross_entropy_forward<T>(T*, T*, const T*, const std::int32_t*, std::int64_t,  \
+                                         std::int64_t);                                        \
+  template void cross_entropy_backward<T>(T*, const T*, const T*, const T*,                    \
+                                          const std::int32_t*, std::int64_t, std::int64_t, bool);
+GW_INSTANTIATE(float)
+GW_INSTANTIATE(double)
+#undef GW_INSTANTIATE
+
+}  // namespace graphward::kernels::cpu
