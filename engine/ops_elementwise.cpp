@@ -1,4 +1,6 @@
 // Elementwise ops: add, sub, mul (tensor and scalar forms) and the activations.
+#include <cstring>
+
 #include "engine/autograd.h"
 #include "engine/nvtx.h"
 #include "engine/ops_common.h"
@@ -419,13 +421,27 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
 void copy_(const Tensor& dst, const Tensor& src) {
   const char* op = "copy_";
   detail::NvtxRange range(op);
-  check_inputs(op, {{"dst", &dst}, {"src", &src}});
+  // Any dtype (int32 targets into a static slot too): a byte copy, after the usual checks.
+  GW_CHECK(dst.defined() && src.defined(), op, ": expected two defined tensors");
+  GW_CHECK(dst.device() == src.device() && dst.dtype() == src.dtype(), op, ": dst is ", dst.str(),
+           ", src is ", src.str(), "; expected one device and one dtype");
   check_same_shape(op, {"dst", &dst}, {"src", &src});
   GW_CHECK(!(grad_mode_enabled() && dst.requires_grad()), op, ": ", dst.str(),
            " requires grad; in-place ops are not recorded on the tape: copy into it inside a "
            "NoGradGuard scope");
-  Tensor target = dst;
-  scale_backward(src, 1.0, {&target, /*accumulate=*/false});  // dst = src; bumps dst's version
+  if (dst.nbytes() == 0 || dst.raw_data() == src.raw_data()) return;
+  if (dst.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(dst.device());
+    scope.read({&src});
+    dst.storage()->sync_for_write(scope.stream());
+    GW_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                  cudaMemcpyDeviceToDevice, scope.stream()));
+#endif
+  } else {
+    std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+  }
+  dst.bump_version();
 }
 
 void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {

@@ -17,6 +17,13 @@ the forward on one stream and on a stream per branch. Adds event_us: CUDA events
 stream around the backward (the figure graphward's overlap rows report). Fewer iterations at large
 N (--iters is the most). scripts/overlap_table.py prints it side by side with graphward's.
 
+--models: the real-model training steps of bench/models_bench.cpp — the MLP of examples/mlp.h
+(input 256, hidden layers of Linear + GELU(tanh), 10 classes, cross-entropy, AdamW), one whole
+training step per iteration: eager (zero_grad, forward, backward, step), and the whole step
+captured once in a torch.cuda.graph (capturable AdamW, static input slots copied into first)
+and replayed. event_us: CUDA events around the step. scripts/models_table.py prints it side by
+side with graphward's.
+
 Needs only PyTorch with CUDA; graphward's own tests never need it.
 """
 import argparse
@@ -169,6 +176,89 @@ def main_overlap(torch, args):
     return 0
 
 
+MODELS = [(256, 4, 128), (2048, 4, 1024)]  # hidden, layers, batch — as bench/models_bench.cpp
+
+
+def make_mlp(torch, hidden, layers, batch, capturable):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    mods, fan = [], 256
+    for _ in range(layers):
+        mods += [torch.nn.Linear(fan, hidden), torch.nn.GELU(approximate="tanh")]
+        fan = hidden
+    mods.append(torch.nn.Linear(fan, 10))
+    model = torch.nn.Sequential(*mods).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0, capturable=capturable)
+    xs = [torch.randn(batch, 256, device=dev) for _ in range(4)]
+    ts = [torch.randint(0, 10, (batch,), device=dev) for _ in range(4)]
+    return model, opt, xs, ts
+
+
+def run_mlp(torch, hidden, layers, batch, graph, iters):
+    F = torch.nn.functional
+    model, opt, xs, ts = make_mlp(torch, hidden, layers, batch, capturable=bool(graph))
+    state = {"i": 0}
+    if not graph:
+        def step():
+            i = state["i"]
+            state["i"] += 1
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xs[i % 4]), ts[i % 4])
+            loss.backward()
+            opt.step()
+        return timed(torch, iters, 10, lambda: None, step, events=True)
+    # PyTorch's whole-network capture recipe: warm up on a side stream, grads set to None so the
+    # capture allocates them from the graph's pool, then capture forward, backward and step.
+    static_x, static_t = xs[0].clone(), ts[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(static_x), static_t).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        static_loss = F.cross_entropy(model(static_x), static_t)
+        static_loss.backward()
+        opt.step()
+
+    def replay():
+        i = state["i"]
+        state["i"] += 1
+        static_x.copy_(xs[i % 4])
+        static_t.copy_(ts[i % 4])
+        g.replay()
+    return timed(torch, iters, 10, lambda: None, replay, events=True)
+
+
+def main_models(torch, args):
+    rows = []
+    print(f"{'config':52s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
+    for hidden, layers, batch in MODELS:
+        for graph in (0, 1):
+            name = (f"torch_mlp/hidden:{hidden}/layers:{layers}/batch:{batch}/"
+                    f"mode:{'graph' if graph else 'eager'}")
+            if args.only not in name:
+                continue
+            try:
+                ev, wall, host = run_mlp(torch, hidden, layers, batch, graph, args.iters)
+            except Exception as e:  # say so, go on
+                print(f"{name}: failed: {e}", file=sys.stderr)
+                ev = wall = host = float("nan")
+            rows.append((name, ev, wall, host))
+            print(f"{name:52s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
+            torch.cuda.empty_cache()
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["config", "event_us", "wall_us", "host_us"])
+            w.writerows(rows)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200)
@@ -179,6 +269,8 @@ def main():
                     help="PyTorch's CUDA-graph-captured backward instead of its eager backward")
     ap.add_argument("--overlap", action="store_true",
                     help="the overlap studies and the sweep, eager and graph, 1 and K streams")
+    ap.add_argument("--models", action="store_true",
+                    help="the real-model training steps (MLP), eager and whole-step graph")
     args = ap.parse_args()
     try:
         import torch
@@ -195,6 +287,8 @@ def main():
           f"medians of {args.iters} iterations")
     if args.overlap:
         return main_overlap(torch, args)
+    if args.models:
+        return main_models(torch, args)
     print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
     for k, d, n, b, multi in CONFIGS:
         prefix = "torch_graph" if args.graph else "torch"

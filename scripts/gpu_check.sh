@@ -4,21 +4,24 @@
 # compute-sanitizer (memcheck, racecheck, synccheck; initcheck reported), runs the example on the
 # GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
-#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench | --overlap-only]
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench | --overlap-only | --models-only]
 # --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
 # PyTorch's same studies (compare_torch.py --overlap), merged by scripts/overlap_table.py (and
 # drawn by scripts/plot_overlap.py where matplotlib is installed).
+# --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
+# and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-SANITIZE=1 BENCH=1 OVERLAP=1
+SANITIZE=1 BENCH=1 OVERLAP=1 MODELS=1
 for a in "$@"; do
   case "$a" in
     --no-sanitizer) SANITIZE=0 ;;
-    --no-bench) BENCH=0 OVERLAP=0 ;;
-    --overlap-only) BENCH=0 OVERLAP=1 ;;
+    --no-bench) BENCH=0 OVERLAP=0 MODELS=0 ;;
+    --overlap-only) BENCH=0 OVERLAP=1 MODELS=0 ;;
+    --models-only) BENCH=0 OVERLAP=0 MODELS=1 ;;
     *) echo "unknown argument $a"; exit 2 ;;
   esac
 done
@@ -146,6 +149,30 @@ if [ $OVERLAP = 1 ] && [ -x "$BIN/bench/graphward_bench_overlap" ]; then
     record overlap ok "overlap_table.txt; $((SECONDS - start)) s"
   else
     record overlap FAIL "see bench_overlap_*.txt / torch_overlap.txt / overlap_table.txt"
+  fi
+fi
+
+# 4c. the real-model training steps, graphward's then PyTorch's, side by side
+if [ $MODELS = 1 ] && [ -x "$BIN/bench/graphward_bench_models" ]; then
+  start=$SECONDS
+  ok=1
+  timeout 200 "$BIN/bench/graphward_bench_models" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_models.json" \
+    --benchmark_out_format=json >"$LOG_DIR/bench_models.txt" 2>&1 || ok=0
+  "$BIN/examples/train_mlp" --steps 300 >"$LOG_DIR/train_mlp.txt" 2>&1 || ok=0
+  torch_csv=
+  if python3 -c 'import torch' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 timeout 200 python3 "$GW_ROOT/scripts/compare_torch.py" --models \
+      --iters 200 --csv "$LOG_DIR/torch_models.csv" >"$LOG_DIR/torch_models.txt" 2>&1 || ok=0
+    torch_csv="$LOG_DIR/torch_models.csv"
+  fi
+  { cat "$LOG_DIR/train_mlp.txt"
+    python3 "$GW_ROOT/scripts/models_table.py" "$LOG_DIR/bench_models.json" $torch_csv; } \
+    >"$LOG_DIR/models_table.txt" 2>&1 || ok=0
+  if [ $ok = 1 ]; then
+    record models ok "models_table.txt; $((SECONDS - start)) s"
+  else
+    record models FAIL "see bench_models.txt / torch_models.txt / models_table.txt"
   fi
 fi
 
@@ -277,6 +304,7 @@ head -2 "$LOG_DIR/machine.txt"
 [ -f "$LOG_DIR/bench_autograd_r1.json" ] && side_by_side
 [ -f "$LOG_DIR/bench_capture.json" ] && capture_side_by_side
 [ -f "$LOG_DIR/overlap_table.txt" ] && cat "$LOG_DIR/overlap_table.txt"
+[ -f "$LOG_DIR/models_table.txt" ] && cat "$LOG_DIR/models_table.txt"
 printf '%s\n' "${SUMMARY[@]}"
 if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
   tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"

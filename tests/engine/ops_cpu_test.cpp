@@ -457,6 +457,11 @@ TEST(OpsInPlaceCpu, CopyOverwritesKeepsTheAddressAndBumpsTheVersion) {
   GW_EXPECT_ERROR(copy_(dst, randn({3, 2}, 2)), "copy_", "shapes differ");
   const Tensor p = zeros({2}).set_requires_grad(true);
   GW_EXPECT_ERROR(copy_(p, randn({2}, 3)), "copy_", "NoGradGuard");
+  // int32 (class targets into a static slot) and a dtype mismatch.
+  const Tensor ids = from_vector(std::vector<std::int32_t>{0, 0, 0}, {3});
+  copy_(ids, from_vector(std::vector<std::int32_t>{4, 5, 6}, {3}));
+  EXPECT_EQ(ids.to_vector<std::int32_t>(), (std::vector<std::int32_t>{4, 5, 6}));
+  GW_EXPECT_ERROR(copy_(ids, zeros({3})), "copy_", "int32[3]", "float32[3]", "one dtype");
 }
 
 TEST(GradSlotsCpu, AccumulateOverMicroBatchesEqualsOneBigBatch) {

@@ -1,0 +1,68 @@
+// Real-model training steps (Google Benchmark): the MLP of examples/mlp.h — hidden layers of
+// linear + GELU (one cuBLASLt kernel each), cross-entropy, AdamW — one whole training step per
+// iteration in three modes:
+//
+//   Mlp/hidden:H/layers:L/batch:B/mode:M
+//       mode 0: eager (forward, backward(), opt.step());
+//       mode 1: the backward a BackwardGraph replay (the forward eager in a StepScope);
+//       mode 2: the whole step one StepGraph replay (the batch copied into static slots first).
+//
+// The manual time: CUDA events on the caller's stream around the step (forward, backward and
+// optimizer; the host's enqueue gaps included), synchronized every iteration; host_us the step's
+// host time; medians over repetitions. Counters: captures while timed (0 in steady state).
+// scripts/compare_torch.py --models runs the same MLPs in PyTorch (eager, and the whole step in
+// one torch.cuda.graph with a capturable AdamW) in the same session.
+//
+//   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+
+#include "bench/bench_models.h"
+#include "examples/mlp.h"
+
+namespace gw = graphward;
+namespace ex = graphward::examples;
+
+namespace {
+
+void mlp(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  const ex::MlpConfig c{.in = 256, .hidden = state.range(0), .classes = 10,
+                        .batch = state.range(2), .layers = static_cast<int>(state.range(1))};
+  const ex::Mode mode = static_cast<ex::Mode>(state.range(3));
+  ex::MlpTrainer trainer(c, gw::bench::kDev, mode);
+  int i = 0;
+  for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
+  const cudaStream_t s = gw::current_stream(gw::bench::kDev);
+  gw::Event start(gw::bench::kDev, true), end(gw::bench::kDev, true);
+  const std::uint64_t captures = trainer.captures();
+  double host = 0;
+  for (auto _ : state) {
+    start.record(s);
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)trainer.step(i++);
+    const auto t1 = std::chrono::steady_clock::now();
+    end.record(s);
+    end.synchronize();
+    host += std::chrono::duration<double, std::micro>(t1 - t0).count();
+    state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
+  }
+  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+  state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
+  state.SetLabel(ex::mode_name(mode));
+}
+
+}  // namespace
+
+// Launch-bound (hidden 256, batch 128) and GEMM-bound (hidden 2048, batch 1024) MLPs.
+BENCHMARK(mlp)
+    ->Name("Mlp")
+    ->ArgNames({"hidden", "layers", "batch", "mode"})
+    ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
+    ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
