@@ -119,4 +119,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, GradSlot grad_logits);
 
+// ---- normalization and lookup -----------------------------------------------------------------
+// Layer normalization over the last dimension: (x − mean) / √(var + eps) · weight + bias, the
+// biased variance; weight and bias [D] (bias may be undefined). Saves x, weight and each row's
+// mean and rstd = 1/√(var + eps); deterministic on CUDA.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& mean, const Tensor& rstd, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias = {});
+
+// The rows of `table` [V, D] picked by int32 `ids` (any shape, on the table's device): shape
+// ids.shape + [D]. The table's gradient is added row by row (on CUDA with atomics: for repeated
+// ids the order of the additions, hence the last bits, may vary run to run). An id outside [0, V)
+// is refused by name on the CPU; on CUDA (no host read) it reads a row of NaN.
+Tensor embedding(const Tensor& table, const Tensor& ids);
+void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tensor& ids,
+                        GradSlot grad_table);
+
 }  // namespace graphward

@@ -308,6 +308,67 @@ TEST(AutogradCpu, CrossEntropyTrainsThroughTheTapeAndTargetsGetNoGradient) {
   EXPECT_LT(testing::rel_error(w.grad(), w2.grad()), 1e-12);
 }
 
+TEST(OpsForwardCpu, LayerNormNormalizesEachRowThenScalesAndShifts) {
+  const Tensor x = from_vector(std::vector<double>{1, 2, 3, 4, -1, -1, 1, 1}, {2, 4});
+  const Tensor w = from_vector(std::vector<double>{1, 2, 1, 1}, {4});
+  const Tensor b = from_vector(std::vector<double>{0, 0, 0, 10}, {4});
+  const std::vector<double> y = vals(layer_norm(x, w, b, 1e-5));
+  const double r0 = 1 / std::sqrt(1.25 + 1e-5), r1 = 1 / std::sqrt(1.0 + 1e-5);
+  const std::vector<double> want{-1.5 * r0, -0.5 * r0 * 2, 0.5 * r0, 1.5 * r0 + 10,
+                                 -r1,       -r1 * 2,       r1,       r1 + 10};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-12) << i;
+  EXPECT_EQ(layer_norm(x, w, Tensor()).shape(), Shape({2, 4}));
+}
+
+TEST(OpsGradcheckCpu, LayerNormWithAndWithoutBias) {
+  for (bool with_bias : {true, false}) {
+    const Tensor x = randn({3, 2, 6}, 61, f64()), w = add(randn({6}, 62, f64()), 1.0);
+    const Inputs in = with_bias ? Inputs{x, w, randn({6}, 63, f64())} : Inputs{x, w};
+    const double err = gradcheck_error(
+        [](const Inputs& x) { return layer_norm(x[0], x[1], x.size() > 2 ? x[2] : Tensor()); },
+        [](const Tensor& g, const Inputs& x) {
+          // mean and rstd from the definition, as the forward saves them.
+          const std::vector<double> xv = vals(x[0]);
+          std::vector<double> m(6), r(6);
+          for (int i = 0; i < 6; ++i) {
+            double s = 0, v = 0;
+            for (int j = 0; j < 6; ++j) s += xv[6 * i + j];
+            s /= 6;
+            for (int j = 0; j < 6; ++j) v += (xv[6 * i + j] - s) * (xv[6 * i + j] - s);
+            m[i] = s;
+            r[i] = 1 / std::sqrt(v / 6 + 1e-5);
+          }
+          Tensor gx, gw, gb;
+          layer_norm_backward(g, x[0], x[1], from_vector(m, {6}), from_vector(r, {6}), {&gx},
+                              {&gw}, x.size() > 2 ? GradSlot{&gb} : GradSlot{});
+          Inputs out{gx, gw};
+          if (x.size() > 2) out.push_back(gb);
+          return out;
+        },
+        in);
+    EXPECT_LT(err, 1e-7) << "bias " << with_bias;
+  }
+}
+
+TEST(OpsForwardCpu, EmbeddingPicksRowsAndAddsTheirGradients) {
+  const Tensor table = from_vector(std::vector<double>{0, 1, 10, 11, 20, 21}, {3, 2});
+  const Tensor ids = from_vector(std::vector<std::int32_t>{2, 0, 2, 1}, {2, 2});
+  const Tensor y = embedding(table, ids);
+  EXPECT_EQ(y.shape(), Shape({2, 2, 2}));
+  EXPECT_EQ(vals(y), (std::vector<double>{20, 21, 0, 1, 20, 21, 10, 11}));
+  Tensor gt;
+  embedding_backward(from_vector(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 2, 2}), table,
+                     ids, {&gt});
+  EXPECT_EQ(vals(gt), (std::vector<double>{3, 4, 7, 8, 1 + 5, 2 + 6}));
+  GW_EXPECT_ERROR(embedding(table, from_vector(std::vector<std::int32_t>{3}, {1})), "embedding",
+                  "id 0 is 3", "[0, 3)");
+  GW_EXPECT_ERROR(embedding(table, zeros({2})), "embedding", "int32");
+  // Through the tape: only the table gets a gradient.
+  const Tensor p = randn({5, 3}, 64, f64()).set_requires_grad(true);
+  backward(sum(embedding(p, from_vector(std::vector<std::int32_t>{1, 1, 4}, {3}))));
+  EXPECT_EQ(vals(p.grad()), (std::vector<double>{0, 0, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1, 1}));
+}
+
 TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
   const double err_sum = gradcheck_error([](const Inputs& in) { return sum(in[0]); },
                                          [](const Tensor& g, const Inputs& in) {

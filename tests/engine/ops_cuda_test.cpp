@@ -2,6 +2,8 @@
 // shapes (non-multiples of 32 included). New memory is poisoned with NaN, so an element a kernel
 // forgot to write fails the comparison. Tolerances (‖out − ref‖ / ‖ref‖, fp32, TF32 off): 1e-5
 // for elementwise ops and reductions, 1e-4 for GEMMs.
+#include <tuple>
+
 #include "engine/blas.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
@@ -213,6 +215,60 @@ TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
   // An out-of-range target on the GPU: the loss is NaN (no host read refuses it there).
   const Tensor bad = from_vector(std::vector<std::int32_t>{0, 9}, {2}).to(kGpu);
   EXPECT_TRUE(std::isnan(cross_entropy(gpu(rand({2, 4})), bad).item()));
+}
+
+TEST_F(CudaOps, LayerNormForwardAndBackward) {
+  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {64, 4096}, {2, 3, 257}};
+  for (const Shape& s : shapes) {
+    const std::int64_t d = s.back();
+    const Tensor x = add(mul(rand(s), 3.0), 1.0), w = rand({d}), b = rand({d}), dy = rand(s);
+    EXPECT_LT(rel_error(layer_norm(gpu(x), gpu(w), gpu(b)), layer_norm(x, w, b)), kElementwiseTol)
+        << shape_str(s);
+    EXPECT_LT(rel_error(layer_norm(gpu(x), gpu(w), Tensor()), layer_norm(x, w, Tensor())),
+              kElementwiseTol)
+        << shape_str(s);
+    // mean and rstd from the CPU reference, on both backends.
+    std::vector<float> m, r;
+    {
+      const std::int64_t rows = x.numel() / d;
+      const std::vector<float> xv = x.to_vector<float>();
+      for (std::int64_t i = 0; i < rows; ++i) {
+        double sum = 0, var = 0;
+        for (std::int64_t j = 0; j < d; ++j) sum += xv[i * d + j];
+        sum /= static_cast<double>(d);
+        for (std::int64_t j = 0; j < d; ++j) var += (xv[i * d + j] - sum) * (xv[i * d + j] - sum);
+        m.push_back(static_cast<float>(sum));
+        r.push_back(static_cast<float>(1 / std::sqrt(var / static_cast<double>(d) + 1e-5)));
+      }
+    }
+    const Shape rows{static_cast<std::int64_t>(m.size())};
+    const Tensor cm = from_vector(m, rows), cr = from_vector(r, rows);
+    const Tensor gx = gpu(x), gw = gpu(w), gdy = gpu(dy), gm = gpu(cm), gr = gpu(cr);
+    expect_backward_matches<3>(
+        "layer_norm_backward", {s, Shape{d}, Shape{d}}, 1e-4,
+        [&](std::array<Tensor, 3>& g, bool acc) {
+          layer_norm_backward(dy, x, w, cm, cr, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
+        },
+        [&](std::array<Tensor, 3>& g, bool acc) {
+          layer_norm_backward(gdy, gx, gw, gm, gr, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
+        });
+  }
+}
+
+TEST_F(CudaOps, EmbeddingForwardAndBackward) {
+  for (const auto& [vocab, dim, n] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
+                                      {50, 33, 200}, {1000, 256, 4096}}) {
+    const Tensor table = rand({vocab, dim}), dy = rand({n, dim});
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 31) % vocab);
+    const Tensor cid = from_vector(ids, {n}), gid = cid.to(kGpu);
+    EXPECT_EQ(embedding(gpu(table), gid).to_vector<float>(), embedding(table, cid).to_vector<float>());
+    const Tensor gt = gpu(table), gdy = gpu(dy);
+    expect_backward_matches<1>(
+        "embedding_backward", {table.shape()}, kElementwiseTol,
+        [&](std::array<Tensor, 1>& g, bool acc) { embedding_backward(dy, table, cid, {&g[0], acc}); },
+        [&](std::array<Tensor, 1>& g, bool acc) { embedding_backward(gdy, gt, gid, {&g[0], acc}); });
+  }
 }
 
 TEST_F(CudaOps, ReductionsAndMseLoss) {

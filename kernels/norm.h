@@ -1,0 +1,55 @@
+#pragma once
+// Layer normalization over the last dimension of a [rows, cols] matrix, forward and backward, and
+// the embedding lookup with its gradient, with CPU references. Same launcher contract as
+// elementwise.h.
+#include <cstdint>
+
+#if GRAPHWARD_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace graphward::kernels {
+
+#if GRAPHWARD_HAS_CUDA
+// y = (x − mean) · rstd · w + b per row (w, b: [cols]; b may be null); writes mean and rstd [rows]
+// (rstd = 1 / √(var + eps), the biased variance). Row sums in a fixed order: deterministic.
+void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                        const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                        cudaStream_t stream);
+// dx = rstd · (g − mean_j(g) − x̂ · mean_j(g · x̂)) with g = dy · w, x̂ = (x − mean) · rstd
+void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
+                               const float* rstd, const float* w, std::int64_t rows,
+                               std::int64_t cols, bool accumulate, cudaStream_t stream);
+// dw = Σ_rows dy · x̂, db = Σ_rows dy (either may be null); a fixed order: deterministic.
+void layer_norm_backward_params(float* dw, float* db, const float* dy, const float* x,
+                                const float* mean, const float* rstd, std::int64_t rows,
+                                std::int64_t cols, bool accumulate_w, bool accumulate_b,
+                                cudaStream_t stream);
+// y[i, :] = table[ids[i], :] for i < n (ids outside [0, vocab) give a row of NaN).
+void embedding_forward(float* y, const float* table, const std::int32_t* ids, std::int64_t n,
+                       std::int64_t vocab, std::int64_t dim, cudaStream_t stream);
+// dtable[ids[i], :] += dy[i, :] (atomic adds: the order of a row's contributions, hence the last
+// bits of a repeated id's gradient, may vary run to run). dtable is written first unless
+// `accumulate` (zeroed, then added to).
+void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate,
+                        cudaStream_t stream);
+#endif
+
+namespace cpu {
+template <class T>
+void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                        std::int64_t rows, std::int64_t cols, T eps);
+template <class T>
+void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* mean,
+                         const T* rstd, const T* w, std::int64_t rows, std::int64_t cols,
+                         bool accumulate_x, bool accumulate_w, bool accumulate_b);
+template <class T>
+void embedding_forward(T* y, const T* table, const std::int32_t* ids, std::int64_t n,
+                       std::int64_t vocab, std::int64_t dim);
+template <class T>
+void embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::int64_t n,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate);
+}  // namespace cpu
+
+}  // namespace graphward::kernels
