@@ -136,4 +136,12 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tensor& ids,
                         GradSlot grad_table);
 
+// ---- dropout ----------------------------------------------------------------------------------
+// y = x · mask, mask = 1/(1 − p) where a Philox number of `gen` (engine/generator.h: seed and
+// offset on the device, advanced by each call, also inside a replayed CUDA graph) keeps the
+// element, else 0. 0 <= p < 1. Saves the mask; its backward is dy · mask.
+class Generator;
+Tensor dropout(const Tensor& x, double p, Generator& gen);
+void dropout_backward(const Tensor& grad_out, const Tensor& mask, GradSlot grad_x);
+
 }  // namespace graphward

@@ -369,6 +369,45 @@ TEST(OpsForwardCpu, EmbeddingPicksRowsAndAddsTheirGradients) {
   EXPECT_EQ(vals(p.grad()), (std::vector<double>{0, 0, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1, 1}));
 }
 
+TEST(OpsForwardCpu, DropoutDrawsFromItsGeneratorAndTheSameSeedReproducesIt) {
+  const Tensor x = add(mul(randn({100, 100}, 71), 0.0), 2.0);  // all 2s
+  Generator gen(Device::cpu(), 1234);
+  EXPECT_EQ(gen.offset(), 0u);
+  const std::vector<double> y = vals(dropout(x, 0.3, gen));
+  EXPECT_EQ(gen.offset(), 10000u);
+  std::size_t kept = 0;
+  for (double v : y) {
+    EXPECT_TRUE(v == 0.0 || std::abs(v - 2.0 / 0.7) < 1e-6) << v;
+    kept += v != 0.0;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / 10000, 0.7, 0.02);
+  // The next draw differs; a generator made again with the seed reproduces both.
+  const std::vector<double> y2 = vals(dropout(x, 0.3, gen));
+  EXPECT_NE(y2, y);
+  Generator again(Device::cpu(), 1234);
+  EXPECT_EQ(vals(dropout(x, 0.3, again)), y);
+  EXPECT_EQ(vals(dropout(x, 0.3, again)), y2);
+  Generator other(Device::cpu(), 1235);
+  EXPECT_NE(vals(dropout(x, 0.3, other)), y);
+  EXPECT_EQ(vals(dropout(x, 0.0, gen)), vals(x));  // p = 0 keeps everything
+  GW_EXPECT_ERROR(dropout(x, 1.0, gen), "dropout", "p is 1", "[0, 1)");
+  GW_EXPECT_ERROR(dropout(x, -0.1, gen), "dropout", "[0, 1)");
+}
+
+TEST(AutogradCpu, DropoutsGradientIsItsMask) {
+  const Tensor x = randn({8, 16}, 72, f64()).set_requires_grad(true);
+  Generator gen(Device::cpu(), 7);
+  const Tensor y = dropout(x, 0.5, gen);
+  backward(sum(y));
+  const std::vector<double> g = vals(x.grad()), yv = vals(y), xv = vals(x);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(g[i], yv[i] == 0.0 ? 0.0 : 2.0) << i;
+    if (yv[i] != 0.0) {
+      EXPECT_DOUBLE_EQ(yv[i], 2.0 * xv[i]);
+    }
+  }
+}
+
 TEST(OpsGradcheckCpu, SumMeanAndMseLoss) {
   const double err_sum = gradcheck_error([](const Inputs& in) { return sum(in[0]); },
                                          [](const Tensor& g, const Inputs& in) {

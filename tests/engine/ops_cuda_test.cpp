@@ -271,6 +271,46 @@ TEST_F(CudaOps, EmbeddingForwardAndBackward) {
   }
 }
 
+TEST_F(CudaOps, DropoutMasksAreTheCpusBitwiseAndACapturedDropoutDrawsAnewAtEveryReplay) {
+  const Tensor x = rand({333, 77});
+  Generator cpu_gen(Device::cpu(), 99), gpu_gen(kGpu, 99);
+  for (int draw = 0; draw < 2; ++draw) {
+    EXPECT_EQ(dropout(gpu(x), 0.25, gpu_gen).to_vector<float>(),
+              dropout(x, 0.25, cpu_gen).to_vector<float>())
+        << "draw " << draw;
+  }
+  EXPECT_EQ(gpu_gen.offset(), 2u * 333 * 77);
+  // Captured once, replayed three times: the draws at offsets 0, n, 2n, as eager draws give them.
+  Stream s(kGpu);
+  StreamGuard on(s);
+  const Tensor gx = gpu(x);
+  Generator captured(kGpu, 5), eager_cpu(Device::cpu(), 5);
+  GraphMemoryPool pool(kGpu);
+  Tensor out;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+  ASSERT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    GraphPoolScope scope(pool);
+    out = dropout(gx, 0.5, captured);
+  }
+  ASSERT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  std::vector<std::vector<float>> seen;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+    out.storage()->record_use(s.get(), true);
+    seen.push_back(out.to_vector<float>());
+    EXPECT_EQ(seen.back(), dropout(x, 0.5, eager_cpu).to_vector<float>()) << "replay " << r;
+  }
+  EXPECT_NE(seen[0], seen[1]);
+  EXPECT_EQ(captured.offset(), 3u * 333 * 77);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
 TEST_F(CudaOps, ReductionsAndMseLoss) {
   const Shape shapes[] = {{1}, {7, 13}, {1000, 1031}, {3, 1 << 20}};
   for (const Shape& s : shapes) {
