@@ -11,6 +11,7 @@
 #include "engine/memory.h"        // IWYU pragma: export
 #include "engine/ops.h"           // IWYU pragma: export
 #include "engine/optim.h"         // IWYU pragma: export
+#include "engine/rnn.h"           // IWYU pragma: export
 #include "engine/step_arena.h"    // IWYU pragma: export
 #include "engine/stream.h"        // IWYU pragma: export
 #include "engine/tensor.h"        // IWYU pragma: export

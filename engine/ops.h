@@ -136,6 +136,13 @@ Tensor embedding(const Tensor& table, const Tensor& ids);
 void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tensor& ids,
                         GradSlot grad_table);
 
+// ---- shapes -----------------------------------------------------------------------------------
+// Columns [start, start + length) of the last dimension, as a new tensor (a copy); its backward
+// puts the gradient in that window (zeros elsewhere, or added there when accumulating).
+Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length);
+void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t start,
+                     std::int64_t length, GradSlot grad_x);
+
 // ---- dropout ----------------------------------------------------------------------------------
 // y = x · mask, mask = 1/(1 − p) where a Philox number of `gen` (engine/generator.h: seed and
 // offset on the device, advanced by each call, also inside a replayed CUDA graph) keeps the

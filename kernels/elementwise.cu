@@ -67,6 +67,27 @@ __global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x,
   }
 }
 
+__global__ void narrow_forward_kernel(float* y, const float* x, std::int64_t rows,
+                                      std::int64_t cols, std::int64_t start, std::int64_t len) {
+  GW_GRID_STRIDE(i, rows * len) {
+    const std::int64_t r = i / len, j = i % len;
+    y[i] = x[r * cols + start + j];
+  }
+}
+__global__ void narrow_backward_kernel(float* dx, const float* dy, std::int64_t rows,
+                                       std::int64_t cols, std::int64_t start, std::int64_t len,
+                                       bool accumulate) {
+  GW_GRID_STRIDE(i, rows * cols) {
+    const std::int64_t r = i / cols, j = i % cols;
+    const bool inside = j >= start && j < start + len;
+    if (accumulate) {
+      if (inside) dx[i] += dy[r * len + (j - start)];
+    } else {
+      dx[i] = inside ? dy[r * len + (j - start)] : 0.f;
+    }
+  }
+}
+
 template <BinaryOp op>
 __global__ void binary_forward_kernel(float* y, const float* a, std::int64_t a_period,
                                       const float* b, std::int64_t b_period, std::int64_t n) {
@@ -140,6 +161,18 @@ void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream)
 void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
                    cudaStream_t stream) {
   gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, x, n, accumulate);
+  GW_LAUNCH_CHECK();
+}
+
+void narrow_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                    std::int64_t start, std::int64_t len, cudaStream_t stream) {
+  narrow_forward_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len);
+  GW_LAUNCH_CHECK();
+}
+void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
+                     std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
+  narrow_backward_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(dx, dy, rows, cols, start,
+                                                                         len, accumulate);
   GW_LAUNCH_CHECK();
 }
 

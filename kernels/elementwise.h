@@ -38,6 +38,13 @@ void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream)
 void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
                    cudaStream_t stream);  // dx = dy * gelu'(x)
 
+// Columns [start, start + len) of an [rows, cols] matrix: y [rows, len] = x[:, start:start+len].
+void narrow_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                    std::int64_t start, std::int64_t len, cudaStream_t stream);
+// dx [rows, cols]: dy in the window; outside it 0 (written) or unchanged (accumulate).
+void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
+                     std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+
 // y[i] = a[i % a_period] (op) b[i % b_period]
 void binary_forward(BinaryOp op, float* y, const float* a, std::int64_t a_period, const float* b,
                     std::int64_t b_period, std::int64_t n, cudaStream_t stream);
@@ -71,6 +78,12 @@ template <class T>
 void gelu_forward(T* y, const T* x, std::int64_t n);
 template <class T>
 void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumulate);
+template <class T>
+void narrow_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                    std::int64_t len);
+template <class T>
+void narrow_backward(T* dx, const T* dy, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                     std::int64_t len, bool accumulate);
 template <class T>
 void binary_forward(BinaryOp op, T* y, const T* a, std::int64_t a_period, const T* b,
                     std::int64_t b_period, std::int64_t n);

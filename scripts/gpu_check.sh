@@ -160,6 +160,7 @@ if [ $MODELS = 1 ] && [ -x "$BIN/bench/graphward_bench_models" ]; then
     --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_models.json" \
     --benchmark_out_format=json >"$LOG_DIR/bench_models.txt" 2>&1 || ok=0
   "$BIN/examples/train_mlp" --steps 300 >"$LOG_DIR/train_mlp.txt" 2>&1 || ok=0
+  "$BIN/examples/train_rnn" --steps 200 >>"$LOG_DIR/train_mlp.txt" 2>&1 || ok=0
   torch_csv=
   if python3 -c 'import torch' 2>/dev/null; then
     PYTHONUNBUFFERED=1 timeout 200 python3 "$GW_ROOT/scripts/compare_torch.py" --models \

@@ -1,0 +1,150 @@
+#pragma once
+// A stacked LSTM trained on synthetic sequences, its layers on streams of their own as a
+// wavefront — the model, data and loop shared by examples/train_rnn.cpp and its tests.
+//
+// Cell (layer l, time t) reads the output of (l − 1, t) and the state of (l, t − 1). With
+// `wavefront`, layer l's cells run on stream l: the tensors remember the stream that made them, so
+// cell (l, t) waits for (l − 1, t) on its own (DESIGN.md rule 6) while layer l − 1 goes on with
+// t + 1 — the diagonal wavefront of "fast and flexible RNNs" — and the backward runs each cell's
+// gradient on its stream, in reverse. Task: regress a fixed random linear map of the mean of the
+// inputs from the top layer's last hidden state (MSE). Optimizer: AdamW.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "examples/mlp.h"  // Mode, mode_name, TrainResult, synchronize_device
+
+namespace graphward::examples {
+
+struct RnnConfig {
+  std::int64_t in = 16, hidden = 64, out = 4, batch = 32;
+  int layers = 4, steps_in_time = 8;
+  double lr = 3e-3;
+  bool wavefront = true;
+  std::uint64_t seed = 3;
+};
+
+class RnnTrainer {
+ public:
+  RnnTrainer(const RnnConfig& c, Device device, Mode mode)
+      : c_(c), device_(device), mode_(mode) {
+    const TensorOptions opt{DType::kFloat32, device};
+    std::uint64_t seed = c.seed * 1000;
+    for (int l = 0; l < c.layers; ++l) {
+      const std::int64_t in = l == 0 ? c.in : c.hidden;
+      const double s = 1.0 / std::sqrt(static_cast<double>(c.hidden));
+      w_ih_.push_back(uniform({4 * c.hidden, in}, -s, s, seed++, opt).set_requires_grad(true));
+      w_hh_.push_back(uniform({4 * c.hidden, c.hidden}, -s, s, seed++, opt).set_requires_grad(true));
+      b_ih_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
+      b_hh_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
+      if (c.wavefront && device.is_cuda()) streams_.push_back(std::make_unique<Stream>(device));
+    }
+    head_w_ = uniform({c.out, c.hidden}, -0.1, 0.1, seed++, opt).set_requires_grad(true);
+    head_b_ = zeros({c.out}, opt).set_requires_grad(true);
+    // Data: a few fixed batches of sequences and their targets.
+    const Tensor map = randn({c.out, c.in}, c.seed * 7 + 1);
+    for (int b = 0; b < 2; ++b) {
+      std::vector<Tensor> xs;
+      Tensor mean_x;
+      for (int t = 0; t < c.steps_in_time; ++t) {
+        const Tensor x = randn({c.batch, c.in}, c.seed * 7 + 2 + 100 * b + t);
+        mean_x = mean_x.defined() ? add(mean_x, x) : x;
+        xs.push_back(x.to(device));
+      }
+      {
+        NoGradGuard no_grad;
+        targets_.push_back(linear(mul(mean_x, 1.0 / c.steps_in_time), map).to(device));
+      }
+      inputs_.push_back(std::move(xs));
+    }
+    zero_h_ = zeros({c.batch, c.hidden}, opt);
+    std::vector<Tensor> params;
+    for (int l = 0; l < c.layers; ++l) {
+      for (const Tensor* p : {&w_ih_[l], &w_hh_[l], &b_ih_[l], &b_hh_[l]}) params.push_back(*p);
+    }
+    params.push_back(head_w_);
+    params.push_back(head_b_);
+    opt_ = std::make_unique<AdamW>(params, AdamWOptions{.lr = c.lr, .weight_decay = 0.0});
+    if (mode == Mode::kBackwardGraph) {
+      arena_ = std::make_unique<StepArena>(device);
+      bw_ = std::make_unique<BackwardGraph>(device);
+    }
+  }
+
+  Tensor loss(int batch) const {
+    const std::vector<Tensor>& xs = inputs_[static_cast<std::size_t>(batch)];
+    std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
+    for (int t = 0; t < c_.steps_in_time; ++t) {
+      Tensor in = xs[static_cast<std::size_t>(t)];
+      for (int l = 0; l < c_.layers; ++l) {
+        std::optional<StreamGuard> on;
+        if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
+        LstmState& st = s[static_cast<std::size_t>(l)];
+        st = lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+        in = st.h;
+      }
+    }
+    return mse_loss(linear(s.back().h, head_w_, head_b_), targets_[static_cast<std::size_t>(batch)]);
+  }
+
+  Tensor step(int i) {
+    const int b = i % 2;
+    if (mode_ == Mode::kBackwardGraph) {
+      Tensor l;
+      {
+        StepScope scope(*arena_);
+        l = loss(b);
+        bw_->backward(l, GradWrite::kOverwrite);
+        if (device_.is_cuda()) arena_->record_step_end(current_stream(device_));
+      }
+      opt_->step();
+      return l;
+    }
+    const Tensor l = loss(b);
+    backward(l, {.grad_write = GradWrite::kOverwrite});
+    opt_->step();
+    return l;
+  }
+
+  std::uint64_t captures() const { return bw_ ? bw_->counters().captures : 0; }
+  std::size_t streams() const { return streams_.size(); }
+
+ private:
+  RnnConfig c_;
+  Device device_;
+  Mode mode_;
+  std::vector<Tensor> w_ih_, w_hh_, b_ih_, b_hh_;
+  Tensor head_w_, head_b_, zero_h_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<std::vector<Tensor>> inputs_;
+  std::vector<Tensor> targets_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<StepArena> arena_;
+  std::unique_ptr<BackwardGraph> bw_;
+};
+
+// Eager or BackwardGraph (the full-step graph runs the MLP example).
+inline TrainResult train_rnn(const RnnConfig& c, Device device, Mode mode, int steps) {
+  GW_CHECK(mode != Mode::kStepGraph, "train_rnn: expected Mode::kEager or Mode::kBackwardGraph");
+  RnnTrainer trainer(c, device, mode);
+  TrainResult r;
+  Tensor l;
+  const int untimed = steps > 10 ? 5 : 1;
+  for (int i = 0; i < untimed; ++i) {
+    l = trainer.step(i);
+    if (i == 0) r.first_loss = l.item();
+  }
+  synchronize_device(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = untimed; i < steps; ++i) l = trainer.step(i);
+  synchronize_device(device);
+  const auto t1 = std::chrono::steady_clock::now();
+  r.last_loss = l.item();
+  r.ms_per_step = steps > untimed
+                      ? std::chrono::duration<double, std::milli>(t1 - t0).count() / (steps - untimed)
+                      : 0.0;
+  r.captures = trainer.captures();
+  return r;
+}
+
+}  // namespace graphward::examples

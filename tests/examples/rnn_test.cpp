@@ -1,0 +1,20 @@
+// The LSTM example (examples/rnn.h) on the CPU backend: it converges, eagerly and with the graph
+// mode (eager on the CPU) giving the same losses.
+#include "examples/rnn.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+namespace ex = graphward::examples;
+
+TEST(ExamplesCpu, TheStackedLstmConverges) {
+  const ex::RnnConfig c{.in = 8, .hidden = 16, .out = 2, .batch = 16, .layers = 2,
+                        .steps_in_time = 4, .lr = 1e-2};
+  const ex::TrainResult eager = ex::train_rnn(c, Device::cpu(), ex::Mode::kEager, 60);
+  EXPECT_LT(eager.last_loss, 0.5 * eager.first_loss) << eager.first_loss << " -> " << eager.last_loss;
+  const ex::TrainResult graph = ex::train_rnn(c, Device::cpu(), ex::Mode::kBackwardGraph, 60);
+  EXPECT_EQ(graph.last_loss, eager.last_loss);
+}
+
+}  // namespace
+}  // namespace graphward
