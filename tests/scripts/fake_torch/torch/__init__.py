@@ -34,3 +34,25 @@ cuda = types.SimpleNamespace(
     Event=_Event, empty_cache=lambda: None)
 backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
                                  cudnn=types.SimpleNamespace(allow_tf32=True))
+
+# For compare_torch.py --models: an MLP, AdamW, cross-entropy, integer targets.
+def _clone(self): return _T()
+def _copy_(self, other): return self
+_T.clone = _clone
+_T.copy_ = _copy_
+def manual_seed(s): return None
+def randint(low, high, size, device=None): return _T()
+def randn(*a, generator=None, device=None): return _T()
+class _Module:
+    def __init__(self, *a, **k): pass
+    def to(self, dev): return self
+    def __call__(self, x): return _T()
+    def parameters(self): return [types.SimpleNamespace(grad=None)]
+class _AdamW:
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, capturable=False): self.params = list(params)
+    def zero_grad(self, set_to_none=True): pass
+    def step(self): pass
+nn.Sequential = _Module
+nn.GELU = _Module
+nn.functional.cross_entropy = lambda logits, target: _T()
+optim = types.SimpleNamespace(AdamW=_AdamW)
