@@ -150,23 +150,22 @@ def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False):
     return timed(torch, iters, warmup, lambda: None, graph.replay, events)
 
 
-def main_overlap(torch, args):
+def run_event_rows(torch, args, jobs, width):
+    """Runs each (name, run) of `jobs` whose name contains --only; run() returns (event_us, wall_us,
+    host_us). Prints a row each (a failure is said and gives NaN: the others go on) and writes
+    the CSV (--csv)."""
     rows = []
-    print(f"{'config':64s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
-    for k, d, n, b, graph, multi in overlap_configs():
-        name = (f"torch_overlap/branches:{k}/depth:{d}/width:{n}/batch:{b}/graph:{graph}/"
-                f"multistream:{multi}")
+    print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
+    for name, run_one in jobs:
         if args.only not in name:
             continue
-        iters = iters_for(n, args.iters)
         try:
-            ev, wall, host = (run_graph if graph else run)(
-                torch, k, d, n, b, multi, iters, warmup=min(20, iters), events=True)
+            ev, wall, host = run_one()
         except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
             print(f"{name}: failed: {e}", file=sys.stderr)
             ev = wall = host = float("nan")
         rows.append((name, ev, wall, host))
-        print(f"{name:64s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
+        print(f"{name:{width}s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
         torch.cuda.empty_cache()
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -174,6 +173,17 @@ def main_overlap(torch, args):
             w.writerow(["config", "event_us", "wall_us", "host_us"])
             w.writerows(rows)
     return 0
+
+
+def main_overlap(torch, args):
+    def job(k, d, n, b, graph, multi):
+        iters = iters_for(n, args.iters)
+        return lambda: (run_graph if graph else run)(
+            torch, k, d, n, b, multi, iters, warmup=min(20, iters), events=True)
+    jobs = ((f"torch_overlap/branches:{k}/depth:{d}/width:{n}/batch:{b}/graph:{graph}/"
+             f"multistream:{multi}", job(k, d, n, b, graph, multi))
+            for k, d, n, b, graph, multi in overlap_configs())
+    return run_event_rows(torch, args, jobs, 64)
 
 
 MODELS = [(256, 4, 128), (2048, 4, 1024)]  # hidden, layers, batch — as bench/models_bench.cpp
@@ -235,28 +245,12 @@ def run_mlp(torch, hidden, layers, batch, graph, iters):
 
 
 def main_models(torch, args):
-    rows = []
-    print(f"{'config':52s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
-    for hidden, layers, batch in MODELS:
-        for graph in (0, 1):
-            name = (f"torch_mlp/hidden:{hidden}/layers:{layers}/batch:{batch}/"
-                    f"mode:{'graph' if graph else 'eager'}")
-            if args.only not in name:
-                continue
-            try:
-                ev, wall, host = run_mlp(torch, hidden, layers, batch, graph, args.iters)
-            except Exception as e:  # say so, go on
-                print(f"{name}: failed: {e}", file=sys.stderr)
-                ev = wall = host = float("nan")
-            rows.append((name, ev, wall, host))
-            print(f"{name:52s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
-            torch.cuda.empty_cache()
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["config", "event_us", "wall_us", "host_us"])
-            w.writerows(rows)
-    return 0
+    def job(hidden, layers, batch, graph):
+        return lambda: run_mlp(torch, hidden, layers, batch, graph, args.iters)
+    jobs = ((f"torch_mlp/hidden:{hidden}/layers:{layers}/batch:{batch}/"
+             f"mode:{'graph' if graph else 'eager'}", job(hidden, layers, batch, graph))
+            for hidden, layers, batch in MODELS for graph in (0, 1))
+    return run_event_rows(torch, args, jobs, 52)
 
 
 def main():

@@ -10,13 +10,12 @@ full-step vs torch graph: graphward's full-step graph / PyTorch's whole-step gra
 """
 import csv
 import json
-import math
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overlap_table import salvage  # noqa: E402  (reads a JSON file cut short)
+from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON file cut short)
 
 GW = re.compile(r"Mlp/hidden:(\d+)/layers:(\d+)/batch:(\d+)/mode:(\d)")
 TORCH = re.compile(r"torch_mlp/hidden:(\d+)/layers:(\d+)/batch:(\d+)/mode:(eager|graph)")
@@ -51,14 +50,6 @@ def load_torch(path):
     return out
 
 
-def fmt(v, width=10, prec=1):
-    return f"{v:{width}.{prec}f}" if v is not None and not math.isnan(v) else f"{'-':>{width}s}"
-
-
-def ratio(a, b):
-    return a / b if a and b and not math.isnan(a) and not math.isnan(b) else None
-
-
 def main():
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -73,7 +64,7 @@ def main():
         e, bg, fs = (gw.get((h, l, b, m)) for m in (0, 1, 2))
         pe, pg = torch.get((h, l, b, "eager")), torch.get((h, l, b, "graph"))
         name = f"hidden {h} x{l}, batch {b}"
-        print(f"{name:28s} {fmt(e)} {fmt(bg)} {fmt(fs)} {fmt(pe)} {fmt(pg)} "
+        print(f"{name:28s} {fmt(e, 10)} {fmt(bg, 10)} {fmt(fs, 10)} {fmt(pe, 10)} {fmt(pg, 10)} "
               f"{fmt(ratio(pe, e), 8, 2)} {fmt(ratio(fs, pg), 10, 2)}")
     return 0
 
