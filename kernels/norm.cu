@@ -3,34 +3,18 @@
 // slices), combined in a fixed order: deterministic. The embedding gradient adds with atomics.
 #include <cmath>
 
+#include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/norm.h"
 
 namespace graphward::kernels {
 namespace {
+using detail::block_reduce;
 using detail::grid_for;
 using detail::kThreads;
 using detail::store;
 
 constexpr int kRowThreads = 256;
-
-__device__ float block_sum(float v) {
-  __shared__ float partial[kRowThreads / 32];
-  __shared__ float result;
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < kRowThreads / 32 ? partial[lane] : 0.f;
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-    if (lane == 0) result = v;
-  }
-  __syncthreads();
-  const float r = result;
-  __syncthreads();
-  return r;
-}
 
 __global__ void layer_norm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
                                           const float* w, const float* b, std::int64_t cols,
@@ -39,10 +23,10 @@ __global__ void layer_norm_forward_kernel(float* y, float* mean, float* rstd, co
   const float* xr = x + row * cols;
   float s = 0.f;
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) s += xr[j];
-  const float m = block_sum(s) / static_cast<float>(cols);
+  const float m = block_reduce<kRowThreads>(s) / static_cast<float>(cols);
   float v = 0.f;
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) v += (xr[j] - m) * (xr[j] - m);
-  const float r = rsqrtf(block_sum(v) / static_cast<float>(cols) + eps);
+  const float r = rsqrtf(block_reduce<kRowThreads>(v) / static_cast<float>(cols) + eps);
   if (threadIdx.x == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -66,8 +50,8 @@ __global__ void layer_norm_backward_input_kernel(float* dx, const float* dy, con
     sg += g;
     sgx += g * (xr[j] - m) * r;
   }
-  const float mg = block_sum(sg) / static_cast<float>(cols);
-  const float mgx = block_sum(sgx) / static_cast<float>(cols);
+  const float mg = block_reduce<kRowThreads>(sg) / static_cast<float>(cols);
+  const float mgx = block_reduce<kRowThreads>(sgx) / static_cast<float>(cols);
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
     const float xh = (xr[j] - m) * r;
     store(dx, row * cols + j, r * (dyr[j] * w[j] - mg - xh * mgx), accumulate);

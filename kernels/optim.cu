@@ -1,4 +1,5 @@
 // Optimizer kernels. Contract in optim.h.
+#include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/optim.h"
 
@@ -56,23 +57,10 @@ __global__ void increment_kernel(float* counter) {
 
 constexpr int kReduceThreads = 1024;
 
-__device__ double block_sum(double v) {
-  __shared__ double partial[kReduceThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
-  if (warp == 0) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  }
-  return v;  // valid in thread 0
-}
-
 __global__ void sum_squares_kernel(float* out, const float* x, std::int64_t n) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += double(x[i]) * double(x[i]);
-  acc = block_sum(acc);
+  acc = detail::block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
 }
 

@@ -4,34 +4,23 @@
 // then the block reduces in shared memory in a fixed tree. One launch, no workspace, no atomics,
 // deterministic. (A multi-block version needs a workspace; it pays only for vectors far larger than
 // a loss, and can come with a measurement that asks for it.)
+#include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.h"
 
 namespace graphward::kernels {
 namespace {
+using detail::block_reduce;
 using detail::grid_for;
 using detail::kThreads;
 using detail::store;
 
 constexpr int kReduceThreads = 1024;
 
-__device__ double block_sum(double v) {
-  __shared__ double partial[kReduceThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
-  if (warp == 0) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  }
-  return v;  // valid in thread 0
-}
-
 __global__ void sum_forward_kernel(float* out, const float* x, float scale, std::int64_t n) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
-  acc = block_sum(acc);
+  acc = block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc * scale);
 }
 
@@ -72,7 +61,7 @@ __global__ void mse_loss_forward_kernel(float* out, const float* pred, const flo
     const double d = double(pred[i]) - double(target[i]);
     acc += d * d;
   }
-  acc = block_sum(acc);
+  acc = block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc / double(n));
 }
 
