@@ -1,6 +1,7 @@
 #include "capture/backward_graph.h"
 
 #include "capture/graph_topology.h"
+#include "capture/stream_capture.h"
 #include "engine/ptr_index.h"
 
 #include <algorithm>
@@ -90,20 +91,11 @@ namespace {
 
 GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
   GraphStats st;
-  std::size_t n = 0;
-  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeKernel) {
-      ++st.kernel_nodes;
-    } else {
-      ++st.other_nodes;
-      if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) ++st.memory_nodes;
-    }
-  }
+  const capture::NodeCounts counts = capture::count_nodes(graph);
+  const std::vector<cudaGraphNode_t>& nodes = counts.nodes;
+  st.kernel_nodes = counts.kernels;
+  st.other_nodes = counts.others;
+  st.memory_nodes = counts.memory;
   GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &st.edges));
   // The graph's own shape (not the plan's): numbered nodes, edges between them.
   std::vector<cudaGraphNode_t> from(st.edges), to(st.edges);
@@ -180,31 +172,17 @@ void BackwardGraph::use_capture_streams(BackwardPlan& plan) {
 cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t caller,
                                         GraphMemoryPool& pool, bool timed) {
   detail::NvtxRange nvtx("BackwardGraph::capture");
-  GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
-  try {
-    CaptureModeScope scope("the backward graph");
-    GraphPoolScope pool_scope(pool);
-    if (timed) {
-      executor_.run_timed_in_capture(plan, {seed_}, device_);
-    } else {
-      executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
-    }
-  } catch (...) {
-    cudaGraph_t abandoned = nullptr;
-    (void)cudaStreamEndCapture(caller, &abandoned);
-    if (abandoned) (void)cudaGraphDestroy(abandoned);
-    (void)cudaGetLastError();
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(caller, &graph);
-  if (ended != cudaSuccess || !graph) {
-    (void)cudaGetLastError();
-    GW_CHECK(false, "BackwardGraph: capturing the backward failed (", cudaGetErrorName(ended),
-             ": ", cudaGetErrorString(ended),
-             "); some work in it was not capturable or used a stream outside the capture");
-  }
-  return graph;
+  return capture::capture_stream(
+      caller, "BackwardGraph", "some work in the backward was not capturable or used a stream "
+      "outside the capture", [&] {
+        CaptureModeScope scope("the backward graph");
+        GraphPoolScope pool_scope(pool);
+        if (timed) {
+          executor_.run_timed_in_capture(plan, {seed_}, device_);
+        } else {
+          executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
+        }
+      });
 }
 
 void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,

@@ -1,4 +1,5 @@
 #include "capture/step_graph.h"
+#include "capture/stream_capture.h"
 
 #include <unordered_set>
 
@@ -147,44 +148,22 @@ Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t call
   fresh->pool = std::make_unique<GraphMemoryPool>(device_);
   // Rule 6 for the capture itself: what the step reads was made on S or ordered before S.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
-  GW_CUDA_CHECK(cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal));
   Tensor loss;
-  try {
-    CaptureModeScope scope("a whole training step (StepGraph)");
-    GraphPoolScope pool_scope(*fresh->pool);
-    loss = step();
-    GW_CHECK(loss.defined() && loss.device() == device_,
-             "StepGraph: the step returned ", loss.defined() ? loss.str() : std::string("nothing"),
-             "; expected its loss, a tensor on ", device_.str());
-  } catch (...) {
-    cudaGraph_t abandoned = nullptr;
-    (void)cudaStreamEndCapture(caller, &abandoned);
-    if (abandoned) (void)cudaGraphDestroy(abandoned);
-    (void)cudaGetLastError();
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(caller, &graph);
-  if (ended != cudaSuccess || !graph) {
-    (void)cudaGetLastError();
-    GW_CHECK(false, "StepGraph: capturing the step failed (", cudaGetErrorName(ended), ": ",
-             cudaGetErrorString(ended),
-             "); some work in it was not capturable, used a stream outside the capture, or was "
-             "left on another stream without joining the step's stream");
-  }
+  cudaGraph_t graph = capture::capture_stream(
+      caller, "StepGraph", "some work in the step was not capturable, used a stream outside the "
+      "capture, or was left on another stream without joining the step's stream", [&] {
+        CaptureModeScope scope("a whole training step (StepGraph)");
+        GraphPoolScope pool_scope(*fresh->pool);
+        loss = step();
+        GW_CHECK(loss.defined() && loss.device() == device_, "StepGraph: the step returned ",
+                 loss.defined() ? loss.str() : std::string("nothing"),
+                 "; expected its loss, a tensor on ", device_.str());
+      });
   fresh->graph = graph;
   GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, graph, 0));
-  std::size_t n = 0;
-  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  kernel_nodes_ = 0;
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type == cudaGraphNodeTypeKernel) ++kernel_nodes_;
-  }
-  graph_nodes_ = n;
+  const capture::NodeCounts counts = capture::count_nodes(graph);
+  kernel_nodes_ = counts.kernels;
+  graph_nodes_ = counts.nodes.size();
   fresh->loss = loss;
   for (const Tensor& t : inputs_) fresh->inputs.push_back(bake(t));
   for (const Tensor& leaf : reached_leaves(loss)) {

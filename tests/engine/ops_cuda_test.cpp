@@ -7,6 +7,7 @@
 #include "engine/blas.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "capture/stream_capture.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -465,33 +466,14 @@ TEST_F(CudaOps, LinearWithAFusedActivationForwardAndBackward) {
 // made outside the capture).
 std::size_t kernels_in(Stream& s, const std::function<Tensor()>& forward) {
   GraphMemoryPool pool(kGpu);
-  cudaGraph_t graph = nullptr;
-  {
-    StreamGuard on(s);
+  StreamGuard on(s);
+  (void)forward();
+  EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+  cudaGraph_t graph = capture::capture_stream(s.get(), "kernels_in", "", [&] {
+    GraphPoolScope scope(pool);
     (void)forward();
-    EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
-    EXPECT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    try {
-      GraphPoolScope scope(pool);
-      (void)forward();
-    } catch (...) {
-      (void)cudaStreamEndCapture(s.get(), &graph);
-      if (graph) (void)cudaGraphDestroy(graph);
-      throw;
-    }
-    EXPECT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
-  }
-  std::size_t n = 0, kernels = 0;
-  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) {
-    EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &n), cudaSuccess);
-  }
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
-    if (type == cudaGraphNodeTypeKernel) ++kernels;
-  }
+  });
+  const std::size_t kernels = capture::count_nodes(graph).kernels;
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   return kernels;
 }

@@ -1,0 +1,50 @@
+#include "capture/stream_capture.h"
+
+#if GRAPHWARD_HAS_CUDA
+#include "engine/error.h"
+
+namespace graphward::capture {
+
+cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
+                           const std::function<void()>& body) {
+  GW_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    cudaGraph_t abandoned = nullptr;
+    (void)cudaStreamEndCapture(stream, &abandoned);
+    if (abandoned) (void)cudaGraphDestroy(abandoned);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (ended != cudaSuccess || !graph) {
+    (void)cudaGetLastError();
+    GW_CHECK(false, what, ": capturing failed (", cudaGetErrorName(ended), ": ",
+             cudaGetErrorString(ended), "); ", hint);
+  }
+  return graph;
+}
+
+NodeCounts count_nodes(cudaGraph_t graph) {
+  NodeCounts c;
+  std::size_t n = 0;
+  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  c.nodes.resize(n);
+  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, c.nodes.data(), &n));
+  for (cudaGraphNode_t node : c.nodes) {
+    cudaGraphNodeType type{};
+    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) {
+      ++c.kernels;
+    } else {
+      ++c.others;
+      if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) ++c.memory;
+    }
+  }
+  return c;
+}
+
+}  // namespace graphward::capture
+#endif

@@ -1,0 +1,31 @@
+#pragma once
+// Stream capture with the error handling every graph in graphward needs, written once.
+#include <cstddef>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "engine/device.h"
+
+#if GRAPHWARD_HAS_CUDA
+#include <cuda_runtime.h>
+
+namespace graphward::capture {
+
+// Captures, in thread-local mode, what `body` enqueues on `stream` (and on the streams it forks
+// from it) into a new graph the caller owns. If `body` throws, the capture is ended, its partial
+// graph destroyed and the exception passed on: no capture is left open. If ending the capture
+// fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>".
+cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
+                           const std::function<void()>& body);
+
+struct NodeCounts {
+  std::vector<cudaGraphNode_t> nodes;  // in cudaGraphGetNodes' order
+  std::size_t kernels = 0;
+  std::size_t others = 0;  // memsets, event nodes, ... (memory among them)
+  std::size_t memory = 0;  // memory allocation and free nodes
+};
+NodeCounts count_nodes(cudaGraph_t graph);
+
+}  // namespace graphward::capture
+#endif
