@@ -113,6 +113,31 @@ void Optimizer::finish_step(cudaStream_t stream) {
   step_.bump_version();
 }
 
+void Optimizer::run_step(const char* what,
+                         const std::function<std::vector<Tensor*>(std::size_t)>& state,
+                         const std::function<void(std::size_t, cudaStream_t)>& update_cuda,
+                         const std::function<void(std::size_t)>& update_cpu) {
+  detail::NvtxRange range(what);
+  check_params(name_, params_);
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    const cudaStream_t s = scope.stream();
+    lr_.storage()->sync_for_read(s);
+    step_.storage()->sync_for_read(s);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (prepare(i, state(i), s)) update_cuda(i, s);
+    }
+    finish_step(s);
+    return;
+#endif
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (prepare(i, state(i), nullptr)) update_cpu(i);
+  }
+  finish_step(nullptr);
+}
+
 void Optimizer::zero_grad() {
   detail::NvtxRange range("zero_grad");
   for (const Tensor& p : params_) {
@@ -152,34 +177,25 @@ Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
 }
 
 void Sgd::step() {
-  detail::NvtxRange range("Sgd::step");
-  check_params(name_, params_);
-  if (device_.is_cuda()) {
+  run_step(
+      "Sgd::step", [&](std::size_t i) { return std::vector<Tensor*>{&momentum_[i]}; },
+      [&](std::size_t i, cudaStream_t s) {
 #if GRAPHWARD_HAS_CUDA
-    CudaScope scope(device_);
-    const cudaStream_t s = scope.stream();
-    lr_.storage()->sync_for_read(s);
-    step_.storage()->sync_for_read(s);
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!prepare(i, {&momentum_[i]}, s)) continue;
-      const Tensor& p = params_[i];
-      k::sgd_step(f32(p), f32(p.grad()), momentum_[i].defined() ? f32(momentum_[i]) : nullptr,
-                  p.numel(), f32(lr_), f32(step_), hp_, s);
-    }
-    finish_step(s);
-    return;
+        const Tensor& p = params_[i];
+        k::sgd_step(f32(p), f32(p.grad()), momentum_[i].defined() ? f32(momentum_[i]) : nullptr,
+                    p.numel(), f32(lr_), f32(step_), hp_, s);
+#else
+        (void)i, (void)s;
 #endif
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (!prepare(i, {&momentum_[i]}, nullptr)) continue;
-    const Tensor& p = params_[i];
-    dispatch_cpu(p.dtype(), [&]<class T>() {
-      k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()),
-                          momentum_[i].defined() ? ptr<T>(momentum_[i]) : nullptr, p.numel(),
-                          ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
-    });
-  }
-  finish_step(nullptr);
+      },
+      [&](std::size_t i) {
+        const Tensor& p = params_[i];
+        dispatch_cpu(p.dtype(), [&]<class T>() {
+          k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()),
+                              momentum_[i].defined() ? ptr<T>(momentum_[i]) : nullptr, p.numel(),
+                              ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+        });
+      });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
@@ -197,33 +213,24 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
 }
 
 void AdamW::step() {
-  detail::NvtxRange range("AdamW::step");
-  check_params(name_, params_);
-  if (device_.is_cuda()) {
+  run_step(
+      "AdamW::step", [&](std::size_t i) { return std::vector<Tensor*>{&m_[i], &v_[i]}; },
+      [&](std::size_t i, cudaStream_t s) {
 #if GRAPHWARD_HAS_CUDA
-    CudaScope scope(device_);
-    const cudaStream_t s = scope.stream();
-    lr_.storage()->sync_for_read(s);
-    step_.storage()->sync_for_read(s);
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!prepare(i, {&m_[i], &v_[i]}, s)) continue;
-      const Tensor& p = params_[i];
-      k::adamw_step(f32(p), f32(p.grad()), f32(m_[i]), f32(v_[i]), p.numel(), f32(lr_),
-                    f32(step_), hp_, s);
-    }
-    finish_step(s);
-    return;
+        const Tensor& p = params_[i];
+        k::adamw_step(f32(p), f32(p.grad()), f32(m_[i]), f32(v_[i]), p.numel(), f32(lr_),
+                      f32(step_), hp_, s);
+#else
+        (void)i, (void)s;
 #endif
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (!prepare(i, {&m_[i], &v_[i]}, nullptr)) continue;
-    const Tensor& p = params_[i];
-    dispatch_cpu(p.dtype(), [&]<class T>() {
-      k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m_[i]), ptr<T>(v_[i]), p.numel(),
-                            ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
-    });
-  }
-  finish_step(nullptr);
+      },
+      [&](std::size_t i) {
+        const Tensor& p = params_[i];
+        dispatch_cpu(p.dtype(), [&]<class T>() {
+          k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m_[i]), ptr<T>(v_[i]),
+                                p.numel(), ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+        });
+      });
 }
 
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {

@@ -11,6 +11,7 @@
 // as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step the set
 // must stay the same (make the .grads first: zero_grad() never undefines them).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -59,6 +60,11 @@ class Optimizer {
   // the versions of what it writes. Returns false when the parameter has no .grad (skipped).
   bool prepare(std::size_t i, const std::vector<Tensor*>& state, cudaStream_t stream);
   void finish_step(cudaStream_t stream);
+  // One step over the parameters: for each one with a .grad (prepared with state(i)), `update_cuda`
+  // on the current stream of the parameters' CUDA device, or `update_cpu`; then the step count.
+  void run_step(const char* what, const std::function<std::vector<Tensor*>(std::size_t)>& state,
+                const std::function<void(std::size_t, cudaStream_t)>& update_cuda,
+                const std::function<void(std::size_t)>& update_cpu);
 
   const char* name_;
   std::vector<Tensor> params_;
