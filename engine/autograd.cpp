@@ -159,6 +159,10 @@ std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t st
 namespace autograd_detail {
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  return needs_grad(std::span<const Tensor* const>(inputs.begin(), inputs.size()));
+}
+
+bool needs_grad(std::span<const Tensor* const> inputs) {
   if (!t_grad_mode) return false;
   for (const Tensor* t : inputs) {
     if (t && t->defined() && t->requires_grad()) return true;
@@ -172,6 +176,12 @@ SavedTensor save(const char* name, const Tensor& t) {
 }
 
 void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::vector<SavedTensor> saved, Node::BackwardFn backward) {
+  record(op, output, std::span<const Tensor* const>(inputs.begin(), inputs.size()),
+         std::move(saved), std::move(backward));
+}
+
+void record(const char* op, const Tensor& output, std::span<const Tensor* const> inputs,
             std::vector<SavedTensor> saved, Node::BackwardFn backward) {
   std::vector<InputMeta> metas;
   metas.reserve(inputs.size());

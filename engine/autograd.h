@@ -163,9 +163,12 @@ std::shared_ptr<Node> make_node(std::string name, Device device, cudaStream_t st
 namespace autograd_detail {
 // Whether an op over `inputs` must be recorded.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(std::span<const Tensor* const> inputs);
 // Records `output` as produced by a node named `op` over `inputs`, saving `saved`. The node's
 // stream is the stream that produced `output`.
 void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::vector<SavedTensor> saved, Node::BackwardFn backward);
+void record(const char* op, const Tensor& output, std::span<const Tensor* const> inputs,
             std::vector<SavedTensor> saved, Node::BackwardFn backward);
 SavedTensor save(const char* name, const Tensor& t);
 }  // namespace autograd_detail

@@ -97,7 +97,8 @@ struct GemmKeyHash {
     h = h * 1000003u ^ std::hash<std::int64_t>()(g.k);
     return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8) ^
            (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3) ^
-           (static_cast<std::size_t>(g.options.epilogue) << 4);
+           (static_cast<std::size_t>(g.options.epilogue) << 4) ^
+           (static_cast<std::size_t>(g.options.batch) << 12);
   }
 };
 
@@ -168,23 +169,40 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
           float* c) {
+  gemm_batched(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c);
+}
+
+void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
+                  const float* b, float beta, float* c) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);  // the stream's workspace
-  const GemmKey key{
-      m,
-      n,
-      k,
-      trans_a,
-      trans_b,
-      std::min({alignment_of(a), alignment_of(b), alignment_of(c)}),
-      kernels::LtOptions{.bias_grad_a = false, .split_k = gemm_allows_split_k(m, n, k)}};
+  unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
+  if (batch > 1) {  // every matrix of the batch starts one matrix after the previous one
+    for (std::int64_t elements : {m * k, k * n, m * n}) {
+      alignment = std::min(alignment, alignment_of(reinterpret_cast<const void*>(
+                                          static_cast<std::uintptr_t>(elements * sizeof(float)))));
+    }
+  }
+  const GemmKey key{m,
+                    n,
+                    k,
+                    trans_a,
+                    trans_b,
+                    alignment,
+                    kernels::LtOptions{.bias_grad_a = false,
+                                       .split_k = gemm_allows_split_k(m, n, k * batch),
+                                       .batch = batch}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
-  } else {
-    const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(),
-                                   stream};
+    return;
+  }
+  const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
+  if (batch == 1) {
     kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, stream);
+  } else {
+    kernels::gemm_batched(ctx, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, stream);
   }
 }
 

@@ -40,6 +40,12 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
           float* c);
 
+// `batch` gemm()s of contiguous matrices back to back (A, B and C each hold `batch` matrices),
+// in one cuBLASLt launch (cublasSgemmStridedBatched where cuBLASLt offers no algorithm).
+void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
+                  const float* b, float beta, float* c);
+
 // gemm(), and also bias_grad[m] = Σ_k op(A)[i, k] written (never accumulated) by the same kernel
 // (cuBLASLt's bias-gradient epilogue): a linear layer's weight gradient dW = dYᵀ·X with its bias
 // gradient Σ_rows dY. Returns false, having launched nothing, where cuBLASLt offers no algorithm

@@ -22,6 +22,9 @@
 // [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.
 // The result has the larger shape; a row operand's gradient is summed over the rows.
 
+#include <span>
+#include <vector>
+
 #include "engine/tensor.h"
 
 namespace graphward {
@@ -37,6 +40,13 @@ struct GradSlot {
 Tensor matmul(const Tensor& a, const Tensor& b);
 void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                      GradSlot grad_b);
+
+// Batched: a [B, m, k] and b [B, k, n] -> [B, m, n], c[i] = op(a[i]) · op(b[i]), where op
+// transposes the last two dimensions when asked (trans_a: a is [B, k, m]; trans_b: b is [B, n, k]),
+// without moving data: one batched GEMM (attention's Q·Kᵀ is bmm(q, k, false, true)).
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool trans_a,
+                  bool trans_b, GradSlot grad_a, GradSlot grad_b);
 
 // x [batch, in] · weightᵀ (weight [out, in]) + bias [out] -> [batch, out]; bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
@@ -139,6 +149,23 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
                         GradSlot grad_table);
 
 // ---- shapes -----------------------------------------------------------------------------------
+// The same elements in another shape (same count; one dimension may be -1: inferred). A view: no
+// copy, the result shares x's storage (and its version counter), like Tensor::view. Its gradient
+// is grad_out in x's shape (shared where the slot allows, else copied or added).
+Tensor reshape(const Tensor& x, const Shape& shape);
+void reshape_backward(const Tensor& grad_out, const Shape& input_shape, GradSlot grad_x);
+
+// x with dimensions d0 and d1 exchanged (negative counts from the end), as a new tensor (a copy:
+// tensors are contiguous). Its backward is the same exchange.
+Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1);
+void transpose_backward(const Tensor& grad_out, std::int64_t d0, std::int64_t d1, GradSlot grad_x);
+
+// The tensors joined along dimension `dim` (negative counts from the end): every other dimension
+// equal. A new tensor; input i's gradient is its window of grad_out.
+Tensor concat(const std::vector<Tensor>& xs, std::int64_t dim);
+void concat_backward(const Tensor& grad_out, const std::vector<Shape>& input_shapes,
+                     std::int64_t dim, std::span<GradSlot> grads);
+
 // Columns [start, start + length) of the last dimension, as a new tensor (a copy); its backward
 // puts the gradient in that window (zeros elsewhere, or added there when accumulating).
 Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length);

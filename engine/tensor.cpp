@@ -135,6 +135,18 @@ Tensor Tensor::detach() const {
   return Tensor(std::make_shared<Impl>(Impl{i.storage, i.shape, i.dtype, i.numel, false, {}, {}}));
 }
 
+Tensor Tensor::view(const Shape& shape) const {
+  const Impl& i = impl();
+  for (std::int64_t d : shape) {
+    GW_CHECK(d >= 0, "Tensor::view: shape ", shape_str(shape),
+             " has a negative dimension; expected sizes >= 0");
+  }
+  GW_CHECK(shape_numel(shape) == i.numel, "Tensor::view: shape ", shape_str(shape), " has ",
+           shape_numel(shape), " elements; expected ", i.numel, " (the tensor is ",
+           shape_str(i.shape), ")");
+  return Tensor(std::make_shared<Impl>(Impl{i.storage, shape, i.dtype, i.numel, false, {}, {}}));
+}
+
 namespace {
 
 // Copies `bytes` of host memory into a fresh tensor of `shape` on `options.device`.

@@ -86,6 +86,9 @@ class Tensor {
   void set_grad_fn(std::shared_ptr<Node> node) const;
   // A new handle on the same storage (same version counter) with no autograd history.
   Tensor detach() const;
+  // detach() in another shape with the same number of elements (the differentiable form is
+  // reshape(), engine/ops.h).
+  Tensor view(const Shape& shape) const;
 
   // What a tape signature reads of a leaf, in one call (capture/signature.cpp reads it for every
   // leaf before every replay): its dtype, shape and data, and its .grad's shape and data (null

@@ -67,13 +67,6 @@ __global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x,
   }
 }
 
-__global__ void narrow_forward_kernel(float* y, const float* x, std::int64_t rows,
-                                      std::int64_t cols, std::int64_t start, std::int64_t len) {
-  GW_GRID_STRIDE(i, rows * len) {
-    const std::int64_t r = i / len, j = i % len;
-    y[i] = x[r * cols + start + j];
-  }
-}
 __global__ void narrow_backward_kernel(float* dx, const float* dy, std::int64_t rows,
                                        std::int64_t cols, std::int64_t start, std::int64_t len,
                                        bool accumulate) {
@@ -164,11 +157,6 @@ void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, b
   GW_LAUNCH_CHECK();
 }
 
-void narrow_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                    std::int64_t start, std::int64_t len, cudaStream_t stream) {
-  narrow_forward_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len);
-  GW_LAUNCH_CHECK();
-}
 void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
                      std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
   narrow_backward_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(dx, dy, rows, cols, start,

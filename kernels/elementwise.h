@@ -38,10 +38,7 @@ void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream)
 void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
                    cudaStream_t stream);  // dx = dy * gelu'(x)
 
-// Columns [start, start + len) of an [rows, cols] matrix: y [rows, len] = x[:, start:start+len].
-void narrow_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                    std::int64_t start, std::int64_t len, cudaStream_t stream);
-// dx [rows, cols]: dy in the window; outside it 0 (written) or unchanged (accumulate).
+// narrow's backward (its forward: gather_window, shape.h). dx [rows, cols]: dy in the window; outside it 0 (written) or unchanged (accumulate).
 void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
                      std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
 
@@ -78,9 +75,6 @@ template <class T>
 void gelu_forward(T* y, const T* x, std::int64_t n);
 template <class T>
 void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumulate);
-template <class T>
-void narrow_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
-                    std::int64_t len);
 template <class T>
 void narrow_backward(T* dx, const T* dy, std::int64_t rows, std::int64_t cols, std::int64_t start,
                      std::int64_t len, bool accumulate);

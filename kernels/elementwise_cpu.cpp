@@ -54,13 +54,6 @@ void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumula
   }
 }
 template <class T>
-void narrow_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
-                    std::int64_t len) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < len; ++j) y[r * len + j] = x[r * cols + start + j];
-  }
-}
-template <class T>
 void narrow_backward(T* dx, const T* dy, std::int64_t rows, std::int64_t cols, std::int64_t start,
                      std::int64_t len, bool accumulate) {
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -106,8 +99,6 @@ void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period,
   template void sigmoid_forward<T>(T*, const T*, std::int64_t);                                 \
   template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool);                \
   template void gelu_forward<T>(T*, const T*, std::int64_t);                                    \
-  template void narrow_forward<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,        \
-                                  std::int64_t);                                                \
   template void narrow_backward<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,       \
                                    std::int64_t, bool);                                         \
   template void gelu_backward<T>(T*, const T*, const T*, std::int64_t, bool);                   \

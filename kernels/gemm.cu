@@ -23,6 +23,25 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
                               &beta, c, static_cast<int>(n)));
 }
 
+void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
+                  const float* b, float beta, float* c, cudaStream_t stream) {
+  GW_CHECK(m > 0 && n > 0 && k > 0 && batch > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
+               batch <= INT_MAX,
+           "gemm_batched: sizes m=", m, " n=", n, " k=", k, " batch=", batch,
+           " must be in [1, INT_MAX]");
+  if (blas.bound_stream != stream || stream == nullptr) {
+    GW_CUBLAS_CHECK(cublasSetStream(blas.handle, stream));
+    GW_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, blas.workspace, blas.workspace_bytes));
+  }
+  const int lda = static_cast<int>(trans_a ? m : k);
+  const int ldb = static_cast<int>(trans_b ? k : n);
+  GW_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, k * n, a, lda,
+      m * k, &beta, c, static_cast<int>(n), m * n, static_cast<int>(batch)));
+}
+
 namespace {
 // The algorithm's split of k (1: one kernel, no reduction).
 std::int32_t splits(const cublasLtMatmulAlgo_t& algo) {
@@ -107,6 +126,23 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
                                                static_cast<std::int64_t>(nb ? kk : nn)));
     GW_CUBLAS_CHECK(
         cublasLtMatrixLayoutCreate(&c_, CUDA_R_32F, mm, nn, static_cast<std::int64_t>(mm)));
+    if (options.batch > 1) {
+      GW_CHECK(options.epilogue == Epilogue::kNone && !options.bias_grad_a,
+               "LtGemm: a batched GEMM takes no epilogue");
+      const std::int32_t count = static_cast<std::int32_t>(options.batch);
+      // Each operand's matrices back to back: the stride is one matrix (our A is m·k, B k·n).
+      const std::int64_t strides[3] = {static_cast<std::int64_t>(mm * kk),  // cuBLASLt's A, B, C
+                                       static_cast<std::int64_t>(kk * nn),
+                                       static_cast<std::int64_t>(mm * nn)};
+      cublasLtMatrixLayout_t layouts[3] = {a_, b_, c_};
+      for (int i = 0; i < 3; ++i) {
+        GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+        GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+            sizeof(strides[i])));
+      }
+    }
     GW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const std::uint64_t ws = workspace_bytes;
     GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(

@@ -32,6 +32,10 @@ struct BlasContext {
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
+// `batch` GEMMs of contiguous matrices back to back (cublasSgemmStridedBatched).
+void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
+                  const float* b, float beta, float* c, cudaStream_t stream);
 
 // A forward epilogue (row-major terms of gemm(), beta = 0): C = act(op(A)·op(B) + bias), the bias
 // [n] added to every row. kGeluAux also writes the pre-activation op(A)·op(B) + bias into `aux`
@@ -55,6 +59,9 @@ struct LtOptions {
   bool split_k = true;
   // A forward epilogue (not with bias_grad_a).
   Epilogue epilogue = Epilogue::kNone;
+  // Batched: `batch` independent GEMMs over contiguous matrices (A, B and C each hold `batch`
+  // matrices back to back), one launch. Not with an epilogue or a bias gradient.
+  std::int64_t batch = 1;
   bool operator==(const LtOptions&) const = default;
 };
 
@@ -100,6 +107,10 @@ namespace cpu {
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, const T* b, T beta, T* c);
+// `batch` gemm()s of contiguous matrices back to back.
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  std::int64_t batch, T alpha, const T* a, const T* b, T beta, T* c);
 }  // namespace cpu
 
 }  // namespace graphward::kernels

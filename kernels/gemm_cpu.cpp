@@ -29,9 +29,23 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
 }
 
+template <class T>
+void gemm_batched(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  std::int64_t batch, T alpha, const T* a, const T* b, T beta, T* c) {
+  for (std::int64_t i = 0; i < batch; ++i) {
+    gemm<T>(trans_a, trans_b, m, n, k, alpha, a + i * m * k, b + i * k * n, beta, c + i * m * n);
+  }
+}
+
 template void gemm<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
                           const float*, float, float*);
 template void gemm<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
                            const double*, const double*, double, double*);
+
+template void gemm_batched<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                  std::int64_t, float, const float*, const float*, float, float*);
+template void gemm_batched<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, double, const double*, const double*, double,
+                                   double*);
 
 }  // namespace graphward::kernels::cpu

@@ -1,0 +1,45 @@
+#pragma once
+// Data movement for the shape ops (engine/ops_shape.cpp): windows of a matrix's columns (narrow,
+// concat) and a swap of two dimensions (transpose). Contract of elementwise.h: outputs first, never
+// allocate, never synchronize; `accumulate` adds (+=) instead of writing (=).
+#include <cstdint>
+
+#if GRAPHWARD_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace graphward::kernels {
+
+// A tensor's shape with two of its dimensions to swap, as a kernel argument.
+inline constexpr int kMaxDims = 8;
+struct SwapDims {
+  int rank = 0;
+  std::int64_t in_shape[kMaxDims] = {};
+  int d0 = 0, d1 = 0;
+};
+
+#if GRAPHWARD_HAS_CUDA
+// y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows, len].
+void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                   std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+// y[r, start + j] (=|+=) x[r, j]: x [rows, len] into the window of y [rows, cols]; the columns
+// outside the window are not touched.
+void scatter_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+// y (=|+=) x with dimensions d0 and d1 swapped (y's shape: in_shape with the two exchanged).
+void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
+               cudaStream_t stream);
+#endif
+
+namespace cpu {
+template <class T>
+void gather_window(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                   std::int64_t len, bool accumulate);
+template <class T>
+void scatter_window(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                    std::int64_t len, bool accumulate);
+template <class T>
+void swap_dims(T* y, const T* x, const SwapDims& dims, bool accumulate);
+}  // namespace cpu
+
+}  // namespace graphward::kernels

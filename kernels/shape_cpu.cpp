@@ -1,0 +1,46 @@
+// CPU references of the shape kernels (shape.h).
+#include "kernels/shape.h"
+#include "kernels/swap_dims.h"
+
+namespace graphward::kernels::cpu {
+namespace {
+template <class T>
+void put(T* y, std::int64_t i, T v, bool accumulate) {
+  y[i] = accumulate ? y[i] + v : v;
+}
+}  // namespace
+
+template <class T>
+void gather_window(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                   std::int64_t len, bool accumulate) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < len; ++j) put(y, r * len + j, x[r * cols + start + j], accumulate);
+  }
+}
+
+template <class T>
+void scatter_window(T* y, const T* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                    std::int64_t len, bool accumulate) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < len; ++j) put(y, r * cols + start + j, x[r * len + j], accumulate);
+  }
+}
+
+template <class T>
+void swap_dims(T* y, const T* x, const SwapDims& dims, bool accumulate) {
+  std::int64_t n = 1;
+  for (int k = 0; k < dims.rank; ++k) n *= dims.in_shape[k];
+  for (std::int64_t i = 0; i < n; ++i) put(y, i, x[detail::swapped_source(dims, i)], accumulate);
+}
+
+#define GW_INSTANTIATE(T)                                                                        \
+  template void gather_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,         \
+                                 std::int64_t, bool);                                            \
+  template void scatter_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,        \
+                                  std::int64_t, bool);                                           \
+  template void swap_dims<T>(T*, const T*, const SwapDims&, bool);
+GW_INSTANTIATE(float)
+GW_INSTANTIATE(double)
+#undef GW_INSTANTIATE
+
+}  // namespace graphward::kernels::cpu
