@@ -172,6 +172,38 @@ Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length);
 void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t start,
                      std::int64_t length, GradSlot grad_x);
 
+// ---- convolution and pooling (NCHW; cuDNN on CUDA) ---------------------------------------------
+// Square kernels, strides and padding; dilation 1, one group. Arithmetic is fp32 (no TF32).
+struct Conv2dOptions {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+};
+// x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with
+// OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d. On CUDA, cuDNN with its
+// algorithms chosen once per shape (Note [cuDNN plans] in engine/dnn.h); saves x and weight.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Conv2dOptions options = {});
+void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
+                     GradSlot grad_bias = {});
+
+struct Pool2dOptions {
+  std::int64_t kernel = 2;
+  std::int64_t stride = 0;  // 0: the kernel size
+  std::int64_t padding = 0;  // at most kernel / 2
+};
+// The maximum of each window (padding never wins); saves x and the output. Its gradient goes to
+// each window's maximum (the first one on the CPU; cuDNN's deterministic choice on CUDA: ties, as
+// in ReLU-ed inputs, may go to another element of equal value).
+Tensor max_pool2d(const Tensor& x, Pool2dOptions options = {});
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y,
+                         Pool2dOptions options, GradSlot grad_x);
+// The mean of each window, padding counted as zeros (PyTorch's count_include_pad=True); saves
+// nothing.
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions options = {});
+void avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, Pool2dOptions options,
+                         GradSlot grad_x);
+
 // ---- dropout ----------------------------------------------------------------------------------
 // y = x · mask, mask = 1/(1 − p) where a Philox number of `gen` (engine/generator.h: seed and
 // offset on the device, advanced by each call, also inside a replayed CUDA graph) keeps the

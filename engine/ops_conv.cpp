@@ -1,0 +1,272 @@
+// conv2d, max_pool2d and avg_pool2d: cuDNN on CUDA (engine/dnn.h), the references on the CPU
+// (kernels/conv.h).
+#include "engine/autograd.h"
+#include "engine/dnn.h"
+#include "engine/nvtx.h"
+#include "engine/ops_common.h"
+#include "kernels/conv.h"
+
+namespace graphward {
+using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
+namespace k = kernels;
+
+namespace {
+void check_cudnn(const char* op, const Tensor& x) {
+  (void)op;
+  (void)x;
+#if !GRAPHWARD_HAS_CUDNN
+  GW_CHECK(!x.is_cuda(), op, ": graphward was built without cuDNN, which CUDA convolution and "
+                             "pooling use; expected a CPU tensor (or a build that finds cuDNN)");
+#endif
+}
+
+k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dOptions& o) {
+  if (bias.defined()) {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+  } else {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+  }
+  check_dim(op, {"x", &x}, 4);
+  check_dim(op, {"weight", &weight}, 4);
+  check_cudnn(op, x);
+  GW_CHECK(o.stride >= 1 && o.padding >= 0, op, ": stride ", o.stride, " and padding ", o.padding,
+           "; expected stride >= 1 and padding >= 0");
+  const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
+                      weight.size(2), weight.size(3), o.padding, o.stride};
+  GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
+           " channels and weight is ", shape_str(weight.shape()),
+           "; expected weight [K, C, R, S] with C == x.shape[1]");
+  GW_CHECK(g.h + 2 * g.pad >= g.r && g.w + 2 * g.pad >= g.s, op, ": the ", g.r, "x", g.s,
+           " kernel does not fit the padded ", g.h, "x", g.w, " input (padding ", g.pad,
+           "); expected a kernel no larger than the padded input");
+  if (bias.defined()) {
+    GW_CHECK(bias.shape() == Shape({g.k}), op, ": bias is ", shape_str(bias.shape()),
+             "; expected [", g.k, "] (one per filter)");
+  }
+  return g;
+}
+Shape conv_out(const k::ConvGeom& g) {
+  return {g.n, g.k, g.out_h(), g.out_w()};
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  const char* op = "conv2d";
+  detail::NvtxRange range(op);
+  const k::ConvGeom g = check_conv(op, x, weight, bias, options);
+  Tensor y;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    if (bias.defined()) {
+      scope.read({&x, &weight, &bias});
+    } else {
+      scope.read({&x, &weight});
+    }
+    y = new_output(conv_out(g), x);
+    dnn::conv2d_forward(x.device(), scope.stream(), g, y.data<float>(), x.data<float>(),
+                        weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr);
+#endif
+  } else {
+    y = new_output(conv_out(g), x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      k::cpu::conv2d_forward<T>(ptr<T>(y), ptr<T>(x), ptr<T>(weight),
+                                bias.defined() ? ptr<T>(bias) : nullptr, g);
+    });
+  }
+  if (needs_grad({&x, &weight, &bias})) {
+    auto backward = [options](const Tensor& gr, const std::vector<Tensor>& s,
+                              std::span<GradSlot> grads) {
+      conv2d_backward(gr, s[0], s[1], options, grads[0], grads[1],
+                      grads.size() > 2 ? grads[2] : GradSlot{});
+    };
+    std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    if (bias.defined()) {
+      record(op, y, {&x, &weight, &bias}, std::move(saved), backward);
+    } else {
+      record(op, y, {&x, &weight}, std::move(saved), backward);
+    }
+  }
+  return y;
+}
+
+void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
+                     GradSlot grad_bias) {
+  const char* op = "conv2d_backward";
+  const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
+  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
+  GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str(conv_out(g)));
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {g.k}, weight);
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &weight});
+    const cudaStream_t s = scope.stream();
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, s);
+      dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->data<float>(),
+                                grad_out.data<float>(), weight.data<float>(), acc);
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, s);
+      dnn::conv2d_backward_filter(x.device(), s, g, grad_weight.tensor->data<float>(),
+                                  grad_out.data<float>(), x.data<float>(), acc);
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {g.k}, weight, s);
+      dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->data<float>(),
+                                grad_out.data<float>(), acc);
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, nullptr);
+      k::cpu::conv2d_backward_data<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(weight), g,
+                                      acc);
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, nullptr);
+      k::cpu::conv2d_backward_filter<T>(slot_ptr<T>(grad_weight), ptr<T>(grad_out), ptr<T>(x), g,
+                                        acc);
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {g.k}, weight, nullptr);
+      k::cpu::conv2d_backward_bias<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), g, acc);
+    }
+  });
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+namespace {
+const char* pool_name(k::PoolMode mode, bool backward) {
+  if (mode == k::PoolMode::kMax) return backward ? "max_pool2d_backward" : "max_pool2d";
+  return backward ? "avg_pool2d_backward" : "avg_pool2d";
+}
+k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
+  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x), "; expected a 4-d tensor [N, C, H, W]");
+  const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
+  GW_CHECK(o.kernel >= 1 && stride >= 1 && o.padding >= 0 && 2 * o.padding <= o.kernel, op,
+           ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
+           "; expected kernel >= 1, stride >= 0 (0: the kernel) and 0 <= padding <= kernel / 2");
+  const k::PoolGeom g{x[0], x[1], x[2], x[3], o.kernel, o.padding, stride};
+  GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window,
+           "x", g.window, " window does not fit the padded ", g.h, "x", g.w,
+           " input; expected a window no larger than the padded input");
+  return g;
+}
+Shape pool_out(const k::PoolGeom& g) {
+  return {g.n, g.c, g.out_h(), g.out_w()};
+}
+
+Tensor pool_forward(k::PoolMode mode, const Tensor& x, const Pool2dOptions& o) {
+  const char* op = pool_name(mode, false);
+  detail::NvtxRange range(op);
+  check_inputs(op, {{"x", &x}});
+  check_cudnn(op, x);
+  const k::PoolGeom g = check_pool(op, x.shape(), o);
+  Tensor y;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    scope.read({&x});
+    y = new_output(pool_out(g), x);
+    dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.data<float>(), x.data<float>());
+#endif
+  } else {
+    y = new_output(pool_out(g), x);
+    dispatch_cpu(x.dtype(),
+                 [&]<class T>() { k::cpu::pool2d_forward<T>(mode, ptr<T>(y), ptr<T>(x), g); });
+  }
+  return y;
+}
+
+// The shared backward: max pooling passes x and y, average pooling neither.
+void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_shape,
+                   const Tensor& x, const Tensor& y, const Pool2dOptions& o, GradSlot grad_x) {
+  const char* op = pool_name(mode, true);
+  if (mode == k::PoolMode::kMax) {
+    check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"y", &y}});
+  } else {
+    check_inputs(op, {{"grad_out", &grad_out}});
+  }
+  check_cudnn(op, grad_out);
+  const k::PoolGeom g = check_pool(op, input_shape, o);
+  GW_CHECK(grad_out.shape() == pool_out(g), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(pool_out(g)));
+  if (mode == k::PoolMode::kMax) {
+    GW_CHECK(x.shape() == input_shape && y.shape() == pool_out(g), op, ": x ",
+             shape_str(x.shape()), " and y ", shape_str(y.shape()), "; expected ",
+             shape_str(input_shape), " and ", shape_str(pool_out(g)));
+  }
+  if (!check_slot(op, "grad_x", grad_x, input_shape, grad_out)) return;
+  const bool max = mode == k::PoolMode::kMax;
+  if (grad_out.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(grad_out.device());
+    if (max) {
+      scope.read({&grad_out, &x, &y});
+    } else {
+      scope.read({&grad_out});
+    }
+    const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
+    dnn::pool2d_backward(grad_out.device(), scope.stream(), mode, g, grad_x.tensor->data<float>(),
+                         grad_out.data<float>(), max ? x.data<float>() : nullptr,
+                         max ? y.data<float>() : nullptr, acc);
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
+  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
+    k::cpu::pool2d_backward<T>(mode, slot_ptr<T>(grad_x), ptr<T>(grad_out),
+                               max ? ptr<T>(x) : nullptr, max ? ptr<T>(y) : nullptr, g, acc);
+  });
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
+  Tensor y = pool_forward(k::PoolMode::kMax, x, options);
+  if (needs_grad({&x})) {
+    record("max_pool2d", y, {&x}, {save("x", x), save("output", y)},
+           [options](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             max_pool2d_backward(g, s[0], s[1], options, grads[0]);
+           });
+  }
+  return y;
+}
+
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y,
+                         Pool2dOptions options, GradSlot grad_x) {
+  pool_backward(k::PoolMode::kMax, grad_out, x.defined() ? x.shape() : Shape{}, x, y, options,
+                grad_x);
+}
+
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions options) {
+  Tensor y = pool_forward(k::PoolMode::kAverage, x, options);
+  if (needs_grad({&x})) {
+    const Shape in_shape = x.shape();
+    record("avg_pool2d", y, {&x}, {},
+           [in_shape, options](const Tensor& g, const std::vector<Tensor>&,
+                               std::span<GradSlot> grads) {
+             avg_pool2d_backward(g, in_shape, options, grads[0]);
+           });
+  }
+  return y;
+}
+
+void avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, Pool2dOptions options,
+                         GradSlot grad_x) {
+  pool_backward(k::PoolMode::kAverage, grad_out, input_shape, Tensor(), Tensor(), options, grad_x);
+}
+
+}  // namespace graphward

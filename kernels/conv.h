@@ -1,0 +1,47 @@
+#pragma once
+// Convolution and pooling geometry, and the CPU references. The CUDA versions are cuDNN's
+// (engine/dnn.h). Layout NCHW, row-major; weights [K, C, R, S] (PyTorch's). Square kernels,
+// strides and padding (the same in both spatial dimensions), dilation 1, one group.
+#include <cstdint>
+
+namespace graphward::kernels {
+
+struct ConvGeom {
+  std::int64_t n, c, h, w;  // input
+  std::int64_t k, r, s;     // K filters of C x R x S
+  std::int64_t pad, stride;
+  std::int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
+  std::int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
+};
+
+enum class PoolMode : std::uint8_t { kMax, kAverage };
+// Average pooling divides by the window's full size, padding included (PyTorch's default
+// count_include_pad=True); max pooling ignores the padding.
+struct PoolGeom {
+  std::int64_t n, c, h, w;
+  std::int64_t window, pad, stride;
+  std::int64_t out_h() const { return (h + 2 * pad - window) / stride + 1; }
+  std::int64_t out_w() const { return (w + 2 * pad - window) / stride + 1; }
+};
+
+namespace cpu {
+// y [N, K, OH, OW] = x ⋆ w (+ bias [K], may be null). Accumulates in double.
+template <class T>
+void conv2d_forward(T* y, const T* x, const T* w, const T* bias, const ConvGeom& g);
+// dx (=|+=) the gradient of x for dy; dw (=|+=) the gradient of w; db (=|+=) Σ dy per channel.
+template <class T>
+void conv2d_backward_data(T* dx, const T* dy, const T* w, const ConvGeom& g, bool accumulate);
+template <class T>
+void conv2d_backward_filter(T* dw, const T* dy, const T* x, const ConvGeom& g, bool accumulate);
+template <class T>
+void conv2d_backward_bias(T* db, const T* dy, const ConvGeom& g, bool accumulate);
+
+template <class T>
+void pool2d_forward(PoolMode mode, T* y, const T* x, const PoolGeom& g);
+// Max: each window's gradient goes to its first maximum (x and y read); average: spread evenly.
+template <class T>
+void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, const PoolGeom& g,
+                     bool accumulate);
+}  // namespace cpu
+
+}  // namespace graphward::kernels
