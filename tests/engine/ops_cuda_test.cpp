@@ -4,7 +4,10 @@
 // for elementwise ops and reductions, 1e-4 for GEMMs.
 #include <tuple>
 
+#include <thread>
+
 #include "engine/blas.h"
+#include "engine/dnn.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "capture/stream_capture.h"
@@ -58,6 +61,16 @@ struct GemmShape {
 };
 const GemmShape kGemmShapes[] = {
     {1, 1, 1}, {7, 13, 5}, {33, 65, 31}, {128, 257, 96}, {300, 129, 513}};
+// The cuDNN plan of a convolution, for failure messages.
+std::string dnn_plan_for_test(const Shape& x, const Shape& w, const Conv2dOptions& o) {
+#if GRAPHWARD_HAS_CUDNN
+  return dnn::conv2d_plan_description(
+      kGpu, {x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.padding, o.stride});
+#else
+  (void)x, (void)w, (void)o;
+  return "no cuDNN";
+#endif
+}
 const Shape kElementwiseShapes[] = {{1}, {7, 13}, {33, 65}, {128, 257}, {1000, 1031}};
 
 TEST_F(CudaOps, MatmulForwardAndBackward) {
@@ -586,6 +599,142 @@ TEST_F(CudaOps, FailedBackwardWritesNothingOnTheGpu) {
   Tensor gw_ref;
   linear_backward(dy.to(Device::cpu()), x.to(Device::cpu()), w.to(Device::cpu()), {}, {&gw_ref});
   EXPECT_LT(rel_error(gw_ok, gw_ref), kGemmTol);
+}
+
+// ---- shapes, batched products, convolution and pooling ---------------------------------------
+
+TEST_F(CudaOps, ReshapeTransposeAndConcatForwardAndBackward) {
+  const Tensor x = rand({3, 5, 7});
+  const Tensor rx = reshape(gpu(x), {15, -1});
+  EXPECT_EQ(rx.shape(), Shape({15, 7}));
+  EXPECT_EQ(rx.to_vector<float>(), x.to_vector<float>());
+  for (auto [d0, d1] : {std::pair{0, 1}, {1, 2}, {0, 2}, {-1, -3}}) {
+    EXPECT_EQ(transpose(gpu(x), d0, d1).to_vector<float>(),
+              transpose(x, d0, d1).to_vector<float>());
+    const Tensor dy = rand(transpose(x, d0, d1).shape()), gdy = gpu(dy);
+    auto make = [d0, d1](const Tensor& dy_) {
+      return [&dy_, d0, d1](std::array<Tensor, 1>& g, bool acc) {
+        transpose_backward(dy_, d0, d1, {&g[0], acc});
+      };
+    };
+    expect_backward_matches<1>("transpose_backward", {x.shape()}, kElementwiseTol, make(dy),
+                               make(gdy));
+  }
+  const Tensor a = rand({4, 2, 33}), b = rand({4, 5, 33}), c = rand({4, 1, 33});
+  EXPECT_EQ(concat({gpu(a), gpu(b), gpu(c)}, 1).to_vector<float>(),
+            concat({a, b, c}, 1).to_vector<float>());
+  const Tensor dy = rand({4, 8, 33}), gdy = gpu(dy);
+  auto make = [](const Tensor& dy_) {
+    return [&dy_](std::array<Tensor, 3>& g, bool acc) {
+      GradSlot slots[3] = {{&g[0], acc}, {&g[1], acc}, {&g[2], acc}};
+      concat_backward(dy_, {{4, 2, 33}, {4, 5, 33}, {4, 1, 33}}, 1, slots);
+    };
+  };
+  expect_backward_matches<3>("concat_backward", {a.shape(), b.shape(), c.shape()},
+                             kElementwiseTol, make(dy), make(gdy));
+}
+
+TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
+  struct Case {
+    std::int64_t batch, m, k, n;
+  };
+  for (const Case& s : {Case{1, 1, 1, 1}, Case{3, 7, 13, 5}, Case{8, 33, 64, 31},
+                        Case{16, 128, 32, 128}}) {
+    for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+      const Tensor a = rand(ta ? Shape{s.batch, s.k, s.m} : Shape{s.batch, s.m, s.k});
+      const Tensor b = rand(tb ? Shape{s.batch, s.n, s.k} : Shape{s.batch, s.k, s.n});
+      const Tensor dy = rand({s.batch, s.m, s.n});
+      EXPECT_LT(rel_error(bmm(gpu(a), gpu(b), ta, tb), bmm(a, b, ta, tb)), kGemmTol)
+          << s.batch << "x" << s.m << "x" << s.k << "x" << s.n << " ta " << ta << " tb " << tb;
+      const Tensor ga = gpu(a), gb = gpu(b), gdy = gpu(dy);
+      auto make = [ta, tb](const Tensor& dy_, const Tensor& a_, const Tensor& b_) {
+        return [&dy_, &a_, &b_, ta, tb](std::array<Tensor, 2>& g, bool acc) {
+          bmm_backward(dy_, a_, b_, ta, tb, {&g[0], acc}, {&g[1], acc});
+        };
+      };
+      expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol,
+                                 make(dy, a, b), make(gdy, ga, gb));
+    }
+  }
+}
+
+TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
+  struct Case {
+    Shape x, w;
+    Conv2dOptions o;
+  };
+  const Case cases[] = {{{2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}},   {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 1}},
+                        {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}},   {{4, 16, 16, 16}, {32, 16, 3, 3}, {1, 1}},
+                        {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}}, {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}}};
+  for (const Case& c : cases) {
+    const Tensor x = rand(c.x), w = rand(c.w), b = rand({c.w[0]});
+    const Tensor y = conv2d(x, w, b, c.o);
+    EXPECT_LT(rel_error(conv2d(gpu(x), gpu(w), gpu(b), c.o), y), kGemmTol)
+        << shape_str(c.x) << " " << shape_str(c.w) << " ("
+        << dnn_plan_for_test(c.x, c.w, c.o) << ")";
+    EXPECT_LT(rel_error(conv2d(gpu(x), gpu(w), Tensor(), c.o), conv2d(x, w, Tensor(), c.o)),
+              kGemmTol);
+    const Tensor dy = rand(y.shape()), gx = gpu(x), gw = gpu(w), gdy = gpu(dy);
+    auto make = [&c](const Tensor& dy_, const Tensor& x_, const Tensor& w_) {
+      return [&dy_, &x_, &w_, &c](std::array<Tensor, 3>& g, bool acc) {
+        conv2d_backward(dy_, x_, w_, c.o, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
+      };
+    };
+    expect_backward_matches<3>("conv2d_backward", {x.shape(), w.shape(), b.shape()}, kGemmTol,
+                               make(dy, x, w), make(gdy, gx, gw));
+  }
+}
+
+TEST_F(CudaOps, MaxAndAveragePoolingThroughCudnn) {
+  const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}};
+  for (const Pool2dOptions& o : options) {
+    const Tensor x = rand({3, 4, 13, 10});  // random values: no ties for the maximum
+    const Tensor gx = gpu(x);
+    const Tensor ymax = max_pool2d(x, o), yavg = avg_pool2d(x, o);
+    const Tensor gymax = max_pool2d(gx, o);
+    EXPECT_EQ(gymax.to_vector<float>(), ymax.to_vector<float>()) << "max, kernel " << o.kernel;
+    EXPECT_LT(rel_error(avg_pool2d(gx, o), yavg), kElementwiseTol) << "avg, kernel " << o.kernel;
+    const Tensor dy = rand(ymax.shape()), gdy = gpu(dy);
+    auto make_max = [&o](const Tensor& dy_, const Tensor& x_, const Tensor& y_) {
+      return [&dy_, &x_, &y_, &o](std::array<Tensor, 1>& g, bool acc) {
+        max_pool2d_backward(dy_, x_, y_, o, {&g[0], acc});
+      };
+    };
+    expect_backward_matches<1>("max_pool2d_backward", {x.shape()}, kElementwiseTol,
+                               make_max(dy, x, ymax), make_max(gdy, gx, gymax));
+    auto make_avg = [&o, &x](const Tensor& dy_) {
+      return [&dy_, &o, &x](std::array<Tensor, 1>& g, bool acc) {
+        avg_pool2d_backward(dy_, x.shape(), o, {&g[0], acc});
+      };
+    };
+    expect_backward_matches<1>("avg_pool2d_backward", {x.shape()}, kElementwiseTol, make_avg(dy),
+                               make_avg(gdy));
+  }
+}
+
+TEST(CudaConv, TheFirstCudnnCallOfAThreadInsideACaptureIsRefusedAndTheCaptureAbandoned) {
+  GW_REQUIRE_GPU();
+  std::string message;
+  std::thread([&] {  // a fresh thread: no cuDNN handle yet
+    Stream s(kGpu);
+    StreamGuard on(s);  // the inputs are made on s: the capture waits on nothing outside it
+    const Tensor x = randn({1, 1, 4, 4}, 1, {DType::kFloat32, kGpu});
+    const Tensor w = randn({1, 1, 3, 3}, 2, {DType::kFloat32, kGpu});
+    try {
+      cudaGraph_t g = capture::capture_stream(s.get(), "test", "", [&] { (void)conv2d(x, w); });
+      (void)cudaGraphDestroy(g);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    cudaStreamCaptureStatus status{};
+    EXPECT_EQ(cudaStreamIsCapturing(s.get(), &status), cudaSuccess);
+    EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+    // Outside the capture the same thread can use cuDNN.
+    EXPECT_EQ(conv2d(x, w).shape(), Shape({1, 1, 2, 2}));
+    EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+  }).join();
+  EXPECT_NE(message.find("inside a stream capture"), std::string::npos) << message;
+  EXPECT_NE(message.find("eager step"), std::string::npos) << message;
 }
 
 }  // namespace
