@@ -8,11 +8,12 @@
 // t + 1 — the diagonal wavefront of "fast and flexible RNNs" — and the backward runs each cell's
 // gradient on its stream, in reverse. Task: regress a fixed random linear map of the mean of the
 // inputs from the top layer's last hidden state (MSE). Optimizer: AdamW.
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "examples/mlp.h"  // Mode, mode_name, TrainResult, synchronize_device
+#include "examples/trainer.h"  // Mode, mode_name, TrainResult, run_steps
 
 namespace graphward::examples {
 
@@ -127,24 +128,7 @@ class RnnTrainer {
 inline TrainResult train_rnn(const RnnConfig& c, Device device, Mode mode, int steps) {
   GW_CHECK(mode != Mode::kStepGraph, "train_rnn: expected Mode::kEager or Mode::kBackwardGraph");
   RnnTrainer trainer(c, device, mode);
-  TrainResult r;
-  Tensor l;
-  const int untimed = steps > 10 ? 5 : 1;
-  for (int i = 0; i < untimed; ++i) {
-    l = trainer.step(i);
-    if (i == 0) r.first_loss = l.item();
-  }
-  synchronize_device(device);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = untimed; i < steps; ++i) l = trainer.step(i);
-  synchronize_device(device);
-  const auto t1 = std::chrono::steady_clock::now();
-  r.last_loss = l.item();
-  r.ms_per_step = steps > untimed
-                      ? std::chrono::duration<double, std::milli>(t1 - t0).count() / (steps - untimed)
-                      : 0.0;
-  r.captures = trainer.captures();
-  return r;
+  return run_steps(trainer, device, steps);
 }
 
 }  // namespace graphward::examples

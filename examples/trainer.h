@@ -1,0 +1,174 @@
+#pragma once
+// What the example models share: the three training modes, a trainer over any model with fixed
+// synthetic batches, and the timed training loop. Used by examples/mlp.h, convnet.h,
+// transformer.h (and the loop by rnn.h), their tests and bench/models_bench.cpp.
+//
+// Modes:
+//   kEager          forward, backward() and opt.step() eagerly every step;
+//   kBackwardGraph  the forward eager in a StepScope, the backward a BackwardGraph replay;
+//   kStepGraph      the whole step (forward, backward, optimizer) one StepGraph replay, the batch
+//                   copied into static input slots first.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "capture/backward_graph.h"
+#include "capture/step_graph.h"
+#include "engine/graphward.h"
+
+namespace graphward::examples {
+
+enum class Mode { kEager, kBackwardGraph, kStepGraph };
+
+inline const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kBackwardGraph:
+      return "backward graph";
+    case Mode::kStepGraph:
+      return "full-step graph";
+    case Mode::kEager:
+      break;
+  }
+  return "eager";
+}
+
+// Fixed batches: inputs and int32 targets, made once and kept on the training device.
+struct Batches {
+  std::vector<Tensor> x, t;
+};
+
+// A model is a class with
+//   using Config = ...;        // with `double lr` and `int batches`
+//   Model(const Config&, Device);
+//   Tensor loss(const Tensor& x, const Tensor& targets) const;
+//   std::vector<Tensor> params() const;
+//   static Batches data(const Config&, Device);
+// One training run's state: model, data, AdamW and the mode's machinery. step(i) trains on batch
+// i % batches and returns the loss (a device tensor; not read here).
+template <class Model>
+class Trainer {
+ public:
+  using Config = typename Model::Config;
+  Trainer(const Config& c, Device device, Mode mode)
+      : config_(c), device_(device), mode_(mode), model_(c, device),
+        data_(Model::data(c, device)),
+        opt_(model_.params(), AdamWOptions{.lr = c.lr, .weight_decay = 0.0}) {
+    if (mode == Mode::kBackwardGraph) {
+      arena_ = std::make_unique<StepArena>(device);
+      bw_ = std::make_unique<BackwardGraph>(device);
+    }
+    if (mode == Mode::kStepGraph) {
+      x_ = zeros(data_.x.front().shape(), {data_.x.front().dtype(), device});
+      t_ = zeros(data_.t.front().shape(), {data_.t.front().dtype(), device});
+      step_graph_ = std::make_unique<StepGraph>(device, std::vector<Tensor>{x_, t_});
+    }
+  }
+
+  Tensor step(int i) {
+    const std::size_t b = static_cast<std::size_t>(i) % data_.x.size();
+    const Tensor& x = data_.x[b];
+    const Tensor& t = data_.t[b];
+    switch (mode_) {
+      case Mode::kEager: {
+        const Tensor loss = model_.loss(x, t);
+        backward(loss, {.grad_write = GradWrite::kOverwrite});
+        opt_.step();
+        return loss;
+      }
+      case Mode::kBackwardGraph: {
+        Tensor loss;
+        {
+          StepScope scope(*arena_);
+          loss = model_.loss(x, t);
+          bw_->backward(loss, GradWrite::kOverwrite);
+          if (device_.is_cuda()) arena_->record_step_end(current_stream(device_));
+        }
+        opt_.step();
+        return loss;
+      }
+      case Mode::kStepGraph: {
+        {
+          NoGradGuard no_grad;
+          copy_(x_, x);
+          copy_(t_, t);
+        }
+        return step_graph_->run([&] {
+          const Tensor loss = model_.loss(x_, t_);
+          backward(loss, {.grad_write = GradWrite::kOverwrite});
+          opt_.step();
+          return loss;
+        });
+      }
+    }
+    return {};
+  }
+
+  const Model& model() const { return model_; }
+  std::uint64_t captures() const {
+    if (bw_) return bw_->counters().captures;
+    if (step_graph_) return step_graph_->counters().captures;
+    return 0;
+  }
+
+ private:
+  Config config_;
+  Device device_;
+  Mode mode_;
+  Model model_;
+  Batches data_;
+  AdamW opt_;
+  std::unique_ptr<StepArena> arena_;
+  std::unique_ptr<BackwardGraph> bw_;
+  Tensor x_, t_;  // the StepGraph's static input slots
+  std::unique_ptr<StepGraph> step_graph_;
+};
+
+struct TrainResult {
+  double first_loss = 0, last_loss = 0;
+  double ms_per_step = 0;  // wall time of the steps after the first 5, synchronized at the end
+  std::uint64_t captures = 0;
+};
+
+inline void synchronize_device(Device device) {
+#if GRAPHWARD_HAS_CUDA
+  if (device.is_cuda()) {
+    DeviceGuard guard(device);
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#else
+  (void)device;
+#endif
+}
+
+// Runs `steps` steps of any trainer (step(i) -> loss, captures()): the first loss, the last, and
+// the time per step after the first 5 (1 for short runs).
+template <class AnyTrainer>
+TrainResult run_steps(AnyTrainer& trainer, Device device, int steps) {
+  TrainResult r;
+  Tensor loss;
+  const int untimed = steps > 10 ? 5 : 1;
+  for (int i = 0; i < untimed; ++i) {
+    loss = trainer.step(i);
+    if (i == 0) r.first_loss = loss.item();
+  }
+  synchronize_device(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = untimed; i < steps; ++i) loss = trainer.step(i);
+  synchronize_device(device);
+  const auto t1 = std::chrono::steady_clock::now();
+  r.last_loss = loss.item();
+  const int timed = steps - untimed;
+  r.ms_per_step =
+      timed > 0 ? std::chrono::duration<double, std::milli>(t1 - t0).count() / timed : 0.0;
+  r.captures = trainer.captures();
+  return r;
+}
+
+template <class Model>
+TrainResult train(const typename Model::Config& c, Device device, Mode mode, int steps) {
+  Trainer<Model> trainer(c, device, mode);
+  return run_steps(trainer, device, steps);
+}
+
+}  // namespace graphward::examples
