@@ -7,70 +7,19 @@
 //
 //   train_mlp [--cpu] [--steps N] [--mode eager|backward|step|all] [--hidden H] [--layers L]
 //             [--batch B]
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-#include <vector>
-
+#include "examples/example_main.h"
 #include "examples/mlp.h"
 
-namespace gw = graphward;
 namespace ex = graphward::examples;
 
 int main(int argc, char** argv) {
-  try {
-    bool force_cpu = false;
-    int steps = 300;
-    std::string mode = "all";
-    ex::MlpConfig c;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> const char* {
-        if (i + 1 >= argc) throw gw::Error("train_mlp: missing value after " + a);
-        return argv[++i];
-      };
-      if (a == "--cpu") {
-        force_cpu = true;
-      } else if (a == "--steps") {
-        steps = std::atoi(next());
-      } else if (a == "--mode") {
-        mode = next();
-      } else if (a == "--hidden") {
-        c.hidden = std::atoll(next());
-      } else if (a == "--layers") {
-        c.layers = std::atoi(next());
-      } else if (a == "--batch") {
-        c.batch = std::atoll(next());
-      } else {
-        throw gw::Error("train_mlp: unknown argument " + a +
-                        "; expected --cpu, --steps N, --mode eager|backward|step|all, --hidden H, "
-                        "--layers L, --batch B");
-      }
-    }
-    if (steps < 2 || c.hidden < 1 || c.layers < 1 || c.batch < 1) {
-      throw gw::Error("train_mlp: expected --steps >= 2 and positive --hidden, --layers, --batch");
-    }
-    std::vector<ex::Mode> modes;
-    if (mode == "eager" || mode == "all") modes.push_back(ex::Mode::kEager);
-    if (mode == "backward" || mode == "all") modes.push_back(ex::Mode::kBackwardGraph);
-    if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
-    if (modes.empty()) throw gw::Error("train_mlp: --mode is " + mode + "; expected eager, backward, step or all");
-    const bool gpu = !force_cpu && gw::cuda_available();
-    const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
-    std::printf("train_mlp on %s (%s); %d hidden layers of %lld, batch %lld, %lld classes, %d steps\n",
-                dev.str().c_str(),
-                gpu ? "CUDA" : (force_cpu ? "CPU backend, --cpu" : ("CPU backend: no usable CUDA device: " + gw::cuda_unavailable_reason()).c_str()),
-                c.layers, static_cast<long long>(c.hidden), static_cast<long long>(c.batch),
-                static_cast<long long>(c.classes), steps);
-    for (ex::Mode m : modes) {
-      const ex::TrainResult r = ex::train_mlp(c, dev, m, steps);
-      std::printf("  %-16s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu capture(s)\n",
-                  ex::mode_name(m), r.first_loss, r.last_loss, 100.0 * r.last_loss / r.first_loss,
-                  r.ms_per_step, static_cast<unsigned long long>(r.captures));
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_mlp: %s\n", e.what());
-    return 1;
-  }
+  ex::MlpConfig c;
+  const ex::Flags flags{
+      {"--hidden", [&](const char* v) { c.hidden = ex::positive("--hidden", v); }},
+      {"--layers", [&](const char* v) { c.layers = static_cast<int>(ex::positive("--layers", v)); }},
+      {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }}};
+  return ex::example_main<ex::MlpModel>(argc, argv, "train_mlp", c, flags, [&] {
+    return std::to_string(c.layers) + " hidden layers of " + std::to_string(c.hidden) +
+           ", batch " + std::to_string(c.batch) + ", " + std::to_string(c.classes) + " classes";
+  });
 }

@@ -1,0 +1,86 @@
+#pragma once
+// The command line shared by the example programs (train_mlp, train_convnet, train_transformer):
+//   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [model flags...]
+// Trains the model in each asked mode and prints, for each, the loss at the start and at the end
+// (and its ratio) and the time per step. On the GPU when one is usable, else on the CPU backend
+// (where the graph modes run eagerly); it says which.
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "examples/trainer.h"
+
+namespace graphward::examples {
+
+// Model flags: "--hidden" -> a setter parsing its value.
+using Flags = std::map<std::string, std::function<void(const char*)>>;
+
+template <class Model>
+int example_main(int argc, char** argv, const char* name, typename Model::Config& config,
+                 const Flags& flags, const std::function<std::string()>& describe,
+                 int steps = 300) {
+  try {
+    bool force_cpu = false;
+    std::string mode = "all";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> const char* {
+        if (i + 1 >= argc) throw Error("missing value after " + a);
+        return argv[++i];
+      };
+      if (a == "--cpu") {
+        force_cpu = true;
+      } else if (a == "--steps") {
+        steps = std::atoi(next());
+      } else if (a == "--mode") {
+        mode = next();
+      } else if (auto f = flags.find(a); f != flags.end()) {
+        f->second(next());
+      } else {
+        std::string known;
+        for (const auto& [flag, _] : flags) known += ", " + flag + " N";
+        throw Error("unknown argument " + a +
+                    "; expected --cpu, --steps N, --mode eager|backward|step|all" + known);
+      }
+    }
+    if (steps < 2) throw Error("expected --steps >= 2");
+    std::vector<Mode> modes;
+    if (mode == "eager" || mode == "all") modes.push_back(Mode::kEager);
+    if (mode == "backward" || mode == "all") modes.push_back(Mode::kBackwardGraph);
+    if (mode == "step" || mode == "all") modes.push_back(Mode::kStepGraph);
+    if (modes.empty()) {
+      throw Error("--mode is " + mode +
+                  "; expected eager, backward, step or all");
+    }
+    const bool gpu = !force_cpu && cuda_available();
+    const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+    const std::string where =
+        gpu ? "CUDA"
+            : (force_cpu ? "CPU backend, --cpu"
+                         : "CPU backend: no usable CUDA device: " + cuda_unavailable_reason());
+    std::printf("%s on %s (%s); %s, %d steps\n", name, dev.str().c_str(), where.c_str(),
+                describe().c_str(), steps);
+    for (Mode m : modes) {
+      const TrainResult r = train<Model>(config, dev, m, steps);
+      std::printf("  %-16s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu capture(s)\n",
+                  mode_name(m), r.first_loss, r.last_loss, 100.0 * r.last_loss / r.first_loss,
+                  r.ms_per_step, static_cast<unsigned long long>(r.captures));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
+// A flag's value as a positive integer, or an Error naming the flag.
+inline std::int64_t positive(const char* flag, const char* value) {
+  const long long v = std::atoll(value);
+  if (v < 1) throw Error(std::string(flag) + " is " + value + "; expected a positive integer");
+  return v;
+}
+
+}  // namespace graphward::examples

@@ -1,0 +1,47 @@
+// The convnet and transformer examples on the GPU in their three modes: each converges; the graph
+// modes capture once; the full-step graph's losses equal the eager ones bitwise (the same kernels
+// in the same order — cuDNN's algorithms are chosen once per shape and deterministic), the
+// backward graph's within rounding (its weight-gradient side streams).
+#include "examples/convnet.h"
+#include "examples/transformer.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+namespace ex = graphward::examples;
+
+template <class Model>
+void expect_every_mode_converges(const typename Model::Config& c, int steps) {
+  const Device gpu = Device::cuda(0);
+  const ex::TrainResult eager = ex::train<Model>(c, gpu, ex::Mode::kEager, steps);
+  const ex::TrainResult bw = ex::train<Model>(c, gpu, ex::Mode::kBackwardGraph, steps);
+  const ex::TrainResult full = ex::train<Model>(c, gpu, ex::Mode::kStepGraph, steps);
+  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
+    EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
+  }
+  EXPECT_EQ(bw.captures, 1u);
+  EXPECT_EQ(full.captures, 1u);
+  EXPECT_EQ(full.first_loss, eager.first_loss);
+  EXPECT_EQ(full.last_loss, eager.last_loss);
+  EXPECT_NEAR(bw.last_loss, eager.last_loss, 1e-3 * eager.first_loss);
+}
+
+// Small and short (the suite also runs under compute-sanitizer's racecheck, ~100x slower).
+TEST(ExamplesCuda, TheConvnetConvergesInEveryModeAndTheGraphsCaptureOnce) {
+  GW_REQUIRE_GPU();
+  expect_every_mode_converges<ex::ConvnetModel>(
+      {.batch = 32, .channels = 2, .image = 8, .c1 = 4, .c2 = 8, .classes = 4, .batches = 2,
+       .lr = 1e-2, .noise = 0.5},
+      40);
+}
+
+TEST(ExamplesCuda, TheTransformerConvergesInEveryModeAndTheGraphsCaptureOnce) {
+  GW_REQUIRE_GPU();
+  expect_every_mode_converges<ex::TransformerModel>(
+      {.batch = 4, .seq = 8, .dim = 16, .heads = 2, .ff = 32, .vocab = 8, .batches = 2,
+       .lr = 1e-2},
+      60);
+}
+
+}  // namespace
+}  // namespace graphward
