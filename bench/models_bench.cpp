@@ -1,8 +1,12 @@
-// Real-model training steps (Google Benchmark): the MLP of examples/mlp.h — hidden layers of
-// linear + GELU (one cuBLASLt kernel each), cross-entropy, AdamW — one whole training step per
+// Real-model training steps (Google Benchmark): the example models — the MLP of examples/mlp.h
+// (hidden layers of linear + GELU, one cuBLASLt kernel each), the convnet of examples/convnet.h
+// (cuDNN convolutions and pools) and the transformer block of examples/transformer.h (attention
+// from bmm/softmax/reshape/transpose) — cross-entropy, AdamW; one whole training step per
 // iteration in three modes:
 //
 //   Mlp/hidden:H/layers:L/batch:B/mode:M
+//   Convnet/batch:B/image:S/channels:C/mode:M     (3xSxS images, convs of C and 2C channels)
+//   Transformer/batch:B/seq:T/dim:D/mode:M        (D/16 heads, MLP 4D, vocabulary 64)
 //       mode 0: eager (forward, backward(), opt.step());
 //       mode 1: the backward a BackwardGraph replay (the forward eager in a StepScope);
 //       mode 2: the whole step one StepGraph replay (the batch copied into static slots first).
@@ -10,7 +14,7 @@
 // The manual time: CUDA events on the caller's stream around the step (forward, backward and
 // optimizer; the host's enqueue gaps included), synchronized every iteration; host_us the step's
 // host time; medians over repetitions. Counters: captures while timed (0 in steady state).
-// scripts/compare_torch.py --models runs the same MLPs in PyTorch (eager, and the whole step in
+// scripts/compare_torch.py --models runs the same models in PyTorch (eager, and the whole step in
 // one torch.cuda.graph with a capturable AdamW) in the same session.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
@@ -19,19 +23,18 @@
 #include <chrono>
 
 #include "bench/bench_models.h"
+#include "examples/convnet.h"
 #include "examples/mlp.h"
+#include "examples/transformer.h"
 
 namespace gw = graphward;
 namespace ex = graphward::examples;
 
 namespace {
 
-void mlp(benchmark::State& state) {
-  if (gw::bench::skip_without_gpu(state)) return;
-  const ex::MlpConfig c{.in = 256, .hidden = state.range(0), .classes = 10,
-                        .batch = state.range(2), .layers = static_cast<int>(state.range(1))};
-  const ex::Mode mode = static_cast<ex::Mode>(state.range(3));
-  ex::MlpTrainer trainer(c, gw::bench::kDev, mode);
+template <class Model>
+void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode) {
+  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode);
   int i = 0;
   for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
@@ -53,6 +56,35 @@ void mlp(benchmark::State& state) {
   state.SetLabel(ex::mode_name(mode));
 }
 
+ex::Mode mode_arg(const benchmark::State& state, int i) {
+  return static_cast<ex::Mode>(state.range(i));
+}
+
+void mlp(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  run_model<ex::MlpModel>(state,
+                          {.in = 256, .hidden = state.range(0), .classes = 10,
+                           .batch = state.range(2), .layers = static_cast<int>(state.range(1))},
+                          mode_arg(state, 3));
+}
+
+void convnet(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  run_model<ex::ConvnetModel>(state,
+                              {.batch = state.range(0), .channels = 3, .image = state.range(1),
+                               .c1 = state.range(2), .c2 = 2 * state.range(2), .classes = 10},
+                              mode_arg(state, 3));
+}
+
+void transformer(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  const std::int64_t dim = state.range(2);
+  run_model<ex::TransformerModel>(state,
+                                  {.batch = state.range(0), .seq = state.range(1), .dim = dim,
+                                   .heads = dim / 16, .ff = 4 * dim, .vocab = 64},
+                                  mode_arg(state, 3));
+}
+
 }  // namespace
 
 // Launch-bound (hidden 256, batch 128) and GEMM-bound (hidden 2048, batch 1024) MLPs.
@@ -61,6 +93,25 @@ BENCHMARK(mlp)
     ->ArgNames({"hidden", "layers", "batch", "mode"})
     ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
     ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+// Launch-bound (the examples' sizes) and compute-bound convnets and transformers.
+BENCHMARK(convnet)
+    ->Name("Convnet")
+    ->ArgNames({"batch", "image", "channels", "mode"})
+    ->ArgsProduct({{64}, {16}, {16}, {0, 1, 2}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(transformer)
+    ->Name("Transformer")
+    ->ArgNames({"batch", "seq", "dim", "mode"})
+    ->ArgsProduct({{16}, {32}, {64}, {0, 1, 2}})
+    ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2}})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);

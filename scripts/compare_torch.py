@@ -18,8 +18,11 @@ stream around the backward (the figure graphward's overlap rows report). Fewer i
 N (--iters is the most). scripts/overlap_table.py prints it side by side with graphward's.
 
 --models: the real-model training steps of bench/models_bench.cpp — the MLP of examples/mlp.h
-(input 256, hidden layers of Linear + GELU(tanh), 10 classes, cross-entropy, AdamW), one whole
-training step per iteration: eager (zero_grad, forward, backward, step), and the whole step
+(input 256, hidden layers of Linear + GELU(tanh), 10 classes), the convnet of examples/convnet.h
+(conv 3x3 + ReLU, max pool, conv 3x3 + ReLU, average pool, linear) and the transformer block of
+examples/transformer.h (attention written out as in graphward: one QKV linear, heads by reshape and
+transpose, bmm, softmax, bmm — not fused SDPA), cross-entropy, AdamW; one whole training step per
+iteration: eager (zero_grad, forward, backward, step), and the whole step
 captured once in a torch.cuda.graph (capturable AdamW, static input slots copied into first)
 and replayed. event_us: CUDA events around the step. scripts/models_table.py prints it side by
 side with graphward's.
@@ -186,10 +189,20 @@ def main_overlap(torch, args):
     return run_event_rows(torch, args, jobs, 64)
 
 
-MODELS = [(256, 4, 128), (2048, 4, 1024)]  # hidden, layers, batch — as bench/models_bench.cpp
+# The rows of bench/models_bench.cpp.
+MLPS = [(256, 4, 128), (2048, 4, 1024)]  # hidden, layers, batch
+CONVNETS = [(64, 16, 16), (256, 32, 64)]  # batch, image, channels (the second conv: twice)
+TRANSFORMERS = [(16, 32, 64), (32, 128, 256)]  # batch, seq, dim (dim/16 heads, MLP 4·dim)
+VOCAB = 64
 
 
-def make_mlp(torch, hidden, layers, batch, capturable):
+def batches(torch, make_x, classes, target_shape):
+    dev = torch.device("cuda")
+    return ([make_x() for _ in range(4)],
+            [torch.randint(0, classes, target_shape, device=dev) for _ in range(4)])
+
+
+def make_mlp(torch, hidden, layers, batch):
     dev = torch.device("cuda")
     torch.manual_seed(0)
     mods, fan = [], 256
@@ -198,15 +211,67 @@ def make_mlp(torch, hidden, layers, batch, capturable):
         fan = hidden
     mods.append(torch.nn.Linear(fan, 10))
     model = torch.nn.Sequential(*mods).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0, capturable=capturable)
-    xs = [torch.randn(batch, 256, device=dev) for _ in range(4)]
-    ts = [torch.randint(0, 10, (batch,), device=dev) for _ in range(4)]
-    return model, opt, xs, ts
+    xs, ts = batches(torch, lambda: torch.randn(batch, 256, device=dev), 10, (batch,))
+    return model, list(model.parameters()), xs, ts
 
 
-def run_mlp(torch, hidden, layers, batch, graph, iters):
+def make_convnet(torch, batch, image, channels):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+        nn.Flatten(), nn.Linear(2 * channels * (image // 4) ** 2, 10)).to(dev)
+    xs, ts = batches(torch, lambda: torch.randn(batch, 3, image, image, device=dev), 10, (batch,))
+    return model, list(model.parameters()), xs, ts
+
+
+def make_transformer(torch, batch, seq, dim):
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
     F = torch.nn.functional
-    model, opt, xs, ts = make_mlp(torch, hidden, layers, batch, capturable=bool(graph))
+    heads, ff = dim // 16, 4 * dim
+    dh = dim // heads
+
+    def param(*shape, scale=0.05, value=None):
+        t = torch.full(shape, value, device=dev) if value is not None else \
+            torch.randn(*shape, device=dev) * scale
+        return t.requires_grad_()
+    tok, pos = param(VOCAB, dim, scale=0.5), param(seq, dim, scale=0.5)
+    ln = [(param(dim, value=1.0), param(dim, value=0.0)) for _ in range(3)]
+    wqkv, bqkv = param(3 * dim, dim), param(3 * dim, value=0.0)
+    wo, bo = param(dim, dim), param(dim, value=0.0)
+    w1, b1 = param(ff, dim), param(ff, value=0.0)
+    w2, b2 = param(dim, ff), param(dim, value=0.0)
+    wout, bout = param(VOCAB, dim), param(VOCAB, value=0.0)
+    params = [tok, pos, wqkv, bqkv, wo, bo, w1, b1, w2, b2, wout, bout] + [p for l in ln for p in l]
+
+    def model(ids):
+        b = ids.shape[0]
+        x = (F.embedding(ids, tok) + pos).reshape(b * seq, dim)
+        qkv = F.linear(F.layer_norm(x, (dim,), *ln[0]), wqkv, bqkv)
+
+        def split_heads(t):
+            return t.reshape(b, seq, heads, dh).transpose(1, 2).reshape(b * heads, seq, dh)
+        q, k, v = (split_heads(t) for t in qkv.split(dim, dim=1))
+        p = F.softmax(torch.bmm(q, k.transpose(1, 2)) * dh ** -0.5, dim=-1)
+        o = torch.bmm(p, v).reshape(b, heads, seq, dh).transpose(1, 2).reshape(b * seq, dim)
+        x = x + F.linear(o, wo, bo)
+        h = F.gelu(F.linear(F.layer_norm(x, (dim,), *ln[1]), w1, b1), approximate="tanh")
+        x = x + F.linear(h, w2, b2)
+        return F.linear(F.layer_norm(x, (dim,), *ln[2]), wout, bout)
+    xs, ts = batches(torch, lambda: torch.randint(0, VOCAB, (batch, seq), device=dev), VOCAB,
+                     (batch * seq,))
+    return model, params, xs, ts
+
+
+def run_model(torch, made, graph, iters):
+    """One whole training step per iteration of `made` = (model, params, inputs, targets): eager
+    (zero_grad, forward, backward, AdamW step) or the whole step captured once and replayed."""
+    F = torch.nn.functional
+    model, params, xs, ts = made
+    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0, capturable=bool(graph))
     state = {"i": 0}
     if not graph:
         def step():
@@ -245,12 +310,17 @@ def run_mlp(torch, hidden, layers, batch, graph, iters):
 
 
 def main_models(torch, args):
-    def job(hidden, layers, batch, graph):
-        return lambda: run_mlp(torch, hidden, layers, batch, graph, args.iters)
-    jobs = ((f"torch_mlp/hidden:{hidden}/layers:{layers}/batch:{batch}/"
-             f"mode:{'graph' if graph else 'eager'}", job(hidden, layers, batch, graph))
-            for hidden, layers, batch in MODELS for graph in (0, 1))
-    return run_event_rows(torch, args, jobs, 52)
+    models = ([("mlp", f"hidden:{h}/layers:{l}/batch:{b}", make_mlp, (h, l, b)) for h, l, b in MLPS]
+              + [("convnet", f"batch:{b}/image:{s}/channels:{c}", make_convnet, (b, s, c))
+                 for b, s, c in CONVNETS]
+              + [("transformer", f"batch:{b}/seq:{t}/dim:{d}", make_transformer, (b, t, d))
+                 for b, t, d in TRANSFORMERS])
+
+    def job(make, config, graph):
+        return lambda: run_model(torch, make(torch, *config), graph, args.iters)
+    jobs = ((f"torch_{kind}/{name}/mode:{'graph' if graph else 'eager'}", job(make, config, graph))
+            for kind, name, make, config in models for graph in (0, 1))
+    return run_event_rows(torch, args, jobs, 60)
 
 
 def main():
@@ -264,7 +334,7 @@ def main():
     ap.add_argument("--overlap", action="store_true",
                     help="the overlap studies and the sweep, eager and graph, 1 and K streams")
     ap.add_argument("--models", action="store_true",
-                    help="the real-model training steps (MLP), eager and whole-step graph")
+                    help="the real-model training steps (MLP, convnet, transformer), eager and whole-step graph")
     args = ap.parse_args()
     try:
         import torch

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""graphward's real-model training steps (bench/models_bench.cpp) side by side with PyTorch's
-(scripts/compare_torch.py --models), as one table of µs per training step (CUDA events around the
-step, medians) and the ratios the real-models issue sets targets for:
+"""graphward's real-model training steps (bench/models_bench.cpp: MLP, convnet, transformer) side
+by side with PyTorch's (scripts/compare_torch.py --models), as one table per model of µs per
+training step (CUDA events around the step, medians) and the ratios the real-models issue sets
+targets for:
 
     python3 scripts/models_table.py models.json torch_models.csv
 
@@ -17,8 +18,19 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON file cut short)
 
-GW = re.compile(r"Mlp/hidden:(\d+)/layers:(\d+)/batch:(\d+)/mode:(\d)")
-TORCH = re.compile(r"torch_mlp/hidden:(\d+)/layers:(\d+)/batch:(\d+)/mode:(eager|graph)")
+# (model, its configuration as written in the names, mode)
+GW = re.compile(r"(Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
+TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:(eager|graph)")
+TITLES = {
+    "mlp": "MLP (input 256, hidden layers of linear + GELU, 10 classes)",
+    "convnet": "convnet (3xSxS images, conv+ReLU, max pool, conv+ReLU, avg pool, linear; 10 classes)",
+    "transformer": "transformer block (dim/16 heads, MLP 4·dim, vocabulary 64)",
+}
+
+
+def config_key(text):
+    """"hidden:256/layers:4/batch:128/" -> ((hidden, 256), ...), sorted by the numbers."""
+    return tuple((k, int(v)) for k, v in (p.split(":") for p in text.strip("/").split("/")))
 
 
 def load_graphward(path):
@@ -33,8 +45,8 @@ def load_graphward(path):
             continue
         m = GW.search(bm.get("run_name", bm["name"]))
         if m:
-            h, l, b, mode = (int(x) for x in m.groups())
-            out[(h, l, b, mode)] = bm["real_time"]  # manual time, µs (Unit kMicrosecond)
+            model, config, mode = m.groups()
+            out[(model.lower(), config_key(config), int(mode))] = bm["real_time"]  # µs
     return out
 
 
@@ -45,8 +57,8 @@ def load_torch(path):
     for r in csv.DictReader(open(path)):
         m = TORCH.search(r["config"])
         if m:
-            h, l, b, mode = m.groups()
-            out[(int(h), int(l), int(b), mode)] = float(r["event_us"])
+            model, config, mode = m.groups()
+            out[(model, config_key(config), mode)] = float(r["event_us"])
     return out
 
 
@@ -56,16 +68,21 @@ def main():
         return 2
     gw = load_graphward(sys.argv[1])
     torch = load_torch(sys.argv[2] if len(sys.argv) > 2 else None)
-    print("MLP training step (µs per step; input 256, 10 classes, AdamW)")
-    print(f"{'model':28s} {'gw eager':>10s} {'gw bwd-gr':>10s} {'gw full':>10s} "
-          f"{'pt eager':>10s} {'pt graph':>10s} {'eager x':>8s} {'full/pt-gr':>10s}")
-    configs = sorted({k[:3] for k in gw} | {k[:3] for k in torch})
-    for h, l, b in configs:
-        e, bg, fs = (gw.get((h, l, b, m)) for m in (0, 1, 2))
-        pe, pg = torch.get((h, l, b, "eager")), torch.get((h, l, b, "graph"))
-        name = f"hidden {h} x{l}, batch {b}"
-        print(f"{name:28s} {fmt(e, 10)} {fmt(bg, 10)} {fmt(fs, 10)} {fmt(pe, 10)} {fmt(pg, 10)} "
-              f"{fmt(ratio(pe, e), 8, 2)} {fmt(ratio(fs, pg), 10, 2)}")
+    print("Training step, µs per step (cross-entropy, AdamW; CUDA events, medians)")
+    for model in ("mlp", "convnet", "transformer"):
+        configs = sorted({k[1] for k in gw if k[0] == model} |
+                         {k[1] for k in torch if k[0] == model}, key=lambda c: [v for _, v in c])
+        if not configs:
+            continue
+        print(f"\n{TITLES[model]}")
+        print(f"{'config':32s} {'gw eager':>10s} {'gw bwd-gr':>10s} {'gw full':>10s} "
+              f"{'pt eager':>10s} {'pt graph':>10s} {'eager x':>8s} {'full/pt-gr':>10s}")
+        for c in configs:
+            e, bg, fs = (gw.get((model, c, m)) for m in (0, 1, 2))
+            pe, pg = torch.get((model, c, "eager")), torch.get((model, c, "graph"))
+            name = " ".join(f"{k} {v}" for k, v in c)
+            print(f"{name:32s} {fmt(e, 10)} {fmt(bg, 10)} {fmt(fs, 10)} {fmt(pe, 10)} "
+                  f"{fmt(pg, 10)} {fmt(ratio(pe, e), 8, 2)} {fmt(ratio(fs, pg), 10, 2)}")
     return 0
 
 
