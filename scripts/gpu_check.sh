@@ -156,24 +156,27 @@ fi
 if [ $MODELS = 1 ] && [ -x "$BIN/bench/graphward_bench_models" ]; then
   start=$SECONDS
   ok=1
-  timeout 200 "$BIN/bench/graphward_bench_models" --benchmark_repetitions=3 \
+  timeout 300 "$BIN/bench/graphward_bench_models" --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_models.json" \
     --benchmark_out_format=json >"$LOG_DIR/bench_models.txt" 2>&1 || ok=0
-  "$BIN/examples/train_mlp" --steps 300 >"$LOG_DIR/train_mlp.txt" 2>&1 || ok=0
-  "$BIN/examples/train_rnn" --steps 200 >>"$LOG_DIR/train_mlp.txt" 2>&1 || ok=0
+  : >"$LOG_DIR/examples.txt"
+  for example in train_mlp train_convnet train_transformer; do
+    "$BIN/examples/$example" --steps 300 >>"$LOG_DIR/examples.txt" 2>&1 || ok=0
+  done
+  "$BIN/examples/train_rnn" --steps 200 >>"$LOG_DIR/examples.txt" 2>&1 || ok=0
   torch_csv=
   if python3 -c 'import torch' 2>/dev/null; then
-    PYTHONUNBUFFERED=1 timeout 200 python3 "$GW_ROOT/scripts/compare_torch.py" --models \
+    PYTHONUNBUFFERED=1 timeout 300 python3 "$GW_ROOT/scripts/compare_torch.py" --models \
       --iters 200 --csv "$LOG_DIR/torch_models.csv" >"$LOG_DIR/torch_models.txt" 2>&1 || ok=0
     torch_csv="$LOG_DIR/torch_models.csv"
   fi
-  { cat "$LOG_DIR/train_mlp.txt"
+  { cat "$LOG_DIR/examples.txt"
     python3 "$GW_ROOT/scripts/models_table.py" "$LOG_DIR/bench_models.json" $torch_csv; } \
     >"$LOG_DIR/models_table.txt" 2>&1 || ok=0
   if [ $ok = 1 ]; then
     record models ok "models_table.txt; $((SECONDS - start)) s"
   else
-    record models FAIL "see bench_models.txt / torch_models.txt / models_table.txt"
+    record models FAIL "see bench_models.txt / torch_models.txt / examples.txt / models_table.txt"
   fi
 fi
 
