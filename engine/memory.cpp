@@ -126,14 +126,16 @@ struct BlockCache {
   std::atomic<bool> shut_down{false};
 };
 void release_cached_blocks(int device, DeviceCache& dc) noexcept;
+BlockCache& block_cache();
+void release_block_cache() {
+  BlockCache& bc = block_cache();
+  bc.shut_down.store(true);
+  for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d]);
+}
 BlockCache& block_cache() {
   static BlockCache* cache = [] {
     auto* c = new BlockCache();
-    std::atexit([] {
-      BlockCache& bc = block_cache();
-      bc.shut_down.store(true);
-      for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d]);
-    });
+    std::atexit(release_block_cache);
     return c;
   }();
   return *cache;
@@ -711,6 +713,13 @@ void Storage::bump_version() {
 namespace {
 std::atomic<std::uint64_t> g_watched_hazards{0};
 }  // namespace
+
+void detail::release_block_cache_before_later_runtimes() {
+#if GRAPHWARD_HAS_CUDA
+  (void)block_cache();  // its own handler first (it runs last)
+  std::atexit(release_block_cache);
+#endif
+}
 
 std::uint64_t detail::watched_hazard_epoch() {
   return g_watched_hazards.load(std::memory_order_acquire);

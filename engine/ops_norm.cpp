@@ -118,11 +118,13 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     if (want_w || want_b) {
       const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
       const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, scope.stream());
+      const std::int64_t ws = k::layer_norm_params_workspace(d.rows, d.cols);
+      const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
       k::layer_norm_backward_params(want_w ? grad_weight.tensor->data<float>() : nullptr,
                                     want_b ? grad_bias.tensor->data<float>() : nullptr,
                                     grad_out.data<float>(), x.data<float>(), mean.data<float>(),
                                     rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
-                                    scope.stream());
+                                    ws > 0 ? partial.data<float>() : nullptr, scope.stream());
     }
     return;
 #endif

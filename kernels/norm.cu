@@ -1,6 +1,6 @@
 // Layer-norm and embedding kernels. Contract in norm.h. Layer norm: one block of 256 threads per
-// row, sums reduced in a fixed tree; the parameter gradients by column blocks (32 columns x 8 row
-// slices), combined in a fixed order: deterministic. The embedding gradient adds with atomics.
+// row, sums reduced in a fixed tree; the parameter gradients by blocks of 32 columns x 128 rows,
+// whose partial sums are then added in slice order: deterministic. The embedding gradient adds with atomics.
 #include <cmath>
 
 #include "kernels/block_reduce.cuh"
@@ -58,29 +58,61 @@ __global__ void layer_norm_backward_input_kernel(float* dx, const float* dy, con
   }
 }
 
-__global__ void layer_norm_backward_params_kernel(float* dw, float* db, const float* dy,
-                                                  const float* x, const float* mean,
-                                                  const float* rstd, std::int64_t rows,
-                                                  std::int64_t cols, bool accumulate_w,
-                                                  bool accumulate_b) {
-  __shared__ float pw[8][33], pb[8][33];
+// Rows of a slice per block of the parameter gradient's first pass.
+constexpr std::int64_t kRowsPerSlice = 128;
+std::int64_t row_slices(std::int64_t rows) {
+  return (rows + kRowsPerSlice - 1) / kRowsPerSlice;
+}
+
+// Block (32, 8) per (32 columns, slice of rows): the slice's sums of dy·x̂ and dy per column, in a
+// fixed order; written to partial [slices, cols] (two of them), or — with one slice — stored as
+// the gradients themselves.
+__global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw, float* db,
+                                                 const float* dy, const float* x,
+                                                 const float* mean, const float* rstd,
+                                                 std::int64_t rows, std::int64_t cols,
+                                                 bool accumulate_w, bool accumulate_b) {
+  __shared__ float sw[8][33], sb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kRowsPerSlice;
+  const std::int64_t end = begin + kRowsPerSlice < rows ? begin + kRowsPerSlice : rows;
   float aw = 0.f, ab = 0.f;
   if (col < cols) {
-    for (std::int64_t r = threadIdx.y; r < rows; r += 8) {
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
       const std::int64_t i = r * cols + col;
       aw += dy[i] * (x[i] - mean[r]) * rstd[r];
       ab += dy[i];
     }
   }
-  pw[threadIdx.y][threadIdx.x] = aw;
-  pb[threadIdx.y][threadIdx.x] = ab;
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
     float tw = 0.f, tb = 0.f;
     for (int s = 0; s < 8; ++s) {
-      tw += pw[s][threadIdx.x];
-      tb += pb[s][threadIdx.x];
+      tw += sw[s][threadIdx.x];
+      tb += sb[s][threadIdx.x];
+    }
+    if (pw) {
+      pw[blockIdx.y * cols + col] = tw;
+      pb[blockIdx.y * cols + col] = tb;
+    } else {
+      if (dw) store(dw, col, tw, accumulate_w);
+      if (db) store(db, col, tb, accumulate_b);
+    }
+  }
+}
+
+// The slices' partial sums per column, in slice order.
+__global__ void layer_norm_params_sum_kernel(float* dw, float* db, const float* pw,
+                                             const float* pb, std::int64_t slices,
+                                             std::int64_t cols, bool accumulate_w,
+                                             bool accumulate_b) {
+  GW_GRID_STRIDE(col, cols) {
+    float tw = 0.f, tb = 0.f;
+    for (std::int64_t s = 0; s < slices; ++s) {
+      tw += pw[s * cols + col];
+      tb += pb[s * cols + col];
     }
     if (dw) store(dw, col, tw, accumulate_w);
     if (db) store(db, col, tb, accumulate_b);
@@ -121,15 +153,28 @@ void layer_norm_backward_input(float* dx, const float* dy, const float* x, const
       dx, dy, x, mean, rstd, w, cols, accumulate);
   GW_LAUNCH_CHECK();
 }
+std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols) {
+  const std::int64_t slices = row_slices(rows);
+  return slices > 1 ? 2 * slices * cols : 0;
+}
+
 void layer_norm_backward_params(float* dw, float* db, const float* dy, const float* x,
                                 const float* mean, const float* rstd, std::int64_t rows,
                                 std::int64_t cols, bool accumulate_w, bool accumulate_b,
-                                cudaStream_t stream) {
+                                float* workspace, cudaStream_t stream) {
+  const std::int64_t slices = row_slices(rows);
   const dim3 block(32, 8);
-  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  layer_norm_backward_params_kernel<<<blocks, block, 0, stream>>>(dw, db, dy, x, mean, rstd, rows,
-                                                                  cols, accumulate_w, accumulate_b);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(slices));
+  float* pw = slices > 1 ? workspace : nullptr;
+  float* pb = slices > 1 ? workspace + slices * cols : nullptr;
+  layer_norm_params_partial_kernel<<<grid, block, 0, stream>>>(
+      pw, pb, dw, db, dy, x, mean, rstd, rows, cols, accumulate_w, accumulate_b);
   GW_LAUNCH_CHECK();
+  if (slices > 1) {
+    layer_norm_params_sum_kernel<<<grid_for(cols), kThreads, 0, stream>>>(
+        dw, db, pw, pb, slices, cols, accumulate_w, accumulate_b);
+    GW_LAUNCH_CHECK();
+  }
 }
 void embedding_forward(float* y, const float* table, const std::int32_t* ids, std::int64_t n,
                        std::int64_t vocab, std::int64_t dim, cudaStream_t stream) {

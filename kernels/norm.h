@@ -21,10 +21,14 @@ void layer_norm_backward_input(float* dx, const float* dy, const float* x, const
                                const float* rstd, const float* w, std::int64_t rows,
                                std::int64_t cols, bool accumulate, cudaStream_t stream);
 // dw = Σ_rows dy · x̂, db = Σ_rows dy (either may be null); a fixed order: deterministic.
+// In two passes for many rows: partial sums over slices of rows into `workspace` (at least
+// layer_norm_params_workspace(rows, cols) floats; unused when that is 0), then their sum in a
+// fixed order — parallel over rows and columns, deterministic.
 void layer_norm_backward_params(float* dw, float* db, const float* dy, const float* x,
                                 const float* mean, const float* rstd, std::int64_t rows,
                                 std::int64_t cols, bool accumulate_w, bool accumulate_b,
-                                cudaStream_t stream);
+                                float* workspace, cudaStream_t stream);
+std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols);
 // y[i, :] = table[ids[i], :] for i < n (ids outside [0, vocab) give a row of NaN).
 void embedding_forward(float* y, const float* table, const std::int32_t* ids, std::int64_t n,
                        std::int64_t vocab, std::int64_t dim, cudaStream_t stream);

@@ -1,7 +1,9 @@
 // The convnet and transformer examples on the GPU in their three modes: each converges; the graph
-// modes capture once; the full-step graph's losses equal the eager ones bitwise (the same kernels
-// in the same order — cuDNN's algorithms are chosen once per shape and deterministic), the
-// backward graph's within rounding (its weight-gradient side streams).
+// modes capture once; the full-step graph's losses equal the eager ones — bitwise for the convnet
+// (the same kernels in the same order; cuDNN's algorithms are chosen once per shape and
+// deterministic), within rounding for the transformer (its embedding's gradient adds repeated ids
+// with atomics, in an order that varies run to run) — and the backward graph's within rounding
+// (its weight-gradient side streams).
 #include "examples/convnet.h"
 #include "examples/transformer.h"
 #include "test_util.h"
@@ -11,7 +13,7 @@ namespace {
 namespace ex = graphward::examples;
 
 template <class Model>
-void expect_every_mode_converges(const typename Model::Config& c, int steps) {
+void expect_every_mode_converges(const typename Model::Config& c, int steps, bool bitwise) {
   const Device gpu = Device::cuda(0);
   const ex::TrainResult eager = ex::train<Model>(c, gpu, ex::Mode::kEager, steps);
   const ex::TrainResult bw = ex::train<Model>(c, gpu, ex::Mode::kBackwardGraph, steps);
@@ -21,8 +23,12 @@ void expect_every_mode_converges(const typename Model::Config& c, int steps) {
   }
   EXPECT_EQ(bw.captures, 1u);
   EXPECT_EQ(full.captures, 1u);
-  EXPECT_EQ(full.first_loss, eager.first_loss);
-  EXPECT_EQ(full.last_loss, eager.last_loss);
+  EXPECT_EQ(full.first_loss, eager.first_loss);  // nothing accumulated yet
+  if (bitwise) {
+    EXPECT_EQ(full.last_loss, eager.last_loss);
+  } else {
+    EXPECT_NEAR(full.last_loss, eager.last_loss, 1e-5 * eager.first_loss);
+  }
   EXPECT_NEAR(bw.last_loss, eager.last_loss, 1e-3 * eager.first_loss);
 }
 
@@ -32,7 +38,7 @@ TEST(ExamplesCuda, TheConvnetConvergesInEveryModeAndTheGraphsCaptureOnce) {
   expect_every_mode_converges<ex::ConvnetModel>(
       {.batch = 32, .channels = 2, .image = 8, .c1 = 4, .c2 = 8, .classes = 4, .batches = 2,
        .lr = 1e-2, .noise = 0.5},
-      40);
+      25, /*bitwise=*/true);
 }
 
 TEST(ExamplesCuda, TheTransformerConvergesInEveryModeAndTheGraphsCaptureOnce) {
@@ -40,7 +46,7 @@ TEST(ExamplesCuda, TheTransformerConvergesInEveryModeAndTheGraphsCaptureOnce) {
   expect_every_mode_converges<ex::TransformerModel>(
       {.batch = 4, .seq = 8, .dim = 16, .heads = 2, .ff = 32, .vocab = 8, .batches = 2,
        .lr = 1e-2},
-      60);
+      35, /*bitwise=*/false);
 }
 
 }  // namespace
