@@ -6,7 +6,7 @@
 // else on the CPU backend; it says which.
 //
 //   train_transformer [--cpu] [--steps N] [--mode eager|backward|step|all] [--batch B] [--seq T]
-//                     [--dim D] [--heads H]
+//                     [--dim D] [--heads H] [--ff F] [--vocab V]
 #include "examples/example_main.h"
 #include "examples/transformer.h"
 
@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
       {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }},
       {"--seq", [&](const char* v) { c.seq = ex::positive("--seq", v); }},
       {"--dim", [&](const char* v) { c.dim = ex::positive("--dim", v); }},
-      {"--heads", [&](const char* v) { c.heads = ex::positive("--heads", v); }}};
+      {"--heads", [&](const char* v) { c.heads = ex::positive("--heads", v); }},
+      {"--ff", [&](const char* v) { c.ff = ex::positive("--ff", v); }},
+      {"--vocab", [&](const char* v) { c.vocab = ex::positive("--vocab", v); }}};
   return ex::example_main<ex::TransformerModel>(argc, argv, "train_transformer", c, flags, [&] {
     return "batch " + std::to_string(c.batch) + " x " + std::to_string(c.seq) + " tokens, dim " +
            std::to_string(c.dim) + ", " + std::to_string(c.heads) + " heads, MLP " +

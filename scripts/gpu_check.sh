@@ -11,7 +11,8 @@
 # --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
-# four sanitizer tools one after another instead of at once).
+# four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
+# "memcheck initcheck"; default all four).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -194,7 +195,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
 }
 if [ $SANITIZE = 1 ]; then
-  tools=(memcheck racecheck synccheck initcheck)
+  read -r -a tools <<<"${GW_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}"
   if [ "${GW_SANITIZER_SERIAL:-0}" = 1 ]; then
     for tool in "${tools[@]}"; do sanitize "$tool"; done
   else
