@@ -125,12 +125,12 @@ struct BlockCache {
   std::array<DeviceCache, kCacheDevices> devices;
   std::atomic<bool> shut_down{false};
 };
-void release_cached_blocks(int device, DeviceCache& dc) noexcept;
+void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down = false) noexcept;
 BlockCache& block_cache();
 void release_block_cache() {
   BlockCache& bc = block_cache();
   bc.shut_down.store(true);
-  for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d]);
+  for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d], true);
 }
 BlockCache& block_cache() {
   static BlockCache* cache = [] {
@@ -141,7 +141,7 @@ BlockCache& block_cache() {
   return *cache;
 }
 
-void release_cached_blocks(int device, DeviceCache& dc) noexcept {
+void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down) noexcept {
   try {
     std::unordered_map<CacheKey, std::vector<void*>, CacheKeyHash> blocks;
     {
@@ -156,6 +156,9 @@ void release_cached_blocks(int device, DeviceCache& dc) noexcept {
     for (const auto& [key, ptrs] : blocks) {
       for (void* p : ptrs) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, key.stream));
     }
+    // At exit the frees must have happened before any runtime's teardown (cuDNN's static one may
+    // come first): a free still queued on its stream counts as a leak for compute-sanitizer.
+    if (shutting_down) GW_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
     if (saved >= 0 && saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
   } catch (...) {
     detail::log_error(__FILE__, __LINE__, "block cache: could not release cached blocks");
