@@ -25,10 +25,18 @@ __global__ void scatter_window_kernel(float* y, const float* x, std::int64_t row
   }
 }
 
-__global__ void swap_dims_kernel(float* y, const float* x, SwapDims dims, std::int64_t n,
+template <class Index>
+__global__ void swap_dims_kernel(float* y, const float* x, detail::Swap5 dims, Index n,
                                  bool accumulate) {
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    store(y, i, x[detail::swapped_source<Index>(dims, i)], accumulate);
+  }
+}
+
+__global__ void copy_kernel(float* y, const float* x, std::int64_t n, bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(y, i, x[detail::swapped_source(dims, i)], accumulate);
+    store(y, i, x[i], accumulate);
   }
 }
 
@@ -52,7 +60,15 @@ void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
                cudaStream_t stream) {
   std::int64_t n = 1;
   for (int k = 0; k < dims.rank; ++k) n *= dims.in_shape[k];
-  swap_dims_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, dims, n, accumulate);
+  const detail::Swap5 s = detail::collapse(dims);
+  if (s.c == 0) {  // the same dimension twice: a copy
+    copy_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n, accumulate);
+  } else if (n <= static_cast<std::int64_t>(UINT32_MAX)) {  // 32-bit index arithmetic: faster
+    swap_dims_kernel<std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
+        y, x, s, static_cast<std::uint32_t>(n), accumulate);
+  } else {
+    swap_dims_kernel<std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(y, x, s, n, accumulate);
+  }
   GW_LAUNCH_CHECK();
 }
 

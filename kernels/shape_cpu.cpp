@@ -30,7 +30,10 @@ template <class T>
 void swap_dims(T* y, const T* x, const SwapDims& dims, bool accumulate) {
   std::int64_t n = 1;
   for (int k = 0; k < dims.rank; ++k) n *= dims.in_shape[k];
-  for (std::int64_t i = 0; i < n; ++i) put(y, i, x[detail::swapped_source(dims, i)], accumulate);
+  const detail::Swap5 s = detail::collapse(dims);
+  for (std::int64_t i = 0; i < n; ++i) {
+    put(y, i, x[s.c == 0 ? i : detail::swapped_source<std::int64_t>(s, i)], accumulate);
+  }
 }
 
 #define GW_INSTANTIATE(T)                                                                        \

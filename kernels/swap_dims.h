@@ -1,5 +1,11 @@
 #pragma once
 // The index arithmetic of swap_dims, shared by the CUDA kernel and the CPU reference.
+//
+// A swap of dimensions d0 < d1 of any shape is a swap of the middle dimensions D0 and D1 of the
+// 5-d shape [A, D0, M, D1, C] (A: the product of the dimensions before d0, M: between, C: after),
+// whose output is [A, D1, M, D0, C]: four divisions per element whatever the rank.
+#include <cstdint>
+
 #include "kernels/shape.h"
 
 #if defined(__CUDACC__)
@@ -10,22 +16,34 @@
 
 namespace graphward::kernels::detail {
 
-// The offset in x of element i of y (y: x with dims d0 and d1 swapped; both row-major).
-GW_HD inline std::int64_t swapped_source(const SwapDims& d, std::int64_t i) {
-  std::int64_t in_stride[kMaxDims];
-  std::int64_t s = 1;
-  for (int k = d.rank - 1; k >= 0; --k) {
-    in_stride[k] = s;
-    s *= d.in_shape[k];
-  }
-  std::int64_t src = 0;
-  for (int k = d.rank - 1; k >= 0; --k) {
-    const int from = k == d.d0 ? d.d1 : (k == d.d1 ? d.d0 : k);  // y's dim k is x's dim `from`
-    const std::int64_t extent = d.in_shape[from];
-    src += (i % extent) * in_stride[from];
-    i /= extent;
-  }
-  return src;
+struct Swap5 {
+  std::int64_t a, d0, m, d1, c;
+};
+
+inline Swap5 collapse(const SwapDims& d) {
+  const int lo = d.d0 < d.d1 ? d.d0 : d.d1, hi = d.d0 < d.d1 ? d.d1 : d.d0;
+  Swap5 s{1, d.in_shape[lo], 1, lo == hi ? 1 : d.in_shape[hi], 1};
+  if (lo == hi) return {1, 1, 1, 1, 0};  // no swap: callers copy (c = 0 marks it)
+  for (int k = 0; k < lo; ++k) s.a *= d.in_shape[k];
+  for (int k = lo + 1; k < hi; ++k) s.m *= d.in_shape[k];
+  for (int k = hi + 1; k < d.rank; ++k) s.c *= d.in_shape[k];
+  return s;
+}
+
+// The offset in x of element i of y. Index: std::int64_t, or std::uint32_t where every offset fits.
+template <class Index>
+GW_HD inline Index swapped_source(const Swap5& s, Index i) {
+  const Index c = static_cast<Index>(s.c), d0 = static_cast<Index>(s.d0),
+              m = static_cast<Index>(s.m), d1 = static_cast<Index>(s.d1);
+  const Index ic = i % c;
+  i /= c;
+  const Index i0 = i % d0;  // y's fourth dimension is x's second
+  i /= d0;
+  const Index im = i % m;
+  i /= m;
+  const Index i1 = i % d1;
+  const Index ia = i / d1;
+  return (((ia * d0 + i0) * m + im) * d1 + i1) * c + ic;
 }
 
 }  // namespace graphward::kernels::detail

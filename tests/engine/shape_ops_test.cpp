@@ -62,6 +62,16 @@ TEST(ShapesCpu, TransposeSwapsTwoDimensions) {
   EXPECT_EQ(transpose(x, 0, -1).shape(), Shape({4, 3, 2}));
   EXPECT_EQ(values(transpose(transpose(x, 0, 2), 0, 2)), xv);
   GW_EXPECT_ERROR(transpose(x, 0, 3), "transpose", "dimension 3", "[-3, 2]");
+  EXPECT_EQ(values(transpose(x, 1, 1)), xv);  // the same dimension twice: a copy
+  // Non-adjacent dimensions of a 4-d tensor, against the definition.
+  const Tensor z = iota({2, 3, 4, 5});
+  const std::vector<double> zv = values(z), tv = values(transpose(z, 3, 1));
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int c = 0; c < 4; ++c)
+        for (int d = 0; d < 5; ++d) {
+          EXPECT_EQ(tv[((a * 5 + d) * 4 + c) * 3 + b], zv[((a * 3 + b) * 4 + c) * 5 + d]);
+        }
 }
 
 TEST(ShapesCpu, ConcatJoinsAlongAnyDimension) {
