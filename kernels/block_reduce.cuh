@@ -43,4 +43,12 @@ __device__ T block_reduce(T v, Op op = {}) {
   return r;
 }
 
+// The same reduction over one warp, by butterfly shuffles: every lane gets the result (a fixed
+// order: deterministic).
+template <class Op = SumOp, class T>
+__device__ __forceinline__ T warp_all_reduce(T v, Op op = {}) {
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 }  // namespace graphward::kernels::detail

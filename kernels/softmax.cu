@@ -1,5 +1,6 @@
-// Softmax kernels: one block of 256 threads per row; the row's maximum and sums reduced in a fixed
-// tree (deterministic). Contract in softmax.h.
+// Softmax kernels: a row per warp (8 rows per block of 256 threads) up to 1024 columns, else a row
+// per block of 256 threads; the row's maximum and sums reduced in a fixed order (deterministic).
+// Contract in softmax.h.
 #include <cmath>
 
 #include "kernels/block_reduce.cuh"
@@ -14,51 +15,91 @@ using detail::kThreads;
 using detail::store;
 
 constexpr int kRowThreads = 256;
+constexpr std::int64_t kWarpRowMaxCols = 1024;
 
-// log Σ exp(x_j) of one row, in every thread of the block.
+// Who works on a row: a whole block (long rows) or one warp (short rows, 8 per block).
+struct BlockRow {
+  static constexpr int kSize = kRowThreads;
+  __device__ static std::int64_t row() { return blockIdx.x; }
+  __device__ static int lane() { return threadIdx.x; }
+  template <class Op>
+  __device__ static float reduce(float v, Op op) {
+    return block_reduce<kRowThreads>(v, op);
+  }
+};
+struct WarpRow {
+  static constexpr int kSize = 32;
+  __device__ static std::int64_t row() {
+    return static_cast<std::int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32;
+  }
+  __device__ static int lane() { return threadIdx.x % 32; }
+  template <class Op>
+  __device__ static float reduce(float v, Op op) {
+    return detail::warp_all_reduce(v, op);
+  }
+};
+
+// log Σ exp(x_j) of one row, in every thread of the group.
+template <class G>
 __device__ float row_lse(const float* x, std::int64_t cols) {
   float m = -INFINITY;
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) m = fmaxf(m, x[j]);
-  m = block_reduce<kRowThreads>(m, detail::MaxOp{});
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) m = fmaxf(m, x[j]);
+  m = G::reduce(m, detail::MaxOp{});
   float s = 0.f;
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) s += expf(x[j] - m);
-  s = block_reduce<kRowThreads>(s);
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) s += expf(x[j] - m);
+  s = G::reduce(s, detail::SumOp{});
   return m + logf(s);
 }
 
-template <bool kLog>
-__global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t cols) {
-  const std::int64_t row = blockIdx.x;
+template <class G, bool kLog>
+__global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t rows,
+                                       std::int64_t cols) {
+  const std::int64_t row = G::row();
+  if (row >= rows) return;  // a whole warp (WarpRow) or never (BlockRow)
   const float* xr = x + row * cols;
   float* yr = y + row * cols;
-  const float lse = row_lse(xr, cols);
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
+  const float lse = row_lse<G>(xr, cols);
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
     const float v = xr[j] - lse;
     yr[j] = kLog ? v : expf(v);
   }
 }
 
-template <bool kLog>
+template <class G, bool kLog>
 __global__ void softmax_backward_kernel(float* dx, const float* dy, const float* y,
-                                        std::int64_t cols, bool accumulate) {
-  const std::int64_t row = blockIdx.x;
+                                        std::int64_t rows, std::int64_t cols, bool accumulate) {
+  const std::int64_t row = G::row();
+  if (row >= rows) return;
   const float* dyr = dy + row * cols;
   const float* yr = y + row * cols;
   float s = 0.f;
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
     s += kLog ? dyr[j] : dyr[j] * yr[j];
   }
-  s = block_reduce<kRowThreads>(s);
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
+  s = G::reduce(s, detail::SumOp{});
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
     const float g = kLog ? dyr[j] - expf(yr[j]) * s : yr[j] * (dyr[j] - s);
     store(dx, row * cols + j, g, accumulate);
   }
 }
 
-__global__ void row_lse_kernel(float* lse, const float* x, std::int64_t cols) {
-  const std::int64_t row = blockIdx.x;
-  const float v = row_lse(x + row * cols, cols);
-  if (threadIdx.x == 0) lse[row] = v;
+template <class G>
+__global__ void row_lse_kernel(float* lse, const float* x, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t row = G::row();
+  if (row >= rows) return;
+  const float v = row_lse<G>(x + row * cols, cols);
+  if (G::lane() == 0) lse[row] = v;
+}
+
+// Runs kernel<WarpRow> or kernel<BlockRow> over `rows` rows of `cols` columns.
+template <class Launch>
+void by_rows(std::int64_t rows, std::int64_t cols, Launch launch) {
+  if (cols <= kWarpRowMaxCols) {
+    launch(WarpRow{}, static_cast<unsigned>((rows + kRowThreads / 32 - 1) / (kRowThreads / 32)));
+  } else {
+    launch(BlockRow{}, static_cast<unsigned>(rows));
+  }
+  GW_LAUNCH_CHECK();
 }
 
 constexpr int kMeanThreads = 1024;
@@ -92,30 +133,35 @@ __global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, con
 
 void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                      cudaStream_t stream) {
-  softmax_forward_kernel<false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(y, x, cols);
-  GW_LAUNCH_CHECK();
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    softmax_forward_kernel<G, false><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
+  });
 }
 void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream) {
-  softmax_forward_kernel<true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(y, x, cols);
-  GW_LAUNCH_CHECK();
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    softmax_forward_kernel<G, true><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
+  });
 }
 void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                       std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  softmax_backward_kernel<false>
-      <<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(dx, dy, y, cols, accumulate);
-  GW_LAUNCH_CHECK();
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    softmax_backward_kernel<G, false>
+        <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, cols, accumulate);
+  });
 }
 void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                           std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  softmax_backward_kernel<true>
-      <<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(dx, dy, y, cols, accumulate);
-  GW_LAUNCH_CHECK();
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    softmax_backward_kernel<G, true>
+        <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, cols, accumulate);
+  });
 }
 void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
                            std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
-  row_lse_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(lse, x, cols);
-  GW_LAUNCH_CHECK();
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    row_lse_kernel<G><<<blocks, kRowThreads, 0, stream>>>(lse, x, rows, cols);
+  });
   cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(loss, lse, x, target, rows, cols);
   GW_LAUNCH_CHECK();
 }

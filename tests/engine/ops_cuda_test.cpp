@@ -187,7 +187,8 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
 }
 
 TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
-  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {128, 50257}, {3, 4, 5}};
+  // Up to 1024 columns a warp per row, beyond a block per row.
+  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {128, 50257}, {3, 4, 5}, {19, 1024}, {9, 1025}};
   for (const Shape& s : shapes) {
     const Tensor x = mul(rand(s), 4.0), dy = rand(s);
     for (bool log : {false, true}) {
