@@ -66,6 +66,9 @@ Perf pick(const std::vector<Perf>& results, int found, const char* what) {
   for (int i = 0; i < found; ++i) {
     const Perf& p = results[static_cast<std::size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kDnnWorkspaceLimit) continue;
+    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+      continue;  // fp32 stays fp32 (no TF32)
+    }
     if (p.determinism == CUDNN_DETERMINISTIC) return p;
     if (!any) any = &p;
   }
@@ -95,6 +98,7 @@ struct ConvPlan {
   cudnnConvolutionFwdAlgoPerf_t fwd{};
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data{};
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter{};
+  bool timed = false;  // chosen by timing (cudnnFind*) rather than by the heuristic
 };
 
 struct PoolKey {
@@ -194,21 +198,42 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
   GW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv.get(), pad, pad, stride, stride, 1, 1,
                                                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), CUDNN_FMA_MATH));  // no TF32
+  // Outside a capture the algorithms are timed (cudnnFind*: each candidate run once on scratch
+  // memory cuDNN allocates, then a synchronization — once per shape); inside one, where nothing
+  // may run or allocate, the heuristic ranks them.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  p->timed = !capturing() && status == cudaStreamCaptureStatusNone;
   int found = 0, count = 0;
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<std::size_t>(count));
-  GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.get(), p->w.get(), p->conv.get(),
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x.get(), p->w.get(), p->conv.get(),
                                                         p->y.get(), count, &found, fwd.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        h, p->x.get(), p->w.get(), p->conv.get(), p->y.get(), count, &found, fwd.data()));
+  }
   p->fwd = pick(fwd, found, "forward");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
-  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-      h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+  }
   p->bwd_data = pick(bd, found, "backward-data");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
-  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-      h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+  }
   p->bwd_filter = pick(bf, found, "backward-filter");
   // The heuristic's figure is an estimate: ask for the exact workspace of each choice.
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x.get(), p->w.get(), p->conv.get(),
@@ -276,18 +301,17 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
 
 void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, float* db,
                           const float* dy, bool accumulate) {
-  DeviceDnn& d = device_dnn(device);
-  ConvPlan& p = conv_plan(d, device, stream, g);
-  const cudnnHandle_t h = handle_on(d, device, stream);
-  GW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, p.y.get(), dy, beta_of(accumulate),
-                                              p.bias.get(), db));
+  const std::int64_t ws = kernels::conv2d_bias_grad_workspace(g);
+  const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, device}) : Tensor();
+  kernels::conv2d_bias_grad(db, dy, g, accumulate, ws > 0 ? partial.data<float>() : nullptr,
+                            stream);
 }
 
 std::string conv2d_plan_description(Device device, const ConvGeom& g) {
   DeviceDnn& d = device_dnn(device);
   const ConvPlan& p = conv_plan(d, device, current_stream(device), g);
   std::ostringstream os;
-  os << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory << " B), bwd data algo "
+  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory << " B), bwd data algo "
      << p.bwd_data.algo << " (" << p.bwd_data.memory << " B, "
      << (p.bwd_data.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
      << "), bwd filter algo " << p.bwd_filter.algo << " (" << p.bwd_filter.memory << " B, "

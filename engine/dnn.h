@@ -6,10 +6,12 @@
 // One cuDNN handle per (thread, device), created on first use — outside any capture: creating it
 // inside one throws, asking for an eager step first — and pointed at the op's stream before each
 // call. Per shape, a plan made once and cached per (thread, device): the tensor, filter and
-// convolution descriptors and the three algorithms (forward, backward data, backward filter),
-// chosen by cuDNN's heuristics (cudnnGet*Algorithm_v7: host-only, no benchmark runs, so a plan can
-// be made inside a capture too), fp32 arithmetic without TF32 (CUDNN_FMA_MATH), deterministic
-// algorithms where the heuristic offers one, workspace at most kDnnWorkspaceLimit. Every call takes
+// convolution descriptors and the three algorithms (forward, backward data, backward filter):
+// the fastest of cuDNN's candidates, timed once (cudnnFind*, which runs each on scratch memory
+// and synchronizes) when the plan is made outside a capture, else — inside one, where nothing may
+// run — the heuristic's first (cudnnGet*Algorithm_v7, host-only); always fp32 arithmetic without
+// TF32 (CUDNN_FMA_MATH), deterministic algorithms where one is offered (so that a replayed step
+// equals the eager one bitwise), workspace at most kDnnWorkspaceLimit. Every call takes
 // its workspace from the caching allocator on the op's stream: inside a capture that is graph
 // memory, fixed for the graph's lifetime, as a replay needs.
 #include <cstddef>

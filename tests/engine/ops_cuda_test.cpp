@@ -667,7 +667,9 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
   };
   const Case cases[] = {{{2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}},   {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 1}},
                         {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}},   {{4, 16, 16, 16}, {32, 16, 3, 3}, {1, 1}},
-                        {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}}, {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}}};
+                        {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}}, {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}},
+                        // big images: the bias gradient sums slices of images in a second pass
+                        {{3, 2, 150, 160}, {2, 2, 3, 3}, {1, 1}}};
   for (const Case& c : cases) {
     const Tensor x = rand(c.x), w = rand(c.w), b = rand({c.w[0]});
     const Tensor y = conv2d(x, w, b, c.o);
