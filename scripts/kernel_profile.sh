@@ -3,11 +3,13 @@
 # Compute (--clock-control none) times every kernel of a few eager steps of the same model (the
 # kernels a graph replays are the same), and scripts/kernel_table.py sums them per kernel name and
 # per step, side by side. Run on the GPU machine after a build (scripts/gpu_check.sh builds).
-#   scripts/kernel_profile.sh convnet|transformer [steps]
+#   scripts/kernel_profile.sh convnet|convnet-small|transformer|transformer-small [steps]
+# (the large and the small rows of bench/models_bench.cpp). Kernels launched fewer times than
+# there are steps (set-up: initialization, cuDNN's algorithm timing) are left out of the table.
 # Writes $OUT/kernels_<model>_{graphward,torch}.csv (or build/) and prints the table.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-model=${1:?usage: kernel_profile.sh convnet|transformer [steps]}
+model=${1:?usage: kernel_profile.sh convnet|convnet-small|transformer|transformer-small [steps]}
 steps=${2:-3}
 dir=${OUT:-$GW_BUILD_DIR}
 NCU=${NCU:-ncu}
@@ -19,11 +21,18 @@ case "$model" in
   convnet)
     gw=("$GW_BUILD_DIR/examples/train_convnet" --batch 256 --image 32 --channels 64)
     torch_make="c.make_convnet(torch, 256, 32, 64)" ;;
+  convnet-small)
+    gw=("$GW_BUILD_DIR/examples/train_convnet" --batch 64 --image 16 --channels 16)
+    torch_make="c.make_convnet(torch, 64, 16, 16)" ;;
+  transformer-small)
+    gw=("$GW_BUILD_DIR/examples/train_transformer" --batch 16 --seq 32 --dim 64 --heads 4 --ff 256
+        --vocab 64)
+    torch_make="c.make_transformer(torch, 16, 32, 64)" ;;
   transformer)
     gw=("$GW_BUILD_DIR/examples/train_transformer" --batch 32 --seq 128 --dim 256 --heads 16
         --ff 1024 --vocab 64)
     torch_make="c.make_transformer(torch, 32, 128, 256)" ;;
-  *) echo "kernel_profile.sh: unknown model $model; expected convnet or transformer"; exit 2 ;;
+  *) echo "kernel_profile.sh: unknown model $model; expected convnet, convnet-small, transformer or transformer-small"; exit 2 ;;
 esac
 ncu_run "$dir/kernels_${model}_graphward.csv" "${gw[@]}" --mode eager --steps "$steps"
 ncu_run "$dir/kernels_${model}_torch.csv" python3 - <<PY

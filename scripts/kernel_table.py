@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Sums Nsight Compute's per-kernel times (gpu__time_duration.sum, CSV) per kernel name and per
-step, for graphward and PyTorch side by side (scripts/kernel_profile.sh):
+step, for graphward and PyTorch side by side (scripts/kernel_profile.sh); kernels launched fewer
+times than there are steps (set-up) are left out:
 
     python3 scripts/kernel_table.py STEPS graphward.csv torch.csv
 """
@@ -36,7 +37,9 @@ def main():
         return 2
     steps = int(sys.argv[1])
     for label, path in (("graphward", sys.argv[2]), ("PyTorch", sys.argv[3])):
-        k = load(path)
+        # Kernels launched fewer times than there are steps are set-up (initialization, cuDNN's
+        # algorithm timing), not part of a step.
+        k = {name: v for name, v in load(path).items() if v[1] >= steps}
         total = sum(v[0] for v in k.values()) / steps / 1e3
         launches = sum(v[1] for v in k.values()) / steps
         print(f"\n{label}: {total:.1f} us of kernels per step, {launches:.0f} launches per step")
