@@ -58,10 +58,10 @@ void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t 
                                             as_int(w, "W")));
 }
 
-// Picks the first of the heuristic's results that succeeded, fits the workspace limit and, where
-// one does, is deterministic.
+// Picks the first (the fastest, or the heuristic's first) of the results that succeeded, fits the
+// workspace limit, computes in fp32 and — when asked and where one does — is deterministic.
 template <class Perf>
-Perf pick(const std::vector<Perf>& results, int found, const char* what) {
+Perf pick(const std::vector<Perf>& results, int found, bool deterministic, const char* what) {
   const Perf* any = nullptr;
   for (int i = 0; i < found; ++i) {
     const Perf& p = results[static_cast<std::size_t>(i)];
@@ -69,7 +69,7 @@ Perf pick(const std::vector<Perf>& results, int found, const char* what) {
     if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
       continue;  // fp32 stays fp32 (no TF32)
     }
-    if (p.determinism == CUDNN_DETERMINISTIC) return p;
+    if (!deterministic || p.determinism == CUDNN_DETERMINISTIC) return p;
     if (!any) any = &p;
   }
   GW_CHECK(any, "conv2d: cuDNN offers no ", what, " algorithm for this shape within ",
@@ -79,6 +79,7 @@ Perf pick(const std::vector<Perf>& results, int found, const char* what) {
 
 struct ConvKey {
   std::int64_t n, c, h, w, k, r, s, pad, stride;
+  bool deterministic;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
@@ -87,7 +88,7 @@ struct ConvKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h;
+    return h * 2 + g.deterministic;
   }
 };
 
@@ -183,7 +184,7 @@ cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
 }
 
 ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
-  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride};
+  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic};
   auto it = d.convs.find(key);
   if (it != d.convs.end()) return *it->second;
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -214,7 +215,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
         h, p->x.get(), p->w.get(), p->conv.get(), p->y.get(), count, &found, fwd.data()));
   }
-  p->fwd = pick(fwd, found, "forward");
+  p->fwd = pick(fwd, found, g.deterministic, "forward");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -224,7 +225,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
   }
-  p->bwd_data = pick(bd, found, "backward-data");
+  p->bwd_data = pick(bd, found, g.deterministic, "backward-data");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -234,7 +235,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
   }
-  p->bwd_filter = pick(bf, found, "backward-filter");
+  p->bwd_filter = pick(bf, found, g.deterministic, "backward-filter");
   // The heuristic's figure is an estimate: ask for the exact workspace of each choice.
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x.get(), p->w.get(), p->conv.get(),
                                                          p->y.get(), p->fwd.algo,

@@ -177,6 +177,11 @@ void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int6
 struct Conv2dOptions {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
+  // CUDA: only deterministic cuDNN algorithms (the default: a replayed step equals the eager one
+  // bitwise, run after run). false allows the fastest, some of which add with atomics (PyTorch's
+  // default, torch.backends.cudnn.deterministic = False): on an H200 the weight gradient of a
+  // [64, 16, 16, 16] ⋆ [32, 16, 3, 3] convolution took 17 µs instead of 72.
+  bool deterministic = true;
 };
 // x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with
 // OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d. On CUDA, cuDNN with its

@@ -36,7 +36,7 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   GW_CHECK(o.stride >= 1 && o.padding >= 0, op, ": stride ", o.stride, " and padding ", o.padding,
            "; expected stride >= 1 and padding >= 0");
   const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
-                      weight.size(2), weight.size(3), o.padding, o.stride};
+                      weight.size(2), weight.size(3), o.padding, o.stride, o.deterministic};
   GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
            " channels and weight is ", shape_str(weight.shape()),
            "; expected weight [K, C, R, S] with C == x.shape[1]");

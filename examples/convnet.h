@@ -20,6 +20,8 @@ struct ConvnetConfig {
   double lr = 2e-3;
   double noise = 1.0;
   std::uint64_t seed = 5;
+  // Conv2dOptions::deterministic: false lets cuDNN use its fastest algorithms (PyTorch's default).
+  bool deterministic = true;
 };
 
 class ConvnetModel {
@@ -44,8 +46,9 @@ class ConvnetModel {
     b3_ = zeros({c.classes}, opt).set_requires_grad(true);
   }
   Tensor logits(const Tensor& x) const {
-    Tensor h = max_pool2d(relu(conv2d(x, w1_, b1_, {.stride = 1, .padding = 1})));
-    h = avg_pool2d(relu(conv2d(h, w2_, b2_, {.stride = 1, .padding = 1})));
+    const Conv2dOptions o{.stride = 1, .padding = 1, .deterministic = c_.deterministic};
+    Tensor h = max_pool2d(relu(conv2d(x, w1_, b1_, o)));
+    h = avg_pool2d(relu(conv2d(h, w2_, b2_, o)));
     return linear(reshape(h, {h.size(0), -1}), w3_, b3_);
   }
   Tensor loss(const Tensor& x, const Tensor& targets) const {

@@ -1,5 +1,7 @@
 // The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, engine/dnn.h):
 // db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes.
+#include <algorithm>
+
 #include "kernels/block_reduce.cuh"
 #include "kernels/conv.h"
 #include "kernels/launch.cuh"
@@ -10,25 +12,26 @@ using detail::block_reduce;
 using detail::store;
 
 constexpr int kBiasThreads = 256;
-constexpr std::int64_t kElementsPerBlock = 65536;
+constexpr std::int64_t kTargetBlocks = 264;  // two waves of the H200's 132 SMs
 
-// Images per slice: enough for about kElementsPerBlock elements of a channel per block.
-std::int64_t images_per_slice(std::int64_t plane) {
-  const std::int64_t per = kElementsPerBlock / (plane > 0 ? plane : 1);
-  return per > 0 ? per : 1;
+// Images per slice: enough slices that channels x slices fills the GPU.
+std::int64_t images_per_slice(std::int64_t n, std::int64_t k) {
+  const std::int64_t slices = std::min(n, std::max<std::int64_t>(1, (kTargetBlocks + k - 1) / k));
+  return (n + slices - 1) / slices;
 }
 
-// Block (channel k, slice s): the sum of dy over the slice's images for channel k, into
-// partial[s, k] — or, with one slice, into db itself.
+// Block (channel k, slice s): the sum of dy over the slice's images for channel k (a flat loop
+// over its images' planes), into partial[s, k] — or, with one slice, into db itself.
 __global__ void bias_grad_partial_kernel(float* partial, float* db, const float* dy,
                                          std::int64_t n, std::int64_t k, std::int64_t plane,
                                          std::int64_t per, bool accumulate) {
   const std::int64_t ch = blockIdx.x, slice = blockIdx.y;
   const std::int64_t n0 = slice * per, n1 = n0 + per < n ? n0 + per : n;
+  const std::int64_t count = (n1 - n0) * plane;
   float acc = 0.f;
-  for (std::int64_t img = n0; img < n1; ++img) {
-    const float* p = dy + (img * k + ch) * plane;
-    for (std::int64_t j = threadIdx.x; j < plane; j += kBiasThreads) acc += p[j];
+  for (std::int64_t t = threadIdx.x; t < count; t += kBiasThreads) {
+    const std::int64_t img = n0 + t / plane;
+    acc += dy[(img * k + ch) * plane + t % plane];
   }
   acc = block_reduce<kBiasThreads>(acc);
   if (threadIdx.x == 0) {
@@ -52,7 +55,7 @@ __global__ void bias_grad_sum_kernel(float* db, const float* partial, std::int64
 }  // namespace
 
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
-  const std::int64_t per = images_per_slice(g.out_h() * g.out_w());
+  const std::int64_t per = images_per_slice(g.n, g.k);
   const std::int64_t slices = (g.n + per - 1) / per;
   return slices > 1 ? slices * g.k : 0;
 }
@@ -60,7 +63,7 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
                       float* workspace, cudaStream_t stream) {
   const std::int64_t plane = g.out_h() * g.out_w();
-  const std::int64_t per = images_per_slice(plane);
+  const std::int64_t per = images_per_slice(g.n, g.k);
   const std::int64_t slices = (g.n + per - 1) / per;
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));
   bias_grad_partial_kernel<<<grid, kBiasThreads, 0, stream>>>(

@@ -14,6 +14,8 @@ struct ConvGeom {
   std::int64_t n, c, h, w;  // input
   std::int64_t k, r, s;     // K filters of C x R x S
   std::int64_t pad, stride;
+  // CUDA: only deterministic cuDNN algorithms (Conv2dOptions::deterministic); the CPU always is.
+  bool deterministic = true;
   std::int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
   std::int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
 };

@@ -65,7 +65,7 @@ const GemmShape kGemmShapes[] = {
 std::string dnn_plan_for_test(const Shape& x, const Shape& w, const Conv2dOptions& o) {
 #if GRAPHWARD_HAS_CUDNN
   return dnn::conv2d_plan_description(
-      kGpu, {x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.padding, o.stride});
+      kGpu, {x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.padding, o.stride, o.deterministic});
 #else
   (void)x, (void)w, (void)o;
   return "no cuDNN";
@@ -669,7 +669,9 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
                         {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}},   {{4, 16, 16, 16}, {32, 16, 3, 3}, {1, 1}},
                         {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}}, {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}},
                         // big images: the bias gradient sums slices of images in a second pass
-                        {{3, 2, 150, 160}, {2, 2, 3, 3}, {1, 1}}};
+                        {{3, 2, 150, 160}, {2, 2, 3, 3}, {1, 1}},
+                        // the fastest algorithms, atomics allowed
+                        {{64, 16, 16, 16}, {32, 16, 3, 3}, {1, 1, false}}};
   for (const Case& c : cases) {
     const Tensor x = rand(c.x), w = rand(c.w), b = rand({c.w[0]});
     const Tensor y = conv2d(x, w, b, c.o);
