@@ -4,14 +4,12 @@
 #include <cudnn.h>
 
 #include <memory>
-#include <mutex>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/capture_mode.h"
 #include "engine/error.h"
-#include "engine/memory.h"
 #include "engine/tensor.h"
 
 namespace graphward::dnn {
@@ -126,8 +124,6 @@ class Handle {
   explicit Handle(Device device) : device_(device) {
     DeviceGuard guard(device);
     GW_CUDNN_CHECK(cudnnCreate(&h_));
-    static std::once_flag once;
-    std::call_once(once, [] { detail::release_block_cache_before_later_runtimes(); });
   }
   ~Handle() {
     try {

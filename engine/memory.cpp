@@ -126,16 +126,14 @@ struct BlockCache {
   std::atomic<bool> shut_down{false};
 };
 void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down = false) noexcept;
-BlockCache& block_cache();
-void release_block_cache() {
-  BlockCache& bc = block_cache();
-  bc.shut_down.store(true);
-  for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d], true);
-}
 BlockCache& block_cache() {
   static BlockCache* cache = [] {
     auto* c = new BlockCache();
-    std::atexit(release_block_cache);
+    std::atexit([] {
+      BlockCache& bc = block_cache();
+      bc.shut_down.store(true);
+      for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d], true);
+    });
     return c;
   }();
   return *cache;
@@ -156,8 +154,7 @@ void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down) noex
     for (const auto& [key, ptrs] : blocks) {
       for (void* p : ptrs) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, key.stream));
     }
-    // At exit the frees must have happened before any runtime's teardown (cuDNN's static one may
-    // come first): a free still queued on its stream counts as a leak for compute-sanitizer.
+    // At exit: the frees done before the runtime's teardown, not left queued on their streams.
     if (shutting_down) GW_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
     if (saved >= 0 && saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
   } catch (...) {
@@ -716,13 +713,6 @@ void Storage::bump_version() {
 namespace {
 std::atomic<std::uint64_t> g_watched_hazards{0};
 }  // namespace
-
-void detail::release_block_cache_before_later_runtimes() {
-#if GRAPHWARD_HAS_CUDA
-  (void)block_cache();  // its own handler first (it runs last)
-  std::atexit(release_block_cache);
-#endif
-}
 
 std::uint64_t detail::watched_hazard_epoch() {
   return g_watched_hazards.load(std::memory_order_acquire);

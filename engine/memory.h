@@ -158,12 +158,6 @@ class Storage {
 namespace detail {
 // Bumped by every new write hazard on a watched storage (Storage::watch).
 std::uint64_t watched_hazard_epoch();
-// Registers the release of the block cache at exit once more, so that it also runs before the
-// teardown of a CUDA runtime that a library initialized after the cache's first use: cuDNN 9 links
-// its runtime statically, and that runtime's exit handler — registered when the first cuDNN
-// handle is made — would otherwise run first (compute-sanitizer then reports every cached block
-// as leaked). Releasing twice is harmless. Called by engine/dnn.cpp after cudnnCreate.
-void release_block_cache_before_later_runtimes();
 }  // namespace detail
 
 // ---- the block cache (Note [Block cache]) -------------------------------------------------------
