@@ -9,7 +9,16 @@
 namespace graphward {
 
 std::size_t dtype_size(DType dtype) {
-  return dtype == DType::kFloat64 ? 8 : 4;
+  switch (dtype) {
+    case DType::kFloat64:
+      return 8;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+    case DType::kInt32:
+      break;
+  }
+  return 4;
 }
 
 const char* dtype_name(DType dtype) {
@@ -18,6 +27,8 @@ const char* dtype_name(DType dtype) {
       return "float64";
     case DType::kInt32:
       return "int32";
+    case DType::kBFloat16:
+      return "bfloat16";
     case DType::kFloat32:
       break;
   }

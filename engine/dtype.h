@@ -1,7 +1,10 @@
 #pragma once
 // Element types and shapes. float32 is the type of every op on every device; float64 exists on the
 // CPU backend for finite-difference gradient checks; int32 holds indices (class targets), read by
-// the ops that take them and never differentiated. Tensors are contiguous and row-major.
+// the ops that take them and never differentiated; bfloat16 is, so far, a storage type: cast()
+// converts to and from it (on both devices) and every other op refuses it by name. Tensors are
+// contiguous and row-major.
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,14 +12,31 @@
 
 namespace graphward {
 
-enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32 };
+enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kBFloat16 };
 
 constexpr bool is_floating(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat64;
+  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kBFloat16;
 }
 
 std::size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);  // "float32", "float64", "int32"
+const char* dtype_name(DType dtype);  // "float32", "float64", "int32", "bfloat16"
+
+// A bfloat16 value as stored (the upper half of a float32: 1 sign, 8 exponent, 7 mantissa bits),
+// bit-compatible with CUDA's __nv_bfloat16. from_float rounds to nearest, ties to even, as
+// __float2bfloat16_rn does; a NaN becomes the canonical NaN 0x7FFF.
+struct bf16 {
+  std::uint16_t bits = 0;
+  static constexpr bf16 from_float(float f) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16{0x7FFF};
+    const std::uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
+    return bf16{static_cast<std::uint16_t>(rounded >> 16)};
+  }
+  constexpr float to_float() const {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+  }
+  friend constexpr bool operator==(bf16 a, bf16 b) { return a.bits == b.bits; }
+};
 
 template <class T>
 constexpr DType dtype_of();
@@ -31,6 +51,10 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<std::int32_t>() {
   return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::kBFloat16;
 }
 
 using Shape = std::vector<std::int64_t>;

@@ -210,6 +210,13 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions options = {});
 void avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, Pool2dOptions options,
                          GradSlot grad_x);
 
+// ---- element types ------------------------------------------------------------------------------
+// x converted to `dtype` (float32, float64, bfloat16; on CUDA between float32 and bfloat16): a new
+// tensor, or x itself when it already has that type. To bfloat16: rounded to nearest, ties to even
+// (from float64 through float32). Its gradient is grad_out converted back to x's type.
+Tensor cast(const Tensor& x, DType dtype);
+void cast_backward(const Tensor& grad_out, DType input_dtype, GradSlot grad_x);
+
 // ---- dropout ----------------------------------------------------------------------------------
 // y = x · mask, mask = 1/(1 − p) where a Philox number of `gen` (engine/generator.h: seed and
 // offset on the device, advanced by each call, also inside a replayed CUDA graph) keeps the

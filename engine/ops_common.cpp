@@ -12,6 +12,9 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs) {
     const Tensor& t = *in.tensor;
     GW_CHECK(is_floating(t.dtype()), op, ": input '", in.name, "' is ", t.str(),
              "; expected a floating-point tensor");
+    GW_CHECK(t.dtype() != DType::kBFloat16, op, ": input '", in.name, "' is ", t.str(),
+             "; bfloat16 is a storage type so far: expected float32 (convert with "
+             "cast(x, DType::kFloat32))");
     GW_CHECK(t.numel() > 0, op, ": input '", in.name, "' is empty (shape ", shape_str(t.shape()),
              "); expected at least one element");
     if (t.is_cuda()) {
@@ -60,19 +63,29 @@ Tensor new_output(const Shape& shape, const Tensor& like) {
 
 bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
                 const Tensor& like) {
+  return check_slot(op, name, slot, shape, TensorOptions{like.dtype(), like.device()});
+}
+
+bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
+                TensorOptions expected) {
   if (!slot.tensor) return false;
   const Tensor& g = *slot.tensor;
   if (!g.defined()) return true;
-  GW_CHECK(g.shape() == shape && g.dtype() == like.dtype() && g.device() == like.device(), op,
+  GW_CHECK(g.shape() == shape && g.dtype() == expected.dtype && g.device() == expected.device, op,
            ": the gradient slot '", name, "' holds ", g.str(), "; expected ",
-           dtype_name(like.dtype()), shape_str(shape), " on ", like.device().str());
+           dtype_name(expected.dtype), shape_str(shape), " on ", expected.device.str());
   return true;
 }
 
 bool open_slot(const GradSlot& slot, const Shape& shape, const Tensor& like, cudaStream_t stream) {
+  return open_slot(slot, shape, TensorOptions{like.dtype(), like.device()}, stream);
+}
+
+bool open_slot(const GradSlot& slot, const Shape& shape, TensorOptions options,
+               cudaStream_t stream) {
   Tensor& g = *slot.tensor;
   if (!g.defined()) {
-    g = new_output(shape, like);
+    g = Tensor::empty(shape, options);
     return false;  // a fresh gradient is written, never added to
   }
   if (stream) g.storage()->sync_for_write(stream);

@@ -47,6 +47,8 @@ Tensor new_output(const Shape& shape, const Tensor& like);
 // (Note [Check, then write]). Returns whether the gradient is wanted.
 bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
                 const Tensor& like);
+bool check_slot(const char* op, const char* name, const GradSlot& slot, const Shape& shape,
+                TensorOptions expected);
 inline bool check_slot(const char* op, const char* name, const GradSlot& slot,
                        const Tensor& input) {
   return check_slot(op, name, slot, input.shape(), input);
@@ -54,6 +56,8 @@ inline bool check_slot(const char* op, const char* name, const GradSlot& slot,
 // Makes the slot's tensor ready to write on `stream` (nullptr on the CPU): allocates it if needed.
 // Returns whether the write accumulates.
 bool open_slot(const GradSlot& slot, const Shape& shape, const Tensor& like, cudaStream_t stream);
+bool open_slot(const GradSlot& slot, const Shape& shape, TensorOptions options,
+               cudaStream_t stream);
 inline bool open_slot(const GradSlot& slot, const Tensor& input, cudaStream_t stream) {
   return open_slot(slot, input.shape(), input, stream);
 }

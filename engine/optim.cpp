@@ -25,8 +25,9 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
     GW_CHECK(p.device() == first.device() && p.dtype() == first.dtype(), what, ": parameter ", i,
              " is ", p.str(), " and parameter 0 is ", first.str(),
              "; expected one device and one dtype");
-    GW_CHECK(is_floating(p.dtype()), what, ": parameter ", i, " is ", p.str(),
-             "; expected a floating-point tensor");
+    GW_CHECK(is_floating(p.dtype()) && p.dtype() != DType::kBFloat16, what, ": parameter ", i,
+             " is ", p.str(), "; expected a float32 or float64 tensor (bfloat16 parameters: keep "
+             "a float32 copy to update, and cast() it)");
     if (p.is_cuda()) {
       GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
                "; CUDA parameters are float32");

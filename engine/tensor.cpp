@@ -169,9 +169,14 @@ Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
 template <class Gen>
 Tensor generate(const Shape& shape, TensorOptions options, Gen gen) {
   GW_CHECK(is_floating(options.dtype), "creating a ", dtype_name(options.dtype), shape_str(shape),
-           " tensor from values: expected float32 or float64 (int32 tensors: from_vector or "
-           "zeros)");
+           " tensor from values: expected float32 or float64 (or bfloat16; int32 tensors: "
+           "from_vector or zeros)");
   const std::int64_t n = shape_numel(shape);
+  if (options.dtype == DType::kBFloat16) {  // the float32 values, rounded
+    std::vector<bf16> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[i] = bf16::from_float(static_cast<float>(gen(i)));
+    return upload(v.data(), shape, options);
+  }
   if (options.dtype == DType::kFloat64) {
     std::vector<double> v(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) v[i] = gen(i);
@@ -240,12 +245,14 @@ std::vector<T> Tensor::to_vector() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<std::int32_t> Tensor::to_vector<std::int32_t>() const;
+template std::vector<bf16> Tensor::to_vector<bf16>() const;
 
 double Tensor::item() const {
   check_capturable("Tensor::item");  // Note [Capture-unsafe ops]
   GW_CHECK(numel() == 1, "Tensor::item: expected a tensor with one element, got shape ",
            shape_str(shape()));
   if (dtype() == DType::kInt32) return to_vector<std::int32_t>()[0];
+  if (dtype() == DType::kBFloat16) return to_vector<bf16>()[0].to_float();
   return dtype() == DType::kFloat64 ? to_vector<double>()[0] : to_vector<float>()[0];
 }
 
@@ -319,6 +326,13 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device
            values.size(), " values for shape ", shape_str(shape), ", which holds ",
            shape_numel(shape));
   return upload(values.data(), shape, {DType::kFloat64, device});
+}
+
+Tensor from_vector(const std::vector<bf16>& values, const Shape& shape, Device device) {
+  GW_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "from_vector: got ",
+           values.size(), " values for shape ", shape_str(shape), ", which holds ",
+           shape_numel(shape));
+  return upload(values.data(), shape, {DType::kBFloat16, device});
 }
 
 Tensor from_vector(const std::vector<std::int32_t>& values, const Shape& shape, Device device) {

@@ -130,5 +130,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    Device device = Device::cpu());
 Tensor from_vector(const std::vector<std::int32_t>& values, const Shape& shape,
                    Device device = Device::cpu());
+Tensor from_vector(const std::vector<bf16>& values, const Shape& shape,
+                   Device device = Device::cpu());
 
 }  // namespace graphward

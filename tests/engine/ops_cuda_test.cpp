@@ -4,6 +4,8 @@
 // for elementwise ops and reductions, 1e-4 for GEMMs.
 #include <tuple>
 
+#include <bit>
+#include <limits>
 #include <thread>
 
 #include "engine/blas.h"
@@ -741,6 +743,44 @@ TEST(CudaConv, TheFirstCudnnCallOfAThreadInsideACaptureIsRefusedAndTheCaptureAba
   }).join();
   EXPECT_NE(message.find("inside a stream capture"), std::string::npos) << message;
   EXPECT_NE(message.find("eager step"), std::string::npos) << message;
+}
+
+// ---- bfloat16 ---------------------------------------------------------------------------------
+
+TEST_F(CudaOps, CastToAndFromBFloat16IsBitwiseTheCpusAndSoIsItsGradient) {
+  std::vector<float> v = mul(rand({4099}), 300.0).to_vector<float>();
+  for (float special : {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1e-40f, -1e-39f,
+                        std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::quiet_NaN()}) {
+    v.push_back(special);
+  }
+  const Shape shape{static_cast<std::int64_t>(v.size())};
+  const Tensor x = from_vector(v, shape);
+  const Tensor h = cast(x, DType::kBFloat16), gh = cast(gpu(x), DType::kBFloat16);
+  ASSERT_TRUE(gh.is_cuda());
+  EXPECT_EQ(gh.to_vector<bf16>(), h.to_vector<bf16>());
+  const std::vector<float> back = cast(gh, DType::kFloat32).to_vector<float>();
+  const std::vector<float> ref = cast(h, DType::kFloat32).to_vector<float>();
+  ASSERT_EQ(back.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::bit_cast<std::uint32_t>(ref[i])) << i;
+  }
+  // The backward, written and accumulated, both ways.
+  for (bool acc : {false, true}) {
+    Tensor cpu_g = acc ? cast(full(shape, 0.5), DType::kBFloat16) : Tensor();
+    Tensor gpu_g = acc ? gpu(cpu_g) : Tensor();
+    cast_backward(x, DType::kBFloat16, {&cpu_g, acc});
+    cast_backward(gpu(x), DType::kBFloat16, {&gpu_g, acc});
+    EXPECT_EQ(gpu_g.to_vector<bf16>(), cpu_g.to_vector<bf16>()) << "accumulate " << acc;
+    Tensor cpu_f = acc ? full(shape, 0.5) : Tensor();
+    Tensor gpu_f = acc ? gpu(cpu_f) : Tensor();
+    cast_backward(h, DType::kFloat32, {&cpu_f, acc});
+    cast_backward(gh, DType::kFloat32, {&gpu_f, acc});
+    EXPECT_EQ(rel_error(gpu_f, cpu_f), 0.0) << "accumulate " << acc;
+  }
+  GW_EXPECT_ERROR(cast(gpu(x), DType::kFloat64), "cast", "float64", "float32 and bfloat16");
+  GW_EXPECT_ERROR(relu(gh), "relu", "bfloat16", "storage type");
 }
 
 }  // namespace

@@ -1,0 +1,21 @@
+#pragma once
+// Conversions between element types (engine's cast op). Contract of elementwise.h: outputs first,
+// never allocate, never synchronize; `accumulate` adds (in float32, then rounds) instead of
+// writing. bfloat16 values are their 16 bits (uint16_t), rounded to nearest, ties to even —
+// bitwise the same on the CPU (engine/dtype.h bf16::from_float) and on CUDA (__float2bfloat16_rn).
+#include <cstdint>
+
+#if GRAPHWARD_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace graphward::kernels {
+
+#if GRAPHWARD_HAS_CUDA
+void float_to_bf16(std::uint16_t* y, const float* x, std::int64_t n, bool accumulate,
+                   cudaStream_t stream);
+void bf16_to_float(float* y, const std::uint16_t* x, std::int64_t n, bool accumulate,
+                   cudaStream_t stream);
+#endif
+
+}  // namespace graphward::kernels
