@@ -1,69 +1,84 @@
-// Elementwise kernels: one thread per element in a grid-stride loop. Contract in elementwise.h.
+// Elementwise kernels: one thread per element in a grid-stride loop, float32 arithmetic on float32
+// or bfloat16 storage (kernels/storage.cuh). Contract in elementwise.h.
 #include "kernels/elementwise.h"
 #include "kernels/launch.cuh"
+#include "kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {
 using detail::grid_for;
 using detail::kThreads;
-using detail::store;
+using detail::load;
+using detail::put;
 
-__global__ void fill_kernel(float* y, float value, std::int64_t n) {
+template <class T>
+__global__ void fill_kernel(T* y, float value, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    y[i] = value;
+    put(y, i, value);
   }
 }
 
-__global__ void relu_forward_kernel(float* y, const float* x, std::int64_t n) {
+template <class T>
+__global__ void relu_forward_kernel(T* y, const T* x, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    y[i] = x[i] > 0.f ? x[i] : 0.f;
+    const float v = load(x, i);
+    put(y, i, v > 0.f ? v : 0.f);
   }
 }
-__global__ void relu_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
+template <class T>
+__global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, std::int64_t n,
                                      bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, y[i] > 0.f ? dy[i] : 0.f, accumulate);
+    put(dx, i, load(y, i) > 0.f ? load(dy, i) : 0.f, accumulate);
   }
 }
-__global__ void tanh_forward_kernel(float* y, const float* x, std::int64_t n) {
+template <class T>
+__global__ void tanh_forward_kernel(T* y, const T* x, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    y[i] = tanhf(x[i]);
+    put(y, i, tanhf(load(x, i)));
   }
 }
-__global__ void tanh_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
+template <class T>
+__global__ void tanh_backward_kernel(T* dx, const T* dy, const T* y, std::int64_t n,
                                      bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, dy[i] * (1.f - y[i] * y[i]), accumulate);
+    const float yv = load(y, i);
+    put(dx, i, load(dy, i) * (1.f - yv * yv), accumulate);
   }
 }
-__global__ void sigmoid_forward_kernel(float* y, const float* x, std::int64_t n) {
+template <class T>
+__global__ void sigmoid_forward_kernel(T* y, const T* x, std::int64_t n) {
   // expf of a large negative argument is 0, of a large positive one inf: 1/(1+inf) = 0. No NaN.
   GW_GRID_STRIDE(i, n) {
-    y[i] = 1.f / (1.f + expf(-x[i]));
+    put(y, i, 1.f / (1.f + expf(-load(x, i))));
   }
 }
-__global__ void sigmoid_backward_kernel(float* dx, const float* dy, const float* y, std::int64_t n,
+template <class T>
+__global__ void sigmoid_backward_kernel(T* dx, const T* dy, const T* y, std::int64_t n,
                                         bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, dy[i] * y[i] * (1.f - y[i]), accumulate);
+    const float yv = load(y, i);
+    put(dx, i, load(dy, i) * yv * (1.f - yv), accumulate);
   }
 }
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluA = 0.044715f;
-__global__ void gelu_forward_kernel(float* y, const float* x, std::int64_t n) {
+template <class T>
+__global__ void gelu_forward_kernel(T* y, const T* x, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
+    const float v = load(x, i);
+    put(y, i, 0.5f * v * (1.f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
   }
 }
-__global__ void gelu_backward_kernel(float* dx, const float* dy, const float* x, std::int64_t n,
+template <class T>
+__global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_t n,
                                      bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = load(x, i);
     const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
     const float d = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
-    store(dx, i, dy[i] * d, accumulate);
+    put(dx, i, load(dy, i) * d, accumulate);
   }
 }
 
@@ -81,81 +96,64 @@ __global__ void narrow_backward_kernel(float* dx, const float* dy, std::int64_t 
   }
 }
 
-template <BinaryOp op>
-__global__ void binary_forward_kernel(float* y, const float* a, std::int64_t a_period,
-                                      const float* b, std::int64_t b_period, std::int64_t n) {
+template <BinaryOp op, class T>
+__global__ void binary_forward_kernel(T* y, const T* a, std::int64_t a_period, const T* b,
+                                      std::int64_t b_period, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    const float av = a[a_period == n ? i : i % a_period];
-    const float bv = b[b_period == n ? i : i % b_period];
-    if constexpr (op == BinaryOp::kAdd) y[i] = av + bv;
-    if constexpr (op == BinaryOp::kSub) y[i] = av - bv;
-    if constexpr (op == BinaryOp::kMul) y[i] = av * bv;
+    const float av = load(a, a_period == n ? i : i % a_period);
+    const float bv = load(b, b_period == n ? i : i % b_period);
+    if constexpr (op == BinaryOp::kAdd) put(y, i, av + bv);
+    if constexpr (op == BinaryOp::kSub) put(y, i, av - bv);
+    if constexpr (op == BinaryOp::kMul) put(y, i, av * bv);
   }
 }
-__global__ void affine_forward_kernel(float* y, const float* x, float alpha, float beta,
-                                      std::int64_t n) {
+template <class T>
+__global__ void affine_forward_kernel(T* y, const T* x, float alpha, float beta, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
-    y[i] = alpha * x[i] + beta;
+    put(y, i, alpha * load(x, i) + beta);
   }
 }
-__global__ void scale_backward_kernel(float* dx, const float* dy, float alpha, std::int64_t n,
+template <class T>
+__global__ void scale_backward_kernel(T* dx, const T* dy, float alpha, std::int64_t n,
                                       bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, alpha * dy[i], accumulate);
+    put(dx, i, alpha * load(dy, i), accumulate);
   }
 }
-__global__ void mul_backward_kernel(float* dx, const float* dy, const float* other,
-                                    std::int64_t other_period, std::int64_t n, bool accumulate) {
+template <class T>
+__global__ void mul_backward_kernel(T* dx, const T* dy, const T* other, std::int64_t other_period,
+                                    std::int64_t n, bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, dy[i] * other[other_period == n ? i : i % other_period], accumulate);
+    put(dx, i, load(dy, i) * load(other, other_period == n ? i : i % other_period), accumulate);
   }
 }
 
 }  // namespace
 
-void fill(float* y, float value, std::int64_t n, cudaStream_t stream) {
+template <class T>
+void fill(T* y, float value, std::int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, value, n);
   GW_LAUNCH_CHECK();
 }
 
-void relu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream) {
-  relu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
-  GW_LAUNCH_CHECK();
-}
-void relu_backward(float* dx, const float* dy, const float* y, std::int64_t n, bool accumulate,
-                   cudaStream_t stream) {
-  relu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, y, n, accumulate);
-  GW_LAUNCH_CHECK();
-}
-void tanh_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream) {
-  tanh_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
-  GW_LAUNCH_CHECK();
-}
-void tanh_backward(float* dx, const float* dy, const float* y, std::int64_t n, bool accumulate,
-                   cudaStream_t stream) {
-  tanh_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, y, n, accumulate);
-  GW_LAUNCH_CHECK();
-}
-void sigmoid_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream) {
-  sigmoid_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
-  GW_LAUNCH_CHECK();
-}
-void sigmoid_backward(float* dx, const float* dy, const float* y, std::int64_t n, bool accumulate,
-                      cudaStream_t stream) {
-  sigmoid_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, y, n, accumulate);
-  GW_LAUNCH_CHECK();
-}
-
-void gelu_forward(float* y, const float* x, std::int64_t n, cudaStream_t stream) {
-  gelu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
-  GW_LAUNCH_CHECK();
-}
-void gelu_backward(float* dx, const float* dy, const float* x, std::int64_t n, bool accumulate,
-                   cudaStream_t stream) {
-  gelu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, x, n, accumulate);
-  GW_LAUNCH_CHECK();
-}
+#define GW_UNARY_LAUNCHERS(name)                                                                 \
+  template <class T>                                                                             \
+  void name##_forward(T* y, const T* x, std::int64_t n, cudaStream_t stream) {                   \
+    name##_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);                        \
+    GW_LAUNCH_CHECK();                                                                           \
+  }                                                                                              \
+  template <class T>                                                                             \
+  void name##_backward(T* dx, const T* dy, const T* saved, std::int64_t n, bool accumulate,      \
+                       cudaStream_t stream) {                                                    \
+    name##_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, saved, n, accumulate);  \
+    GW_LAUNCH_CHECK();                                                                           \
+  }
+GW_UNARY_LAUNCHERS(relu)
+GW_UNARY_LAUNCHERS(tanh)
+GW_UNARY_LAUNCHERS(sigmoid)
+GW_UNARY_LAUNCHERS(gelu)
+#undef GW_UNARY_LAUNCHERS
 
 void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
                      std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
@@ -164,7 +162,8 @@ void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t
   GW_LAUNCH_CHECK();
 }
 
-void binary_forward(BinaryOp op, float* y, const float* a, std::int64_t a_period, const float* b,
+template <class T>
+void binary_forward(BinaryOp op, T* y, const T* a, std::int64_t a_period, const T* b,
                     std::int64_t b_period, std::int64_t n, cudaStream_t stream) {
   switch (op) {
     case BinaryOp::kAdd:
@@ -182,21 +181,45 @@ void binary_forward(BinaryOp op, float* y, const float* a, std::int64_t a_period
   }
   GW_LAUNCH_CHECK();
 }
-void affine_forward(float* y, const float* x, float alpha, float beta, std::int64_t n,
+template <class T>
+void affine_forward(T* y, const T* x, float alpha, float beta, std::int64_t n,
                     cudaStream_t stream) {
   affine_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, alpha, beta, n);
   GW_LAUNCH_CHECK();
 }
-void scale_backward(float* dx, const float* dy, float alpha, std::int64_t n, bool accumulate,
+template <class T>
+void scale_backward(T* dx, const T* dy, float alpha, std::int64_t n, bool accumulate,
                     cudaStream_t stream) {
   scale_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, alpha, n, accumulate);
   GW_LAUNCH_CHECK();
 }
-void mul_backward(float* dx, const float* dy, const float* other, std::int64_t other_period,
-                  std::int64_t n, bool accumulate, cudaStream_t stream) {
+template <class T>
+void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period, std::int64_t n,
+                  bool accumulate, cudaStream_t stream) {
   mul_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, other, other_period, n,
                                                             accumulate);
   GW_LAUNCH_CHECK();
 }
+
+// The public launchers, for float32 and bfloat16 storage.
+#define GW_INSTANTIATE(T)                                                                        \
+  template void fill<T>(T*, float, std::int64_t, cudaStream_t);                                  \
+  template void relu_forward<T>(T*, const T*, std::int64_t, cudaStream_t);                       \
+  template void relu_backward<T>(T*, const T*, const T*, std::int64_t, bool, cudaStream_t);      \
+  template void tanh_forward<T>(T*, const T*, std::int64_t, cudaStream_t);                       \
+  template void tanh_backward<T>(T*, const T*, const T*, std::int64_t, bool, cudaStream_t);      \
+  template void sigmoid_forward<T>(T*, const T*, std::int64_t, cudaStream_t);                    \
+  template void sigmoid_backward<T>(T*, const T*, const T*, std::int64_t, bool, cudaStream_t);   \
+  template void gelu_forward<T>(T*, const T*, std::int64_t, cudaStream_t);                       \
+  template void gelu_backward<T>(T*, const T*, const T*, std::int64_t, bool, cudaStream_t);      \
+  template void binary_forward<T>(BinaryOp, T*, const T*, std::int64_t, const T*, std::int64_t,  \
+                                  std::int64_t, cudaStream_t);                                   \
+  template void affine_forward<T>(T*, const T*, float, float, std::int64_t, cudaStream_t);       \
+  template void scale_backward<T>(T*, const T*, float, std::int64_t, bool, cudaStream_t);        \
+  template void mul_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool,        \
+                                cudaStream_t);
+GW_INSTANTIATE(float)
+GW_INSTANTIATE(bf16)
+#undef GW_INSTANTIATE
 
 }  // namespace graphward::kernels
