@@ -220,7 +220,7 @@ class HandWrittenBackward {
         if (!gemm_bias_grad(kDev, ws, true, false, n, n, batch, 1.f, dz, in_[i][j].data<float>(),
                             0.f, dwp, dbp)) {
           gemm(kDev, ws, true, false, n, n, batch, 1.f, dz, in_[i][j].data<float>(), 0.f, dwp);
-          kk::column_sum(dbp, dz, nullptr, 1.f, batch, n, false, ws);
+          kk::column_sum<float>(dbp, dz, nullptr, 1.f, batch, n, false, ws);
         }
         if (j > 0) {
           gemm(kDev, bs, false, false, batch, n, n, 1.f, dz, m_.w[i][j].data<float>(), 0.f,

@@ -4,7 +4,7 @@
 
 namespace graphward::ops_detail {
 
-void check_inputs(const char* op, std::initializer_list<Named> inputs) {
+void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16) {
   const Named* first = nullptr;
   for (const Named& in : inputs) {
     GW_CHECK(in.tensor && in.tensor->defined(), op, ": input '", in.name,
@@ -12,14 +12,18 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs) {
     const Tensor& t = *in.tensor;
     GW_CHECK(is_floating(t.dtype()), op, ": input '", in.name, "' is ", t.str(),
              "; expected a floating-point tensor");
-    GW_CHECK(t.dtype() != DType::kBFloat16, op, ": input '", in.name, "' is ", t.str(),
-             "; bfloat16 is a storage type so far: expected float32 (convert with "
-             "cast(x, DType::kFloat32))");
+    GW_CHECK(t.dtype() != DType::kBFloat16 || (cuda_bf16 && t.is_cuda()), op, ": input '",
+             in.name, "' is ", t.str(), "; ",
+             cuda_bf16 ? "bfloat16 runs on CUDA only (on the CPU it is storage only): expected "
+                         "float32 or float64 (convert with cast(x, DType::kFloat32))"
+                       : "this op does not take bfloat16 yet: expected float32 (convert with "
+                         "cast(x, DType::kFloat32))");
     GW_CHECK(t.numel() > 0, op, ": input '", in.name, "' is empty (shape ", shape_str(t.shape()),
              "); expected at least one element");
     if (t.is_cuda()) {
-      GW_CHECK(t.dtype() == DType::kFloat32, op, ": input '", in.name, "' is ", t.str(),
-               "; CUDA ops take float32");
+      GW_CHECK(t.dtype() == DType::kFloat32 || t.dtype() == DType::kBFloat16, op, ": input '",
+               in.name, "' is ", t.str(), cuda_bf16 ? "; CUDA ops take float32 or bfloat16"
+                                                    : "; CUDA ops take float32");
     }
     if (!first) {
       first = &in;

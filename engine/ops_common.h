@@ -21,8 +21,8 @@ struct Named {
 };
 
 // Each tensor is defined and non-empty; all share the first one's device and dtype; CUDA tensors
-// are float32.
-void check_inputs(const char* op, std::initializer_list<Named> inputs);
+// are float32 — or, where the op says so (`cuda_bf16`), bfloat16 (storage only on the CPU).
+void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16 = false);
 void check_same_shape(const char* op, Named a, Named b);
 void check_dim(const char* op, Named t, std::int64_t dim);
 void check_finite_scalar(const char* op, double scalar);
@@ -67,6 +67,17 @@ template <class F>
 void dispatch_cpu(DType dtype, F&& f) {
   if (dtype == DType::kFloat64) {
     std::forward<F>(f).template operator()<double>();
+  } else {
+    std::forward<F>(f).template operator()<float>();
+  }
+}
+
+// Runs f.template operator()<T>() with T = float or bf16 per `dtype` (a CUDA op's storage type;
+// the kernels compute in float32 either way).
+template <class F>
+void dispatch_cuda(DType dtype, F&& f) {
+  if (dtype == DType::kBFloat16) {
+    std::forward<F>(f).template operator()<bf16>();
   } else {
     std::forward<F>(f).template operator()<float>();
   }

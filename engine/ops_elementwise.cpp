@@ -30,7 +30,7 @@ bool is_row(const Tensor& t) {
 }
 
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
-  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_inputs(op, {{"a", &a}, {"b", &b}}, /*cuda_bf16=*/true);
   Broadcast bc;
   if (a.shape() == b.shape()) {
     bc.out_shape = a.shape();
@@ -57,8 +57,10 @@ Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b
     CudaScope scope(a.device());
     scope.read({&a, &b});
     Tensor y = new_output(bc.out_shape, a);
-    k::binary_forward(kind, y.data<float>(), a.data<float>(), bc.a_period, b.data<float>(),
-                      bc.b_period, bc.n, scope.stream());
+    dispatch_cuda(a.dtype(), [&]<class T>() {
+      k::binary_forward(kind, ptr<T>(y), ptr<T>(a), bc.a_period, ptr<T>(b), bc.b_period, bc.n,
+                        scope.stream());
+    });
     return y;
 #endif
   }
@@ -74,7 +76,7 @@ Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b
 void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, const Tensor& a,
                      const Tensor& b, GradSlot grad_a, GradSlot grad_b) {
   const Broadcast bc = broadcast(op, a, b);
-  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}}, /*cuda_bf16=*/true);
   GW_CHECK(grad_out.shape() == bc.out_shape, op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(bc.out_shape));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);
@@ -86,18 +88,20 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
                       const Tensor& other, std::int64_t other_period, float sign) {
 #if GRAPHWARD_HAS_CUDA
     const bool acc = open_slot(slot, self, s);
-    float* dst = slot.tensor->data<float>();
-    const float* dy = grad_out.data<float>();
-    if (period == bc.n) {  // full shape
-      if (kind == k::BinaryOp::kMul) {
-        k::mul_backward(dst, dy, other.data<float>(), other_period, bc.n, acc, s);
-      } else {
-        k::scale_backward(dst, dy, sign, bc.n, acc, s);
+    dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+      T* dst = slot_ptr<T>(slot);
+      const T* dy = ptr<T>(grad_out);
+      if (period == bc.n) {  // full shape
+        if (kind == k::BinaryOp::kMul) {
+          k::mul_backward(dst, dy, ptr<T>(other), other_period, bc.n, acc, s);
+        } else {
+          k::scale_backward(dst, dy, sign, bc.n, acc, s);
+        }
+      } else {  // a row: sum over the rows
+        const T* weight = kind == k::BinaryOp::kMul ? ptr<T>(other) : nullptr;
+        k::column_sum<T>(dst, dy, weight, sign, rows, bc.cols, acc, s);
       }
-    } else {  // a row: sum over the rows
-      const float* weight = kind == k::BinaryOp::kMul ? other.data<float>() : nullptr;
-      k::column_sum(dst, dy, weight, sign, rows, bc.cols, acc, s);
-    }
+    });
 #else
     (void)s, (void)slot, (void)self, (void)period, (void)other, (void)other_period, (void)sign;
 #endif
@@ -151,14 +155,16 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
 }
 
 Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, /*cuda_bf16=*/true);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&x});
     Tensor y = new_output(x.shape(), x);
-    k::affine_forward(y.data<float>(), x.data<float>(), static_cast<float>(alpha),
-                      static_cast<float>(beta), x.numel(), scope.stream());
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::affine_forward(ptr<T>(y), ptr<T>(x), static_cast<float>(alpha), static_cast<float>(beta),
+                        x.numel(), scope.stream());
+    });
     return y;
 #endif
   }
@@ -174,28 +180,30 @@ Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
 enum class Pointwise { kRelu, kTanh, kSigmoid, kGelu };
 
 Tensor activation(const char* op, Pointwise act, const Tensor& x) {
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, /*cuda_bf16=*/true);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&x});
     Tensor y = new_output(x.shape(), x);
-    float* out = y.data<float>();
-    const float* in = x.data<float>();
-    switch (act) {
-      case Pointwise::kRelu:
-        k::relu_forward(out, in, x.numel(), scope.stream());
-        break;
-      case Pointwise::kTanh:
-        k::tanh_forward(out, in, x.numel(), scope.stream());
-        break;
-      case Pointwise::kSigmoid:
-        k::sigmoid_forward(out, in, x.numel(), scope.stream());
-        break;
-      case Pointwise::kGelu:
-        k::gelu_forward(out, in, x.numel(), scope.stream());
-        break;
-    }
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      T* out = ptr<T>(y);
+      const T* in = ptr<T>(x);
+      switch (act) {
+        case Pointwise::kRelu:
+          k::relu_forward(out, in, x.numel(), scope.stream());
+          break;
+        case Pointwise::kTanh:
+          k::tanh_forward(out, in, x.numel(), scope.stream());
+          break;
+        case Pointwise::kSigmoid:
+          k::sigmoid_forward(out, in, x.numel(), scope.stream());
+          break;
+        case Pointwise::kGelu:
+          k::gelu_forward(out, in, x.numel(), scope.stream());
+          break;
+      }
+    });
     return y;
 #endif
   }
@@ -222,7 +230,7 @@ Tensor activation(const char* op, Pointwise act, const Tensor& x) {
 void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, const Tensor& y,
                          GradSlot grad_x) {
   const char* saved = act == Pointwise::kGelu ? "x" : "y";
-  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}});
+  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}}, /*cuda_bf16=*/true);
   check_same_shape(op, {"grad_out", &grad_out}, {saved, &y});
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
@@ -243,22 +251,24 @@ void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, 
       *grad_x.tensor = grad_out;
     }
     const bool acc = !in_place && open_slot(grad_x, y, scope.stream());
-    float* dx = grad_x.tensor->data<float>();
-    const float *dy = grad_out.data<float>(), *out = y.data<float>();
-    switch (act) {
-      case Pointwise::kRelu:
-        k::relu_backward(dx, dy, out, n, acc, scope.stream());
-        break;
-      case Pointwise::kTanh:
-        k::tanh_backward(dx, dy, out, n, acc, scope.stream());
-        break;
-      case Pointwise::kSigmoid:
-        k::sigmoid_backward(dx, dy, out, n, acc, scope.stream());
-        break;
-      case Pointwise::kGelu:
-        k::gelu_backward(dx, dy, out, n, acc, scope.stream());
-        break;
-    }
+    dispatch_cuda(y.dtype(), [&]<class T>() {
+      T* dx = slot_ptr<T>(grad_x);
+      const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);
+      switch (act) {
+        case Pointwise::kRelu:
+          k::relu_backward(dx, dy, out, n, acc, scope.stream());
+          break;
+        case Pointwise::kTanh:
+          k::tanh_backward(dx, dy, out, n, acc, scope.stream());
+          break;
+        case Pointwise::kSigmoid:
+          k::sigmoid_backward(dx, dy, out, n, acc, scope.stream());
+          break;
+        case Pointwise::kGelu:
+          k::gelu_backward(dx, dy, out, n, acc, scope.stream());
+          break;
+      }
+    });
     return;
 #endif
   }
@@ -373,7 +383,7 @@ Tensor mul(const Tensor& a, double s) {
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
   const char* op = "scale_backward";
   check_finite_scalar(op, scale);
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, /*cuda_bf16=*/true);
   if (!check_slot(op, "grad_a", grad_a, grad_out)) return;
   const std::int64_t n = grad_out.numel();
   if (grad_out.is_cuda()) {
@@ -381,8 +391,10 @@ void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
     CudaScope scope(grad_out.device());
     scope.read({&grad_out});
     const bool acc = open_slot(grad_a, grad_out, scope.stream());
-    k::scale_backward(grad_a.tensor->data<float>(), grad_out.data<float>(),
-                      static_cast<float>(scale), n, acc, scope.stream());
+    dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+      k::scale_backward(slot_ptr<T>(grad_a), ptr<T>(grad_out), static_cast<float>(scale), n, acc,
+                        scope.stream());
+    });
     return;
 #endif
   }

@@ -334,8 +334,8 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                 grad_weight.tensor->data<float>());
     }
     if (want_b && !bias_done) {
-      k::column_sum(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f, d.batch,
-                    d.out, acc_b, scope.stream());
+      k::column_sum<float>(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f,
+                           d.batch, d.out, acc_b, scope.stream());
     }
     return;
 #endif

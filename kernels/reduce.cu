@@ -7,12 +7,15 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.h"
+#include "kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {
 using detail::block_reduce;
 using detail::grid_for;
 using detail::kThreads;
+using detail::load;
+using detail::put;
 using detail::store;
 
 constexpr int kReduceThreads = 1024;
@@ -34,7 +37,8 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std
 
 // Block (32, 8): threadIdx.x picks a column, threadIdx.y a slice of rows; a fixed shared-memory
 // tree combines the 8 slices. Reads are coalesced along the row.
-__global__ void column_sum_kernel(float* dst, const float* src, const float* other, float alpha,
+template <class T>
+__global__ void column_sum_kernel(T* dst, const T* src, const T* other, float alpha,
                                   std::int64_t rows, std::int64_t cols, bool accumulate) {
   __shared__ double partial[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -42,7 +46,7 @@ __global__ void column_sum_kernel(float* dst, const float* src, const float* oth
   if (col < cols) {
     for (std::int64_t r = threadIdx.y; r < rows; r += 8) {
       const std::int64_t i = r * cols + col;
-      acc += other ? double(src[i]) * double(other[i]) : double(src[i]);
+      acc += other ? double(load(src, i)) * double(load(other, i)) : double(load(src, i));
     }
   }
   partial[threadIdx.y][threadIdx.x] = acc;
@@ -50,7 +54,7 @@ __global__ void column_sum_kernel(float* dst, const float* src, const float* oth
   if (threadIdx.y == 0 && col < cols) {
     double total = 0;
     for (int s = 0; s < 8; ++s) total += partial[s][threadIdx.x];
-    store(dst, col, static_cast<float>(alpha * total), accumulate);
+    put(dst, col, static_cast<float>(alpha * total), accumulate);
   }
 }
 
@@ -87,13 +91,18 @@ void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool 
   sum_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, scale, n, accumulate);
   GW_LAUNCH_CHECK();
 }
-void column_sum(float* dst, const float* src, const float* other, float alpha, std::int64_t rows,
+template <class T>
+void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
   column_sum_kernel<<<blocks, dim3(32, 8), 0, stream>>>(dst, src, other, alpha, rows, cols,
                                                         accumulate);
   GW_LAUNCH_CHECK();
 }
+template void column_sum<float>(float*, const float*, const float*, float, std::int64_t,
+                                std::int64_t, bool, cudaStream_t);
+template void column_sum<bf16>(bf16*, const bf16*, const bf16*, float, std::int64_t,
+                               std::int64_t, bool, cudaStream_t);
 void mse_loss_forward(float* out, const float* pred, const float* target, std::int64_t n,
                       cudaStream_t stream) {
   mse_loss_forward_kernel<<<1, kReduceThreads, 0, stream>>>(out, pred, target, n);

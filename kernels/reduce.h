@@ -7,6 +7,8 @@
 // incoming scalar gradient from device memory: nothing here reads back to the host.
 #include <cstdint>
 
+#include "engine/dtype.h"  // bf16
+
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -20,8 +22,9 @@ void sum_forward(float* out, const float* x, float scale, std::int64_t n, cudaSt
 void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
                   cudaStream_t stream);
 // dst[j] = alpha * Σ_i src[i,j] * (other ? other[i,j] : 1) over rows i of an [rows, cols] matrix:
-// the gradient of a row-broadcast operand (a bias).
-void column_sum(float* dst, const float* src, const float* other, float alpha, std::int64_t rows,
+// the gradient of a row-broadcast operand (a bias). T: float or bf16 (summed in double either way).
+template <class T>
+void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream);
 // out[0] = Σ (pred[i] - target[i])² / n
 void mse_loss_forward(float* out, const float* pred, const float* target, std::int64_t n,
