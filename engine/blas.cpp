@@ -98,7 +98,8 @@ struct GemmKeyHash {
     return h * 31u ^ (g.trans_a * 2u + g.trans_b) ^ (std::size_t{g.alignment} << 8) ^
            (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3) ^
            (static_cast<std::size_t>(g.options.epilogue) << 4) ^
-           (static_cast<std::size_t>(g.options.batch) << 12);
+           (static_cast<std::size_t>(g.options.batch) << 12) ^
+           (static_cast<std::size_t>(g.options.bf16) << 11);
   }
 };
 
@@ -166,22 +167,20 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
   return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
 }
 
-void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
-          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
-          float* c) {
-  gemm_batched(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c);
-}
+namespace {
 
-void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
-                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
-                  const float* b, float beta, float* c) {
+// The GEMMs below for float32 (bf16 = false) or bfloat16 storage (float32 arithmetic).
+void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+              std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
+              const void* b, float beta, void* c, bool bf16) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);  // the stream's workspace
   unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
   if (batch > 1) {  // every matrix of the batch starts one matrix after the previous one
+    const std::size_t element = bf16 ? 2 : sizeof(float);
     for (std::int64_t elements : {m * k, k * n, m * n}) {
       alignment = std::min(alignment, alignment_of(reinterpret_cast<const void*>(
-                                          static_cast<std::uintptr_t>(elements * sizeof(float)))));
+                                          static_cast<std::uintptr_t>(elements * element))));
     }
   }
   const GemmKey key{m,
@@ -192,23 +191,29 @@ void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                     alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k * batch),
-                                       .batch = batch}};
+                                       .batch = batch,
+                                       .bf16 = bf16}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
     return;
   }
   const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
-  if (batch == 1) {
-    kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, stream);
+  if (bf16) {
+    kernels::gemm_bf16(ctx, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, stream);
+  } else if (batch == 1) {
+    kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a),
+                  static_cast<const float*>(b), beta, static_cast<float*>(c), stream);
   } else {
-    kernels::gemm_batched(ctx, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, stream);
+    kernels::gemm_batched(ctx, trans_a, trans_b, m, n, k, batch, alpha,
+                          static_cast<const float*>(a), static_cast<const float*>(b), beta,
+                          static_cast<float*>(c), stream);
   }
 }
 
-bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
-                    std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
-                    float beta, float* c, float* bias_grad) {
+bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, float alpha, const void* a, const void* b,
+                   float beta, void* c, void* bias_grad, bool bf16) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   const GemmKey key{
@@ -218,16 +223,17 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
       trans_a,
       trans_b,
       std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
-      kernels::LtOptions{.bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k)}};
+      kernels::LtOptions{
+          .bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k), .bf16 = bf16}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (!plan.usable()) return false;
   plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad);
   return true;
 }
 
-bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
-                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
-                   kernels::Epilogue epilogue, const float* bias, float* aux) {
+bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, const void* a, const void* b, void* c,
+                  kernels::Epilogue epilogue, const void* bias, void* aux, bool bf16) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
@@ -236,12 +242,58 @@ bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_
   const GemmKey key{m, n, k, trans_a, trans_b, alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),
-                                       .epilogue = epilogue}};
+                                       .epilogue = epilogue,
+                                       .bf16 = bf16}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (!plan.usable()) return false;
   plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
            aux);
   return true;
+}
+
+}  // namespace
+
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
+          float* c) {
+  run_gemm(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c, false);
+}
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b, float beta,
+          bf16* c) {
+  run_gemm(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c, true);
+}
+
+void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
+                  const float* b, float beta, float* c) {
+  run_gemm(device, stream, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, false);
+}
+
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
+                    float beta, float* c, float* bias_grad) {
+  return run_bias_grad(device, stream, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias_grad,
+                       false);
+}
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b,
+                    float beta, bf16* c, bf16* bias_grad) {
+  return run_bias_grad(device, stream, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias_grad,
+                       true);
+}
+
+bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
+                   kernels::Epilogue epilogue, const float* bias, float* aux) {
+  return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, bias, aux,
+                      false);
+}
+bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
+                   kernels::Epilogue epilogue, const bf16* bias, bf16* aux) {
+  return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, bias, aux,
+                      true);
 }
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "engine/cuda.h"
 #include "engine/device.h"
+#include "engine/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include "kernels/gemm.h"
@@ -39,6 +40,11 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream);
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
           float* c);
+// bfloat16 storage, float32 arithmetic (cublasGemmEx where cuBLASLt offers no algorithm). The
+// bfloat16 forms of gemm_bias_grad and gemm_epilogue below likewise (bias, gradient, aux: bf16).
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b, float beta,
+          bf16* c);
 
 // `batch` gemm()s of contiguous matrices back to back (A, B and C each hold `batch` matrices),
 // in one cuBLASLt launch (cublasSgemmStridedBatched where cuBLASLt offers no algorithm).
@@ -53,6 +59,9 @@ void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b
 bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                     std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
                     float beta, float* c, float* bias_grad);
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b,
+                    float beta, bf16* c, bf16* bias_grad);
 
 // C[m,n] = act(op(A)·op(B) + bias) in one cuBLASLt kernel (kernels::Epilogue: the bias [n] added
 // to every row; kGeluAux also writes the pre-activation into aux [m,n]). Returns false, having
@@ -61,6 +70,9 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
                    kernels::Epilogue epilogue, const float* bias = nullptr, float* aux = nullptr);
+bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
+                   kernels::Epilogue epilogue, const bf16* bias = nullptr, bf16* aux = nullptr);
 #endif
 
 }  // namespace graphward

@@ -24,10 +24,12 @@ void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk,
 }
 
 #if GRAPHWARD_HAS_CUDA
+// T: float, or bf16 (bfloat16 storage, float32 arithmetic).
+template <class T = float>
 void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int64_t m,
                std::int64_t n, std::int64_t kk, const Tensor& a, const Tensor& b, bool accumulate,
-               float* c) {
-  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, a.data<float>(), b.data<float>(),
+               T* c) {
+  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, ptr<T>(a), ptr<T>(b),
                   accumulate ? 1.f : 0.f, c);
 }
 #endif
@@ -128,10 +130,11 @@ struct LinearDims {
 };
 
 LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  // bfloat16 on CUDA: storage only, the GEMMs and epilogues accumulate in float32.
   if (bias.defined()) {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, /*cuda_bf16=*/true);
   } else {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, /*cuda_bf16=*/true);
   }
   check_dim(op, {"x", &x}, 2);
   check_dim(op, {"weight", &weight}, 2);
@@ -209,26 +212,30 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
     }
     o.y = new_output({d.batch, d.out}, x);
     if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
-    float* out = o.y.data<float>();
-    float* pre = act == Activation::kGelu ? o.z.data<float>() : out;
-    const float* b = bias.defined() ? bias.data<float>() : nullptr;
-    const bool has_bias = bias.defined();
-    k::Epilogue ep = has_bias ? k::Epilogue::kBias : k::Epilogue::kNone;
-    if (act == Activation::kRelu) ep = has_bias ? k::Epilogue::kBiasRelu : k::Epilogue::kRelu;
-    if (act == Activation::kGelu) ep = has_bias ? k::Epilogue::kBiasGeluAux : k::Epilogue::kGeluAux;
-    // One kernel where cuBLASLt has the epilogue; else the GEMM, the bias and the activation.
-    const bool fused = ep != k::Epilogue::kNone &&
-                       graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
-                                                d.out, d.in, x.data<float>(), weight.data<float>(),
-                                                out, ep, b, o.z.defined() ? pre : nullptr);
-    if (!fused) {
-      gemm_cuda(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
-      if (has_bias) {
-        k::binary_forward(k::BinaryOp::kAdd, pre, pre, n, b, d.out, n, scope.stream());
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      T* out = ptr<T>(o.y);
+      T* pre = act == Activation::kGelu ? ptr<T>(o.z) : out;
+      const T* b = bias.defined() ? ptr<T>(bias) : nullptr;
+      const bool has_bias = bias.defined();
+      k::Epilogue ep = has_bias ? k::Epilogue::kBias : k::Epilogue::kNone;
+      if (act == Activation::kRelu) ep = has_bias ? k::Epilogue::kBiasRelu : k::Epilogue::kRelu;
+      if (act == Activation::kGelu) {
+        ep = has_bias ? k::Epilogue::kBiasGeluAux : k::Epilogue::kGeluAux;
       }
-      if (act == Activation::kRelu) k::relu_forward(out, out, n, scope.stream());
-      if (act == Activation::kGelu) k::gelu_forward(out, pre, n, scope.stream());
-    }
+      // One kernel where cuBLASLt has the epilogue; else the GEMM, the bias and the activation.
+      const bool fused = ep != k::Epilogue::kNone &&
+                         graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
+                                                  d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep,
+                                                  b, o.z.defined() ? pre : nullptr);
+      if (!fused) {
+        gemm_cuda<T>(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
+        if (has_bias) {
+          k::binary_forward(k::BinaryOp::kAdd, pre, pre, n, b, d.out, n, scope.stream());
+        }
+        if (act == Activation::kRelu) k::relu_forward(out, out, n, scope.stream());
+        if (act == Activation::kGelu) k::gelu_forward(out, pre, n, scope.stream());
+      }
+    });
     return o;
 #endif
   }
@@ -259,7 +266,8 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   const char* saved_name = act == Activation::kRelu ? "output" : "preactivation";
   // Every check before anything is allocated or written (Note [Check, then write]).
   const LinearDims d = check_linear(op, x, weight, Tensor());
-  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}});
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}},
+               /*cuda_bf16=*/true);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
@@ -276,13 +284,13 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     CudaScope scope(x.device());
     scope.read({&grad_out, &saved});
     dz = new_output({d.batch, d.out}, x);
-    if (act == Activation::kRelu) {
-      k::relu_backward(dz.data<float>(), grad_out.data<float>(), saved.data<float>(), n, false,
-                       scope.stream());
-    } else {
-      k::gelu_backward(dz.data<float>(), grad_out.data<float>(), saved.data<float>(), n, false,
-                       scope.stream());
-    }
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (act == Activation::kRelu) {
+        k::relu_backward(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false, scope.stream());
+      } else {
+        k::gelu_backward(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false, scope.stream());
+      }
+    });
 #endif
   } else {
     dz = new_output({d.batch, d.out}, x);
@@ -301,7 +309,7 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                      GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear(op, x, weight, Tensor());
-  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}});
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, /*cuda_bf16=*/true);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
@@ -313,30 +321,32 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&grad_out, &x, &weight});
-    if (want_x) {
-      const bool acc = open_slot(grad_x, x, scope.stream());
-      gemm_cuda(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
-                grad_x.tensor->data<float>());
-    }
-    const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
-    const bool acc_b = want_b && open_slot(grad_bias, {d.out}, x, scope.stream());
-    // The bias gradient rides in the weight-gradient GEMM's epilogue when it is written (the
-    // epilogue cannot accumulate): one launch fewer per layer.
-    bool bias_done = false;
-    if (want_w && want_b && !acc_b) {
-      bias_done = graphward::gemm_bias_grad(x.device(), scope.stream(), true, false, d.out, d.in,
-                                            d.batch, 1.f, grad_out.data<float>(), x.data<float>(),
-                                            acc_w ? 1.f : 0.f, grad_weight.tensor->data<float>(),
-                                            grad_bias.tensor->data<float>());
-    }
-    if (want_w && !bias_done) {
-      gemm_cuda(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
-                grad_weight.tensor->data<float>());
-    }
-    if (want_b && !bias_done) {
-      k::column_sum<float>(grad_bias.tensor->data<float>(), grad_out.data<float>(), nullptr, 1.f,
-                           d.batch, d.out, acc_b, scope.stream());
-    }
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (want_x) {
+        const bool acc = open_slot(grad_x, x, scope.stream());
+        gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
+                     slot_ptr<T>(grad_x));
+      }
+      const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
+      const bool acc_b = want_b && open_slot(grad_bias, {d.out}, x, scope.stream());
+      // The bias gradient rides in the weight-gradient GEMM's epilogue when it is written (the
+      // epilogue cannot accumulate): one launch fewer per layer.
+      bool bias_done = false;
+      if (want_w && want_b && !acc_b) {
+        bias_done = graphward::gemm_bias_grad(x.device(), scope.stream(), true, false, d.out,
+                                              d.in, d.batch, 1.f, ptr<T>(grad_out), ptr<T>(x),
+                                              acc_w ? 1.f : 0.f, slot_ptr<T>(grad_weight),
+                                              slot_ptr<T>(grad_bias));
+      }
+      if (want_w && !bias_done) {
+        gemm_cuda<T>(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
+                     slot_ptr<T>(grad_weight));
+      }
+      if (want_b && !bias_done) {
+        k::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, 1.f, d.batch, d.out,
+                         acc_b, scope.stream());
+      }
+    });
     return;
 #endif
   }

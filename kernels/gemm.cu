@@ -42,6 +42,26 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
       m * k, &beta, c, static_cast<int>(n), m * n, static_cast<int>(batch)));
 }
 
+void gemm_bf16(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
+               std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
+               const void* b, float beta, void* c, cudaStream_t stream) {
+  GW_CHECK(m > 0 && n > 0 && k > 0 && batch > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
+               batch <= INT_MAX,
+           "gemm_bf16: sizes m=", m, " n=", n, " k=", k, " batch=", batch,
+           " must be in [1, INT_MAX]");
+  if (blas.bound_stream != stream || stream == nullptr) {
+    GW_CUBLAS_CHECK(cublasSetStream(blas.handle, stream));
+    GW_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, blas.workspace, blas.workspace_bytes));
+  }
+  const int lda = static_cast<int>(trans_a ? m : k);
+  const int ldb = static_cast<int>(trans_b ? k : n);
+  GW_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF, ldb,
+      k * n, a, CUDA_R_16BF, lda, m * k, &beta, c, CUDA_R_16BF, static_cast<int>(n), m * n,
+      static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 namespace {
 // The algorithm's split of k (1: one kernel, no reduction).
 std::int32_t splits(const cublasLtMatmulAlgo_t& algo) {
@@ -67,6 +87,9 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
                       kk = static_cast<std::uint64_t>(k);
   cublasLtMatmulPreference_t pref = nullptr;
   try {
+    // Storage: float32, or bfloat16 (A, B, C, the bias, its gradient and the aux); the arithmetic
+    // and alpha/beta are float32 either way.
+    const cudaDataType_t type = options.bf16 ? CUDA_R_16BF : CUDA_R_32F;
     GW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a,
                                                    sizeof(op_lt_a)));
@@ -75,7 +98,7 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     if (options.bias_grad_a) {
       // Our A is cuBLASLt's B: its bias gradient sums op(B) over k, one value per column of D.
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
-      const cudaDataType_t bias_type = CUDA_R_32F;
+      const cudaDataType_t bias_type = type;
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
@@ -109,7 +132,7 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
       if (epilogue_has_bias(options.epilogue)) {
         // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of
         // our row-major C, as a linear layer's bias is.
-        const cudaDataType_t bias_type = CUDA_R_32F;
+        const cudaDataType_t bias_type = type;
         GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
       }
@@ -117,15 +140,17 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
         const std::int64_t aux_ld = n;  // laid out like C
         GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                        &aux_ld, sizeof(aux_ld)));
+        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
       }
     }
     const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
-    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_32F, na ? mm : kk, na ? kk : mm,
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, type, na ? mm : kk, na ? kk : mm,
                                                static_cast<std::int64_t>(na ? mm : kk)));
-    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_32F, nb ? kk : nn, nb ? nn : kk,
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, type, nb ? kk : nn, nb ? nn : kk,
                                                static_cast<std::int64_t>(nb ? kk : nn)));
     GW_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&c_, CUDA_R_32F, mm, nn, static_cast<std::int64_t>(mm)));
+        cublasLtMatrixLayoutCreate(&c_, type, mm, nn, static_cast<std::int64_t>(mm)));
     if (options.batch > 1) {
       GW_CHECK(options.epilogue == Epilogue::kNone && !options.bias_grad_a,
                "LtGemm: a batched GEMM takes no epilogue");
@@ -228,9 +253,9 @@ void LtGemm::release() noexcept {
   desc_ = nullptr;
 }
 
-void LtGemm::run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
-                 std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad,
-                 const float* bias, float* aux) {
+void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
+                 const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
   if (options_.bias_grad_a) {
     GW_CHECK(bias_grad != nullptr,

@@ -32,6 +32,11 @@ struct BlasContext {
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
+// bfloat16 A, B, C with float32 arithmetic, `batch` of them back to back (1: one GEMM):
+// cublasGemmStridedBatchedEx, where cuBLASLt offers no algorithm.
+void gemm_bf16(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
+               std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
+               const void* b, float beta, void* c, cudaStream_t stream);
 // `batch` GEMMs of contiguous matrices back to back (cublasSgemmStridedBatched).
 void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
@@ -62,6 +67,8 @@ struct LtOptions {
   // Batched: `batch` independent GEMMs over contiguous matrices (A, B and C each hold `batch`
   // matrices back to back), one launch. Not with an epilogue or a bias gradient.
   std::int64_t batch = 1;
+  // bfloat16 storage for A, B, C, the bias, the bias gradient and the aux; float32 arithmetic.
+  bool bf16 = false;
   bool operator==(const LtOptions&) const = default;
 };
 
@@ -83,9 +90,10 @@ class LtGemm {
   bool usable() const { return usable_; }
   // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise);
   // bias ([n]) and aux ([m, n]): the epilogue's (required where it has them, ignored otherwise).
-  void run(float alpha, const float* a, const float* b, float beta, float* c, void* workspace,
-           std::size_t workspace_bytes, cudaStream_t stream, float* bias_grad = nullptr,
-           const float* bias = nullptr, float* aux = nullptr);
+  // The pointers are float32 or bfloat16 data, as LtOptions::bf16 says.
+  void run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
+           std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,
+           const void* bias = nullptr, void* aux = nullptr);
   // The chosen algorithm, readable: "algo 6 tile 11 stages 8 splitK 1 reduction none ...".
   std::string describe() const;
 
@@ -97,8 +105,8 @@ class LtGemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  const float* bias_ = nullptr;  // the bias pointer currently set on desc_
-  float* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
+  const void* bias_ = nullptr;  // the bias pointer currently set on desc_
+  void* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
   bool usable_ = false;
 };
 #endif

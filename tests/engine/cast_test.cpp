@@ -81,11 +81,12 @@ TEST(BFloat16, TheGradientOfACastIsCastBack) {
 
 TEST(BFloat16, TheCpuBackendTheOpsWithoutItAndTheOptimizersRefuseIt) {
   const Tensor h = cast(randn({2, 3}, 4), DType::kBFloat16);
-  // The elementwise ops take bfloat16 on CUDA only; the rest not yet.
+  // The elementwise ops and linear take bfloat16 on CUDA only; the rest not yet.
   GW_EXPECT_ERROR(relu(h), "relu", "bfloat16", "CUDA only", "cast(x, DType::kFloat32)");
   GW_EXPECT_ERROR(add(h, h), "add", "bfloat16", "CUDA only");
   GW_EXPECT_ERROR(sum(h), "sum", "bfloat16", "does not take bfloat16 yet");
-  GW_EXPECT_ERROR(linear(h, h), "linear", "bfloat16", "does not take bfloat16 yet");
+  GW_EXPECT_ERROR(linear(h, h), "linear", "bfloat16", "CUDA only");
+  GW_EXPECT_ERROR(matmul(h, transpose(h, 0, 1)), "transpose", "bfloat16", "does not take bfloat16 yet");
   GW_EXPECT_ERROR(cast(from_vector(std::vector<std::int32_t>{1, 2}, {2}), DType::kFloat32),
                   "cast", "int32", "floating-point");
   const Tensor p = cast(randn({3}, 5), DType::kBFloat16).detach().set_requires_grad(true);

@@ -842,5 +842,40 @@ TEST_F(CudaOps, ElementwiseOpsOnBFloat16MatchTheFloat32ReferenceAtBFloat16Tolera
   }
 }
 
+// A linear layer (with each fused activation) on bfloat16 storage: cuBLASLt with float32
+// accumulation, forward and backward through the tape, against the float32 reference run on the
+// same bfloat16-rounded values; 1e-2 (the output's and each gradient's own rounding to bfloat16).
+TEST_F(CudaOps, LinearOnBFloat16MatchesTheFloat32ReferenceAtBFloat16Tolerance) {
+  constexpr double kBf16Tol = 1e-2;
+  auto rounded = [](const Tensor& t) { return cast(cast(t, DType::kBFloat16), DType::kFloat32); };
+  auto f32 = [](const Tensor& t) { return cast(t, DType::kFloat32).to(Device::cpu()); };
+  for (const auto& s : {GemmShape{7, 13, 5}, GemmShape{64, 256, 128}, GemmShape{33, 65, 32}}) {
+    for (Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu}) {
+      const Tensor x = rounded(rand({s.m, s.k})), w = rounded(rand({s.n, s.k}));
+      const Tensor b = rounded(rand({s.n})), dy = rounded(rand({s.m, s.n}));
+      // The reference: float32 leaves on the CPU.
+      const Tensor rx = x.clone().set_requires_grad(true), rw = w.clone().set_requires_grad(true),
+                   rb = b.clone().set_requires_grad(true);
+      const Tensor ry = linear(rx, rw, rb, act);
+      backward({ry}, {dy});
+      // bfloat16 leaves on the GPU.
+      const Tensor gx = cast(gpu(x), DType::kBFloat16).detach().set_requires_grad(true);
+      const Tensor gw = cast(gpu(w), DType::kBFloat16).detach().set_requires_grad(true);
+      const Tensor gb = cast(gpu(b), DType::kBFloat16).detach().set_requires_grad(true);
+      const Tensor gy = linear(gx, gw, gb, act);
+      ASSERT_EQ(gy.dtype(), DType::kBFloat16);
+      backward({gy}, {cast(gpu(dy), DType::kBFloat16)});
+      const std::string what = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" +
+                               std::to_string(s.n) + " act " +
+                               std::to_string(static_cast<int>(act));
+      EXPECT_LT(rel_error(f32(gy), ry), kBf16Tol) << what;
+      ASSERT_EQ(gx.grad().dtype(), DType::kBFloat16) << what;
+      EXPECT_LT(rel_error(f32(gx.grad()), rx.grad()), kBf16Tol) << what << " dx";
+      EXPECT_LT(rel_error(f32(gw.grad()), rw.grad()), kBf16Tol) << what << " dW";
+      EXPECT_LT(rel_error(f32(gb.grad()), rb.grad()), kBf16Tol) << what << " db";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace graphward
