@@ -20,13 +20,17 @@ struct MlpConfig {
   int batches = 4;
   double lr = 2e-3;
   std::uint64_t seed = 1;
+  // Mixed precision (CUDA): the layers compute on bfloat16 copies of the input and the float32
+  // parameters (cast, float32 accumulation in cuBLASLt); the logits go back to float32 for the
+  // loss; AdamW updates the float32 parameters (their gradients come back through the casts).
+  bool bf16 = false;
 };
 
 class MlpModel {
  public:
   using Config = MlpConfig;
   static Batches data(const MlpConfig& c, Device device);
-  MlpModel(const MlpConfig& c, Device device) {
+  MlpModel(const MlpConfig& c, Device device) : bf16_(c.bf16) {
     std::uint64_t seed = c.seed * 1000;
     const TensorOptions opt{DType::kFloat32, device};
     std::int64_t fan_in = c.in;
@@ -39,6 +43,14 @@ class MlpModel {
     }
   }
   Tensor logits(const Tensor& x) const {
+    if (bf16_) {
+      const DType h16 = DType::kBFloat16;
+      Tensor h = cast(x, h16);
+      for (std::size_t l = 0; l + 1 < w_.size(); ++l) {
+        h = linear(h, cast(w_[l], h16), cast(b_[l], h16), Activation::kGelu);
+      }
+      return cast(linear(h, cast(w_.back(), h16), cast(b_.back(), h16)), DType::kFloat32);
+    }
     Tensor h = x;
     for (std::size_t l = 0; l + 1 < w_.size(); ++l) h = linear(h, w_[l], b_[l], Activation::kGelu);
     return linear(h, w_.back(), b_.back());
@@ -56,6 +68,7 @@ class MlpModel {
   }
 
  private:
+  bool bf16_;
   std::vector<Tensor> w_, b_;
 };
 

@@ -6,7 +6,7 @@
 // run eagerly); it says which.
 //
 //   train_mlp [--cpu] [--steps N] [--mode eager|backward|step|all] [--hidden H] [--layers L]
-//             [--batch B]
+//             [--batch B] [--bf16 1]   (bfloat16 layers, float32 parameters: CUDA only)
 #include "examples/example_main.h"
 #include "examples/mlp.h"
 
@@ -17,9 +17,11 @@ int main(int argc, char** argv) {
   const ex::Flags flags{
       {"--hidden", [&](const char* v) { c.hidden = ex::positive("--hidden", v); }},
       {"--layers", [&](const char* v) { c.layers = static_cast<int>(ex::positive("--layers", v)); }},
-      {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }}};
+      {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }},
+      {"--bf16", [&](const char* v) { c.bf16 = ex::positive("--bf16", v) != 0; }}};
   return ex::example_main<ex::MlpModel>(argc, argv, "train_mlp", c, flags, [&] {
     return std::to_string(c.layers) + " hidden layers of " + std::to_string(c.hidden) +
-           ", batch " + std::to_string(c.batch) + ", " + std::to_string(c.classes) + " classes";
+           ", batch " + std::to_string(c.batch) + ", " + std::to_string(c.classes) + " classes" +
+           (c.bf16 ? ", bfloat16 layers" : "");
   });
 }
