@@ -2,6 +2,7 @@
 
 #if GRAPHWARD_HAS_CUDA
 #include "engine/error.h"
+#include "engine/memory.h"
 
 namespace graphward::capture {
 
@@ -15,10 +16,12 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
     (void)cudaStreamEndCapture(stream, &abandoned);
     if (abandoned) (void)cudaGraphDestroy(abandoned);
     (void)cudaGetLastError();
+    detail::release_deferred_storage();  // Note [Frees during a capture]
     throw;
   }
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  detail::release_deferred_storage();  // Note [Frees during a capture]: tensors dropped inside
   if (ended != cudaSuccess || !graph) {
     (void)cudaGetLastError();
     GW_CHECK(false, what, ": capturing failed (", cudaGetErrorName(ended), ": ",

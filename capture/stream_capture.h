@@ -15,7 +15,9 @@ namespace graphward::capture {
 // Captures, in thread-local mode, what `body` enqueues on `stream` (and on the streams it forks
 // from it) into a new graph the caller owns. If `body` throws, the capture is ended, its partial
 // graph destroyed and the exception passed on: no capture is left open. If ending the capture
-// fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>".
+// fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>". Either way,
+// eager tensors dropped inside the capture are released once it has ended (Note [Frees during a
+// capture], engine/memory.cpp).
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body);
 

@@ -3,6 +3,8 @@
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
 #include <cudnn.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
@@ -179,6 +181,15 @@ cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
   return d.handle->get();
 }
 
+// GRAPHWARD_CUDNN_FIND=0 ranks by the heuristic even outside a capture (Note [cuDNN plans]).
+bool timing_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("GRAPHWARD_CUDNN_FIND");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return allowed;
+}
+
 ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
   const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic};
   auto it = d.convs.find(key);
@@ -200,7 +211,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
   // may run or allocate, the heuristic ranks them.
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  p->timed = !capturing() && status == cudaStreamCaptureStatusNone;
+  p->timed = !capturing() && status == cudaStreamCaptureStatusNone && timing_allowed();
   int found = 0, count = 0;
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<std::size_t>(count));

@@ -9,10 +9,12 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/graph_pool.h"
@@ -548,8 +550,10 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   DeviceGuard guard(device);
   void* p = nullptr;
   const std::size_t block = block_size(bytes);
+  const bool capturing_here = stream_capturing(stream);
+  if (!capturing_here) detail::release_deferred_storage();  // Note [Frees during a capture]
   // Note [Graph memory pool]: a stream being captured, with a pool in scope.
-  if (t_graph_pool && t_graph_pool->device == device && bytes > 0 && stream_capturing(stream)) {
+  if (t_graph_pool && t_graph_pool->device == device && bytes > 0 && capturing_here) {
     p = graph_pool_take(*t_graph_pool, stream, block);
     std::shared_ptr<Storage> storage(new Storage(device, p, bytes, stream));  // owns nothing yet
     storage->graph_pool_ = t_graph_pool;
@@ -558,7 +562,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
     return storage;
   }
   // Note [Step arena]: inside a step, outside a capture.
-  if (t_step_arena && t_step_arena->device == device && bytes > 0 && !stream_capturing(stream)) {
+  if (t_step_arena && t_step_arena->device == device && bytes > 0 && !capturing_here) {
     std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, block, stream);
     if (slot) {
       if (debug::poison_new_memory())
@@ -572,7 +576,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   }
   // Note [Block cache]: graphward's own streams, outside a capture, with the cache on.
   const bool cacheable = bytes > 0 && g_cache_limit.load(std::memory_order_relaxed) > 0 &&
-                         is_graphward_stream(stream) && !stream_capturing(stream);
+                         is_graphward_stream(stream) && !capturing_here;
   if (bytes > 0) {
     if (cacheable) p = cache_take(device.index, stream, block);
     if (!p) {
@@ -605,7 +609,97 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 #endif
 }
 
+// Note [Frees during a capture]
+// A stream being captured can take neither a free of memory allocated outside the graph
+// (cudaFreeAsync there makes a free node, which only takes graph allocations: the block leaks)
+// nor the event waits of rule 7 (they would become graph nodes, not orderings of real work).
+// Yet a tensor made eagerly can die inside a capture: the previous step's tape, dropped while
+// a StepGraph captures the next. Its block, and what orders its release (the streams that used
+// it, its fences, its arena slot), then move to a new Storage on a deferred list; that one is
+// released by the usual rules (cache, arena, or pool) once none of its streams is capturing: at
+// the end of each graphward capture (capture_stream), at the next allocation made outside a
+// capture, or by empty_cache. Graph-pool storage is not deferred: it is the capture's own.
+namespace {
+struct DeferredList {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Storage>> storage;
+  std::atomic<std::size_t> count{0};
+};
+DeferredList& deferred_list() {
+  static DeferredList* list = new DeferredList();  // never destroyed: frees may come at exit
+  return *list;
+}
+}  // namespace
+
+bool Storage::capturing_a_user() const noexcept {
+#if GRAPHWARD_HAS_CUDA
+  // An error (a user's raw stream destroyed before the tensor) counts as not capturing: the
+  // release below then reports it, rather than deferring a block forever.
+  const auto capturing = [](cudaStream_t s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  };
+  if (capturing(alloc_stream_)) return true;
+  for (cudaStream_t s : other_streams_) {
+    if (capturing(s)) return true;
+  }
+#endif
+  return false;
+}
+
+bool Storage::defer_release() noexcept {
+  try {
+    DeferredList& list = deferred_list();
+    std::unique_ptr<Storage> heir(new Storage(device_, data_, bytes_, alloc_stream_));
+    std::lock_guard<std::mutex> lock(list.mutex);
+    list.storage.reserve(list.storage.size() + 1);  // the push below cannot throw
+    heir->block_bytes_ = block_bytes_;
+    heir->cacheable_ = cacheable_;
+    heir->slot_ = std::move(slot_);
+    heir->arena_ = std::move(arena_);
+    heir->other_streams_ = std::move(other_streams_);
+    heir->fences_ = std::move(fences_);
+    list.storage.push_back(std::move(heir));
+    list.count.fetch_add(1, std::memory_order_release);
+    data_ = nullptr;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::size_t detail::release_deferred_storage() noexcept {
+  DeferredList& list = deferred_list();
+  if (list.count.load(std::memory_order_acquire) == 0) return 0;
+  std::vector<std::unique_ptr<Storage>> ready;
+  std::size_t left = 0;
+  try {
+    std::lock_guard<std::mutex> lock(list.mutex);
+    auto keep = list.storage.begin();
+    for (auto& s : list.storage) {
+      if (s->capturing_a_user()) {
+        *keep++ = std::move(s);
+      } else {
+        ready.push_back(std::move(s));
+      }
+    }
+    list.storage.erase(keep, list.storage.end());
+    left = list.storage.size();
+    list.count.store(left, std::memory_order_release);
+  } catch (...) {
+    detail::log_error(__FILE__, __LINE__, "Storage: could not release deferred blocks");
+  }
+  ready.clear();  // outside the lock: each destructor may defer again
+  return left;
+}
+
 Storage::~Storage() {
+  // Note [Frees during a capture]
+  if (!graph_pool_ && data_ && !device_.is_cpu() && capturing_a_user() && defer_release()) return;
   if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
   if (graph_pool_) {  // the pool keeps the memory (Note [Graph memory pool])
     try {
@@ -681,6 +775,7 @@ void empty_cache(Device device) {
   if (!device.is_cuda()) return;
   check_cuda_device(device, "empty_cache");
   if (device.index >= kCacheDevices) return;
+  detail::release_deferred_storage();  // Note [Frees during a capture]: those whose time has come
   release_cached_blocks(device.index, block_cache().devices[device.index]);
 #else
   (void)device;

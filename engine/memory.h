@@ -67,6 +67,14 @@ class DeviceBuffer {
   Device device_ = Device::cuda(0);
 };
 
+namespace detail {
+// Note [Frees during a capture]: releases the storage whose last handle died while one of its
+// streams was being captured, once none of its streams is; called at the end of each graphward
+// capture, by the next allocation outside a capture, and by empty_cache. Returns how many remain
+// deferred.
+std::size_t release_deferred_storage() noexcept;
+}  // namespace detail
+
 class Storage {
  public:
   // Allocates `bytes` on `device`; for CUDA, stream-ordered on `stream`, which becomes the
@@ -131,6 +139,12 @@ class Storage {
   void note_use(cudaStream_t stream);
   // A block served by a step arena goes back to it; false if this storage must free it itself.
   bool release_to_arena() noexcept;
+  // Note [Frees during a capture]: true if alloc_stream_ or a stream that used it is capturing.
+  bool capturing_a_user() const noexcept;
+  // Hands the block (and what orders its release) to a new Storage on the deferred list; false
+  // if it could not (out of host memory).
+  bool defer_release() noexcept;
+  friend std::size_t detail::release_deferred_storage() noexcept;
 
   Device device_;
   void* data_ = nullptr;

@@ -2,6 +2,10 @@
 // (rule 1), automatic waits for tensors produced on another stream (rule 6) and stream-safe reuse
 // of freed memory (rule 7). Each race test is built to fail when its wait is missing: the producer
 // or the other user is kept busy by a long GEMM chain, and new memory is poisoned with NaN.
+#include <cstdint>
+#include <optional>
+
+#include "capture/stream_capture.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -258,6 +262,61 @@ TEST_F(CudaStreams, StreamsAndEventsAreMoveOnlyOwners) {
   EXPECT_FALSE(e.valid());  // NOLINT(bugprone-use-after-move)
   EXPECT_TRUE(f.valid());
   static_assert(!std::is_copy_constructible_v<Stream> && !std::is_copy_constructible_v<Event>);
+}
+
+// Note [Frees during a capture]: an eager tensor whose last handle dies while its stream is being
+// captured (the previous step's tape, dropped inside a captured step) adds nothing to the graph
+// — a free node would only take graph allocations, and the block would leak — and its block is
+// released once the capture has ended: into the cache when it was used on its own stream only,
+// else to the pool after rule 7's waits.
+TEST_F(CudaStreams, ATensorDroppedInsideACaptureIsReleasedAfterItAndAddsNoNode) {
+  Stream s(kGpu);
+  StreamGuard g(s);
+  empty_cache(kGpu);
+  std::optional<Tensor> eager = full({1000}, 1.0, kF32Gpu);  // a 4096-byte block, made eagerly
+  void* block = eager->raw_data();
+  cudaGraph_t graph = capture::capture_stream(s.get(), "test", "", [&] {
+    eager.reset();
+    EXPECT_EQ(cached_bytes(kGpu), 0u) << "released while its stream is still being captured";
+  });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(capture::count_nodes(graph).nodes.size(), 0u);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cached_bytes(kGpu), 4096u) << "expected the block in the cache after the capture";
+  const Tensor again = full({1000}, 2.0, kF32Gpu);
+  EXPECT_EQ(again.raw_data(), block);
+  EXPECT_EQ(again.to_vector<float>(), std::vector<float>(1000, 2.0f));
+}
+
+TEST_F(CudaStreams, ATensorUsedOnTwoStreamsAndDroppedInsideACaptureGoesBackToThePool) {
+  Stream home(kGpu), reader(kGpu);
+  empty_cache(kGpu);
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  const auto used = [&] {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::uint64_t bytes = 0;
+    EXPECT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &bytes), cudaSuccess);
+    return bytes;
+  };
+  std::optional<Tensor> t;
+  {
+    StreamGuard g(home);
+    t = full({1 << 20}, 1.0, kF32Gpu);  // 4 MiB
+  }
+  Tensor kept;
+  {
+    StreamGuard g(reader);
+    kept = relu(*t);  // read on `reader`: its release takes rule 7's event-ordered path
+  }
+  const std::uint64_t before = used();
+  cudaGraph_t graph = capture::capture_stream(home.get(), "test", "", [&] { t.reset(); });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(capture::count_nodes(graph).nodes.size(), 0u) << "no event wait, no free node";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(before - used(), std::uint64_t{4} << 20) << "expected the 4 MiB back in the pool";
+  EXPECT_EQ(cached_bytes(kGpu), 0u);
+  EXPECT_EQ(sum(kept).item(), double(1 << 20));
 }
 
 }  // namespace
