@@ -119,10 +119,31 @@ void Node::check_saved() const {
 void Node::apply(const Tensor& grad_out, std::span<GradSlot> grads) const {
   check_saved();
   GW_CHECK(backward_, "node ", label(), " has no backward function");
+  backward_(grad_out, saved_tensors(), grads);
+}
+
+std::vector<Tensor> Node::saved_tensors() const {
   std::vector<Tensor> saved;
   saved.reserve(saved_.size());
   for (const SavedTensor& s : saved_) saved.push_back(s.tensor);
-  backward_(grad_out, saved, grads);
+  return saved;
+}
+
+void Node::set_activation_fusion(ActivationFusion fusion) {
+  GW_CHECK(fusion.act != Activation::kNone && fusion.from_preactivation &&
+               fusion.act_input_saved >= 0 &&
+               fusion.act_input_saved < static_cast<int>(saved_.size()) &&
+               fusion.relu_mask_saved < static_cast<int>(saved_.size()) && fusion.bias_input >= 0 &&
+               fusion.bias_input < static_cast<int>(inputs_.size()),
+           "node ", label(), ": an activation fusion needs an activation, its saved input, the "
+           "bias's input index and a backward from the pre-activation");
+  fusion_ = std::make_unique<ActivationFusion>(std::move(fusion));
+}
+
+void Node::apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> grads) const {
+  check_saved();
+  GW_CHECK(fusion_, "node ", label(), " has no activation fusion (an internal error of the plan)");
+  fusion_->from_preactivation(grad_out, saved_tensors(), grads);
 }
 
 void Node::release_saved() {

@@ -68,8 +68,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   }
   const cudaStream_t caller = device.is_cuda() ? current_stream(device) : nullptr;
   // Plan (and check) everything before creating or launching anything.
-  BackwardPlan plan = plan_backward(proots, caller, options.grad_write,
-                                    {.split_weight_grads = options.split_weight_grads});
+  BackwardPlan plan =
+      plan_backward(proots, caller, options.grad_write,
+                    {.split_weight_grads = options.split_weight_grads,
+                     .fuse_activation_epilogues = options.fuse_activation_epilogues});
   for (std::size_t r = 0; r < roots.size(); ++r) {
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
@@ -242,8 +244,28 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate,
                     share};
       }
+      // Note [Backward epilogue fusion] (engine/ops.h): the input gradient of this step is the
+      // pre-activation gradient of the layer that made its input, bias gradient included.
+      GradEpilogue epilogue;
+      if (step.fuses_activation_of >= 0) {
+        const Node& made = *plan.steps[step.fuses_activation_of].node;
+        const Node::ActivationFusion& f = *made.activation_fusion();
+        epilogue.act = f.act;
+        epilogue.act_input = made.saved()[f.act_input_saved].tensor;
+        if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
+        epilogue.bias = {&plan.buffers[step.fused_bias.buffer].leaf.grad(),
+                         step.fused_bias.accumulate};
+        slots[0].epilogue = &epilogue;
+      }
+      auto apply = [&](std::span<GradSlot> part) {
+        if (step.preactivation_grad) {
+          step.node->apply_from_preactivation(g, part);
+        } else {
+          step.node->apply(g, part);
+        }
+      };
       if (step.side_stream < 0) {
-        step.node->apply(g, slots);
+        apply(slots);
       } else {
         // Weight-gradient parallelism: the leaf gradients on the side stream, from this point of
         // the step's stream (the gradient is assembled), the rest on the step's stream.
@@ -263,11 +285,11 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         {
           std::optional<StreamGuard> on_side;
           if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
-          step.node->apply(g, side_slots);
+          apply(side_slots);
         }
         if (timed) mark(2 + 2 * num_steps + 2 * step_index, side);
         if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
-        step.node->apply(g, slots);
+        apply(slots);
       }
       // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
       // that the activations' memory is back in the pool for the rest of the backward (rule 7

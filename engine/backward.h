@@ -44,6 +44,8 @@ struct BackwardOptions {
   // Weight-gradient parallelism (PlanOptions::split_weight_grads): leaf gradients of layers on
   // the critical path run on side streams. Opt-in.
   bool split_weight_grads = false;
+  // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
+  bool fuse_activation_epilogues = true;
 };
 
 // Backward of several roots. `seeds` are the gradients of the roots (same shapes); when empty,

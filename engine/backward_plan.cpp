@@ -308,7 +308,42 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
               snapshot.begin() + static_cast<std::ptrdiff_t>(2 * s) * k);
   }
 
-  // 5. Forks and joins: every stream the backward uses other than the caller's (rule 4). Side
+  // 5. Note [Backward epilogue fusion] (engine/ops.h): a linear+activation layer P hands its
+  // activation backward and its bias gradient to the linear layer C that consumes its output when
+  // nothing else can see the difference: C and P on one stream, C's the only contribution to P's
+  // output gradient (no seed, no staged part: P's output feeds C alone), C's input-0 write a
+  // plain one, and P's bias gradient written by P alone (moved to C: earlier, on the same stream,
+  // so every order rule 5 asked of it still holds). P's weight gradient stays P's (on its side
+  // stream where it has one).
+  if (options.fuse_activation_epilogues) {
+    for (int c = 0; c < num_steps; ++c) {
+      BackwardPlan::Step& cs = plan.steps[c];
+      const std::vector<int>& owners = input_node[node_of_step[c]];
+      if (!cs.node->takes_input_epilogue() || owners.empty() || owners[0] < 0) continue;
+      const int p = step_of[owners[0]];
+      BackwardPlan::Step& ps = plan.steps[p];
+      const Node::ActivationFusion* f = ps.node->activation_fusion();
+      if (!f || cs.stream != ps.stream || cs.writes[0].buffer != ps.grad_buffer ||
+          cs.writes[0].accumulate || !ps.staged.empty() || !ps.seeds.empty() ||
+          plan.buffers[ps.grad_buffer].contributors != std::vector<int>{c}) {
+        continue;
+      }
+      const BackwardPlan::Write bias = ps.writes[static_cast<std::size_t>(f->bias_input)];
+      if (bias.buffer < 0) continue;
+      BackwardPlan::Buffer& lb = plan.buffers[bias.buffer];
+      if (lb.kind != BackwardPlan::BufferKind::kLeaf || lb.contributors != std::vector<int>{p}) {
+        continue;
+      }
+      cs.fuses_activation_of = p;
+      cs.fused_bias = bias;
+      ps.writes[static_cast<std::size_t>(f->bias_input)] = {};
+      ps.preactivation_grad = true;
+      lb.contributors = {c};
+      lb.first_use = lb.last_use = c;
+    }
+  }
+
+  // 6. Forks and joins: every stream the backward uses other than the caller's (rule 4). Side
   // streams start from their forward stream inside a step (after it was forked): joined only.
   for (int x = 1; x < k; ++x) {
     if (x < num_forward_streams) plan.forks.push_back(x);
@@ -376,6 +411,11 @@ std::string BackwardPlan::dump() const {
       os << ")";
       if (st.side_event >= 0) os << " recording e" << st.side_event;
     }
+    if (st.fuses_activation_of >= 0) {
+      os << ", in0 through step " << st.fuses_activation_of << "'s activation, its bias b"
+         << st.fused_bias.buffer << (st.fused_bias.accumulate ? "+=" : "=");
+    }
+    if (st.preactivation_grad) os << ", from the pre-activation";
     if (st.event >= 0) os << ", records e" << st.event;
     os << "\n";
   }

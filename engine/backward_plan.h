@@ -76,6 +76,14 @@ struct BackwardPlan {
     int side_fork_event = -1;
     std::vector<int> side_waits;
     int side_event = -1;
+    // Note [Backward epilogue fusion] (engine/ops.h): this step's input-0 gradient is the
+    // pre-activation gradient of step `fuses_activation_of` (its sole consumer's), whose bias
+    // gradient it also writes (`fused_bias`, moved here from that step's writes); -1: not fused.
+    int fuses_activation_of = -1;
+    Write fused_bias;
+    // This step's grad_buffer holds the gradient of its pre-activation (its consumer applied the
+    // activation's backward) and its bias gradient is written already.
+    bool preactivation_grad = false;
   };
   struct Wait {
     int producer;                // step
@@ -112,6 +120,9 @@ struct PlanOptions {
   // Move the leaf (weight and bias) gradients of every node that also has a node-edge input onto
   // a side stream per forward stream, off the critical path (the input gradient). Opt-in.
   bool split_weight_grads = false;
+  // Note [Backward epilogue fusion] (engine/ops.h): a linear+activation layer's activation
+  // backward and bias gradient ride in its consumer's input-gradient GEMM where the plan allows.
+  bool fuse_activation_epilogues = true;
 };
 
 // Plans the backward of `roots` called on `caller_stream` (nullptr on the CPU). Checks, before

@@ -231,14 +231,19 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
   return true;
 }
 
+// A forward epilogue (bias read, aux written), or a backward one (aux read, bias_grad written).
 bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, const void* a, const void* b, void* c,
-                  kernels::Epilogue epilogue, const void* bias, void* aux, bool bf16) {
+                  kernels::Epilogue epilogue, const void* bias, void* aux, bool bf16,
+                  void* bias_grad = nullptr) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
   if (kernels::epilogue_has_bias(epilogue)) alignment = std::min(alignment, alignment_of(bias));
   if (kernels::epilogue_has_aux(epilogue)) alignment = std::min(alignment, alignment_of(aux));
+  if (kernels::epilogue_is_backward(epilogue)) {
+    alignment = std::min(alignment, alignment_of(bias_grad));
+  }
   const GemmKey key{m, n, k, trans_a, trans_b, alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),
@@ -246,7 +251,7 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                                        .bf16 = bf16}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (!plan.usable()) return false;
-  plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
+  plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad, bias,
            aux);
   return true;
 }
@@ -285,15 +290,30 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
 
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
-                   kernels::Epilogue epilogue, const float* bias, float* aux) {
+                   kernels::Epilogue epilogue, const float* bias, void* aux) {
   return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, bias, aux,
                       false);
 }
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
-                   kernels::Epilogue epilogue, const bf16* bias, bf16* aux) {
+                   kernels::Epilogue epilogue, const bf16* bias, void* aux) {
   return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, bias, aux,
                       true);
+}
+
+bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
+                   kernels::Epilogue epilogue, const void* aux, float* bias_grad) {
+  GW_CHECK(kernels::epilogue_is_backward(epilogue), "gemm_act_grad: expected a backward epilogue");
+  return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, nullptr,
+                      const_cast<void*>(aux), false, bias_grad);
+}
+bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
+                   kernels::Epilogue epilogue, const void* aux, bf16* bias_grad) {
+  GW_CHECK(kernels::epilogue_is_backward(epilogue), "gemm_act_grad: expected a backward epilogue");
+  return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, nullptr,
+                      const_cast<void*>(aux), true, bias_grad);
 }
 
 #endif

@@ -64,15 +64,27 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
                     float beta, bf16* c, bf16* bias_grad);
 
 // C[m,n] = act(op(A)·op(B) + bias) in one cuBLASLt kernel (kernels::Epilogue: the bias [n] added
-// to every row; kGeluAux also writes the pre-activation into aux [m,n]). Returns false, having
-// launched nothing, where cuBLASLt offers no algorithm for the epilogue (GELU's aux needs n to be
-// a multiple of 8): then run gemm() and the bias and activation kernels instead.
+// to every row; kGeluAux also writes the pre-activation into aux [m,n], kReluAux ReLU's bit mask,
+// kernels::relu_mask_bytes(m, n) bytes). Returns false, having launched nothing, where cuBLASLt
+// offers no algorithm for the epilogue (GELU's aux needs n to be a multiple of 8): then run gemm()
+// and the bias and activation kernels instead.
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
-                   kernels::Epilogue epilogue, const float* bias = nullptr, float* aux = nullptr);
+                   kernels::Epilogue epilogue, const float* bias = nullptr, void* aux = nullptr);
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
-                   kernels::Epilogue epilogue, const bf16* bias = nullptr, bf16* aux = nullptr);
+                   kernels::Epilogue epilogue, const bf16* bias = nullptr, void* aux = nullptr);
+
+// Note [Backward epilogue fusion]: C[m,n] = (op(A)·op(B)) ⊙ act'(·) and bias_grad[n] = Σ_rows C,
+// written (never accumulated), in one cuBLASLt kernel — `epilogue` kDReluBgrad (aux: the forward's
+// ReLU bit mask) or kDGeluBgrad (aux: the forward's pre-activation, [m, n]). Returns false, having
+// launched nothing, where cuBLASLt offers no algorithm.
+bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
+                   kernels::Epilogue epilogue, const void* aux, float* bias_grad);
+bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
+                   kernels::Epilogue epilogue, const void* aux, bf16* bias_grad);
 #endif
 
 }  // namespace graphward

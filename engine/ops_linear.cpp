@@ -164,9 +164,12 @@ const char* linear_name(Activation act) {
 
 struct LinearOut {
   Tensor y;
-  Tensor z;  // the pre-activation x · Wᵀ + b (GELU only: its backward reads it)
+  Tensor z;     // the pre-activation x · Wᵀ + b (GELU only: its backward reads it)
+  Tensor mask;  // ReLU's bit mask from cuBLASLt's RELU_AUX epilogue (CUDA, when asked and made)
 };
-LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+// relu_mask: ask for ReLU's bit mask (for a backward epilogue; Note [Backward epilogue fusion]).
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      bool relu_mask);
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -176,8 +179,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   const char* name = linear_name(act);
   detail::NvtxRange range(name);
-  LinearOut out = linear_impl(x, weight, bias, act);
-  if (needs_grad({&x, &weight, &bias})) {
+  const bool grad = needs_grad({&x, &weight, &bias});
+  LinearOut out = linear_impl(x, weight, bias, act, grad && bias.defined());
+  if (grad) {
     auto backward = [act](const Tensor& g, const std::vector<Tensor>& s,
                           std::span<GradSlot> grads) {
       linear_act_backward(g, s[0], s[1], s.size() > 2 ? s[2] : Tensor(), act, grads[0], grads[1],
@@ -186,17 +190,40 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
     if (act == Activation::kRelu) saved.push_back(save("output", out.y));
     if (act == Activation::kGelu) saved.push_back(save("preactivation", out.z));
+    if (out.mask.defined()) saved.push_back(save("relu_mask", out.mask));
     if (bias.defined()) {
       record(name, out.y, {&x, &weight, &bias}, std::move(saved), backward);
     } else {
       record(name, out.y, {&x, &weight}, std::move(saved), backward);
+    }
+    // Note [Backward epilogue fusion]: any linear layer takes an epilogue on its input gradient;
+    // a linear+activation layer with a bias may hand its own to its consumer — on the CPU (the
+    // same arithmetic as separate steps), and on CUDA where cuBLASLt can read what it needs: the
+    // ReLU mask (made above when it could be), GELU's pre-activation (its width a multiple of 8).
+    Node& node = *out.y.grad_fn();
+    node.set_takes_input_epilogue();
+    const bool cpu = !x.is_cuda();
+    const bool fusable = bias.defined() &&
+                         ((act == Activation::kRelu && (cpu || out.mask.defined())) ||
+                          (act == Activation::kGelu && (cpu || weight.size(0) % 8 == 0)));
+    if (fusable) {
+      node.set_activation_fusion(
+          {.act = act,
+           .act_input_saved = 2,
+           .relu_mask_saved = out.mask.defined() ? 3 : -1,
+           .bias_input = 2,
+           .from_preactivation = [](const Tensor& g, const std::vector<Tensor>& s,
+                                    std::span<GradSlot> grads) {
+             linear_backward(g, s[0], s[1], grads[0], grads[1], {});
+           }});
     }
   }
   return out.y;
 }
 
 namespace {
-LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      bool relu_mask) {
   const char* op = linear_name(act);
   const LinearDims d = check_linear(op, x, weight, bias);
   const std::int64_t n = d.batch * d.out;
@@ -223,10 +250,21 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
         ep = has_bias ? k::Epilogue::kBiasGeluAux : k::Epilogue::kGeluAux;
       }
       // One kernel where cuBLASLt has the epilogue; else the GEMM, the bias and the activation.
-      const bool fused = ep != k::Epilogue::kNone &&
-                         graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
-                                                  d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep,
-                                                  b, o.z.defined() ? pre : nullptr);
+      // ReLU's bit mask for a fused backward, where asked for and cuBLASLt writes one.
+      bool fused = false;
+      if (act == Activation::kRelu && relu_mask) {
+        const std::int64_t words = k::relu_mask_bytes(d.batch, d.out) / 4;
+        o.mask = Tensor::empty({words}, {DType::kFloat32, x.device()});
+        fused = graphward::gemm_epilogue(
+            x.device(), scope.stream(), false, true, d.batch, d.out, d.in, ptr<T>(x),
+            ptr<T>(weight), out, has_bias ? k::Epilogue::kBiasReluAux : k::Epilogue::kReluAux, b,
+            o.mask.raw_data());
+        if (!fused) o.mask = Tensor();
+      }
+      fused = fused || (ep != k::Epilogue::kNone &&
+                        graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
+                                                 d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep,
+                                                 b, o.z.defined() ? pre : nullptr));
       if (!fused) {
         gemm_cuda<T>(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
         if (has_bias) {
@@ -239,6 +277,7 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
     return o;
 #endif
   }
+  (void)relu_mask;  // the CPU backend needs no mask: its fused backward reads the output
   o.y = new_output({d.batch, d.out}, x);
   if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
@@ -305,6 +344,26 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   linear_backward(dz, x, weight, grad_x, grad_weight, grad_bias);
 }
 
+namespace {
+// Note [Backward epilogue fusion]: the checks of grad_x's epilogue (before anything is written).
+void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d, const Tensor& x) {
+  GW_CHECK(ep.act == Activation::kRelu || ep.act == Activation::kGelu, op,
+           ": grad_x's epilogue has no activation; expected ReLU or GELU");
+  GW_CHECK(ep.act_input.defined() && ep.act_input.shape() == Shape({d.batch, d.in}) &&
+               ep.act_input.dtype() == x.dtype() && ep.act_input.device() == x.device(),
+           op, ": grad_x's epilogue reads ", ep.act_input.str(), "; expected the [", d.batch, ", ",
+           d.in, "] ", dtype_name(x.dtype()), " activation input on ", x.device().str());
+  GW_CHECK(!ep.relu_mask.defined() ||
+               (ep.act == Activation::kRelu && x.is_cuda() &&
+                ep.relu_mask.nbytes() == static_cast<std::size_t>(
+                                             kernels::relu_mask_bytes(d.batch, d.in))),
+           op, ": grad_x's epilogue has a ReLU mask of ", ep.relu_mask.nbytes(),
+           " bytes; expected ", kernels::relu_mask_bytes(d.batch, d.in), " (CUDA, ReLU only)");
+  GW_CHECK(ep.bias.tensor != nullptr, op, ": grad_x's epilogue has no bias gradient slot");
+  check_slot(op, "grad_x's epilogue bias", ep.bias, {d.in}, x);
+}
+}  // namespace
+
 void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
                      GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "linear_backward";
@@ -316,13 +375,60 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
   const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
   const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  // Note [Backward epilogue fusion]: grad_x is then the pre-activation gradient of the layer
+  // that made x, and that layer's bias gradient is written too.
+  const GradEpilogue* ep = want_x ? grad_x.epilogue : nullptr;
+  if (ep) {
+    check_epilogue(op, *ep, d, x);
+    GW_CHECK(!grad_x.accumulate, op, ": grad_x has an epilogue and accumulates; an epilogue "
+                                     "writes the sole gradient of its layer");
+  }
+  const std::int64_t nx = d.batch * d.in;
   // dx [B,in] = dy [B,out] · W [out,in];  dW [out,in] = dyᵀ · x;  db [out] = Σ_rows dy
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&grad_out, &x, &weight});
+    if (ep) {
+      if (ep->relu_mask.defined()) {
+        scope.read({&ep->act_input, &ep->relu_mask});
+      } else {
+        scope.read({&ep->act_input});
+      }
+    }
     dispatch_cuda(x.dtype(), [&]<class T>() {
-      if (want_x) {
+      if (want_x && ep) {
+        (void)open_slot(grad_x, x, scope.stream());
+        T* dz = slot_ptr<T>(grad_x);
+        const bool acc_pb = open_slot(ep->bias, {d.in}, x, scope.stream());
+        // The epilogue writes the bias gradient: into the slot, or beside it to be added in.
+        Tensor scratch = acc_pb ? new_output({d.in}, x) : Tensor();
+        T* pb = acc_pb ? ptr<T>(scratch) : slot_ptr<T>(ep->bias);
+        const bool relu = ep->act == Activation::kRelu;
+        const void* aux = relu ? (ep->relu_mask.defined() ? ep->relu_mask.raw_data() : nullptr)
+                               : ep->act_input.raw_data();
+        const bool fused =
+            aux != nullptr &&
+            graphward::gemm_act_grad(x.device(), scope.stream(), false, false, d.batch, d.in,
+                                     d.out, ptr<T>(grad_out), ptr<T>(weight), dz,
+                                     relu ? k::Epilogue::kDReluBgrad : k::Epilogue::kDGeluBgrad,
+                                     aux, pb);
+        if (!fused) {  // the same arithmetic in three kernels
+          gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight,
+                       false, dz);
+          if (relu) {
+            k::relu_backward(dz, dz, ptr<T>(ep->act_input), nx, false, scope.stream());
+          } else {
+            k::gelu_backward(dz, dz, ptr<T>(ep->act_input), nx, false, scope.stream());
+          }
+          k::column_sum<T>(pb, dz, nullptr, 1.f, d.batch, d.in, false, scope.stream());
+        }
+        if (acc_pb) {
+          T* bias_grad = slot_ptr<T>(ep->bias);
+          k::binary_forward(k::BinaryOp::kAdd, bias_grad, bias_grad, d.in, pb, d.in, d.in,
+                            scope.stream());
+        }
+      } else if (want_x) {
         const bool acc = open_slot(grad_x, x, scope.stream());
         gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
                      slot_ptr<T>(grad_x));
@@ -354,6 +460,16 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     if (want_x) {
       const bool acc = open_slot(grad_x, x, nullptr);
       gemm_cpu<T>(false, false, d.batch, d.in, d.out, grad_out, weight, acc, slot_ptr<T>(grad_x));
+      if (ep) {  // the pre-activation gradient of x's layer, and that layer's bias gradient
+        T* dz = slot_ptr<T>(grad_x);
+        if (ep->act == Activation::kRelu) {
+          k::cpu::relu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+        } else {
+          k::cpu::gelu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+        }
+        const bool acc_pb = open_slot(ep->bias, {d.in}, x, nullptr);
+        k::cpu::column_sum<T>(slot_ptr<T>(ep->bias), dz, nullptr, T(1), d.batch, d.in, acc_pb);
+      }
     }
     if (want_w) {
       const bool acc = open_slot(grad_weight, weight, nullptr);

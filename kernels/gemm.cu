@@ -126,22 +126,38 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
         case Epilogue::kBiasGeluAux:
           epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
           break;
+        case Epilogue::kReluAux:
+          epilogue = CUBLASLT_EPILOGUE_RELU_AUX;
+          break;
+        case Epilogue::kBiasReluAux:
+          epilogue = CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+          break;
+        case Epilogue::kDReluBgrad:
+          epilogue = CUBLASLT_EPILOGUE_DRELU_BGRAD;
+          break;
+        case Epilogue::kDGeluBgrad:
+          epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+          break;
       }
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
-      if (epilogue_has_bias(options.epilogue)) {
-        // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of
-        // our row-major C, as a linear layer's bias is.
+      if (epilogue_has_bias(options.epilogue) || epilogue_is_backward(options.epilogue)) {
+        // cuBLASLt's bias (and bias gradient) has one value per row of its D (column-major
+        // [n, m]): per column of our row-major C, as a linear layer's bias is.
         const cudaDataType_t bias_type = type;
         GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
       }
       if (epilogue_has_aux(options.epilogue)) {
-        const std::int64_t aux_ld = n;  // laid out like C
+        // ReLU's bit mask: a row of C per relu_mask_ld(n) bits; GELU's input: laid out like C.
+        const bool mask = epilogue_relu_mask(options.epilogue);
+        const std::int64_t aux_ld = mask ? relu_mask_ld(n) : n;
         GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                        &aux_ld, sizeof(aux_ld)));
-        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
+        if (!mask) {
+          GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+              desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
+        }
       }
     }
     const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
@@ -184,7 +200,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     cublasLtMatmulHeuristicResult_t results[kCandidates]{};
     int found = 0;
     // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
-    if (epilogue_has_aux(options.epilogue) && n % 8 != 0) {
+    if (epilogue_has_aux(options.epilogue) && !epilogue_relu_mask(options.epilogue) &&
+        n % 8 != 0) {
       cublasLtMatmulPreferenceDestroy(pref);
       return;  // not usable: the caller runs separate kernels
     }
@@ -257,7 +274,7 @@ void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c,
                  std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
                  const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
-  if (options_.bias_grad_a) {
+  if (options_.bias_grad_a || epilogue_is_backward(options_.epilogue)) {
     GW_CHECK(bias_grad != nullptr,
              "LtGemm::run: this plan fuses a bias gradient; expected its "
              "output pointer, got null");
@@ -276,8 +293,8 @@ void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c,
     }
   }
   if (epilogue_has_aux(options_.epilogue)) {
-    GW_CHECK(aux != nullptr, "LtGemm::run: this plan writes the pre-activation; expected its "
-                             "pointer, got null");
+    GW_CHECK(aux != nullptr, "LtGemm::run: this plan's epilogue has an aux matrix (the "
+                             "pre-activation or ReLU's mask); expected its pointer, got null");
     if (aux != aux_) {
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                      &aux, sizeof(aux)));

@@ -16,6 +16,15 @@
 
 namespace graphward::kernels {
 
+// ReLU's bit mask for a row-major C [m, n]: each row padded to a multiple of 128 bits (cuBLASLt's
+// leading-dimension rule), m rows.
+constexpr std::int64_t relu_mask_ld(std::int64_t n) {
+  return (n + 127) / 128 * 128;
+}
+constexpr std::int64_t relu_mask_bytes(std::int64_t m, std::int64_t n) {
+  return relu_mask_ld(n) / 8 * m;
+}
+
 #if GRAPHWARD_HAS_CUDA
 // A cuBLAS handle and the workspace it must use on one stream. The launcher calls
 // cublasSetStream and then cublasSetWorkspace: setting the stream resets the workspace to cuBLAS's
@@ -42,17 +51,41 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
                   const float* b, float beta, float* c, cudaStream_t stream);
 
-// A forward epilogue (row-major terms of gemm(), beta = 0): C = act(op(A)·op(B) + bias), the bias
-// [n] added to every row. kGeluAux also writes the pre-activation op(A)·op(B) + bias into `aux`
-// ([m, n], row-major, like C): what GELU's backward reads. GELU is the tanh approximation.
-enum class Epilogue : std::uint8_t { kNone, kBias, kRelu, kBiasRelu, kGeluAux, kBiasGeluAux };
+// An epilogue (row-major terms of gemm(), beta = 0). Forward: C = act(op(A)·op(B) + bias), the
+// bias [n] added to every row. kGeluAux also writes the pre-activation op(A)·op(B) + bias into
+// `aux` ([m, n], row-major, like C): what GELU's backward reads. kReluAux writes ReLU's bit mask
+// into `aux` (relu_mask_bytes(m, n) bytes, cuBLASLt's layout: a row of C per relu_mask_ld(n)
+// bits). GELU is the tanh approximation. Backward (Note [Backward epilogue fusion]):
+// kDReluBgrad / kDGeluBgrad write C = (op(A)·op(B)) ⊙ act'(·), act' read from a forward's `aux`
+// (the bit mask / the pre-activation), and the bias gradient Σ_rows C [n] into `bias_grad`.
+enum class Epilogue : std::uint8_t {
+  kNone,
+  kBias,
+  kRelu,
+  kBiasRelu,
+  kGeluAux,
+  kBiasGeluAux,
+  kReluAux,
+  kBiasReluAux,
+  kDReluBgrad,
+  kDGeluBgrad,
+};
 constexpr bool epilogue_has_bias(Epilogue e) {
-  return e == Epilogue::kBias || e == Epilogue::kBiasRelu || e == Epilogue::kBiasGeluAux;
+  return e == Epilogue::kBias || e == Epilogue::kBiasRelu || e == Epilogue::kBiasGeluAux ||
+         e == Epilogue::kBiasReluAux;
 }
 constexpr bool epilogue_has_aux(Epilogue e) {
-  return e == Epilogue::kGeluAux || e == Epilogue::kBiasGeluAux;
+  return e == Epilogue::kGeluAux || e == Epilogue::kBiasGeluAux || e == Epilogue::kReluAux ||
+         e == Epilogue::kBiasReluAux || e == Epilogue::kDReluBgrad || e == Epilogue::kDGeluBgrad;
 }
-
+// The aux is ReLU's bit mask (else a matrix laid out like C).
+constexpr bool epilogue_relu_mask(Epilogue e) {
+  return e == Epilogue::kReluAux || e == Epilogue::kBiasReluAux || e == Epilogue::kDReluBgrad;
+}
+// A backward epilogue: reads the aux, writes a bias gradient.
+constexpr bool epilogue_is_backward(Epilogue e) {
+  return e == Epilogue::kDReluBgrad || e == Epilogue::kDGeluBgrad;
+}
 // What a cuBLASLt plan may fuse into its epilogue and which algorithms it may pick.
 struct LtOptions {
   // Also writes bias_grad[m] = Σ_k op(A)[i, k] (row-major terms of gemm(); cuBLASLt's BGRADB,
@@ -62,7 +95,7 @@ struct LtOptions {
   // Allow split-K algorithms (a second, reduction kernel on some): the heuristic's first choice.
   // Without: the same choice with its split removed (one kernel), where cuBLASLt accepts that.
   bool split_k = true;
-  // A forward epilogue (not with bias_grad_a).
+  // An epilogue (not with bias_grad_a).
   Epilogue epilogue = Epilogue::kNone;
   // Batched: `batch` independent GEMMs over contiguous matrices (A, B and C each hold `batch`
   // matrices back to back), one launch. Not with an epilogue or a bias gradient.
@@ -88,8 +121,9 @@ class LtGemm {
 
   // False when the heuristic offered no algorithm: use gemm() (and a reduction) instead.
   bool usable() const { return usable_; }
-  // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise);
-  // bias ([n]) and aux ([m, n]): the epilogue's (required where it has them, ignored otherwise).
+  // bias_grad: the [m] output of LtOptions::bias_grad_a, or the [n] one of a backward epilogue
+  // (required then, ignored otherwise); bias ([n]) and aux: the epilogue's (required where it has
+  // them, ignored otherwise; a backward epilogue only reads the aux).
   // The pointers are float32 or bfloat16 data, as LtOptions::bf16 says.
   void run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
            std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,

@@ -176,6 +176,79 @@ TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
   for (const Tensor* t : {&w1, &b1, &w2, &b2}) EXPECT_EQ(values(t->grad()), plain[i++]);
 }
 
+// Note [Backward epilogue fusion]: a linear+activation layer whose output feeds one linear layer
+// alone leaves its activation backward and bias gradient to that layer. On the CPU the fused plan
+// runs the same arithmetic in the same order: the gradients are bitwise the unfused ones, through
+// a chain of fused layers (ReLU into GELU into a plain linear), in both write modes.
+TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
+  const Tensor w1 = param({7, 5}, 1), b1 = param({7}, 2), w2 = param({6, 7}, 3),
+               b2 = param({6}, 4), w3 = param({3, 6}, 5), b3 = param({3}, 6);
+  const Tensor x = param({4, 5}, 7), target = randn({4, 3}, 8, f64());
+  auto loss = [&] {
+    const Tensor h1 = linear(x, w1, b1, Activation::kRelu);
+    const Tensor h2 = linear(h1, w2, b2, Activation::kGelu);
+    return mse_loss(linear(h2, w3, b3), target);
+  };
+  const std::vector<const Tensor*> params{&x, &w1, &b1, &w2, &b2, &w3, &b3};
+  const BackwardPlan fused = plan_for({loss()});
+  int fusing = 0, from_pre = 0;
+  for (const auto& st : fused.steps) {
+    fusing += st.fuses_activation_of >= 0;
+    from_pre += st.preactivation_grad;
+    if (st.fuses_activation_of >= 0) {  // the bias gradient moved to the consumer
+      EXPECT_TRUE(fused.steps[st.fuses_activation_of].preactivation_grad) << fused.dump();
+      EXPECT_EQ(fused.buffers[st.fused_bias.buffer].contributors,
+                std::vector<int>{static_cast<int>(&st - fused.steps.data())})
+          << fused.dump();
+    }
+  }
+  EXPECT_EQ(fusing, 2) << fused.dump();
+  EXPECT_EQ(from_pre, 2) << fused.dump();
+  const BackwardPlan plain = plan_for({loss()}, GradWrite::kAccumulate,
+                                      {.fuse_activation_epilogues = false});
+  for (const auto& st : plain.steps) {
+    EXPECT_EQ(st.fuses_activation_of, -1);
+    EXPECT_FALSE(st.preactivation_grad);
+  }
+  for (const GradWrite mode : {GradWrite::kOverwrite, GradWrite::kAccumulate}) {
+    std::vector<std::vector<double>> expected;
+    for (const Tensor* t : params) t->grad() = Tensor();
+    for (int i = 0; i < 2; ++i) {  // twice: the second accumulates into .grad under kAccumulate
+      backward(loss(), {.grad_write = mode, .fuse_activation_epilogues = false});
+    }
+    for (const Tensor* t : params) {
+      expected.push_back(values(t->grad()));
+      t->grad() = Tensor();
+    }
+    for (int i = 0; i < 2; ++i) backward(loss(), {.grad_write = mode});
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(values(params[i]->grad()), expected[i]) << "parameter " << i;
+    }
+  }
+}
+
+// What the plan must not fuse: an activation output read by another op too, a layer without a
+// bias, a bias shared by two layers, a consumer that is not a linear layer.
+TEST(AutogradCpu, ActivationEpiloguesAreFusedOnlyWhereNothingElseSeesTheDifference) {
+  const Tensor w1 = param({5, 5}, 1), b1 = param({5}, 2), w2 = param({5, 5}, 3),
+               b2 = param({5}, 4);
+  const Tensor x = param({3, 5}, 5);
+  auto fused_steps = [](const Tensor& loss) {
+    int n = 0;
+    for (const auto& st : plan_for({loss}).steps) n += st.fuses_activation_of >= 0;
+    return n;
+  };
+  const Tensor h = linear(x, w1, b1, Activation::kRelu);
+  EXPECT_EQ(fused_steps(sum(linear(h, w2, b2))), 1);
+  EXPECT_EQ(fused_steps(add(sum(linear(h, w2, b2)), sum(h))), 0) << "h read twice";
+  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, Tensor(), Activation::kRelu), w2, b2))), 0)
+      << "no bias";
+  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, b1, Activation::kRelu), w2, b1))), 0)
+      << "b1 shared";
+  EXPECT_EQ(fused_steps(sum(matmul(h, w2))), 0) << "matmul takes no epilogue";
+  EXPECT_EQ(fused_steps(sum(linear(h, w2, b2, Activation::kGelu))), 1);
+}
+
 TEST(AutogradCpu, UnusedInputsAndBranchesGetNoGradient) {
   const Tensor used = param({3}, 1), unused = param({3}, 2), side = param({3}, 3);
   const Tensor branch_not_in_loss = mul(side, 2.0);  // computed, never part of the loss

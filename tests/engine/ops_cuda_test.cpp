@@ -548,6 +548,85 @@ TEST_F(CudaOps, LinearBackwardWithMixedSlotModes) {
   }
 }
 
+// Note [Backward epilogue fusion]: a 3-layer MLP (ReLU, then GELU, then plain) trained through the
+// fused plan gives the unfused plan's gradients (cuBLASLt's DRELU/DGELU_BGRAD epilogues reduce the
+// bias in another order: within GEMM tolerance), in both write modes, and each fused layer costs
+// one kernel less (its activation backward rides in its consumer's GEMM; the bias gradient moves
+// from the weight-gradient GEMM's epilogue to that one). Widths that are not multiples of 128
+// (the mask's padded rows) included.
+TEST(CudaLinearEpilogue, FusedActivationEpiloguesGiveTheUnfusedGradientsWithOneKernelLessPerLayer) {
+  GW_REQUIRE_GPU();  // no poisoning here: it would add a fill kernel per allocation
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    Stream s(kGpu);
+    StreamGuard on(s);
+    auto param = [&](const Shape& shape, std::uint64_t seed) {
+      return cast(mul(randn(shape, seed, {DType::kFloat32, kGpu}), 0.2), dtype)
+          .set_requires_grad(true);
+    };
+    const Tensor w1 = param({100, 256}, 1), b1 = param({100}, 2), w2 = param({96, 100}, 3),
+                 b2 = param({96}, 4), w3 = param({10, 96}, 5), b3 = param({10}, 6);
+    const Tensor x = cast(randn({64, 256}, 7, {DType::kFloat32, kGpu}), dtype);
+    const std::vector<const Tensor*> params{&w1, &b1, &w2, &b2, &w3, &b3};
+    auto loss = [&] {
+      const Tensor h1 = linear(x, w1, b1, Activation::kRelu);
+      const Tensor h2 = linear(h1, w2, b2, Activation::kGelu);
+      return sum(cast(linear(h2, w3, b3), DType::kFloat32));
+    };
+    const BackwardPlan plan = plan_for({loss()}, GradWrite::kOverwrite);
+    int fusing = 0;
+    for (const auto& st : plan.steps) fusing += st.fuses_activation_of >= 0;
+    ASSERT_EQ(fusing, 2) << dtype_name(dtype) << "\n" << plan.dump();
+    const double tol = dtype == DType::kFloat32 ? kGemmTol : 2e-2;
+    for (const GradWrite mode : {GradWrite::kOverwrite, GradWrite::kAccumulate}) {
+      std::vector<std::vector<double>> plain;
+      for (const Tensor* t : params) t->grad() = Tensor();
+      for (int i = 0; i < 2; ++i) {
+        backward(loss(), {.grad_write = mode, .fuse_activation_epilogues = false});
+      }
+      for (const Tensor* t : params) {
+        plain.push_back(testing::values(cast(t->grad(), DType::kFloat32)));
+        t->grad() = Tensor();
+      }
+      for (int i = 0; i < 2; ++i) backward(loss(), {.grad_write = mode});
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        EXPECT_LT(rel_error(testing::values(cast(params[i]->grad(), DType::kFloat32)), plain[i]),
+                  tol)
+            << dtype_name(dtype) << " parameter " << i << " mode " << static_cast<int>(mode);
+      }
+    }
+    if (dtype != DType::kFloat32) continue;
+    auto step = [&](bool fuse) {
+      return [&, fuse] {
+        const Tensor l = loss();
+        backward(l, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse});
+        return l;
+      };
+    };
+    const std::size_t unfused = kernels_in(s, step(false)), fused = kernels_in(s, step(true));
+    EXPECT_EQ(fused + 2, unfused) << "fused " << fused << ", unfused " << unfused;
+  }
+}
+
+// linear_backward's epilogue where cuBLASLt has none to offer (no ReLU mask; GELU on a width that
+// is not a multiple of 8): the same arithmetic as separate kernels, against the CPU.
+TEST_F(CudaOps, ALinearInputGradientEpilogueWithoutCublasLtMatchesTheCpu) {
+  for (const Activation act : {Activation::kRelu, Activation::kGelu}) {
+    const Tensor x = rand({33, 13}), w = rand({20, 13}), dy = rand({33, 20});
+    const Tensor pre = rand({33, 13});
+    const Tensor act_in = act == Activation::kRelu ? relu(pre) : pre;
+    for (bool acc_bias : {false, true}) {
+      Tensor cdx, cdb = rand({13});
+      Tensor gdx, gdb = gpu(cdb);
+      const GradEpilogue cpu_ep{act, act_in, Tensor(), {&cdb, acc_bias}};
+      const GradEpilogue gpu_ep{act, gpu(act_in), Tensor(), {&gdb, acc_bias}};
+      linear_backward(dy, x, w, {&cdx, false, false, &cpu_ep}, {}, {});
+      linear_backward(gpu(dy), gpu(x), gpu(w), {&gdx, false, false, &gpu_ep}, {}, {});
+      EXPECT_LT(rel_error(gdx, cdx), kGemmTol) << static_cast<int>(act) << " " << acc_bias;
+      EXPECT_LT(rel_error(gdb, cdb), kGemmTol) << static_cast<int>(act) << " " << acc_bias;
+    }
+  }
+}
+
 // ---- tensors on the GPU -------------------------------------------------------------------------
 
 TEST_F(CudaOps, RandomTensorsAreBitwiseEqualOnCpuAndGpu) {
