@@ -5,6 +5,7 @@
 // iteration in three modes:
 //
 //   Mlp/hidden:H/layers:L/batch:B/mode:M
+//   MlpUnfusedEpilogues/...                       (the same, Note [Backward epilogue fusion] off)
 //   Convnet/batch:B/image:S/channels:C/mode:M     (3xSxS images, convs of C and 2C channels;
 //                                                  cuDNN's fastest algorithms, as PyTorch's default)
 //   Transformer/batch:B/seq:T/dim:D/mode:M        (D/16 heads, MLP 4D, vocabulary 64)
@@ -34,8 +35,9 @@ namespace ex = graphward::examples;
 namespace {
 
 template <class Model>
-void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode) {
-  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode);
+void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode,
+               bool fuse_epilogues = true) {
+  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode, fuse_epilogues);
   int i = 0;
   for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
@@ -69,6 +71,16 @@ void mlp(benchmark::State& state) {
                           mode_arg(state, 3));
 }
 
+// The same MLP with Note [Backward epilogue fusion] off: each GELU's backward its own kernel and
+// each bias gradient in its layer's weight-gradient GEMM (the plan before the fusion).
+void mlp_unfused(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  run_model<ex::MlpModel>(state,
+                          {.in = 256, .hidden = state.range(0), .classes = 10,
+                           .batch = state.range(2), .layers = static_cast<int>(state.range(1))},
+                          mode_arg(state, 3), /*fuse_epilogues=*/false);
+}
+
 void convnet(benchmark::State& state) {
   if (gw::bench::skip_without_gpu(state)) return;
   run_model<ex::ConvnetModel>(state,
@@ -92,6 +104,15 @@ void transformer(benchmark::State& state) {
 // Launch-bound (hidden 256, batch 128) and GEMM-bound (hidden 2048, batch 1024) MLPs.
 BENCHMARK(mlp)
     ->Name("Mlp")
+    ->ArgNames({"hidden", "layers", "batch", "mode"})
+    ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
+    ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(mlp_unfused)
+    ->Name("MlpUnfusedEpilogues")
     ->ArgNames({"hidden", "layers", "batch", "mode"})
     ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
     ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})

@@ -69,7 +69,9 @@ BackwardGraph::~BackwardGraph() {
 
 void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
   graphward::backward(
-      loss, {.grad_write = grad_write, .split_weight_grads = options_.split_weight_grads});
+      loss, {.grad_write = grad_write,
+             .split_weight_grads = options_.split_weight_grads,
+             .fuse_activation_epilogues = options_.fuse_activation_epilogues});
   ++eager_;
 }
 
@@ -296,7 +298,8 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     // Capture: the eager executor runs the plan under stream capture from the caller's stream,
     // each other forward stream mapped onto a private capture stream.
     BackwardPlan plan =
-        plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
+        plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads,
+                        .fuse_activation_epilogues = options_.fuse_activation_epilogues});
     use_capture_streams(plan);
     auto fresh = std::make_shared<Executable>();
     if (sig.source == capture::TapeSignature::Source::kLog) {
@@ -432,7 +435,8 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   const cudaStream_t caller = current_stream(device_);
   ensure_seed(loss, caller);
   BackwardPlan plan =
-      plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads});
+      plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads,
+                        .fuse_activation_epilogues = options_.fuse_activation_epilogues});
   // As backward() does: the .grads the graph writes exist before the capture; the caller waits
   // where rule 6 needs it (the whole scan: trace() is not a hot path).
   std::vector<Tensor> leaves;

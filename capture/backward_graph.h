@@ -63,6 +63,8 @@ struct BackwardGraphOptions {
   // the same setting (the warm-up must: it initializes the side streams' GEMM handles outside
   // the capture); eager alone, host-bound, it does not pay: set it off for eager comparisons.
   bool split_weight_grads = true;
+  // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
+  bool fuse_activation_epilogues = true;
 };
 
 // The shape of a captured graph.

@@ -253,7 +253,8 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         epilogue.act = f.act;
         epilogue.act_input = made.saved()[f.act_input_saved].tensor;
         if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
-        epilogue.bias = {&plan.buffers[step.fused_bias.buffer].leaf.grad(),
+        const BackwardPlan::Buffer& bb = plan.buffers[step.fused_bias.buffer];
+        epilogue.bias = {bb.kind == Kind::kLeaf ? &bb.leaf.grad() : &buffers[step.fused_bias.buffer],
                          step.fused_bias.accumulate};
         slots[0].epilogue = &epilogue;
       }

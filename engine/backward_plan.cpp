@@ -312,9 +312,9 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   // activation backward and its bias gradient to the linear layer C that consumes its output when
   // nothing else can see the difference: C and P on one stream, C's the only contribution to P's
   // output gradient (no seed, no staged part: P's output feeds C alone), C's input-0 write a
-  // plain one, and P's bias gradient written by P alone (moved to C: earlier, on the same stream,
-  // so every order rule 5 asked of it still holds). P's weight gradient stays P's (on its side
-  // stream where it has one).
+  // plain one, and P's bias gradient buffer written by P alone (the write moves to C: earlier,
+  // on the same stream, so every wait placed after P, and rule 5's order, still hold). P's weight
+  // gradient stays P's (on its side stream where it has one).
   if (options.fuse_activation_epilogues) {
     for (int c = 0; c < num_steps; ++c) {
       BackwardPlan::Step& cs = plan.steps[c];
@@ -330,16 +330,17 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
       }
       const BackwardPlan::Write bias = ps.writes[static_cast<std::size_t>(f->bias_input)];
       if (bias.buffer < 0) continue;
-      BackwardPlan::Buffer& lb = plan.buffers[bias.buffer];
-      if (lb.kind != BackwardPlan::BufferKind::kLeaf || lb.contributors != std::vector<int>{p}) {
-        continue;
-      }
+      // The bias is a leaf, or made by a node (a cast to bfloat16, say): either way its gradient
+      // buffer must have P as its only writer, which waits or joins already order after P.
+      BackwardPlan::Buffer& bb = plan.buffers[bias.buffer];
+      if (bb.contributors != std::vector<int>{p}) continue;
       cs.fuses_activation_of = p;
       cs.fused_bias = bias;
       ps.writes[static_cast<std::size_t>(f->bias_input)] = {};
       ps.preactivation_grad = true;
-      lb.contributors = {c};
-      lb.first_use = lb.last_use = c;
+      bb.contributors = {c};
+      bb.first_use = c;
+      if (bb.kind == BackwardPlan::BufferKind::kLeaf) bb.last_use = c;
     }
   }
 

@@ -78,7 +78,8 @@ struct BackwardPlan {
     int side_event = -1;
     // Note [Backward epilogue fusion] (engine/ops.h): this step's input-0 gradient is the
     // pre-activation gradient of step `fuses_activation_of` (its sole consumer's), whose bias
-    // gradient it also writes (`fused_bias`, moved here from that step's writes); -1: not fused.
+    // gradient it also writes (`fused_bias`, moved here from that step's writes: a leaf's .grad
+    // or a gradient buffer); -1: not fused.
     int fuses_activation_of = -1;
     Write fused_bias;
     // This step's grad_buffer holds the gradient of its pre-activation (its consumer applied the

@@ -50,13 +50,15 @@ template <class Model>
 class Trainer {
  public:
   using Config = typename Model::Config;
-  Trainer(const Config& c, Device device, Mode mode)
-      : config_(c), device_(device), mode_(mode), model_(c, device),
+  // fuse_epilogues: BackwardOptions::fuse_activation_epilogues in every mode (comparisons).
+  Trainer(const Config& c, Device device, Mode mode, bool fuse_epilogues = true)
+      : config_(c), device_(device), mode_(mode), fuse_(fuse_epilogues), model_(c, device),
         data_(Model::data(c, device)),
         opt_(model_.params(), AdamWOptions{.lr = c.lr, .weight_decay = 0.0}) {
     if (mode == Mode::kBackwardGraph) {
       arena_ = std::make_unique<StepArena>(device);
-      bw_ = std::make_unique<BackwardGraph>(device);
+      bw_ = std::make_unique<BackwardGraph>(
+          device, BackwardGraphOptions{.fuse_activation_epilogues = fuse_epilogues});
     }
     if (mode == Mode::kStepGraph) {
       x_ = zeros(data_.x.front().shape(), {data_.x.front().dtype(), device});
@@ -72,7 +74,7 @@ class Trainer {
     switch (mode_) {
       case Mode::kEager: {
         const Tensor loss = model_.loss(x, t);
-        backward(loss, {.grad_write = GradWrite::kOverwrite});
+        backward(loss, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse_});
         opt_.step();
         return loss;
       }
@@ -95,7 +97,7 @@ class Trainer {
         }
         return step_graph_->run([&] {
           const Tensor loss = model_.loss(x_, t_);
-          backward(loss, {.grad_write = GradWrite::kOverwrite});
+          backward(loss, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse_});
           opt_.step();
           return loss;
         });
@@ -115,6 +117,7 @@ class Trainer {
   Config config_;
   Device device_;
   Mode mode_;
+  bool fuse_ = true;
   Model model_;
   Batches data_;
   AdamW opt_;

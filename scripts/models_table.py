@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON file cut short)
 
 # (model, its configuration as written in the names, mode)
-GW = re.compile(r"(Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
+GW = re.compile(r"(MlpUnfusedEpilogues|Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
 TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:(eager|graph)")
 TITLES = {
     "mlp": "MLP (input 256, hidden layers of linear + GELU, 10 classes)",
@@ -83,6 +83,17 @@ def main():
             name = " ".join(f"{k} {v}" for k, v in c)
             print(f"{name:32s} {fmt(e, 10)} {fmt(bg, 10)} {fmt(fs, 10)} {fmt(pe, 10)} "
                   f"{fmt(pg, 10)} {fmt(ratio(pe, e), 8, 2)} {fmt(ratio(fs, pg), 10, 2)}")
+    # The MLP with the backward epilogue fusion off (bench/models_bench.cpp), where measured.
+    configs = sorted({k[1] for k in gw if k[0] == "mlpunfusedepilogues"},
+                     key=lambda c: [v for _, v in c])
+    if configs:
+        print("\nMLP backward epilogue fusion (fused / unfused step time, same run)")
+        print(f"{'config':32s} {'mode':>15s} {'fused':>10s} {'unfused':>10s} {'ratio':>8s}")
+        for c in configs:
+            for m, mode in enumerate(("eager", "backward graph", "full step")):
+                f, u = gw.get(("mlp", c, m)), gw.get(("mlpunfusedepilogues", c, m))
+                name = " ".join(f"{k} {v}" for k, v in c)
+                print(f"{name:32s} {mode:>15s} {fmt(f, 10)} {fmt(u, 10)} {fmt(ratio(f, u), 8, 2)}")
     return 0
 
 

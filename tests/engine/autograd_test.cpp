@@ -179,14 +179,16 @@ TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
 // Note [Backward epilogue fusion]: a linear+activation layer whose output feeds one linear layer
 // alone leaves its activation backward and bias gradient to that layer. On the CPU the fused plan
 // runs the same arithmetic in the same order: the gradients are bitwise the unfused ones, through
-// a chain of fused layers (ReLU into GELU into a plain linear), in both write modes.
+// a chain of fused layers (ReLU into GELU into a plain linear), in both write modes, with a bias
+// that is a leaf and one that a node made.
 TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   const Tensor w1 = param({7, 5}, 1), b1 = param({7}, 2), w2 = param({6, 7}, 3),
                b2 = param({6}, 4), w3 = param({3, 6}, 5), b3 = param({3}, 6);
   const Tensor x = param({4, 5}, 7), target = randn({4, 3}, 8, f64());
   auto loss = [&] {
     const Tensor h1 = linear(x, w1, b1, Activation::kRelu);
-    const Tensor h2 = linear(h1, w2, b2, Activation::kGelu);
+    // A bias made by a node (as a cast to bfloat16 makes one): its gradient buffer moves too.
+    const Tensor h2 = linear(h1, w2, mul(b2, 1.5), Activation::kGelu);
     return mse_loss(linear(h2, w3, b3), target);
   };
   const std::vector<const Tensor*> params{&x, &w1, &b1, &w2, &b2, &w3, &b3};
