@@ -133,10 +133,9 @@ void Node::set_activation_fusion(ActivationFusion fusion) {
   GW_CHECK(fusion.act != Activation::kNone && fusion.from_preactivation &&
                fusion.act_input_saved >= 0 &&
                fusion.act_input_saved < static_cast<int>(saved_.size()) &&
-               fusion.relu_mask_saved < static_cast<int>(saved_.size()) && fusion.bias_input >= 0 &&
-               fusion.bias_input < static_cast<int>(inputs_.size()),
-           "node ", label(), ": an activation fusion needs an activation, its saved input, the "
-           "bias's input index and a backward from the pre-activation");
+               fusion.relu_mask_saved < static_cast<int>(saved_.size()),
+           "node ", label(), ": an activation fusion needs an activation, its saved input and a "
+           "backward from the pre-activation");
   fusion_ = std::make_unique<ActivationFusion>(std::move(fusion));
 }
 

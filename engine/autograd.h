@@ -121,18 +121,16 @@ class Node {
     Activation act = Activation::kNone;
     int act_input_saved = -1;  // saved index: the output (ReLU) or the pre-activation (GELU)
     int relu_mask_saved = -1;  // saved index of ReLU's bit mask, or -1 (none was written)
-    int bias_input = -1;       // the bias's input index
-    BackwardFn from_preactivation;  // the backward given the pre-activation's gradient, no bias
+    BackwardFn from_preactivation;  // the backward given the pre-activation's gradient
   };
-  // Set on a linear+activation layer with a bias, which may leave its activation backward and
-  // its bias gradient to the layer that consumes its output; null otherwise.
+  // Set on a linear+activation layer, which may leave its activation backward to the layer that
+  // consumes its output; null otherwise.
   const ActivationFusion* activation_fusion() const { return fusion_.get(); }
   void set_activation_fusion(ActivationFusion fusion);
   // Set on a linear layer, whose backward takes GradSlot::epilogue on input 0.
   bool takes_input_epilogue() const { return input_epilogue_; }
   void set_takes_input_epilogue() { input_epilogue_ = true; }
-  // apply() for a fused layer: grad_out is the pre-activation's gradient; the bias slot is not
-  // written (its consumer wrote it).
+  // apply() for a fused layer: grad_out is the pre-activation's gradient.
   void apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> grads) const;
 
  private:

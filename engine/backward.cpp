@@ -245,7 +245,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
                     share};
       }
       // Note [Backward epilogue fusion] (engine/ops.h): the input gradient of this step is the
-      // pre-activation gradient of the layer that made its input, bias gradient included.
+      // pre-activation gradient of the layer that made its input.
       GradEpilogue epilogue;
       if (step.fuses_activation_of >= 0) {
         const Node& made = *plan.steps[step.fuses_activation_of].node;
@@ -253,9 +253,6 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         epilogue.act = f.act;
         epilogue.act_input = made.saved()[f.act_input_saved].tensor;
         if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
-        const BackwardPlan::Buffer& bb = plan.buffers[step.fused_bias.buffer];
-        epilogue.bias = {bb.kind == Kind::kLeaf ? &bb.leaf.grad() : &buffers[step.fused_bias.buffer],
-                         step.fused_bias.accumulate};
         slots[0].epilogue = &epilogue;
       }
       auto apply = [&](std::span<GradSlot> part) {

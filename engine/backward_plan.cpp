@@ -309,12 +309,10 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   }
 
   // 5. Note [Backward epilogue fusion] (engine/ops.h): a linear+activation layer P hands its
-  // activation backward and its bias gradient to the linear layer C that consumes its output when
-  // nothing else can see the difference: C and P on one stream, C's the only contribution to P's
-  // output gradient (no seed, no staged part: P's output feeds C alone), C's input-0 write a
-  // plain one, and P's bias gradient buffer written by P alone (the write moves to C: earlier,
-  // on the same stream, so every wait placed after P, and rule 5's order, still hold). P's weight
-  // gradient stays P's (on its side stream where it has one).
+  // activation backward to the linear layer C that consumes its output when nothing else can see
+  // the difference: C and P on one stream, C's the only contribution to P's output gradient (no
+  // seed, no staged part: P's output feeds C alone) and a plain write (=). Nothing moves between
+  // streams or steps: C writes P's gradient buffer as before, only its contents change.
   if (options.fuse_activation_epilogues) {
     for (int c = 0; c < num_steps; ++c) {
       BackwardPlan::Step& cs = plan.steps[c];
@@ -322,25 +320,14 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
       if (!cs.node->takes_input_epilogue() || owners.empty() || owners[0] < 0) continue;
       const int p = step_of[owners[0]];
       BackwardPlan::Step& ps = plan.steps[p];
-      const Node::ActivationFusion* f = ps.node->activation_fusion();
-      if (!f || cs.stream != ps.stream || cs.writes[0].buffer != ps.grad_buffer ||
-          cs.writes[0].accumulate || !ps.staged.empty() || !ps.seeds.empty() ||
+      if (!ps.node->activation_fusion() || cs.stream != ps.stream ||
+          cs.writes[0].buffer != ps.grad_buffer || cs.writes[0].accumulate ||
+          !ps.staged.empty() || !ps.seeds.empty() ||
           plan.buffers[ps.grad_buffer].contributors != std::vector<int>{c}) {
         continue;
       }
-      const BackwardPlan::Write bias = ps.writes[static_cast<std::size_t>(f->bias_input)];
-      if (bias.buffer < 0) continue;
-      // The bias is a leaf, or made by a node (a cast to bfloat16, say): either way its gradient
-      // buffer must have P as its only writer, which waits or joins already order after P.
-      BackwardPlan::Buffer& bb = plan.buffers[bias.buffer];
-      if (bb.contributors != std::vector<int>{p}) continue;
       cs.fuses_activation_of = p;
-      cs.fused_bias = bias;
-      ps.writes[static_cast<std::size_t>(f->bias_input)] = {};
       ps.preactivation_grad = true;
-      bb.contributors = {c};
-      bb.first_use = c;
-      if (bb.kind == BackwardPlan::BufferKind::kLeaf) bb.last_use = c;
     }
   }
 
@@ -413,8 +400,7 @@ std::string BackwardPlan::dump() const {
       if (st.side_event >= 0) os << " recording e" << st.side_event;
     }
     if (st.fuses_activation_of >= 0) {
-      os << ", in0 through step " << st.fuses_activation_of << "'s activation, its bias b"
-         << st.fused_bias.buffer << (st.fused_bias.accumulate ? "+=" : "=");
+      os << ", in0 through step " << st.fuses_activation_of << "'s activation";
     }
     if (st.preactivation_grad) os << ", from the pre-activation";
     if (st.event >= 0) os << ", records e" << st.event;

@@ -77,13 +77,10 @@ struct BackwardPlan {
     std::vector<int> side_waits;
     int side_event = -1;
     // Note [Backward epilogue fusion] (engine/ops.h): this step's input-0 gradient is the
-    // pre-activation gradient of step `fuses_activation_of` (its sole consumer's), whose bias
-    // gradient it also writes (`fused_bias`, moved here from that step's writes: a leaf's .grad
-    // or a gradient buffer); -1: not fused.
+    // pre-activation gradient of step `fuses_activation_of` (its sole consumer's); -1: not fused.
     int fuses_activation_of = -1;
-    Write fused_bias;
     // This step's grad_buffer holds the gradient of its pre-activation (its consumer applied the
-    // activation's backward) and its bias gradient is written already.
+    // activation's backward).
     bool preactivation_grad = false;
   };
   struct Wait {
@@ -122,7 +119,7 @@ struct PlanOptions {
   // a side stream per forward stream, off the critical path (the input gradient). Opt-in.
   bool split_weight_grads = false;
   // Note [Backward epilogue fusion] (engine/ops.h): a linear+activation layer's activation
-  // backward and bias gradient ride in its consumer's input-gradient GEMM where the plan allows.
+  // backward rides in its consumer's input-gradient GEMM where the plan allows.
   bool fuse_activation_epilogues = true;
 };
 

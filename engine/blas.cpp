@@ -231,19 +231,15 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
   return true;
 }
 
-// A forward epilogue (bias read, aux written), or a backward one (aux read, bias_grad written).
+// A forward epilogue (bias read, aux written), or a backward one (aux read).
 bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, const void* a, const void* b, void* c,
-                  kernels::Epilogue epilogue, const void* bias, void* aux, bool bf16,
-                  void* bias_grad = nullptr) {
+                  kernels::Epilogue epilogue, const void* bias, void* aux, bool bf16) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
   if (kernels::epilogue_has_bias(epilogue)) alignment = std::min(alignment, alignment_of(bias));
   if (kernels::epilogue_has_aux(epilogue)) alignment = std::min(alignment, alignment_of(aux));
-  if (kernels::epilogue_is_backward(epilogue)) {
-    alignment = std::min(alignment, alignment_of(bias_grad));
-  }
   const GemmKey key{m, n, k, trans_a, trans_b, alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),
@@ -251,7 +247,7 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                                        .bf16 = bf16}};
   kernels::LtGemm& plan = lt_plan(blas, device, key);
   if (!plan.usable()) return false;
-  plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad, bias,
+  plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
            aux);
   return true;
 }
@@ -303,17 +299,17 @@ bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_
 
 bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
-                   kernels::Epilogue epilogue, const void* aux, float* bias_grad) {
+                   kernels::Epilogue epilogue, const void* aux) {
   GW_CHECK(kernels::epilogue_is_backward(epilogue), "gemm_act_grad: expected a backward epilogue");
   return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, nullptr,
-                      const_cast<void*>(aux), false, bias_grad);
+                      const_cast<void*>(aux), false);
 }
 bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
-                   kernels::Epilogue epilogue, const void* aux, bf16* bias_grad) {
+                   kernels::Epilogue epilogue, const void* aux) {
   GW_CHECK(kernels::epilogue_is_backward(epilogue), "gemm_act_grad: expected a backward epilogue");
   return run_epilogue(device, stream, trans_a, trans_b, m, n, k, a, b, c, epilogue, nullptr,
-                      const_cast<void*>(aux), true, bias_grad);
+                      const_cast<void*>(aux), true);
 }
 
 #endif

@@ -75,16 +75,16 @@ bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_
                    std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
                    kernels::Epilogue epilogue, const bf16* bias = nullptr, void* aux = nullptr);
 
-// Note [Backward epilogue fusion]: C[m,n] = (op(A)·op(B)) ⊙ act'(·) and bias_grad[n] = Σ_rows C,
-// written (never accumulated), in one cuBLASLt kernel — `epilogue` kDReluBgrad (aux: the forward's
-// ReLU bit mask) or kDGeluBgrad (aux: the forward's pre-activation, [m, n]). Returns false, having
-// launched nothing, where cuBLASLt offers no algorithm.
+// Note [Backward epilogue fusion]: C[m,n] = (op(A)·op(B)) ⊙ act'(·) in one cuBLASLt kernel —
+// `epilogue` kDRelu (aux: the forward's ReLU bit mask) or kDGelu (aux: the forward's
+// pre-activation, [m, n]). Returns false, having launched nothing, where cuBLASLt offers no
+// algorithm.
 bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const float* a, const float* b, float* c,
-                   kernels::Epilogue epilogue, const void* aux, float* bias_grad);
+                   kernels::Epilogue epilogue, const void* aux);
 bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, const bf16* a, const bf16* b, bf16* c,
-                   kernels::Epilogue epilogue, const void* aux, bf16* bias_grad);
+                   kernels::Epilogue epilogue, const void* aux);
 #endif
 
 }  // namespace graphward

@@ -600,6 +600,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   }
   storage->block_bytes_ = block;
   storage->cacheable_ = cacheable;
+  storage->graph_allocation_ = capturing_here && bytes > 0;
   return storage;
 #else
   (void)bytes, (void)stream;
@@ -618,7 +619,8 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 // it, its fences, its arena slot), then move to a new Storage on a deferred list; that one is
 // released by the usual rules (cache, arena, or pool) once none of its streams is capturing: at
 // the end of each graphward capture (capture_stream), at the next allocation made outside a
-// capture, or by empty_cache. Graph-pool storage is not deferred: it is the capture's own.
+// capture, or by empty_cache. Graph-pool storage is not deferred: it is the capture's own; nor is
+// memory allocated inside the capture (an allocation node's), which a free node must release.
 namespace {
 struct DeferredList {
   std::mutex mutex;
@@ -699,7 +701,10 @@ std::size_t detail::release_deferred_storage() noexcept {
 
 Storage::~Storage() {
   // Note [Frees during a capture]
-  if (!graph_pool_ && data_ && !device_.is_cpu() && capturing_a_user() && defer_release()) return;
+  if (!graph_pool_ && !graph_allocation_ && data_ && !device_.is_cpu() && capturing_a_user() &&
+      defer_release()) {
+    return;
+  }
   if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
   if (graph_pool_) {  // the pool keeps the memory (Note [Graph memory pool])
     try {

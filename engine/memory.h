@@ -151,6 +151,7 @@ class Storage {
   std::size_t bytes_ = 0;
   std::size_t block_bytes_ = 0;  // the block's size (bytes_ rounded up)
   bool cacheable_ = false;       // may go to the block cache when freed (Note [Block cache])
+  bool graph_allocation_ = false;  // allocated inside a capture (an allocation node's memory)
   std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner

@@ -36,8 +36,7 @@ struct GradSlot {
   bool may_share = false;
   // Note [Backward epilogue fusion]: set by the backward executor on the input gradient of a
   // linear layer (linear_backward's grad_x) whose input is the output of a linear+activation
-  // layer with a bias: what to write into the slot is then that layer's pre-activation gradient,
-  // and its bias gradient goes to epilogue->bias.
+  // layer: what to write into the slot is then that layer's pre-activation gradient.
   const GradEpilogue* epilogue = nullptr;
 };
 
@@ -69,21 +68,23 @@ enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
 // the pre-activation x · weightᵀ + bias (GELU).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
 // Note [Backward epilogue fusion]
-// A linear+activation layer P (linear(x, W, b, kRelu | kGelu), b defined) whose output feeds one
-// linear layer C alone gets its activation backward and its bias gradient from C: C's input
-// gradient GEMM dy·W_C applies act'(·) and sums the bias gradient in its epilogue (cuBLASLt's
-// DRELU_BGRAD / DGELU_BGRAD: one kernel instead of three — GEMM, act', column sum), and P's own
-// backward starts from the pre-activation gradient (its weight and input gradients only). The
-// backward plan decides (PlanOptions::fuse_activation_epilogues, on by default: both layers on
-// one stream, P's output gradient C's alone, P's bias gradient written by P alone) and hands C
-// the epilogue (GradSlot::epilogue). ReLU's derivative is read from the bit mask cuBLASLt wrote in
-// P's forward (RELU_AUX), GELU's from its pre-activation. Where cuBLASLt declines a shape (or on
-// the CPU) C runs the same arithmetic as separate kernels, so the result never depends on it.
+// A linear+activation layer P (linear(x, W, b, kRelu | kGelu)) whose output feeds one linear
+// layer C alone gets its activation backward from C: C's input-gradient GEMM dy·W_C applies
+// act'(·) in its epilogue (cuBLASLt's DRELU / DGELU: one kernel instead of two), and P's own
+// backward starts from the pre-activation gradient — its weight-gradient GEMM still writes its
+// bias gradient (BGRADB), so a linear+activation layer's backward is two GEMMs in all, where
+// PyTorch's is two GEMMs, the activation's backward and a bias reduction. The backward plan
+// decides (PlanOptions::fuse_activation_epilogues, on by default: both layers on one stream, P's
+// output gradient C's alone) and hands C the epilogue (GradSlot::epilogue). ReLU's derivative is
+// read from the bit mask cuBLASLt wrote in P's forward (RELU_AUX), GELU's from its
+// pre-activation. Where cuBLASLt declines a shape (or on the CPU) C runs the same arithmetic as
+// two kernels, so the result never depends on it. (Moving P's bias gradient into C's epilogue
+// too — DRELU_BGRAD / DGELU_BGRAD — was measured slower on the H200: that reduction runs across
+// the batch, the GEMM's columns, in a kernel of its own; docs/RESULTS.md.)
 struct GradEpilogue {
   Activation act = Activation::kNone;
   Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
   Tensor relu_mask;  // ReLU on CUDA: the bit mask of P's forward (undefined: none was written)
-  GradSlot bias;     // P's bias gradient
 };
 
 // `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's

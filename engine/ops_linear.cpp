@@ -180,7 +180,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
   const char* name = linear_name(act);
   detail::NvtxRange range(name);
   const bool grad = needs_grad({&x, &weight, &bias});
-  LinearOut out = linear_impl(x, weight, bias, act, grad && bias.defined());
+  LinearOut out = linear_impl(x, weight, bias, act, grad);
   if (grad) {
     auto backward = [act](const Tensor& g, const std::vector<Tensor>& s,
                           std::span<GradSlot> grads) {
@@ -197,24 +197,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
       record(name, out.y, {&x, &weight}, std::move(saved), backward);
     }
     // Note [Backward epilogue fusion]: any linear layer takes an epilogue on its input gradient;
-    // a linear+activation layer with a bias may hand its own to its consumer — on the CPU (the
-    // same arithmetic as separate steps), and on CUDA where cuBLASLt can read what it needs: the
-    // ReLU mask (made above when it could be), GELU's pre-activation (its width a multiple of 8).
+    // a linear+activation layer may hand its activation backward to its consumer — on the CPU
+    // (the same arithmetic as separate steps), and on CUDA where cuBLASLt can read what it needs:
+    // the ReLU mask (made above when it could be), GELU's pre-activation (width a multiple of 8).
     Node& node = *out.y.grad_fn();
     node.set_takes_input_epilogue();
     const bool cpu = !x.is_cuda();
-    const bool fusable = bias.defined() &&
-                         ((act == Activation::kRelu && (cpu || out.mask.defined())) ||
-                          (act == Activation::kGelu && (cpu || weight.size(0) % 8 == 0)));
+    const bool fusable = (act == Activation::kRelu && (cpu || out.mask.defined())) ||
+                         (act == Activation::kGelu && (cpu || weight.size(0) % 8 == 0));
     if (fusable) {
       node.set_activation_fusion(
           {.act = act,
            .act_input_saved = 2,
            .relu_mask_saved = out.mask.defined() ? 3 : -1,
-           .bias_input = 2,
            .from_preactivation = [](const Tensor& g, const std::vector<Tensor>& s,
                                     std::span<GradSlot> grads) {
-             linear_backward(g, s[0], s[1], grads[0], grads[1], {});
+             linear_backward(g, s[0], s[1], grads[0], grads[1],
+                             grads.size() > 2 ? grads[2] : GradSlot{});
            }});
     }
   }
@@ -359,8 +358,6 @@ void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d,
                                              kernels::relu_mask_bytes(d.batch, d.in))),
            op, ": grad_x's epilogue has a ReLU mask of ", ep.relu_mask.nbytes(),
            " bytes; expected ", kernels::relu_mask_bytes(d.batch, d.in), " (CUDA, ReLU only)");
-  GW_CHECK(ep.bias.tensor != nullptr, op, ": grad_x's epilogue has no bias gradient slot");
-  check_slot(op, "grad_x's epilogue bias", ep.bias, {d.in}, x);
 }
 }  // namespace
 
@@ -376,7 +373,7 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
   const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
   // Note [Backward epilogue fusion]: grad_x is then the pre-activation gradient of the layer
-  // that made x, and that layer's bias gradient is written too.
+  // that made x.
   const GradEpilogue* ep = want_x ? grad_x.epilogue : nullptr;
   if (ep) {
     check_epilogue(op, *ep, d, x);
@@ -400,10 +397,6 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       if (want_x && ep) {
         (void)open_slot(grad_x, x, scope.stream());
         T* dz = slot_ptr<T>(grad_x);
-        const bool acc_pb = open_slot(ep->bias, {d.in}, x, scope.stream());
-        // The epilogue writes the bias gradient: into the slot, or beside it to be added in.
-        Tensor scratch = acc_pb ? new_output({d.in}, x) : Tensor();
-        T* pb = acc_pb ? ptr<T>(scratch) : slot_ptr<T>(ep->bias);
         const bool relu = ep->act == Activation::kRelu;
         const void* aux = relu ? (ep->relu_mask.defined() ? ep->relu_mask.raw_data() : nullptr)
                                : ep->act_input.raw_data();
@@ -411,9 +404,8 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
             aux != nullptr &&
             graphward::gemm_act_grad(x.device(), scope.stream(), false, false, d.batch, d.in,
                                      d.out, ptr<T>(grad_out), ptr<T>(weight), dz,
-                                     relu ? k::Epilogue::kDReluBgrad : k::Epilogue::kDGeluBgrad,
-                                     aux, pb);
-        if (!fused) {  // the same arithmetic in three kernels
+                                     relu ? k::Epilogue::kDRelu : k::Epilogue::kDGelu, aux);
+        if (!fused) {  // the same arithmetic in two kernels
           gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight,
                        false, dz);
           if (relu) {
@@ -421,12 +413,6 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
           } else {
             k::gelu_backward(dz, dz, ptr<T>(ep->act_input), nx, false, scope.stream());
           }
-          k::column_sum<T>(pb, dz, nullptr, 1.f, d.batch, d.in, false, scope.stream());
-        }
-        if (acc_pb) {
-          T* bias_grad = slot_ptr<T>(ep->bias);
-          k::binary_forward(k::BinaryOp::kAdd, bias_grad, bias_grad, d.in, pb, d.in, d.in,
-                            scope.stream());
         }
       } else if (want_x) {
         const bool acc = open_slot(grad_x, x, scope.stream());
@@ -460,15 +446,13 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     if (want_x) {
       const bool acc = open_slot(grad_x, x, nullptr);
       gemm_cpu<T>(false, false, d.batch, d.in, d.out, grad_out, weight, acc, slot_ptr<T>(grad_x));
-      if (ep) {  // the pre-activation gradient of x's layer, and that layer's bias gradient
+      if (ep) {  // the pre-activation gradient of x's layer
         T* dz = slot_ptr<T>(grad_x);
         if (ep->act == Activation::kRelu) {
           k::cpu::relu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
         } else {
           k::cpu::gelu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
         }
-        const bool acc_pb = open_slot(ep->bias, {d.in}, x, nullptr);
-        k::cpu::column_sum<T>(slot_ptr<T>(ep->bias), dz, nullptr, T(1), d.batch, d.in, acc_pb);
       }
     }
     if (want_w) {

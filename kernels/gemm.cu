@@ -132,18 +132,18 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
         case Epilogue::kBiasReluAux:
           epilogue = CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
           break;
-        case Epilogue::kDReluBgrad:
-          epilogue = CUBLASLT_EPILOGUE_DRELU_BGRAD;
+        case Epilogue::kDRelu:
+          epilogue = CUBLASLT_EPILOGUE_DRELU;
           break;
-        case Epilogue::kDGeluBgrad:
-          epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+        case Epilogue::kDGelu:
+          epilogue = CUBLASLT_EPILOGUE_DGELU;
           break;
       }
       GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                      &epilogue, sizeof(epilogue)));
-      if (epilogue_has_bias(options.epilogue) || epilogue_is_backward(options.epilogue)) {
-        // cuBLASLt's bias (and bias gradient) has one value per row of its D (column-major
-        // [n, m]): per column of our row-major C, as a linear layer's bias is.
+      if (epilogue_has_bias(options.epilogue)) {
+        // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of
+        // our row-major C, as a linear layer's bias is.
         const cudaDataType_t bias_type = type;
         GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
             desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
@@ -274,7 +274,7 @@ void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c,
                  std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
                  const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
-  if (options_.bias_grad_a || epilogue_is_backward(options_.epilogue)) {
+  if (options_.bias_grad_a) {
     GW_CHECK(bias_grad != nullptr,
              "LtGemm::run: this plan fuses a bias gradient; expected its "
              "output pointer, got null");

@@ -55,9 +55,9 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
 // bias [n] added to every row. kGeluAux also writes the pre-activation op(A)·op(B) + bias into
 // `aux` ([m, n], row-major, like C): what GELU's backward reads. kReluAux writes ReLU's bit mask
 // into `aux` (relu_mask_bytes(m, n) bytes, cuBLASLt's layout: a row of C per relu_mask_ld(n)
-// bits). GELU is the tanh approximation. Backward (Note [Backward epilogue fusion]):
-// kDReluBgrad / kDGeluBgrad write C = (op(A)·op(B)) ⊙ act'(·), act' read from a forward's `aux`
-// (the bit mask / the pre-activation), and the bias gradient Σ_rows C [n] into `bias_grad`.
+// bits). GELU is the tanh approximation. Backward (Note [Backward epilogue fusion]): kDRelu /
+// kDGelu write C = (op(A)·op(B)) ⊙ act'(·), act' read from a forward's `aux` (the bit mask / the
+// pre-activation).
 enum class Epilogue : std::uint8_t {
   kNone,
   kBias,
@@ -67,8 +67,8 @@ enum class Epilogue : std::uint8_t {
   kBiasGeluAux,
   kReluAux,
   kBiasReluAux,
-  kDReluBgrad,
-  kDGeluBgrad,
+  kDRelu,
+  kDGelu,
 };
 constexpr bool epilogue_has_bias(Epilogue e) {
   return e == Epilogue::kBias || e == Epilogue::kBiasRelu || e == Epilogue::kBiasGeluAux ||
@@ -76,15 +76,15 @@ constexpr bool epilogue_has_bias(Epilogue e) {
 }
 constexpr bool epilogue_has_aux(Epilogue e) {
   return e == Epilogue::kGeluAux || e == Epilogue::kBiasGeluAux || e == Epilogue::kReluAux ||
-         e == Epilogue::kBiasReluAux || e == Epilogue::kDReluBgrad || e == Epilogue::kDGeluBgrad;
+         e == Epilogue::kBiasReluAux || e == Epilogue::kDRelu || e == Epilogue::kDGelu;
 }
 // The aux is ReLU's bit mask (else a matrix laid out like C).
 constexpr bool epilogue_relu_mask(Epilogue e) {
-  return e == Epilogue::kReluAux || e == Epilogue::kBiasReluAux || e == Epilogue::kDReluBgrad;
+  return e == Epilogue::kReluAux || e == Epilogue::kBiasReluAux || e == Epilogue::kDRelu;
 }
-// A backward epilogue: reads the aux, writes a bias gradient.
+// A backward epilogue: reads the aux.
 constexpr bool epilogue_is_backward(Epilogue e) {
-  return e == Epilogue::kDReluBgrad || e == Epilogue::kDGeluBgrad;
+  return e == Epilogue::kDRelu || e == Epilogue::kDGelu;
 }
 // What a cuBLASLt plan may fuse into its epilogue and which algorithms it may pick.
 struct LtOptions {
@@ -121,9 +121,9 @@ class LtGemm {
 
   // False when the heuristic offered no algorithm: use gemm() (and a reduction) instead.
   bool usable() const { return usable_; }
-  // bias_grad: the [m] output of LtOptions::bias_grad_a, or the [n] one of a backward epilogue
-  // (required then, ignored otherwise); bias ([n]) and aux: the epilogue's (required where it has
-  // them, ignored otherwise; a backward epilogue only reads the aux).
+  // bias_grad: the [m] output of LtOptions::bias_grad_a (required then, ignored otherwise);
+  // bias ([n]) and aux: the epilogue's (required where it has them, ignored otherwise; a backward
+  // epilogue only reads the aux).
   // The pointers are float32 or bfloat16 data, as LtOptions::bf16 says.
   void run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
            std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,

@@ -189,6 +189,11 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # racecheck checks shared-memory hazards; cuBLAS's GEMM kernels (library code, and most of the
   # suite's GPU time through the 2048³ busy-work chains) are excluded to keep it within minutes.
   [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
+  # initcheck: cuBLASLt's small-n bfloat16 kernels (cutlass ..._bf16_..._align2) load the output
+  # matrix before writing it although beta is 0 (its contract: C is not read then); the values are
+  # discarded — the bf16 tests pass with new memory poisoned with NaN — so cuBLAS's own GEMM
+  # kernels are left out of initcheck; every graphward kernel stays in.
+  [ "$tool" = initcheck ] && extra=(--kernel-name-exclude kns=gemm)
   # initcheck instruments every cuDNN candidate that cudnnFind* times (minutes per shape): its
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1

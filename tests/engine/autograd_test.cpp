@@ -177,10 +177,10 @@ TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
 }
 
 // Note [Backward epilogue fusion]: a linear+activation layer whose output feeds one linear layer
-// alone leaves its activation backward and bias gradient to that layer. On the CPU the fused plan
-// runs the same arithmetic in the same order: the gradients are bitwise the unfused ones, through
-// a chain of fused layers (ReLU into GELU into a plain linear), in both write modes, with a bias
-// that is a leaf and one that a node made.
+// alone leaves its activation backward to that layer. On the CPU the fused plan runs the same
+// arithmetic in the same order: the gradients are bitwise the unfused ones, through a chain of
+// fused layers (ReLU into GELU into a plain linear), in both write modes, with a bias that is a
+// leaf and one that a node made.
 TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   const Tensor w1 = param({7, 5}, 1), b1 = param({7}, 2), w2 = param({6, 7}, 3),
                b2 = param({6}, 4), w3 = param({3, 6}, 5), b3 = param({3}, 6);
@@ -197,11 +197,8 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   for (const auto& st : fused.steps) {
     fusing += st.fuses_activation_of >= 0;
     from_pre += st.preactivation_grad;
-    if (st.fuses_activation_of >= 0) {  // the bias gradient moved to the consumer
+    if (st.fuses_activation_of >= 0) {
       EXPECT_TRUE(fused.steps[st.fuses_activation_of].preactivation_grad) << fused.dump();
-      EXPECT_EQ(fused.buffers[st.fused_bias.buffer].contributors,
-                std::vector<int>{static_cast<int>(&st - fused.steps.data())})
-          << fused.dump();
     }
   }
   EXPECT_EQ(fusing, 2) << fused.dump();
@@ -229,8 +226,8 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   }
 }
 
-// What the plan must not fuse: an activation output read by another op too, a layer without a
-// bias, a bias shared by two layers, a consumer that is not a linear layer.
+// What the plan must not fuse: an activation output read by another op too, a consumer that is
+// not a linear layer; what it may: a layer without a bias, a bias shared by two layers.
 TEST(AutogradCpu, ActivationEpiloguesAreFusedOnlyWhereNothingElseSeesTheDifference) {
   const Tensor w1 = param({5, 5}, 1), b1 = param({5}, 2), w2 = param({5, 5}, 3),
                b2 = param({5}, 4);
@@ -243,9 +240,9 @@ TEST(AutogradCpu, ActivationEpiloguesAreFusedOnlyWhereNothingElseSeesTheDifferen
   const Tensor h = linear(x, w1, b1, Activation::kRelu);
   EXPECT_EQ(fused_steps(sum(linear(h, w2, b2))), 1);
   EXPECT_EQ(fused_steps(add(sum(linear(h, w2, b2)), sum(h))), 0) << "h read twice";
-  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, Tensor(), Activation::kRelu), w2, b2))), 0)
+  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, Tensor(), Activation::kRelu), w2, b2))), 1)
       << "no bias";
-  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, b1, Activation::kRelu), w2, b1))), 0)
+  EXPECT_EQ(fused_steps(sum(linear(linear(x, w1, b1, Activation::kRelu), w2, b1))), 1)
       << "b1 shared";
   EXPECT_EQ(fused_steps(sum(matmul(h, w2))), 0) << "matmul takes no epilogue";
   EXPECT_EQ(fused_steps(sum(linear(h, w2, b2, Activation::kGelu))), 1);

@@ -288,6 +288,22 @@ TEST_F(CudaStreams, ATensorDroppedInsideACaptureIsReleasedAfterItAndAddsNoNode) 
   EXPECT_EQ(again.to_vector<float>(), std::vector<float>(1000, 2.0f));
 }
 
+// ... while memory allocated inside the capture (an allocation node's) and dropped there is freed
+// there: a free node, as CUDA requires, not a deferred release after the graph is gone.
+TEST_F(CudaStreams, ATensorMadeAndDroppedInsideACaptureIsAnAllocationAndAFreeNode) {
+  Stream s(kGpu);
+  StreamGuard g(s);
+  cudaGraph_t graph = capture::capture_stream(s.get(), "test", "", [&] {
+    const Tensor inside = full({1000}, 1.0, kF32Gpu);
+  });
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const capture::NodeCounts counts = capture::count_nodes(graph);
+  EXPECT_EQ(counts.memory, 2u) << "expected one allocation and one free node";
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(detail::release_deferred_storage(), 0u);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_F(CudaStreams, ATensorUsedOnTwoStreamsAndDroppedInsideACaptureGoesBackToThePool) {
   Stream home(kGpu), reader(kGpu);
   empty_cache(kGpu);
