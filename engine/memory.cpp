@@ -580,7 +580,9 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   if (bytes > 0) {
     if (cacheable) p = cache_take(device.index, stream, block);
     if (!p) {
-      configure_pool_once(device.index);
+      // Not inside a capture, where setting a pool attribute is refused: the first eager
+      // allocation does it.
+      if (!capturing_here) configure_pool_once(device.index);
       GW_CUDA_CHECK(cudaMallocAsync(&p, block, stream));
     }
     if (debug::poison_new_memory()) {
