@@ -70,17 +70,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // Note [Backward epilogue fusion]
 // A linear+activation layer P (linear(x, W, b, kRelu | kGelu)) whose output feeds one linear
 // layer C alone gets its activation backward from C: C's input-gradient GEMM dy·W_C applies
-// act'(·) in its epilogue (cuBLASLt's DRELU / DGELU: one kernel instead of two), and P's own
-// backward starts from the pre-activation gradient — its weight-gradient GEMM still writes its
-// bias gradient (BGRADB), so a linear+activation layer's backward is two GEMMs in all, where
-// PyTorch's is two GEMMs, the activation's backward and a bias reduction. The backward plan
-// decides (PlanOptions::fuse_activation_epilogues, on by default: both layers on one stream, P's
-// output gradient C's alone) and hands C the epilogue (GradSlot::epilogue). ReLU's derivative is
-// read from the bit mask cuBLASLt wrote in P's forward (RELU_AUX), GELU's from its
-// pre-activation. Where cuBLASLt declines a shape (or on the CPU) C runs the same arithmetic as
-// two kernels, so the result never depends on it. (Moving P's bias gradient into C's epilogue
-// too — DRELU_BGRAD / DGELU_BGRAD — was measured slower on the H200: that reduction runs across
-// the batch, the GEMM's columns, in a kernel of its own; docs/RESULTS.md.)
+// act'(·) in its epilogue (cuBLASLt's DRELU / DGELU), and P's own backward starts from the
+// pre-activation gradient — its weight-gradient GEMM still writes its bias gradient (BGRADB), so
+// no temporary and no activation kernel of graphward's own remain. The backward plan decides
+// (PlanOptions::fuse_activation_epilogues, on by default: both layers on one stream, P's output
+// gradient C's alone) and hands C the epilogue (GradSlot::epilogue). ReLU's derivative is read
+// from the bit mask cuBLASLt wrote in P's forward (RELU_AUX), GELU's from its pre-activation.
+// Where cuBLASLt declines a shape (or on the CPU) C runs the same arithmetic as two kernels, so
+// the result never depends on it. Measured on the H200 (CUDA 13.0, fp32; docs/RESULTS.md):
+// cuBLASLt itself runs these epilogues as two kernels (a split-K GEMM and its reduction, or its
+// algorithm 55: GEMM, then epilogue), so the kernel count does not drop; the MLP's step is 3-9%
+// faster at the launch-bound size and unchanged at the GEMM-bound one. Also measured, and
+// rejected: the bias gradient in the same epilogue (DRELU_BGRAD / DGELU_BGRAD: a reduction across
+// the batch in a kernel of its own, 1.39x slower eager steps) and the split removed from these
+// GEMMs (1.24x slower at hidden 2048).
 struct GradEpilogue {
   Activation act = Activation::kNone;
   Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
