@@ -63,22 +63,20 @@ ex::Mode mode_arg(const benchmark::State& state, int i) {
   return static_cast<ex::Mode>(state.range(i));
 }
 
-void mlp(benchmark::State& state) {
+void run_mlp(benchmark::State& state, bool fuse_epilogues) {
   if (gw::bench::skip_without_gpu(state)) return;
   run_model<ex::MlpModel>(state,
                           {.in = 256, .hidden = state.range(0), .classes = 10,
                            .batch = state.range(2), .layers = static_cast<int>(state.range(1))},
-                          mode_arg(state, 3));
+                          mode_arg(state, 3), fuse_epilogues);
 }
-
-// The same MLP with Note [Backward epilogue fusion] off: each GELU's backward its own kernel and
-// each bias gradient in its layer's weight-gradient GEMM (the plan before the fusion).
+void mlp(benchmark::State& state) {
+  run_mlp(state, true);
+}
+// The same MLP with Note [Backward epilogue fusion] off: each GELU's backward its own kernel
+// (the plan before the fusion).
 void mlp_unfused(benchmark::State& state) {
-  if (gw::bench::skip_without_gpu(state)) return;
-  run_model<ex::MlpModel>(state,
-                          {.in = 256, .hidden = state.range(0), .classes = 10,
-                           .batch = state.range(2), .layers = static_cast<int>(state.range(1))},
-                          mode_arg(state, 3), /*fuse_epilogues=*/false);
+  run_mlp(state, false);
 }
 
 void convnet(benchmark::State& state) {

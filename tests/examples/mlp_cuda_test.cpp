@@ -1,6 +1,8 @@
 // The MLP example (examples/mlp.h) on the GPU in its three modes: each converges; the graph modes
 // capture once; the full-step graph's losses equal the eager ones bitwise (the same kernels in
 // the same order), the backward graph's within rounding (its weight-gradient side streams).
+#include <utility>
+
 #include "examples/mlp.h"
 #include "test_util.h"
 
@@ -8,42 +10,36 @@ namespace graphward {
 namespace {
 namespace ex = graphward::examples;
 
+// Trains `c` 60 steps in each mode: every mode converges, each graph is captured once, and the
+// full-step graph's losses equal the eager ones (the same kernels). Returns eager, backward graph.
+std::pair<ex::TrainResult, ex::TrainResult> expect_every_mode_converges(const ex::MlpConfig& c) {
+  const Device gpu = Device::cuda(0);
+  const ex::TrainResult eager = ex::train_mlp(c, gpu, ex::Mode::kEager, 60);
+  const ex::TrainResult bw = ex::train_mlp(c, gpu, ex::Mode::kBackwardGraph, 60);
+  const ex::TrainResult full = ex::train_mlp(c, gpu, ex::Mode::kStepGraph, 60);
+  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
+    EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
+  }
+  EXPECT_EQ(bw.captures, 1u);
+  EXPECT_EQ(full.captures, 1u);
+  EXPECT_EQ(full.first_loss, eager.first_loss);
+  EXPECT_EQ(full.last_loss, eager.last_loss);
+  return {eager, bw};
+}
+
 TEST(ExamplesCuda, TheMlpConvergesInEveryModeAndTheGraphsCaptureOnce) {
   GW_REQUIRE_GPU();
   // Small and short (the suite also runs under compute-sanitizer's racecheck, ~100x slower).
-  const ex::MlpConfig c{.in = 16, .hidden = 64, .classes = 4, .batch = 64, .layers = 2,
-                        .batches = 2, .lr = 1e-2};
-  const Device gpu = Device::cuda(0);
-  const ex::TrainResult eager = ex::train_mlp(c, gpu, ex::Mode::kEager, 60);
-  const ex::TrainResult bw = ex::train_mlp(c, gpu, ex::Mode::kBackwardGraph, 60);
-  const ex::TrainResult full = ex::train_mlp(c, gpu, ex::Mode::kStepGraph, 60);
-  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
-    EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
-  }
-  EXPECT_EQ(bw.captures, 1u);
-  EXPECT_EQ(full.captures, 1u);
-  EXPECT_EQ(full.first_loss, eager.first_loss);
-  EXPECT_EQ(full.last_loss, eager.last_loss);
+  const auto [eager, bw] = expect_every_mode_converges(
+      {.in = 16, .hidden = 64, .classes = 4, .batch = 64, .layers = 2, .batches = 2, .lr = 1e-2});
   EXPECT_NEAR(bw.last_loss, eager.last_loss, 1e-3 * eager.last_loss);
 }
 
-// Mixed precision (bfloat16 layers, float32 parameters and loss): converges in every mode, each
-// graph captured once, the full-step graph's losses equal the eager ones (the same kernels).
+// Mixed precision (bfloat16 layers, float32 parameters and loss).
 TEST(ExamplesCuda, TheBFloat16MlpConvergesInEveryMode) {
   GW_REQUIRE_GPU();
-  const ex::MlpConfig c{.in = 16, .hidden = 64, .classes = 4, .batch = 64, .layers = 2,
-                        .batches = 2, .lr = 1e-2, .bf16 = true};
-  const Device gpu = Device::cuda(0);
-  const ex::TrainResult eager = ex::train_mlp(c, gpu, ex::Mode::kEager, 60);
-  const ex::TrainResult bw = ex::train_mlp(c, gpu, ex::Mode::kBackwardGraph, 60);
-  const ex::TrainResult full = ex::train_mlp(c, gpu, ex::Mode::kStepGraph, 60);
-  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
-    EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
-  }
-  EXPECT_EQ(bw.captures, 1u);
-  EXPECT_EQ(full.captures, 1u);
-  EXPECT_EQ(full.first_loss, eager.first_loss);
-  EXPECT_EQ(full.last_loss, eager.last_loss);
+  (void)expect_every_mode_converges({.in = 16, .hidden = 64, .classes = 4, .batch = 64,
+                                     .layers = 2, .batches = 2, .lr = 1e-2, .bf16 = true});
 }
 
 }  // namespace
