@@ -12,7 +12,8 @@
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
-# "memcheck initcheck"; default all four).
+# "memcheck initcheck"; default all four), GW_FUZZ_PROGRAMS (random programs of step 2b, default
+# 1000; tests/fuzz).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -72,6 +73,18 @@ if [ $rc -eq 0 ] && [ "$skipped_gpu" -eq 0 ] && [ "$n_gpu" -gt 0 ]; then
 else
   record ctest FAIL "$line; $skipped_gpu of $n_gpu gpu tests skipped"
   grep -E 'Failed|\*\*\*|Skipped' "$LOG_DIR/ctest.log" | head -20
+fi
+
+# 2b. random programs (tests/fuzz): GW_FUZZ_PROGRAMS (default 1000) programs on one stream, on
+# their streams and replayed, against the float64 CPU program (the suite itself runs 25).
+start=$SECONDS
+GW_FUZZ_PROGRAMS=${GW_FUZZ_PROGRAMS:-1000} timeout 300 "$BIN/tests/graphward_gpu_tests" \
+  --gtest_filter='FuzzCuda.*' >"$LOG_DIR/fuzz.log" 2>&1
+if [ $? -eq 0 ] && grep -q '^\[  PASSED  \] 1 test' "$LOG_DIR/fuzz.log"; then
+  record fuzz ok "${GW_FUZZ_PROGRAMS:-1000} random programs; $((SECONDS - start)) s"
+else
+  record fuzz FAIL "see fuzz.log"
+  grep -A3 -E 'Failure|Failed' "$LOG_DIR/fuzz.log" | head -12
 fi
 
 # 3. the example on the GPU, with the built-in timeline of a traced replay and of an eager backward
