@@ -100,23 +100,16 @@ void transformer(benchmark::State& state) {
 }  // namespace
 
 // Launch-bound (hidden 256, batch 128) and GEMM-bound (hidden 2048, batch 1024) MLPs.
-BENCHMARK(mlp)
-    ->Name("Mlp")
-    ->ArgNames({"hidden", "layers", "batch", "mode"})
-    ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
-    ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
-
-BENCHMARK(mlp_unfused)
-    ->Name("MlpUnfusedEpilogues")
-    ->ArgNames({"hidden", "layers", "batch", "mode"})
-    ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
-    ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
-    ->UseManualTime()
-    ->MinTime(0.3)
-    ->Unit(benchmark::kMicrosecond);
+static void mlp_rows(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"hidden", "layers", "batch", "mode"})
+      ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
+      ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
+      ->UseManualTime()
+      ->MinTime(0.3)
+      ->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK(mlp)->Name("Mlp")->Apply(mlp_rows);
+BENCHMARK(mlp_unfused)->Name("MlpUnfusedEpilogues")->Apply(mlp_rows);
 
 // Launch-bound (the examples' sizes) and compute-bound convnets and transformers.
 BENCHMARK(convnet)
