@@ -4,10 +4,14 @@
 // Seeded and reproducible.
 #include <random>
 
+#include "engine/plan_checks.h"
 #include "test_util.h"
 
 namespace graphward {
 namespace {
+using testing::happens_before;
+using testing::required;
+using testing::satisfied;
 
 cudaStream_t fake_stream(int id) {
   return reinterpret_cast<cudaStream_t>(std::uintptr_t(id + 1) * 0x1000);
@@ -43,57 +47,6 @@ RandomTape make_tape(std::mt19937& rng, int num_nodes, int num_streams, int num_
   t.roots.push_back({t.nodes.back(), {}});
   if (num_nodes > 3 && rng() % 2) t.roots.push_back({t.nodes[rng() % (num_nodes - 1)], {}});
   return t;
-}
-
-// happens_before[a][b]: step a is ordered before step b by stream order and waits.
-std::vector<std::vector<bool>> happens_before(const BackwardPlan& p,
-                                              const std::vector<bool>& skip_wait) {
-  const int n = static_cast<int>(p.steps.size());
-  std::vector<std::vector<int>> next(n);
-  std::vector<int> last_on_stream(p.streams.size(), -1);
-  for (int i = 0; i < n; ++i) {
-    int& last = last_on_stream[p.steps[i].stream];
-    if (last >= 0) next[last].push_back(i);
-    last = i;
-  }
-  for (std::size_t w = 0; w < p.waits.size(); ++w) {
-    if (!skip_wait[w]) next[p.waits[w].producer].push_back(p.waits[w].consumer);
-  }
-  std::vector<std::vector<bool>> hb(n, std::vector<bool>(n, false));
-  for (int i = n - 1; i >= 0; --i) {  // every edge goes forward in plan order
-    for (int j : next[i]) {
-      hb[i][j] = true;
-      for (int k = 0; k < n; ++k) {
-        if (hb[j][k]) hb[i][k] = true;
-      }
-    }
-  }
-  return hb;
-}
-
-// The orderings the plan must guarantee: (earlier step, later step) pairs.
-std::vector<std::pair<int, int>> required(const BackwardPlan& p) {
-  std::vector<std::pair<int, int>> req;
-  for (const auto& b : p.buffers) {
-    if (b.kind == BackwardPlan::BufferKind::kGrad) {
-      for (int c : b.contributors) {
-        if (c >= 0) req.push_back({c, b.owner});
-      }
-    } else if (b.kind == BackwardPlan::BufferKind::kLeaf) {
-      for (std::size_t i = 1; i < b.contributors.size(); ++i) {
-        if (b.contributors[i - 1] >= 0 && b.contributors[i - 1] != b.contributors[i]) {
-          req.push_back({b.contributors[i - 1], b.contributors[i]});
-        }
-      }
-    }
-  }
-  return req;
-}
-
-bool satisfied(const BackwardPlan& p, const std::vector<std::vector<bool>>& hb,
-               const std::pair<int, int>& r) {
-  return p.steps[r.first].stream == p.steps[r.second].stream ? r.first < r.second
-                                                             : hb[r.first][r.second];
 }
 
 // Plans of 300 random tapes (1-30 nodes, 1-4 streams, a caller stream that may be unused,

@@ -1,6 +1,8 @@
 // Random programs on the CPU backend (tests/fuzz/random_program.h): every program's roots and leaf
-// gradients in float32 agree with the same program in float64, and the generator is
-// reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how many programs and from which seed.
+// gradients in float32 agree with the same program in float64; the backward plan of every
+// program's tape on its streams orders every gradient contribution and leaf write with no
+// redundant wait; and the generator is reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how many programs and from which seed.
+#include "engine/plan_checks.h"
 #include "fuzz/random_program.h"
 #include "test_util.h"
 
@@ -58,6 +60,40 @@ TEST(FuzzCpu, Float32GradientsOfRandomProgramsMatchTheFloat64Program) {
     const double d = fuzz::max_difference(got, ref, &what);
     ASSERT_LT(d, kTolerance) << what << "\n" << p.str();
   }
+}
+
+// The plans of the programs' tapes on their (fake) streams, with the caller's stream one of them or
+// another: every contribution reaches its consumer and every pair of writers of a leaf's .grad is
+// ordered (stream order or a wait), no wait can be dropped, and forks and joins cover exactly the
+// streams other than the caller's. Nothing runs: these are the plans the GPU would run.
+TEST(FuzzCpu, ThePlansOfRandomProgramsOnTheirStreamsAreOrderedAndMinimal) {
+  const int n = fuzz::programs_to_run(300);
+  const std::uint64_t first = fuzz::first_seed();
+  int total_waits = 0;
+  for (std::uint64_t seed = first; seed < first + static_cast<std::uint64_t>(n); ++seed) {
+    const fuzz::Program p = fuzz::generate(seed);
+    const int caller = static_cast<int>(seed % static_cast<std::uint64_t>(p.num_streams + 1));
+    // The roots keep the tape alive: a plan's steps point into it.
+    const std::vector<PlanRoot> roots = fuzz::tape_on_fake_streams(p, fuzz::fake_stream(caller));
+    const BackwardPlan plan = plan_backward(roots, fuzz::fake_stream(caller), GradWrite::kOverwrite);
+    SCOPED_TRACE(p.str() + plan.dump());
+    const auto hb = testing::happens_before(plan, std::vector<bool>(plan.waits.size(), false));
+    for (const auto& r : testing::required(plan)) {
+      ASSERT_TRUE(testing::satisfied(plan, hb, r)) << "step " << r.first << " -> " << r.second;
+    }
+    for (std::size_t w = 0; w < plan.waits.size(); ++w) {
+      std::vector<bool> skip(plan.waits.size(), false);
+      skip[w] = true;
+      const auto without = testing::happens_before(plan, skip);
+      bool needed = false;
+      for (const auto& r : testing::required(plan)) needed = needed || !testing::satisfied(plan, without, r);
+      ASSERT_TRUE(needed) << "wait " << w << " is redundant";
+    }
+    ASSERT_EQ(plan.forks.size(), plan.streams.size() - 1);
+    ASSERT_EQ(plan.joins, plan.forks);
+    total_waits += static_cast<int>(plan.waits.size());
+  }
+  if (n >= 300) EXPECT_GT(total_waits, 100) << "the programs should exercise cross-stream waits";
 }
 
 }  // namespace

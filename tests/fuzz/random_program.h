@@ -354,6 +354,37 @@ inline Outcome run(const Program& p, Device device, DType dtype, RunMode mode) {
   return out;
 }
 
+// The program's tape as nodes on fake streams (nothing runs; planning makes no CUDA call): a
+// node per op on stream handle fake_stream(op.stream), reading its operands and parameters
+// (leaves that require grad), and a root node per root on `caller`. For the plan's checks.
+inline cudaStream_t fake_stream(int id) {
+  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(id + 1) * 0x1000);
+}
+inline std::vector<PlanRoot> tape_on_fake_streams(const Program& p, cudaStream_t caller) {
+  constexpr Device kDev = Device::cuda(0);
+  std::vector<Tensor> leaves;
+  for (const Shape& s : p.leaves) leaves.push_back(zeros(s).set_requires_grad(true));
+  std::vector<std::shared_ptr<Node>> nodes;
+  auto input = [&](int v) {
+    if (v < static_cast<int>(leaves.size())) {
+      const Tensor& l = leaves[static_cast<std::size_t>(v)];
+      return InputMeta{l.shape(), DType::kFloat32, kDev, nullptr, {nullptr, l}};
+    }
+    const std::shared_ptr<Node>& n = nodes[static_cast<std::size_t>(v) - leaves.size()];
+    return InputMeta{n->output_shape(), DType::kFloat32, kDev, n->stream(), {n, Tensor()}};
+  };
+  for (const Op& o : p.ops) {
+    std::vector<InputMeta> in{input(o.a)};
+    for (int v : {o.b, o.weight, o.bias}) {
+      if (v >= 0) in.push_back(input(v));
+    }
+    nodes.push_back(make_node(op_name(o.kind), kDev, fake_stream(o.stream), std::move(in), o.shape));
+  }
+  std::vector<PlanRoot> roots;
+  for (int r : p.roots) roots.push_back({make_node("root", kDev, caller, {input(r)}, {}), Tensor()});
+  return roots;
+}
+
 // The largest relative difference, ‖a − b‖ / max(‖b‖, floor), over the roots and every leaf's
 // gradient; `what` names the worst (or one defined in one run only). `floor` keeps gradients
 // that are zero in exact arithmetic (a sum of layer_norm's outputs, a − a) from turning float32
