@@ -167,7 +167,8 @@ TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
     plain.push_back(values(t->grad()));
     t->grad() = Tensor();
   }
-  const BackwardPlan p = plan_for({loss()}, GradWrite::kAccumulate, {.split_weight_grads = true});
+  const Tensor planned = loss();  // a plan points into its tape: the root keeps it alive
+  const BackwardPlan p = plan_for({planned}, GradWrite::kAccumulate, {.split_weight_grads = true});
   int split = 0;
   for (const auto& st : p.steps) split += st.side_stream >= 0;
   EXPECT_EQ(split, 2) << p.dump();  // the two linears fed by another node
@@ -192,7 +193,8 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
     return mse_loss(linear(h2, w3, b3), target);
   };
   const std::vector<const Tensor*> params{&x, &w1, &b1, &w2, &b2, &w3, &b3};
-  const BackwardPlan fused = plan_for({loss()});
+  const Tensor planned = loss();  // a plan points into its tape: the root keeps it alive
+  const BackwardPlan fused = plan_for({planned});
   int fusing = 0, from_pre = 0;
   for (const auto& st : fused.steps) {
     fusing += st.fuses_activation_of >= 0;
@@ -203,7 +205,7 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   }
   EXPECT_EQ(fusing, 2) << fused.dump();
   EXPECT_EQ(from_pre, 2) << fused.dump();
-  const BackwardPlan plain = plan_for({loss()}, GradWrite::kAccumulate,
+  const BackwardPlan plain = plan_for({planned}, GradWrite::kAccumulate,
                                       {.fuse_activation_epilogues = false});
   for (const auto& st : plain.steps) {
     EXPECT_EQ(st.fuses_activation_of, -1);

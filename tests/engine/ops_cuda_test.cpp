@@ -570,7 +570,8 @@ TEST(CudaLinearEpilogue, FusedActivationEpiloguesGiveTheUnfusedGradients) {
       const Tensor h2 = linear(h1, w2, b2, Activation::kGelu);
       return sum(cast(linear(h2, w3, b3), DType::kFloat32));
     };
-    const BackwardPlan plan = plan_for({loss()}, GradWrite::kOverwrite);
+    const Tensor planned = loss();  // a plan points into its tape: the root keeps it alive
+    const BackwardPlan plan = plan_for({planned}, GradWrite::kOverwrite);
     int fusing = 0;
     for (const auto& st : plan.steps) fusing += st.fuses_activation_of >= 0;
     ASSERT_EQ(fusing, 2) << dtype_name(dtype) << "\n" << plan.dump();
