@@ -40,13 +40,16 @@ enum class OpKind {
   kLayerNorm,   // with new weight and bias [c]
   kTranspose,   // [r, c] -> [c, r]
   kConcat,      // [r, c1] ++ [r, c2] along dim 1 (two values with the same rows)
+  kLogSoftmax,  // over the last dimension
+  kNarrow,      // columns [start, start + length) of a [r, c] value
   kCount
 };
 
 inline const char* op_name(OpKind k) {
   static const char* const names[] = {"add",     "sub",    "mul",    "add_row",    "scale",
                                       "relu",    "tanh",   "sigmoid", "gelu",      "linear",
-                                      "matmul",  "softmax", "layer_norm", "transpose", "concat"};
+                                      "matmul",  "softmax", "layer_norm", "transpose", "concat",
+                                      "log_softmax", "narrow"};
   return names[static_cast<int>(k)];
 }
 
@@ -56,6 +59,7 @@ struct Op {
   int weight = -1, bias = -1;  // parameter leaves this op made (-1: none)
   Activation act = Activation::kNone;
   double scalar = 1.0;
+  std::int64_t start = 0, length = 0;  // kNarrow's window
   int stream = 0;
   Shape shape;  // the result's
 };
@@ -93,6 +97,7 @@ struct Program {
       if (o.weight >= 0) os << ", w=v" << o.weight;
       if (o.bias >= 0) os << ", b=v" << o.bias;
       if (o.kind == OpKind::kScale) os << ", " << o.scalar;
+      if (o.kind == OpKind::kNarrow) os << ", " << o.start << ", " << o.length;
       os << ") " << shape_str(o.shape) << " on s" << o.stream << "\n";
     }
     for (std::size_t r = 0; r < roots.size(); ++r) {
@@ -192,6 +197,11 @@ inline Program generate(std::uint64_t seed, Limits limits = {}) {
         break;
       case OpKind::kTranspose:
         o.shape = {sa[1], sa[0]};
+        break;
+      case OpKind::kNarrow:
+        o.length = uniform(1, static_cast<int>(sa[1]));
+        o.start = uniform(0, static_cast<int>(sa[1] - o.length));
+        o.shape = {sa[0], o.length};
         break;
       case OpKind::kConcat: {
         std::vector<int> same_rows;
@@ -300,6 +310,8 @@ inline std::vector<Tensor> forward(const Program& p, const std::vector<Tensor>& 
       case OpKind::kLayerNorm: y = layer_norm(a, w, bias, 1e-2); break;
       case OpKind::kTranspose: y = transpose(a, 0, 1); break;
       case OpKind::kConcat: y = concat({a, b}, 1); break;
+      case OpKind::kLogSoftmax: y = log_softmax(a); break;
+      case OpKind::kNarrow: y = narrow(a, o.start, o.length); break;
       case OpKind::kCount: break;
     }
     v.push_back(std::move(y));
