@@ -12,8 +12,9 @@
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
-# "memcheck initcheck"; default all four), GW_FUZZ_PROGRAMS (random programs of step 2b, default
-# 1000; tests/fuzz).
+# "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
+# default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
+# step 5b; default 100, 0 none).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -216,14 +217,41 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
   echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
 }
+# 5b. the random programs under racecheck and synccheck: GW_FUZZ_SANITIZER_PROGRAMS (default 100;
+# 0 leaves this out), with the same exclusions as the suite's run.
+sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alone (log fuzz_TOOL)
+  local tool=$1 extra=()
+  [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
+  local start=$SECONDS
+  GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
+    --tool "$tool" "${extra[@]}" --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" \
+    --gtest_filter='FuzzCuda.*' >"$LOG_DIR/sanitizer_fuzz_$tool.log" 2>&1
+  echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_fuzz_$tool.rc"
+}
+FUZZ_SANITIZED=${GW_FUZZ_SANITIZER_PROGRAMS:-100}
 if [ $SANITIZE = 1 ]; then
-  read -r -a tools <<<"${GW_SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}"
+  read -r -a tools <<<"${GW_SANITIZER_TOOLS-memcheck racecheck synccheck initcheck}"
+  fuzz_tools=()
+  [ "$FUZZ_SANITIZED" -gt 0 ] && fuzz_tools=(racecheck synccheck)
   if [ "${GW_SANITIZER_SERIAL:-0}" = 1 ]; then
     for tool in "${tools[@]}"; do sanitize "$tool"; done
+    for tool in "${fuzz_tools[@]}"; do sanitize_fuzz "$tool"; done
   else
     for tool in "${tools[@]}"; do sanitize "$tool" & done
+    for tool in "${fuzz_tools[@]}"; do sanitize_fuzz "$tool" & done
     wait
   fi
+  for tool in "${fuzz_tools[@]}"; do
+    read -r rc secs <"$LOG_DIR/sanitizer_fuzz_$tool.rc"
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_fuzz_$tool.log" | tail -1)
+    tests=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG_DIR/sanitizer_fuzz_$tool.log" | head -1)
+    if [ "$rc" -eq 0 ] && grep -q '^\[  PASSED  \] 1 test' "$LOG_DIR/sanitizer_fuzz_$tool.log"; then
+      record "fuzz $tool" ok "$FUZZ_SANITIZED programs; ${summary:-no summary}; $secs s"
+    else
+      record "fuzz $tool" FAIL "rc=$rc ${summary}; $tests; $secs s"
+      grep -E '=========' "$LOG_DIR/sanitizer_fuzz_$tool.log" | head -12
+    fi
+  done
   for tool in "${tools[@]}"; do
     read -r rc secs <"$LOG_DIR/sanitizer_$tool.rc"
     summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" | tail -1)
