@@ -38,6 +38,8 @@ struct BackwardGraph::Executable {
   std::shared_ptr<const capture::Words> nodes_part;
   // The graph's intermediates (Note [Graph memory pool]); declared first, destroyed last.
   std::unique_ptr<GraphMemoryPool> pool;
+  // What a kernel fault after its launch names (Note [Kernel faults], engine/error.h).
+  std::shared_ptr<const std::string> description;
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -49,9 +51,31 @@ struct BackwardGraph::Executable {
   }
 };
 
+#if GRAPHWARD_HAS_CUDA
+namespace {
+// "the backward graph captured at backward() call 3 (24 kernel nodes; the plan's nodes:
+// mse_loss#41, linear#40, ...)": what a kernel fault after its launch names.
+std::string describe(const BackwardPlan& plan, std::uint64_t call, const GraphStats& stats) {
+  std::string out =
+      detail::concat("the backward graph captured at BackwardGraph::backward() call ", call, " (",
+                     stats.kernel_nodes, " kernel nodes; the plan's nodes: ");
+  constexpr std::size_t kShown = 12;
+  for (std::size_t i = 0; i < plan.steps.size() && i < kShown; ++i) {
+    out += (i ? ", " : "") + plan.steps[i].node->label();
+  }
+  if (plan.steps.size() > kShown)
+    out += detail::concat(", and ", plan.steps.size() - kShown, " more");
+  return out + ")";
+}
+}  // namespace
+#endif
+
 BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
-    : device_(device), options_(options), cache_(options.cache_capacity) {
-  if (device.is_cuda() && !options.force_eager) {
+    : device_(device),
+      options_(options),
+      localize_(options.localize_faults || localize_faults_from_env()),
+      cache_(options.cache_capacity) {
+  if (device.is_cuda() && !options.force_eager && !localize_) {
     detail::tape_log_arm();  // Note [Tape log]
     armed_on_ = std::this_thread::get_id();
   }
@@ -68,10 +92,10 @@ BackwardGraph::~BackwardGraph() {
 }
 
 void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
-  graphward::backward(
-      loss, {.grad_write = grad_write,
-             .split_weight_grads = options_.split_weight_grads,
-             .fuse_activation_epilogues = options_.fuse_activation_epilogues});
+  graphward::backward(loss, {.grad_write = grad_write,
+                             .split_weight_grads = options_.split_weight_grads,
+                             .fuse_activation_epilogues = options_.fuse_activation_epilogues,
+                             .localize_faults = localize_});
   ++eager_;
 }
 
@@ -241,8 +265,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   struct ResetLog {
     ~ResetLog() { detail::tape_log_reset(); }
   } reset_log;
+  if (options_.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
   ++calls_;
-  if (device_.is_cpu() || options_.force_eager ||
+  if (device_.is_cpu() || options_.force_eager || localize_ ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
     eager(loss, grad_write);
     return;
@@ -334,6 +359,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     }
     fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
     fresh->stats = stats_of(fresh->graph, plan);
+    fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
     fresh->stats.tape_nodes = fresh->nodes.size();
     fresh->stats.memory_bytes = pool->bytes();
     bool updated = false;
@@ -345,6 +371,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       if (err == cudaSuccess) {
         std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
         old.stats = fresh->stats;
+        old.description = fresh->description;
         exec = decision.entry->exec;
         updated = true;
         last_reason_ = "update: " + decision.reason;
@@ -374,6 +401,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     detail::NvtxRange nvtx("BackwardGraph::replay");
     GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
   }
+  detail::note_graph_launch(exec->description);  // Note [Kernel faults]
   last_launch_stream_ = caller;
   const auto t_launched = Clock::now();
   detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with

@@ -65,6 +65,12 @@ struct BackwardGraphOptions {
   bool split_weight_grads = true;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
+  // Note [Kernel faults] (engine/error.h): every backward() runs eagerly, synchronized after each
+  // node, and a failing node is named. Also on when GRAPHWARD_LOCALIZE_FAULTS=1. For debugging.
+  bool localize_faults = false;
+  // Note [Non-finite loss] (engine/backward.h): refuse a NaN or infinite loss before anything is
+  // written or replayed (a synchronize of the loss's stream every step).
+  bool check_finite_loss = false;
 };
 
 // The shape of a captured graph.
@@ -157,6 +163,7 @@ class BackwardGraph {
   std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
+  bool localize_ = false;  // options_.localize_faults or GRAPHWARD_LOCALIZE_FAULTS
   capture::GraphCache<std::shared_ptr<Executable>> cache_;
   std::vector<std::unique_ptr<Stream>> capture_streams_;
   EagerExecutor executor_;

@@ -33,6 +33,8 @@ struct StepGraph::Executable {
   Tensor loss;
   std::vector<Baked> inputs;
   std::vector<Baked> leaves, grads;  // the leaves the backward reaches, and their .grads
+  // What a kernel fault after a launch names (Note [Kernel faults], engine/error.h).
+  std::shared_ptr<const std::string> description;
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -164,6 +166,9 @@ Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t call
   const capture::NodeCounts counts = capture::count_nodes(graph);
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();
+  fresh->description = std::make_shared<const std::string>(
+      detail::concat("the whole-step graph of a StepGraph captured at run() call ", calls_, " (",
+                     kernel_nodes_, " kernel nodes)"));
   fresh->loss = loss;
   for (const Tensor& t : inputs_) fresh->inputs.push_back(bake(t));
   for (const Tensor& leaf : reached_leaves(loss)) {
@@ -192,6 +197,7 @@ void StepGraph::launch(cudaStream_t caller) {
     detail::NvtxRange nvtx("StepGraph::replay");
     GW_CUDA_CHECK(cudaGraphLaunch(e.exec, caller));
   }
+  detail::note_graph_launch(e.description);  // Note [Kernel faults]
   ++counters_.replays;
   // The graph read the inputs and wrote the parameters, their .grads and the loss on S.
   for (const Tensor& t : inputs_) t.storage()->record_use(caller, false);

@@ -4,7 +4,13 @@
 #include "engine/nvtx.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+
+#include "engine/error.h"
+#include "engine/ops.h"
 
 namespace graphward {
 
@@ -66,6 +72,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
                "backward: the seed gradient of root ", r, " is ", s.str(), "; expected ", t.str());
     }
   }
+  if (options.check_finite_loss) check_finite_roots("backward", roots);
   const cudaStream_t caller = device.is_cuda() ? current_stream(device) : nullptr;
   // Plan (and check) everything before creating or launching anything.
   BackwardPlan plan =
@@ -76,7 +83,52 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
   thread_local EagerExecutor executor;
-  executor.run(plan, seeds, device, options.timings, !options.retain_graph);
+  executor.run(plan, seeds, device, options.timings, !options.retain_graph,
+               options.localize_faults || localize_faults_from_env());
+}
+
+bool localize_faults_from_env() noexcept {
+  static const bool on = [] {
+    const char* env = std::getenv("GRAPHWARD_LOCALIZE_FAULTS");
+    return env && *env != '\0' && std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
+// Note [Non-finite loss]
+// A NaN or an infinity in a loss makes every gradient of the step non-finite, and an optimizer
+// step with them ruins the parameters. The check is opt-in (BackwardOptions::check_finite_loss,
+// BackwardGraphOptions::check_finite_loss) because it reads the loss on the host: a synchronize
+// of its stream every step, which a replayed backward otherwise never needs. It runs before
+// anything is planned, allocated or launched, so a refused step leaves the .grads, the tape (a
+// later backward of the same loss may still run) and a BackwardGraph's cache as they were.
+void check_finite_roots(const char* what, const std::vector<Tensor>& roots) {
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& t = roots[r];
+    if (!t.defined()) continue;
+    check_capturable("the finite-loss check (it reads the loss on the host)");
+    const Tensor values = t.dtype() == DType::kFloat64 ? t : cast(t, DType::kFloat32);
+    std::size_t bad = 0;
+    double first = 0;
+    const auto scan = [&](const auto& v) {
+      for (const auto x : v) {
+        if (!std::isfinite(static_cast<double>(x))) {
+          if (bad++ == 0) first = static_cast<double>(x);
+        }
+      }
+    };
+    NoGradGuard no_grad;
+    if (values.dtype() == DType::kFloat64) {
+      scan(values.to_vector<double>());
+    } else {
+      scan(values.to_vector<float>());
+    }
+    GW_CHECK(bad == 0, what, ": root ", r, " (", t.str(), ") holds ", bad, " non-finite value",
+             bad == 1 ? "" : "s", " (", first,
+             "); expected a finite loss. Nothing was written: "
+             "the .grads are as they were. Lower the learning rate, check the inputs, or skip "
+             "this step");
+  }
 }
 
 // ---- EagerExecutor ------------------------------------------------------------------------------
@@ -105,10 +157,12 @@ Event& EagerExecutor::timing_event(Device device, int i) {
 }
 
 void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                        std::vector<StepTiming>* timings, bool release_saved) {
+                        std::vector<StepTiming>* timings, bool release_saved, bool localize) {
   const bool timed = device.is_cuda() && timings != nullptr;
   if (timed) check_capturable("backward() with timings");  // its trace synchronizes
-  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved);
+  localize = localize && device.is_cuda();
+  if (localize) check_capturable("backward() with localize_faults");  // it synchronizes
+  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved, localize);
 #if GRAPHWARD_HAS_CUDA
   if (timed) {  // read the trace: everything was joined into the caller's stream
     GW_CUDA_CHECK(cudaStreamSynchronize(plan.streams[0]));
@@ -145,8 +199,30 @@ std::vector<StepTiming> EagerExecutor::read_timings(const BackwardPlan& plan, De
   return out;
 }
 
+#if GRAPHWARD_HAS_CUDA
+namespace {
+// Note [Kernel faults]: the localizing executor's check after `what` ran on `streams`.
+void check_finished(std::initializer_list<cudaStream_t> streams, const std::string& what) {
+  for (cudaStream_t s : streams) {
+    const cudaError_t err = cudaStreamSynchronize(s);
+    if (err == cudaSuccess) continue;
+    if (!is_sticky_cuda_error(err)) (void)cudaGetLastError();
+    throw CudaError(
+        detail::concat("graphward: ", what, " failed: CUDA error ", cudaGetErrorName(err), " (",
+                       cudaGetErrorString(err), ")",
+                       is_sticky_cuda_error(err)
+                           ? ". The CUDA context of this process is lost (Note [Kernel faults]): "
+                             "fix the fault and restart the process"
+                           : ""),
+        static_cast<int>(err));
+  }
+}
+}  // namespace
+#endif
+
 void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
-                             Device device, bool timed, bool in_capture, bool release_saved) {
+                             Device device, bool timed, bool in_capture, bool release_saved,
+                             bool localize) {
   using Kind = BackwardPlan::BufferKind;
   detail::NvtxRange nvtx_backward("backward");
   // Note [Check, then write]: refuse before launching anything.
@@ -176,6 +252,9 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   };
   const int num_steps = static_cast<int>(plan.steps.size());
   if (timed) mark(0, caller);  // the origin of the trace
+#if GRAPHWARD_HAS_CUDA
+  if (localize) check_finished({caller}, "work enqueued before the backward (not the backward)");
+#endif
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
     for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
@@ -289,6 +368,18 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
         apply(slots);
       }
+#if GRAPHWARD_HAS_CUDA
+      if (localize) {
+        const std::string what =
+            detail::concat("the backward of ", step.node->label(), " (step ", step_index + 1,
+                           " of ", num_steps, " of the plan, on stream ", step.stream, ")");
+        if (step.side_stream >= 0) {
+          check_finished({s, streams[step.side_stream]}, what);
+        } else {
+          check_finished({s}, what);
+        }
+      }
+#endif
       // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
       // that the activations' memory is back in the pool for the rest of the backward (rule 7
       // orders each free after the streams that read it).

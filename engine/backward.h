@@ -46,7 +46,24 @@ struct BackwardOptions {
   bool split_weight_grads = false;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
+  // Note [Kernel faults] (engine/error.h): synchronizes after every node (and before the first)
+  // and reports a failing one by name — "the backward of linear#12 (step 3 of 9, stream 1)". For
+  // finding a fault, not for training: one synchronize a node. Also turned on for every backward
+  // by the environment variable GRAPHWARD_LOCALIZE_FAULTS=1 (localize_faults_from_env()). CUDA
+  // only (the CPU backend reports its errors where they happen); not inside a capture.
+  bool localize_faults = false;
+  // Note [Non-finite loss]: reads every root on the host before anything is planned or written
+  // and refuses a root with a NaN or an infinity, leaving the .grads as they were. One
+  // synchronize of the roots' stream a backward; not inside a capture.
+  bool check_finite_loss = false;
 };
+
+// Whether GRAPHWARD_LOCALIZE_FAULTS is set to something other than "" or "0" (read once).
+bool localize_faults_from_env() noexcept;
+// Note [Non-finite loss]: throws a graphward::Error naming `what` (e.g. "backward") and the
+// root when a root holds a NaN or an infinity. Reads the roots on the host (a synchronize);
+// refused inside a capture.
+void check_finite_roots(const char* what, const std::vector<Tensor>& roots);
 
 // Backward of several roots. `seeds` are the gradients of the roots (same shapes); when empty,
 // every root must have one element and its seed is 1.
@@ -71,8 +88,11 @@ class EagerExecutor {
   // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
   // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
   // after its step; if a step throws, the nodes before it are already released.
+  // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
+  // a CudaError naming the step's node when its work failed.
   void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-           std::vector<StepTiming>* timings = nullptr, bool release_saved = false);
+           std::vector<StepTiming>* timings = nullptr, bool release_saved = false,
+           bool localize = false);
 
   // The timed run for a capture (BackwardGraph::trace): records the timing events as graph nodes
   // (Event::record_external) and reads nothing; after the graph ran and finished,
@@ -83,7 +103,7 @@ class EagerExecutor {
 
  private:
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                bool timed, bool in_capture, bool release_saved);
+                bool timed, bool in_capture, bool release_saved, bool localize = false);
   Event& event(Device device, int i);
   Event& timing_event(Device device, int i);
   cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i

@@ -31,7 +31,16 @@ class CaptureModeScope {
 
 // Whether the calling thread is inside a CaptureModeScope.
 bool capturing() noexcept;
+// What the innermost scope captures (nullptr outside any).
+const std::string* capture_name() noexcept;
 // Throws graphward::Error naming `op` when the calling thread is capturing.
 void check_capturable(const char* op);
+// Note [Streams inside a capture]: inside a CaptureModeScope, every op runs on a stream that is
+// part of the capture — the capturing stream, or one that joined it by waiting on work captured
+// there. An op on any other stream would run once, now, and be missing from every replay; an op
+// calls this with its launch stream (a `void*` cudaStream_t: this header stays CUDA-free), and it
+// throws a graphward::Error naming the stream and the capture when the stream is not capturing.
+// Free outside a capture (a thread-local test); one cudaStreamIsCapturing inside.
+void check_launch_stream(const void* stream);
 
 }  // namespace graphward

@@ -10,8 +10,35 @@
 #include <cudnn.h>
 #endif
 
-namespace graphward::detail {
+namespace graphward {
+
+bool is_sticky_cuda_error(int code) noexcept {
+#if GRAPHWARD_HAS_CUDA
+  switch (static_cast<cudaError_t>(code)) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+#else
+  (void)code;
+  return false;
+#endif
+}
+
+namespace detail {
 namespace {
+thread_local std::shared_ptr<const std::string> t_last_graph_launch;
 
 std::string where(const char* file, int line) {
   return concat(" [at ", file, ":", line, "]");
@@ -63,7 +90,35 @@ void throw_check_failure(const char* file, int line, const char* condition,
       concat("graphward: ", message, where(file, line), " (failed check: ", condition, ")"));
 }
 
+void note_graph_launch(const std::shared_ptr<const std::string>& what) noexcept {
+  t_last_graph_launch = what;
+}
+
 void throw_cuda_failure(const char* file, int line, const char* expression, int code) {
+#if GRAPHWARD_HAS_CUDA
+  if (code == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: a later launch check must not see it again
+    throw OutOfMemoryError(concat(
+        "graphward: out of device memory: ", cuda_message(expression, code), where(file, line),
+        "; expected: less memory in use (free tensors you keep, "
+        "empty_cache(), a smaller batch)"));
+  }
+#endif
+  if (is_sticky_cuda_error(code)) {  // Note [Kernel faults]
+    throw CudaError(
+        concat("graphward: ", cuda_message(expression, code), where(file, line),
+               ": a kernel faulted earlier (reported by the first CUDA call after it). The CUDA "
+               "context of this process is lost: every later CUDA call fails, and graphward "
+               "cannot be used again in this process. ",
+               t_last_graph_launch ? concat("The last CUDA graph graphward launched on this "
+                                            "thread, the first suspect: ",
+                                            *t_last_graph_launch, ". ")
+                                   : std::string(),
+               "Expected: fix the fault and restart the process; to name the failing node, "
+               "run with GRAPHWARD_LOCALIZE_FAULTS=1 (each backward eager, synchronized after "
+               "every node), or under compute-sanitizer"),
+        code);
+  }
   throw CudaError(concat("graphward: ", cuda_message(expression, code), where(file, line)), code);
 }
 
@@ -104,4 +159,5 @@ void log_cuda_failure(const char* file, int line, const char* expression, int co
   log_error(file, line, cuda_message(expression, code));
 }
 
-}  // namespace graphward::detail
+}  // namespace detail
+}  // namespace graphward

@@ -12,6 +12,7 @@
 //   GW_LAUNCH_CHECK()         the last kernel launch (cudaGetLastError).
 //
 // Destructors never throw: they report through detail::log_error.
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -33,7 +34,31 @@ class CudaError : public Error {
   int code_;
 };
 
+// Out of device memory (code() is cudaErrorMemoryAllocation): the message says what needed how
+// much, on which device, and what graphward and the device held. Nothing is left half-made: the
+// allocation did not happen, and a capture that needed it was abandoned.
+class OutOfMemoryError : public CudaError {
+ public:
+  explicit OutOfMemoryError(const std::string& what)
+      : CudaError(what, 2 /*cudaErrorMemoryAllocation*/) {}
+};
+
+// Note [Kernel faults]
+// A kernel that faults (an illegal address, a trap, a device-side assert) leaves the CUDA context
+// of the process unusable: every later CUDA call returns that error ("sticky"). graphward cannot
+// undo that; it says so. A CudaError with such a code says that the context is lost and that the
+// process must be restarted, and names the last CUDA graph graphward launched on the thread (a
+// replayed backward or step): a fault is reported by the first CUDA call after it, often in later
+// work, so the graph is the first suspect. To name the node, run the backward eagerly with a
+// synchronize after each node: BackwardGraphOptions::localize_faults / BackwardOptions, or the
+// environment variable GRAPHWARD_LOCALIZE_FAULTS=1 (engine/backward.h).
+// Whether `code` (a cudaError_t) is a sticky error: the context is lost.
+bool is_sticky_cuda_error(int code) noexcept;
+
 namespace detail {
+
+// The CUDA graph graphward launched last on this thread (Note [Kernel faults]), described.
+void note_graph_launch(const std::shared_ptr<const std::string>& what) noexcept;
 
 template <class... Parts>
 std::string concat(const Parts&... parts) {

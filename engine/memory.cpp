@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -215,6 +216,58 @@ void configure_pool_once(int device) {
   GW_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   configured.fetch_or(bit, std::memory_order_acq_rel);
 }
+
+// Note [Out of memory]
+// An allocation the device cannot serve throws OutOfMemoryError (engine/error.h) saying what
+// needed how much, what the device has free, what graphward's block cache holds, and — inside a
+// capture — which capture; nothing is half-made (a capture that needed it is abandoned by
+// capture_stream, its pool freed with it). Before giving up, an eager allocation returns the
+// block cache and the CUDA pool's unused memory to the device and tries once more: that path
+// synchronizes the device, and is taken only when the device is already out of memory. Inside a
+// capture nothing can be returned (a free there would become a graph node): call empty_cache()
+// before the capture, or need less.
+std::string mib(std::size_t bytes) {
+  return detail::concat(static_cast<double>(bytes) / (1024.0 * 1024.0), " MiB");
+}
+
+[[noreturn]] void out_of_memory(Device device, std::size_t bytes, const char* what) {
+  (void)cudaGetLastError();  // not sticky: clear it for later launch checks
+  std::size_t free_bytes = 0, total_bytes = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // legal inside a capture
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  const bool info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  (void)cudaGetLastError();
+  const std::string* capture = capture_name();
+  throw OutOfMemoryError(detail::concat(
+      "graphward: out of memory on ", device.str(), ": ", what, " needed ", mib(bytes),
+      capture ? detail::concat(" while capturing ", *capture, " (the capture was abandoned)")
+              : std::string(),
+      info ? detail::concat("; the device has ", mib(free_bytes), " free of ", mib(total_bytes))
+           : std::string(),
+      ", graphward's block cache holds ", mib(cached_bytes(device)),
+      ". Expected: less memory in use — free the tensors you keep, call empty_cache(", device.str(),
+      ")", capture ? " before the capture" : "", ", or use a smaller batch"));
+}
+
+// cudaMallocAsync on `stream`, with Note [Out of memory]'s one retry outside a capture.
+void* malloc_async(Device device, std::size_t bytes, cudaStream_t stream, bool capturing_here,
+                   const char* what) {
+  void* p = nullptr;
+  cudaError_t err = cudaMallocAsync(&p, bytes, stream);
+  if (err == cudaErrorMemoryAllocation && !capturing_here) {
+    (void)cudaGetLastError();
+    empty_cache(device);
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaMemPool_t pool = nullptr;
+    GW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
+    GW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    err = cudaMallocAsync(&p, bytes, stream);
+  }
+  if (err == cudaErrorMemoryAllocation) out_of_memory(device, bytes, what);
+  GW_CUDA_CHECK(err);
+  return p;
+}
 #endif
 }  // namespace
 
@@ -331,7 +384,7 @@ std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size
   } else {
 #if GRAPHWARD_HAS_CUDA
     configure_pool_once(st.device.index);
-    GW_CUDA_CHECK(cudaMallocAsync(&slot->ptr, block, stream));
+    slot->ptr = malloc_async(st.device, block, stream, false, "a step-arena slot");
 #endif
   }
   slot->in_use = true;
@@ -447,6 +500,10 @@ void* graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, std::size
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  // Note [Out of memory]: nothing to return inside a capture.
+  if (err == cudaErrorMemoryAllocation) {
+    out_of_memory(st.device, bytes, "a block of the graph's memory pool (its intermediates)");
+  }
   GW_CUDA_CHECK(err);
   try {
     st.blocks.emplace_back(p, bytes);
@@ -583,7 +640,8 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
       // Not inside a capture, where setting a pool attribute is refused: the first eager
       // allocation does it.
       if (!capturing_here) configure_pool_once(device.index);
-      GW_CUDA_CHECK(cudaMallocAsync(&p, block, stream));
+      p = malloc_async(device, block, stream, capturing_here,
+                       capturing_here ? "an allocation inside the capture" : "a tensor");
     }
     if (debug::poison_new_memory()) {
       const cudaError_t err = cudaMemsetAsync(p, 0xFF, block, stream);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/capture_mode.h"
+
 namespace graphward::ops_detail {
 
 void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16) {
@@ -55,7 +57,12 @@ void check_finite_scalar(const char* op, double scalar) {
            "; expected a finite number (it would make every element non-finite)");
 }
 
-CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {}
+CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {
+  // Note [Streams inside a capture] (engine/capture_mode.h).
+  if (capturing()) [[unlikely]] {
+    check_launch_stream(stream_);
+  }
+}
 
 void CudaScope::read(std::initializer_list<const Tensor*> inputs) const {
   for (const Tensor* t : inputs) t->storage()->sync_for_read(stream_);

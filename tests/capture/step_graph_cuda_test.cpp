@@ -171,5 +171,60 @@ TEST_F(CudaStepGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {
   EXPECT_EQ(step.counters().replays, 2u);
 }
 
+// Note [Streams inside a capture]: an op on a stream that never joined the capture is refused by
+// name before it runs (it would run once and be missing from every replay); nothing is written,
+// no capture is left open, and the next steps capture and match the eager steps bitwise.
+TEST_F(CudaStepGraph, AnOpOnAStreamOutsideTheCaptureIsRefusedAndTheNextStepsAreCorrect) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, graphed;
+  Sgd opt_e(eager.w, {.lr = 0.02}), opt_g(graphed.w, {.lr = 0.02});
+  Stream lone(kGpu);
+  Tensor offset;
+  {
+    StreamGuard on(lone);  // made on `lone`: reading it there orders nothing against the capture
+    offset = randn({32, 16}, 7, kF32Gpu);
+  }
+  StepGraph step(kGpu, {x, t});
+  auto body = [&](bool misuse) {
+    return [&, misuse] {
+      if (misuse) {
+        StreamGuard on(lone);
+        (void)mul(offset, 0.5);
+      }
+      const Tensor loss = graphed.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_g.step();
+      return loss;
+    };
+  };
+  auto eager_step = [&] {
+    const Tensor l = eager.loss(x, t);
+    backward(l, {.grad_write = GradWrite::kOverwrite});
+    opt_e.step();
+  };
+  fill_batch(x, t, 0);
+  eager_step();
+  (void)step.run(body(false));  // warm-up, eager
+  fill_batch(x, t, 1);
+  GW_EXPECT_ERROR((void)step.run(body(true)), "not part of the capture", "StepGraph",
+                  "wait_stream");
+  for (cudaStream_t s : {current_stream(kGpu), lone.get()}) {
+    cudaStreamCaptureStatus status{};
+    ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+    EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  }
+  EXPECT_EQ(step.counters().captures, 0u);
+  for (int s = 1; s < 5; ++s) {
+    fill_batch(x, t, s);
+    eager_step();
+    (void)step.run(body(false));
+  }
+  EXPECT_EQ(step.counters().captures, 1u) << step.last_reason();
+  EXPECT_EQ(step.counters().replays, 3u);
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
 }  // namespace
 }  // namespace graphward

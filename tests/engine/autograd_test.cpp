@@ -71,6 +71,34 @@ TEST(AutogradCpu, ALinearWithAFusedActivationIsOneNodeWithTheComposedOpsGradient
   }
 }
 
+// Note [Non-finite loss]: a NaN or infinite root is refused before anything is written, with the
+// root named; the .grads keep what earlier backwards accumulated; the tape is left whole.
+TEST(AutogradCpu, ANonFiniteLossIsRefusedWhenCheckedAndNothingIsWritten) {
+  const Tensor x = param({5}, 12);
+  backward(sum(mul(x, x)), {.check_finite_loss = true});  // a finite loss passes
+  const std::vector<double> before = values(x.grad());
+  for (double bad : {std::nan(""), double{INFINITY}, -double{INFINITY}}) {
+    const Tensor p = randn({5}, 13, f64());
+    p.data<double>()[2] = bad;
+    const Tensor loss = sum(mul(x, p));
+    GW_EXPECT_ERROR(backward(loss, {.check_finite_loss = true}), "backward: root 0",
+                    "1 non-finite value", "expected a finite loss", "Nothing was written");
+    EXPECT_EQ(values(x.grad()), before) << "a refused backward wrote a .grad";
+    // Unchecked, the same tape still runs (it was left whole): x's gradient gains p.
+    backward(loss);
+    EXPECT_FALSE(std::isfinite(values(x.grad())[2]));
+    x.grad() = Tensor();
+    backward(sum(mul(x, x)));
+    EXPECT_EQ(values(x.grad()), before);
+  }
+  // Of several roots, the bad one is named.
+  const Tensor p = randn({5}, 14, f64());
+  p.data<double>()[0] = std::nan("");
+  GW_EXPECT_ERROR(backward({sum(x), sum(mul(x, p))}, {}, {.check_finite_loss = true}),
+                  "backward: root 1");
+  EXPECT_EQ(values(x.grad()), before);
+}
+
 TEST(AutogradCpu, FanOutSumsTheGradients) {
   // y = sum(x * x + x): dy/dx = 2x + 1; x is used three times.
   const Tensor x = param({7}, 11);

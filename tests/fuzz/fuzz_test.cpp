@@ -1,7 +1,8 @@
 // Random programs on the CPU backend (tests/fuzz/random_program.h): every program's roots and leaf
 // gradients in float32 agree with the same program in float64; the backward plan of every
 // program's tape on its streams orders every gradient contribution and leaf write with no
-// redundant wait; and the generator is reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how many programs and from which seed.
+// redundant wait; and the generator is reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how
+// many programs and from which seed.
 #include "engine/plan_checks.h"
 #include "fuzz/random_program.h"
 #include "test_util.h"
@@ -93,7 +94,9 @@ TEST(FuzzCpu, ThePlansOfRandomProgramsOnTheirStreamsAreOrderedAndMinimal) {
     ASSERT_EQ(plan.joins, plan.forks);
     total_waits += static_cast<int>(plan.waits.size());
   }
-  if (n >= 300) EXPECT_GT(total_waits, 100) << "the programs should exercise cross-stream waits";
+  if (n >= 300) {
+    EXPECT_GT(total_waits, 100) << "the programs should exercise cross-stream waits";
+  }
 }
 
 }  // namespace

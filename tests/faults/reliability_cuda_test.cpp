@@ -1,0 +1,96 @@
+// Reliability on the GPU (issue 7): a non-finite loss is refused before anything is written
+// (Note [Non-finite loss], engine/backward.h), and the localizing backward (Note [Kernel faults],
+// engine/error.h) gives the gradients of the plain one. The out-of-memory and fault tests run
+// alone: faults/serial_cuda_test.cpp.
+#include <limits>
+#include <vector>
+
+#include "capture/backward_graph.h"
+#include "capture/step_graph.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+constexpr Device kGpu = Device::cuda(0);
+const TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+struct Model {
+  Tensor w1 = mul(randn({64, 32}, 1, kF32Gpu), 0.2).detach().set_requires_grad(true);
+  Tensor w2 = mul(randn({16, 64}, 2, kF32Gpu), 0.2).detach().set_requires_grad(true);
+  Tensor loss(const Tensor& x, const Tensor& t) const {
+    return mse_loss(linear(linear(x, w1, {}, Activation::kGelu), w2), t);
+  }
+};
+
+Tensor with_one(const Tensor& x, float value) {  // x with its element 5 set to `value`
+  std::vector<float> v = x.to_vector<float>();
+  v[5] = value;
+  return from_vector(v, x.shape(), x.device());
+}
+
+TEST(CudaNonFiniteLoss, ANanLossIsRefusedBeforeAnythingIsWrittenAndTheNextStepReplays) {
+  GW_REQUIRE_GPU();
+  const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
+  const Tensor x_nan = with_one(x, std::numeric_limits<float>::quiet_NaN());
+  Model graphed, eager;
+  BackwardGraph bw(kGpu, {.check_finite_loss = true});
+  for (int step = 0; step < 3; ++step) bw.backward(graphed.loss(x, t));  // accumulates
+  const auto counters = bw.counters();
+  ASSERT_EQ(counters.captures, 1u);
+  const std::vector<float> g1 = graphed.w1.grad().to_vector<float>();
+  const std::vector<float> g2 = graphed.w2.grad().to_vector<float>();
+  GW_EXPECT_ERROR(bw.backward(graphed.loss(x_nan, t)), "BackwardGraph::backward",
+                  "non-finite value", "nan", "expected a finite loss", "Nothing was written");
+  EXPECT_EQ(graphed.w1.grad().to_vector<float>(), g1) << "a refused step wrote a .grad";
+  EXPECT_EQ(graphed.w2.grad().to_vector<float>(), g2);
+  EXPECT_EQ(bw.counters().captures, counters.captures);
+  EXPECT_EQ(bw.counters().replays, counters.replays);
+  // The next finite step replays the cached graph and accumulates as if the bad one never was.
+  bw.backward(graphed.loss(x, t));
+  EXPECT_EQ(bw.counters().captures, counters.captures);
+  EXPECT_EQ(bw.counters().replays, counters.replays + 1);
+  for (int step = 0; step < 4; ++step) backward(eager.loss(x, t));
+  EXPECT_LT(testing::rel_error(graphed.w1.grad(), eager.w1.grad()), 1e-6);
+  EXPECT_LT(testing::rel_error(graphed.w2.grad(), eager.w2.grad()), 1e-6);
+}
+
+TEST(CudaNonFiniteLoss, AnInfiniteLossIsRefusedByTheEagerBackwardAndTheCheckIsRefusedInACapture) {
+  GW_REQUIRE_GPU();
+  const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
+  Model m;
+  const Tensor bad = m.loss(with_one(x, std::numeric_limits<float>::infinity()), t);
+  GW_EXPECT_ERROR(backward(bad, {.check_finite_loss = true}), "backward: root 0", "inf",
+                  "expected a finite loss");
+  EXPECT_FALSE(m.w1.grad().defined()) << "a refused backward made a .grad";
+  // The tape was left whole: the same loss may still be backpropagated without the check.
+  backward(bad);
+  EXPECT_TRUE(m.w1.grad().defined());
+  // Inside a captured step the check cannot read the loss: refused by name.
+  StepGraph step(kGpu, {x, t});
+  auto body = [&] {
+    const Tensor l = m.loss(x, t);
+    backward(l, {.grad_write = GradWrite::kOverwrite, .check_finite_loss = true});
+    return l;
+  };
+  (void)step.run(body);  // warm-up, eager: checked
+  GW_EXPECT_ERROR((void)step.run(body), "finite-loss check", "capturing");
+}
+
+TEST(CudaLocalizeFaults, WithLocalizeFaultsEveryBackwardIsEagerAndGivesThePlainGradients) {
+  GW_REQUIRE_GPU();
+  const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
+  Model localized, plain;
+  BackwardGraph bw(kGpu, {.localize_faults = true});
+  for (int step = 0; step < 4; ++step) {
+    bw.backward(localized.loss(x, t), GradWrite::kOverwrite);
+    backward(plain.loss(x, t), {.grad_write = GradWrite::kOverwrite, .split_weight_grads = true});
+  }
+  EXPECT_EQ(bw.counters().captures, 0u);
+  EXPECT_EQ(bw.eager_backwards(), 4u);
+  EXPECT_EQ(localized.w1.grad().to_vector<float>(), plain.w1.grad().to_vector<float>());
+  EXPECT_EQ(localized.w2.grad().to_vector<float>(), plain.w2.grad().to_vector<float>());
+}
+
+}  // namespace
+}  // namespace graphward

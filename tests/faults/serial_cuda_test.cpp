@@ -1,0 +1,196 @@
+// Tests that must run alone on the GPU (ctest RUN_SERIAL; not under compute-sanitizer): out of
+// memory, in eager work and while capturing (they take the device's memory), and kernel faults
+// (each in a child process: a fault loses the process's CUDA context, Note [Kernel faults]).
+//   * an allocation the device cannot serve is an OutOfMemoryError that says what needed how
+//     much and where; the library works afterwards;
+//   * out of memory while capturing abandons the capture (none left open, nothing cached or
+//     written) and the next steps capture, replay and give the eager gradients;
+//   * a fault in a replayed backward is reported with the graph that ran and the loss of the
+//     context, and the process exits cleanly; with GRAPHWARD_LOCALIZE_FAULTS=1 the backward runs
+//     eagerly and the failing node is named.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "capture/backward_graph.h"
+#include "faults/fault_kernels.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+constexpr Device kGpu = Device::cuda(0);
+const TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+TEST(CudaOutOfMemory, AnAllocationTheDeviceCannotServeIsAClearErrorAndTheLibraryWorksAfter) {
+  GW_REQUIRE_GPU();
+  const Tensor a = randn({64, 64}, 1, kF32Gpu);  // made before: still usable after
+  try {
+    (void)Tensor::empty({std::int64_t{1} << 20, std::int64_t{1} << 28}, kF32Gpu);  // 1 PiB
+    ADD_FAILURE() << "expected an OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    const std::string what = e.what();
+    for (const char* part : {"out of memory on cuda:0", "a tensor needed", "MiB", "free of",
+                             "block cache", "Expected"}) {
+      EXPECT_NE(what.find(part), std::string::npos) << "lacks \"" << part << "\": " << what;
+    }
+    EXPECT_EQ(e.code(), static_cast<int>(cudaErrorMemoryAllocation));
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the error must not linger for later launches";
+  const Tensor b = matmul(a, a);
+  EXPECT_LT(testing::rel_error(b.to(Device::cpu()), matmul(a.to(Device::cpu()), a.to(Device::cpu()))),
+            1e-5);
+}
+
+// Takes every block of device memory cudaMalloc can still give (largest first), so that the
+// next allocation fails; frees it all when destroyed.
+class MemoryHog {
+ public:
+  MemoryHog() {
+    for (std::size_t chunk : {std::size_t{1} << 30, std::size_t{64} << 20, std::size_t{2} << 20}) {
+      for (;;) {
+        void* p = nullptr;
+        if (cudaMalloc(&p, chunk) != cudaSuccess) {
+          (void)cudaGetLastError();
+          break;
+        }
+        blocks_.push_back(p);
+      }
+    }
+  }
+  ~MemoryHog() {
+    for (void* p : blocks_) (void)cudaFree(p);
+  }
+  std::size_t blocks() const { return blocks_.size(); }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+struct Net {  // two 2048-wide layers: the backward's intermediates are 4 MiB each
+  Tensor w1 = mul(randn({2048, 2048}, 1, kF32Gpu), 0.02).detach().set_requires_grad(true);
+  Tensor w2 = mul(randn({2048, 2048}, 2, kF32Gpu), 0.02).detach().set_requires_grad(true);
+  Tensor loss(const Tensor& x, const Tensor& t) const {
+    return mse_loss(linear(linear(x, w1, {}, Activation::kRelu), w2), t);
+  }
+};
+
+TEST(CudaOutOfMemory, OutOfMemoryWhileCapturingAbandonsTheCaptureAndTheNextStepsAreCorrect) {
+  GW_REQUIRE_GPU();
+  const Tensor x = randn({512, 2048}, 3, kF32Gpu), t = randn({512, 2048}, 4, kF32Gpu);
+  const Tensor x2 = randn({1024, 2048}, 5, kF32Gpu), t2 = randn({1024, 2048}, 6, kF32Gpu);
+  Net graphed, eager;
+  BackwardGraph bw(kGpu);
+  for (int step = 0; step < 3; ++step) {  // warm-up, capture, replay at batch 512
+    bw.backward(graphed.loss(x, t), GradWrite::kOverwrite);
+  }
+  ASSERT_EQ(bw.counters().captures, 1u);
+  const std::vector<float> w1_grad = graphed.w1.grad().to_vector<float>();
+  {
+    // A new batch size is a new graph: its capture needs new blocks for its intermediates (8 MiB
+    // each), and the hog leaves less than 2 MiB. The forward's memory is taken before the hog;
+    // nothing else allocates before the capture (the seed and the .grads exist).
+    const Tensor loss = graphed.loss(x2, t2);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    MemoryHog hog;
+    ASSERT_GT(hog.blocks(), 0u);
+    try {
+      bw.backward(loss, GradWrite::kOverwrite);
+      ADD_FAILURE() << "expected an OutOfMemoryError while capturing";
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      for (const char* part : {"out of memory on cuda:0", "graph's memory pool", "while capturing",
+                               "the backward graph", "abandoned", "empty_cache"}) {
+        EXPECT_NE(what.find(part), std::string::npos) << "lacks \"" << part << "\": " << what;
+      }
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  cudaStreamCaptureStatus status{};
+  ASSERT_EQ(cudaStreamIsCapturing(current_stream(kGpu), &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone) << "a capture was left open";
+  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.cache_size(), 1u) << "nothing of the abandoned capture may be cached";
+  EXPECT_EQ(graphed.w1.grad().to_vector<float>(), w1_grad) << "the abandoned capture wrote a .grad";
+  // The next steps capture and replay at 1024, and give the eager backward's gradients.
+  for (int step = 0; step < 3; ++step) {
+    bw.backward(graphed.loss(x2, t2), GradWrite::kOverwrite);
+    backward(eager.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
+  }
+  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().replays, 2u + 3u);
+  EXPECT_EQ(graphed.w1.grad().to_vector<float>(), eager.w1.grad().to_vector<float>());
+  EXPECT_EQ(graphed.w2.grad().to_vector<float>(), eager.w2.grad().to_vector<float>());
+}
+
+// y = x; its backward first launches a kernel that traps when *flag is not zero.
+Tensor faulty(const Tensor& x, const Tensor& flag) {
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = mul(x, 1.0);
+  }
+  if (autograd_detail::needs_grad({&x})) {
+    autograd_detail::record(
+        "faulty", y, {&x}, {},
+        [flag](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+          testing::launch_trap_if_set(static_cast<const float*>(flag.raw_data()),
+                                      current_stream(g.device()));
+          if (grads[0].tensor) scale_backward(g, 1.0, grads[0]);
+        });
+  }
+  return y;
+}
+
+// Trains a small model whose backward faults at step 3 (a BackwardGraph: warm-up, capture, replay,
+// then the faulting replay); prints what graphward reported and exits 0, or exits 1 if nothing
+// was reported. Runs in a child process (EXPECT_EXIT).
+[[noreturn]] void train_until_the_fault() {
+  try {
+    const Tensor flag = zeros({1}, kF32Gpu);
+    const Tensor x = randn({32, 64}, 1, kF32Gpu), t = randn({32, 16}, 2, kF32Gpu);
+    const Tensor w1 = mul(randn({64, 64}, 3, kF32Gpu), 0.1).detach().set_requires_grad(true);
+    const Tensor w2 = mul(randn({16, 64}, 4, kF32Gpu), 0.1).detach().set_requires_grad(true);
+    BackwardGraph bw(kGpu);
+    for (int step = 0; step < 6; ++step) {
+      if (step == 3) {
+        NoGradGuard no_grad;
+        copy_(flag, ones({1}, kF32Gpu));
+      }
+      const Tensor loss = mse_loss(linear(faulty(linear(x, w1), flag), w2), t);
+      bw.backward(loss, GradWrite::kOverwrite);
+      std::fprintf(stderr, "step %d: loss %g\n", step, loss.item());
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "graphward reported: %s\n", e.what());
+    std::exit(0);  // static destructors run after the context was lost: must not hang or crash
+  }
+  std::fprintf(stderr, "no error was reported\n");
+  std::exit(1);
+}
+
+TEST(CudaFaults, AFaultInAReplayIsReportedWithTheGraphThatRanAndTheProcessExitsCleanly) {
+  GW_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process, not a fork of this one
+  EXPECT_EXIT(train_until_the_fault(), ::testing::ExitedWithCode(0),
+              "step 2: loss.*graphward reported: .*kernel faulted earlier.*context of this process "
+              "is lost.*the backward graph captured at BackwardGraph::backward\\(\\) call 2.*"
+              "faulty#.*GRAPHWARD_LOCALIZE_FAULTS=1");
+}
+
+TEST(CudaFaults, WithLocalizeFaultsTheBackwardRunsEagerlyAndNamesTheFailingNode) {
+  GW_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("GRAPHWARD_LOCALIZE_FAULTS", "1", 1);  // read once, at the first backward
+        train_until_the_fault();
+      },
+      ::testing::ExitedWithCode(0),
+      "step 2: loss.*graphward reported: graphward: the backward of faulty#[0-9]+ \\(step [0-9]+ "
+      "of [0-9]+ of the plan, on stream 0\\) failed: CUDA error cudaError.*context of this "
+      "process is lost");
+}
+
+}  // namespace
+}  // namespace graphward
