@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck, racecheck, synccheck; initcheck reported), runs the example on the
 # GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
-#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench | --overlap-only | --models-only]
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
 # --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
 # PyTorch's same studies (compare_torch.py --overlap), merged by scripts/overlap_table.py (and
 # drawn by scripts/plot_overlap.py where matplotlib is installed).
@@ -18,10 +18,11 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-SANITIZE=1 BENCH=1 OVERLAP=1 MODELS=1
+SANITIZE=1 BENCH=1 OVERLAP=1 MODELS=1 SOAK=1
 for a in "$@"; do
   case "$a" in
     --no-sanitizer) SANITIZE=0 ;;
+    --no-soak) SOAK=0 ;;
     --no-bench) BENCH=0 OVERLAP=0 MODELS=0 ;;
     --overlap-only) BENCH=0 OVERLAP=1 MODELS=0 ;;
     --models-only) BENCH=0 OVERLAP=0 MODELS=1 ;;
@@ -86,6 +87,23 @@ if [ $? -eq 0 ] && grep -q '^\[  PASSED  \] 1 test' "$LOG_DIR/fuzz.log"; then
 else
   record fuzz FAIL "see fuzz.log"
   grep -A3 -E 'Failure|Failed' "$LOG_DIR/fuzz.log" | head -12
+fi
+
+# 3a. the soak (bench/soak.cpp): GW_SOAK_STEPS (default 100000) replayed steps of the 4-branch
+# study with memory sampled, then 20000 steps whose signature changes every 5 steps (more sizes
+# than the graph cache holds); each fails on memory growth after its warm-up.
+if [ $SOAK = 1 ] && [ -x "$BIN/bench/graphward_soak" ]; then
+  for run in fixed changing; do
+    start=$SECONDS
+    args=(--steps "${GW_SOAK_STEPS:-100000}" --sample-every 1000)
+    [ $run = changing ] && args=(--steps 20000 --sample-every 500 --change-every 5)
+    if timeout 300 "$BIN/bench/graphward_soak" "${args[@]}" --csv "$LOG_DIR/soak_$run.csv" \
+         >"$LOG_DIR/soak_$run.log" 2>&1; then
+      record "soak $run" ok "$(grep -E '^samples' "$LOG_DIR/soak_$run.log" | sed 's/^samples: [0-9]*; //' | cut -c1-150); $((SECONDS - start)) s"
+    else
+      record "soak $run" FAIL "see soak_$run.log"; tail -4 "$LOG_DIR/soak_$run.log"
+    fi
+  done
 fi
 
 # 3. the example on the GPU, with the built-in timeline of a traced replay and of an eager backward
