@@ -8,8 +8,8 @@
 // --change-every M: the batch size changes every M steps, cycling through more sizes than the
 // graph cache holds (BackwardGraphOptions::cache_capacity, 8): every change is a capture and,
 // once the cache is full, an eviction. The run then also checks that the cache never holds more
-// than its capacity, and memory stays flat after the first cycle (an evicted executable's memory
-// goes back).
+// than its capacity, and memory stays flat after the first cycles (an evicted executable's memory
+// goes back). K is rounded up to whole cycles, so that every sample sees the same cached graphs.
 //
 // Samples (one CSV row every K steps): step, device memory in use (cudaMemGetInfo: total - free),
 // graphward's block cache, the process's resident memory (/proc/self/statm), the graph cache's
@@ -98,6 +98,11 @@ int main(int argc, char** argv) try {
   // The batch sizes a signature-changing run cycles through: more than the cache holds.
   const std::vector<std::int64_t> batches = {128, 96, 64, 112, 80, 48, 120, 72, 104, 56, 88, 40};
   const gw::BackwardGraphOptions bw_options{};
+  Options run = opt;
+  if (run.change_every) {  // sample at the same point of every cycle: the same graphs are cached
+    const long cycle = run.change_every * static_cast<long>(batches.size());
+    run.sample_every = (run.sample_every + cycle - 1) / cycle * cycle;
+  }
   std::printf("soak: %ld steps of %d branches x %d layers (width %lld, batch %lld) on %s; %s\n",
               opt.steps, kBranches, kDepth, static_cast<long long>(kWidth),
               static_cast<long long>(kBatch), gw::device_name(dev).c_str(),
@@ -153,7 +158,7 @@ int main(int argc, char** argv) try {
       const gw::Tensor loss = gw::mse_loss(y, targets[which]);
       bw.backward(loss, gw::GradWrite::kOverwrite);
       arena.record_step_end(gw::current_stream(dev));
-      if ((step + 1) % opt.sample_every == 0) loss_value = loss.item();
+      if ((step + 1) % run.sample_every == 0) loss_value = loss.item();
     }
     {
       gw::NoGradGuard no_grad;
@@ -166,7 +171,7 @@ int main(int argc, char** argv) try {
       }
     }
     max_graphs = std::max(max_graphs, bw.cache_size());
-    if ((step + 1) % opt.sample_every == 0 || step + 1 == opt.steps) {
+    if ((step + 1) % run.sample_every == 0 || (step + 1 == opt.steps && !run.change_every)) {
       GW_CUDA_CHECK(cudaDeviceSynchronize());
       const auto& c = bw.counters();
       samples.push_back({step + 1, device_used_mib(),

@@ -1,5 +1,6 @@
 #include "engine/error.h"
 
+#include <atomic>
 #include <cstdio>
 
 #if GRAPHWARD_HAS_CUDA
@@ -156,6 +157,17 @@ void log_cuda_failure(const char* file, int line, const char* expression, int co
   // At process exit the runtime may already be unloaded; freeing then is harmless and not news.
   if (code == cudaErrorCudartUnloading) return;
 #endif
+  // Note [Kernel faults]: once the context is lost every destructor's free fails the same way;
+  // the first says so, the rest are not news.
+  static std::atomic<bool> lost_reported{false};
+  if (is_sticky_cuda_error(code)) {
+    if (lost_reported.exchange(true)) return;
+    log_error(file, line,
+              cuda_message(expression, code) +
+                  " — the CUDA context is lost (Note [Kernel faults]); graphward's later failures "
+                  "to free memory or destroy events are not reported");
+    return;
+  }
   log_error(file, line, cuda_message(expression, code));
 }
 

@@ -800,9 +800,12 @@ Storage::~Storage() {
   // used it has finished with it.
   for (cudaStream_t s : other_streams_) {
     cudaEvent_t ev = nullptr;
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
-      // Cannot order the free after that stream's work: keep the memory rather than risk reuse.
-      detail::log_error(__FILE__, __LINE__, "Storage: cannot create an event; leaking a block");
+    const cudaError_t made = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (made != cudaSuccess) {
+      // Cannot order the free after that stream's work: keep the memory rather than risk reuse
+      // (after a kernel fault the context is lost anyway: reported once, Note [Kernel faults]).
+      detail::log_cuda_failure(__FILE__, __LINE__, "cudaEventCreateWithFlags (a block is kept)",
+                               static_cast<int>(made));
       return;
     }
     GW_CUDA_CHECK_NOTHROW(cudaEventRecord(ev, s));

@@ -57,15 +57,15 @@ void check_finite_scalar(const char* op, double scalar) {
            "; expected a finite number (it would make every element non-finite)");
 }
 
-CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {
-  // Note [Streams inside a capture] (engine/capture_mode.h).
-  if (capturing()) [[unlikely]] {
-    check_launch_stream(stream_);
-  }
-}
+CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {}
 
 void CudaScope::read(std::initializer_list<const Tensor*> inputs) const {
   for (const Tensor* t : inputs) t->storage()->sync_for_read(stream_);
+  // Note [Streams inside a capture] (engine/capture_mode.h): checked after the waits, which join
+  // the stream into the capture when it reads work captured there.
+  if (capturing()) [[unlikely]] {
+    check_launch_stream(stream_);
+  }
 }
 
 Tensor new_output(const Shape& shape, const Tensor& like) {

@@ -90,13 +90,13 @@ else
 fi
 
 # 3a. the soak (bench/soak.cpp): GW_SOAK_STEPS (default 100000) replayed steps of the 4-branch
-# study with memory sampled, then 20000 steps whose signature changes every 5 steps (more sizes
+# study with memory sampled, then 24000 steps whose signature changes every 5 steps (more sizes
 # than the graph cache holds); each fails on memory growth after its warm-up.
 if [ $SOAK = 1 ] && [ -x "$BIN/bench/graphward_soak" ]; then
   for run in fixed changing; do
     start=$SECONDS
     args=(--steps "${GW_SOAK_STEPS:-100000}" --sample-every 1000)
-    [ $run = changing ] && args=(--steps 20000 --sample-every 500 --change-every 5)
+    [ $run = changing ] && args=(--steps 24000 --sample-every 600 --change-every 5)
     if timeout 300 "$BIN/bench/graphward_soak" "${args[@]}" --csv "$LOG_DIR/soak_$run.csv" \
          >"$LOG_DIR/soak_$run.log" 2>&1; then
       record "soak $run" ok "$(grep -E '^samples' "$LOG_DIR/soak_$run.log" | sed 's/^samples: [0-9]*; //' | cut -c1-150); $((SECONDS - start)) s"

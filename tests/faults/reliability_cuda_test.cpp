@@ -59,7 +59,7 @@ TEST(CudaNonFiniteLoss, AnInfiniteLossIsRefusedByTheEagerBackwardAndTheCheckIsRe
   GW_REQUIRE_GPU();
   const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
   Model m;
-  const Tensor bad = m.loss(with_one(x, std::numeric_limits<float>::infinity()), t);
+  const Tensor bad = m.loss(x, with_one(t, std::numeric_limits<float>::infinity()));
   GW_EXPECT_ERROR(backward(bad, {.check_finite_loss = true}), "backward: root 0", "inf",
                   "expected a finite loss");
   EXPECT_FALSE(m.w1.grad().defined()) << "a refused backward made a .grad";
