@@ -10,7 +10,8 @@
 # drawn by scripts/plot_overlap.py where matplotlib is installed).
 # --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
-# Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SERIAL=1 (the
+# Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
+# shards of racecheck and initcheck, run in parallel; default 4), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
@@ -230,10 +231,33 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1
   [ "$tool" = initcheck ] && find=0
-  local start=$SECONDS
-  GRAPHWARD_CUDNN_FIND=$find timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" \
-    --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.log" 2>&1
-  echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
+  # The slow tools run the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS, default 4 for
+  # racecheck and initcheck, 1 for the others); the tool's log is the shards' logs in order, its
+  # status the first failing shard's.
+  local shards=1
+  case "$tool" in racecheck | initcheck) shards=${GW_SANITIZER_SHARDS:-4} ;; esac
+  local start=$SECONDS i
+  for ((i = 0; i < shards; i++)); do
+    (
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i GRAPHWARD_CUDNN_FIND=$find \
+        timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+        --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.$i.log" 2>&1
+      echo $? >"$LOG_DIR/sanitizer_$tool.$i.rc"
+    ) &
+  done
+  wait
+  local rc=0 r passed=0 n
+  : >"$LOG_DIR/sanitizer_$tool.log"
+  for ((i = 0; i < shards; i++)); do
+    read -r r <"$LOG_DIR/sanitizer_$tool.$i.rc"
+    [ "$rc" -eq 0 ] && rc=$r
+    cat "$LOG_DIR/sanitizer_$tool.$i.log" >>"$LOG_DIR/sanitizer_$tool.log"
+    n=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOG_DIR/sanitizer_$tool.$i.log" | head -1)
+    passed=$((passed + ${n:-0}))
+    rm -f "$LOG_DIR/sanitizer_$tool.$i.log" "$LOG_DIR/sanitizer_$tool.$i.rc"
+  done
+  echo "[  PASSED  ] $passed tests in $shards shard(s)" >>"$LOG_DIR/sanitizer_$tool.log"
+  echo "$rc $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
 }
 # 5b. the random programs under racecheck and synccheck: GW_FUZZ_SANITIZER_PROGRAMS (default 100;
 # 0 leaves this out), with the same exclusions as the suite's run.
@@ -272,8 +296,10 @@ if [ $SANITIZE = 1 ]; then
   done
   for tool in "${tools[@]}"; do
     read -r rc secs <"$LOG_DIR/sanitizer_$tool.rc"
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" | tail -1)
-    tests=$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG_DIR/sanitizer_$tool.log" |
+      sed 's/^========= //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
+    tests=$(grep -E '^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
+    tests=${tests:-$(tail -1 "$LOG_DIR/sanitizer_$tool.log")}
     if [ "$rc" -eq 0 ]; then
       record "sanitizer $tool" ok "${summary:-no summary}; $tests; $secs s"
     else
