@@ -221,9 +221,13 @@ int main(int argc, char** argv) try {
               last.captures, last.evictions,
               static_cast<unsigned long long>(bw.counters().replays), max_graphs,
               bw_options.cache_capacity, last.cache_mib, loss_value);
-  // Tolerances: a 2 MiB granule of device memory; 2 MiB of host memory (allocator noise) — a leak
-  // of 32 bytes a step over 90,000 steps is 2.7 MiB.
-  bool ok = dev_growth <= 2.0 && host_growth <= 2.0 && max_graphs <= bw_options.cache_capacity;
+  // Tolerances: a 2 MiB granule of device memory (two when the signature changes: the captured
+  // graphs' own pools move the device's use by +-2-4 MiB between samples with no trend, measured on
+  // the H200, docs/RESULTS.md); 2 MiB of host memory (allocator noise) — a leak of 32 bytes a step
+  // over 90,000 steps is 2.7 MiB.
+  const double device_tolerance = opt.change_every ? 4.0 : 2.0;
+  bool ok = dev_growth <= device_tolerance && host_growth <= 2.0 &&
+            max_graphs <= bw_options.cache_capacity;
   if (!opt.change_every) ok = ok && last.captures == 1;
   std::printf("soak: %s\n", ok ? "PASS (no growth after the warm-up)" : "FAIL");
   return ok ? 0 : 1;
