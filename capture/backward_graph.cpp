@@ -75,15 +75,17 @@ BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
       options_(options),
       localize_(options.localize_faults || localize_faults_from_env()),
       cache_(options.cache_capacity) {
-  if (device.is_cuda() && !options.force_eager && !localize_) {
-    detail::tape_log_arm();  // Note [Tape log]
-    armed_on_ = std::this_thread::get_id();
-  }
   if (device.is_cuda()) check_cuda_device(device, "BackwardGraph");
   GW_CHECK(options.warmup >= 1 || device.is_cpu() || options.force_eager,
            "BackwardGraph: warmup is ", options.warmup,
            "; expected at least 1 eager backward before the first capture (cuBLAS and the GEMM "
            "plans must be initialized outside a capture)");
+  // Last: a constructor that throws runs no destructor, and a log armed by it would stay armed
+  // (holding the thread's last step's leaves) for the life of the thread.
+  if (device.is_cuda() && !options.force_eager && !localize_) {
+    detail::tape_log_arm();  // Note [Tape log]
+    armed_on_ = std::this_thread::get_id();
+  }
 }
 
 BackwardGraph::~BackwardGraph() {

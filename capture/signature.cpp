@@ -81,6 +81,12 @@ class Walker {
   }
   const std::vector<Tensor>& leaves() const { return leaves_; }
   const std::vector<cudaStream_t>& streams() const { return stream_ids_; }
+  // After the walk: the walker is thread_local, and leaves kept here would keep a model's
+  // parameters alive after the model and every signature are gone (to the thread's end).
+  void release_leaves() {
+    leaf_index_.clear();
+    leaves_.clear();
+  }
 
  private:
   std::vector<cudaStream_t> stream_ids_;
@@ -402,6 +408,7 @@ void tape_signature_walk(TapeSignature& sig, const std::vector<Tensor>& roots,
   }
   sig.streams.assign(walk.streams().begin(), walk.streams().end());
   sig.leaves.assign(walk.leaves().begin(), walk.leaves().end());
+  walk.release_leaves();
   sig.nodes_words = sig.structure.size();
   sig.nodes_addresses = sig.addresses.size();
   finish(sig, roots, seeds, caller_stream, grad_write);

@@ -103,6 +103,7 @@ bool localize_faults_from_env() noexcept {
 // anything is planned, allocated or launched, so a refused step leaves the .grads, the tape (a
 // later backward of the same loss may still run) and a BackwardGraph's cache as they were.
 void check_finite_roots(const char* what, const std::vector<Tensor>& roots) {
+  NoGradGuard no_grad;  // the cast of a bfloat16 root is no part of the tape
   for (std::size_t r = 0; r < roots.size(); ++r) {
     const Tensor& t = roots[r];
     if (!t.defined()) continue;
@@ -117,7 +118,6 @@ void check_finite_roots(const char* what, const std::vector<Tensor>& roots) {
         }
       }
     };
-    NoGradGuard no_grad;
     if (values.dtype() == DType::kFloat64) {
       scan(values.to_vector<double>());
     } else {
@@ -254,6 +254,8 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   if (timed) mark(0, caller);  // the origin of the trace
 #if GRAPHWARD_HAS_CUDA
   if (localize) check_finished({caller}, "work enqueued before the backward (not the backward)");
+#else
+  (void)localize;  // no kernel faults to localize on the CPU
 #endif
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)

@@ -11,7 +11,7 @@
 # --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
-# shards of racecheck and initcheck, run in parallel; default 4), GW_SANITIZER_SERIAL=1 (the
+# shards of racecheck and initcheck, run in parallel; default 4 and 8), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
@@ -234,11 +234,14 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1
   [ "$tool" = initcheck ] && find=0
-  # The slow tools run the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS, default 4 for
-  # racecheck and initcheck, 1 for the others); the tool's log is the shards' logs in order, its
-  # status the first failing shard's.
+  # The slow tools run the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS: racecheck's,
+  # default 4, and initcheck's, default 8 — the slowest by far; 1 for the others); the tool's log is
+  # the shards' logs in order, its status the first failing shard's.
   local shards=1
-  case "$tool" in racecheck | initcheck) shards=${GW_SANITIZER_SHARDS:-4} ;; esac
+  case "$tool" in
+    racecheck) shards=${GW_SANITIZER_SHARDS:-4} ;;
+    initcheck) shards=${GW_SANITIZER_SHARDS:-8} ;;
+  esac
   local start=$SECONDS i
   for ((i = 0; i < shards; i++)); do
     (

@@ -1,9 +1,10 @@
 // The GPU test program's end: every block graphward's allocator keeps cached for reuse goes back
 // to CUDA before main returns — before any exit handler, among them those of the CUDA runtimes
 // that libraries (cuDNN) link statically — so that compute-sanitizer's leak check sees only memory
-// that something still holds.
+// that something still holds; and nothing may still hold any.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -20,6 +21,9 @@ class ReleaseCachedMemory : public ::testing::Environment {
     const char* off = std::getenv("GW_TEST_BLOCK_CACHE_OFF");
     if (off && std::string(off) == "1") set_block_cache_limit(0);
   }
+  // Every test's tensors are gone by now, so the CUDA pool must hold nothing once the cache is
+  // empty: memory still in use here is held by something that outlived its test (a thread-local of
+  // graphward's, say), and would be returned, if at all, only after the leak check.
   void TearDown() override {
 #if GRAPHWARD_HAS_CUDA
     if (!cuda_available()) return;
@@ -27,6 +31,13 @@ class ReleaseCachedMemory : public ::testing::Environment {
     (void)cudaDeviceSynchronize();
     empty_cache(Device::cuda(0));
     (void)cudaDeviceSynchronize();
+    cudaMemPool_t pool = nullptr;
+    std::uint64_t used = 0;
+    if (cudaDeviceGetMemPool(&pool, 0) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
+      EXPECT_EQ(used, 0u) << "bytes of the CUDA memory pool still in use after every test ended "
+                             "and graphward's block cache was emptied";
+    }
 #endif
   }
 };

@@ -1,6 +1,7 @@
 // BackwardGraph on the CPU backend: always the eager backward (graphs are a CUDA feature), same
 // gradients as backward(), counted as eager; bad input refused by name.
 #include "capture/backward_graph.h"
+#include "engine/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -29,6 +30,14 @@ TEST(BackwardGraphCpu, BadLossesAreRefusedByName) {
   GW_EXPECT_ERROR(bw.backward(sum(randn({4}, 2))), "requires grad");
   GW_EXPECT_ERROR(bw.backward(Tensor()), "one-element loss");
   GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.cache_capacity = 0}), "capacity");
+}
+
+// A BackwardGraph refused at construction (no destructor runs) leaves this thread's tape log as it
+// was: an armed log would hold every later step's leaves on this thread until the thread ends.
+TEST(BackwardGraphCpu, ARefusedConstructionLeavesTheTapeLogAsItWas) {
+  const int armed = detail::tape_log().armed;
+  GW_EXPECT_ERROR(BackwardGraph(Device::cuda(0), {.warmup = 0}), "BackwardGraph");
+  EXPECT_EQ(detail::tape_log().armed, armed) << "the refused BackwardGraph left the log armed";
 }
 
 TEST(BackwardGraphCpu, TraceNamesWhatItNeedsAndLeavesTheTapeUsable) {

@@ -56,6 +56,22 @@ TEST(TapeSignature, EqualForTheSameTapeAndForTheSameModelAgain) {
       << describe_difference(a, c);
 }
 
+// A walk keeps nothing of the tape it walked: once the model, its tape and the signature are gone,
+// so is the parameters' memory (the walker is per thread and lives as long as the thread).
+TEST(TapeSignature, NothingOfAWalkedModelOutlivesTheModelAndTheSignature) {
+  std::weak_ptr<Storage> w0, b1;
+  {
+    Model m;
+    w0 = m.w0.storage();
+    b1 = m.b1.storage();
+    const TapeSignature s = sig(m.loss(randn({5, 6}, 10)));
+    EXPECT_EQ(s.source, TapeSignature::Source::kWalk);
+    EXPECT_FALSE(w0.expired());
+  }
+  EXPECT_TRUE(w0.expired()) << "a parameter's storage is still held after its model is gone";
+  EXPECT_TRUE(b1.expired()) << "a parameter's storage is still held after its model is gone";
+}
+
 TEST(TapeSignature, AShapeChangeIsANewStructureAndTheReasonSaysWhere) {
   Model m;
   const TapeSignature a = sig(m.loss(randn({5, 6}, 10)));

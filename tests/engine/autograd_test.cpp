@@ -1,6 +1,7 @@
 // Autograd on the CPU backend: gradients of composed models against finite differences, fan-out,
 // multiple roots, retain_graph, unused inputs, the no-grad scope, leaves reached by several paths,
 // saved-tensor version checks and the gradient write modes.
+#include "engine/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -97,6 +98,21 @@ TEST(AutogradCpu, ANonFiniteLossIsRefusedWhenCheckedAndNothingIsWritten) {
   GW_EXPECT_ERROR(backward({sum(x), sum(mul(x, p))}, {}, {.check_finite_loss = true}),
                   "backward: root 1");
   EXPECT_EQ(values(x.grad()), before);
+}
+
+// The check reads a bfloat16 loss through a float32 cast: that cast is no node of the tape (a
+// BackwardGraph's tape log would take it for part of the step).
+TEST(AutogradCpu, TheFiniteLossCheckOfABFloat16LossRecordsNoNode) {
+  const Tensor x = randn({5}, 12).set_requires_grad(true);
+  const Tensor loss = cast(sum(mul(x, x)), DType::kBFloat16);
+  struct Armed {  // this thread's tape log, as a live BackwardGraph arms it (Note [Tape log])
+    Armed() { detail::tape_log_arm(); }
+    ~Armed() { detail::tape_log_disarm(); }
+  } armed;
+  detail::tape_log_reset();
+  backward(loss, {.check_finite_loss = true});
+  EXPECT_EQ(detail::tape_log().nodes.size(), 0u) << "the check recorded a node";
+  ASSERT_TRUE(x.grad().defined());
 }
 
 TEST(AutogradCpu, FanOutSumsTheGradients) {

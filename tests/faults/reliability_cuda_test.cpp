@@ -1,11 +1,13 @@
 // Reliability on the GPU (issue 7): a non-finite loss is refused before anything is written
 // (Note [Non-finite loss], engine/backward.h), and the localizing backward (Note [Kernel faults],
-// engine/error.h) gives the gradients of the plain one. The out-of-memory and fault tests run
-// alone: faults/serial_cuda_test.cpp.
+// engine/error.h) gives the gradients of the plain one; nothing of a model outlives it (no
+// thread-local keeps its tensors). The out-of-memory and fault tests run alone:
+// faults/serial_cuda_test.cpp.
 #include <limits>
 #include <vector>
 
 #include "capture/backward_graph.h"
+#include "capture/signature.h"
 #include "capture/step_graph.h"
 #include "test_util.h"
 
@@ -90,6 +92,54 @@ TEST(CudaLocalizeFaults, WithLocalizeFaultsEveryBackwardIsEagerAndGivesThePlainG
   EXPECT_EQ(bw.eager_backwards(), 4u);
   EXPECT_EQ(localized.w1.grad().to_vector<float>(), plain.w1.grad().to_vector<float>());
   EXPECT_EQ(localized.w2.grad().to_vector<float>(), plain.w2.grad().to_vector<float>());
+}
+
+// The memory of the CUDA pool in use, once graphward's block cache is empty (the cache keeps freed
+// blocks allocated: Note [Block cache]).
+std::uint64_t pool_bytes_in_use() {
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  empty_cache(kGpu);
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaMemPool_t pool = nullptr;
+  GW_CUDA_CHECK(cudaDeviceGetMemPool(&pool, kGpu.index));
+  std::uint64_t used = 0;
+  GW_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  return used;
+}
+
+// Once a model, its tensors, its BackwardGraph and StepGraph and its signatures are gone, so is
+// every byte of theirs: nothing per thread (the tape log, the signature walker) keeps a parameter.
+TEST(CudaMemory, NothingOfAModelOutlivesItsTensorsGraphsAndSignatures) {
+  GW_REQUIRE_GPU();
+  const std::uint64_t before = pool_bytes_in_use();
+  {
+    const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
+    Model replayed, stepped, walked;
+    {
+      BackwardGraph bw(kGpu);
+      for (int step = 0; step < 3; ++step) bw.backward(replayed.loss(x, t), GradWrite::kOverwrite);
+      EXPECT_EQ(bw.counters().captures, 1u);
+    }
+    {
+      StepGraph step(kGpu, {x, t});
+      Sgd opt({stepped.w1, stepped.w2}, {.lr = 0.01});
+      for (int s = 0; s < 3; ++s) {
+        (void)step.run([&] {
+          const Tensor loss = stepped.loss(x, t);
+          backward(loss, {.grad_write = GradWrite::kOverwrite});
+          opt.step();
+          return loss;
+        });
+      }
+      EXPECT_EQ(step.counters().captures, 1u);
+      EXPECT_EQ(step.counters().replays, 2u);
+    }
+    capture::TapeSignature sig;
+    capture::tape_signature_walk(sig, {walked.loss(x, t)}, {}, current_stream(kGpu),
+                                 GradWrite::kAccumulate);
+    EXPECT_EQ(sig.leaves.size(), 2u);
+  }
+  EXPECT_EQ(pool_bytes_in_use(), before) << "memory of a model outlived it";
 }
 
 }  // namespace
