@@ -11,7 +11,7 @@
 # --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
-# shards of racecheck and initcheck, run in parallel; default 4 and 8), GW_SANITIZER_SERIAL=1 (the
+# shards of racecheck and initcheck, run in parallel; default 4 and 12), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
@@ -222,25 +222,25 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # racecheck checks shared-memory hazards; cuBLAS's GEMM kernels (library code, and most of the
   # suite's GPU time through the 2048³ busy-work chains) are excluded to keep it within minutes.
   [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
-  # initcheck: cuBLASLt's small-n bfloat16 kernels (cutlass ..._bf16_..._align2) load the output
-  # matrix before writing it although beta is 0 (its contract: C is not read then); the values are
-  # discarded — the bf16 tests pass with new memory poisoned with NaN — so cuBLAS's own GEMM
-  # kernels are left out of initcheck; every graphward kernel stays in.
-  # cuBLASLt's split-K reduction (cublasLt::splitKreduce_kernel, no "gemm" in its name) reads
-  # parts of its workspace it did not write (17,430 reports in CudaOps.MatmulForwardAndBackward on
-  # the H200, 2026-11-30): library code too, left out the same way.
-  [ "$tool" = initcheck ] && extra=(--kernel-name-exclude kns=gemm --kernel-name-exclude kns=splitKreduce)
+  # initcheck instruments every kernel: one left out writes memory the tool then believes
+  # uninitialized, and every later read of it is reported (the ninth session's exclusion of
+  # cuBLAS's GEMM kernels drew 650,000 such reports from graphward's kernels and cuBLASLt's own
+  # split-K and epilogue kernels reading what those GEMMs wrote). One library behaviour remains:
+  # cuBLASLt's small-n bfloat16 kernels (INITCHECK_LIBRARY_READS) load the output matrix although
+  # beta is 0 and discard what they load (the bf16 tests pass with new memory poisoned with NaN).
+  # Those reports are printed and counted; the run passes when they are all the reports there are.
+  [ "$tool" = initcheck ] && extra=(--print-limit 50000)
   # initcheck instruments every cuDNN candidate that cudnnFind* times (minutes per shape): its
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1
   [ "$tool" = initcheck ] && find=0
   # The slow tools run the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS: racecheck's,
-  # default 4, and initcheck's, default 8 — the slowest by far; 1 for the others); the tool's log is
+  # default 4, and initcheck's, default 12 — the slowest by far; 1 for the others); the tool's log is
   # the shards' logs in order, its status the first failing shard's.
   local shards=1
   case "$tool" in
     racecheck) shards=${GW_SANITIZER_SHARDS:-4} ;;
-    initcheck) shards=${GW_SANITIZER_SHARDS:-8} ;;
+    initcheck) shards=${GW_SANITIZER_SHARDS:-12} ;;
   esac
   local start=$SECONDS i
   for ((i = 0; i < shards; i++)); do
@@ -252,19 +252,37 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     ) &
   done
   wait
-  local rc=0 r passed=0 n
+  local rc=0 r passed=0 n others=0
   : >"$LOG_DIR/sanitizer_$tool.log"
   for ((i = 0; i < shards; i++)); do
     read -r r <"$LOG_DIR/sanitizer_$tool.$i.rc"
     [ "$rc" -eq 0 ] && rc=$r
+    [ "$r" -ne 0 ] && [ "$r" -ne 99 ] && others=1  # a timeout, a crash, a failed test
     cat "$LOG_DIR/sanitizer_$tool.$i.log" >>"$LOG_DIR/sanitizer_$tool.log"
     n=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOG_DIR/sanitizer_$tool.$i.log" | head -1)
     passed=$((passed + ${n:-0}))
     rm -f "$LOG_DIR/sanitizer_$tool.$i.log" "$LOG_DIR/sanitizer_$tool.$i.rc"
   done
-  echo "[  PASSED  ] $passed tests in $shards shard(s)" >>"$LOG_DIR/sanitizer_$tool.log"
+  local log="$LOG_DIR/sanitizer_$tool.log"
+  if [ "$tool" = initcheck ] && [ "$rc" -eq 99 ] && [ "$others" -eq 0 ] &&
+     ! grep -q 'errors were not printed' "$log"; then
+    local errors allowed
+    errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) errors\{0,1\}$/\1/p' "$log" |
+      awk '{ s += $1 } END { print s + 0 }')
+    allowed=$(grep -cE "^=========     at .*($INITCHECK_LIBRARY_READS)" "$log")
+    if [ "$errors" -eq "$allowed" ]; then
+      rc=0
+      echo "initcheck: all $errors reports are cuBLASLt's loads of C with beta 0 ($INITCHECK_LIBRARY_READS)" >>"$log"
+    else
+      echo "initcheck: $errors reports, of which $allowed are cuBLASLt's loads of C with beta 0" >>"$log"
+    fi
+  fi
+  echo "[  PASSED  ] $passed tests in $shards shard(s)" >>"$log"
   echo "$rc $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
 }
+# The kernels whose initcheck reports are a library's known, harmless reads (see sanitize).
+INITCHECK_LIBRARY_READS='cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_[0-9a-z_]*_align2'
+
 # 5b. the random programs under racecheck and synccheck: GW_FUZZ_SANITIZER_PROGRAMS (default 100;
 # 0 leaves this out), with the same exclusions as the suite's run.
 sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alone (log fuzz_TOOL)
@@ -306,6 +324,8 @@ if [ $SANITIZE = 1 ]; then
       sed 's/^========= //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
     tests=$(grep -E '^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
     tests=${tests:-$(tail -1 "$LOG_DIR/sanitizer_$tool.log")}
+    known=$(grep -m1 '^initcheck: ' "$LOG_DIR/sanitizer_$tool.log")
+    [ -n "$known" ] && tests="$tests; $known"
     if [ "$rc" -eq 0 ]; then
       record "sanitizer $tool" ok "${summary:-no summary}; $tests; $secs s"
     else
