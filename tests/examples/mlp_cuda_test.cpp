@@ -35,9 +35,17 @@ TEST(ExamplesCuda, TheMlpConvergesInEveryModeAndTheGraphsCaptureOnce) {
   EXPECT_NEAR(bw.last_loss, eager.last_loss, 1e-3 * eager.last_loss);
 }
 
-// Mixed precision (bfloat16 layers, float32 parameters and loss).
+// Mixed precision (bfloat16 layers, float32 parameters and loss), with new memory poisoned (NaN):
+// a gradient cuBLASLt did not write would make the loss NaN. The poison is also what keeps this
+// test out of initcheck's view: initcheck reports the float32 casts' reads of bfloat16 weight
+// gradients as uninitialized, though they are written (this poisoned run converges) — it does not
+// see the writes of cuBLASLt's bfloat16 GEMMs on the H200 (docs/RESULTS.md, ninth session).
 TEST(ExamplesCuda, TheBFloat16MlpConvergesInEveryMode) {
   GW_REQUIRE_GPU();
+  struct Poisoned {
+    Poisoned() { debug::set_poison_new_memory(true); }
+    ~Poisoned() { debug::set_poison_new_memory(false); }
+  } poisoned;
   (void)expect_every_mode_converges({.in = 16, .hidden = 64, .classes = 4, .batch = 64,
                                      .layers = 2, .batches = 2, .lr = 1e-2, .bf16 = true});
 }
