@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU, builds with all cores, runs the whole test suite
 # (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
-# compute-sanitizer (memcheck, racecheck, synccheck; initcheck reported), runs the example on the
-# GPU and the benchmarks, and prints a one-screen summary last.
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but
+# initcheck's two named cuBLASLt reads), runs random programs, the soak, the example on the GPU
+# and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
 # --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
