@@ -38,8 +38,9 @@ TEST(ExamplesCuda, TheMlpConvergesInEveryModeAndTheGraphsCaptureOnce) {
 // Mixed precision (bfloat16 layers, float32 parameters and loss), with new memory poisoned (NaN):
 // a gradient cuBLASLt did not write would make the loss NaN. The poison is also what keeps this
 // test out of initcheck's view: initcheck reports the float32 casts' reads of bfloat16 weight
-// gradients as uninitialized, though they are written (this poisoned run converges) — it does not
-// see the writes of cuBLASLt's bfloat16 GEMMs on the H200 (docs/RESULTS.md, ninth session).
+// gradients as uninitialized, though they are written (this poisoned run converges): it does not
+// seem to see the writes of cuBLASLt's bfloat16 GEMMs on the H200 (docs/RESULTS.md, tenth
+// session).
 TEST(ExamplesCuda, TheBFloat16MlpConvergesInEveryMode) {
   GW_REQUIRE_GPU();
   struct Poisoned {
