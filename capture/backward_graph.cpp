@@ -97,7 +97,8 @@ void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
   graphward::backward(loss, {.grad_write = grad_write,
                              .split_weight_grads = options_.split_weight_grads,
                              .fuse_activation_epilogues = options_.fuse_activation_epilogues,
-                             .localize_faults = localize_});
+                             .localize_faults = localize_,
+                             .reduce_gradients = options_.reduce_gradients});
   ++eager_;
 }
 
@@ -206,9 +207,10 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
         CaptureModeScope scope("the backward graph");
         GraphPoolScope pool_scope(pool);
         if (timed) {
-          executor_.run_timed_in_capture(plan, {seed_}, device_);
+          executor_.run_timed_in_capture(plan, {seed_}, device_, options_.reduce_gradients);
         } else {
-          executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false);
+          executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false,
+                        /*localize=*/false, options_.reduce_gradients);
         }
       });
 }

@@ -71,6 +71,10 @@ struct BackwardGraphOptions {
   // Note [Non-finite loss] (engine/backward.h): refuse a NaN or infinite loss before anything is
   // written or replayed (a synchronize of the loss's stream every step).
   bool check_finite_loss = false;
+  // Note [Gradient reduction] (engine/backward.h): the leaf gradients averaged over the processes
+  // of a data-parallel group (dist::ProcessGroup), bucket by bucket, inside the captured graph
+  // too. Not owned; it must outlive the BackwardGraph. nullptr: no reduction.
+  GradientReducer* reduce_gradients = nullptr;
 };
 
 // The shape of a captured graph.

@@ -84,7 +84,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   }
   thread_local EagerExecutor executor;
   executor.run(plan, seeds, device, options.timings, !options.retain_graph,
-               options.localize_faults || localize_faults_from_env());
+               options.localize_faults || localize_faults_from_env(), options.reduce_gradients);
 }
 
 bool localize_faults_from_env() noexcept {
@@ -157,12 +157,13 @@ Event& EagerExecutor::timing_event(Device device, int i) {
 }
 
 void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                        std::vector<StepTiming>* timings, bool release_saved, bool localize) {
+                        std::vector<StepTiming>* timings, bool release_saved, bool localize,
+                        GradientReducer* reducer) {
   const bool timed = device.is_cuda() && timings != nullptr;
   if (timed) check_capturable("backward() with timings");  // its trace synchronizes
   localize = localize && device.is_cuda();
   if (localize) check_capturable("backward() with localize_faults");  // it synchronizes
-  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved, localize);
+  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved, localize, reducer);
 #if GRAPHWARD_HAS_CUDA
   if (timed) {  // read the trace: everything was joined into the caller's stream
     GW_CUDA_CHECK(cudaStreamSynchronize(plan.streams[0]));
@@ -172,10 +173,55 @@ void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& see
 }
 
 void EagerExecutor::run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
-                                         Device device) {
+                                         Device device, GradientReducer* reducer) {
   GW_CHECK(device.is_cuda(), "EagerExecutor::run_timed_in_capture: a CUDA plan only");
-  run_impl(plan, seeds, device, /*timed=*/true, /*in_capture=*/true, /*release_saved=*/false);
+  run_impl(plan, seeds, device, /*timed=*/true, /*in_capture=*/true, /*release_saved=*/false,
+           /*localize=*/false, reducer);
 }
+
+namespace {
+// Note [Gradient reduction]: a hash of the buckets' layout (every gradient's dtype and shape, and
+// where the buckets end) and a readable account of it, for the reducer's agreement check.
+std::uint64_t bucket_layout_hash(const BackwardPlan& plan, const std::vector<GradBucket>& buckets) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(buckets.size());
+  for (const GradBucket& b : buckets) {
+    mix(b.buffers.size());
+    for (int i : b.buffers) {
+      const Tensor& leaf = plan.buffers[i].leaf;
+      mix(static_cast<std::uint64_t>(leaf.dtype()));
+      mix(leaf.shape().size());
+      for (std::int64_t d : leaf.shape()) mix(static_cast<std::uint64_t>(d));
+    }
+  }
+  return h;
+}
+
+std::string describe_buckets(const BackwardPlan& plan, const std::vector<GradBucket>& buckets) {
+  std::size_t grads = 0, bytes = 0;
+  for (const GradBucket& b : buckets) {
+    grads += b.buffers.size();
+    bytes += b.bytes;
+  }
+  std::string out = detail::concat(grads, " gradients (", bytes, " bytes) in ", buckets.size(),
+                                   " bucket", buckets.size() == 1 ? "" : "s", ": ");
+  for (std::size_t k = 0; k < buckets.size() && k < 8; ++k) {
+    out += k ? " | " : "";
+    for (std::size_t j = 0; j < buckets[k].buffers.size() && j < 6; ++j) {
+      out += (j ? ", " : "") + plan.buffers[buckets[k].buffers[j]].leaf.str();
+    }
+    if (buckets[k].buffers.size() > 6) out += ", ...";
+  }
+  if (buckets.size() > 8) out += " | ...";
+  return out;
+}
+}  // namespace
 
 std::vector<StepTiming> EagerExecutor::read_timings(const BackwardPlan& plan, Device device) {
   std::vector<StepTiming> out;
@@ -222,7 +268,7 @@ void check_finished(std::initializer_list<cudaStream_t> streams, const std::stri
 
 void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
                              Device device, bool timed, bool in_capture, bool release_saved,
-                             bool localize) {
+                             bool localize, GradientReducer* reducer) {
   using Kind = BackwardPlan::BufferKind;
   detail::NvtxRange nvtx_backward("backward");
   // Note [Check, then write]: refuse before launching anything.
@@ -274,6 +320,64 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     for (int f : plan.forks) e.block(streams[f]);
   }
 
+  // Note [Gradient reduction]: the buckets, the layout every process must share, and an event
+  // after each step part a bucket waits for (events past the fork's and the joins').
+  std::vector<GradBucket> buckets;
+  std::vector<int> ready_main(plan.steps.size(), -1), ready_side(plan.steps.size(), -1);
+  const int comm_join_event = fork_event + 1 + static_cast<int>(plan.joins.size());
+  cudaStream_t comm = nullptr;
+  std::size_t next_bucket = 0;
+  if (reducer) {
+    buckets = plan_grad_buckets(plan, reducer->bucket_bytes());
+    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets),
+                   capturing());
+    comm = gpu ? reducer->stream() : nullptr;
+    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
+    int next_event = comm_join_event + 1;
+    for (const GradBucket& b : buckets) {
+      for (const GradBucket::Ready& r : b.ready) {
+        if (r.step < 0) continue;
+        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
+        if (e < 0) e = next_event++;
+      }
+    }
+  }
+  // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
+  auto issue_buckets = [&](int after) {
+    for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
+         ++next_bucket) {
+      const GradBucket& b = buckets[next_bucket];
+      std::vector<Tensor> grads;
+      grads.reserve(b.buffers.size());
+      if (gpu) {
+        for (const GradBucket::Ready& r : b.ready) {
+          if (r.step < 0) {
+            Event& e = event(device, comm_join_event);  // the seeds: written on the caller's
+            e.record(caller);
+            e.block(comm);
+          } else {
+            event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
+          }
+        }
+      }
+      for (int i : b.buffers) {
+        const Tensor& g = plan.buffers[i].leaf.grad();
+        GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
+                 " was not written (an internal error of the plan)");
+        if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
+        grads.push_back(g);
+      }
+      detail::NvtxRange nvtx_reduce("reduce gradients");
+      reducer->reduce(grads);
+#if GRAPHWARD_HAS_CUDA
+      if (localize) {
+        check_finished({comm}, detail::concat("the reduction of gradient bucket ", next_bucket + 1,
+                                              " of ", buckets.size()));
+      }
+#endif
+    }
+  };
+
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double>& host_us = host_us_;  // per step, when timed
   host_us.clear();
@@ -281,6 +385,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
     std::vector<GradSlot> slots, side_slots;
     if (timed) host_us.assign(plan.steps.size(), 0.0);
+    if (reducer) issue_buckets(-1);  // gradients only a seed writes
     for (const BackwardPlan::Step& step : plan.steps) {
       const auto host_start =
           timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -368,6 +473,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         }
         if (timed) mark(2 + 2 * num_steps + 2 * step_index, side);
         if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
+        if (gpu && ready_side[step_index] >= 0) event(device, ready_side[step_index]).record(side);
         apply(slots);
       }
 #if GRAPHWARD_HAS_CUDA
@@ -388,6 +494,8 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
       if (release_saved) step.node->release_saved();
       if (timed) mark(2 + 2 * step_index, s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
+      if (gpu && ready_main[step_index] >= 0) event(device, ready_main[step_index]).record(s);
+      if (reducer) issue_buckets(step_index);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
       if (timed) {
         host_us[step_index] =
@@ -396,11 +504,17 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
       }
     }
   }
-  // Join (rule 4): the caller's stream waits on every stream the backward used.
+  // Join (rule 4): the caller's stream waits on every stream the backward used, the reducer's
+  // too.
   if (gpu) {
     for (std::size_t j = 0; j < plan.joins.size(); ++j) {
       Event& e = event(device, fork_event + 1 + static_cast<int>(j));
       e.record(streams[plan.joins[j]]);
+      e.block(caller);
+    }
+    if (!buckets.empty()) {
+      Event& e = event(device, comm_join_event);
+      e.record(comm);
       e.block(caller);
     }
   }

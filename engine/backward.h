@@ -10,6 +10,8 @@
 //     before S by the caller (Note [Planned synchronization] in memory.h);
 //   * leaf gradients are written on the stream of the node that produces them (rule 5).
 // One thread; no worker pools.
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,34 @@ struct StepTiming {
   float side_end_ms = 0;
 };
 
+// Note [Gradient reduction]
+// Data parallelism: every process computes the gradients of its part of the batch, and a reducer
+// replaces each leaf gradient with its average over the processes (dist::ProcessGroup, NCCL). The
+// executor hands it the leaf gradients bucket by bucket (Note [Gradient buckets],
+// engine/backward_plan.h) as soon as a bucket's last gradient is written: the reducer's stream
+// waits on an event of each producing stream, the reduction runs there while the rest of the
+// backward goes on, and the caller's stream waits on the reducer's stream before backward()
+// returns (rule 4). The same code runs eagerly and under capture (a BackwardGraph or a StepGraph
+// captures the reductions into its graph). Every process must reduce the same buckets in the same
+// order: before its first reduction of a bucket layout not seen before, the executor asks the
+// reducer to check that every process has that layout (agree); inside a capture such a check
+// cannot run (it synchronizes), so a layout never agreed before is refused there.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // The most bytes a bucket collects before it is reduced (the last may hold less).
+  virtual std::size_t bucket_bytes() const = 0;
+  // The stream the reductions are issued on (nullptr on the CPU).
+  virtual cudaStream_t stream() const = 0;
+  // Throws a graphward::Error unless every process reduces buckets of this layout (a hash and a
+  // readable description of this process's buckets). May synchronize. `in_capture`: called from
+  // inside a capture, where only an already agreed layout may pass.
+  virtual void agree(std::uint64_t layout, const std::string& description, bool in_capture) = 0;
+  // Issues the in-place average over the processes of `grads` (one bucket) on stream(), after the
+  // executor ordered stream() after their writers.
+  virtual void reduce(const std::vector<Tensor>& grads) = 0;
+};
+
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors for another backward through the same graph
   GradWrite grad_write = GradWrite::kAccumulate;
@@ -56,6 +86,9 @@ struct BackwardOptions {
   // and refuses a root with a NaN or an infinity, leaving the .grads as they were. One
   // synchronize of the roots' stream a backward; not inside a capture.
   bool check_finite_loss = false;
+  // Note [Gradient reduction]: the leaf gradients averaged over the processes of a data-parallel
+  // group, bucket by bucket while the backward runs. Not owned; nullptr: no reduction.
+  GradientReducer* reduce_gradients = nullptr;
 };
 
 // Whether GRAPHWARD_LOCALIZE_FAULTS is set to something other than "" or "0" (read once).
@@ -90,20 +123,22 @@ class EagerExecutor {
   // after its step; if a step throws, the nodes before it are already released.
   // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
   // a CudaError naming the step's node when its work failed.
+  // With `reducer`, the leaf gradients are reduced bucket by bucket (Note [Gradient reduction]).
   void run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
            std::vector<StepTiming>* timings = nullptr, bool release_saved = false,
-           bool localize = false);
+           bool localize = false, GradientReducer* reducer = nullptr);
 
   // The timed run for a capture (BackwardGraph::trace): records the timing events as graph nodes
   // (Event::record_external) and reads nothing; after the graph ran and finished,
   // read_timings() returns the trace of that replay. No other run() may come in between.
   void run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
-                            Device device);
+                            Device device, GradientReducer* reducer = nullptr);
   std::vector<StepTiming> read_timings(const BackwardPlan& plan, Device device);
 
  private:
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                bool timed, bool in_capture, bool release_saved, bool localize = false);
+                bool timed, bool in_capture, bool release_saved, bool localize = false,
+                GradientReducer* reducer = nullptr);
   Event& event(Device device, int i);
   Event& timing_event(Device device, int i);
   cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i

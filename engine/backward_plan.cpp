@@ -354,6 +354,48 @@ const char* kind_name(BackwardPlan::BufferKind k) {
 }
 }  // namespace
 
+std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes) {
+  GW_CHECK(bucket_bytes > 0, "plan_grad_buckets: expected a bucket size above 0 bytes");
+  struct Final {
+    int buffer;
+    int step;
+  };
+  std::vector<Final> leaves;
+  for (std::size_t b = 0; b < plan.buffers.size(); ++b) {
+    const BackwardPlan::Buffer& buf = plan.buffers[b];
+    if (buf.kind == BackwardPlan::BufferKind::kLeaf) {
+      leaves.push_back({static_cast<int>(b), buf.last_use});
+    }
+  }
+  std::stable_sort(leaves.begin(), leaves.end(),
+                   [](const Final& a, const Final& b) { return a.step < b.step; });
+  std::vector<GradBucket> buckets;
+  for (const Final& f : leaves) {
+    if (buckets.empty() || buckets.back().bytes >= bucket_bytes) buckets.emplace_back();
+    GradBucket& bucket = buckets.back();
+    const Tensor& leaf = plan.buffers[f.buffer].leaf;
+    bucket.buffers.push_back(f.buffer);
+    bucket.bytes += static_cast<std::size_t>(leaf.numel()) * dtype_size(leaf.dtype());
+    bucket.issue_after = std::max(bucket.issue_after, f.step);
+    // Where the write happens: the step's stream, or its side stream (its leaf gradients).
+    const bool side = f.step >= 0 && plan.steps[f.step].side_stream >= 0;
+    const int stream = f.step < 0 ? 0 : side ? plan.steps[f.step].side_stream
+                                             : plan.steps[f.step].stream;
+    auto same_stream = [&](const GradBucket::Ready& r) {
+      if (r.step < 0) return stream == 0;  // the seeds are written on the caller's stream
+      const BackwardPlan::Step& st = plan.steps[r.step];
+      return (r.side ? st.side_stream : st.stream) == stream;
+    };
+    auto it = std::find_if(bucket.ready.begin(), bucket.ready.end(), same_stream);
+    if (it == bucket.ready.end()) {
+      bucket.ready.push_back({f.step, side});
+    } else if (f.step > it->step) {
+      *it = {f.step, side};
+    }
+  }
+  return buckets;
+}
+
 std::string BackwardPlan::dump() const {
   std::ostringstream os;
   os << "BackwardPlan: " << steps.size() << " steps, " << streams.size() << " streams, "

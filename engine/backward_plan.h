@@ -123,6 +123,28 @@ struct PlanOptions {
   bool fuse_activation_epilogues = true;
 };
 
+// Note [Gradient buckets]
+// For data parallelism (a GradientReducer, engine/backward.h) the leaf gradients a plan writes are
+// reduced across processes in buckets, while the rest of the backward runs. A leaf's gradient is
+// final after the last step that writes it (its buffer's last_use), on that step's stream — or on
+// its side stream when the step is split (split_weight_grads puts leaf gradients there); a leaf
+// written only by a seed is final before the first step. Buckets take the leaves in the order
+// their gradients become final and close once they hold `bucket_bytes` (the last may hold less);
+// a bucket is issued right after the step that finishes its last gradient, once the reduction
+// stream has waited for the latest such step on every stream involved (the earlier ones on the
+// same stream are ordered before it).
+struct GradBucket {
+  struct Ready {
+    int step;   // -1: the seeds, on the caller's stream, before the first step
+    bool side;  // the step's side part (its leaf gradients)
+  };
+  std::vector<int> buffers;  // kLeaf buffers, in the order their gradients become final
+  std::size_t bytes = 0;
+  int issue_after = -1;      // the step after which the bucket is issued (-1: before the first)
+  std::vector<Ready> ready;  // per stream, the latest step whose writes the bucket waits for
+};
+std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes);
+
 // Plans the backward of `roots` called on `caller_stream` (nullptr on the CPU). Checks, before
 // anything runs, that every node is on one device and still holds its saved tensors.
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,

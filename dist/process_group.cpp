@@ -1,0 +1,326 @@
+#include "dist/process_group.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#include "engine/capture_mode.h"
+#include "engine/error.h"
+#include "engine/memory.h"
+
+#if GRAPHWARD_HAS_NCCL
+#include <nccl.h>
+#endif
+
+namespace graphward::dist {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  GW_CHECK(end && *end == '\0' && x >= 0 && x < (1 << 20), "ProcessGroup: ", name, "=\"", v,
+           "\"; expected a number from 0");
+  return static_cast<int>(x);
+}
+
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+#if GRAPHWARD_HAS_NCCL
+void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  throw Error(detail::concat("ProcessGroup: ", what, " failed: NCCL error ", static_cast<int>(r),
+                             " (", ncclGetErrorString(r), ")",
+                             last && *last ? detail::concat(": ", last) : std::string()));
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt32: return ncclInt32;
+    case DType::kBFloat16: return ncclBfloat16;
+  }
+  throw Error("ProcessGroup: a dtype NCCL does not know");
+}
+
+constexpr std::size_t kIdBytes = sizeof(ncclUniqueId);
+
+std::string to_hex(const ncclUniqueId& id) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < kIdBytes; ++i) {
+    const auto b = static_cast<unsigned char>(id.internal[i]);
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+bool from_hex(const std::string& hex, ncclUniqueId* id) {
+  if (hex.size() != 2 * kIdBytes) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < kIdBytes; ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    id->internal[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return true;
+}
+
+// The rendezvous (see the header): rank 0's unique id, through a file or the environment.
+ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double timeout_s) {
+  ncclUniqueId id{};
+  std::string file = id_file_option.empty() ? env_str("GRAPHWARD_NCCL_ID_FILE") : id_file_option;
+  if (file.empty()) {
+    const std::string hex = env_str("GRAPHWARD_NCCL_ID");
+    GW_CHECK(!hex.empty(), "ProcessGroup: rank ", rank, " has no way to meet the other ranks; "
+             "expected an id file (ProcessGroupOptions::id_file or GRAPHWARD_NCCL_ID_FILE) or "
+             "GRAPHWARD_NCCL_ID (ProcessGroup::new_unique_id_hex())");
+    GW_CHECK(from_hex(hex, &id), "ProcessGroup: GRAPHWARD_NCCL_ID is not an NCCL unique id; "
+             "expected ", 2 * kIdBytes, " hex digits (ProcessGroup::new_unique_id_hex())");
+    return id;
+  }
+  if (rank == 0) {
+    nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << to_hex(id);
+      GW_CHECK(out.good(), "ProcessGroup: rank 0 could not write the NCCL id to ", tmp);
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, file, ec);  // the others never see half a file
+    GW_CHECK(!ec, "ProcessGroup: rank 0 could not move the NCCL id into ", file, ": ",
+             ec.message());
+    return id;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    std::ifstream in(file);
+    std::string hex;
+    if (in && (in >> hex) && from_hex(hex, &id)) return id;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    GW_CHECK(waited < timeout_s, "ProcessGroup: rank ", rank, " waited ", timeout_s,
+             " s for rank 0's NCCL id in ", file, "; expected rank 0 to start and write it (a "
+             "file every rank can read, not left by an earlier run)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+#endif
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(ProcessGroupOptions options) : bucket_bytes_(options.bucket_bytes) {
+  rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
+  world_size_ = options.world_size >= 0 ? options.world_size : env_int("GRAPHWARD_WORLD_SIZE", 1);
+  GW_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ProcessGroup: rank ", rank_,
+           " of world size ", world_size_, "; expected 0 <= rank < world size");
+  GW_CHECK(bucket_bytes_ > 0, "ProcessGroup: bucket_bytes is 0; expected a bucket size in bytes");
+  device_ = options.device ? *options.device
+                           : Device::cuda(env_int("GRAPHWARD_LOCAL_RANK", rank_));
+  if (device_.is_cpu()) {
+    GW_CHECK(world_size_ == 1, "ProcessGroup: a group of ", world_size_,
+             " on the CPU; expected a CUDA device for each rank (the CPU backend runs a group of "
+             "one)");
+    return;
+  }
+  check_cuda_device(device_, "ProcessGroup");
+  DeviceGuard guard(device_);
+  int least = 0, greatest = 0;
+  GW_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  stream_ = std::make_unique<Stream>(device_, greatest);  // reductions first: they gate the step
+  gather_ = DeviceBuffer(device_, sizeof(std::uint64_t) * static_cast<std::size_t>(world_size_));
+#if GRAPHWARD_HAS_NCCL
+  const ncclUniqueId id = world_size_ == 1 ? [] {
+    ncclUniqueId own{};
+    nccl_check(ncclGetUniqueId(&own), "ncclGetUniqueId");
+    return own;
+  }() : rendezvous(rank_, options.id_file, options.timeout_s);
+  ncclComm_t comm = nullptr;
+  nccl_check(ncclCommInitRank(&comm, world_size_, id, rank_), "ncclCommInitRank");
+  comm_ = comm;
+#else
+  GW_CHECK(world_size_ == 1, "ProcessGroup: a group of ", world_size_,
+           " needs NCCL; graphward was built without it (only a group of one works)");
+#endif
+}
+
+ProcessGroup::~ProcessGroup() {
+#if GRAPHWARD_HAS_NCCL
+  if (comm_) {
+    try {
+      DeviceGuard guard(device_);
+      if (stream_) GW_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_->get()));
+      const ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+      if (r != ncclSuccess) {
+        detail::log_error(__FILE__, __LINE__,
+                          detail::concat("ncclCommDestroy: ", ncclGetErrorString(r)));
+      }
+    } catch (const std::exception& e) {
+      detail::log_error(__FILE__, __LINE__, e.what());
+    }
+  }
+#endif
+}
+
+cudaStream_t ProcessGroup::stream() const {
+  return stream_ ? stream_->get() : nullptr;
+}
+
+std::string ProcessGroup::new_unique_id_hex() {
+#if GRAPHWARD_HAS_NCCL
+  ncclUniqueId id{};
+  nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  return to_hex(id);
+#else
+  throw Error("ProcessGroup::new_unique_id_hex: graphward was built without NCCL");
+#endif
+}
+
+void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root) {
+  for (const Tensor& t : tensors) {
+    GW_CHECK(t.defined() && t.device() == device_, "ProcessGroup: a tensor on ",
+             t.defined() ? t.device().str() : std::string("no device"), "; expected ",
+             device_.str(), " (this rank's device)");
+  }
+  if (!comm_) return;  // a group of one: the average is the tensor itself
+#if GRAPHWARD_HAS_NCCL
+  DeviceGuard guard(device_);
+  const cudaStream_t s = stream_->get();
+  auto comm = static_cast<ncclComm_t>(comm_);
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  for (const Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    void* p = t.raw_data();
+    const auto n = static_cast<std::size_t>(t.numel());
+    r = average ? ncclAllReduce(p, p, n, nccl_type(t.dtype()), ncclAvg, comm, s)
+                : ncclBroadcast(p, p, n, nccl_type(t.dtype()), root, comm, s);
+    if (r != ncclSuccess) break;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  nccl_check(r, average ? "ncclAllReduce" : "ncclBroadcast", comm);
+  nccl_check(end, "ncclGroupEnd", comm);
+#else
+  (void)average, (void)root;
+#endif
+}
+
+void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
+  // The executor ordered the stream after the writers and recorded the uses (planned).
+  reduce_on_stream(grads, /*average=*/true, 0);
+}
+
+namespace {
+// Orders the group's stream after every earlier use of `tensors` and records it as their writer,
+// as an op does (rule 6), for the eager collectives.
+void write_on(const std::vector<Tensor>& tensors, cudaStream_t stream) {
+  if (!stream) return;
+  for (const Tensor& t : tensors) {
+    if (t.defined()) t.storage()->sync_for_write(stream);
+  }
+}
+}  // namespace
+
+void ProcessGroup::all_reduce_average(const std::vector<Tensor>& tensors) {
+  write_on(tensors, stream());
+  reduce_on_stream(tensors, /*average=*/true, 0);
+}
+
+void ProcessGroup::broadcast(const std::vector<Tensor>& tensors, int root) {
+  GW_CHECK(root >= 0 && root < world_size_, "ProcessGroup::broadcast: root ", root,
+           "; expected a rank below ", world_size_);
+  write_on(tensors, stream());
+  reduce_on_stream(tensors, /*average=*/false, root);
+}
+
+std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
+  check_capturable("ProcessGroup::all_gather");  // it synchronizes
+  if (!comm_) return {value};
+  std::vector<std::uint64_t> out(static_cast<std::size_t>(world_size_));
+#if GRAPHWARD_HAS_NCCL
+  DeviceGuard guard(device_);
+  const cudaStream_t s = stream_->get();
+  auto* words = static_cast<std::uint64_t*>(gather_.data());
+  GW_CUDA_CHECK(cudaMemcpyAsync(words + rank_, &value, sizeof value, cudaMemcpyHostToDevice, s));
+  nccl_check(ncclAllGather(words + rank_, words, 1, ncclUint64, static_cast<ncclComm_t>(comm_), s),
+             "ncclAllGather", static_cast<ncclComm_t>(comm_));
+  GW_CUDA_CHECK(cudaMemcpyAsync(out.data(), words, out.size() * sizeof value,
+                                cudaMemcpyDeviceToHost, s));
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));
+#endif
+  return out;
+}
+
+void ProcessGroup::agree(std::uint64_t layout, const std::string& description, bool in_capture) {
+  if (agreed_.count(layout)) return;
+  GW_CHECK(!in_capture, "ProcessGroup: rank ", rank_, " is asked to reduce a gradient layout the "
+           "ranks have not agreed on, inside a capture (the check synchronizes): ", description,
+           ". Expected one backward of this model outside a capture first (a BackwardGraph's "
+           "warm-up and a StepGraph's first step do it)");
+  const std::vector<std::uint64_t> all = all_gather(layout);
+  std::vector<int> differ;
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[static_cast<std::size_t>(r)] != layout) differ.push_back(r);
+  }
+  GW_CHECK(differ.empty(), "ProcessGroup: the ranks disagree on the gradients to reduce: rank ",
+           rank_, " has ", description, "; rank(s) ", ranks_str(differ),
+           " have another layout. Expected the same model (the same parameters reached by the "
+           "backward, with the same shapes and dtypes) on every rank");
+  agreed_.insert(layout);
+}
+
+void ProcessGroup::check_identical(const std::vector<Tensor>& tensors, const std::string& what) {
+  std::uint64_t h = fnv1a(nullptr, 0);
+  for (const Tensor& t : tensors) {
+    GW_CHECK(t.defined(), "ProcessGroup::check_identical: an undefined tensor in ", what);
+    const Tensor host = t.to(Device::cpu());
+    const std::uint64_t shape = fnv1a(t.shape().data(), t.shape().size() * sizeof(std::int64_t));
+    h = fnv1a(&shape, sizeof shape, h);
+    h = fnv1a(host.raw_data(), host.nbytes(), h);
+  }
+  const std::vector<std::uint64_t> all = all_gather(h);
+  std::vector<int> differ;
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
+  }
+  GW_CHECK(differ.empty(), "ProcessGroup::check_identical: ", what, " of rank(s) ",
+           ranks_str(differ), " differ from rank 0's; expected every rank to hold the same ",
+           tensors.size(), " tensor(s) bit for bit");
+}
+
+}  // namespace graphward::dist

@@ -1,0 +1,92 @@
+#pragma once
+// Data parallelism: one process per GPU, the leaf gradients averaged across the processes inside
+// the backward (Note [Gradient reduction], engine/backward.h), with NCCL.
+//
+//   gw::dist::ProcessGroup pg({.rank = r, .world_size = n, .device = gw::Device::cuda(r),
+//                              .id_file = "/tmp/run-42.ncclid"});
+//   pg.broadcast(params);                        // every rank starts from rank 0's parameters
+//   gw::BackwardGraph bw(dev, {.reduce_gradients = &pg});
+//   for (...) { bw.backward(model.loss(my_shard_of_the_batch)); opt.step(); }
+//   pg.check_identical(params, "parameters");    // every rank holds the same parameters
+//
+// Rendezvous (how the processes find each other), as NCCL does it: rank 0 makes NCCL's unique id
+// and the others read it — from a file every process can reach (`id_file`, or the environment
+// variable GRAPHWARD_NCCL_ID_FILE; a path not used by an earlier run: rank 0 writes it, the
+// others wait for it up to `timeout_s`), or from the environment variable GRAPHWARD_NCCL_ID (the
+// id in hex, made by new_unique_id_hex() and handed to every process by a launcher). The same code
+// runs on one machine or several. rank and world_size default to GRAPHWARD_RANK and
+// GRAPHWARD_WORLD_SIZE; the device to cuda(GRAPHWARD_LOCAL_RANK, else rank).
+//
+// A group of one needs no rendezvous and works on the CPU backend too (averaging over one process
+// changes nothing). Without NCCL (graphward built without it), only a group of one can be made.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/backward.h"
+#include "engine/memory.h"
+#include "engine/stream.h"
+#include "engine/tensor.h"
+
+namespace graphward::dist {
+
+struct ProcessGroupOptions {
+  int rank = -1;        // -1: GRAPHWARD_RANK (0 when unset)
+  int world_size = -1;  // -1: GRAPHWARD_WORLD_SIZE (1 when unset)
+  // Unset: cuda(GRAPHWARD_LOCAL_RANK, else rank). Device::cpu(): a group of one on the CPU.
+  std::optional<Device> device = {};
+  std::string id_file = {};  // "": GRAPHWARD_NCCL_ID_FILE, else GRAPHWARD_NCCL_ID
+  double timeout_s = 120;  // how long a rank waits for rank 0's id file
+  // Note [Gradient buckets]: the most bytes a bucket collects before it is reduced (PyTorch's
+  // DistributedDataParallel uses 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+};
+
+class ProcessGroup final : public GradientReducer {
+ public:
+  explicit ProcessGroup(ProcessGroupOptions options = {});
+  ~ProcessGroup() override;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Device device() const { return device_; }
+
+  // Every rank's `tensors` become rank `root`'s, in place (the same shapes and dtypes on every
+  // rank). Ordered after their earlier users and before their later ones, like any op.
+  void broadcast(const std::vector<Tensor>& tensors, int root = 0);
+  // Every rank's `tensors` become their average over the ranks, in place.
+  void all_reduce_average(const std::vector<Tensor>& tensors);
+  // Throws a graphward::Error naming the ranks that differ unless every rank holds bitwise the
+  // same values in `tensors` (a hash of each rank's bytes, gathered). Reads them on the host.
+  void check_identical(const std::vector<Tensor>& tensors, const std::string& what);
+  // One value from every rank, in rank order (synchronizes).
+  std::vector<std::uint64_t> all_gather(std::uint64_t value);
+
+  // GradientReducer (Note [Gradient reduction]).
+  std::size_t bucket_bytes() const override { return bucket_bytes_; }
+  cudaStream_t stream() const override;
+  void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
+  void reduce(const std::vector<Tensor>& grads) override;
+
+  // A fresh NCCL unique id in hex, for a launcher to hand every process as GRAPHWARD_NCCL_ID.
+  static std::string new_unique_id_hex();
+
+ private:
+  void reduce_on_stream(const std::vector<Tensor>& tensors, bool average_not_broadcast, int root);
+  int rank_ = 0;
+  int world_size_ = 1;
+  Device device_ = Device::cpu();
+  std::size_t bucket_bytes_;
+  std::unordered_set<std::uint64_t> agreed_;  // bucket layouts every rank has
+  void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)
+  std::unique_ptr<Stream> stream_;            // the reductions' stream (CUDA)
+  DeviceBuffer gather_;                       // world_size words for all_gather (CUDA)
+};
+
+}  // namespace graphward::dist

@@ -1,0 +1,190 @@
+// Data parallelism on the CPU backend (Note [Gradient buckets], Note [Gradient reduction]): the
+// buckets take the leaves in the order their gradients become final and close at their size; the
+// executor hands the reducer every leaf gradient once, after its last write and before anything
+// writes it again; the layout a reducer must agree on follows the model; a ProcessGroup of one on
+// the CPU changes nothing; bad groups are refused by name.
+#include "dist/process_group.h"
+#include "capture/backward_graph.h"
+#include "test_util.h"
+
+#include <algorithm>
+#include <map>
+
+namespace graphward {
+namespace {
+using testing::values;
+
+// Three layers; w1 is used twice (by the first and the last layer), so its gradient is final only
+// after the step of the first layer, the last the backward runs.
+struct Model {
+  Tensor w1 = randn({6, 6}, 1).set_requires_grad(true);
+  Tensor b1 = randn({6}, 2).set_requires_grad(true);
+  Tensor w2 = randn({6, 6}, 3).set_requires_grad(true);
+  Tensor b2 = randn({6}, 4).set_requires_grad(true);
+  Tensor w3 = randn({3, 6}, 5).set_requires_grad(true);
+  std::vector<Tensor> params() const { return {w1, b1, w2, b2, w3}; }
+  Tensor loss(const Tensor& x) const {
+    const Tensor h1 = graphward::tanh(linear(x, w1, b1));
+    const Tensor h2 = graphward::tanh(linear(h1, w2, b2));
+    const Tensor h3 = linear(linear(h2, w1), w3);  // w1 again, last in the forward
+    return sum(mul(h3, h3));
+  }
+};
+
+// Records what it is given; "averages" with a second process that holds zeros (halves).
+class RecordingReducer final : public GradientReducer {
+ public:
+  explicit RecordingReducer(std::size_t bytes) : bytes_(bytes) {}
+  std::size_t bucket_bytes() const override { return bytes_; }
+  cudaStream_t stream() const override { return nullptr; }
+  void agree(std::uint64_t layout, const std::string& description, bool in_capture) override {
+    layouts.push_back(layout);
+    descriptions.push_back(description);
+    EXPECT_FALSE(in_capture);
+  }
+  void reduce(const std::vector<Tensor>& grads) override {
+    std::vector<const void*> bucket;
+    for (const Tensor& g : grads) {
+      bucket.push_back(g.storage().get());
+      seen[g.storage().get()] = values(g);  // its value when handed over: must be final
+      const std::vector<double> half = [&] {
+        std::vector<double> v = values(g);
+        for (double& x : v) x *= 0.5;
+        return v;
+      }();
+      std::copy(half.begin(), half.end(), g.data<float>());
+    }
+    buckets.push_back(bucket);
+  }
+  std::vector<std::uint64_t> layouts;
+  std::vector<std::string> descriptions;
+  std::vector<std::vector<const void*>> buckets;
+  std::map<const void*, std::vector<double>> seen;
+
+ private:
+  std::size_t bytes_;
+};
+
+TEST(GradBuckets, LeavesComeInTheOrderTheirGradientsAreFinalAndBucketsCloseAtTheirSize) {
+  Model m;
+  const Tensor loss = m.loss(randn({4, 6}, 9));
+  const BackwardPlan plan = plan_for({loss});
+  const std::vector<GradBucket> one = plan_grad_buckets(plan, std::size_t{1} << 30);
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(one[0].buffers.size(), 5u);
+  EXPECT_EQ(one[0].bytes, (36 + 6 + 36 + 6 + 18) * sizeof(float));
+  // w3 is final first (the last layer's step runs first); w1 and b1 last (w1's first use, with
+  // b1, runs last).
+  EXPECT_EQ(&plan.buffers[one[0].buffers.front()].leaf.grad(), &m.w3.grad());
+  std::vector<const Tensor*> last_two;
+  for (std::size_t j = 3; j < 5; ++j) last_two.push_back(&plan.buffers[one[0].buffers[j]].leaf.grad());
+  EXPECT_TRUE(std::count(last_two.begin(), last_two.end(), &m.w1.grad()) == 1 &&
+              std::count(last_two.begin(), last_two.end(), &m.b1.grad()) == 1)
+      << plan.dump();
+  int last = -1;
+  for (int b : one[0].buffers) {
+    EXPECT_GE(plan.buffers[b].last_use, last) << plan.dump();
+    last = plan.buffers[b].last_use;
+  }
+  EXPECT_EQ(one[0].issue_after, static_cast<int>(plan.steps.size()) - 1);
+  ASSERT_EQ(one[0].ready.size(), 1u);  // one stream on the CPU
+  EXPECT_EQ(one[0].ready[0].step, one[0].issue_after);
+
+  // 100 bytes a bucket: each closes once it holds 100 bytes or more; together, every leaf once.
+  const std::vector<GradBucket> small = plan_grad_buckets(plan, 100);
+  ASSERT_GT(small.size(), 2u);
+  std::vector<int> all;
+  for (std::size_t k = 0; k < small.size(); ++k) {
+    if (k + 1 < small.size()) {
+      EXPECT_GE(small[k].bytes, 100u);
+    }
+    if (k > 0) {
+      EXPECT_GE(small[k].issue_after, small[k - 1].issue_after);
+    }
+    for (int b : small[k].buffers) {
+      all.push_back(b);
+      EXPECT_LE(plan.buffers[b].last_use, small[k].issue_after);
+    }
+  }
+  EXPECT_EQ(all, one[0].buffers);
+  GW_EXPECT_ERROR(plan_grad_buckets(plan, 0), "bucket size");
+}
+
+TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
+  const Tensor x = randn({4, 6}, 9);
+  Model reduced, plain;
+  backward(plain.loss(x));
+  for (std::size_t bytes : {std::size_t{1} << 30, std::size_t{100}, std::size_t{1}}) {
+    for (const Tensor& p : reduced.params()) p.grad() = Tensor();
+    RecordingReducer r(bytes);
+    backward(reduced.loss(x), {.reduce_gradients = &r});
+    ASSERT_EQ(r.layouts.size(), 1u);
+    std::size_t handed = 0;
+    for (const auto& b : r.buckets) handed += b.size();
+    EXPECT_EQ(handed, 5u) << "bucket bytes " << bytes;
+    for (std::size_t i = 0; i < 5; ++i) {
+      const Tensor& g = reduced.params()[i].grad();
+      const std::vector<double> final_plain = values(plain.params()[i].grad());
+      // Handed over final, and nothing wrote it after the reduction.
+      EXPECT_EQ(r.seen.at(g.storage().get()), final_plain) << "parameter " << i;
+      std::vector<double> half = final_plain;
+      for (double& v : half) v *= 0.5;
+      EXPECT_EQ(values(g), half) << "parameter " << i << ", bucket bytes " << bytes;
+    }
+    if (bytes == 1) {
+      EXPECT_EQ(r.buckets.size(), 5u);
+    }
+  }
+}
+
+TEST(GradientReduction, TheLayoutToAgreeOnFollowsTheModel) {
+  Model a, b;
+  RecordingReducer r(100);
+  backward(a.loss(randn({4, 6}, 9)), {.reduce_gradients = &r});
+  backward(b.loss(randn({8, 6}, 10)), {.reduce_gradients = &r});  // another batch: same layout
+  ASSERT_EQ(r.layouts.size(), 2u);
+  EXPECT_EQ(r.layouts[0], r.layouts[1]);
+  EXPECT_NE(r.descriptions[0].find("5 gradients"), std::string::npos) << r.descriptions[0];
+  b.w3 = randn({4, 6}, 5).set_requires_grad(true);  // another shape
+  backward(b.loss(randn({8, 6}, 10)), {.reduce_gradients = &r});
+  ASSERT_EQ(r.layouts.size(), 3u);
+  EXPECT_NE(r.layouts[2], r.layouts[0]);
+  // A BackwardGraph hands its reducer on (on the CPU it runs the eager backward).
+  BackwardGraph bw(Device::cpu(), {.reduce_gradients = &r});
+  bw.backward(a.loss(randn({4, 6}, 9)));
+  ASSERT_EQ(r.layouts.size(), 4u);
+  EXPECT_EQ(r.layouts[3], r.layouts[0]);
+}
+
+TEST(ProcessGroupCpu, AGroupOfOneChangesNothingAndBadGroupsAreRefusedByName) {
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = Device::cpu(), .bucket_bytes = 64});
+  EXPECT_EQ(pg.rank(), 0);
+  EXPECT_EQ(pg.world_size(), 1);
+  const Tensor x = randn({4, 6}, 9);
+  Model reduced, plain;
+  backward(reduced.loss(x), {.reduce_gradients = &pg});
+  backward(plain.loss(x));
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(values(reduced.params()[i].grad()), values(plain.params()[i].grad()));
+  }
+  pg.broadcast(reduced.params());
+  pg.all_reduce_average(reduced.params());
+  pg.check_identical(reduced.params(), "parameters");
+  EXPECT_EQ(pg.all_gather(42), std::vector<std::uint64_t>{42});
+  // A layout never agreed is refused inside a capture; once agreed, it passes there.
+  GW_EXPECT_ERROR(pg.agree(7, "a layout", /*in_capture=*/true), "inside a capture",
+                  "one backward of this model outside a capture");
+  pg.agree(7, "a layout", false);
+  pg.agree(7, "a layout", true);
+
+  GW_EXPECT_ERROR(dist::ProcessGroup({.rank = 0, .world_size = 2, .device = Device::cpu()}),
+                  "a group of 2 on the CPU");
+  GW_EXPECT_ERROR(dist::ProcessGroup({.rank = 2, .world_size = 2, .device = Device::cpu()}),
+                  "rank 2 of world size 2", "expected 0 <= rank < world size");
+  GW_EXPECT_ERROR(dist::ProcessGroup({.world_size = 1, .device = Device::cpu(), .bucket_bytes = 0}),
+                  "bucket_bytes is 0");
+  GW_EXPECT_ERROR(pg.broadcast(reduced.params(), 1), "root 1", "below 1");
+}
+
+}  // namespace
+}  // namespace graphward
