@@ -1,0 +1,241 @@
+// Data-parallel training (Note [Gradient reduction], dist/process_group.h): one process per GPU,
+// each training an MLP on its own part of every batch; the gradients are averaged across the
+// processes by NCCL, bucket by bucket, inside the backward (and inside its captured graph).
+// Launch with scripts/run_dp.sh N [flags] (it sets GRAPHWARD_RANK, GRAPHWARD_WORLD_SIZE,
+// GRAPHWARD_LOCAL_RANK and GRAPHWARD_NCCL_ID_FILE); run alone it is a group of one.
+//
+//   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--batch B]
+//            [--bucket-mib M] [--check]
+//
+// --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
+// 0's parameters (broadcast). With --check, after each mode every rank must hold the same
+// parameters bit for bit, and rank 0 trains the same model on one GPU on the concatenated batch:
+// the parameters must agree within float32 rounding (else the exit status is 1).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "capture/backward_graph.h"
+#include "capture/step_graph.h"
+#include "dist/process_group.h"
+#include "engine/graphward.h"
+
+namespace gw = graphward;
+
+namespace {
+
+struct Config {
+  int steps = 20;
+  std::int64_t width = 256, layers = 4, batch = 64, out = 16;
+  double bucket_mib = 25;
+  bool check = false;
+};
+
+enum class Mode { kEager, kBackwardGraph, kStepGraph };
+const char* mode_name(Mode m) {
+  return m == Mode::kEager ? "eager" : m == Mode::kBackwardGraph ? "backward graph" : "step graph";
+}
+
+struct Mlp {
+  std::vector<gw::Tensor> params;  // w0, b0, w1, b1, ..., the output layer last
+  Mlp(const Config& c, gw::Device dev, std::uint64_t seed) {
+    const gw::TensorOptions f32{gw::DType::kFloat32, dev};
+    for (std::int64_t l = 0; l <= c.layers; ++l) {
+      const std::int64_t out = l == c.layers ? c.out : c.width;
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.width));
+      params.push_back(gw::mul(gw::randn({out, c.width}, seed * 100 + 2 * l, f32), scale)
+                           .detach()
+                           .set_requires_grad(true));
+      params.push_back(gw::zeros({out}, f32).set_requires_grad(true));
+    }
+  }
+  gw::Tensor loss(const gw::Tensor& x, const gw::Tensor& t) const {
+    gw::Tensor h = x;
+    const std::size_t n = params.size() / 2;
+    for (std::size_t l = 0; l < n; ++l) {
+      h = gw::linear(h, params[2 * l], params[2 * l + 1],
+                     l + 1 < n ? gw::Activation::kGelu : gw::Activation::kNone);
+    }
+    return gw::mse_loss(h, t);
+  }
+};
+
+// Rank r's part of step s's batch (the global batch is the parts in rank order): random inputs,
+// and as targets what a fixed random "teacher" layer makes of them (something to learn).
+void fill_part(const gw::Tensor& x, const gw::Tensor& t, const gw::Tensor& teacher, int step,
+               int rank) {
+  gw::NoGradGuard no_grad;
+  const std::uint64_t key = 1000003ull * static_cast<std::uint64_t>(step) + rank;
+  gw::copy_(x, gw::randn(x.shape(), 7 * key + 1, {gw::DType::kFloat32, x.device()}));
+  gw::copy_(t, gw::tanh(gw::linear(x, teacher)));
+}
+
+struct Result {
+  float first_loss = 0, last_loss = 0;
+  double ms_per_step = 0;
+};
+
+// Trains `model` for c.steps steps on the parts `parts` (rank indices) of every batch, with the
+// gradients reduced by `pg` (nullptr: none).
+Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::vector<int>& parts,
+             gw::dist::ProcessGroup* pg) {
+  const gw::TensorOptions f32{gw::DType::kFloat32, dev};
+  const auto rows = static_cast<std::int64_t>(parts.size()) * c.batch;
+  const gw::Tensor x = gw::zeros({rows, c.width}, f32), t = gw::zeros({rows, c.out}, f32);
+  std::vector<gw::Tensor> xs, ts;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    xs.push_back(gw::zeros({c.batch, c.width}, f32));
+    ts.push_back(gw::zeros({c.batch, c.out}, f32));
+  }
+  const gw::Tensor teacher =
+      gw::mul(gw::randn({c.out, c.width}, 99, f32), 2.0 / std::sqrt(static_cast<double>(c.width)));
+  auto fill = [&](int step) {
+    gw::NoGradGuard no_grad;
+    for (std::size_t p = 0; p < parts.size(); ++p) fill_part(xs[p], ts[p], teacher, step, parts[p]);
+    gw::copy_(x, parts.size() == 1 ? xs[0] : gw::concat(xs, 0));
+    gw::copy_(t, parts.size() == 1 ? ts[0] : gw::concat(ts, 0));
+  };
+  gw::Sgd opt(model.params, {.lr = 0.05});
+  gw::BackwardGraph bw(dev, {.reduce_gradients = pg});
+  gw::StepGraph step_graph(dev, {x, t});
+  Result r;
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < c.steps; ++s) {
+    fill(s);
+    gw::Tensor loss;
+    switch (mode) {
+      case Mode::kEager:
+        loss = model.loss(x, t);
+        gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite, .reduce_gradients = pg});
+        opt.step();
+        break;
+      case Mode::kBackwardGraph:
+        loss = model.loss(x, t);
+        bw.backward(loss, gw::GradWrite::kOverwrite);
+        opt.step();
+        break;
+      case Mode::kStepGraph:
+        loss = step_graph.run([&] {
+          gw::Tensor l = model.loss(x, t);
+          gw::backward(l, {.grad_write = gw::GradWrite::kOverwrite, .reduce_gradients = pg});
+          opt.step();
+          return l;
+        });
+        break;
+    }
+    if (s == 0) r.first_loss = static_cast<float>(loss.item());
+    if (s == c.steps - 1) r.last_loss = static_cast<float>(loss.item());
+  }
+  r.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                      .count() / c.steps;
+  return r;
+}
+
+double max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::vector<float> x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
+    double num = 0, den = 0;
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      num += (static_cast<double>(x[j]) - y[j]) * (static_cast<double>(x[j]) - y[j]);
+      den += static_cast<double>(y[j]) * y[j];
+    }
+    worst = std::max(worst, std::sqrt(num) / std::max(std::sqrt(den), 1e-30));
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Config c;
+    std::string mode = "all";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> const char* {
+        if (i + 1 >= argc) throw gw::Error("train_dp: missing value after " + a);
+        return argv[++i];
+      };
+      if (a == "--steps") {
+        c.steps = std::atoi(next());
+      } else if (a == "--mode") {
+        mode = next();
+      } else if (a == "--width") {
+        c.width = std::atoll(next());
+      } else if (a == "--layers") {
+        c.layers = std::atoll(next());
+      } else if (a == "--batch") {
+        c.batch = std::atoll(next());
+      } else if (a == "--bucket-mib") {
+        c.bucket_mib = std::atof(next());
+      } else if (a == "--check") {
+        c.check = true;
+      } else {
+        throw gw::Error("train_dp: unknown argument " + a +
+                        "; expected --steps N, --mode eager|backward|step|all, --width W, "
+                        "--layers L, --batch B, --bucket-mib M, --check");
+      }
+    }
+    if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0)) {
+      throw gw::Error("train_dp: expected --steps >= 2 and positive sizes");
+    }
+    std::vector<Mode> modes;
+    if (mode == "eager" || mode == "all") modes.push_back(Mode::kEager);
+    if (mode == "backward" || mode == "all") modes.push_back(Mode::kBackwardGraph);
+    if (mode == "step" || mode == "all") modes.push_back(Mode::kStepGraph);
+    if (modes.empty()) throw gw::Error("train_dp: --mode " + mode + "; expected eager, backward, step or all");
+
+    const bool gpu = gw::cuda_available();
+    gw::dist::ProcessGroupOptions po;
+    po.bucket_bytes = static_cast<std::size_t>(c.bucket_mib * (1 << 20));
+    if (!gpu) po.device = gw::Device::cpu();
+    gw::dist::ProcessGroup pg(po);
+    const gw::Device dev = pg.device();
+    const int rank = pg.rank(), world = pg.world_size();
+    if (rank == 0) {
+      std::printf("train_dp: %d rank(s) on %s; MLP %lld x %lld, batch %lld a rank (%lld in all), "
+                  "buckets of %.1f MiB, %d steps%s\n",
+                  world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
+                  static_cast<long long>(c.layers), static_cast<long long>(c.width),
+                  static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
+                  c.bucket_mib, c.steps, c.check ? ", checked" : "");
+    }
+    bool ok = true;
+    for (Mode m : modes) {
+      Mlp model(c, dev, 1 + static_cast<std::uint64_t>(rank));  // each rank its own start...
+      pg.broadcast(model.params);  // ...then rank 0's everywhere
+      const Result r = train(c, dev, m, model, {rank}, &pg);
+      std::string verdict;
+      if (c.check) {
+        pg.check_identical(model.params, std::string("the parameters after ") + mode_name(m));
+        if (rank == 0) {
+          Mlp single(c, dev, 1);
+          std::vector<int> all(static_cast<std::size_t>(world));
+          for (int p = 0; p < world; ++p) all[static_cast<std::size_t>(p)] = p;
+          (void)train(c, dev, m, single, all, nullptr);
+          const double err = max_rel_error(model.params, single.params);
+          const bool close = err < 1e-4;
+          ok = ok && close;
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "; ranks identical; vs one process on the whole batch: max "
+                        "rel. error %.2e (%s)", err, close ? "ok" : "FAIL, expected < 1e-4");
+          verdict = buf;
+        }
+      }
+      if (rank == 0) {
+        std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s\n", mode_name(m), r.first_loss,
+                    r.last_loss, r.ms_per_step, verdict.c_str());
+      }
+    }
+    if (rank == 0) std::printf("train_dp: %s\n", ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_dp: %s\n", e.what());
+    return 1;
+  }
+}
