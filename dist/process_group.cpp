@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <unistd.h>
 
 #include "engine/capture_mode.h"
@@ -254,9 +255,30 @@ void write_on(const std::vector<Tensor>& tensors, cudaStream_t stream) {
     if (t.defined()) t.storage()->sync_for_write(stream);
   }
 }
+
+// The shapes and dtypes of `tensors`, hashed and described, for agree(): a collective over
+// tensors of different sizes on different ranks would hang or mix memory, so the ranks compare
+// first (once per layout).
+std::pair<std::uint64_t, std::string> tensors_layout(const char* what,
+                                                     const std::vector<Tensor>& tensors) {
+  std::uint64_t h = fnv1a(what, std::strlen(what));
+  std::string d = detail::concat(tensors.size(), " tensor(s) to ", what, ": ");
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!t.defined()) continue;
+    const auto dtype = static_cast<std::uint64_t>(t.dtype());
+    h = fnv1a(&dtype, sizeof dtype, h);
+    h = fnv1a(t.shape().data(), t.shape().size() * sizeof(std::int64_t), h);
+    if (i < 8) d += (i ? ", " : "") + t.str();
+  }
+  if (tensors.size() > 8) d += ", ...";
+  return {h, d};
+}
 }  // namespace
 
 void ProcessGroup::all_reduce_average(const std::vector<Tensor>& tensors) {
+  const auto [layout, description] = tensors_layout("average", tensors);
+  agree(layout, description, capturing());
   write_on(tensors, stream());
   reduce_on_stream(tensors, /*average=*/true, 0);
 }
@@ -264,6 +286,8 @@ void ProcessGroup::all_reduce_average(const std::vector<Tensor>& tensors) {
 void ProcessGroup::broadcast(const std::vector<Tensor>& tensors, int root) {
   GW_CHECK(root >= 0 && root < world_size_, "ProcessGroup::broadcast: root ", root,
            "; expected a rank below ", world_size_);
+  const auto [layout, description] = tensors_layout("broadcast", tensors);
+  agree(layout, description, capturing());
   write_on(tensors, stream());
   reduce_on_stream(tensors, /*average=*/false, root);
 }
@@ -297,10 +321,10 @@ void ProcessGroup::agree(std::uint64_t layout, const std::string& description, b
   for (int r = 0; r < world_size_; ++r) {
     if (all[static_cast<std::size_t>(r)] != layout) differ.push_back(r);
   }
-  GW_CHECK(differ.empty(), "ProcessGroup: the ranks disagree on the gradients to reduce: rank ",
-           rank_, " has ", description, "; rank(s) ", ranks_str(differ),
-           " have another layout. Expected the same model (the same parameters reached by the "
-           "backward, with the same shapes and dtypes) on every rank");
+  GW_CHECK(differ.empty(), "ProcessGroup: the ranks disagree on what to reduce: rank ", rank_,
+           " has ", description, "; rank(s) ", ranks_str(differ),
+           " have another layout. Expected the same model (the same parameters, reached by the "
+           "backward in the same order, with the same shapes and dtypes) on every rank");
   agreed_.insert(layout);
 }
 

@@ -282,6 +282,29 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         "; expected the leaf's shape, dtype and device");
   }
   const bool gpu = device.is_cuda();
+  // Note [Gradient reduction]: the buckets, the layout every process must share (agreed before
+  // anything is written), and an event after each step part a bucket waits for (events past the
+  // fork's and the joins').
+  std::vector<GradBucket> buckets;
+  std::vector<int> ready_main(plan.steps.size(), -1), ready_side(plan.steps.size(), -1);
+  const int comm_join_event = plan.num_events + 1 + static_cast<int>(plan.joins.size());
+  cudaStream_t comm = nullptr;
+  std::size_t next_bucket = 0;
+  if (reducer) {
+    buckets = plan_grad_buckets(plan, reducer->bucket_bytes());
+    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets),
+                   capturing());
+    comm = gpu ? reducer->stream() : nullptr;
+    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
+    int next_event = comm_join_event + 1;
+    for (const GradBucket& b : buckets) {
+      for (const GradBucket::Ready& r : b.ready) {
+        if (r.step < 0) continue;
+        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
+        if (e < 0) e = next_event++;
+      }
+    }
+  }
   // The plan's streams, with this executor's own streams for the side streams it leaves open.
   std::vector<cudaStream_t> streams = plan.streams;
   for (std::size_t i = 0; i < streams.size(); ++i) {
@@ -320,28 +343,6 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     for (int f : plan.forks) e.block(streams[f]);
   }
 
-  // Note [Gradient reduction]: the buckets, the layout every process must share, and an event
-  // after each step part a bucket waits for (events past the fork's and the joins').
-  std::vector<GradBucket> buckets;
-  std::vector<int> ready_main(plan.steps.size(), -1), ready_side(plan.steps.size(), -1);
-  const int comm_join_event = fork_event + 1 + static_cast<int>(plan.joins.size());
-  cudaStream_t comm = nullptr;
-  std::size_t next_bucket = 0;
-  if (reducer) {
-    buckets = plan_grad_buckets(plan, reducer->bucket_bytes());
-    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets),
-                   capturing());
-    comm = gpu ? reducer->stream() : nullptr;
-    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
-    int next_event = comm_join_event + 1;
-    for (const GradBucket& b : buckets) {
-      for (const GradBucket::Ready& r : b.ready) {
-        if (r.step < 0) continue;
-        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
-        if (e < 0) e = next_event++;
-      }
-    }
-  }
   // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
   auto issue_buckets = [&](int after) {
     for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;

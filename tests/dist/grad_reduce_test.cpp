@@ -156,6 +156,34 @@ TEST(GradientReduction, TheLayoutToAgreeOnFollowsTheModel) {
   EXPECT_EQ(r.layouts[3], r.layouts[0]);
 }
 
+// A reducer that refuses the layout (the ranks disagree): the backward is refused before anything
+// is written or released — the .grads as they were, the tape whole for another backward.
+class RefusingReducer final : public GradientReducer {
+ public:
+  std::size_t bucket_bytes() const override { return 1 << 20; }
+  cudaStream_t stream() const override { return nullptr; }
+  void agree(std::uint64_t, const std::string& description, bool) override {
+    throw Error("the ranks disagree: " + description);
+  }
+  void reduce(const std::vector<Tensor>&) override { ADD_FAILURE() << "reduce after a refusal"; }
+};
+
+TEST(GradientReduction, ALayoutTheRanksDisagreeOnWritesNothingAndKeepsTheTape) {
+  Model m, plain;
+  const Tensor x = randn({4, 6}, 9);
+  backward(m.loss(x));
+  const std::vector<double> before = values(m.w1.grad());
+  const Tensor loss = m.loss(x);
+  RefusingReducer refusing;
+  GW_EXPECT_ERROR(backward(loss, {.reduce_gradients = &refusing}), "the ranks disagree",
+                  "5 gradients");
+  EXPECT_EQ(values(m.w1.grad()), before) << "a refused backward wrote a .grad";
+  backward(loss);  // the tape was not released
+  backward(plain.loss(x));
+  backward(plain.loss(x));
+  EXPECT_EQ(values(m.w1.grad()), values(plain.w1.grad()));
+}
+
 TEST(ProcessGroupCpu, AGroupOfOneChangesNothingAndBadGroupsAreRefusedByName) {
   dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = Device::cpu(), .bucket_bytes = 64});
   EXPECT_EQ(pg.rank(), 0);
