@@ -5,12 +5,15 @@
 // GRAPHWARD_LOCAL_RANK and GRAPHWARD_NCCL_ID_FILE); run alone it is a group of one.
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--batch B]
-//            [--bucket-mib M] [--check]
+//            [--bucket-mib M] [--check] [--bench]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
 // parameters bit for bit, and rank 0 trains the same model on one GPU on the concatenated batch:
-// the parameters must agree within float32 rounding (else the exit status is 1).
+// the parameters must agree within float32 rounding (else the exit status is 1). With --bench,
+// the batches are made before the loop (a step copies one into the static inputs, as a data
+// loader would) and each step is timed with CUDA events on its stream; the median after the first
+// fifth of the steps is printed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +36,7 @@ struct Config {
   std::int64_t width = 256, layers = 4, batch = 64, out = 16;
   double bucket_mib = 25;
   bool check = false;
+  bool bench = false;
 };
 
 enum class Mode { kEager, kBackwardGraph, kStepGraph };
@@ -76,8 +80,13 @@ void fill_part(const gw::Tensor& x, const gw::Tensor& t, const gw::Tensor& teach
 
 struct Result {
   float first_loss = 0, last_loss = 0;
-  double ms_per_step = 0;
+  double ms_per_step = 0;  // the median (--bench) or the mean (wall clock, every step)
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
 
 // Trains `model` for c.steps steps on the parts `parts` (rank indices) of every batch, with the
 // gradients reduced by `pg` (nullptr: none).
@@ -93,18 +102,43 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
   }
   const gw::Tensor teacher =
       gw::mul(gw::randn({c.out, c.width}, 99, f32), 2.0 / std::sqrt(static_cast<double>(c.width)));
-  auto fill = [&](int step) {
+  auto make = [&](int step, const gw::Tensor& into_x, const gw::Tensor& into_t) {
     gw::NoGradGuard no_grad;
     for (std::size_t p = 0; p < parts.size(); ++p) fill_part(xs[p], ts[p], teacher, step, parts[p]);
-    gw::copy_(x, parts.size() == 1 ? xs[0] : gw::concat(xs, 0));
-    gw::copy_(t, parts.size() == 1 ? ts[0] : gw::concat(ts, 0));
+    gw::copy_(into_x, parts.size() == 1 ? xs[0] : gw::concat(xs, 0));
+    gw::copy_(into_t, parts.size() == 1 ? ts[0] : gw::concat(ts, 0));
   };
+  // --bench: a few batches made before the loop, copied into the static inputs each step.
+  constexpr int kBatches = 4;
+  std::vector<gw::Tensor> bx, bt;
+  if (c.bench) {
+    for (int k = 0; k < kBatches; ++k) {
+      bx.push_back(gw::zeros({rows, c.width}, f32));
+      bt.push_back(gw::zeros({rows, c.out}, f32));
+      make(k, bx.back(), bt.back());
+    }
+  }
+  auto fill = [&](int step) {
+    if (!c.bench) return make(step, x, t);
+    gw::NoGradGuard no_grad;
+    gw::copy_(x, bx[static_cast<std::size_t>(step % kBatches)]);
+    gw::copy_(t, bt[static_cast<std::size_t>(step % kBatches)]);
+  };
+  const bool timed = c.bench && dev.is_cuda();
+  std::vector<gw::Event> begin_events, end_events;
+  for (int s = 0; timed && s < c.steps; ++s) {
+    begin_events.emplace_back(dev, true);
+    end_events.emplace_back(dev, true);
+  }
+  std::vector<double> wall_ms;
   gw::Sgd opt(model.params, {.lr = 0.05});
   gw::BackwardGraph bw(dev, {.reduce_gradients = pg});
   gw::StepGraph step_graph(dev, {x, t});
   Result r;
   const auto start = std::chrono::steady_clock::now();
   for (int s = 0; s < c.steps; ++s) {
+    const auto wall_start = std::chrono::steady_clock::now();
+    if (timed) begin_events[static_cast<std::size_t>(s)].record(gw::current_stream(dev));
     fill(s);
     gw::Tensor loss;
     switch (mode) {
@@ -127,11 +161,24 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
         });
         break;
     }
+    if (timed) end_events[static_cast<std::size_t>(s)].record(gw::current_stream(dev));
     if (s == 0) r.first_loss = static_cast<float>(loss.item());
     if (s == c.steps - 1) r.last_loss = static_cast<float>(loss.item());
+    wall_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                wall_start).count());
   }
-  r.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                      .count() / c.steps;
+  if (!c.bench) {
+    r.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              start).count() / c.steps;
+    return r;
+  }
+  // The median after the first fifth (warm-up, captures); the first step's .item() excluded.
+  std::vector<double> ms;
+  for (int s = std::max(1, c.steps / 5); s < c.steps; ++s) {
+    const auto k = static_cast<std::size_t>(s);
+    ms.push_back(timed ? end_events[k].elapsed_ms_since(begin_events[k]) : wall_ms[k]);
+  }
+  r.ms_per_step = median(ms);
   return r;
 }
 
@@ -175,10 +222,12 @@ int main(int argc, char** argv) {
         c.bucket_mib = std::atof(next());
       } else if (a == "--check") {
         c.check = true;
+      } else if (a == "--bench") {
+        c.bench = true;
       } else {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --batch B, --bucket-mib M, --check");
+                        "--layers L, --batch B, --bucket-mib M, --check, --bench");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0)) {
@@ -228,8 +277,8 @@ int main(int argc, char** argv) {
         }
       }
       if (rank == 0) {
-        std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s\n", mode_name(m), r.first_loss,
-                    r.last_loss, r.ms_per_step, verdict.c_str());
+        std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s%s\n", mode_name(m), r.first_loss,
+                    r.last_loss, r.ms_per_step, c.bench ? " (median)" : "", verdict.c_str());
       }
     }
     if (rank == 0) std::printf("train_dp: %s\n", ok ? "PASS" : "FAIL");
