@@ -499,7 +499,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   // The graph wrote the .grads on the caller's stream, and is done with the saved tensors.
   for (const Tensor& leaf : leaves) leaf.grad().storage()->record_use(caller, true);
   for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
-  trace_stream_names_ = stream_names(plan);
+  trace_stream_names_ = stream_names(plan, options_.reduce_gradients != nullptr);
   return steps;
 #else
   (void)grad_write;

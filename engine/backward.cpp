@@ -242,6 +242,19 @@ std::vector<StepTiming> EagerExecutor::read_timings(const BackwardPlan& plan, De
     }
     out.push_back(std::move(t));
   }
+  // Note [Gradient reduction]: each bucket's reduction, on a track of its own past the plan's
+  // streams (stream_names(plan, true) names it).
+  const int reduction_track = static_cast<int>(plan.streams.size());
+  for (std::size_t b = 0; b < timed_buckets_.size(); ++b) {
+    const int k = 1 + 4 * static_cast<int>(n) + 2 * static_cast<int>(b);
+    StepTiming t{static_cast<int>(n + b), reduction_track,
+                 detail::concat("reduce bucket ", b + 1, " of ", timed_buckets_.size(), " (",
+                                timed_buckets_[b].first, " gradients, ",
+                                timed_buckets_[b].second / 1024, " KiB)"),
+                 timing_event(device, k).elapsed_ms_since(origin),
+                 timing_event(device, k + 1).elapsed_ms_since(origin), 0};
+    out.push_back(std::move(t));
+  }
   return out;
 }
 
@@ -369,7 +382,10 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         grads.push_back(g);
       }
       detail::NvtxRange nvtx_reduce("reduce gradients");
+      const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
+      if (timed) mark(timing, comm);
       reducer->reduce(grads);
+      if (timed) mark(timing + 1, comm);
 #if GRAPHWARD_HAS_CUDA
       if (localize) {
         check_finished({comm}, detail::concat("the reduction of gradient bucket ", next_bucket + 1,
@@ -382,6 +398,10 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double>& host_us = host_us_;  // per step, when timed
   host_us.clear();
+  timed_buckets_.clear();
+  if (timed) {
+    for (const GradBucket& b : buckets) timed_buckets_.push_back({b.buffers.size(), b.bytes});
+  }
   {
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
     std::vector<GradSlot> slots, side_slots;

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backward_plan.h"
@@ -128,6 +129,8 @@ class EagerExecutor {
            std::vector<StepTiming>* timings = nullptr, bool release_saved = false,
            bool localize = false, GradientReducer* reducer = nullptr);
 
+  // A timed run with a reducer also times each bucket's reduction: read_timings() returns them
+  // after the steps (step = plan size + bucket) on the track past the plan's streams.
   // The timed run for a capture (BackwardGraph::trace): records the timing events as graph nodes
   // (Event::record_external) and reads nothing; after the graph ran and finished,
   // read_timings() returns the trace of that replay. No other run() may come in between.
@@ -144,6 +147,8 @@ class EagerExecutor {
   cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i
   std::vector<Event> events_, timing_events_;
   std::vector<double> host_us_;  // per step, of the last timed run
+  // Per bucket of the last timed run: its gradients and bytes (Note [Gradient reduction]).
+  std::vector<std::pair<std::size_t, std::size_t>> timed_buckets_;
   std::vector<Stream> side_streams_;
   Device events_device_ = Device::cpu();
 };

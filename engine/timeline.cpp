@@ -37,7 +37,7 @@ std::string number(double v) {
 }
 }  // namespace
 
-std::vector<std::string> stream_names(const BackwardPlan& plan) {
+std::vector<std::string> stream_names(const BackwardPlan& plan, bool reductions) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < plan.streams.size(); ++i) {
     const int serves = i < plan.side_of.size() ? plan.side_of[i] : -1;
@@ -51,6 +51,7 @@ std::vector<std::string> stream_names(const BackwardPlan& plan) {
     }
     names.push_back(std::move(name));
   }
+  if (reductions) names.push_back("reductions (all-reduce of gradient buckets)");
   return names;
 }
 

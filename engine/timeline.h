@@ -18,8 +18,9 @@
 
 namespace graphward {
 
-// The name of each stream of `plan`, by plan index.
-std::vector<std::string> stream_names(const BackwardPlan& plan);
+// The name of each stream of `plan`, by plan index; with `reductions`, one more: the track of a
+// data-parallel backward's gradient reductions (Note [Gradient reduction]).
+std::vector<std::string> stream_names(const BackwardPlan& plan, bool reductions = false);
 
 // The trace as Chrome-trace JSON: {"traceEvents": [...], "displayTimeUnit": "ms"}; `title` names
 // the process track. Each step's args carry its index and host time.

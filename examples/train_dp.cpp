@@ -5,7 +5,7 @@
 // GRAPHWARD_LOCAL_RANK and GRAPHWARD_NCCL_ID_FILE); run alone it is a group of one.
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--batch B]
-//            [--bucket-mib M] [--check] [--bench]
+//            [--bucket-mib M] [--check] [--bench] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -13,7 +13,9 @@
 // the parameters must agree within float32 rounding (else the exit status is 1). With --bench,
 // the batches are made before the loop (a step copies one into the static inputs, as a data
 // loader would) and each step is timed with CUDA events on its stream; the median after the first
-// fifth of the steps is printed.
+// fifth of the steps is printed. With --trace (backward-graph mode), every rank replays one more
+// step traced (Note [Timeline]) and rank 0 writes its timeline, the bucket reductions on a track
+// of their own beside the backward's streams.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,6 +39,7 @@ struct Config {
   double bucket_mib = 25;
   bool check = false;
   bool bench = false;
+  std::string trace;
 };
 
 enum class Mode { kEager, kBackwardGraph, kStepGraph };
@@ -170,15 +173,27 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
   if (!c.bench) {
     r.ms_per_step = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                               start).count() / c.steps;
-    return r;
+  } else {
+    // The median after the first fifth (warm-up, captures); the first step's .item() excluded.
+    std::vector<double> ms;
+    for (int s = std::max(1, c.steps / 5); s < c.steps; ++s) {
+      const auto k = static_cast<std::size_t>(s);
+      ms.push_back(timed ? end_events[k].elapsed_ms_since(begin_events[k]) : wall_ms[k]);
+    }
+    r.ms_per_step = median(ms);
   }
-  // The median after the first fifth (warm-up, captures); the first step's .item() excluded.
-  std::vector<double> ms;
-  for (int s = std::max(1, c.steps / 5); s < c.steps; ++s) {
-    const auto k = static_cast<std::size_t>(s);
-    ms.push_back(timed ? end_events[k].elapsed_ms_since(begin_events[k]) : wall_ms[k]);
+  if (!c.trace.empty() && mode == Mode::kBackwardGraph && pg && dev.is_cuda()) {
+    const std::vector<gw::StepTiming> steps = bw.trace(model.loss(x, t), gw::GradWrite::kOverwrite);
+    if (pg->rank() == 0) {
+      gw::write_chrome_trace(c.trace, steps, bw.trace_stream_names(),
+                             "train_dp: a traced replay, rank 0 of " +
+                                 std::to_string(pg->world_size()));
+      std::size_t reductions = 0;
+      for (const gw::StepTiming& st : steps) reductions += st.label.rfind("reduce bucket", 0) == 0;
+      std::printf("  timeline: %s (%zu backward steps, %zu bucket reductions)\n", c.trace.c_str(),
+                  steps.size() - reductions, reductions);
+    }
   }
-  r.ms_per_step = median(ms);
   return r;
 }
 
@@ -224,10 +239,12 @@ int main(int argc, char** argv) {
         c.check = true;
       } else if (a == "--bench") {
         c.bench = true;
+      } else if (a == "--trace") {
+        c.trace = next();
       } else {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --batch B, --bucket-mib M, --check, --bench");
+                        "--layers L, --batch B, --bucket-mib M, --check, --bench, --trace FILE");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0)) {
@@ -238,6 +255,9 @@ int main(int argc, char** argv) {
     if (mode == "backward" || mode == "all") modes.push_back(Mode::kBackwardGraph);
     if (mode == "step" || mode == "all") modes.push_back(Mode::kStepGraph);
     if (modes.empty()) throw gw::Error("train_dp: --mode " + mode + "; expected eager, backward, step or all");
+    if (!c.trace.empty() && !gw::cuda_available()) {
+      std::printf("train_dp: --trace: no timeline on the CPU backend (CUDA timing events)\n");
+    }
 
     const bool gpu = gw::cuda_available();
     gw::dist::ProcessGroupOptions po;

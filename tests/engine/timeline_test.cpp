@@ -59,6 +59,10 @@ TEST(Timeline, StreamsAreNamedByRole) {
   plan.side_of = {-1, -1, 1};
   EXPECT_EQ(stream_names(plan), (std::vector<std::string>{"stream 0 (caller)", "stream 1 (forward)",
                                                           "stream 2 (side of stream 1)"}));
+  // A data-parallel backward's reductions get a track past the plan's streams.
+  const std::vector<std::string> with = stream_names(plan, true);
+  ASSERT_EQ(with.size(), 4u);
+  EXPECT_EQ(with[3], "reductions (all-reduce of gradient buckets)");
 }
 
 TEST(Timeline, TheJsonCheckRefusesBrokenJson) {
