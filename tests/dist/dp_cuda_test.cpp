@@ -1,0 +1,92 @@
+// Data parallelism on one GPU (Note [Gradient reduction]): a ProcessGroup of one runs NCCL for
+// real (a communicator of one rank), so the reductions are issued, waited for and captured as
+// with more ranks; averaging over one process must leave the plain gradients bit for bit — eager,
+// replayed from a BackwardGraph, and inside a StepGraph — and a timed backward shows each bucket's
+// reduction on its own track, starting after the step that finished its last gradient.
+#include "capture/backward_graph.h"
+#include "capture/step_graph.h"
+#include "dist/process_group.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+constexpr Device kGpu = Device::cuda(0);
+const TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+struct Model {
+  std::vector<Tensor> w;
+  Model() {
+    for (int l = 0; l < 3; ++l) {
+      w.push_back(mul(randn({32, 32}, 10 + l, kF32Gpu), 0.2).detach().set_requires_grad(true));
+      w.push_back(zeros({32}, kF32Gpu).set_requires_grad(true));
+    }
+  }
+  Tensor loss(const Tensor& x, const Tensor& t) const {
+    Tensor h = x;
+    for (int l = 0; l < 3; ++l) {
+      h = linear(h, w[2 * l], w[2 * l + 1], l < 2 ? Activation::kGelu : Activation::kNone);
+    }
+    return mse_loss(h, t);
+  }
+  std::vector<std::vector<float>> grads() const {
+    std::vector<std::vector<float>> out;
+    for (const Tensor& p : w) out.push_back(p.grad().to_vector<float>());
+    return out;
+  }
+};
+
+TEST(CudaDataParallel, AGroupOfOneGivesThePlainGradientsEagerReplayedAndInAStepGraph) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096});
+  const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
+  Model plain, eager, replayed, stepped;
+  backward(plain.loss(x, t));
+  backward(eager.loss(x, t), {.reduce_gradients = &pg});
+  EXPECT_EQ(eager.grads(), plain.grads());
+
+  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  for (int s = 0; s < 3; ++s) bw.backward(replayed.loss(x, t), GradWrite::kOverwrite);
+  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(replayed.grads(), plain.grads());
+
+  StepGraph step(kGpu, {x, t});
+  for (int s = 0; s < 3; ++s) {
+    (void)step.run([&] {
+      const Tensor loss = stepped.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
+      return loss;
+    });
+  }
+  EXPECT_EQ(step.counters().captures, 1u) << step.last_reason();
+  EXPECT_EQ(stepped.grads(), plain.grads());
+}
+
+TEST(CudaDataParallel, ATimedBackwardShowsEachReductionAfterTheStepThatFinishedItsBucket) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096});
+  const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
+  Model m;
+  const Tensor loss = m.loss(x, t);
+  const BackwardPlan plan = plan_for({loss});
+  const std::vector<GradBucket> buckets = plan_grad_buckets(plan, 4096);
+  ASSERT_GT(buckets.size(), 1u);
+  std::vector<StepTiming> timings;
+  backward(loss, {.timings = &timings, .reduce_gradients = &pg});
+  const std::size_t n = plan.steps.size();
+  ASSERT_EQ(timings.size(), n + buckets.size());
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const StepTiming& r = timings[n + b];
+    EXPECT_EQ(r.stream, static_cast<int>(plan.streams.size()));
+    EXPECT_EQ(r.label.rfind("reduce bucket " + std::to_string(b + 1), 0), 0u) << r.label;
+    EXPECT_GE(r.end_ms, r.start_ms);
+    const int after = buckets[b].issue_after;
+    if (after >= 0) {
+      EXPECT_GE(r.start_ms, timings[static_cast<std::size_t>(after)].end_ms) << r.label;
+    }
+  }
+  EXPECT_EQ(stream_names(plan, true).size(), plan.streams.size() + 1);
+}
+
+}  // namespace
+}  // namespace graphward
