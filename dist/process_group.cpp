@@ -145,7 +145,8 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(ProcessGroupOptions options) : bucket_bytes_(options.bucket_bytes) {
+ProcessGroup::ProcessGroup(ProcessGroupOptions options)
+    : bucket_bytes_(options.bucket_bytes), first_bucket_bytes_(options.first_bucket_bytes) {
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
   world_size_ = options.world_size >= 0 ? options.world_size : env_int("GRAPHWARD_WORLD_SIZE", 1);
   GW_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ProcessGroup: rank ", rank_,

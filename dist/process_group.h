@@ -41,9 +41,11 @@ struct ProcessGroupOptions {
   std::optional<Device> device = {};
   std::string id_file = {};  // "": GRAPHWARD_NCCL_ID_FILE, else GRAPHWARD_NCCL_ID
   double timeout_s = 120;  // how long a rank waits for rank 0's id file
-  // Note [Gradient buckets]: the most bytes a bucket collects before it is reduced (PyTorch's
-  // DistributedDataParallel uses 25 MiB).
+  // Note [Gradient buckets]: the most bytes a bucket collects before it is reduced, and the
+  // first bucket's (as PyTorch's DistributedDataParallel: 25 MiB, and 1 MiB first; 0: the same
+  // as the others).
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
 };
 
 class ProcessGroup final : public GradientReducer {
@@ -70,6 +72,7 @@ class ProcessGroup final : public GradientReducer {
 
   // GradientReducer (Note [Gradient reduction]).
   std::size_t bucket_bytes() const override { return bucket_bytes_; }
+  std::size_t first_bucket_bytes() const override { return first_bucket_bytes_; }
   cudaStream_t stream() const override;
   void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
   void reduce(const std::vector<Tensor>& grads) override;
@@ -83,6 +86,7 @@ class ProcessGroup final : public GradientReducer {
   int world_size_ = 1;
   Device device_ = Device::cpu();
   std::size_t bucket_bytes_;
+  std::size_t first_bucket_bytes_;
   std::unordered_set<std::uint64_t> agreed_;  // bucket layouts every rank has
   void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)
   std::unique_ptr<Stream> stream_;            // the reductions' stream (CUDA)

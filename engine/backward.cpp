@@ -304,7 +304,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   cudaStream_t comm = nullptr;
   std::size_t next_bucket = 0;
   if (reducer) {
-    buckets = plan_grad_buckets(plan, reducer->bucket_bytes());
+    buckets = plan_grad_buckets(plan, reducer->bucket_bytes(), reducer->first_bucket_bytes());
     reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets),
                    capturing());
     comm = gpu ? reducer->stream() : nullptr;

@@ -53,8 +53,10 @@ struct StepTiming {
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
-  // The most bytes a bucket collects before it is reduced (the last may hold less).
+  // The most bytes a bucket collects before it is reduced (the last may hold less), and the first
+  // bucket's (smaller, so that the first reduction starts early; 0: bucket_bytes()).
   virtual std::size_t bucket_bytes() const = 0;
+  virtual std::size_t first_bucket_bytes() const { return 0; }
   // The stream the reductions are issued on (nullptr on the CPU).
   virtual cudaStream_t stream() const = 0;
   // Throws a graphward::Error unless every process reduces buckets of this layout (a hash and a

@@ -354,8 +354,10 @@ const char* kind_name(BackwardPlan::BufferKind k) {
 }
 }  // namespace
 
-std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes) {
+std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes,
+                                          std::size_t first_bucket_bytes) {
   GW_CHECK(bucket_bytes > 0, "plan_grad_buckets: expected a bucket size above 0 bytes");
+  if (first_bucket_bytes == 0) first_bucket_bytes = bucket_bytes;
   struct Final {
     int buffer;
     int step;
@@ -371,7 +373,10 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
                    [](const Final& a, const Final& b) { return a.step < b.step; });
   std::vector<GradBucket> buckets;
   for (const Final& f : leaves) {
-    if (buckets.empty() || buckets.back().bytes >= bucket_bytes) buckets.emplace_back();
+    if (buckets.empty() ||
+        buckets.back().bytes >= (buckets.size() == 1 ? first_bucket_bytes : bucket_bytes)) {
+      buckets.emplace_back();
+    }
     GradBucket& bucket = buckets.back();
     const Tensor& leaf = plan.buffers[f.buffer].leaf;
     bucket.buffers.push_back(f.buffer);

@@ -129,7 +129,9 @@ struct PlanOptions {
 // final after the last step that writes it (its buffer's last_use), on that step's stream — or on
 // its side stream when the step is split (split_weight_grads puts leaf gradients there); a leaf
 // written only by a seed is final before the first step. Buckets take the leaves in the order
-// their gradients become final and close once they hold `bucket_bytes` (the last may hold less);
+// their gradients become final and close once they hold `bucket_bytes` — the first once it holds
+// `first_bucket_bytes` (0: bucket_bytes), so that the first reduction starts early and runs under
+// the rest of the backward, as PyTorch's DistributedDataParallel does (the last may hold less);
 // a bucket is issued right after the step that finishes its last gradient, once the reduction
 // stream has waited for the latest such step on every stream involved (the earlier ones on the
 // same stream are ordered before it).
@@ -143,7 +145,8 @@ struct GradBucket {
   int issue_after = -1;      // the step after which the bucket is issued (-1: before the first)
   std::vector<Ready> ready;  // per stream, the latest step whose writes the bucket waits for
 };
-std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes);
+std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes,
+                                          std::size_t first_bucket_bytes = 0);
 
 // Plans the backward of `roots` called on `caller_stream` (nullptr on the CPU). Checks, before
 // anything runs, that every node is on one device and still holds its saved tensors.

@@ -5,7 +5,7 @@
 // GRAPHWARD_LOCAL_RANK and GRAPHWARD_NCCL_ID_FILE); run alone it is a group of one.
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--batch B]
-//            [--bucket-mib M] [--check] [--bench] [--trace FILE]
+//            [--bucket-mib M] [--first-bucket-mib M] [--check] [--bench] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -36,7 +36,7 @@ namespace {
 struct Config {
   int steps = 20;
   std::int64_t width = 256, layers = 4, batch = 64, out = 16;
-  double bucket_mib = 25;
+  double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
   bool check = false;
   bool bench = false;
   std::string trace;
@@ -235,6 +235,8 @@ int main(int argc, char** argv) {
         c.batch = std::atoll(next());
       } else if (a == "--bucket-mib") {
         c.bucket_mib = std::atof(next());
+      } else if (a == "--first-bucket-mib") {
+        c.first_bucket_mib = std::atof(next());
       } else if (a == "--check") {
         c.check = true;
       } else if (a == "--bench") {
@@ -244,10 +246,12 @@ int main(int argc, char** argv) {
       } else {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --batch B, --bucket-mib M, --check, --bench, --trace FILE");
+                        "--layers L, --batch B, --bucket-mib M, --first-bucket-mib M, --check, --bench, "
+                        "--trace FILE");
       }
     }
-    if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0)) {
+    if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0) ||
+        !(c.first_bucket_mib > 0)) {
       throw gw::Error("train_dp: expected --steps >= 2 and positive sizes");
     }
     std::vector<Mode> modes;
@@ -262,17 +266,18 @@ int main(int argc, char** argv) {
     const bool gpu = gw::cuda_available();
     gw::dist::ProcessGroupOptions po;
     po.bucket_bytes = static_cast<std::size_t>(c.bucket_mib * (1 << 20));
+    po.first_bucket_bytes = static_cast<std::size_t>(c.first_bucket_mib * (1 << 20));
     if (!gpu) po.device = gw::Device::cpu();
     gw::dist::ProcessGroup pg(po);
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
       std::printf("train_dp: %d rank(s) on %s; MLP %lld x %lld, batch %lld a rank (%lld in all), "
-                  "buckets of %.1f MiB, %d steps%s\n",
+                  "buckets of %.1f MiB (the first %.1f), %d steps%s\n",
                   world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
                   static_cast<long long>(c.layers), static_cast<long long>(c.width),
                   static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
-                  c.bucket_mib, c.steps, c.check ? ", checked" : "");
+                  c.bucket_mib, c.first_bucket_mib, c.steps, c.check ? ", checked" : "");
     }
     bool ok = true;
     for (Mode m : modes) {

@@ -64,12 +64,13 @@ TEST(CudaDataParallel, AGroupOfOneGivesThePlainGradientsEagerReplayedAndInAStepG
 
 TEST(CudaDataParallel, ATimedBackwardShowsEachReductionAfterTheStepThatFinishedItsBucket) {
   GW_REQUIRE_GPU();
-  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096});
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096,
+                         .first_bucket_bytes = 1024});
   const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
   Model m;
   const Tensor loss = m.loss(x, t);
   const BackwardPlan plan = plan_for({loss});
-  const std::vector<GradBucket> buckets = plan_grad_buckets(plan, 4096);
+  const std::vector<GradBucket> buckets = plan_grad_buckets(plan, 4096, 1024);
   ASSERT_GT(buckets.size(), 1u);
   std::vector<StepTiming> timings;
   backward(loss, {.timings = &timings, .reduce_gradients = &pg});

@@ -107,6 +107,12 @@ TEST(GradBuckets, LeavesComeInTheOrderTheirGradientsAreFinalAndBucketsCloseAtThe
     }
   }
   EXPECT_EQ(all, one[0].buffers);
+  // A smaller first bucket: it closes at 100 bytes, the next holds the rest.
+  const std::vector<GradBucket> first = plan_grad_buckets(plan, std::size_t{1} << 30, 100);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_GE(first[0].bytes, 100u);
+  EXPECT_LT(first[0].issue_after, first[1].issue_after);
+  EXPECT_EQ(first[0].bytes + first[1].bytes, one[0].bytes);
   GW_EXPECT_ERROR(plan_grad_buckets(plan, 0), "bucket size");
 }
 
