@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""PyTorch's DistributedDataParallel on examples/train_dp.cpp's model and step, for the same table.
+
+The MLP of train_dp (layers of Linear(W, W) + GELU(tanh), then Linear(W, 16)), MSE against a fixed
+random "teacher" layer (tanh), SGD lr 0.05, fp32 with TF32 off; each rank trains on its own batch of
+B rows (the global batch is B x world). Four batches are made before the loop and copied into static
+input slots each step, as train_dp --bench does; each step is timed with CUDA events on the current
+stream and the median after the first fifth of the steps is reported (rank 0 prints it).
+
+    python3 scripts/compare_torch_dp.py [--world N] [--steps 40] [--width 1024] [--layers 4]
+                                        [--batch 256] [--bucket-mib 25] [--csv out.csv]
+
+Modes: eager (DDP's own bucketed all-reduce overlapping the backward) and graph (the whole step —
+forward, backward with DDP's all-reduces, SGD — captured once in a torch.cuda.graph after 11 warm-up
+steps on a side stream, as PyTorch's CUDA-graph notes ask for DDP, and replayed). One process per GPU
+(torch.multiprocessing, NCCL through a file rendezvous); NCCL_NVLS_ENABLE stays 0 unless set.
+
+Needs PyTorch with CUDA and N GPUs; graphward's own tests never need it.
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+import tempfile
+
+
+def worker(rank, args, init_file, results):
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # PyTorch's notes for DDP under full-graph capture: no async error handling.
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    import torch
+    import torch.distributed as dist
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank,
+                            world_size=args.world)
+    dev = torch.device("cuda", rank)
+    w, out = args.width, 16
+    rows = []
+    for mode in ("eager", "graph"):
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        layers = []
+        for _ in range(args.layers):
+            layers += [torch.nn.Linear(w, w), torch.nn.GELU(approximate="tanh")]
+        layers.append(torch.nn.Linear(w, out))
+        model = torch.nn.Sequential(*layers).to(dev)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) / w ** 0.5)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rank], bucket_cap_mb=args.bucket_mib)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        teacher = (torch.randn(out, w, generator=gen) * (2.0 / w ** 0.5)).to(dev)
+        batches = []
+        for k in range(4):
+            g = torch.Generator(device="cpu").manual_seed(1000 * k + rank)
+            xb = torch.randn(args.batch, w, generator=g).to(dev)
+            batches.append((xb, torch.tanh(xb @ teacher.t())))
+        x = torch.zeros(args.batch, w, device=dev)
+        t = torch.zeros(args.batch, out, device=dev)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss = torch.nn.functional.mse_loss(ddp(x), t)
+            loss.backward()
+            opt.step()
+            return loss
+
+        replay = None
+        if mode == "graph":
+            x.copy_(batches[0][0])
+            t.copy_(batches[0][1])
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(11):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            replay = graph.replay
+        begins = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
+        for s in range(args.steps):
+            begins[s].record()
+            xb, tb = batches[s % 4]
+            x.copy_(xb)
+            t.copy_(tb)
+            if replay:
+                replay()
+            else:
+                step()
+            ends[s].record()
+        torch.cuda.synchronize()
+        first = max(1, args.steps // 5)
+        ms = statistics.median(begins[s].elapsed_time(ends[s]) for s in range(first, args.steps))
+        rows.append({"library": "torch_ddp", "mode": mode, "world": args.world, "width": w,
+                     "layers": args.layers, "batch": args.batch, "bucket_mib": args.bucket_mib,
+                     "median_ms": round(ms, 4)})
+        dist.barrier()
+    if rank == 0:
+        results.extend(rows)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--bucket-mib", type=float, default=25.0)
+    ap.add_argument("--csv")
+    args = ap.parse_args()
+    if args.world < 1 or args.steps < 2:
+        sys.exit("compare_torch_dp.py: expected --world >= 1 and --steps >= 2")
+    import torch
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < args.world:
+        print(f"compare_torch_dp.py: skipped: --world {args.world} needs {args.world} GPUs; "
+              f"this machine has {torch.cuda.device_count()}")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = mp.Manager()
+        results = manager.list()
+        mp.spawn(worker, args=(args, os.path.join(tmp, "init"), results), nprocs=args.world)
+        rows = list(results)
+    for r in rows:
+        print(f"torch_ddp/mode:{r['mode']}/world:{r['world']}/width:{r['width']}/"
+              f"layers:{r['layers']}/batch:{r['batch']} {r['median_ms']:.4f} ms/step (median)")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            wr.writeheader()
+            wr.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
