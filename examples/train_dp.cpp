@@ -4,7 +4,8 @@
 // Launch with scripts/run_dp.sh N [flags] (it sets GRAPHWARD_RANK, GRAPHWARD_WORLD_SIZE,
 // GRAPHWARD_LOCAL_RANK and GRAPHWARD_NCCL_ID_FILE); run alone it is a group of one.
 //
-//   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--batch B]
+//   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
+//            [--batch B]
 //            [--bucket-mib M] [--first-bucket-mib M] [--check] [--bench] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
@@ -21,6 +22,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +38,7 @@ namespace {
 
 struct Config {
   int steps = 20;
-  std::int64_t width = 256, layers = 4, batch = 64, out = 16;
+  std::int64_t width = 256, layers = 4, batch = 64, out = 16, branches = 1;
   double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
   bool check = false;
   bool bench = false;
@@ -47,27 +50,47 @@ const char* mode_name(Mode m) {
   return m == Mode::kEager ? "eager" : m == Mode::kBackwardGraph ? "backward graph" : "step graph";
 }
 
+// The MLP: `layers` Linear + GELU, then the output layer. With --branches K (K > 1), the
+// structure of DESIGN.md's K-branch study instead: K branches of `layers` Linear + ReLU, each
+// branch's forward on a stream of its own, the branch outputs summed, then the output layer.
 struct Mlp {
-  std::vector<gw::Tensor> params;  // w0, b0, w1, b1, ..., the output layer last
-  Mlp(const Config& c, gw::Device dev, std::uint64_t seed) {
+  std::vector<gw::Tensor> params;  // per branch w0, b0, w1, b1, ...; the output layer last
+  std::int64_t branches, layers;
+  std::vector<std::unique_ptr<gw::Stream>> streams;  // one per branch (K > 1)
+  Mlp(const Config& c, gw::Device dev, std::uint64_t seed)
+      : branches(c.branches), layers(c.layers) {
     const gw::TensorOptions f32{gw::DType::kFloat32, dev};
-    for (std::int64_t l = 0; l <= c.layers; ++l) {
-      const std::int64_t out = l == c.layers ? c.out : c.width;
-      const double scale = 1.0 / std::sqrt(static_cast<double>(c.width));
-      params.push_back(gw::mul(gw::randn({out, c.width}, seed * 100 + 2 * l, f32), scale)
-                           .detach()
-                           .set_requires_grad(true));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.width));
+    std::uint64_t key = seed * 1000;
+    auto layer = [&](std::int64_t out) {
+      params.push_back(
+          gw::mul(gw::randn({out, c.width}, key++, f32), scale).detach().set_requires_grad(true));
       params.push_back(gw::zeros({out}, f32).set_requires_grad(true));
+    };
+    for (std::int64_t b = 0; b < branches; ++b) {
+      for (std::int64_t l = 0; l < layers; ++l) layer(c.width);
+    }
+    layer(c.out);
+    if (branches > 1 && dev.is_cuda()) {
+      for (std::int64_t b = 0; b < branches; ++b) streams.push_back(std::make_unique<gw::Stream>(dev));
     }
   }
   gw::Tensor loss(const gw::Tensor& x, const gw::Tensor& t) const {
-    gw::Tensor h = x;
-    const std::size_t n = params.size() / 2;
-    for (std::size_t l = 0; l < n; ++l) {
-      h = gw::linear(h, params[2 * l], params[2 * l + 1],
-                     l + 1 < n ? gw::Activation::kGelu : gw::Activation::kNone);
+    const gw::Activation act = branches > 1 ? gw::Activation::kRelu : gw::Activation::kGelu;
+    gw::Tensor sum;
+    for (std::int64_t b = 0; b < branches; ++b) {
+      std::optional<gw::StreamGuard> on;
+      if (!streams.empty()) on.emplace(*streams[static_cast<std::size_t>(b)]);
+      gw::Tensor h = x;
+      for (std::int64_t l = 0; l < layers; ++l) {
+        const auto i = static_cast<std::size_t>(2 * (b * layers + l));
+        h = gw::linear(h, params[i], params[i + 1], act);
+      }
+      on.reset();  // the sum on the caller's stream
+      sum = sum.defined() ? gw::add(sum, h) : h;
     }
-    return gw::mse_loss(h, t);
+    const std::size_t o = params.size() - 2;
+    return gw::mse_loss(gw::linear(sum, params[o], params[o + 1]), t);
   }
 };
 
@@ -231,6 +254,8 @@ int main(int argc, char** argv) {
         c.width = std::atoll(next());
       } else if (a == "--layers") {
         c.layers = std::atoll(next());
+      } else if (a == "--branches") {
+        c.branches = std::atoll(next());
       } else if (a == "--batch") {
         c.batch = std::atoll(next());
       } else if (a == "--bucket-mib") {
@@ -246,11 +271,12 @@ int main(int argc, char** argv) {
       } else {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --batch B, --bucket-mib M, --first-bucket-mib M, --check, --bench, "
+                        "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, --check, --bench, "
                         "--trace FILE");
       }
     }
-    if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || !(c.bucket_mib > 0) ||
+    if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||
+        !(c.bucket_mib > 0) ||
         !(c.first_bucket_mib > 0)) {
       throw gw::Error("train_dp: expected --steps >= 2 and positive sizes");
     }
@@ -272,10 +298,11 @@ int main(int argc, char** argv) {
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
-      std::printf("train_dp: %d rank(s) on %s; MLP %lld x %lld, batch %lld a rank (%lld in all), "
+      std::printf("train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in all), "
                   "buckets of %.1f MiB (the first %.1f), %d steps%s\n",
                   world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
-                  static_cast<long long>(c.layers), static_cast<long long>(c.width),
+                  static_cast<long long>(c.branches), static_cast<long long>(c.layers),
+                  static_cast<long long>(c.width),
                   static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
                   c.bucket_mib, c.first_bucket_mib, c.steps, c.check ? ", checked" : "");
     }
