@@ -7,6 +7,16 @@ GW_JOBS=${GW_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 say() { printf '[graphward] %s\n' "$*"; }
 
+# The one-screen summary of a check script (gpu_check.sh, dp_check.sh): record STEP STATUS DETAIL
+# adds a line; a FAIL status makes the run fail (FAILED=1).
+SUMMARY=()
+FAILED=0
+record() {
+  SUMMARY+=("$(printf '%-24s %-6s %s' "$1" "$2" "$3")")
+  [ "$2" = FAIL ] && FAILED=1
+  return 0
+}
+
 have_header() {  # have_header gtest/gtest.h
   local d
   for d in /usr/include /usr/local/include ${CPATH:+${CPATH//:/ }}; do

@@ -23,13 +23,6 @@ LOG_DIR=${LOG_DIR:-$GW_BUILD_DIR/dp_check}
 mkdir -p "$LOG_DIR"
 BIN=$GW_BUILD_DIR
 STEPS=${GW_DP_STEPS:-60}
-SUMMARY=()
-FAILED=0
-record() {  # record STEP STATUS DETAIL
-  SUMMARY+=("$(printf '%-26s %-6s %s' "$1" "$2" "$3")")
-  [ "$2" = FAIL ] && FAILED=1
-  return 0
-}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 record machine "$([ "$GPUS" -ge 2 ] && echo ok || echo FAIL)" "$GPUS GPU(s)"
 

@@ -34,13 +34,6 @@ done
 LOG_DIR=${OUT:+$OUT/logs}
 LOG_DIR=${LOG_DIR:-$GW_BUILD_DIR/gpu_check}
 mkdir -p "$LOG_DIR"
-SUMMARY=()
-FAILED=0
-record() {  # record STEP STATUS DETAIL
-  SUMMARY+=("$(printf '%-22s %-6s %s' "$1" "$2" "$3")")
-  [ "$2" = FAIL ] && FAILED=1
-  return 0
-}
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
