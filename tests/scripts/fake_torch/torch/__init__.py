@@ -70,3 +70,27 @@ for _name in ("Conv2d", "ReLU", "MaxPool2d", "AvgPool2d", "Flatten", "Linear"):
     setattr(nn, _name, _Module)
 for _name in ("embedding", "layer_norm", "linear", "softmax", "gelu"):
     setattr(nn.functional, _name, _any)
+
+# For compare_torch_dp.py: DistributedDataParallel, SGD, and a spawn that runs the ranks in turn
+# (torch/distributed.py, torch/multiprocessing.py).
+def device(*a): return a
+class _Param(_T):
+    grad = None
+_Module.parameters = lambda self: [_Param(), _Param()]
+no_grad = contextlib.nullcontext
+def tanh(x): return _T()
+def zeros(*a, device=None): return _T()
+for _name in ("__truediv__", "t"):
+    setattr(_T, _name, _any)
+class _DDP:
+    def __init__(self, module, device_ids=None, bucket_cap_mb=25): self.module = module
+    def __call__(self, x): return _T()
+    def parameters(self): return self.module.parameters()
+nn.parallel = types.SimpleNamespace(DistributedDataParallel=_DDP)
+class _SGD:
+    def __init__(self, params, lr=0.01): self.params = list(params)
+    def zero_grad(self, set_to_none=True): pass
+    def step(self): pass
+optim.SGD = _SGD
+cuda.set_device = lambda d: None
+cuda.device_count = lambda: 2
