@@ -146,7 +146,11 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
 }  // namespace
 
 ProcessGroup::ProcessGroup(ProcessGroupOptions options)
-    : bucket_bytes_(options.bucket_bytes), first_bucket_bytes_(options.first_bucket_bytes) {
+    : bucket_bytes_(options.bucket_bytes),
+      first_bucket_bytes_(options.first_bucket_bytes),
+      collective_timeout_s_(options.collective_timeout_s) {
+  GW_CHECK(collective_timeout_s_ > 0, "ProcessGroup: collective_timeout_s is ",
+           collective_timeout_s_, "; expected seconds above 0");
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
   world_size_ = options.world_size >= 0 ? options.world_size : env_int("GRAPHWARD_WORLD_SIZE", 1);
   GW_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ProcessGroup: rank ", rank_,
@@ -186,7 +190,7 @@ ProcessGroup::~ProcessGroup() {
   if (comm_) {
     try {
       DeviceGuard guard(device_);
-      if (stream_) GW_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_->get()));
+      wait_for_stream("the group's end");  // aborts (and throws) rather than hang
       const ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm_));
       if (r != ncclSuccess) {
         detail::log_error(__FILE__, __LINE__,
@@ -196,6 +200,50 @@ ProcessGroup::~ProcessGroup() {
       detail::log_error(__FILE__, __LINE__, e.what());
     }
   }
+#endif
+}
+
+void ProcessGroup::check_usable(const char* what) const {
+  GW_CHECK(aborted_.empty(), "ProcessGroup::", what, ": the group was aborted (", aborted_,
+           "); expected a new ProcessGroup on every rank");
+}
+
+void ProcessGroup::wait_for_stream(const std::string& what) {
+  if (!comm_ || !stream_) return;
+#if GRAPHWARD_HAS_NCCL
+  DeviceGuard guard(device_);
+  auto comm = static_cast<ncclComm_t>(comm_);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream_->get());
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) GW_CUDA_CHECK(q);
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t got = ncclCommGetAsyncError(comm, &async);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string why;
+    if (got != ncclSuccess) {
+      why = detail::concat("ncclCommGetAsyncError failed: ", ncclGetErrorString(got));
+    } else if (async != ncclSuccess && async != ncclInProgress) {
+      why = detail::concat("NCCL reported ", ncclGetErrorString(async));
+    } else if (waited > collective_timeout_s_) {
+      why = detail::concat("rank ", rank_, " waited ", collective_timeout_s_,
+                           " s for the other ranks");
+    }
+    if (!why.empty()) {
+      (void)ncclCommAbort(comm);  // frees this rank from the collective; the group is unusable
+      comm_ = nullptr;
+      aborted_ = detail::concat(why, " in ", what);
+      throw Error(detail::concat(
+          "ProcessGroup: ", aborted_, "; expected every rank to reach the same collectives (a "
+          "rank that stopped, failed or runs another model leaves the others waiting). The group "
+          "is aborted: make a new one on every rank"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+#else
+  (void)what;
 #endif
 }
 
@@ -214,6 +262,7 @@ std::string ProcessGroup::new_unique_id_hex() {
 }
 
 void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root) {
+  check_usable(average ? "average" : "broadcast");
   for (const Tensor& t : tensors) {
     GW_CHECK(t.defined() && t.device() == device_, "ProcessGroup: a tensor on ",
              t.defined() ? t.device().str() : std::string("no device"), "; expected ",
@@ -295,6 +344,7 @@ void ProcessGroup::broadcast(const std::vector<Tensor>& tensors, int root) {
 
 std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
   check_capturable("ProcessGroup::all_gather");  // it synchronizes
+  check_usable("all_gather");
   if (!comm_) return {value};
   std::vector<std::uint64_t> out(static_cast<std::size_t>(world_size_));
 #if GRAPHWARD_HAS_NCCL
@@ -306,7 +356,7 @@ std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
              "ncclAllGather", static_cast<ncclComm_t>(comm_));
   GW_CUDA_CHECK(cudaMemcpyAsync(out.data(), words, out.size() * sizeof value,
                                 cudaMemcpyDeviceToHost, s));
-  GW_CUDA_CHECK(cudaStreamSynchronize(s));
+  wait_for_stream("a gather (the agreement of the ranks' layouts)");
 #endif
   return out;
 }

@@ -41,6 +41,10 @@ struct ProcessGroupOptions {
   std::optional<Device> device = {};
   std::string id_file = {};  // "": GRAPHWARD_NCCL_ID_FILE, else GRAPHWARD_NCCL_ID
   double timeout_s = 120;  // how long a rank waits for rank 0's id file
+  // How long a rank waits for the others where it synchronizes with them (the agreement, gathers,
+  // the end): past it the group is aborted and an error says so, instead of a hang when a rank
+  // stopped or runs something else.
+  double collective_timeout_s = 300;
   // Note [Gradient buckets]: the most bytes a bucket collects before it is reduced, and the
   // first bucket's (as PyTorch's DistributedDataParallel: 25 MiB, and 1 MiB first; 0: the same
   // as the others).
@@ -82,11 +86,17 @@ class ProcessGroup final : public GradientReducer {
 
  private:
   void reduce_on_stream(const std::vector<Tensor>& tensors, bool average_not_broadcast, int root);
+  // Waits for the group's stream, polling NCCL's asynchronous error, at most the collective
+  // timeout; past it, or on an NCCL error, aborts the communicator and throws naming `what`.
+  void wait_for_stream(const std::string& what);
+  void check_usable(const char* what) const;  // throws once the group was aborted
   int rank_ = 0;
   int world_size_ = 1;
   Device device_ = Device::cpu();
   std::size_t bucket_bytes_;
   std::size_t first_bucket_bytes_;
+  double collective_timeout_s_;
+  std::string aborted_;  // why the communicator was aborted ("" while it works)
   std::unordered_set<std::uint64_t> agreed_;  // bucket layouts every rank has
   void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)
   std::unique_ptr<Stream> stream_;            // the reductions' stream (CUDA)

@@ -1,8 +1,11 @@
 // Two ranks that disagree (run by scripts/run_dp.sh 2, ctest label multigpu): a broadcast of
 // tensors of other shapes on each rank, and a backward whose models differ, are refused on every
 // rank with an error naming the other rank — before any collective could hang or mix memory — and
-// the group still works after. Prints "dp_mismatch: PASS" on rank 0.
+// the group still works after. Then rank 1 stops dead: rank 0's next synchronization with it is an
+// error within the collective timeout (the group aborted), not a hang. Prints "dp_mismatch: PASS"
+// on rank 0.
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -35,7 +38,7 @@ bool refused(const char* what, const std::function<void()>& f,
 
 int main() {
   try {
-    gw::dist::ProcessGroup pg;
+    gw::dist::ProcessGroup pg({.collective_timeout_s = 20});
     const int rank = pg.rank(), other = 1 - rank;
     const gw::TensorOptions f32{gw::DType::kFloat32, pg.device()};
     bool ok = pg.world_size() == 2;
@@ -54,6 +57,12 @@ int main() {
       gw::backward(gw::sum(gw::linear(x, w)), {.reduce_gradients = &pg});
     }, {"the ranks disagree", names_other, "the same model"}) && ok;
     pg.check_identical({same}, "the broadcast tensor");
+    // A rank that stops (as if it crashed: no destructor, no goodbye).
+    if (rank == 1) std::_Exit(0);
+    ok = refused("a gather with the other rank gone", [&] { (void)pg.all_gather(7); },
+                 {"aborted", "make a new one on every rank"}) && ok;
+    ok = refused("the aborted group", [&] { (void)pg.all_gather(8); },
+                 {"the group was aborted"}) && ok;
     if (rank == 0) std::printf("dp_mismatch: %s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

@@ -218,6 +218,9 @@ TEST(ProcessGroupCpu, AGroupOfOneChangesNothingAndBadGroupsAreRefusedByName) {
   GW_EXPECT_ERROR(dist::ProcessGroup({.world_size = 1, .device = Device::cpu(), .bucket_bytes = 0}),
                   "bucket_bytes is 0");
   GW_EXPECT_ERROR(pg.broadcast(reduced.params(), 1), "root 1", "below 1");
+  GW_EXPECT_ERROR(
+      dist::ProcessGroup({.world_size = 1, .device = Device::cpu(), .collective_timeout_s = 0}),
+      "collective_timeout_s is 0", "expected seconds above 0");
 }
 
 }  // namespace
