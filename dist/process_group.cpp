@@ -164,7 +164,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
              "one)");
     return;
   }
-  check_cuda_device(device_, "ProcessGroup");
+  check_cuda_device(device_, "ProcessGroup");  // throws in a build without CUDA
+#if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device_);
   int least = 0, greatest = 0;
   GW_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -182,6 +183,7 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
 #else
   GW_CHECK(world_size_ == 1, "ProcessGroup: a group of ", world_size_,
            " needs NCCL; graphward was built without it (only a group of one works)");
+#endif
 #endif
 }
 
