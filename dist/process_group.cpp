@@ -38,14 +38,7 @@ std::string env_str(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+using detail::fnv1a;
 
 std::string ranks_str(const std::vector<int>& ranks) {
   std::ostringstream os;
@@ -318,9 +311,7 @@ std::pair<std::uint64_t, std::string> tensors_layout(const char* what,
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     if (!t.defined()) continue;
-    const auto dtype = static_cast<std::uint64_t>(t.dtype());
-    h = fnv1a(&dtype, sizeof dtype, h);
-    h = fnv1a(t.shape().data(), t.shape().size() * sizeof(std::int64_t), h);
+    h = detail::hash_layout(t, h);
     if (i < 8) d += (i ? ", " : "") + t.str();
   }
   if (tensors.size() > 8) d += ", ...";
@@ -386,9 +377,7 @@ void ProcessGroup::check_identical(const std::vector<Tensor>& tensors, const std
   for (const Tensor& t : tensors) {
     GW_CHECK(t.defined(), "ProcessGroup::check_identical: an undefined tensor in ", what);
     const Tensor host = t.to(Device::cpu());
-    const std::uint64_t shape = fnv1a(t.shape().data(), t.shape().size() * sizeof(std::int64_t));
-    h = fnv1a(&shape, sizeof shape, h);
-    h = fnv1a(host.raw_data(), host.nbytes(), h);
+    h = fnv1a(host.raw_data(), host.nbytes(), detail::hash_layout(t, h));
   }
   const std::vector<std::uint64_t> all = all_gather(h);
   std::vector<int> differ;

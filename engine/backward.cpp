@@ -179,26 +179,31 @@ void EagerExecutor::run_timed_in_capture(const BackwardPlan& plan, const std::ve
            /*localize=*/false, reducer);
 }
 
+std::uint64_t detail::fnv1a(const void* data, std::size_t n, std::uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::uint64_t detail::hash_layout(const Tensor& t, std::uint64_t h) {
+  const std::uint64_t head[2] = {static_cast<std::uint64_t>(t.dtype()), t.shape().size()};
+  h = fnv1a(head, sizeof head, h);
+  return fnv1a(t.shape().data(), t.shape().size() * sizeof(std::int64_t), h);
+}
+
 namespace {
 // Note [Gradient reduction]: a hash of the buckets' layout (every gradient's dtype and shape, and
 // where the buckets end) and a readable account of it, for the reducer's agreement check.
 std::uint64_t bucket_layout_hash(const BackwardPlan& plan, const std::vector<GradBucket>& buckets) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-  auto mix = [&h](std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(buckets.size());
+  const std::size_t count = buckets.size();
+  std::uint64_t h = detail::fnv1a(&count, sizeof count);
   for (const GradBucket& b : buckets) {
-    mix(b.buffers.size());
-    for (int i : b.buffers) {
-      const Tensor& leaf = plan.buffers[i].leaf;
-      mix(static_cast<std::uint64_t>(leaf.dtype()));
-      mix(leaf.shape().size());
-      for (std::int64_t d : leaf.shape()) mix(static_cast<std::uint64_t>(d));
-    }
+    const std::size_t n = b.buffers.size();
+    h = detail::fnv1a(&n, sizeof n, h);
+    for (int i : b.buffers) h = detail::hash_layout(plan.buffers[i].leaf, h);
   }
   return h;
 }
@@ -299,7 +304,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   // anything is written), and an event after each step part a bucket waits for (events past the
   // fork's and the joins').
   std::vector<GradBucket> buckets;
-  std::vector<int> ready_main(plan.steps.size(), -1), ready_side(plan.steps.size(), -1);
+  std::vector<int> ready_main, ready_side;  // per step; empty without a reducer (no allocation)
   const int comm_join_event = plan.num_events + 1 + static_cast<int>(plan.joins.size());
   cudaStream_t comm = nullptr;
   std::size_t next_bucket = 0;
@@ -309,12 +314,16 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
                    capturing());
     comm = gpu ? reducer->stream() : nullptr;
     GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
-    int next_event = comm_join_event + 1;
-    for (const GradBucket& b : buckets) {
-      for (const GradBucket::Ready& r : b.ready) {
-        if (r.step < 0) continue;
-        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
-        if (e < 0) e = next_event++;
+    if (gpu) {
+      ready_main.assign(plan.steps.size(), -1);
+      ready_side.assign(plan.steps.size(), -1);
+      int next_event = comm_join_event + 1;
+      for (const GradBucket& b : buckets) {
+        for (const GradBucket::Ready& r : b.ready) {
+          if (r.step < 0) continue;
+          int& e = r.side ? ready_side[r.step] : ready_main[r.step];
+          if (e < 0) e = next_event++;
+        }
       }
     }
   }
@@ -494,7 +503,9 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         }
         if (timed) mark(2 + 2 * num_steps + 2 * step_index, side);
         if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
-        if (gpu && ready_side[step_index] >= 0) event(device, ready_side[step_index]).record(side);
+        if (!ready_side.empty() && ready_side[step_index] >= 0) {
+          event(device, ready_side[step_index]).record(side);
+        }
         apply(slots);
       }
 #if GRAPHWARD_HAS_CUDA
@@ -515,7 +526,9 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
       if (release_saved) step.node->release_saved();
       if (timed) mark(2 + 2 * step_index, s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
-      if (gpu && ready_main[step_index] >= 0) event(device, ready_main[step_index]).record(s);
+      if (!ready_main.empty() && ready_main[step_index] >= 0) {
+        event(device, ready_main[step_index]).record(s);
+      }
       if (reducer) issue_buckets(step_index);
       g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
       if (timed) {

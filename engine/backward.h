@@ -68,6 +68,15 @@ class GradientReducer {
   virtual void reduce(const std::vector<Tensor>& grads) = 0;
 };
 
+namespace detail {
+// FNV-1a over `n` bytes, continuing from `h`.
+inline constexpr std::uint64_t kFnvOffset = 1469598103934665603ull;
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvOffset);
+// A tensor's dtype, rank and shape mixed into `h`: the layouts the processes of a data-parallel
+// group agree on (Note [Gradient reduction]).
+std::uint64_t hash_layout(const Tensor& t, std::uint64_t h);
+}  // namespace detail
+
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors for another backward through the same graph
   GradWrite grad_write = GradWrite::kAccumulate;

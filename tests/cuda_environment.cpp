@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/graphward.h"
+#include "test_util.h"
 
 namespace graphward {
 namespace {
@@ -27,16 +28,12 @@ class ReleaseCachedMemory : public ::testing::Environment {
   void TearDown() override {
 #if GRAPHWARD_HAS_CUDA
     if (!cuda_available()) return;
-    DeviceGuard guard(Device::cuda(0));
-    (void)cudaDeviceSynchronize();
-    empty_cache(Device::cuda(0));
-    (void)cudaDeviceSynchronize();
-    cudaMemPool_t pool = nullptr;
-    std::uint64_t used = 0;
-    if (cudaDeviceGetMemPool(&pool, 0) == cudaSuccess &&
-        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
-      EXPECT_EQ(used, 0u) << "bytes of the CUDA memory pool still in use after every test ended "
-                             "and graphward's block cache was emptied";
+    try {
+      EXPECT_EQ(testing::pool_bytes_in_use(), 0u)
+          << "bytes of the CUDA memory pool still in use after every test ended and graphward's "
+             "block cache was emptied";
+    } catch (const std::exception&) {
+      // The pool cannot be read (a lost context): nothing to check here.
     }
 #endif
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -88,6 +89,20 @@ inline void stall(cudaStream_t stream, int ms) {
         delete static_cast<int*>(p);
       },
       wait));
+}
+
+// The bytes of the CUDA pool of `device` in use once everything is done and graphward's block
+// cache is empty (the cache keeps freed blocks allocated: Note [Block cache]).
+inline std::uint64_t pool_bytes_in_use(Device device = Device::cuda(0)) {
+  DeviceGuard guard(device);
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  empty_cache(device);
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaMemPool_t pool = nullptr;
+  GW_CUDA_CHECK(cudaDeviceGetMemPool(&pool, device.index));
+  std::uint64_t used = 0;
+  GW_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  return used;
 }
 #endif
 

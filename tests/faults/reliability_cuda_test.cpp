@@ -94,24 +94,11 @@ TEST(CudaLocalizeFaults, WithLocalizeFaultsEveryBackwardIsEagerAndGivesThePlainG
   EXPECT_EQ(localized.w2.grad().to_vector<float>(), plain.w2.grad().to_vector<float>());
 }
 
-// The memory of the CUDA pool in use, once graphward's block cache is empty (the cache keeps freed
-// blocks allocated: Note [Block cache]).
-std::uint64_t pool_bytes_in_use() {
-  GW_CUDA_CHECK(cudaDeviceSynchronize());
-  empty_cache(kGpu);
-  GW_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaMemPool_t pool = nullptr;
-  GW_CUDA_CHECK(cudaDeviceGetMemPool(&pool, kGpu.index));
-  std::uint64_t used = 0;
-  GW_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-  return used;
-}
-
 // Once a model, its tensors, its BackwardGraph and StepGraph and its signatures are gone, so is
 // every byte of theirs: nothing per thread (the tape log, the signature walker) keeps a parameter.
 TEST(CudaMemory, NothingOfAModelOutlivesItsTensorsGraphsAndSignatures) {
   GW_REQUIRE_GPU();
-  const std::uint64_t before = pool_bytes_in_use();
+  const std::uint64_t before = testing::pool_bytes_in_use();
   {
     const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
     Model replayed, stepped, walked;
@@ -139,7 +126,7 @@ TEST(CudaMemory, NothingOfAModelOutlivesItsTensorsGraphsAndSignatures) {
                                  GradWrite::kAccumulate);
     EXPECT_EQ(sig.leaves.size(), 2u);
   }
-  EXPECT_EQ(pool_bytes_in_use(), before) << "memory of a model outlived it";
+  EXPECT_EQ(testing::pool_bytes_in_use(), before) << "memory of a model outlived it";
 }
 
 }  // namespace
