@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <memory>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <unistd.h>
@@ -180,16 +183,52 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
 #endif
 }
 
+#if GRAPHWARD_HAS_NCCL
+namespace {
+constexpr double kAbortWaitS = 10;
+
+// Runs `call` (an NCCL teardown) on a thread of its own and waits `seconds` for it at most; past
+// that it is left to finish, or to end with the process. ncclCommAbort frees this rank from its
+// collectives at once (their kernels end), but then frees the communicator, which on one machine
+// can wait for every other rank to do the same — forever when one has died (NVIDIA/nccl#863);
+// ncclCommDestroy finalizes, which waits for the others too.
+template <class Call>
+bool finishes_within(double seconds, Call call) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  try {
+    std::thread([call, done] {
+      call();
+      done->set_value();
+    }).detach();
+  } catch (const std::system_error&) {  // no thread to be had: wait here
+    call();
+    return true;
+  }
+  return finished.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+}
+}  // namespace
+#endif
+
 ProcessGroup::~ProcessGroup() {
 #if GRAPHWARD_HAS_NCCL
   if (comm_) {
     try {
       DeviceGuard guard(device_);
       wait_for_stream("the group's end");  // aborts (and throws) rather than hang
-      const ncclResult_t r = ncclCommDestroy(static_cast<ncclComm_t>(comm_));
-      if (r != ncclSuccess) {
-        detail::log_error(__FILE__, __LINE__,
-                          detail::concat("ncclCommDestroy: ", ncclGetErrorString(r)));
+      auto comm = static_cast<ncclComm_t>(comm_);
+      const int rank = rank_;
+      if (!finishes_within(collective_timeout_s_, [comm, rank] {
+            const ncclResult_t r = ncclCommDestroy(comm);
+            if (r != ncclSuccess) {
+              detail::log_error(__FILE__, __LINE__, detail::concat("ProcessGroup: rank ", rank,
+                                ": ncclCommDestroy: ", ncclGetErrorString(r)));
+            }
+          })) {
+        detail::log_error(__FILE__, __LINE__, detail::concat(
+            "ProcessGroup: rank ", rank_, ": ncclCommDestroy had not returned after ",
+            collective_timeout_s_, " s (it waits for the other ranks, one of which may have "
+            "stopped): its resources stay with this process until it ends"));
       }
     } catch (const std::exception& e) {
       detail::log_error(__FILE__, __LINE__, e.what());
@@ -227,9 +266,13 @@ void ProcessGroup::wait_for_stream(const std::string& what) {
                            " s for the other ranks");
     }
     if (!why.empty()) {
-      (void)ncclCommAbort(comm);  // frees this rank from the collective; the group is unusable
       comm_ = nullptr;
       aborted_ = detail::concat(why, " in ", what);
+      if (!finishes_within(kAbortWaitS, [comm] { (void)ncclCommAbort(comm); })) {
+        aborted_ += detail::concat("; NCCL's abort had not returned after ", kAbortWaitS,
+                                   " s (it waits for the other ranks on this machine): the "
+                                   "communicator's resources stay with this process until it ends");
+      }
       throw Error(detail::concat(
           "ProcessGroup: ", aborted_, "; expected every rank to reach the same collectives (a "
           "rank that stopped, failed or runs another model leaves the others waiting). The group "
@@ -347,9 +390,12 @@ std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
   GW_CUDA_CHECK(cudaMemcpyAsync(words + rank_, &value, sizeof value, cudaMemcpyHostToDevice, s));
   nccl_check(ncclAllGather(words + rank_, words, 1, ncclUint64, static_cast<ncclComm_t>(comm_), s),
              "ncclAllGather", static_cast<ncclComm_t>(comm_));
+  // Wait (bounded) before reading back: a copy into pageable memory blocks the host until the
+  // stream gets there, which would be forever if a rank never joins the gather.
+  wait_for_stream("a gather (the agreement of the ranks' layouts)");
   GW_CUDA_CHECK(cudaMemcpyAsync(out.data(), words, out.size() * sizeof value,
                                 cudaMemcpyDeviceToHost, s));
-  wait_for_stream("a gather (the agreement of the ranks' layouts)");
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));  // the copy alone: the gather is done
 #endif
   return out;
 }

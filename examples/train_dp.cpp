@@ -220,8 +220,13 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
   return r;
 }
 
-double max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Tensor>& b) {
-  double worst = 0;
+// The largest relative error ||a - b|| / ||b|| over the parameters, and which parameter it is.
+struct Worst {
+  double error = 0;
+  std::size_t index = 0;
+};
+Worst max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Tensor>& b) {
+  Worst worst;
   for (std::size_t i = 0; i < a.size(); ++i) {
     const std::vector<float> x = a[i].to_vector<float>(), y = b[i].to_vector<float>();
     double num = 0, den = 0;
@@ -229,7 +234,8 @@ double max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Ten
       num += (static_cast<double>(x[j]) - y[j]) * (static_cast<double>(x[j]) - y[j]);
       den += static_cast<double>(y[j]) * y[j];
     }
-    worst = std::max(worst, std::sqrt(num) / std::max(std::sqrt(den), 1e-30));
+    const double err = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    if (err > worst.error) worst = {err, i};
   }
   return worst;
 }
@@ -319,13 +325,16 @@ int main(int argc, char** argv) {
           std::vector<int> all(static_cast<std::size_t>(world));
           for (int p = 0; p < world; ++p) all[static_cast<std::size_t>(p)] = p;
           (void)train(c, dev, m, single, all, nullptr);
-          const double err = max_rel_error(model.params, single.params);
-          const bool close = err < 1e-4;
+          const Worst w = max_rel_error(model.params, single.params);
+          const bool close = w.error < 1e-4;
           ok = ok && close;
-          char buf[160];
-          std::snprintf(buf, sizeof buf, "; ranks identical; vs one process on the whole batch: max "
-                        "rel. error %.2e (%s)", err, close ? "ok" : "FAIL, expected < 1e-4");
-          verdict = buf;
+          verdict = "; ranks identical; vs one process on the whole batch: max rel. error ";
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.2e", w.error);
+          verdict += std::string(buf) + (close ? " (ok)" : " (FAIL, expected < 1e-4: parameter " +
+                                         std::to_string(w.index) + " of " +
+                                         std::to_string(single.params.size()) + ", " +
+                                         single.params[w.index].str() + ")");
         }
       }
       if (rank == 0) {

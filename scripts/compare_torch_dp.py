@@ -12,7 +12,8 @@ stream and the median after the first fifth of the steps is reported (rank 0 pri
 
 Modes: eager (DDP's own bucketed all-reduce overlapping the backward) and graph (the whole step —
 forward, backward with DDP's all-reduces, SGD — captured once in a torch.cuda.graph after 11 warm-up
-steps on a side stream, as PyTorch's CUDA-graph notes ask for DDP, and replayed). One process per GPU
+steps on a side stream, DDP made in that stream's context, as PyTorch's CUDA-graph notes ask for
+DDP, and replayed). One process per GPU
 (torch.multiprocessing, NCCL through a file rendezvous); NCCL_NVLS_ENABLE stays 0 unless set.
 
 Needs PyTorch with CUDA and N GPUs; graphward's own tests never need it.
@@ -50,8 +51,15 @@ def worker(rank, args, init_file, results):
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) / w ** 0.5)
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[rank], bucket_cap_mb=args.bucket_mib)
+        # PyTorch's notes for DDP under full-graph capture: DDP made in a side stream's context
+        # (it keeps the gradient accumulators it makes; on the legacy default stream they would
+        # make the capture fail with cudaErrorStreamCaptureImplicit), warm-up on that stream.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side if mode == "graph" else torch.cuda.current_stream()):
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[rank], bucket_cap_mb=args.bucket_mib)
+        torch.cuda.current_stream().wait_stream(side)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         teacher = (torch.randn(out, w, generator=gen) * (2.0 / w ** 0.5)).to(dev)
         batches = []
@@ -73,7 +81,6 @@ def worker(rank, args, init_file, results):
         if mode == "graph":
             x.copy_(batches[0][0])
             t.copy_(batches[0][1])
-            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(11):

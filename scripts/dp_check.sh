@@ -4,7 +4,8 @@
 # global batch doubled) for the MLP, a larger MLP and the 4-branch study, PyTorch's
 # DistributedDataParallel on the same MLPs (eager and CUDA-graph captured), writes a traced replay's
 # timeline and says how much of the reductions ran under the backward; a summary table last.
-# Full logs go to $OUT/dp (the device tool's output folder) when set, else to build/dp_check/.
+# Full logs go to $OUT/dp_check_logs.tar.gz (the device tool's output folder) when set, else to
+# build/dp_check/.
 #   scripts/dp_check.sh [--no-torch]
 # Environment: GW_DP_STEPS (steps a timed run; default 60).
 set -uo pipefail
@@ -127,6 +128,9 @@ else
   record "timeline" FAIL "see trace.log"
 fi
 
+if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
+  tar czf "$OUT/dp_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"
+fi
 echo
 echo "================ graphward data-parallel check ================"
 printf '%s\n' "${SUMMARY[@]}"

@@ -3,7 +3,8 @@
 # examples/train_dp), rank r on GPU r, meeting through a fresh NCCL id file (dist/process_group.h).
 #   scripts/run_dp.sh N [program flags...]
 # Environment: GW_DP_PROGRAM (the program; default $GW_BUILD_DIR/examples/train_dp), GW_BUILD_DIR
-# (default build). Rank 0's output is printed; another rank's only when it fails. The exit status
+# (default build), GW_DP_TIMEOUT (seconds; past it every rank is killed, every rank's output
+# printed and the exit status is 124; default: no limit). Rank 0's output is printed; another rank's only when it fails. The exit status
 # is the first failing rank's (0 when all succeed); 77 (skipped) when N exceeds the GPUs here and
 # N > 1.
 set -uo pipefail
@@ -36,10 +37,26 @@ for ((r = 0; r < n; r++)); do
     GRAPHWARD_NCCL_ID_FILE="$dir/nccl_id" "$program" "$@" >"$dir/rank$r.log" 2>&1 &
   pids+=($!)
 done
+# The time limit: a watchdog kills the ranks (and says so) when they run past it.
+timed_out=$dir/timed_out
+if [ -n "${GW_DP_TIMEOUT:-}" ]; then
+  (
+    sleep "$GW_DP_TIMEOUT" </dev/null >/dev/null 2>&1  # holds none of our output pipes
+    touch "$timed_out"
+    echo "run_dp.sh: the ranks ran past GW_DP_TIMEOUT=$GW_DP_TIMEOUT s; killing them" >&2
+    kill -9 "${pids[@]}" 2>/dev/null
+  ) &
+  watchdog=$!
+fi
 status=0
 for ((r = 0; r < n; r++)); do
   wait "${pids[$r]}"
   rc=$?
+  if [ -e "$timed_out" ]; then
+    if [ $r -eq 0 ]; then cat "$dir/rank0.log"; else sed "s/^/[rank $r] /" "$dir/rank$r.log"; fi
+    status=124
+    continue
+  fi
   if [ $r -eq 0 ]; then
     cat "$dir/rank0.log"
   elif [ $rc -ne 0 ]; then
@@ -47,4 +64,8 @@ for ((r = 0; r < n; r++)); do
   fi
   if [ $rc -ne 0 ] && [ $status -eq 0 ]; then status=$rc; fi
 done
+if [ -n "${watchdog:-}" ]; then
+  kill "$watchdog" 2>/dev/null
+  wait "$watchdog" 2>/dev/null
+fi
 exit $status
