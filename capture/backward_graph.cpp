@@ -386,7 +386,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       }
     }
     if (!updated) {
-      GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, fresh->graph, 0));
+      fresh->exec = capture::instantiate(fresh->graph);
       exec = fresh;
       if (decision.action == Action::kUpdate) {
         fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
@@ -488,7 +488,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
     }
   } owned;
   owned.graph = capture_plan(plan, caller, pool, /*timed=*/true);
-  GW_CUDA_CHECK(cudaGraphInstantiate(&owned.exec, owned.graph, 0));
+  owned.exec = capture::instantiate(owned.graph);
   {
     detail::NvtxRange launch("BackwardGraph::replay (traced)");
     GW_CUDA_CHECK(cudaGraphLaunch(owned.exec, caller));

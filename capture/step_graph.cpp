@@ -162,7 +162,7 @@ Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t call
                  "; expected its loss, a tensor on ", device_.str());
       });
   fresh->graph = graph;
-  GW_CUDA_CHECK(cudaGraphInstantiate(&fresh->exec, graph, 0));
+  fresh->exec = capture::instantiate(graph);
   const capture::NodeCounts counts = capture::count_nodes(graph);
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();

@@ -30,6 +30,13 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
   return graph;
 }
 
+cudaGraphExec_t instantiate(cudaGraph_t graph) {
+  cudaGraphExec_t exec = nullptr;
+  GW_CUDA_CHECK(
+      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority));
+  return exec;
+}
+
 NodeCounts count_nodes(cudaGraph_t graph) {
   NodeCounts c;
   std::size_t n = 0;

@@ -21,6 +21,13 @@ namespace graphward::capture {
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body);
 
+// Instantiates `graph` as every graph of graphward is: with each kernel node's priority, which
+// capture takes from its stream (by default a replay runs every kernel at the priority of the
+// stream it is launched into). The gradient reductions' stream is the device's highest priority
+// (dist/process_group.h): in a replay too, its kernels are scheduled before the backward's when
+// both wait for the GPU, so a reduction starts as soon as its bucket is ready.
+cudaGraphExec_t instantiate(cudaGraph_t graph);
+
 struct NodeCounts {
   std::vector<cudaGraphNode_t> nodes;  // in cudaGraphGetNodes' order
   std::size_t kernels = 0;

@@ -1,5 +1,6 @@
 #include "dist/process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "engine/capture_mode.h"
 #include "engine/error.h"
 #include "engine/memory.h"
+#include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL
 #include <nccl.h>
@@ -331,7 +333,105 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
 
 void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   // The executor ordered the stream after the writers and recorded the uses (planned).
+#if GRAPHWARD_HAS_NCCL
+  if (!comm_ || grads.size() < 2) return reduce_on_stream(grads, /*average=*/true, 0);
+  check_usable("reduce");
+  // Note [Flat buckets]: the small gradients, by dtype, in rank order; each dtype's run is a flat
+  // chunk when it has two or more.
+  constexpr std::size_t kSmall = std::size_t{1} << 20, kAlign = 16;
+  std::vector<Tensor> in_place;
+  std::vector<std::pair<DType, std::vector<Tensor>>> runs;
+  for (const Tensor& g : grads) {
+    GW_CHECK(g.defined() && g.device() == device_, "ProcessGroup: a tensor on ",
+             g.defined() ? g.device().str() : std::string("no device"), "; expected ",
+             device_.str(), " (this rank's device)");
+    if (g.numel() == 0) continue;
+    if (g.nbytes() >= kSmall) {
+      in_place.push_back(g);
+      continue;
+    }
+    auto run = std::find_if(runs.begin(), runs.end(),
+                            [&](const auto& r) { return r.first == g.dtype(); });
+    if (run == runs.end()) run = runs.insert(runs.end(), {g.dtype(), {}});
+    run->second.push_back(g);
+  }
+  std::size_t need = 0;
+  for (auto& [dtype, parts] : runs) {
+    if (parts.size() < 2) {
+      in_place.insert(in_place.end(), parts.begin(), parts.end());
+      parts.clear();
+      continue;
+    }
+    for (const Tensor& t : parts) need += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  if (need > 0 && (staging_.empty() || staging_.back().bytes() < need)) {
+    if (capturing()) {  // no allocation in a capture: these are reduced in place
+      for (auto& [dtype, parts] : runs) {
+        in_place.insert(in_place.end(), parts.begin(), parts.end());
+        parts.clear();
+      }
+      need = 0;
+    } else {
+      const std::size_t last = staging_.empty() ? 0 : staging_.back().bytes();
+      staging_.emplace_back(device_, std::max(need, 2 * last));
+      // Zeros: the padding between parts is never written, only reduced (0 on every rank).
+      DeviceGuard zero_on(device_);
+      GW_CUDA_CHECK(cudaMemsetAsync(staging_.back().data(), 0, staging_.back().bytes(),
+                                    stream_->get()));
+    }
+  }
+  DeviceGuard guard(device_);
+  const cudaStream_t s = stream_->get();
+  auto comm = static_cast<ncclComm_t>(comm_);
+  char* flat = need > 0 ? static_cast<char*>(staging_.back().data()) : nullptr;
+  // Copies every flat chunk's parts in (to_flat) or out, kMaxSegments to a launch.
+  auto copy = [&](bool to_flat) {
+    kernels::Segments seg;
+    std::size_t offset = 0;
+    for (const auto& [dtype, parts] : runs) {
+      for (const Tensor& t : parts) {
+        char* slot = flat + offset;
+        seg.src[seg.count] = to_flat ? t.raw_data() : slot;
+        seg.dst[seg.count] = to_flat ? slot : t.raw_data();
+        seg.bytes[seg.count] = static_cast<std::int64_t>(t.nbytes());
+        if (++seg.count == kernels::kMaxSegments) {
+          kernels::copy_segments(seg, s);
+          seg.count = 0;
+        }
+        offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+      }
+    }
+    kernels::copy_segments(seg, s);
+  };
+  if (need > 0) copy(/*to_flat=*/true);
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  std::size_t offset = 0;
+  for (const auto& [dtype, parts] : runs) {
+    if (parts.empty()) continue;
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      bytes += i + 1 < parts.size() ? (parts[i].nbytes() + kAlign - 1) / kAlign * kAlign
+                                    : parts[i].nbytes();
+    }
+    const std::size_t n = bytes / dtype_size(dtype);  // padding between parts is reduced too
+    if (r == ncclSuccess) {
+      r = ncclAllReduce(flat + offset, flat + offset, n, nccl_type(dtype), ncclAvg, comm, s);
+    }
+    for (const Tensor& t : parts) offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  for (const Tensor& t : in_place) {
+    if (r != ncclSuccess) break;
+    const auto n = static_cast<std::size_t>(t.numel());
+    r = ncclAllReduce(t.raw_data(), t.raw_data(), n, nccl_type(t.dtype()), ncclAvg, comm, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  nccl_check(r, "ncclAllReduce", comm);
+  nccl_check(end, "ncclGroupEnd", comm);
+  if (need > 0) copy(/*to_flat=*/false);
+#else
   reduce_on_stream(grads, /*average=*/true, 0);
+#endif
 }
 
 namespace {

@@ -79,6 +79,11 @@ class ProcessGroup final : public GradientReducer {
   std::size_t first_bucket_bytes() const override { return first_bucket_bytes_; }
   cudaStream_t stream() const override;
   void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
+  // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype) are copied
+  // into one contiguous buffer, averaged by one all-reduce and copied back (two kernels);
+  // the others are averaged in place. NCCL pays a fixed cost for every tensor it reduces, which
+  // for a bucket of many small gradients (biases, a branch model's layers) costs more than the
+  // copies.
   void reduce(const std::vector<Tensor>& grads) override;
 
   // A fresh NCCL unique id in hex, for a launcher to hand every process as GRAPHWARD_NCCL_ID.
@@ -101,6 +106,10 @@ class ProcessGroup final : public GradientReducer {
   void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)
   std::unique_ptr<Stream> stream_;            // the reductions' stream (CUDA)
   DeviceBuffer gather_;                       // world_size words for all_gather (CUDA)
+  // Note [Flat buckets]: contiguous buffers the small gradients of a bucket are copied into and
+  // reduced in, the last the largest; none freed while the group lives (captured graphs keep
+  // their addresses).
+  std::vector<DeviceBuffer> staging_;
 };
 
 }  // namespace graphward::dist

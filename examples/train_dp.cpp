@@ -14,7 +14,8 @@
 // the parameters must agree within float32 rounding (else the exit status is 1). With --bench,
 // the batches are made before the loop (a step copies one into the static inputs, as a data
 // loader would) and each step is timed with CUDA events on its stream; the median after the first
-// fifth of the steps is printed. With --trace (backward-graph mode), every rank replays one more
+// fifth of the steps is printed; one rank alone then trains with no reducer (the single-GPU
+// baseline). With --trace (backward-graph mode), every rank replays one more
 // step traced (Note [Timeline]) and rank 0 writes its timeline, the bucket reductions on a track
 // of their own beside the backward's streams.
 #include <algorithm>
@@ -316,7 +317,8 @@ int main(int argc, char** argv) {
     for (Mode m : modes) {
       Mlp model(c, dev, 1 + static_cast<std::uint64_t>(rank));  // each rank its own start...
       pg.broadcast(model.params);  // ...then rank 0's everywhere
-      const Result r = train(c, dev, m, model, {rank}, &pg);
+      // --bench alone: the single-GPU baseline, no reducer (a group of one would only copy).
+      const Result r = train(c, dev, m, model, {rank}, world == 1 && c.bench ? nullptr : &pg);
       std::string verdict;
       if (c.check) {
         pg.check_identical(model.params, std::string("the parameters after ") + mode_name(m));

@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """PyTorch's DistributedDataParallel on examples/train_dp.cpp's model and step, for the same table.
 
-The MLP of train_dp (layers of Linear(W, W) + GELU(tanh), then Linear(W, 16)), MSE against a fixed
-random "teacher" layer (tanh), SGD lr 0.05, fp32 with TF32 off; each rank trains on its own batch of
-B rows (the global batch is B x world). Four batches are made before the loop and copied into static
+The MLP of train_dp (layers of Linear(W, W) + GELU(tanh), then Linear(W, 16); with --branches K,
+its K-branch study: K branches of Linear + ReLU layers, each forward on a stream of its own, summed,
+then Linear(W, 16)), MSE against a fixed random "teacher" layer (tanh), SGD lr 0.05, fp32 with TF32
+off; each rank trains on its own batch of B rows (the global batch is B x world). Four batches are made before the loop and copied into static
 input slots each step, as train_dp --bench does; each step is timed with CUDA events on the current
 stream and the median after the first fifth of the steps is reported (rank 0 prints it).
 
     python3 scripts/compare_torch_dp.py [--world N] [--steps 40] [--width 1024] [--layers 4]
-                                        [--batch 256] [--bucket-mib 25] [--csv out.csv]
+                                        [--batch 256] [--branches 1] [--bucket-mib 25]
+                                        [--csv out.csv]
 
 Modes: eager (DDP's own bucketed all-reduce overlapping the backward) and graph (the whole step —
 forward, backward with DDP's all-reduces, SGD — captured once in a torch.cuda.graph after 11 warm-up
 steps on a side stream, DDP made in that stream's context, as PyTorch's CUDA-graph notes ask for
-DDP, and replayed). One process per GPU
-(torch.multiprocessing, NCCL through a file rendezvous); NCCL_NVLS_ENABLE stays 0 unless set.
+DDP, and replayed). One process per GPU (torch.multiprocessing, NCCL through a file rendezvous);
+NCCL_NVLS_ENABLE stays 0 unless set.
 
 Needs PyTorch with CUDA and N GPUs; graphward's own tests never need it.
 """
@@ -24,6 +26,37 @@ import os
 import statistics
 import sys
 import tempfile
+
+
+def branch_model(torch, k, layers, w, out):
+    """train_dp --branches K: K branches of `layers` Linear + ReLU, each branch's forward on a
+    stream of its own, the branch outputs summed, then the output layer."""
+
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.branches = torch.nn.ModuleList(
+                [torch.nn.Sequential(*[m for _ in range(layers)
+                                       for m in (torch.nn.Linear(w, w), torch.nn.ReLU())])
+                 for _ in range(k)])
+            self.head = torch.nn.Linear(w, out)
+            self.streams = [torch.cuda.Stream() for _ in range(k)]
+
+        def forward(self, x):
+            main = torch.cuda.current_stream()
+            outs = []
+            for branch, stream in zip(self.branches, self.streams):
+                stream.wait_stream(main)
+                with torch.cuda.stream(stream):
+                    outs.append(branch(x))
+            for stream in self.streams:
+                main.wait_stream(stream)
+            total = outs[0]
+            for o in outs[1:]:
+                total = total + o
+            return self.head(total)
+
+    return Branches()
 
 
 def worker(rank, args, init_file, results):
@@ -43,11 +76,14 @@ def worker(rank, args, init_file, results):
     rows = []
     for mode in ("eager", "graph"):
         gen = torch.Generator(device="cpu").manual_seed(1)
-        layers = []
-        for _ in range(args.layers):
-            layers += [torch.nn.Linear(w, w), torch.nn.GELU(approximate="tanh")]
-        layers.append(torch.nn.Linear(w, out))
-        model = torch.nn.Sequential(*layers).to(dev)
+        if args.branches == 1:
+            layers = []
+            for _ in range(args.layers):
+                layers += [torch.nn.Linear(w, w), torch.nn.GELU(approximate="tanh")]
+            layers.append(torch.nn.Linear(w, out))
+            model = torch.nn.Sequential(*layers).to(dev)
+        else:
+            model = branch_model(torch, args.branches, args.layers, w, out).to(dev)
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) / w ** 0.5)
@@ -105,8 +141,9 @@ def worker(rank, args, init_file, results):
         torch.cuda.synchronize()
         first = max(1, args.steps // 5)
         ms = statistics.median(begins[s].elapsed_time(ends[s]) for s in range(first, args.steps))
-        rows.append({"library": "torch_ddp", "mode": mode, "world": args.world, "width": w,
-                     "layers": args.layers, "batch": args.batch, "bucket_mib": args.bucket_mib,
+        rows.append({"library": "torch_ddp", "mode": mode, "world": args.world,
+                     "branches": args.branches, "width": w, "layers": args.layers,
+                     "batch": args.batch, "bucket_mib": args.bucket_mib,
                      "median_ms": round(ms, 4)})
         dist.barrier()
     if rank == 0:
@@ -120,12 +157,14 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--branches", type=int, default=1,
+                    help="K > 1: train_dp's K-branch study (ReLU, a stream per branch)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--bucket-mib", type=float, default=25.0)
     ap.add_argument("--csv")
     args = ap.parse_args()
-    if args.world < 1 or args.steps < 2:
-        sys.exit("compare_torch_dp.py: expected --world >= 1 and --steps >= 2")
+    if args.world < 1 or args.steps < 2 or args.branches < 1:
+        sys.exit("compare_torch_dp.py: expected --world >= 1, --steps >= 2 and --branches >= 1")
     import torch
     import torch.multiprocessing as mp
 
@@ -139,7 +178,8 @@ def main():
         mp.spawn(worker, args=(args, os.path.join(tmp, "init"), results), nprocs=args.world)
         rows = list(results)
     for r in rows:
-        print(f"torch_ddp/mode:{r['mode']}/world:{r['world']}/width:{r['width']}/"
+        branches = f"branches:{r['branches']}/" if r["branches"] > 1 else ""
+        print(f"torch_ddp/mode:{r['mode']}/world:{r['world']}/{branches}width:{r['width']}/"
               f"layers:{r['layers']}/batch:{r['batch']} {r['median_ms']:.4f} ms/step (median)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

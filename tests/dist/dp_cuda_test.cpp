@@ -2,7 +2,8 @@
 // real (a communicator of one rank), so the reductions are issued, waited for and captured as
 // with more ranks; averaging over one process must leave the plain gradients bit for bit — eager,
 // replayed from a BackwardGraph, and inside a StepGraph — and a timed backward shows each bucket's
-// reduction on its own track, starting after the step that finished its last gradient.
+// reduction on its own track, starting after the step that finished its last gradient; a bucket
+// of many small gradients goes through the flat buffer and back unchanged.
 #include "capture/backward_graph.h"
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
@@ -87,6 +88,44 @@ TEST(CudaDataParallel, ATimedBackwardShowsEachReductionAfterTheStepThatFinishedI
     }
   }
   EXPECT_EQ(stream_names(plan, true).size(), plan.streams.size() + 1);
+}
+
+// Note [Flat buckets]: a bucket of many small gradients (more than one launch of copies: over 64;
+// fp32 and bf16, odd byte counts) and a large one, reduced by a group of one, comes back bit for
+// bit — every part copied into the flat buffer and back to its own tensor — in place, on the
+// group's stream; the next reduction that needs more room allocates more and keeps the old.
+TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu});
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 70; ++i) {
+    const Tensor f = randn({1 + 37 * i}, 100 + i, kF32Gpu);
+    grads.push_back(i % 3 == 2 ? cast(f, DType::kBFloat16) : f);
+  }
+  grads.push_back(randn({512, 1024}, 7, kF32Gpu));  // 2 MiB: reduced in place
+  auto bytes_of = [](const std::vector<Tensor>& ts) {
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : ts) {
+      out.push_back((t.dtype() == DType::kFloat32 ? t : cast(t, DType::kFloat32)).to_vector<float>());
+    }
+    return out;
+  };
+  const std::vector<std::vector<float>> before = bytes_of(grads);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the reducer's caller orders its stream
+  std::vector<const void*> where;
+  for (const Tensor& g : grads) where.push_back(g.raw_data());
+  pg.reduce(grads);
+  ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
+  EXPECT_EQ(bytes_of(grads), before);
+  for (std::size_t i = 0; i < grads.size(); ++i) EXPECT_EQ(grads[i].raw_data(), where[i]);
+  // More small gradients than fit the flat buffer made above: a larger one, the same result.
+  std::vector<Tensor> more;
+  for (int i = 0; i < 40; ++i) more.push_back(randn({20000 + i}, 300 + i, kF32Gpu));
+  const std::vector<std::vector<float>> more_before = bytes_of(more);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  pg.reduce(more);
+  ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
+  EXPECT_EQ(bytes_of(more), more_before);
 }
 
 }  // namespace

@@ -94,3 +94,12 @@ class _SGD:
 optim.SGD = _SGD
 cuda.set_device = lambda d: None
 cuda.device_count = lambda: 2
+# For compare_torch_dp.py --branches: a module of its own (forward through __call__), a list of
+# modules.
+class _NNModule:
+    def __init__(self): pass
+    def __call__(self, x): return self.forward(x)
+    def to(self, dev): return self
+    def parameters(self): return [_Param(), _Param()]
+nn.Module = _NNModule
+nn.ModuleList = list
