@@ -954,7 +954,12 @@ void Storage::sync_for_write(cudaStream_t stream) {
     return;
   }
   sync_for_read(stream);  // read-after-write and write-after-write with the producer
-  for (cudaStream_t s : other_streams_) {  // write-after-read with other readers
+  // Write-after-read with the streams that read it since the last write. The readers before that
+  // write are ordered before it, so before this one (which waits for the producer): waiting for
+  // them again would tie the write to streams that used the memory long ago — inside a capture,
+  // to streams outside it (a parameter broadcast on a ProcessGroup's stream, then updated by a
+  // StepGraph's optimizer: cudaErrorStreamCaptureIsolation).
+  for (cudaStream_t s : reads_since_write_) {
     if (s != stream && s != producer_) stream_wait_stream(device_, stream, s);
   }
   for (const auto& [s, ev] : fences_) {

@@ -14,6 +14,8 @@ FAILED=0
 record() {
   SUMMARY+=("$(printf '%-24s %-6s %s' "$1" "$2" "$3")")
   [ "$2" = FAIL ] && FAILED=1
+  # GW_RECORD_AS_WE_GO=1: each line printed at once too (a run cut short still shows what it did)
+  [ "${GW_RECORD_AS_WE_GO:-0}" = 1 ] && echo "[record] ${SUMMARY[-1]}"
   return 0
 }
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The data-parallel check (issue 8), on a machine with two GPUs or more: builds, runs the
-# multi-GPU tests and the data-parallel GPU tests, times train_dp on one GPU and on two ranks (the
+# The data-parallel check (issue 8), on a machine with two GPUs or more: builds, runs the whole
+# test suite (GPU and two-rank tests included; none may be skipped) and the data-parallel and
+# step-graph GPU tests under compute-sanitizer memcheck, times train_dp on one GPU and on two ranks (the
 # global batch doubled) for the MLP, a larger MLP and the 4-branch studies (and a few bucket and
 # NCCL settings), PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph
 # captured), writes traced replays' timelines and says how much of the reductions ran under the
 # backward; a summary table last.
-# Full logs go to $OUT/dp_check_logs.tar.gz (the device tool's output folder) when set, else to
-# build/dp_check/.
+# Full logs go to build/dp_check/, packed after each stage into $OUT/dp_check_logs.tar.gz when $OUT
+# (the device tool's output folder) is set.
 #   scripts/dp_check.sh [--no-torch]
-# Environment: GW_DP_STEPS (steps a timed run; default 60).
+# Environment: GW_DP_STEPS (steps a timed run; default 60), GW_DP_TORCH_TIMEOUT (seconds a PyTorch
+# run may take; default 90), GW_RECORD_AS_WE_GO=1 (each summary line printed as it is made).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast stays off on shared hosts
@@ -20,9 +22,12 @@ for a in "$@"; do
     *) echo "unknown argument $a"; exit 2 ;;
   esac
 done
-LOG_DIR=${OUT:+$OUT/dp}
-LOG_DIR=${LOG_DIR:-$GW_BUILD_DIR/dp_check}
+LOG_DIR=$GW_BUILD_DIR/dp_check
+rm -rf "$LOG_DIR"
 mkdir -p "$LOG_DIR"
+pack() {  # the device tool returns at most 8 files: the logs so far, packed into one
+  [ -z "${OUT:-}" ] || tar czf "$OUT/dp_check_logs.tar.gz" -C "$LOG_DIR" .
+}
 BIN=$GW_BUILD_DIR
 STEPS=${GW_DP_STEPS:-60}
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
@@ -40,24 +45,36 @@ else
   exit 1
 fi
 
-# 2. the multi-GPU tests (two ranks) and the data-parallel GPU tests (a group of one)
+# 2. the whole suite (the GPU tests and the two-rank ones among them; none may be skipped), and
+#    the data-parallel and step-graph GPU tests under compute-sanitizer memcheck
 start=$SECONDS
-(cd "$BIN" && ctest -L multigpu --output-on-failure --timeout 300) >"$LOG_DIR/ctest_multigpu.log" 2>&1
+(cd "$BIN" && ctest --output-on-failure -j 8 --timeout 300) >"$LOG_DIR/ctest.log" 2>&1
 rc=$?
-line=$(grep -E 'tests passed|tests failed' "$LOG_DIR/ctest_multigpu.log" | tail -1)
-skipped=$(grep -c '(Skipped)' "$LOG_DIR/ctest_multigpu.log")
+line=$(grep -E 'tests passed|tests failed' "$LOG_DIR/ctest.log" | tail -1)
+gpu_tests=$(cd "$BIN" && ctest -L 'gpu|multigpu' -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p')
+skipped=$(sed -n 's/^.* - \(.*\) (Skipped)$/\1/p' "$LOG_DIR/ctest.log" |
+  grep -Fxf <(printf '%s\n' "$gpu_tests") | wc -l)
+n_gpu=$(printf '%s\n' "$gpu_tests" | grep -c .)
 if [ $rc -eq 0 ] && [ "$skipped" -eq 0 ]; then
-  record "ctest multigpu" ok "$line; $((SECONDS - start)) s"
+  record ctest ok "$line; $n_gpu gpu and multigpu tests ran, none skipped; $((SECONDS - start)) s"
 else
-  record "ctest multigpu" FAIL "$line; $skipped skipped"
+  record ctest FAIL "$line; $skipped of $n_gpu gpu/multigpu tests skipped"
+  grep -E '\*\*\*|Failed' "$LOG_DIR/ctest.log" | head -10
 fi
-"$BIN/tests/graphward_gpu_tests" --gtest_filter='CudaDataParallel.*' >"$LOG_DIR/gtest_dp.log" 2>&1
-if [ $? -eq 0 ] && grep -q '^\[  PASSED  \] 3 tests' "$LOG_DIR/gtest_dp.log"; then
-  record "gtest CudaDataParallel" ok "3 tests"
+start=$SECONDS
+timeout 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+  "$BIN/tests/graphward_gpu_tests" --gtest_filter='CudaDataParallel.*:CudaStepGraph.*' \
+  >"$LOG_DIR/memcheck_dp.log" 2>&1
+rc=$?
+summary=$(grep -E 'ERROR SUMMARY' "$LOG_DIR/memcheck_dp.log" | tail -1)
+tests=$(grep -E '^\[  PASSED  \]' "$LOG_DIR/memcheck_dp.log" | tail -1)
+if [ $rc -eq 0 ] && [ -n "$tests" ]; then
+  record "memcheck dp+step" ok "$summary; $tests; $((SECONDS - start)) s"
 else
-  record "gtest CudaDataParallel" FAIL "see gtest_dp.log"
+  record "memcheck dp+step" FAIL "rc=$rc $summary; see memcheck_dp.log"
 fi
 
+pack
 # 3. step times: one rank (no reducer: the single-GPU step) against two, each rank the same batch
 #    (the global batch doubled). BENCH_ENV: NCCL settings for the two-rank run.
 median_of() {  # median_of LOG MODE -> ms/step
@@ -67,9 +84,9 @@ BENCH_ENV=""
 bench() {  # bench NAME FLAGS...
   local name=$1
   shift
-  timeout 300 "$GW_ROOT/scripts/run_dp.sh" 1 --bench --steps "$STEPS" "$@" \
+  GW_DP_TIMEOUT=80 timeout 90 "$GW_ROOT/scripts/run_dp.sh" 1 --bench --steps "$STEPS" "$@" \
     >"$LOG_DIR/bench_${name}_1.log" 2>&1
-  timeout 300 env $BENCH_ENV "$GW_ROOT/scripts/run_dp.sh" 2 --bench --steps "$STEPS" "$@" \
+  GW_DP_TIMEOUT=80 timeout 90 env $BENCH_ENV "$GW_ROOT/scripts/run_dp.sh" 2 --bench --steps "$STEPS" "$@" \
     >"$LOG_DIR/bench_${name}_2.log" 2>&1
   local mode detail="" ok=ok one two ratio
   for mode in eager "backward graph" "step graph"; do
@@ -98,32 +115,13 @@ bench branches-1024 $WIDE
 BENCH_ENV="NCCL_MAX_CTAS=8" bench mlp-large-ctas8 $LARGE
 BENCH_ENV="NCCL_MAX_CTAS=8" bench branches-ctas8 $BRANCHES
 
-# 4. PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph captured)
-if [ $TORCH = 1 ]; then
-  for cfg in "mlp-large 1 2048 8 512" "branches 4 256 8 64" "branches-1024 4 1024 4 256"; do
-    read -r name k w l b <<<"$cfg"
-    detail=""
-    for r in 1 2; do
-      timeout 300 python3 "$GW_ROOT/scripts/compare_torch_dp.py" --world $r --steps "$STEPS" \
-        --branches "$k" --width "$w" --layers "$l" --batch "$b" \
-        --csv "$LOG_DIR/torch_${name}_$r.csv" >"$LOG_DIR/torch_${name}_$r.log" 2>&1
-      detail+="$r rank(s): $(grep -o 'mode:[a-z]*.* ms/step' "$LOG_DIR/torch_${name}_$r.log" |
-        sed 's/\/world.*batch:[0-9]* / /' | paste -sd ',' -); "
-    done
-    if grep -q 'mode:graph.*ms/step' "$LOG_DIR/torch_${name}_2.log"; then
-      record "torch ddp $name" ok "$detail"
-    else
-      record "torch ddp $name" FAIL "$detail see torch_${name}_2.log"
-    fi
-  done
-fi
-
-# 5. traced replays on two ranks: how much of the reductions ran under the backward's steps, and
+pack
+# 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and
 #    how far the last one ran past them
 trace() {  # trace NAME FLAGS...
   local name=$1
   shift
-  timeout 120 "$GW_ROOT/scripts/run_dp.sh" 2 --mode backward --steps 10 "$@" \
+  GW_DP_TIMEOUT=50 timeout 60 "$GW_ROOT/scripts/run_dp.sh" 2 --mode backward --steps 10 "$@" \
     --trace "$LOG_DIR/trace_$name.json" >"$LOG_DIR/trace_$name.log" 2>&1
   local overlap
   overlap=$(python3 - "$LOG_DIR/trace_$name.json" <<'PY' 2>/dev/null
@@ -151,9 +149,30 @@ trace mlp $MLP
 trace mlp-large $LARGE
 trace branches $BRANCHES
 
-if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
-  tar czf "$OUT/dp_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"
+pack
+# 5. PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph captured)
+if [ $TORCH = 1 ]; then
+  for cfg in "mlp-large 1 2048 8 512" "branches 4 256 8 64"; do
+    read -r name k w l b <<<"$cfg"
+    detail=""
+    for r in 1 2; do
+      timeout "${GW_DP_TORCH_TIMEOUT:-90}" python3 "$GW_ROOT/scripts/compare_torch_dp.py" \
+        --world $r --steps "$STEPS" \
+        --branches "$k" --width "$w" --layers "$l" --batch "$b" \
+        --csv "$LOG_DIR/torch_${name}_$r.csv" >"$LOG_DIR/torch_${name}_$r.log" 2>&1 ||
+        pkill -9 -f spawn_main  # the ranks of a run cut short by the timeout
+      detail+="$r rank(s): $(grep -o 'mode:[a-z]*.* ms/step' "$LOG_DIR/torch_${name}_$r.log" |
+        sed 's/\/world.*batch:[0-9]* / /' | paste -sd ',' -); "
+    done
+    if grep -q 'mode:graph.*ms/step' "$LOG_DIR/torch_${name}_2.log"; then
+      record "torch ddp $name" ok "$detail"
+    else
+      record "torch ddp $name" FAIL "$detail see torch_${name}_2.log"
+    fi
+  done
 fi
+
+pack
 echo
 echo "================ graphward data-parallel check ================"
 printf '%s\n' "${SUMMARY[@]}"

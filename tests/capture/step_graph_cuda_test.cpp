@@ -87,6 +87,41 @@ TEST_F(CudaStepGraph, ReplayedStepsGiveTheParametersOfEagerStepsBitwise) {
   EXPECT_LT(graph_losses.back(), graph_losses.front());
 }
 
+// Rule 6 and a capture: parameters last written on a stream that never joins the capture (as a
+// ProcessGroup's broadcast writes them on its stream at the start) are updated inside it — a write
+// waits only for the readers since the last write, not for every stream that ever used the memory
+// (which would tie the capture to a stream outside it: cudaErrorStreamCaptureIsolation) — and the
+// replays give the eager steps' parameters bitwise.
+TEST_F(CudaStepGraph, ParametersWrittenOnAnotherStreamBeforeTheStepAreUpdatedInTheCapture) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, graphed;
+  Stream lone(kGpu);
+  {
+    StreamGuard on(lone);
+    NoGradGuard no_grad;
+    for (const Tensor& w : graphed.w) copy_(w, mul(w, 1.0));  // the same values, written there
+  }
+  Sgd opt_e(eager.w, {.lr = 0.02}), opt_g(graphed.w, {.lr = 0.02});
+  StepGraph step(kGpu, {x, t});
+  for (int s = 0; s < 4; ++s) {
+    fill_batch(x, t, s);
+    const Tensor l = eager.loss(x, t);
+    backward(l, {.grad_write = GradWrite::kOverwrite});
+    opt_e.step();
+    (void)step.run([&] {
+      const Tensor loss = graphed.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_g.step();
+      return loss;
+    });
+  }
+  EXPECT_EQ(step.counters().captures, 1u) << step.last_reason();
+  EXPECT_EQ(step.counters().replays, 2u);
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
 TEST_F(CudaStepGraph, AReplacedInputOrGradIsCapturedAgainNeverReplayedStale) {
   Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
   Mlp m;
