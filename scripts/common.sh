@@ -19,6 +19,30 @@ record() {
   return 0
 }
 
+# How many of a compute-sanitizer log's reports (on stdin) are the libraries' known, harmless ones:
+# for every tool, NCCL's communicator set-up asking cudaFuncGetAttributes about kernels it has no
+# image for on this GPU (an API error NCCL expects and handles, four per communicator); for
+# initcheck, cuBLASLt's reads of memory it then discards (gpu_check.sh's sanitize says which).
+#   sanitizer_known_reports TOOL <LOG
+sanitizer_known_reports() {
+  awk -v tool="$1" '
+    /^========= Program hit cudaErrorNoKernelImageForDevice .* cudaFuncGetAttributes\.$/ {
+      api = 1; next
+    }
+    api && /Host Frame: .*ncclCommInitRank/ { n++; api = 0; next }
+    /^========= *$/ { api = 0 }
+    tool == "initcheck" &&
+      /^========= Uninitialized __global__ memory read of size [0-9]+ bytes?$/ {
+      size = $(NF - 1); next
+    }
+    tool == "initcheck" && /^=========     at / {
+      if ($0 ~ /cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_[0-9a-z_]*_align2/ ||
+          ($0 ~ /cublasLt::epilogue::impl::globalKernel</ && size == 1)) n++
+      size = 0
+    }
+    END { print n + 0 }'
+}
+
 have_header() {  # have_header gtest/gtest.h
   local d
   for d in /usr/include /usr/local/include ${CPATH:+${CPATH//:/ }}; do

@@ -59,6 +59,12 @@ def branch_model(torch, k, layers, w, out):
     return Branches()
 
 
+def row_line(r):
+    branches = f"branches:{r['branches']}/" if r["branches"] > 1 else ""
+    return (f"torch_ddp/mode:{r['mode']}/world:{r['world']}/{branches}width:{r['width']}/"
+            f"layers:{r['layers']}/batch:{r['batch']} {r['median_ms']:.4f} ms/step (median)")
+
+
 def worker(rank, args, init_file, results):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     # PyTorch's notes for DDP under full-graph capture: no async error handling.
@@ -123,7 +129,9 @@ def worker(rank, args, init_file, results):
                     step()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Captured on the stream DDP was made and warmed up on: the gradient accumulators
+            # DDP keeps are on that stream (another would tie the capture to one outside it).
+            with torch.cuda.graph(graph, stream=side):
                 step()
             replay = graph.replay
         begins = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
@@ -145,6 +153,8 @@ def worker(rank, args, init_file, results):
                      "branches": args.branches, "width": w, "layers": args.layers,
                      "batch": args.batch, "bucket_mib": args.bucket_mib,
                      "median_ms": round(ms, 4)})
+        if rank == 0:  # at once: a later mode that fails or hangs leaves this one's figure
+            print(row_line(rows[-1]), flush=True)
         dist.barrier()
     if rank == 0:
         results.extend(rows)
@@ -177,11 +187,7 @@ def main():
         results = manager.list()
         mp.spawn(worker, args=(args, os.path.join(tmp, "init"), results), nprocs=args.world)
         rows = list(results)
-    for r in rows:
-        branches = f"branches:{r['branches']}/" if r["branches"] > 1 else ""
-        print(f"torch_ddp/mode:{r['mode']}/world:{r['world']}/{branches}width:{r['width']}/"
-              f"layers:{r['layers']}/batch:{r['batch']} {r['median_ms']:.4f} ms/step (median)")
-    if args.csv:
+    if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             wr.writeheader()

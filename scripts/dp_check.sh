@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The data-parallel check (issue 8), on a machine with two GPUs or more: builds, runs the whole
 # test suite (GPU and two-rank tests included; none may be skipped) and the data-parallel and
-# step-graph GPU tests under compute-sanitizer memcheck, times train_dp on one GPU and on two ranks (the
-# global batch doubled) for the MLP, a larger MLP and the 4-branch studies (and a few bucket and
-# NCCL settings), PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph
-# captured), writes traced replays' timelines and says how much of the reductions ran under the
-# backward; a summary table last.
+# step-graph GPU tests under compute-sanitizer memcheck, times train_dp on one GPU and on two
+# ranks (the global batch doubled) for the MLP, a larger MLP and the 4-branch studies (and a few
+# bucket and NCCL settings), writes traced replays' timelines and says how much of the reductions
+# ran under the backward, and times PyTorch's DistributedDataParallel on the same models (eager
+# and CUDA-graph captured); a summary table last.
 # Full logs go to build/dp_check/, packed after each stage into $OUT/dp_check_logs.tar.gz when $OUT
 # (the device tool's output folder) is set.
 #   scripts/dp_check.sh [--no-torch]
@@ -62,18 +62,23 @@ else
   grep -E '\*\*\*|Failed' "$LOG_DIR/ctest.log" | head -10
 fi
 start=$SECONDS
-timeout 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+timeout 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 \
   "$BIN/tests/graphward_gpu_tests" --gtest_filter='CudaDataParallel.*:CudaStepGraph.*' \
   >"$LOG_DIR/memcheck_dp.log" 2>&1
 rc=$?
-summary=$(grep -E 'ERROR SUMMARY' "$LOG_DIR/memcheck_dp.log" | tail -1)
-tests=$(grep -E '^\[  PASSED  \]' "$LOG_DIR/memcheck_dp.log" | tail -1)
-if [ $rc -eq 0 ] && [ -n "$tests" ]; then
-  record "memcheck dp+step" ok "$summary; $tests; $((SECONDS - start)) s"
+summary=$(grep -E 'ERROR SUMMARY' "$LOG_DIR/memcheck_dp.log" | tail -1 | sed 's/^========= //')
+errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) errors\{0,1\}$/\1/p' \
+  "$LOG_DIR/memcheck_dp.log")
+known=$(sanitizer_known_reports memcheck <"$LOG_DIR/memcheck_dp.log")
+tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$LOG_DIR/memcheck_dp.log" | head -1)
+if { [ $rc -eq 0 ] || { [ $rc -eq 99 ] && [ "${errors:-x}" = "$known" ]; }; } &&
+   grep -q '^\[  PASSED  \]' "$LOG_DIR/memcheck_dp.log" &&
+   ! grep -q '^\[  FAILED  \]' "$LOG_DIR/memcheck_dp.log"; then
+  record "memcheck dp+step" ok \
+    "$summary ($known of them NCCL's known set-up reports); $tests; $((SECONDS - start)) s"
 else
-  record "memcheck dp+step" FAIL "rc=$rc $summary; see memcheck_dp.log"
+  record "memcheck dp+step" FAIL "rc=$rc $summary ($known known); $tests; see memcheck_dp.log"
 fi
-
 pack
 # 3. step times: one rank (no reducer: the single-GPU step) against two, each rank the same batch
 #    (the global batch doubled). BENCH_ENV: NCCL settings for the two-rank run.

@@ -220,7 +220,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # uninitialized, and every later read of it is reported (the ninth session's exclusion of
   # cuBLAS's GEMM kernels drew 650,000 such reports from graphward's kernels and cuBLASLt's own
   # split-K and epilogue kernels reading what those GEMMs wrote). Two library behaviours remain
-  # (initcheck_library_reads, below): cuBLASLt's small-n bfloat16 kernels load the output matrix
+  # (sanitizer_known_reports, scripts/common.sh): cuBLASLt's small-n bfloat16 kernels load the output matrix
   # although beta is 0 and discard it; and cuBLASLt's epilogue kernel, writing ReLU's bit mask,
   # reads the last byte of a row back (one byte at a time) to keep the row's padding bits, which
   # nothing reads (rows are padded to 128 bits, Note [Backward epilogue fusion]). Those reports
@@ -260,35 +260,21 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     rm -f "$LOG_DIR/sanitizer_$tool.$i.log" "$LOG_DIR/sanitizer_$tool.$i.rc"
   done
   local log="$LOG_DIR/sanitizer_$tool.log"
-  if [ "$tool" = initcheck ] && [ "$rc" -eq 99 ] && [ "$others" -eq 0 ] &&
-     ! grep -q 'errors were not printed' "$log"; then
+  if [ "$rc" -eq 99 ] && [ "$others" -eq 0 ] && ! grep -q 'errors were not printed' "$log"; then
     local errors allowed
     errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) errors\{0,1\}$/\1/p' "$log" |
       awk '{ s += $1 } END { print s + 0 }')
-    allowed=$(initcheck_library_reads <"$log")
+    allowed=$(sanitizer_known_reports "$tool" <"$log")
     if [ "$errors" -eq "$allowed" ]; then
       rc=0
-      echo "initcheck: all $errors reports are cuBLASLt's known reads (C with beta 0; ReLU mask padding)" >>"$log"
+      echo "$tool: all $errors reports are the libraries' known ones (sanitizer_known_reports)" >>"$log"
     else
-      echo "initcheck: $errors reports, of which $allowed are cuBLASLt's known reads" >>"$log"
+      echo "$tool: $errors reports, of which $allowed are the libraries' known ones" >>"$log"
     fi
   fi
   echo "[  PASSED  ] $passed tests in $shards shard(s)" >>"$log"
   echo "$rc $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
 }
-# How many of an initcheck log's reports are the library's known, harmless reads (see sanitize):
-# a read of any size by cuBLASLt's small-n bf16 GEMM, or a one-byte read by its epilogue kernel.
-initcheck_library_reads() {
-  awk '
-    /^========= Uninitialized __global__ memory read of size [0-9]+ bytes?$/ { size = $(NF - 1); next }
-    /^=========     at / {
-      if ($0 ~ /cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_[0-9a-z_]*_align2/ ||
-          ($0 ~ /cublasLt::epilogue::impl::globalKernel</ && size == 1)) n++
-      size = 0
-    }
-    END { print n + 0 }'
-}
-
 # 5b. the random programs under racecheck and synccheck: GW_FUZZ_SANITIZER_PROGRAMS (default 100;
 # 0 leaves this out), with the same exclusions as the suite's run.
 sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alone (log fuzz_TOOL)
@@ -330,7 +316,7 @@ if [ $SANITIZE = 1 ]; then
       sed 's/^========= //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
     tests=$(grep -E '^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
     tests=${tests:-$(tail -1 "$LOG_DIR/sanitizer_$tool.log")}
-    known=$(grep -m1 '^initcheck: ' "$LOG_DIR/sanitizer_$tool.log")
+    known=$(grep -m1 "^$tool: " "$LOG_DIR/sanitizer_$tool.log")
     [ -n "$known" ] && tests="$tests; $known"
     if [ "$rc" -eq 0 ]; then
       record "sanitizer $tool" ok "${summary:-no summary}; $tests; $secs s"

@@ -4,9 +4,9 @@
 #   scripts/run_dp.sh N [program flags...]
 # Environment: GW_DP_PROGRAM (the program; default $GW_BUILD_DIR/examples/train_dp), GW_BUILD_DIR
 # (default build), GW_DP_TIMEOUT (seconds; past it every rank is killed, every rank's output
-# printed and the exit status is 124; default: no limit). Rank 0's output is printed; another rank's only when it fails. The exit status
-# is the first failing rank's (0 when all succeed); 77 (skipped) when N exceeds the GPUs here and
-# N > 1.
+# printed and the exit status is 124; default: no limit). Rank 0's output is printed; another
+# rank's only when it fails. The exit status is the first failing rank's (0 when all succeed); 77
+# (skipped) when N exceeds the GPUs here and N > 1.
 set -uo pipefail
 if [ $# -lt 1 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: scripts/run_dp.sh N [program flags...]  (N: the number of ranks, 1 or more)" >&2

@@ -29,7 +29,7 @@ class _Event:
     def elapsed_time(self, other): return 0.001
 cuda = types.SimpleNamespace(
     Stream=_Stream, current_stream=lambda: _Stream(), stream=lambda s: contextlib.nullcontext(),
-    synchronize=lambda: None, CUDAGraph=_Graph, graph=lambda g: contextlib.nullcontext(),
+    synchronize=lambda: None, CUDAGraph=_Graph, graph=lambda g, stream=None: contextlib.nullcontext(),
     is_available=lambda: True, get_device_name=lambda: "fake GPU",
     Event=_Event, empty_cache=lambda: None)
 backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
