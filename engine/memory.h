@@ -100,8 +100,8 @@ class Storage {
   cudaStream_t producer_stream() const { return producer_; }
   // Prepare a read on `stream`: wait for the producer if it is another stream.
   void sync_for_read(cudaStream_t stream);
-  // Prepare a write on `stream`: wait for the producer and other readers; `stream` becomes
-  // producer.
+  // Prepare a write on `stream`: wait for the producer and the streams that read it since the
+  // last write (earlier readers are ordered before that write); `stream` becomes producer.
   void sync_for_write(cudaStream_t stream);
   // Work on `stream` that this storage did not see used its memory — a replayed CUDA graph launched
   // on `stream` read it, or wrote it (`wrote`: `stream` becomes the producer). Records the use for
