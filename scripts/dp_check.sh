@@ -117,8 +117,14 @@ bench mlp-large-b1024 --width 2048 --layers 8 --batch 1024
 bench branches $BRANCHES
 bench branches-4mib $BRANCHES --bucket-mib 4
 bench branches-1024 $WIDE
-BENCH_ENV="NCCL_MAX_CTAS=8" bench mlp-large-ctas8 $LARGE
-BENCH_ENV="NCCL_MAX_CTAS=8" bench branches-ctas8 $BRANCHES
+# NCCL settings that may keep its kernels from slowing the backward's (NCCL_MAX_CTAS=8 made both
+# models slower, docs/RESULTS.md eleventh session): the CTA policies "efficiency" (1) and "zero"
+# (2), and copy-engine transfers between the GPUs.
+BENCH_ENV="NCCL_CTA_POLICY=1" bench mlp-large-cta-efficiency $LARGE
+BENCH_ENV="NCCL_CTA_POLICY=2" bench mlp-large-cta-zero $LARGE
+BENCH_ENV="NCCL_P2P_USE_CUDA_MEMCPY=1" bench mlp-large-p2p-memcpy $LARGE
+BENCH_ENV="NCCL_CTA_POLICY=1" bench branches-cta-efficiency $BRANCHES
+BENCH_ENV="NCCL_CTA_POLICY=2" bench branches-cta-zero $BRANCHES
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and
