@@ -354,6 +354,41 @@ const char* kind_name(BackwardPlan::BufferKind k) {
 }
 }  // namespace
 
+namespace {
+// Note [Gradient buckets]: when each step's writes are done, estimated by running the plan with
+// one unit of time a step (and one for a split step's side part): a stream runs its steps in plan
+// order, each after its stream's previous one and after the steps it waits for; a side part
+// starts with its step (its fork is recorded once the gradient is assembled). Exact for one
+// stream (the plan order); across streams it finds the leaves that are ready together.
+struct FinishTimes {
+  std::vector<double> main, side;  // per step (side: -1 when the step is not split)
+};
+FinishTimes estimate_finish_times(const BackwardPlan& plan) {
+  const std::size_t n = plan.steps.size();
+  FinishTimes t{std::vector<double>(n, 0.0), std::vector<double>(n, -1.0)};
+  std::vector<double> stream_free(plan.streams.size(), 0.0);
+  auto ready_after = [&](double start, const std::vector<int>& waits) {
+    for (int w : waits) {
+      const BackwardPlan::Wait& wait = plan.waits[static_cast<std::size_t>(w)];
+      const auto p = static_cast<std::size_t>(wait.producer);
+      start = std::max(start, wait.producer_side ? t.side[p] : t.main[p]);
+    }
+    return start;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const BackwardPlan::Step& st = plan.steps[i];
+    double& free_main = stream_free[static_cast<std::size_t>(st.stream)];
+    const double start = ready_after(free_main, st.waits);
+    t.main[i] = free_main = start + 1;
+    if (st.side_stream >= 0) {
+      double& free_side = stream_free[static_cast<std::size_t>(st.side_stream)];
+      t.side[i] = free_side = ready_after(std::max(free_side, start), st.side_waits) + 1;
+    }
+  }
+  return t;
+}
+}  // namespace
+
 std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t bucket_bytes,
                                           std::size_t first_bucket_bytes) {
   GW_CHECK(bucket_bytes > 0, "plan_grad_buckets: expected a bucket size above 0 bytes");
@@ -361,16 +396,24 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
   struct Final {
     int buffer;
     int step;
+    double finish;  // the estimated time its last write is done (0: the seeds)
   };
+  const FinishTimes times = estimate_finish_times(plan);
   std::vector<Final> leaves;
   for (std::size_t b = 0; b < plan.buffers.size(); ++b) {
     const BackwardPlan::Buffer& buf = plan.buffers[b];
-    if (buf.kind == BackwardPlan::BufferKind::kLeaf) {
-      leaves.push_back({static_cast<int>(b), buf.last_use});
+    if (buf.kind != BackwardPlan::BufferKind::kLeaf) continue;
+    const int step = buf.last_use;
+    double finish = 0;
+    if (step >= 0) {
+      const auto s = static_cast<std::size_t>(step);
+      finish = plan.steps[s].side_stream >= 0 ? times.side[s] : times.main[s];
     }
+    leaves.push_back({static_cast<int>(b), step, finish});
   }
-  std::stable_sort(leaves.begin(), leaves.end(),
-                   [](const Final& a, const Final& b) { return a.step < b.step; });
+  std::stable_sort(leaves.begin(), leaves.end(), [](const Final& a, const Final& b) {
+    return a.finish != b.finish ? a.finish < b.finish : a.step < b.step;
+  });
   std::vector<GradBucket> buckets;
   for (const Final& f : leaves) {
     if (buckets.empty() ||
@@ -397,6 +440,11 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
     } else if (f.step > it->step) {
       *it = {f.step, side};
     }
+  }
+  // The buckets are reduced in their order on one stream: a bucket is issued no earlier than
+  // the one before it (across streams, a later bucket's steps may come earlier in plan order).
+  for (std::size_t k = 1; k < buckets.size(); ++k) {
+    buckets[k].issue_after = std::max(buckets[k].issue_after, buckets[k - 1].issue_after);
   }
   return buckets;
 }

@@ -129,18 +129,21 @@ struct PlanOptions {
 // final after the last step that writes it (its buffer's last_use), on that step's stream — or on
 // its side stream when the step is split (split_weight_grads puts leaf gradients there); a leaf
 // written only by a seed is final before the first step. Buckets take the leaves in the order
-// their gradients become final and close once they hold `bucket_bytes` — the first once it holds
+// their gradients become final — estimated by running the plan with one unit of time a step, so
+// that across streams the leaves of parallel branches that are ready together go together (plan
+// order would put a whole branch, its first layer's gradient too, before the next branch's last
+// layer) — and close once they hold `bucket_bytes` — the first once it holds
 // `first_bucket_bytes` (0: bucket_bytes), so that the first reduction starts early and runs under
 // the rest of the backward, as PyTorch's DistributedDataParallel does (the last may hold less);
-// a bucket is issued right after the step that finishes its last gradient, once the reduction
-// stream has waited for the latest such step on every stream involved (the earlier ones on the
-// same stream are ordered before it).
+// a bucket is issued right after the step that finishes its last gradient in plan order (and no
+// earlier than the bucket before it), once the reduction stream has waited for the latest such
+// step on every stream involved (the earlier ones on the same stream are ordered before it).
 struct GradBucket {
   struct Ready {
     int step;   // -1: the seeds, on the caller's stream, before the first step
     bool side;  // the step's side part (its leaf gradients)
   };
-  std::vector<int> buffers;  // kLeaf buffers, in the order their gradients become final
+  std::vector<int> buffers;  // kLeaf buffers, in the (estimated) order they become final
   std::size_t bytes = 0;
   int issue_after = -1;      // the step after which the bucket is issued (-1: before the first)
   std::vector<Ready> ready;  // per stream, the latest step whose writes the bucket waits for

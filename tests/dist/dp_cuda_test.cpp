@@ -90,6 +90,71 @@ TEST(CudaDataParallel, ATimedBackwardShowsEachReductionAfterTheStepThatFinishedI
   EXPECT_EQ(stream_names(plan, true).size(), plan.streams.size() + 1);
 }
 
+// Note [Gradient buckets]: two branches of three layers, each branch's forward on a stream of its
+// own, in buckets of two layers: each bucket holds the same layer of both branches (the leaves
+// ready together; plan order would put a whole branch first), and waits for both streams. A group
+// of one then reduces them, eager and replayed, and leaves the plain gradients.
+TEST(CudaDataParallel, BranchesOnTheirStreamsAreBucketedLayerByLayerAcrossTheStreams) {
+  GW_REQUIRE_GPU();
+  std::vector<std::vector<Tensor>> w(2);
+  for (std::size_t b = 0; b < 2; ++b) {
+    for (int l = 0; l < 3; ++l) {
+      w[b].push_back(mul(randn({32, 32}, 50 + 3 * b + l, kF32Gpu), 0.2).detach().set_requires_grad(true));
+    }
+  }
+  Stream s0(kGpu), s1(kGpu);
+  Stream* on[] = {&s0, &s1};
+  const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
+  auto loss = [&] {
+    Tensor sum;
+    for (std::size_t b = 0; b < 2; ++b) {
+      Tensor h = x;
+      {
+        StreamGuard guard(*on[b]);
+        for (int l = 0; l < 3; ++l) h = linear(h, w[b][static_cast<std::size_t>(l)], Tensor(), Activation::kRelu);
+      }
+      sum = sum.defined() ? add(sum, h) : h;
+    }
+    return mse_loss(sum, t);
+  };
+  auto grads = [&] {
+    std::vector<std::vector<float>> out;
+    for (const auto& branch : w) {
+      for (const Tensor& p : branch) out.push_back(p.grad().to_vector<float>());
+    }
+    return out;
+  };
+  const Tensor l = loss();
+  const BackwardPlan plan = plan_for({l});
+  const std::size_t layer = 32 * 32 * sizeof(float);
+  const std::vector<GradBucket> buckets = plan_grad_buckets(plan, 2 * layer, 0);
+  ASSERT_EQ(buckets.size(), 3u) << plan.dump();
+  for (std::size_t k = 0; k < 3; ++k) {
+    ASSERT_EQ(buckets[k].buffers.size(), 2u) << plan.dump();
+    const int depth = 2 - static_cast<int>(k);  // the last layers are final first
+    std::vector<const void*> in_bucket, expected;
+    for (int i : buckets[k].buffers) in_bucket.push_back(plan.buffers[i].leaf.raw_data());
+    for (const auto& branch : w) expected.push_back(branch[static_cast<std::size_t>(depth)].raw_data());
+    std::sort(in_bucket.begin(), in_bucket.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(in_bucket, expected) << "bucket " << k << "\n" << plan.dump();
+    EXPECT_EQ(buckets[k].ready.size(), 2u) << "bucket " << k << " waits for both branches' streams";
+  }
+  backward(l);
+  const std::vector<std::vector<float>> plain = grads();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 2 * layer,
+                         .first_bucket_bytes = 0});
+  for (const auto& branch : w) {
+    for (const Tensor& p : branch) p.grad() = Tensor();
+  }
+  backward(loss(), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
+  EXPECT_EQ(grads(), plain);
+  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  for (int s = 0; s < 3; ++s) bw.backward(loss(), GradWrite::kOverwrite);
+  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(grads(), plain);
+}
+
 // Note [Flat buckets]: a bucket of many small gradients (more than one launch of copies: over 64;
 // fp32 and bf16, odd byte counts) and a large one, reduced by a group of one, comes back bit for
 // bit — every part copied into the flat buffer and back to its own tensor — in place, on the

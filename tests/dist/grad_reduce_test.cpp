@@ -116,6 +116,85 @@ TEST(GradBuckets, LeavesComeInTheOrderTheirGradientsAreFinalAndBucketsCloseAtThe
   GW_EXPECT_ERROR(plan_grad_buckets(plan, 0), "bucket size");
 }
 
+// Two branches on two streams, as a plan of the caller's stream (s0) and a branch stream (s1):
+// the root's step on s0, then in plan order branch B's three steps on s1 (the first waits for the
+// root), then branch A's three on s0. Each step writes one leaf of 64 floats; a split step writes
+// its leaf on a side stream. Plan order would bucket all of B (its first layer's gradient, ready
+// last, too) before A's last layer; the estimated order pairs the leaves ready together.
+BackwardPlan two_branch_plan(bool split_last_of_a) {
+  BackwardPlan plan;
+  plan.streams = {nullptr, nullptr};
+  plan.side_of = {-1, -1};
+  const int stream_of[] = {0, 1, 1, 1, 0, 0, 0};
+  for (int i = 0; i < 7; ++i) {
+    BackwardPlan::Step st;
+    st.stream = stream_of[i];
+    plan.steps.push_back(st);
+    BackwardPlan::Buffer leaf;
+    leaf.kind = BackwardPlan::BufferKind::kLeaf;
+    leaf.leaf = randn({64}, 40 + static_cast<std::uint64_t>(i));
+    leaf.contributors = {i};
+    leaf.first_use = leaf.last_use = i;
+    plan.buffers.push_back(leaf);
+  }
+  plan.waits.push_back({.producer = 0, .consumer = 1, .event = 0});
+  plan.steps[1].waits = {0};
+  plan.num_events = 1;
+  if (split_last_of_a) {  // step 6's leaf gradient on side stream s2, which also waits for step 3
+    plan.streams.push_back(nullptr);
+    plan.side_of.push_back(0);
+    plan.steps[6].side_stream = 2;
+    plan.waits.push_back({.producer = 3, .consumer = 6, .event = 1, .consumer_side = true});
+    plan.steps[6].side_waits = {1};
+    plan.num_events = 2;
+  }
+  return plan;
+}
+
+TEST(GradBuckets, AcrossStreamsTheLeavesReadyTogetherGoTogether) {
+  const BackwardPlan plan = two_branch_plan(false);
+  // Estimated finish: step 0 at 1; B (s1) at 2, 3, 4; A (s0) at 2, 3, 4.
+  const std::vector<GradBucket> one = plan_grad_buckets(plan, std::size_t{1} << 30);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].buffers, (std::vector<int>{0, 1, 4, 2, 5, 3, 6}));
+  // Two leaves (512 bytes) a bucket, the first holding one: {0}, {1, 4}, {2, 5}, {3, 6} — each
+  // pair one layer of each branch, waiting for both streams.
+  const std::vector<GradBucket> pairs = plan_grad_buckets(plan, 512, 256);
+  ASSERT_EQ(pairs.size(), 4u);
+  const std::vector<std::vector<int>> expected = {{0}, {1, 4}, {2, 5}, {3, 6}};
+  for (std::size_t k = 0; k < pairs.size(); ++k) {
+    EXPECT_EQ(pairs[k].buffers, expected[k]) << "bucket " << k;
+    // Issued after its last step in plan order, never before the bucket before it.
+    int last = -1;
+    for (int b : pairs[k].buffers) last = std::max(last, plan.buffers[b].last_use);
+    EXPECT_EQ(pairs[k].issue_after, last);
+  }
+  ASSERT_EQ(pairs[1].ready.size(), 2u);  // both streams' steps
+  EXPECT_EQ(pairs[1].ready[0].step, 1);
+  EXPECT_EQ(pairs[1].ready[1].step, 4);
+  // Plan order would have been {0}, {1, 2}, {3, 4}, {5, 6}: B's first layer (step 3, finishing
+  // last) bucketed with A's last (step 4).
+
+  // Issue points never go back: a bucket of steps earlier in plan order than the bucket before
+  // it is issued after that one. Split step 6, its side part waiting for step 3: 6's leaf is
+  // ready at 5, after 3's (4).
+  const BackwardPlan split = two_branch_plan(true);
+  const std::vector<GradBucket> singles = plan_grad_buckets(split, 1);
+  ASSERT_EQ(singles.size(), 7u);
+  std::vector<int> order;
+  for (const GradBucket& b : singles) order.push_back(b.buffers.at(0));
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 4, 2, 5, 3, 6}));
+  ASSERT_EQ(singles[6].ready.size(), 1u);
+  EXPECT_TRUE(singles[6].ready[0].side);
+  // Bucket {2} comes after bucket {4}: it is issued after step 4, not 2 — the issue points are
+  // the running maximum of the buckets' last steps.
+  int running = -1;
+  for (const GradBucket& b : singles) {
+    running = std::max(running, plan.buffers[b.buffers[0]].last_use);
+    EXPECT_EQ(b.issue_after, running);
+  }
+}
+
 TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
   const Tensor x = randn({4, 6}, 9);
   Model reduced, plain;
