@@ -146,7 +146,8 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
 ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     : bucket_bytes_(options.bucket_bytes),
       first_bucket_bytes_(options.first_bucket_bytes),
-      collective_timeout_s_(options.collective_timeout_s) {
+      collective_timeout_s_(options.collective_timeout_s),
+      staging_mode_(options.staging) {
   GW_CHECK(collective_timeout_s_ > 0, "ProcessGroup: collective_timeout_s is ",
            collective_timeout_s_, "; expected seconds above 0");
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
@@ -167,7 +168,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   DeviceGuard guard(device_);
   int least = 0, greatest = 0;
   GW_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  stream_ = std::make_unique<Stream>(device_, greatest);  // reductions first: they gate the step
+  // Reductions first (by default): they gate the step.
+  stream_ = std::make_unique<Stream>(device_, options.high_priority_stream ? greatest : least);
   gather_ = DeviceBuffer(device_, sizeof(std::uint64_t) * static_cast<std::size_t>(world_size_));
 #if GRAPHWARD_HAS_NCCL
   const ncclUniqueId id = world_size_ == 1 ? [] {
@@ -212,12 +214,37 @@ bool finishes_within(double seconds, Call call) {
 }  // namespace
 #endif
 
+void ProcessGroup::release_staging() noexcept {
+#if GRAPHWARD_HAS_NCCL
+  try {
+    DeviceGuard guard(device_);
+    for (StagingBuffer& b : staging_) {
+      if (b.window && comm_) {  // collective: every rank deregisters its windows in this order
+        const ncclResult_t r = ncclCommWindowDeregister(static_cast<ncclComm_t>(comm_),
+                                                        static_cast<ncclWindow_t>(b.window));
+        if (r != ncclSuccess) {
+          detail::log_error(__FILE__, __LINE__, detail::concat(
+              "ProcessGroup: ncclCommWindowDeregister: ", ncclGetErrorString(r)));
+        }
+      }
+      b.window = nullptr;
+      if (b.nccl) (void)ncclMemFree(b.nccl);
+      b.nccl = nullptr;
+    }
+  } catch (const std::exception& e) {
+    detail::log_error(__FILE__, __LINE__, e.what());
+  }
+#endif
+  staging_.clear();
+}
+
 ProcessGroup::~ProcessGroup() {
 #if GRAPHWARD_HAS_NCCL
   if (comm_) {
     try {
       DeviceGuard guard(device_);
       wait_for_stream("the group's end");  // aborts (and throws) rather than hang
+      release_staging();
       auto comm = static_cast<ncclComm_t>(comm_);
       const int rank = rank_;
       if (!finishes_within(collective_timeout_s_, [comm, rank] {
@@ -237,6 +264,7 @@ ProcessGroup::~ProcessGroup() {
     }
   }
 #endif
+  release_staging();  // aborted (or never made): the windows' memory alone
 }
 
 void ProcessGroup::check_usable(const char* what) const {
@@ -334,11 +362,16 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
 void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   // The executor ordered the stream after the writers and recorded the uses (planned).
 #if GRAPHWARD_HAS_NCCL
-  if (!comm_ || grads.size() < 2) return reduce_on_stream(grads, /*average=*/true, 0);
+  const bool stage_all = staging_mode_ != ProcessGroupOptions::Staging::kSmall;
+  if (!comm_ || (grads.size() < 2 && !stage_all)) {
+    return reduce_on_stream(grads, /*average=*/true, 0);
+  }
   check_usable("reduce");
-  // Note [Flat buckets]: the small gradients, by dtype, in rank order; each dtype's run is a flat
-  // chunk when it has two or more.
+  // Note [Flat buckets]: the gradients to stage, by dtype, in rank order; each dtype's run is a
+  // flat chunk when it has two or more (or always, staging every gradient). Parts start 16-byte
+  // aligned in the chunk; the padding between them is zero on every rank and reduced too.
   constexpr std::size_t kSmall = std::size_t{1} << 20, kAlign = 16;
+  auto padded = [](const Tensor& t) { return (t.nbytes() + kAlign - 1) / kAlign * kAlign; };
   std::vector<Tensor> in_place;
   std::vector<std::pair<DType, std::vector<Tensor>>> runs;
   for (const Tensor& g : grads) {
@@ -346,7 +379,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
              g.defined() ? g.device().str() : std::string("no device"), "; expected ",
              device_.str(), " (this rank's device)");
     if (g.numel() == 0) continue;
-    if (g.nbytes() >= kSmall) {
+    if (!stage_all && g.nbytes() >= kSmall) {
       in_place.push_back(g);
       continue;
     }
@@ -357,14 +390,14 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   }
   std::size_t need = 0;
   for (auto& [dtype, parts] : runs) {
-    if (parts.size() < 2) {
+    if (parts.size() < 2 && !stage_all) {
       in_place.insert(in_place.end(), parts.begin(), parts.end());
       parts.clear();
       continue;
     }
-    for (const Tensor& t : parts) need += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    for (const Tensor& t : parts) need += padded(t);
   }
-  if (need > 0 && (staging_.empty() || staging_.back().bytes() < need)) {
+  if (need > 0 && (staging_.empty() || staging_.back().bytes < need)) {
     if (capturing()) {  // no allocation in a capture: these are reduced in place
       for (auto& [dtype, parts] : runs) {
         in_place.insert(in_place.end(), parts.begin(), parts.end());
@@ -372,12 +405,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
       }
       need = 0;
     } else {
-      const std::size_t last = staging_.empty() ? 0 : staging_.back().bytes();
-      staging_.emplace_back(device_, std::max(need, 2 * last));
-      // Zeros: the padding between parts is never written, only reduced (0 on every rank).
-      DeviceGuard zero_on(device_);
-      GW_CUDA_CHECK(cudaMemsetAsync(staging_.back().data(), 0, staging_.back().bytes(),
-                                    stream_->get()));
+      add_staging(std::max(need, 2 * (staging_.empty() ? 0 : staging_.back().bytes)));
     }
   }
   DeviceGuard guard(device_);
@@ -398,7 +426,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
           kernels::copy_segments(seg, s);
           seg.count = 0;
         }
-        offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+        offset += padded(t);
       }
     }
     kernels::copy_segments(seg, s);
@@ -410,15 +438,12 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   for (const auto& [dtype, parts] : runs) {
     if (parts.empty()) continue;
     std::size_t bytes = 0;
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      bytes += i + 1 < parts.size() ? (parts[i].nbytes() + kAlign - 1) / kAlign * kAlign
-                                    : parts[i].nbytes();
-    }
+    for (const Tensor& t : parts) bytes += padded(t);
     const std::size_t n = bytes / dtype_size(dtype);  // padding between parts is reduced too
     if (r == ncclSuccess) {
       r = ncclAllReduce(flat + offset, flat + offset, n, nccl_type(dtype), ncclAvg, comm, s);
     }
-    for (const Tensor& t : parts) offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    offset += bytes;
   }
   for (const Tensor& t : in_place) {
     if (r != ncclSuccess) break;
@@ -431,6 +456,30 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   if (need > 0) copy(/*to_flat=*/false);
 #else
   reduce_on_stream(grads, /*average=*/true, 0);
+#endif
+}
+
+void ProcessGroup::add_staging(std::size_t bytes) {
+#if GRAPHWARD_HAS_NCCL
+  DeviceGuard guard(device_);
+  if (staging_mode_ == ProcessGroupOptions::Staging::kWindow) {
+    auto comm = static_cast<ncclComm_t>(comm_);
+    void* p = nullptr;
+    nccl_check(ncclMemAlloc(&p, bytes), "ncclMemAlloc (a gradient staging window)", comm);
+    staging_.push_back({.nccl = p, .bytes = bytes});  // owned from here (release_staging)
+    ncclWindow_t win = nullptr;
+    // Collective: every rank registers its staging buffers in the same order (the same plan
+    // makes them).
+    nccl_check(ncclCommWindowRegister(comm, p, bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
+               "ncclCommWindowRegister (a symmetric gradient staging window)", comm);
+    staging_.back().window = win;
+  } else {
+    staging_.push_back({.plain = DeviceBuffer(device_, bytes), .bytes = bytes});
+  }
+  // Zeros: the padding between parts is never written, only reduced (0 on every rank).
+  GW_CUDA_CHECK(cudaMemsetAsync(staging_.back().data(), 0, bytes, stream_->get()));
+#else
+  (void)bytes;
 #endif
 }
 

@@ -50,6 +50,18 @@ struct ProcessGroupOptions {
   // as the others).
   std::size_t bucket_bytes = std::size_t{25} << 20;
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  // Note [Flat buckets]: which gradients of a bucket are copied into a flat buffer and reduced
+  // there (the rest in place).
+  enum class Staging : std::uint8_t {
+    kSmall,   // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
+    kAll,     // every gradient: one all-reduce a bucket (and dtype)
+    kWindow,  // every gradient, into memory from ncclMemAlloc registered with every rank as a
+              // symmetric NCCL window (NCCL's symmetric kernels where it has them)
+  };
+  Staging staging = Staging::kSmall;
+  // The reductions' stream at the device's highest priority (they gate the step), else at the
+  // normal one.
+  bool high_priority_stream = true;
 };
 
 class ProcessGroup final : public GradientReducer {
@@ -79,11 +91,11 @@ class ProcessGroup final : public GradientReducer {
   std::size_t first_bucket_bytes() const override { return first_bucket_bytes_; }
   cudaStream_t stream() const override;
   void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
-  // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype) are copied
-  // into one contiguous buffer, averaged by one all-reduce and copied back (two kernels);
-  // the others are averaged in place. NCCL pays a fixed cost for every tensor it reduces, which
-  // for a bucket of many small gradients (biases, a branch model's layers) costs more than the
-  // copies.
+  // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype; every
+  // gradient with Staging::kAll or kWindow) are copied into one contiguous buffer, averaged by one
+  // all-reduce and copied back (two kernels); the others are averaged in place. NCCL pays a fixed
+  // cost for every tensor it reduces, which for a bucket of many small gradients (biases, a
+  // branch model's layers) costs more than the copies.
   void reduce(const std::vector<Tensor>& grads) override;
 
   // A fresh NCCL unique id in hex, for a launcher to hand every process as GRAPHWARD_NCCL_ID.
@@ -106,10 +118,20 @@ class ProcessGroup final : public GradientReducer {
   void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)
   std::unique_ptr<Stream> stream_;            // the reductions' stream (CUDA)
   DeviceBuffer gather_;                       // world_size words for all_gather (CUDA)
-  // Note [Flat buckets]: contiguous buffers the small gradients of a bucket are copied into and
-  // reduced in, the last the largest; none freed while the group lives (captured graphs keep
-  // their addresses).
-  std::vector<DeviceBuffer> staging_;
+  // Note [Flat buckets]: contiguous buffers the gradients of a bucket are copied into and reduced
+  // in, the last the largest; none freed while the group lives (captured graphs keep their
+  // addresses).
+  struct StagingBuffer {
+    DeviceBuffer plain;      // Staging::kSmall, kAll
+    void* nccl = nullptr;    // Staging::kWindow: from ncclMemAlloc...
+    void* window = nullptr;  // ...registered as this ncclWindow_t
+    std::size_t bytes = 0;
+    void* data() const { return nccl ? nccl : plain.data(); }
+  };
+  void add_staging(std::size_t bytes);  // zeroed, on the group's stream
+  void release_staging() noexcept;      // deregisters and frees the windows
+  ProcessGroupOptions::Staging staging_mode_;
+  std::vector<StagingBuffer> staging_;
 };
 
 }  // namespace graphward::dist

@@ -6,7 +6,8 @@
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
-//            [--bucket-mib M] [--first-bucket-mib M] [--check] [--bench] [--trace FILE]
+//            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all|window]
+//            [--comm-priority high|normal] [--check] [--bench] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -41,6 +42,7 @@ struct Config {
   int steps = 20;
   std::int64_t width = 256, layers = 4, batch = 64, out = 16, branches = 1;
   double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
+  std::string staging = "small", comm_priority = "high";  // ProcessGroupOptions
   bool check = false;
   bool bench = false;
   std::string trace;
@@ -269,6 +271,10 @@ int main(int argc, char** argv) {
         c.bucket_mib = std::atof(next());
       } else if (a == "--first-bucket-mib") {
         c.first_bucket_mib = std::atof(next());
+      } else if (a == "--staging") {
+        c.staging = next();
+      } else if (a == "--comm-priority") {
+        c.comm_priority = next();
       } else if (a == "--check") {
         c.check = true;
       } else if (a == "--bench") {
@@ -278,7 +284,8 @@ int main(int argc, char** argv) {
       } else {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, --check, --bench, "
+                        "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, "
+                        "--staging small|all|window, --comm-priority high|normal, --check, --bench, "
                         "--trace FILE");
       }
     }
@@ -301,17 +308,30 @@ int main(int argc, char** argv) {
     po.bucket_bytes = static_cast<std::size_t>(c.bucket_mib * (1 << 20));
     po.first_bucket_bytes = static_cast<std::size_t>(c.first_bucket_mib * (1 << 20));
     if (!gpu) po.device = gw::Device::cpu();
+    using Staging = gw::dist::ProcessGroupOptions::Staging;
+    if (c.staging == "small" || c.staging == "all" || c.staging == "window") {
+      po.staging = c.staging == "small" ? Staging::kSmall
+                   : c.staging == "all" ? Staging::kAll : Staging::kWindow;
+    } else {
+      throw gw::Error("train_dp: --staging " + c.staging + "; expected small, all or window");
+    }
+    if (c.comm_priority != "high" && c.comm_priority != "normal") {
+      throw gw::Error("train_dp: --comm-priority " + c.comm_priority + "; expected high or normal");
+    }
+    po.high_priority_stream = c.comm_priority == "high";
     gw::dist::ProcessGroup pg(po);
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
       std::printf("train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in all), "
-                  "buckets of %.1f MiB (the first %.1f), %d steps%s\n",
+                  "buckets of %.1f MiB (the first %.1f, staging %s, %s-priority reductions), "
+                  "%d steps%s\n",
                   world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
                   static_cast<long long>(c.branches), static_cast<long long>(c.layers),
                   static_cast<long long>(c.width),
                   static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
-                  c.bucket_mib, c.first_bucket_mib, c.steps, c.check ? ", checked" : "");
+                  c.bucket_mib, c.first_bucket_mib, c.staging.c_str(), c.comm_priority.c_str(),
+                  c.steps, c.check ? ", checked" : "");
     }
     bool ok = true;
     for (Mode m : modes) {

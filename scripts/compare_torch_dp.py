@@ -67,6 +67,14 @@ def row_line(r):
 
 def worker(rank, args, init_file, results):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    stacks_after = float(os.environ.get("GW_DP_TORCH_STACKS_AFTER", "0") or 0)
+    if stacks_after > 0:  # where a rank is stuck, before a timeout kills it
+        import faulthandler
+        faulthandler.dump_traceback_later(stacks_after, exit=False)
+
+    def progress(what):  # every rank's stage, so that a run cut short says where it was
+        print(f"compare_torch_dp.py: rank {rank}: {what}", file=sys.stderr, flush=True)
+
     # PyTorch's notes for DDP under full-graph capture: no async error handling.
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     import torch
@@ -77,6 +85,7 @@ def worker(rank, args, init_file, results):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank,
                             world_size=args.world)
+    progress("process group made")
     dev = torch.device("cuda", rank)
     w, out = args.width, 16
     rows = []
@@ -119,6 +128,7 @@ def worker(rank, args, init_file, results):
             opt.step()
             return loss
 
+        progress(f"{mode}: DDP made")
         replay = None
         if mode == "graph":
             x.copy_(batches[0][0])
@@ -134,6 +144,7 @@ def worker(rank, args, init_file, results):
             with torch.cuda.graph(graph, stream=side):
                 step()
             replay = graph.replay
+            progress(f"{mode}: captured")
         begins = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
         for s in range(args.steps):
@@ -147,6 +158,7 @@ def worker(rank, args, init_file, results):
                 step()
             ends[s].record()
         torch.cuda.synchronize()
+        progress(f"{mode}: {args.steps} steps timed")
         first = max(1, args.steps // 5)
         ms = statistics.median(begins[s].elapsed_time(ends[s]) for s in range(first, args.steps))
         rows.append({"library": "torch_ddp", "mode": mode, "world": args.world,

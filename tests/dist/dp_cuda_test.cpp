@@ -159,15 +159,14 @@ TEST(CudaDataParallel, BranchesOnTheirStreamsAreBucketedLayerByLayerAcrossTheStr
 // fp32 and bf16, odd byte counts) and a large one, reduced by a group of one, comes back bit for
 // bit — every part copied into the flat buffer and back to its own tensor — in place, on the
 // group's stream; the next reduction that needs more room allocates more and keeps the old.
-TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
-  GW_REQUIRE_GPU();
-  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu});
+void expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging staging) {
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .staging = staging});
   std::vector<Tensor> grads;
   for (int i = 0; i < 70; ++i) {
     const Tensor f = randn({1 + 37 * i}, 100 + i, kF32Gpu);
     grads.push_back(i % 3 == 2 ? cast(f, DType::kBFloat16) : f);
   }
-  grads.push_back(randn({512, 1024}, 7, kF32Gpu));  // 2 MiB: reduced in place
+  grads.push_back(randn({512, 1024}, 7, kF32Gpu));  // 2 MiB: in place (kSmall) or staged
   auto bytes_of = [](const std::vector<Tensor>& ts) {
     std::vector<std::vector<float>> out;
     for (const Tensor& t : ts) {
@@ -191,6 +190,30 @@ TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
   pg.reduce(more);
   ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
   EXPECT_EQ(bytes_of(more), more_before);
+  // One large gradient alone (staged too with kAll and kWindow).
+  const std::vector<Tensor> one = {randn({1024, 1024}, 9, kF32Gpu)};
+  const std::vector<std::vector<float>> one_before = bytes_of(one);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  pg.reduce(one);
+  ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
+  EXPECT_EQ(bytes_of(one), one_before);
+}
+
+TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
+  GW_REQUIRE_GPU();
+  expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kSmall);
+}
+
+TEST(CudaDataParallel, StagingEveryGradientComesBackBitForBit) {
+  GW_REQUIRE_GPU();
+  expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kAll);
+}
+
+// The staging buffers from ncclMemAlloc, registered as symmetric windows (and deregistered and
+// freed when the group ends).
+TEST(CudaDataParallel, StagingInASymmetricNcclWindowComesBackBitForBit) {
+  GW_REQUIRE_GPU();
+  expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kWindow);
 }
 
 }  // namespace
