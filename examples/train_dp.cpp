@@ -7,7 +7,7 @@
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
 //            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all|window]
-//            [--comm-priority high|normal] [--check] [--bench] [--trace FILE]
+//            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -15,8 +15,9 @@
 // the parameters must agree within float32 rounding (else the exit status is 1). With --bench,
 // the batches are made before the loop (a step copies one into the static inputs, as a data
 // loader would) and each step is timed with CUDA events on its stream; the median after the first
-// fifth of the steps is printed; one rank alone then trains with no reducer (the single-GPU
-// baseline). With --trace (backward-graph mode), every rank replays one more
+// fifth of the steps is printed, and the host's (the loop's wall clock a step); one rank alone
+// then trains with no reducer (the single-GPU baseline) unless --with-reducer (a group of one:
+// NCCL's kernels and the copies on its own GPU, no other GPU to wait for). With --trace (backward-graph mode), every rank replays one more
 // step traced (Note [Timeline]) and rank 0 writes its timeline, the bucket reductions on a track
 // of their own beside the backward's streams.
 #include <algorithm>
@@ -45,6 +46,7 @@ struct Config {
   std::string staging = "small", comm_priority = "high";  // ProcessGroupOptions
   bool check = false;
   bool bench = false;
+  bool with_reducer = false;
   std::string trace;
 };
 
@@ -110,6 +112,7 @@ void fill_part(const gw::Tensor& x, const gw::Tensor& t, const gw::Tensor& teach
 struct Result {
   float first_loss = 0, last_loss = 0;
   double ms_per_step = 0;  // the median (--bench) or the mean (wall clock, every step)
+  double host_ms_per_step = 0;  // --bench: the median of the loop's wall clock a step
 };
 
 double median(std::vector<double> v) {
@@ -201,12 +204,14 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
                                                               start).count() / c.steps;
   } else {
     // The median after the first fifth (warm-up, captures); the first step's .item() excluded.
-    std::vector<double> ms;
+    std::vector<double> ms, host;
     for (int s = std::max(1, c.steps / 5); s < c.steps; ++s) {
       const auto k = static_cast<std::size_t>(s);
       ms.push_back(timed ? end_events[k].elapsed_ms_since(begin_events[k]) : wall_ms[k]);
+      if (s < c.steps - 1) host.push_back(wall_ms[k]);  // the last step's .item() waits
     }
     r.ms_per_step = median(ms);
+    r.host_ms_per_step = median(host);
   }
   if (!c.trace.empty() && mode == Mode::kBackwardGraph && pg && dev.is_cuda()) {
     const std::vector<gw::StepTiming> steps = bw.trace(model.loss(x, t), gw::GradWrite::kOverwrite);
@@ -279,6 +284,8 @@ int main(int argc, char** argv) {
         c.check = true;
       } else if (a == "--bench") {
         c.bench = true;
+      } else if (a == "--with-reducer") {
+        c.with_reducer = true;
       } else if (a == "--trace") {
         c.trace = next();
       } else {
@@ -286,7 +293,7 @@ int main(int argc, char** argv) {
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
                         "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, "
                         "--staging small|all|window, --comm-priority high|normal, --check, --bench, "
-                        "--trace FILE");
+                        "--with-reducer, --trace FILE");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||
@@ -337,8 +344,9 @@ int main(int argc, char** argv) {
     for (Mode m : modes) {
       Mlp model(c, dev, 1 + static_cast<std::uint64_t>(rank));  // each rank its own start...
       pg.broadcast(model.params);  // ...then rank 0's everywhere
-      // --bench alone: the single-GPU baseline, no reducer (a group of one would only copy).
-      const Result r = train(c, dev, m, model, {rank}, world == 1 && c.bench ? nullptr : &pg);
+      // --bench alone: the single-GPU baseline, no reducer (--with-reducer: a group of one).
+      const Result r =
+          train(c, dev, m, model, {rank}, world == 1 && c.bench && !c.with_reducer ? nullptr : &pg);
       std::string verdict;
       if (c.check) {
         pg.check_identical(model.params, std::string("the parameters after ") + mode_name(m));
@@ -360,8 +368,10 @@ int main(int argc, char** argv) {
         }
       }
       if (rank == 0) {
-        std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s%s\n", mode_name(m), r.first_loss,
-                    r.last_loss, r.ms_per_step, c.bench ? " (median)" : "", verdict.c_str());
+        char host[48] = "";
+        if (c.bench) std::snprintf(host, sizeof host, ", host %.3f ms/step", r.host_ms_per_step);
+        std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s%s%s\n", mode_name(m), r.first_loss,
+                    r.last_loss, r.ms_per_step, c.bench ? " (median)" : "", host, verdict.c_str());
       }
     }
     if (rank == 0) std::printf("train_dp: %s\n", ok ? "PASS" : "FAIL");

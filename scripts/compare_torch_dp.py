@@ -167,9 +167,19 @@ def worker(rank, args, init_file, results):
                      "median_ms": round(ms, 4)})
         if rank == 0:  # at once: a later mode that fails or hangs leaves this one's figure
             print(row_line(rows[-1]), flush=True)
-        dist.barrier()
-    if rank == 0:
-        results.extend(rows)
+            results.append(rows[-1])
+        if mode != "graph":
+            dist.barrier()
+    # Seen on 2 x H200 (PyTorch 2.11): after the captured mode, both ranks had timed their steps
+    # and the process group's barrier or destroy then never returned. Every figure is out: a
+    # spawned rank ends here, as mp.spawn expects of a rank that finished (exit status 0).
+    torch.cuda.synchronize()
+    progress("done")
+    import multiprocessing
+    if multiprocessing.parent_process() is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     dist.destroy_process_group()
 
 
