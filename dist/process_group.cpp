@@ -178,6 +178,9 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     return own;
   }() : rendezvous(rank_, options.id_file, options.timeout_s);
   ncclComm_t comm = nullptr;
+  // Note [NCCL graph mixing]: NCCL reads the variable once, at its first communicator.
+  if (!options.nccl_graph_mixing) (void)::setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+  nccl_graph_mixing_ = env_str("NCCL_GRAPH_MIXING_SUPPORT") != "0";
   nccl_check(ncclCommInitRank(&comm, world_size_, id, rank_), "ncclCommInitRank");
   comm_ = comm;
 #else
@@ -218,6 +221,11 @@ void ProcessGroup::release_staging() noexcept {
 #if GRAPHWARD_HAS_NCCL
   try {
     DeviceGuard guard(device_);
+    const bool windows = std::any_of(staging_.begin(), staging_.end(),
+                                     [](const StagingBuffer& b) { return b.window != nullptr; });
+    if (windows && comm_ && captured_ && !nccl_graph_mixing_) {  // Note [NCCL graph mixing]
+      wait_for_device("the group's end (deregistering its staging windows)");
+    }
     for (StagingBuffer& b : staging_) {
       if (b.window && comm_) {  // collective: every rank deregisters its windows in this order
         const ncclResult_t r = ncclCommWindowDeregister(static_cast<ncclComm_t>(comm_),
@@ -276,12 +284,46 @@ void ProcessGroup::wait_for_stream(const std::string& what) {
   if (!comm_ || !stream_) return;
 #if GRAPHWARD_HAS_NCCL
   DeviceGuard guard(device_);
+  wait_until(
+      [this] {
+        const cudaError_t q = cudaStreamQuery(stream_->get());
+        if (q != cudaErrorNotReady) GW_CUDA_CHECK(q);
+        return q == cudaSuccess;
+      },
+      what);
+#else
+  (void)what;
+#endif
+}
+
+void ProcessGroup::wait_for_device(const std::string& what) {
+  if (!comm_) return;
+#if GRAPHWARD_HAS_NCCL
+  ++device_waits_;
+  // cudaDeviceSynchronize has no time limit: it runs on a thread of its own while this one polls
+  // NCCL and the clock (an abort ends the collectives it would wait for forever).
+  auto done = std::make_shared<std::promise<cudaError_t>>();
+  std::future<cudaError_t> synced = done->get_future();
+  const int ordinal = device_.index;
+  std::thread([done, ordinal] {
+    cudaError_t e = cudaSetDevice(ordinal);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    done->set_value(e);
+  }).detach();
+  wait_until(
+      [&] { return synced.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }, what);
+  GW_CUDA_CHECK(synced.get());
+#else
+  (void)what;
+#endif
+}
+
+void ProcessGroup::wait_until(const std::function<bool()>& done, const std::string& what) {
+#if GRAPHWARD_HAS_NCCL
   auto comm = static_cast<ncclComm_t>(comm_);
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(stream_->get());
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) GW_CUDA_CHECK(q);
+    if (done()) return;
     ncclResult_t async = ncclSuccess;
     const ncclResult_t got = ncclCommGetAsyncError(comm, &async);
     const double waited =
@@ -311,7 +353,23 @@ void ProcessGroup::wait_for_stream(const std::string& what) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 #else
-  (void)what;
+  (void)done, (void)what;
+#endif
+}
+
+// Note [NCCL graph mixing]: called before every collective this group enqueues on `s`.
+void ProcessGroup::before_collective(cudaStream_t s, const char* what) {
+#if GRAPHWARD_HAS_NCCL
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GW_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  if (status == cudaStreamCaptureStatusActive) {
+    captured_ = true;
+  } else if (captured_ && !nccl_graph_mixing_) {
+    wait_for_device(detail::concat("waiting for the device before an uncaptured ", what,
+                                   " (a graph holding this group's collectives may be running)"));
+  }
+#else
+  (void)s, (void)what;
 #endif
 }
 
@@ -340,6 +398,7 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
 #if GRAPHWARD_HAS_NCCL
   DeviceGuard guard(device_);
   const cudaStream_t s = stream_->get();
+  before_collective(s, average ? "average" : "broadcast");
   auto comm = static_cast<ncclComm_t>(comm_);
   nccl_check(ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
@@ -410,6 +469,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   }
   DeviceGuard guard(device_);
   const cudaStream_t s = stream_->get();
+  before_collective(s, "reduction of a gradient bucket");
   auto comm = static_cast<ncclComm_t>(comm_);
   char* flat = need > 0 ? static_cast<char*>(staging_.back().data()) : nullptr;
   // Copies every flat chunk's parts in (to_flat) or out, kMaxSegments to a launch.
@@ -535,6 +595,7 @@ std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
 #if GRAPHWARD_HAS_NCCL
   DeviceGuard guard(device_);
   const cudaStream_t s = stream_->get();
+  before_collective(s, "gather");
   auto* words = static_cast<std::uint64_t*>(gather_.data());
   GW_CUDA_CHECK(cudaMemcpyAsync(words + rank_, &value, sizeof value, cudaMemcpyHostToDevice, s));
   nccl_check(ncclAllGather(words + rank_, words, 1, ncclUint64, static_cast<ncclComm_t>(comm_), s),

@@ -21,6 +21,7 @@
 // changes nothing). Without NCCL (graphward built without it), only a group of one can be made.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,7 +63,25 @@ struct ProcessGroupOptions {
   // The reductions' stream at the device's highest priority (they gate the step), else at the
   // normal one.
   bool high_priority_stream = true;
+  // Note [NCCL graph mixing]: false (the default) sets NCCL_GRAPH_MIXING_SUPPORT=0 for the
+  // process unless it is set already; true leaves NCCL's default (1).
+  bool nccl_graph_mixing = false;
 };
+
+// Note [NCCL graph mixing]
+// NCCL supports, by default, collectives of captured graphs and uncaptured ones outstanding at
+// once on a communicator, at a cost in every replay: measured on 2 x H200 (2026-11-30), the
+// 4-branch study's step graph took 0.728 ms with it and 0.624 ms without
+// (NCCL_GRAPH_MIXING_SUPPORT=0). Without it, NCCL is correct only when (1) no two graphs holding
+// the communicator's collectives run at once on unordered streams, and (2) no uncaptured
+// collective follows a graph launch that may still be running — whatever the stream order.
+// graphward keeps both: its graphs (BackwardGraph, StepGraph) launch on the caller's stream, one
+// after the other (launching two of them on unordered streams is the caller's to avoid), and once
+// a collective of this group was captured, the group waits for the whole device (bounded, as its
+// other waits) before each uncaptured one — a broadcast, a check, an eager backward's buckets.
+// NCCL reads the variable once, when the process makes its first communicator: a group made
+// after another NCCL communicator in the same process gets what that one got (the group reads
+// the variable and waits for the device whenever it is not "0").
 
 class ProcessGroup final : public GradientReducer {
  public:
@@ -85,6 +104,8 @@ class ProcessGroup final : public GradientReducer {
   void check_identical(const std::vector<Tensor>& tensors, const std::string& what);
   // One value from every rank, in rank order (synchronizes).
   std::vector<std::uint64_t> all_gather(std::uint64_t value);
+  // Note [NCCL graph mixing]: how many times an uncaptured collective waited for the device.
+  std::uint64_t device_waits() const { return device_waits_; }
 
   // GradientReducer (Note [Gradient reduction]).
   std::size_t bucket_bytes() const override { return bucket_bytes_; }
@@ -106,6 +127,12 @@ class ProcessGroup final : public GradientReducer {
   // Waits for the group's stream, polling NCCL's asynchronous error, at most the collective
   // timeout; past it, or on an NCCL error, aborts the communicator and throws naming `what`.
   void wait_for_stream(const std::string& what);
+  void wait_for_device(const std::string& what);  // the same, for the whole device
+  // Polls `done` (true: finished) and NCCL's asynchronous error, at most the collective timeout.
+  void wait_until(const std::function<bool()>& done, const std::string& what);
+  // Note [NCCL graph mixing]: notes a captured collective, or waits for the device before an
+  // uncaptured one once one was captured (NCCL's mixing support off).
+  void before_collective(cudaStream_t stream, const char* what);
   void check_usable(const char* what) const;  // throws once the group was aborted
   int rank_ = 0;
   int world_size_ = 1;
@@ -113,6 +140,9 @@ class ProcessGroup final : public GradientReducer {
   std::size_t bucket_bytes_;
   std::size_t first_bucket_bytes_;
   double collective_timeout_s_;
+  bool nccl_graph_mixing_ = true;  // NCCL_GRAPH_MIXING_SUPPORT is not "0"
+  bool captured_ = false;          // a collective of this group was captured
+  std::uint64_t device_waits_ = 0;
   std::string aborted_;  // why the communicator was aborted ("" while it works)
   std::unordered_set<std::uint64_t> agreed_;  // bucket layouts every rank has
   void* comm_ = nullptr;                      // ncclComm_t (nullptr: a group of one without NCCL)

@@ -109,22 +109,28 @@ bench() {  # bench NAME FLAGS...
 }
 MLP="--width 1024 --layers 4 --batch 256"
 LARGE="--width 2048 --layers 8 --batch 512"
+LARGE1K="--width 2048 --layers 8 --batch 1024"
 BRANCHES="--branches 4 --width 256 --layers 8 --batch 64"
 WIDE="--branches 4 --width 1024 --layers 4 --batch 256"
+DEEP="--width 256 --layers 32 --batch 64"
 bench mlp $MLP
 bench mlp-large $LARGE
-bench mlp-large-b1024 --width 2048 --layers 8 --batch 1024
+bench mlp-large-16mib $LARGE --bucket-mib 16
+bench mlp-large-b1024 $LARGE1K
+bench mlp-large-b1024-16mib $LARGE1K --bucket-mib 16
 bench branches $BRANCHES
+bench branches-2mib $BRANCHES --bucket-mib 2
 bench branches-4mib $BRANCHES --bucket-mib 4
 bench branches-1024 $WIDE
-# NCCL settings that may keep its kernels from slowing the backward's (NCCL_MAX_CTAS=8 made both
-# models slower, docs/RESULTS.md eleventh session): the CTA policies "efficiency" (1) and "zero"
-# (2), and copy-engine transfers between the GPUs.
-BENCH_ENV="NCCL_CTA_POLICY=1" bench mlp-large-cta-efficiency $LARGE
-BENCH_ENV="NCCL_CTA_POLICY=2" bench mlp-large-cta-zero $LARGE
-BENCH_ENV="NCCL_P2P_USE_CUDA_MEMCPY=1" bench mlp-large-p2p-memcpy $LARGE
-BENCH_ENV="NCCL_CTA_POLICY=1" bench branches-cta-efficiency $BRANCHES
-BENCH_ENV="NCCL_CTA_POLICY=2" bench branches-cta-zero $BRANCHES
+bench branches-1024-16mib $WIDE --bucket-mib 16
+bench deep $DEEP
+# NCCL's graph mixing support as NCCL has it by default (ProcessGroup turns it off: Note [NCCL
+# graph mixing], dist/process_group.h), for the same models in the same run. (NCCL's CTA
+# policies, NCCL_MAX_CTAS=16, NCCL_PROTO=Simple, the reductions' stream at normal priority and
+# staging every gradient, in a registered window or not, made no difference or were slower:
+# docs/RESULTS.md, twelfth session.)
+BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench branches-mixing $BRANCHES
+BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench mlp-large-mixing $LARGE
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and

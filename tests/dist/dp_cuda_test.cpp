@@ -4,6 +4,8 @@
 // replayed from a BackwardGraph, and inside a StepGraph — and a timed backward shows each bucket's
 // reduction on its own track, starting after the step that finished its last gradient; a bucket
 // of many small gradients goes through the flat buffer and back unchanged.
+#include <cstdlib>
+
 #include "capture/backward_graph.h"
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
@@ -88,6 +90,34 @@ TEST(CudaDataParallel, ATimedBackwardShowsEachReductionAfterTheStepThatFinishedI
     }
   }
   EXPECT_EQ(stream_names(plan, true).size(), plan.streams.size() + 1);
+}
+
+// Note [NCCL graph mixing]: a group made with the default options turns NCCL's mixing support off
+// (unless the variable was set); eager reductions before any capture never wait for the device;
+// once a BackwardGraph captured the group's reductions and replayed them, each uncaptured
+// collective (a broadcast, an eager backward's bucket) first waits for the device — and gives
+// the same results.
+TEST(CudaDataParallel, AfterACapturedReductionUncapturedCollectivesWaitForTheDevice) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096});
+  const char* mixing = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+  ASSERT_NE(mixing, nullptr);
+  ASSERT_STREQ(mixing, "0") << "set outside the test: this test needs it unset or 0";
+  const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
+  Model plain, m;
+  backward(plain.loss(x, t));
+  backward(m.loss(x, t), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
+  EXPECT_EQ(pg.device_waits(), 0u) << "no capture yet: nothing to wait for";
+  EXPECT_EQ(m.grads(), plain.grads());
+  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  for (int s = 0; s < 3; ++s) bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+  EXPECT_EQ(bw.counters().captures, 1u);
+  const std::uint64_t after_graphs = pg.device_waits();
+  pg.broadcast(m.w);  // uncaptured, after replays
+  EXPECT_EQ(pg.device_waits(), after_graphs + 1);
+  backward(m.loss(x, t), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
+  EXPECT_GT(pg.device_waits(), after_graphs + 1) << "an eager backward's buckets wait too";
+  EXPECT_EQ(m.grads(), plain.grads());
 }
 
 // Note [Gradient buckets]: two branches of three layers, each branch's forward on a stream of its
