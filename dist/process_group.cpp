@@ -38,7 +38,7 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
-std::string env_str(const char* name) {
+[[maybe_unused]] std::string env_str(const char* name) {  // unused without NCCL
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
