@@ -217,42 +217,12 @@ bool finishes_within(double seconds, Call call) {
 }  // namespace
 #endif
 
-void ProcessGroup::release_staging() noexcept {
-#if GRAPHWARD_HAS_NCCL
-  try {
-    DeviceGuard guard(device_);
-    const bool windows = std::any_of(staging_.begin(), staging_.end(),
-                                     [](const StagingBuffer& b) { return b.window != nullptr; });
-    if (windows && comm_ && captured_ && !nccl_graph_mixing_) {  // Note [NCCL graph mixing]
-      wait_for_device("the group's end (deregistering its staging windows)");
-    }
-    for (StagingBuffer& b : staging_) {
-      if (b.window && comm_) {  // collective: every rank deregisters its windows in this order
-        const ncclResult_t r = ncclCommWindowDeregister(static_cast<ncclComm_t>(comm_),
-                                                        static_cast<ncclWindow_t>(b.window));
-        if (r != ncclSuccess) {
-          detail::log_error(__FILE__, __LINE__, detail::concat(
-              "ProcessGroup: ncclCommWindowDeregister: ", ncclGetErrorString(r)));
-        }
-      }
-      b.window = nullptr;
-      if (b.nccl) (void)ncclMemFree(b.nccl);
-      b.nccl = nullptr;
-    }
-  } catch (const std::exception& e) {
-    detail::log_error(__FILE__, __LINE__, e.what());
-  }
-#endif
-  staging_.clear();
-}
-
 ProcessGroup::~ProcessGroup() {
 #if GRAPHWARD_HAS_NCCL
   if (comm_) {
     try {
       DeviceGuard guard(device_);
       wait_for_stream("the group's end");  // aborts (and throws) rather than hang
-      release_staging();
       auto comm = static_cast<ncclComm_t>(comm_);
       const int rank = rank_;
       if (!finishes_within(collective_timeout_s_, [comm, rank] {
@@ -272,7 +242,6 @@ ProcessGroup::~ProcessGroup() {
     }
   }
 #endif
-  release_staging();  // aborted (or never made): the windows' memory alone
 }
 
 void ProcessGroup::check_usable(const char* what) const {
@@ -456,7 +425,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
     }
     for (const Tensor& t : parts) need += padded(t);
   }
-  if (need > 0 && (staging_.empty() || staging_.back().bytes < need)) {
+  if (need > 0 && (staging_.empty() || staging_.back().bytes() < need)) {
     if (capturing()) {  // no allocation in a capture: these are reduced in place
       for (auto& [dtype, parts] : runs) {
         in_place.insert(in_place.end(), parts.begin(), parts.end());
@@ -464,7 +433,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
       }
       need = 0;
     } else {
-      add_staging(std::max(need, 2 * (staging_.empty() ? 0 : staging_.back().bytes)));
+      add_staging(std::max(need, 2 * (staging_.empty() ? 0 : staging_.back().bytes())));
     }
   }
   DeviceGuard guard(device_);
@@ -520,23 +489,10 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
 }
 
 void ProcessGroup::add_staging(std::size_t bytes) {
-#if GRAPHWARD_HAS_NCCL
-  DeviceGuard guard(device_);
-  if (staging_mode_ == ProcessGroupOptions::Staging::kWindow) {
-    auto comm = static_cast<ncclComm_t>(comm_);
-    void* p = nullptr;
-    nccl_check(ncclMemAlloc(&p, bytes), "ncclMemAlloc (a gradient staging window)", comm);
-    staging_.push_back({.nccl = p, .bytes = bytes});  // owned from here (release_staging)
-    ncclWindow_t win = nullptr;
-    // Collective: every rank registers its staging buffers in the same order (the same plan
-    // makes them).
-    nccl_check(ncclCommWindowRegister(comm, p, bytes, &win, NCCL_WIN_COLL_SYMMETRIC),
-               "ncclCommWindowRegister (a symmetric gradient staging window)", comm);
-    staging_.back().window = win;
-  } else {
-    staging_.push_back({.plain = DeviceBuffer(device_, bytes), .bytes = bytes});
-  }
+#if GRAPHWARD_HAS_CUDA
+  staging_.emplace_back(device_, bytes);
   // Zeros: the padding between parts is never written, only reduced (0 on every rank).
+  DeviceGuard guard(device_);
   GW_CUDA_CHECK(cudaMemsetAsync(staging_.back().data(), 0, bytes, stream_->get()));
 #else
   (void)bytes;

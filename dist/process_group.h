@@ -53,11 +53,12 @@ struct ProcessGroupOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   // Note [Flat buckets]: which gradients of a bucket are copied into a flat buffer and reduced
   // there (the rest in place).
+  // (Measured on 2 x H200, 2026-11-30: kAll slower than kSmall for the larger MLP, 3.26 against
+  // 3.10 ms a step, the copies of its 16 MiB gradients costing more than they save; the flat
+  // buffers from ncclMemAlloc registered as symmetric NCCL windows were no faster than kAll.)
   enum class Staging : std::uint8_t {
-    kSmall,   // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
-    kAll,     // every gradient: one all-reduce a bucket (and dtype)
-    kWindow,  // every gradient, into memory from ncclMemAlloc registered with every rank as a
-              // symmetric NCCL window (NCCL's symmetric kernels where it has them)
+    kSmall,  // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
+    kAll,    // every gradient: one all-reduce a bucket (and dtype)
   };
   Staging staging = Staging::kSmall;
   // The reductions' stream at the device's highest priority (they gate the step), else at the
@@ -113,7 +114,7 @@ class ProcessGroup final : public GradientReducer {
   cudaStream_t stream() const override;
   void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
   // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype; every
-  // gradient with Staging::kAll or kWindow) are copied into one contiguous buffer, averaged by one
+  // gradient with Staging::kAll) are copied into one contiguous buffer, averaged by one
   // all-reduce and copied back (two kernels); the others are averaged in place. NCCL pays a fixed
   // cost for every tensor it reduces, which for a bucket of many small gradients (biases, a
   // branch model's layers) costs more than the copies.
@@ -151,17 +152,9 @@ class ProcessGroup final : public GradientReducer {
   // Note [Flat buckets]: contiguous buffers the gradients of a bucket are copied into and reduced
   // in, the last the largest; none freed while the group lives (captured graphs keep their
   // addresses).
-  struct StagingBuffer {
-    DeviceBuffer plain;      // Staging::kSmall, kAll
-    void* nccl = nullptr;    // Staging::kWindow: from ncclMemAlloc...
-    void* window = nullptr;  // ...registered as this ncclWindow_t
-    std::size_t bytes = 0;
-    void* data() const { return nccl ? nccl : plain.data(); }
-  };
   void add_staging(std::size_t bytes);  // zeroed, on the group's stream
-  void release_staging() noexcept;      // deregisters and frees the windows
   ProcessGroupOptions::Staging staging_mode_;
-  std::vector<StagingBuffer> staging_;
+  std::vector<DeviceBuffer> staging_;
 };
 
 }  // namespace graphward::dist

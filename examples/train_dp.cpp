@@ -6,7 +6,7 @@
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
-//            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all|window]
+//            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all]
 //            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
         throw gw::Error("train_dp: unknown argument " + a +
                         "; expected --steps N, --mode eager|backward|step|all, --width W, "
                         "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, "
-                        "--staging small|all|window, --comm-priority high|normal, --check, --bench, "
+                        "--staging small|all, --comm-priority high|normal, --check, --bench, "
                         "--with-reducer, --trace FILE");
       }
     }
@@ -316,12 +316,10 @@ int main(int argc, char** argv) {
     po.first_bucket_bytes = static_cast<std::size_t>(c.first_bucket_mib * (1 << 20));
     if (!gpu) po.device = gw::Device::cpu();
     using Staging = gw::dist::ProcessGroupOptions::Staging;
-    if (c.staging == "small" || c.staging == "all" || c.staging == "window") {
-      po.staging = c.staging == "small" ? Staging::kSmall
-                   : c.staging == "all" ? Staging::kAll : Staging::kWindow;
-    } else {
-      throw gw::Error("train_dp: --staging " + c.staging + "; expected small, all or window");
+    if (c.staging != "small" && c.staging != "all") {
+      throw gw::Error("train_dp: --staging " + c.staging + "; expected small or all");
     }
+    po.staging = c.staging == "small" ? Staging::kSmall : Staging::kAll;
     if (c.comm_priority != "high" && c.comm_priority != "normal") {
       throw gw::Error("train_dp: --comm-priority " + c.comm_priority + "; expected high or normal");
     }
