@@ -11,6 +11,11 @@ stream and the median after the first fifth of the steps is reported (rank 0 pri
     python3 scripts/compare_torch_dp.py [--world N] [--steps 40] [--width 1024] [--layers 4]
                                         [--batch 256] [--branches 1] [--bucket-mib 25]
                                         [--csv out.csv]
+    python3 scripts/compare_torch_dp.py --allreduce-latency [--world N]
+
+--allreduce-latency: what one NCCL all-reduce of fp32 costs on this machine inside a CUDA graph
+(torch.distributed.all_reduce, 10 captured back to back, the median of 20 replays a size), for
+0.25 to 32 MiB: the floor under a bucket's reduction.
 
 Modes: eager (DDP's own bucketed all-reduce overlapping the backward) and graph (the whole step —
 forward, backward with DDP's all-reduces, SGD — captured once in a torch.cuda.graph after 11 warm-up
@@ -183,6 +188,46 @@ def worker(rank, args, init_file, results):
     dist.destroy_process_group()
 
 
+def latency_worker(rank, args, init_file, results):
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank,
+                            world_size=args.world)
+    side = torch.cuda.Stream()
+    for mib in (0.25, 1, 2, 4, 8, 16, 32):
+        x = torch.ones(int(mib * (1 << 20)) // 4, device="cuda")
+        with torch.cuda.stream(side):
+            for _ in range(5):  # warm-up (connections, buffers) outside the capture
+                dist.all_reduce(x)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            for _ in range(10):
+                dist.all_reduce(x)
+        us = []
+        for _ in range(20):
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            us.append(a.elapsed_time(b) * 1000 / 10)
+        if rank == 0:
+            print(f"torch_nccl_allreduce/world:{args.world}/mib:{mib:g}/graph:1 "
+                  f"{statistics.median(us):.1f} us/op (median)", flush=True)
+    torch.cuda.synchronize()
+    import multiprocessing
+    if multiprocessing.parent_process() is not None:  # as worker(): end here once printed
+        sys.stdout.flush()
+        os._exit(0)
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
@@ -194,6 +239,8 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--bucket-mib", type=float, default=25.0)
     ap.add_argument("--csv")
+    ap.add_argument("--allreduce-latency", action="store_true",
+                    help="time one all-reduce in a CUDA graph for 0.25 to 32 MiB, then stop")
     args = ap.parse_args()
     if args.world < 1 or args.steps < 2 or args.branches < 1:
         sys.exit("compare_torch_dp.py: expected --world >= 1, --steps >= 2 and --branches >= 1")
@@ -204,6 +251,11 @@ def main():
         print(f"compare_torch_dp.py: skipped: --world {args.world} needs {args.world} GPUs; "
               f"this machine has {torch.cuda.device_count()}")
         return 77
+    if args.allreduce_latency:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(latency_worker, args=(args, os.path.join(tmp, "init"), None),
+                     nprocs=args.world)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         manager = mp.Manager()
         results = manager.list()

@@ -107,6 +107,26 @@ bench() {  # bench NAME FLAGS...
   done
   record "dp $name" "$ok" "1 GPU -> 2 ranks${BENCH_ENV:+ ($BENCH_ENV)}: $detail"
 }
+# reducer_alone NAME FLAGS...: one GPU with a group of one reducing (train_dp --with-reducer:
+# the copies and NCCL's kernels with no other GPU), against bench NAME's plain single-GPU run.
+reducer_alone() {
+  local name=$1
+  shift
+  GW_DP_TIMEOUT=80 timeout 90 "$GW_ROOT/scripts/run_dp.sh" 1 --bench --with-reducer \
+    --steps "$STEPS" "$@" >"$LOG_DIR/bench_${name}_1r.log" 2>&1
+  local mode detail="" ok=ok one red
+  for mode in eager "backward graph" "step graph"; do
+    one=$(median_of "$LOG_DIR/bench_${name}_1.log" "$mode")
+    red=$(median_of "$LOG_DIR/bench_${name}_1r.log" "$mode")
+    if [ -z "$one" ] || [ -z "$red" ]; then
+      ok=FAIL
+      detail+="$mode: no figure; "
+      continue
+    fi
+    detail+="$mode $one -> $red ms ($(python3 -c "print(f'{$red / $one:.2f}')")); "
+  done
+  record "reducer alone $name" "$ok" "1 GPU -> 1 GPU reducing: $detail"
+}
 MLP="--width 1024 --layers 4 --batch 256"
 LARGE="--width 2048 --layers 8 --batch 512"
 LARGE1K="--width 2048 --layers 8 --batch 1024"
@@ -124,6 +144,8 @@ bench branches-4mib $BRANCHES --bucket-mib 4
 bench branches-1024 $WIDE
 bench branches-1024-16mib $WIDE --bucket-mib 16
 bench deep $DEEP
+reducer_alone mlp-large $LARGE
+reducer_alone branches $BRANCHES
 # NCCL's graph mixing support as NCCL has it by default (ProcessGroup turns it off: Note [NCCL
 # graph mixing], dist/process_group.h), for the same models in the same run. (NCCL's CTA
 # policies, NCCL_MAX_CTAS=16, NCCL_PROTO=Simple, the reductions' stream at normal priority and
@@ -131,6 +153,8 @@ bench deep $DEEP
 # docs/RESULTS.md, twelfth session.)
 BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench branches-mixing $BRANCHES
 BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench mlp-large-mixing $LARGE
+# More of NCCL's CTAs than it picks (24 channels here): the reductions faster under the GEMMs?
+BENCH_ENV="NCCL_MIN_CTAS=32" bench mlp-large-32ctas $LARGE
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and
@@ -167,8 +191,15 @@ trace mlp-large $LARGE
 trace branches $BRANCHES
 
 pack
-# 5. PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph captured)
+# 5. PyTorch's DistributedDataParallel on the same models (eager and CUDA-graph captured), and
+#    what one all-reduce costs inside a CUDA graph here (the floor under a bucket's reduction)
 if [ $TORCH = 1 ]; then
+  timeout "${GW_DP_TORCH_TIMEOUT:-90}" python3 "$GW_ROOT/scripts/compare_torch_dp.py" \
+    --allreduce-latency --world 2 >"$LOG_DIR/torch_allreduce_latency.log" 2>&1 ||
+    pkill -9 -f spawn_main
+  lat=$(sed -n 's/^torch_nccl_allreduce\/world:2\/mib:\([0-9.]*\)\/graph:1 \([0-9.]*\) us\/op.*/\1 MiB \2 us/p' \
+    "$LOG_DIR/torch_allreduce_latency.log" | paste -sd ',' -)
+  record "nccl all-reduce in a graph" "$([ -n "$lat" ] && echo ok || echo FAIL)" "${lat:-no figure}"
   for cfg in "mlp-large 1 2048 8 512" "branches 4 256 8 64"; do
     read -r name k w l b <<<"$cfg"
     detail=""
