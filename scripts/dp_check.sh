@@ -85,46 +85,40 @@ pack
 median_of() {  # median_of LOG MODE -> ms/step
   sed -n "s/^  $2 .* \([0-9.]*\) ms\/step (median).*/\1/p" "$1" | head -1
 }
+# compare LOG_A LOG_B: "ok" or "FAIL", a tab, then each mode's median in A -> B and the ratio.
+compare() {
+  local mode detail="" ok=ok a b
+  for mode in eager "backward graph" "step graph"; do
+    a=$(median_of "$1" "$mode")
+    b=$(median_of "$2" "$mode")
+    if [ -z "$a" ] || [ -z "$b" ]; then
+      ok=FAIL
+      detail+="$mode: no figure; "
+      continue
+    fi
+    detail+="$mode $a -> $b ms ($(python3 -c "print(f'{$b / $a:.2f}')")); "
+  done
+  printf '%s\t%s\n' "$ok" "$detail"
+}
 BENCH_ENV=""
 bench() {  # bench NAME FLAGS...
-  local name=$1
+  local name=$1 ok detail
   shift
   GW_DP_TIMEOUT=80 timeout 90 "$GW_ROOT/scripts/run_dp.sh" 1 --bench --steps "$STEPS" "$@" \
     >"$LOG_DIR/bench_${name}_1.log" 2>&1
   GW_DP_TIMEOUT=80 timeout 90 env $BENCH_ENV "$GW_ROOT/scripts/run_dp.sh" 2 --bench --steps "$STEPS" "$@" \
     >"$LOG_DIR/bench_${name}_2.log" 2>&1
-  local mode detail="" ok=ok one two ratio
-  for mode in eager "backward graph" "step graph"; do
-    one=$(median_of "$LOG_DIR/bench_${name}_1.log" "$mode")
-    two=$(median_of "$LOG_DIR/bench_${name}_2.log" "$mode")
-    if [ -z "$one" ] || [ -z "$two" ]; then
-      ok=FAIL
-      detail+="$mode: no figure; "
-      continue
-    fi
-    ratio=$(python3 -c "print(f'{$two / $one:.2f}')")
-    detail+="$mode $one -> $two ms ($ratio); "
-  done
+  IFS=$'\t' read -r ok detail < <(compare "$LOG_DIR/bench_${name}_1.log" "$LOG_DIR/bench_${name}_2.log")
   record "dp $name" "$ok" "1 GPU -> 2 ranks${BENCH_ENV:+ ($BENCH_ENV)}: $detail"
 }
 # reducer_alone NAME FLAGS...: one GPU with a group of one reducing (train_dp --with-reducer:
 # the copies and NCCL's kernels with no other GPU), against bench NAME's plain single-GPU run.
 reducer_alone() {
-  local name=$1
+  local name=$1 ok detail
   shift
   GW_DP_TIMEOUT=80 timeout 90 "$GW_ROOT/scripts/run_dp.sh" 1 --bench --with-reducer \
     --steps "$STEPS" "$@" >"$LOG_DIR/bench_${name}_1r.log" 2>&1
-  local mode detail="" ok=ok one red
-  for mode in eager "backward graph" "step graph"; do
-    one=$(median_of "$LOG_DIR/bench_${name}_1.log" "$mode")
-    red=$(median_of "$LOG_DIR/bench_${name}_1r.log" "$mode")
-    if [ -z "$one" ] || [ -z "$red" ]; then
-      ok=FAIL
-      detail+="$mode: no figure; "
-      continue
-    fi
-    detail+="$mode $one -> $red ms ($(python3 -c "print(f'{$red / $one:.2f}')")); "
-  done
+  IFS=$'\t' read -r ok detail < <(compare "$LOG_DIR/bench_${name}_1.log" "$LOG_DIR/bench_${name}_1r.log")
   record "reducer alone $name" "$ok" "1 GPU -> 1 GPU reducing: $detail"
 }
 MLP="--width 1024 --layers 4 --batch 256"
