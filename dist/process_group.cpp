@@ -491,7 +491,8 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
 void ProcessGroup::add_staging(std::size_t bytes) {
 #if GRAPHWARD_HAS_CUDA
   staging_.emplace_back(device_, bytes);
-  // Zeros: the padding between parts is never written, only reduced (0 on every rank).
+  // Zeros, at first: the padding between parts is reduced but never copied back; later it holds
+  // zeros or what an earlier bucket's reduction left there — the same on every rank either way.
   DeviceGuard guard(device_);
   GW_CUDA_CHECK(cudaMemsetAsync(staging_.back().data(), 0, bytes, stream_->get()));
 #else
