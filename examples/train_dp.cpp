@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
 #include "engine/graphward.h"
+#include "examples/example_main.h"
 
 namespace gw = graphward;
 
@@ -254,58 +256,48 @@ int main(int argc, char** argv) {
   try {
     Config c;
     std::string mode = "all";
+    // Flags with a value, and switches (the examples' Flags, examples/example_main.h).
+    const gw::examples::Flags values = {
+        {"--steps", [&](const char* v) { c.steps = std::atoi(v); }},
+        {"--mode", [&](const char* v) { mode = v; }},
+        {"--width", [&](const char* v) { c.width = std::atoll(v); }},
+        {"--layers", [&](const char* v) { c.layers = std::atoll(v); }},
+        {"--branches", [&](const char* v) { c.branches = std::atoll(v); }},
+        {"--batch", [&](const char* v) { c.batch = std::atoll(v); }},
+        {"--bucket-mib", [&](const char* v) { c.bucket_mib = std::atof(v); }},
+        {"--first-bucket-mib", [&](const char* v) { c.first_bucket_mib = std::atof(v); }},
+        {"--staging", [&](const char* v) { c.staging = v; }},
+        {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
+        {"--trace", [&](const char* v) { c.trace = v; }},
+    };
+    const std::map<std::string, bool*> switches = {
+        {"--check", &c.check}, {"--bench", &c.bench}, {"--with-reducer", &c.with_reducer}};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      auto next = [&]() -> const char* {
-        if (i + 1 >= argc) throw gw::Error("train_dp: missing value after " + a);
-        return argv[++i];
-      };
-      if (a == "--steps") {
-        c.steps = std::atoi(next());
-      } else if (a == "--mode") {
-        mode = next();
-      } else if (a == "--width") {
-        c.width = std::atoll(next());
-      } else if (a == "--layers") {
-        c.layers = std::atoll(next());
-      } else if (a == "--branches") {
-        c.branches = std::atoll(next());
-      } else if (a == "--batch") {
-        c.batch = std::atoll(next());
-      } else if (a == "--bucket-mib") {
-        c.bucket_mib = std::atof(next());
-      } else if (a == "--first-bucket-mib") {
-        c.first_bucket_mib = std::atof(next());
-      } else if (a == "--staging") {
-        c.staging = next();
-      } else if (a == "--comm-priority") {
-        c.comm_priority = next();
-      } else if (a == "--check") {
-        c.check = true;
-      } else if (a == "--bench") {
-        c.bench = true;
-      } else if (a == "--with-reducer") {
-        c.with_reducer = true;
-      } else if (a == "--trace") {
-        c.trace = next();
+      if (auto f = values.find(a); f != values.end()) {
+        if (i + 1 >= argc) throw gw::Error("missing value after " + a);
+        f->second(argv[++i]);
+      } else if (auto sw = switches.find(a); sw != switches.end()) {
+        *sw->second = true;
       } else {
-        throw gw::Error("train_dp: unknown argument " + a +
-                        "; expected --steps N, --mode eager|backward|step|all, --width W, "
-                        "--layers L, --branches K, --batch B, --bucket-mib M, --first-bucket-mib M, "
-                        "--staging small|all, --comm-priority high|normal, --check, --bench, "
-                        "--with-reducer, --trace FILE");
+        std::string known;
+        for (const auto& [flag, _] : values) known += (known.empty() ? "" : ", ") + flag + " V";
+        for (const auto& [flag, _] : switches) known += ", " + flag;
+        throw gw::Error("unknown argument " + a + "; expected " + known +
+                        " (--mode eager|backward|step|all, --staging small|all, "
+                        "--comm-priority high|normal)");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||
         !(c.bucket_mib > 0) ||
         !(c.first_bucket_mib > 0)) {
-      throw gw::Error("train_dp: expected --steps >= 2 and positive sizes");
+      throw gw::Error("expected --steps >= 2 and positive sizes");
     }
     std::vector<Mode> modes;
     if (mode == "eager" || mode == "all") modes.push_back(Mode::kEager);
     if (mode == "backward" || mode == "all") modes.push_back(Mode::kBackwardGraph);
     if (mode == "step" || mode == "all") modes.push_back(Mode::kStepGraph);
-    if (modes.empty()) throw gw::Error("train_dp: --mode " + mode + "; expected eager, backward, step or all");
+    if (modes.empty()) throw gw::Error("--mode " + mode + "; expected eager, backward, step or all");
     if (!c.trace.empty() && !gw::cuda_available()) {
       std::printf("train_dp: --trace: no timeline on the CPU backend (CUDA timing events)\n");
     }
@@ -317,11 +309,11 @@ int main(int argc, char** argv) {
     if (!gpu) po.device = gw::Device::cpu();
     using Staging = gw::dist::ProcessGroupOptions::Staging;
     if (c.staging != "small" && c.staging != "all") {
-      throw gw::Error("train_dp: --staging " + c.staging + "; expected small or all");
+      throw gw::Error("--staging " + c.staging + "; expected small or all");
     }
     po.staging = c.staging == "small" ? Staging::kSmall : Staging::kAll;
     if (c.comm_priority != "high" && c.comm_priority != "normal") {
-      throw gw::Error("train_dp: --comm-priority " + c.comm_priority + "; expected high or normal");
+      throw gw::Error("--comm-priority " + c.comm_priority + "; expected high or normal");
     }
     po.high_priority_stream = c.comm_priority == "high";
     gw::dist::ProcessGroup pg(po);
