@@ -147,7 +147,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     : bucket_bytes_(options.bucket_bytes),
       first_bucket_bytes_(options.first_bucket_bytes),
       collective_timeout_s_(options.collective_timeout_s),
-      staging_mode_(options.staging) {
+      staging_mode_(options.staging),
+      gradients_in_buckets_(options.gradients_in_buckets) {
   GW_CHECK(collective_timeout_s_ > 0, "ProcessGroup: collective_timeout_s is ",
            collective_timeout_s_, "; expected seconds above 0");
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
@@ -387,9 +388,90 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
 #endif
 }
 
+void ProcessGroup::place(const std::vector<Tensor*>& grads) {
+#if GRAPHWARD_HAS_CUDA
+  if (!gradients_in_buckets_ || grads.empty() || !device_.is_cuda() || capturing()) return;
+  // Only a bucket of one dtype whose gradients are all the leaves' own (none placed already).
+  const DType dtype = grads.front()->dtype();
+  for (const Tensor* g : grads) {
+    if (!g->defined() || g->dtype() != dtype || g->device() != device_ ||
+        g->storage()->borrowed()) {
+      return;
+    }
+  }
+  constexpr std::size_t kAlign = 256;  // every part aligned as cudaMalloc's blocks are
+  std::vector<std::size_t> offsets;
+  std::size_t bytes = 0;
+  for (const Tensor* g : grads) {
+    offsets.push_back(bytes);
+    bytes += (g->nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  if (bytes == 0) return;
+  check_usable("place");
+  DeviceGuard guard(device_);
+  const cudaStream_t s = stream_->get();
+  auto buffer = std::make_shared<DeviceBuffer>(device_, bytes);
+  char* base = static_cast<char*>(buffer->data());
+  GW_CUDA_CHECK(cudaMemsetAsync(base, 0, bytes, s));  // the padding: zero on every rank
+  kernels::Segments seg;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    seg.src[seg.count] = grads[i]->raw_data();
+    seg.dst[seg.count] = base + offsets[i];
+    seg.bytes[seg.count] = static_cast<std::int64_t>(grads[i]->nbytes());
+    if (++seg.count == kernels::kMaxSegments) {
+      kernels::copy_segments(seg, s);
+      seg.count = 0;
+    }
+  }
+  kernels::copy_segments(seg, s);
+  FlatBucket flat{buffer, {}, dtype, bytes};
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    Tensor& g = *grads[i];
+    const std::shared_ptr<const void> owner = buffer;
+    Tensor moved = Tensor::from_storage(
+        Storage::borrow(device_, base + offsets[i], g.nbytes(), s, owner), g.shape(), g.dtype());
+    flat.parts.push_back(moved.raw_data());
+    g = std::move(moved);  // the old gradient's memory is released after the copy (rule 7)
+  }
+  flat_[base] = std::move(flat);
+#else
+  (void)grads;
+#endif
+}
+
+bool ProcessGroup::reduce_placed(const std::vector<Tensor>& grads) {
+#if GRAPHWARD_HAS_NCCL
+  if (!comm_ || grads.empty() || !grads.front().defined()) return false;
+  const auto it = flat_.find(grads.front().raw_data());
+  if (it == flat_.end()) return false;
+  const FlatBucket& flat = it->second;
+  if (flat.parts.size() != grads.size()) return false;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined() || grads[i].raw_data() != flat.parts[i] ||
+        grads[i].dtype() != flat.dtype || !grads[i].storage()->borrowed()) {
+      return false;
+    }
+  }
+  check_usable("reduce");
+  DeviceGuard guard(device_);
+  const cudaStream_t s = stream_->get();
+  before_collective(s, "reduction of a gradient bucket");
+  auto comm = static_cast<ncclComm_t>(comm_);
+  void* base = flat.buffer->data();
+  nccl_check(ncclAllReduce(base, base, flat.bytes / dtype_size(flat.dtype), nccl_type(flat.dtype),
+                           ncclAvg, comm, s),
+             "ncclAllReduce", comm);
+  return true;
+#else
+  (void)grads;
+  return false;
+#endif
+}
+
 void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   // The executor ordered the stream after the writers and recorded the uses (planned).
 #if GRAPHWARD_HAS_NCCL
+  if (reduce_placed(grads)) return;  // Note [Gradients in buckets]
   const bool stage_all = staging_mode_ != ProcessGroupOptions::Staging::kSmall;
   if (!comm_ || (grads.size() < 2 && !stage_all)) {
     return reduce_on_stream(grads, /*average=*/true, 0);

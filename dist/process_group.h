@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -61,6 +62,11 @@ struct ProcessGroupOptions {
     kAll,    // every gradient: one all-reduce a bucket (and dtype)
   };
   Staging staging = Staging::kSmall;
+  // Note [Gradients in buckets]: the gradients live in their bucket's flat buffer from the first
+  // eager backward on (their .grad tensors replaced once), so that a bucket is reduced where the
+  // backward wrote it, with no copies (PyTorch's gradient_as_bucket_view). false: they stay
+  // where the backward made them, and are staged (above) or reduced in place.
+  bool gradients_in_buckets = true;
   // The reductions' stream at the device's highest priority (they gate the step), else at the
   // normal one.
   bool high_priority_stream = true;
@@ -68,6 +74,19 @@ struct ProcessGroupOptions {
   // process unless it is set already; true leaves NCCL's default (1).
   bool nccl_graph_mixing = false;
 };
+
+// Note [Gradients in buckets]
+// With gradients_in_buckets (the default), at the first eager backward that reduces a bucket the
+// group moves the bucket's gradients into one flat buffer of its own (zeroed padding between
+// them, each part 256-byte aligned): each leaf's .grad becomes a tensor over its part of the
+// buffer (Storage::borrow), holding the same values. The backwards after it write the gradients
+// there in place (a defined .grad is written in place), and the bucket is averaged by one
+// all-reduce over the whole buffer: no copies in or out, and one NCCL call a bucket. As with
+// PyTorch's gradient_as_bucket_view: a .grad handle taken before that first backward no longer
+// is the leaf's gradient afterwards (read leaf.grad() again); a graph captured before it sees a
+// new .grad and is captured again. Gradients the group did not place (a bucket first reduced in a
+// capture, a bucket mixing dtypes, a .grad replaced by its owner since) take the staged or
+// in-place path. The buffers live as long as a .grad over them, or the group, does.
 
 // Note [NCCL graph mixing]
 // NCCL supports, by default, collectives of captured graphs and uncaptured ones outstanding at
@@ -119,6 +138,10 @@ class ProcessGroup final : public GradientReducer {
   // cost for every tensor it reduces, which for a bucket of many small gradients (biases, a
   // branch model's layers) costs more than the copies.
   void reduce(const std::vector<Tensor>& grads) override;
+  // Note [Gradients in buckets]: moves a bucket's gradients into a flat buffer of their own.
+  void place(const std::vector<Tensor*>& grads) override;
+  // How many buckets have their gradients in a flat buffer of this group (placed so far).
+  std::size_t placed_buckets() const { return flat_.size(); }
 
   // A fresh NCCL unique id in hex, for a launcher to hand every process as GRAPHWARD_NCCL_ID.
   static std::string new_unique_id_hex();
@@ -155,6 +178,18 @@ class ProcessGroup final : public GradientReducer {
   void add_staging(std::size_t bytes);  // zeroed, on the group's stream
   ProcessGroupOptions::Staging staging_mode_;
   std::vector<DeviceBuffer> staging_;
+  // Note [Gradients in buckets]: per placed bucket, keyed by its buffer's address: the buffer, the
+  // parts' addresses in bucket order, its dtype and its bytes (padding included).
+  struct FlatBucket {
+    std::shared_ptr<DeviceBuffer> buffer;
+    std::vector<const void*> parts;
+    DType dtype;
+    std::size_t bytes;
+  };
+  bool gradients_in_buckets_ = true;
+  std::unordered_map<const void*, FlatBucket> flat_;
+  // Reduces `grads` with one all-reduce when they are a placed bucket, in order; false otherwise.
+  bool reduce_placed(const std::vector<Tensor>& grads);
 };
 
 }  // namespace graphward::dist

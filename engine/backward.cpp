@@ -388,8 +388,14 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
                  " was not written (an internal error of the plan)");
         if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
-        grads.push_back(g);
       }
+      if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
+        std::vector<Tensor*> slots;
+        slots.reserve(b.buffers.size());
+        for (int i : b.buffers) slots.push_back(&plan.buffers[i].leaf.grad());
+        reducer->place(slots);
+      }
+      for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
       detail::NvtxRange nvtx_reduce("reduce gradients");
       const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
       if (timed) mark(timing, comm);

@@ -66,6 +66,12 @@ class GradientReducer {
   // Issues the in-place average over the processes of `grads` (one bucket) on stream(), after the
   // executor ordered stream() after their writers.
   virtual void reduce(const std::vector<Tensor>& grads) = 0;
+  // Called outside a capture right before a bucket's reduce(), with the bucket's leaves' .grad
+  // slots (every one defined, final, and stream() ordered after its writers): the reducer may
+  // replace each with a tensor of the same shape, dtype and values in memory of its choosing,
+  // which the next backwards write in place — e.g. one flat buffer a bucket, reduced with no
+  // copies (Note [Gradients in buckets], dist/process_group.h). The default keeps them.
+  virtual void place(const std::vector<Tensor*>& grads) { (void)grads; }
 };
 
 namespace detail {

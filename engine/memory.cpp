@@ -597,6 +597,17 @@ std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
   return std::shared_ptr<Storage>(new Storage(Device::cpu(), p, bytes, nullptr));
 }
 
+std::shared_ptr<Storage> Storage::borrow(Device device, void* data, std::size_t bytes,
+                                         cudaStream_t stream, std::shared_ptr<const void> owner) {
+  GW_CHECK(device.is_cuda() && data && stream && owner,
+           "Storage::borrow: expected CUDA memory, its stream and its owner; got ", device.str(),
+           data ? "" : ", no memory", stream ? "" : ", no stream", owner ? "" : ", no owner");
+  std::shared_ptr<Storage> storage(new Storage(device, data, bytes, stream));
+  storage->owner_ = std::move(owner);
+  storage->block_bytes_ = bytes;
+  return storage;
+}
+
 std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cudaStream_t stream) {
   if (device.is_cpu()) return allocate_cpu(bytes);
 #if GRAPHWARD_HAS_CUDA
@@ -760,6 +771,7 @@ std::size_t detail::release_deferred_storage() noexcept {
 }
 
 Storage::~Storage() {
+  if (owner_) return;  // Note [Borrowed storage]: the owner frees the memory
   // Note [Frees during a capture]
   if (!graph_pool_ && !graph_allocation_ && data_ && !device_.is_cpu() && capturing_a_user() &&
       defer_release()) {

@@ -81,6 +81,15 @@ class Storage {
   // producer.
   static std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, cudaStream_t stream);
   static std::shared_ptr<Storage> allocate_cpu(std::size_t bytes);
+  // Note [Borrowed storage]: `bytes` at `data` on CUDA `device`, memory that `owner` owns (a
+  // part of a larger block): the storage keeps `owner` alive and frees nothing itself, the owner
+  // frees the block when its last user lets go (a cudaFree, which waits for the device). The
+  // stream bookkeeping is a storage's like any other; `stream` is the allocating stream and the
+  // first producer (the one that wrote `data` last). Data-parallel gradients live in their
+  // bucket's flat buffer this way (Note [Gradients in buckets], dist/process_group.h).
+  static std::shared_ptr<Storage> borrow(Device device, void* data, std::size_t bytes,
+                                         cudaStream_t stream, std::shared_ptr<const void> owner);
+  bool borrowed() const { return owner_ != nullptr; }
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -155,6 +164,7 @@ class Storage {
   std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner
+  std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
   cudaStream_t alloc_stream_ = nullptr;

@@ -92,6 +92,15 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
       std::make_shared<Impl>(Impl{std::move(storage), shape, options.dtype, n, false, {}, {}}));
 }
 
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
+  GW_CHECK(storage, "Tensor::from_storage: expected a storage, got none");
+  const std::int64_t n = shape_numel(shape);
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  GW_CHECK(storage->bytes() >= bytes, "Tensor::from_storage: a storage of ", storage->bytes(),
+           " bytes cannot hold ", dtype_name(dtype), shape_str(shape), " (", bytes, " bytes)");
+  return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, dtype, n, false, {}, {}}));
+}
+
 const Tensor& Tensor::set_requires_grad(bool requires_grad) const {
   Impl& i = impl();
   GW_CHECK(!i.grad_fn, "set_requires_grad: ", str(),

@@ -32,6 +32,9 @@ class Tensor {
   Tensor() = default;  // undefined: holds nothing
   // Uninitialized memory (poisoned with NaN when debug::set_poison_new_memory is on).
   static Tensor empty(const Shape& shape, TensorOptions options = {});
+  // A tensor over existing storage (e.g. Storage::borrow's), from its first byte; the storage must
+  // hold at least the shape's bytes. No autograd history.
+  static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const;

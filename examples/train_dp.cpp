@@ -7,6 +7,7 @@
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
 //            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all]
+//            [--grads-in-buckets on|off]
 //            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
@@ -45,7 +46,8 @@ struct Config {
   int steps = 20;
   std::int64_t width = 256, layers = 4, batch = 64, out = 16, branches = 1;
   double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
-  std::string staging = "small", comm_priority = "high";  // ProcessGroupOptions
+  // ProcessGroupOptions
+  std::string staging = "small", comm_priority = "high", grads_in_buckets = "on";
   bool check = false;
   bool bench = false;
   bool with_reducer = false;
@@ -268,6 +270,7 @@ int main(int argc, char** argv) {
         {"--first-bucket-mib", [&](const char* v) { c.first_bucket_mib = std::atof(v); }},
         {"--staging", [&](const char* v) { c.staging = v; }},
         {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
+        {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
     };
     const std::map<std::string, bool*> switches = {
@@ -285,7 +288,7 @@ int main(int argc, char** argv) {
         for (const auto& [flag, _] : switches) known += ", " + flag;
         throw gw::Error("unknown argument " + a + "; expected " + known +
                         " (--mode eager|backward|step|all, --staging small|all, "
-                        "--comm-priority high|normal)");
+                        "--comm-priority high|normal, --grads-in-buckets on|off)");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||
@@ -316,18 +319,23 @@ int main(int argc, char** argv) {
       throw gw::Error("--comm-priority " + c.comm_priority + "; expected high or normal");
     }
     po.high_priority_stream = c.comm_priority == "high";
+    if (c.grads_in_buckets != "on" && c.grads_in_buckets != "off") {
+      throw gw::Error("--grads-in-buckets " + c.grads_in_buckets + "; expected on or off");
+    }
+    po.gradients_in_buckets = c.grads_in_buckets == "on";
     gw::dist::ProcessGroup pg(po);
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
       std::printf("train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in all), "
-                  "buckets of %.1f MiB (the first %.1f, staging %s, %s-priority reductions), "
+                  "buckets of %.1f MiB (the first %.1f, staging %s, gradients in buckets %s, %s-priority reductions), "
                   "%d steps%s\n",
                   world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
                   static_cast<long long>(c.branches), static_cast<long long>(c.layers),
                   static_cast<long long>(c.width),
                   static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
-                  c.bucket_mib, c.first_bucket_mib, c.staging.c_str(), c.comm_priority.c_str(),
+                  c.bucket_mib, c.first_bucket_mib, c.staging.c_str(), c.grads_in_buckets.c_str(),
+                  c.comm_priority.c_str(),
                   c.steps, c.check ? ", checked" : "");
     }
     bool ok = true;

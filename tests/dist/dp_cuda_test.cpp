@@ -3,7 +3,9 @@
 // with more ranks; averaging over one process must leave the plain gradients bit for bit — eager,
 // replayed from a BackwardGraph, and inside a StepGraph — and a timed backward shows each bucket's
 // reduction on its own track, starting after the step that finished its last gradient; a bucket
-// of many small gradients goes through the flat buffer and back unchanged.
+// of many small gradients goes through the flat buffer and back unchanged; gradients placed in
+// their bucket's buffer stay there, hold the plain values, and are written there afterwards.
+#include <cstdint>
 #include <cstdlib>
 
 #include "capture/backward_graph.h"
@@ -237,6 +239,93 @@ TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
 TEST(CudaDataParallel, StagingEveryGradientComesBackBitForBit) {
   GW_REQUIRE_GPU();
   expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kAll);
+}
+
+// Note [Gradients in buckets]: place() moves a bucket's gradients (more than one launch of copies)
+// into one flat buffer of the group's — in bucket order, each part 256-byte aligned, right after
+// the one before — with their values; reduce() then averages the buffer in one all-reduce and
+// leaves them there. A bucket placed already, or mixing dtypes, stays where it is.
+TEST(CudaDataParallel, PlacedGradientsShareOneFlatBufferInBucketOrder) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu});
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 70; ++i) grads.push_back(randn({1 + 37 * i}, 100 + i, kF32Gpu));
+  std::vector<std::vector<float>> before;
+  for (const Tensor& g : grads) before.push_back(g.to_vector<float>());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the executor orders the group's stream
+  std::vector<Tensor*> slots;
+  for (Tensor& g : grads) slots.push_back(&g);
+  pg.place(slots);
+  EXPECT_EQ(pg.placed_buckets(), 1u);
+  auto address = [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.raw_data()); };
+  EXPECT_EQ(address(grads[0]) % 256, 0u);
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_TRUE(grads[i].storage()->borrowed()) << i;
+    if (i == 0) continue;
+    const std::size_t padded = (grads[i - 1].nbytes() + 255) / 256 * 256;
+    EXPECT_EQ(address(grads[i]), address(grads[i - 1]) + padded) << i;
+  }
+  ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
+  std::vector<std::vector<float>> placed;
+  for (const Tensor& g : grads) placed.push_back(g.to_vector<float>());
+  EXPECT_EQ(placed, before);
+  std::vector<std::uintptr_t> where;
+  for (const Tensor& g : grads) where.push_back(address(g));
+  pg.reduce(grads);
+  pg.place(slots);  // placed already: nothing moves
+  ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
+  EXPECT_EQ(pg.placed_buckets(), 1u);
+  std::vector<std::vector<float>> reduced;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    reduced.push_back(grads[i].to_vector<float>());
+    EXPECT_EQ(address(grads[i]), where[i]) << i;
+  }
+  EXPECT_EQ(reduced, before);  // the average over one rank
+  std::vector<Tensor> mixed = {randn({10}, 1, kF32Gpu),
+                               cast(randn({10}, 2, kF32Gpu), DType::kBFloat16)};
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  pg.place({&mixed[0], &mixed[1]});
+  EXPECT_EQ(pg.placed_buckets(), 1u);
+  EXPECT_FALSE(mixed[0].storage()->borrowed());
+}
+
+// Note [Gradients in buckets], through the backward: after the first backward with the group, the
+// leaves' .grads are the group's (borrowed, 256-byte aligned) and hold the plain gradients; the
+// next backwards write them in place, at the same addresses, and still give the plain gradients.
+// With gradients_in_buckets off they stay the backward's own.
+TEST(CudaDataParallel, AfterTheFirstBackwardTheGradientsLiveInTheirBuckets) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096});
+  const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
+  Model plain, dp;
+  backward(plain.loss(x, t));
+  backward(dp.loss(x, t), {.reduce_gradients = &pg});
+  EXPECT_EQ(dp.grads(), plain.grads());
+  EXPECT_GE(pg.placed_buckets(), 2u);  // 4 KiB buckets: several
+  std::vector<const void*> where;
+  for (const Tensor& p : dp.w) {
+    EXPECT_TRUE(p.grad().storage()->borrowed());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.grad().raw_data()) % 256, 0u);
+    where.push_back(p.grad().raw_data());
+  }
+  const std::size_t placed = pg.placed_buckets();
+  for (int s = 0; s < 2; ++s) {
+    backward(plain.loss(x, t));  // accumulates
+    backward(dp.loss(x, t), {.reduce_gradients = &pg});
+  }
+  EXPECT_EQ(dp.grads(), plain.grads());
+  EXPECT_EQ(pg.placed_buckets(), placed);
+  for (std::size_t i = 0; i < dp.w.size(); ++i) EXPECT_EQ(dp.w[i].grad().raw_data(), where[i]) << i;
+
+  dist::ProcessGroup off({.rank = 0, .world_size = 1, .device = kGpu, .bucket_bytes = 4096,
+                          .gradients_in_buckets = false});
+  Model kept;
+  backward(kept.loss(x, t), {.reduce_gradients = &off});
+  EXPECT_EQ(off.placed_buckets(), 0u);
+  for (const Tensor& p : kept.w) EXPECT_FALSE(p.grad().storage()->borrowed());
+  Model once;
+  backward(once.loss(x, t));
+  EXPECT_EQ(kept.grads(), once.grads());
 }
 
 }  // namespace
