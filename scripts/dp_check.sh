@@ -140,15 +140,14 @@ bench branches-1024-16mib $WIDE --bucket-mib 16
 bench deep $DEEP
 reducer_alone mlp-large $LARGE
 reducer_alone branches $BRANCHES
-# NCCL's graph mixing support as NCCL has it by default (ProcessGroup turns it off: Note [NCCL
-# graph mixing], dist/process_group.h), for the same models in the same run. (NCCL's CTA
-# policies, NCCL_MAX_CTAS=16, NCCL_PROTO=Simple, the reductions' stream at normal priority and
-# staging every gradient, in a registered window or not, made no difference or were slower:
-# docs/RESULTS.md, twelfth session.)
-BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench branches-mixing $BRANCHES
-BENCH_ENV="NCCL_GRAPH_MIXING_SUPPORT=1" bench mlp-large-mixing $LARGE
-# More of NCCL's CTAs than it picks (24 channels here): the reductions faster under the GEMMs?
-BENCH_ENV="NCCL_MIN_CTAS=32" bench mlp-large-32ctas $LARGE
+# The gradients where the backward makes them, copied through the staging buffer (small ones) or
+# reduced in place, instead of living in their bucket's buffer (Note [Gradients in buckets],
+# dist/process_group.h), for the same models in the same run. (NCCL's graph mixing support on,
+# its CTA policies, NCCL_MIN/MAX_CTAS, NCCL_PROTO, the reductions' stream at normal priority,
+# staging every gradient, and cuBLASLt's SM-count target left to NCCL's CTAs, made no difference
+# or were slower: docs/RESULTS.md, twelfth and thirteenth sessions.)
+bench branches-copies $BRANCHES --grads-in-buckets off
+bench mlp-large-copies $LARGE --grads-in-buckets off
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and
