@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Summarises a kernel trace (scripts/kernel_trace.cpp's CSV): for every CUDA graph replayed at
+least five times, how long a replay takes from its first node's start to its last node's end
+(median, min, max, after the first fifth of the replays), how often replays start, each stream's
+busy time and the kernels that take the most; with --nodes, every node of a replay at its median
+start (µs from the replay's start) and median duration, in start order.
+
+Rows: kind,start_ns,end_ns,device,stream,graph,node,grid_or_bytes,block,name (kind K: kernel,
+C: copy, S: memset; graph 0: not in a graph; a start of 0: a record CUPTI never completed).
+Every node of a graph runs once a replay: a node's k-th record belongs to replay k.
+
+  scripts/kernel_trace.py TRACE.csv [--nodes] [--graph ID]
+"""
+import argparse
+import collections
+import statistics
+import sys
+
+
+def read(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            p = line.rstrip("\n").split(",", 9)
+            if len(p) < 10 or not p[1].isdigit() or int(p[1]) == 0:
+                continue
+            rows.append({"kind": p[0], "start": int(p[1]), "end": int(p[2]), "stream": int(p[4]),
+                         "graph": int(p[5]), "node": int(p[6]), "grid": int(p[7]), "name": p[9]})
+    return rows
+
+
+def summarise(rows, show_nodes, only_graph, out):
+    graphs = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in rows:
+        if r["graph"]:
+            graphs[r["graph"]][r["node"]].append(r)
+    shown = 0
+    for g in sorted(graphs):
+        if only_graph is not None and g != only_graph:
+            continue
+        nodes = graphs[g]
+        replays = min(len(v) for v in nodes.values())
+        if replays < 5:
+            continue
+        for v in nodes.values():
+            v.sort(key=lambda r: r["start"])
+        reps = []
+        for k in range(replays):
+            items = [v[k] for v in nodes.values()]
+            reps.append((min(i["start"] for i in items), max(i["end"] for i in items), items))
+        skipped = replays // 5
+        reps = reps[skipped:]
+        spans = [(t1 - t0) / 1e3 for t0, t1, _ in reps]
+        starts = [t0 for t0, _, _ in reps]
+        periods = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
+        out.write(f"graph {g}: {len(nodes)} nodes, {replays} replays ({len(reps)} after the first "
+                  f"fifth); a replay {statistics.median(spans):.1f} us (min {min(spans):.1f}, max "
+                  f"{max(spans):.1f}); one starts every "
+                  f"{statistics.median(periods) if periods else 0:.1f} us\n")
+        offsets = collections.defaultdict(list)
+        durations = collections.defaultdict(list)
+        first = {}
+        for t0, _, items in reps:
+            for i in items:
+                key = i["node"]
+                offsets[key].append((i["start"] - t0) / 1e3)
+                durations[key].append((i["end"] - i["start"]) / 1e3)
+                first[key] = i
+        lines = sorted((statistics.median(offsets[n]), statistics.median(durations[n]), first[n])
+                       for n in offsets)
+        busy = collections.Counter()
+        by_name = collections.defaultdict(lambda: [0, 0.0])
+        for _, dur, r in lines:
+            busy[r["stream"]] += dur
+            by_name[r["name"]][0] += 1
+            by_name[r["name"]][1] += dur
+        out.write("  busy a replay, by stream: " +
+                  ", ".join(f"stream {s} {busy[s]:.1f} us" for s in sorted(busy)) + "\n")
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:8]
+        out.write("  most time: " + "; ".join(f"{name[:60]} x{c} {t:.1f} us" for name, (c, t) in top)
+                  + "\n")
+        if show_nodes:
+            for off, dur, r in lines:
+                size = f"grid {r['grid']}" if r["kind"] == "K" else f"{r['grid']} bytes"
+                out.write(f"    {off:9.1f} {dur:8.1f}  stream {r['stream']:<4} {size:<14} {r['name']}\n")
+        shown += 1
+    if shown == 0:
+        out.write("no graph replayed five times or more in this trace\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--nodes", action="store_true", help="every node of a replay, in start order")
+    ap.add_argument("--graph", type=int, default=None, help="only this graph id")
+    a = ap.parse_args()
+    summarise(read(a.trace), a.nodes, a.graph, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
