@@ -415,11 +415,16 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
     return a.finish != b.finish ? a.finish < b.finish : a.step < b.step;
   });
   std::vector<GradBucket> buckets;
+  double last_finish = -1;  // of the last leaf taken
   for (const Final& f : leaves) {
+    // A full bucket closes, unless this leaf is ready together with the last one it took: a
+    // bucket never waits for more than the last bucket, and a split would only add a reduction.
     if (buckets.empty() ||
-        buckets.back().bytes >= (buckets.size() == 1 ? first_bucket_bytes : bucket_bytes)) {
+        (buckets.back().bytes >= (buckets.size() == 1 ? first_bucket_bytes : bucket_bytes) &&
+         f.finish != last_finish)) {
       buckets.emplace_back();
     }
+    last_finish = f.finish;
     GradBucket& bucket = buckets.back();
     const Tensor& leaf = plan.buffers[f.buffer].leaf;
     bucket.buffers.push_back(f.buffer);

@@ -90,13 +90,16 @@ TEST(GradBuckets, LeavesComeInTheOrderTheirGradientsAreFinalAndBucketsCloseAtThe
   ASSERT_EQ(one[0].ready.size(), 1u);  // one stream on the CPU
   EXPECT_EQ(one[0].ready[0].step, one[0].issue_after);
 
-  // 100 bytes a bucket: each closes once it holds 100 bytes or more; together, every leaf once.
-  const std::vector<GradBucket> small = plan_grad_buckets(plan, 100);
-  ASSERT_GT(small.size(), 2u);
+  // 50 bytes a bucket: each closes once it holds 50 bytes or more — but a layer's weight and
+  // bias, written by one step, stay together: {w3}, {w2, b2}, {w1, b1}; every leaf once.
+  const std::vector<GradBucket> small = plan_grad_buckets(plan, 50);
+  ASSERT_EQ(small.size(), 3u);
+  EXPECT_EQ(small[1].bytes, (36 + 6) * sizeof(float));
+  EXPECT_EQ(small[2].bytes, (36 + 6) * sizeof(float));
   std::vector<int> all;
   for (std::size_t k = 0; k < small.size(); ++k) {
     if (k + 1 < small.size()) {
-      EXPECT_GE(small[k].bytes, 100u);
+      EXPECT_GE(small[k].bytes, 50u);
     }
     if (k > 0) {
       EXPECT_GE(small[k].issue_after, small[k - 1].issue_after);
@@ -175,24 +178,35 @@ TEST(GradBuckets, AcrossStreamsTheLeavesReadyTogetherGoTogether) {
   // Plan order would have been {0}, {1, 2}, {3, 4}, {5, 6}: B's first layer (step 3, finishing
   // last) bucketed with A's last (step 4).
 
+  // One byte a bucket: each bucket is full at once and closes — but never between two leaves
+  // ready together, which stay in one bucket (splitting them would start nothing earlier and add
+  // a reduction): the same four buckets.
+  const std::vector<GradBucket> tiny = plan_grad_buckets(plan, 1);
+  ASSERT_EQ(tiny.size(), 4u);
+  for (std::size_t k = 0; k < tiny.size(); ++k) {
+    EXPECT_EQ(tiny[k].buffers, expected[k]) << "bucket " << k;
+  }
+
   // Issue points never go back: a bucket of steps earlier in plan order than the bucket before
   // it is issued after that one. Split step 6, its side part waiting for step 3: 6's leaf is
-  // ready at 5, after 3's (4).
+  // ready at 5, after 3's (4), so 3 and 6 part: {0}, {1, 4}, {2, 5}, {3}, {6}.
   const BackwardPlan split = two_branch_plan(true);
   const std::vector<GradBucket> singles = plan_grad_buckets(split, 1);
-  ASSERT_EQ(singles.size(), 7u);
-  std::vector<int> order;
-  for (const GradBucket& b : singles) order.push_back(b.buffers.at(0));
-  EXPECT_EQ(order, (std::vector<int>{0, 1, 4, 2, 5, 3, 6}));
-  ASSERT_EQ(singles[6].ready.size(), 1u);
-  EXPECT_TRUE(singles[6].ready[0].side);
-  // Bucket {2} comes after bucket {4}: it is issued after step 4, not 2 — the issue points are
-  // the running maximum of the buckets' last steps.
+  const std::vector<std::vector<int>> split_expected = {{0}, {1, 4}, {2, 5}, {3}, {6}};
+  ASSERT_EQ(singles.size(), split_expected.size());
+  for (std::size_t k = 0; k < singles.size(); ++k) {
+    EXPECT_EQ(singles[k].buffers, split_expected[k]) << "bucket " << k;
+  }
+  ASSERT_EQ(singles[4].ready.size(), 1u);
+  EXPECT_TRUE(singles[4].ready[0].side);
+  // Bucket {3} comes after bucket {2, 5}: it is issued after step 5, not 3 — the issue points
+  // are the running maximum of the buckets' last steps.
   int running = -1;
   for (const GradBucket& b : singles) {
-    running = std::max(running, plan.buffers[b.buffers[0]].last_use);
+    for (int i : b.buffers) running = std::max(running, plan.buffers[i].last_use);
     EXPECT_EQ(b.issue_after, running);
   }
+  EXPECT_EQ(singles[3].issue_after, 5);
 }
 
 TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
@@ -216,8 +230,8 @@ TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
       for (double& v : half) v *= 0.5;
       EXPECT_EQ(values(g), half) << "parameter " << i << ", bucket bytes " << bytes;
     }
-    if (bytes == 1) {
-      EXPECT_EQ(r.buckets.size(), 5u);
+    if (bytes == 1) {  // a bucket a step: a layer's weight and bias are final together
+      EXPECT_EQ(r.buckets.size(), 3u);
     }
   }
 }
