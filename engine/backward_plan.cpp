@@ -417,8 +417,8 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
   std::vector<GradBucket> buckets;
   double last_finish = -1;  // of the last leaf taken
   for (const Final& f : leaves) {
-    // A full bucket closes, unless this leaf is ready together with the last one it took: a
-    // bucket never waits for more than the last bucket, and a split would only add a reduction.
+    // A full bucket closes — but not between two leaves estimated to be ready together: keeping
+    // them makes the bucket wait for nothing more, and splitting them would add a reduction.
     if (buckets.empty() ||
         (buckets.back().bytes >= (buckets.size() == 1 ? first_bucket_bytes : bucket_bytes) &&
          f.finish != last_finish)) {
