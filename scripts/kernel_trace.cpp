@@ -6,7 +6,7 @@
 // (kind K: kernel, C: copy, S: memset; graph 0: not in a graph; names demangled, without their
 // arguments). For where the time of a replayed step goes where Nsight Systems cannot make reports;
 // scripts/kernel_trace.py summarises the CSV. A diagnostic, not part of the library: tracing
-// slows a step (on an H200, 5-20% for the data-parallel steps of train_dp).
+// slows a step (on an H200: 1% for train_dp's 8 x 2048 MLP, 15-18% for its 4-branch study).
 // Records reach the file every 300 ms and when the process exits normally.
 #include <cupti.h>
 #include <cxxabi.h>
