@@ -55,31 +55,31 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
+// One CSV row: the fields every record kind has, then its size (a kernel's grid, a copy's or a
+// memset's bytes), a kernel's block (0 for the others) and its name.
+template <class Record>
+void row(char kind, const Record& r, long long size, int block, const std::string& name) {
+  std::fprintf(g_out, "%c,%llu,%llu,%u,%u,%u,%llu,%lld,%d,%s\n", kind,
+               static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
+               r.deviceId, r.streamId, r.graphId, static_cast<unsigned long long>(r.graphNodeId),
+               size, block, name.c_str());
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   std::lock_guard<std::mutex> lock(g_mutex);
   CUpti_Activity* r = nullptr;
   while (g_out && cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
     if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-      std::fprintf(g_out, "K,%llu,%llu,%u,%u,%u,%llu,%d,%d,%s\n",
-                   static_cast<unsigned long long>(k->start),
-                   static_cast<unsigned long long>(k->end), k->deviceId, k->streamId, k->graphId,
-                   static_cast<unsigned long long>(k->graphNodeId), k->gridX * k->gridY * k->gridZ,
-                   k->blockX * k->blockY * k->blockZ, short_name(k->name).c_str());
+      const auto& k = *reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+      row('K', k, static_cast<long long>(k.gridX) * k.gridY * k.gridZ,
+          k.blockX * k.blockY * k.blockZ, short_name(k.name));
     } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
-      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-      std::fprintf(g_out, "C,%llu,%llu,%u,%u,%u,%llu,%llu,0,memcpy kind %d\n",
-                   static_cast<unsigned long long>(m->start),
-                   static_cast<unsigned long long>(m->end), m->deviceId, m->streamId, m->graphId,
-                   static_cast<unsigned long long>(m->graphNodeId),
-                   static_cast<unsigned long long>(m->bytes), static_cast<int>(m->copyKind));
+      const auto& m = *reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+      row('C', m, static_cast<long long>(m.bytes), 0,
+          "memcpy kind " + std::to_string(static_cast<int>(m.copyKind)));
     } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
-      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-      std::fprintf(g_out, "S,%llu,%llu,%u,%u,%u,%llu,%llu,0,memset\n",
-                   static_cast<unsigned long long>(m->start),
-                   static_cast<unsigned long long>(m->end), m->deviceId, m->streamId, m->graphId,
-                   static_cast<unsigned long long>(m->graphNodeId),
-                   static_cast<unsigned long long>(m->bytes));
+      const auto& m = *reinterpret_cast<const CUpti_ActivityMemset4*>(r);
+      row('S', m, static_cast<long long>(m.bytes), 0, "memset");
     }
   }
   std::free(buffer);
