@@ -84,6 +84,9 @@ class StepGraph {
   // Kernel nodes and all nodes of the captured graph (0 before the first capture).
   std::size_t kernel_nodes() const { return kernel_nodes_; }
   std::size_t graph_nodes() const { return graph_nodes_; }
+  // Writes the captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint; `verbose`: every
+  // node's parameters too) — its nodes and the edges the capture made of the step's streams.
+  void write_dot(const std::string& path, bool verbose = false) const;
 
   struct Executable;
 

@@ -132,6 +132,12 @@ class Node {
   void set_takes_input_epilogue() { input_epilogue_ = true; }
   // apply() for a fused layer: grad_out is the pre-activation's gradient.
   void apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> grads) const;
+  // Note [Gradient buckets] (engine/backward_plan.cpp): set on a node whose backward hands
+  // grad_out itself to its inputs where their slots may share it, launching nothing (add of two
+  // operands of the output's shape); the buckets' estimate of when gradients are final counts its
+  // step as taking no time.
+  bool passes_gradient_through() const { return passes_gradient_through_; }
+  void set_passes_gradient_through() { passes_gradient_through_ = true; }
 
  private:
   std::vector<Tensor> saved_tensors() const;
@@ -149,6 +155,7 @@ class Node {
   std::vector<const Storage*> saved_storages_;  // per saved tensor (nullptr: undefined)
   std::unique_ptr<ActivationFusion> fusion_;
   bool input_epilogue_ = false;
+  bool passes_gradient_through_ = false;
 
  public:
   // Scratch for walks of the tape (capture/signature.cpp): a walk takes a fresh epoch and marks

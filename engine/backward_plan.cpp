@@ -359,7 +359,12 @@ namespace {
 // one unit of time a step (and one for a split step's side part): a stream runs its steps in plan
 // order, each after its stream's previous one and after the steps it waits for; a side part
 // starts with its step (its fork is recorded once the gradient is assembled). Exact for one
-// stream (the plan order); across streams it finds the leaves that are ready together.
+// stream (the plan order); across streams it finds the leaves that are ready together. A step
+// whose node passes its gradient through (Node::passes_gradient_through: the adds that sum
+// branches) takes no time: counted as a unit, the chain of adds that joins K branches would start
+// each branch's backward one unit after the one before, and a bucket "ready together" would
+// hold the first layer of one branch with the second or third of another — the reduction of
+// the 4-branch study's first bucket started two layers after its first layers were done.
 struct FinishTimes {
   std::vector<double> main, side;  // per step (side: -1 when the step is not split)
 };
@@ -379,7 +384,7 @@ FinishTimes estimate_finish_times(const BackwardPlan& plan) {
     const BackwardPlan::Step& st = plan.steps[i];
     double& free_main = stream_free[static_cast<std::size_t>(st.stream)];
     const double start = ready_after(free_main, st.waits);
-    t.main[i] = free_main = start + 1;
+    t.main[i] = free_main = start + (st.node && st.node->passes_gradient_through() ? 0 : 1);
     if (st.side_stream >= 0) {
       double& free_side = stream_free[static_cast<std::size_t>(st.side_stream)];
       t.side[i] = free_side = ready_after(std::max(free_side, start), st.side_waits) + 1;

@@ -312,6 +312,10 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
            [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              backward(g, s[0], s[1], grads[0], grads[1]);
            });
+    // add of equal shapes passes its gradient through to both operands (add_backward).
+    if (kind == k::BinaryOp::kAdd && a.shape() == y.shape() && b.shape() == y.shape()) {
+      y.grad_fn()->set_passes_gradient_through();
+    }
   }
   return y;
 }

@@ -9,6 +9,7 @@
 //            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all]
 //            [--grads-in-buckets on|off]
 //            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
+//            [--dot PREFIX]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -20,7 +21,8 @@
 // then trains with no reducer (the single-GPU baseline) unless --with-reducer (a group of one:
 // NCCL's kernels and the copies on its own GPU, no other GPU to wait for). With --trace (backward-graph mode), every rank replays one more
 // step traced (Note [Timeline]) and rank 0 writes its timeline, the bucket reductions on a track
-// of their own beside the backward's streams.
+// of their own beside the backward's streams. With --dot (step-graph mode), every rank writes its
+// captured step graph as Graphviz DOT, every node's parameters included, to PREFIX.r<rank>.dot.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,7 +53,7 @@ struct Config {
   bool check = false;
   bool bench = false;
   bool with_reducer = false;
-  std::string trace;
+  std::string trace, dot;
 };
 
 enum class Mode { kEager, kBackwardGraph, kStepGraph };
@@ -217,6 +219,12 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
     r.ms_per_step = median(ms);
     r.host_ms_per_step = median(host);
   }
+  if (!c.dot.empty() && mode == Mode::kStepGraph && dev.is_cuda() && parts.size() == 1) {
+    const std::string path = c.dot + ".r" + std::to_string(parts[0]) + ".dot";
+    step_graph.write_dot(path, /*verbose=*/true);
+    std::printf("  step graph: %s (%zu kernel nodes of %zu)\n", path.c_str(),
+                step_graph.kernel_nodes(), step_graph.graph_nodes());
+  }
   if (!c.trace.empty() && mode == Mode::kBackwardGraph && pg && dev.is_cuda()) {
     const std::vector<gw::StepTiming> steps = bw.trace(model.loss(x, t), gw::GradWrite::kOverwrite);
     if (pg->rank() == 0) {
@@ -272,6 +280,7 @@ int main(int argc, char** argv) {
         {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
         {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
+        {"--dot", [&](const char* v) { c.dot = v; }},
     };
     const std::map<std::string, bool*> switches = {
         {"--check", &c.check}, {"--bench", &c.bench}, {"--with-reducer", &c.with_reducer}};

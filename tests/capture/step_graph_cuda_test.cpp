@@ -3,6 +3,10 @@
 // bitwise; refilled inputs are read by the replays; a replaced input or .grad is captured again,
 // never replayed stale; a forward on several streams is captured too; capture-unsafe work is
 // refused by name with no capture left open.
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include "capture/step_graph.h"
 #include "test_util.h"
 
@@ -178,6 +182,19 @@ TEST_F(CudaStepGraph, AStepWhoseForwardUsesSeveralStreamsIsCapturedAndMatchesEag
   for (std::size_t i = 0; i < eager.w.size(); ++i) {
     EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
   }
+  // The captured graph as Graphviz DOT: a digraph with edges, longer with every node's parameters.
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string plain = ::testing::TempDir() + "step_graph.dot",
+                    verbose = ::testing::TempDir() + "step_graph_verbose.dot";
+  step.write_dot(plain);
+  step.write_dot(verbose, /*verbose=*/true);
+  const std::string a = slurp(plain), b = slurp(verbose);
+  EXPECT_EQ(a.rfind("digraph", 0), 0u) << a.substr(0, 80);
+  EXPECT_NE(a.find("->"), std::string::npos);
+  EXPECT_GT(b.size(), a.size());
 }
 
 TEST_F(CudaStepGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {

@@ -34,6 +34,9 @@ TEST(StepGraphCpu, BadConstructionAndAnEmptyStepAreRefusedByName) {
   GW_EXPECT_ERROR(StepGraph(Device::cpu(), {Tensor()}), "StepGraph", "input 0", "undefined");
   StepGraph step(Device::cpu(), {});
   GW_EXPECT_ERROR(step.run({}), "StepGraph::run", "step function");
+  // Nothing captured (the CPU runs every step eagerly): no graph to write.
+  GW_EXPECT_ERROR(step.write_dot(::testing::TempDir() + "none.dot"), "StepGraph::write_dot",
+                  "no graph has been captured");
 }
 
 }  // namespace

@@ -209,6 +209,76 @@ TEST(GradBuckets, AcrossStreamsTheLeavesReadyTogetherGoTogether) {
   EXPECT_EQ(singles[3].issue_after, 5);
 }
 
+// K branches joined by adds, as the K-branch study sums them: on s0 the root's step (leaf 0),
+// then for each of branches B (s1) and C (s2) an add that passes its gradient through to that
+// branch, which takes two steps on its stream (its first waits for the add); then branch A's two
+// steps on s0. Each branch step writes one leaf of 64 floats.
+BackwardPlan summed_branches_plan(const std::shared_ptr<Node>& add) {
+  BackwardPlan plan;
+  plan.streams = {nullptr, nullptr, nullptr};
+  plan.side_of = {-1, -1, -1};
+  // step:           0  1(add) 2  3  4(add) 5  6  7  8
+  const int stream_of[] = {0, 0, 1, 1, 0, 2, 2, 0, 0};
+  for (int i = 0; i < 9; ++i) {
+    BackwardPlan::Step st;
+    st.stream = stream_of[i];
+    if (i == 1 || i == 4) {
+      st.node = add.get();
+      plan.steps.push_back(st);
+      continue;
+    }
+    plan.steps.push_back(st);
+    BackwardPlan::Buffer leaf;
+    leaf.kind = BackwardPlan::BufferKind::kLeaf;
+    leaf.leaf = randn({64}, 60 + static_cast<std::uint64_t>(i));
+    leaf.contributors = {i};
+    leaf.first_use = leaf.last_use = i;
+    plan.buffers.push_back(leaf);
+  }
+  plan.waits.push_back({.producer = 1, .consumer = 2, .event = 0});
+  plan.waits.push_back({.producer = 4, .consumer = 5, .event = 1});
+  plan.steps[2].waits = {0};
+  plan.steps[5].waits = {1};
+  plan.num_events = 2;
+  return plan;
+}
+
+TEST(GradBuckets, AnAddThatPassesItsGradientThroughTakesNoTimeInTheEstimate) {
+  // add of equal shapes passes its gradient through; add with a broadcast operand, and mul, do not.
+  const Tensor a = randn({4, 6}, 1).set_requires_grad(true), b = randn({4, 6}, 2),
+               row = randn({6}, 3);
+  EXPECT_TRUE(add(a, b).grad_fn()->passes_gradient_through());
+  EXPECT_FALSE(add(a, row).grad_fn()->passes_gradient_through());
+  EXPECT_FALSE(mul(a, b).grad_fn()->passes_gradient_through());
+  EXPECT_FALSE(sub(a, b).grad_fn()->passes_gradient_through());
+
+  // Buffers: 0 the root's leaf, 1-2 branch B's layers, 3-4 C's, 5-6 A's. The adds take no time,
+  // so every branch's first layer is done at 2 and its second at 3; one byte a bucket, a bucket
+  // a layer of all three branches.
+  const std::shared_ptr<Node> pass = add(a, b).grad_fn();
+  const BackwardPlan plan = summed_branches_plan(pass);
+  const std::vector<std::vector<int>> layers = {{0}, {1, 3, 5}, {2, 4, 6}};
+  const std::vector<GradBucket> buckets = plan_grad_buckets(plan, 1);
+  ASSERT_EQ(buckets.size(), layers.size());
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    EXPECT_EQ(buckets[k].buffers, layers[k]) << "bucket " << k;
+  }
+  ASSERT_EQ(buckets[1].ready.size(), 3u);  // each branch's first layer, on its own stream
+
+  // Counted as a unit each (what the estimate did before), the adds stagger the branches — B
+  // done at 3 and 4, C at 4 and 5, A at 4 and 5 — and a bucket mixes the layers of different
+  // branches: {0}, {1}, {2, 3, 5}, {4, 6}, the third holding B's second layer with the first of
+  // C and A.
+  const std::shared_ptr<Node> plain = mul(a, b).grad_fn();
+  const BackwardPlan staggered = summed_branches_plan(plain);
+  const std::vector<std::vector<int>> mixed = {{0}, {1}, {2, 3, 5}, {4, 6}};
+  const std::vector<GradBucket> old = plan_grad_buckets(staggered, 1);
+  ASSERT_EQ(old.size(), mixed.size());
+  for (std::size_t k = 0; k < old.size(); ++k) {
+    EXPECT_EQ(old[k].buffers, mixed[k]) << "bucket " << k;
+  }
+}
+
 TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
   const Tensor x = randn({4, 6}, 9);
   Model reduced, plain;
