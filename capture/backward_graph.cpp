@@ -126,10 +126,14 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
   st.other_nodes = counts.others;
   st.memory_nodes = counts.memory;
   GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &st.edges));
-  // The graph's own shape (not the plan's): numbered nodes, edges between them.
+  // The graph's own shape (not the plan's): numbered nodes, edges between them. With their edge
+  // data: a query without it fails (cudaErrorLossyQuery) once an edge carries some, as the
+  // captures of NCCL's symmetric kernels make (Note [Symmetric buckets], dist/process_group.h:
+  // the two-rank backward graph failed so). The topology counts every edge alike.
   std::vector<cudaGraphNode_t> from(st.edges), to(st.edges);
+  std::vector<cudaGraphEdgeData> data(st.edges);
   if (st.edges > 0) {
-    GW_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), nullptr, &st.edges));
+    GW_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &st.edges));
   }
   detail::PtrIndex index(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], static_cast<int>(i));

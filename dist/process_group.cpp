@@ -148,7 +148,9 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
       first_bucket_bytes_(options.first_bucket_bytes),
       collective_timeout_s_(options.collective_timeout_s),
       staging_mode_(options.staging),
-      gradients_in_buckets_(options.gradients_in_buckets) {
+      gradients_in_buckets_(options.gradients_in_buckets),
+      summed_reductions_(options.summed_reductions),
+      symmetric_buckets_(options.symmetric_buckets) {
   GW_CHECK(collective_timeout_s_ > 0, "ProcessGroup: collective_timeout_s is ",
            collective_timeout_s_, "; expected seconds above 0");
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
@@ -156,6 +158,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   GW_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ProcessGroup: rank ", rank_,
            " of world size ", world_size_, "; expected 0 <= rank < world size");
   GW_CHECK(bucket_bytes_ > 0, "ProcessGroup: bucket_bytes is 0; expected a bucket size in bytes");
+  GW_CHECK(options.nccl_max_ctas >= 0, "ProcessGroup: nccl_max_ctas is ", options.nccl_max_ctas,
+           "; expected 0 (NCCL's choice) or a positive number of CTAs");
   device_ = options.device ? *options.device
                            : Device::cuda(env_int("GRAPHWARD_LOCAL_RANK", rank_));
   if (device_.is_cpu()) {
@@ -182,7 +186,10 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   // Note [NCCL graph mixing]: NCCL reads the variable once, at its first communicator.
   if (!options.nccl_graph_mixing) (void)::setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
   nccl_graph_mixing_ = env_str("NCCL_GRAPH_MIXING_SUPPORT") != "0";
-  nccl_check(ncclCommInitRank(&comm, world_size_, id, rank_), "ncclCommInitRank");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (options.nccl_max_ctas > 0) config.maxCTAs = options.nccl_max_ctas;
+  nccl_check(ncclCommInitRankConfig(&comm, world_size_, id, rank_, &config),
+             "ncclCommInitRankConfig");
   comm_ = comm;
 #else
   GW_CHECK(world_size_ == 1, "ProcessGroup: a group of ", world_size_,
@@ -226,7 +233,18 @@ ProcessGroup::~ProcessGroup() {
       wait_for_stream("the group's end");  // aborts (and throws) rather than hang
       auto comm = static_cast<ncclComm_t>(comm_);
       const int rank = rank_;
-      if (!finishes_within(collective_timeout_s_, [comm, rank] {
+      // Note [Symmetric buckets]: the windows go before the communicator (collectives, in the
+      // order every rank registered them); their memory stays with the tensors over it.
+      std::vector<ncclWindow_t> windows;
+      for (void* w : windows_) windows.push_back(static_cast<ncclWindow_t>(w));
+      if (!finishes_within(collective_timeout_s_, [comm, rank, windows] {
+            for (ncclWindow_t w : windows) {
+              const ncclResult_t d = ncclCommWindowDeregister(comm, w);
+              if (d != ncclSuccess) {
+                detail::log_error(__FILE__, __LINE__, detail::concat("ProcessGroup: rank ", rank,
+                                  ": ncclCommWindowDeregister: ", ncclGetErrorString(d)));
+              }
+            }
             const ncclResult_t r = ncclCommDestroy(comm);
             if (r != ncclSuccess) {
               detail::log_error(__FILE__, __LINE__, detail::concat("ProcessGroup: rank ", rank,
@@ -357,7 +375,8 @@ std::string ProcessGroup::new_unique_id_hex() {
 #endif
 }
 
-void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root) {
+void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root,
+                                    bool sum) {
   check_usable(average ? "average" : "broadcast");
   for (const Tensor& t : tensors) {
     GW_CHECK(t.defined() && t.device() == device_, "ProcessGroup: a tensor on ",
@@ -376,7 +395,7 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
     if (t.numel() == 0) continue;
     void* p = t.raw_data();
     const auto n = static_cast<std::size_t>(t.numel());
-    r = average ? ncclAllReduce(p, p, n, nccl_type(t.dtype()), ncclAvg, comm, s)
+    r = average ? ncclAllReduce(p, p, n, nccl_type(t.dtype()), sum ? ncclSum : ncclAvg, comm, s)
                 : ncclBroadcast(p, p, n, nccl_type(t.dtype()), root, comm, s);
     if (r != ncclSuccess) break;
   }
@@ -384,7 +403,56 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
   nccl_check(r, average ? "ncclAllReduce" : "ncclBroadcast", comm);
   nccl_check(end, "ncclGroupEnd", comm);
 #else
-  (void)average, (void)root;
+  (void)average, (void)root, (void)sum;
+#endif
+}
+
+double ProcessGroup::begin_backward(GradWrite grad_write) {
+  sum_ = comm_ != nullptr && world_size_ > 1 && summed_reductions_ &&
+         grad_write == GradWrite::kOverwrite;
+  return sum_ ? 1.0 / world_size_ : 1.0;
+}
+
+std::size_t ProcessGroup::symmetric_buckets() const {
+  return static_cast<std::size_t>(std::count_if(
+      flat_.begin(), flat_.end(), [](const auto& f) { return f.second.window != nullptr; }));
+}
+
+std::shared_ptr<void> ProcessGroup::symmetric_memory(std::size_t bytes, void** window) {
+  *window = nullptr;
+#if GRAPHWARD_HAS_NCCL && NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (!symmetric_buckets_ || !comm_ || world_size_ < 2) return nullptr;
+  // Note [Symmetric buckets]: a window covers whole pages; every rank registers the same sizes.
+  const std::size_t size =
+      (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT *
+      NCCL_WIN_REQUIRED_ALIGNMENT;
+  void* p = nullptr;
+  if (ncclMemAlloc(&p, size) != ncclSuccess || !p) return nullptr;
+  const Device device = device_;
+  std::shared_ptr<void> memory(p, [device](void* q) {
+    try {
+      DeviceGuard guard(device);
+      const ncclResult_t r = ncclMemFree(q);
+      if (r != ncclSuccess) {
+        detail::log_error(__FILE__, __LINE__,
+                          detail::concat("ProcessGroup: ncclMemFree: ", ncclGetErrorString(r)));
+      }
+    } catch (const std::exception& e) {
+      detail::log_error(__FILE__, __LINE__, e.what());
+    }
+  });
+  ncclWindow_t w = nullptr;
+  if (ncclCommWindowRegister(static_cast<ncclComm_t>(comm_), p, size, &w,
+                             NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess ||
+      !w) {
+    return nullptr;  // plain device memory instead (the allocation is freed here)
+  }
+  windows_.push_back(w);
+  *window = w;
+  return memory;
+#else
+  (void)bytes;
+  return nullptr;
 #endif
 }
 
@@ -410,8 +478,13 @@ void ProcessGroup::place(const std::vector<Tensor*>& grads) {
   check_usable("place");
   DeviceGuard guard(device_);
   const cudaStream_t s = stream_->get();
-  auto buffer = std::make_shared<DeviceBuffer>(device_, bytes);
-  char* base = static_cast<char*>(buffer->data());
+  void* window = nullptr;
+  std::shared_ptr<void> memory = symmetric_memory(bytes, &window);  // Note [Symmetric buckets]
+  if (!memory) {
+    auto buffer = std::make_shared<DeviceBuffer>(device_, bytes);
+    memory = std::shared_ptr<void>(buffer, buffer->data());
+  }
+  char* base = static_cast<char*>(memory.get());
   GW_CUDA_CHECK(cudaMemsetAsync(base, 0, bytes, s));  // the padding: zero on every rank
   kernels::Segments seg;
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -424,10 +497,10 @@ void ProcessGroup::place(const std::vector<Tensor*>& grads) {
     }
   }
   kernels::copy_segments(seg, s);
-  FlatBucket flat{buffer, {}, dtype, bytes};
+  FlatBucket flat{memory, {}, dtype, bytes, window};
   for (std::size_t i = 0; i < grads.size(); ++i) {
     Tensor& g = *grads[i];
-    const std::shared_ptr<const void> owner = buffer;
+    const std::shared_ptr<const void> owner = memory;
     Tensor moved = Tensor::from_storage(
         Storage::borrow(device_, base + offsets[i], g.nbytes(), s, owner), g.shape(), g.dtype());
     flat.parts.push_back(moved.raw_data());
@@ -457,9 +530,9 @@ bool ProcessGroup::reduce_placed(const std::vector<Tensor>& grads) {
   const cudaStream_t s = stream_->get();
   before_collective(s, "reduction of a gradient bucket");
   auto comm = static_cast<ncclComm_t>(comm_);
-  void* base = flat.buffer->data();
+  void* base = flat.memory.get();
   nccl_check(ncclAllReduce(base, base, flat.bytes / dtype_size(flat.dtype), nccl_type(flat.dtype),
-                           ncclAvg, comm, s),
+                           sum_ ? ncclSum : ncclAvg, comm, s),  // Note [Summed reductions]
              "ncclAllReduce", comm);
   return true;
 #else
@@ -474,7 +547,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   if (reduce_placed(grads)) return;  // Note [Gradients in buckets]
   const bool stage_all = staging_mode_ != ProcessGroupOptions::Staging::kSmall;
   if (!comm_ || (grads.size() < 2 && !stage_all)) {
-    return reduce_on_stream(grads, /*average=*/true, 0);
+    return reduce_on_stream(grads, /*average=*/true, 0, sum_);
   }
   check_usable("reduce");
   // Note [Flat buckets]: the gradients to stage, by dtype, in rank order; each dtype's run is a
@@ -543,6 +616,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
     kernels::copy_segments(seg, s);
   };
   if (need > 0) copy(/*to_flat=*/true);
+  const ncclRedOp_t op = sum_ ? ncclSum : ncclAvg;  // Note [Summed reductions]
   nccl_check(ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
   std::size_t offset = 0;
@@ -552,21 +626,21 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
     for (const Tensor& t : parts) bytes += padded(t);
     const std::size_t n = bytes / dtype_size(dtype);  // padding between parts is reduced too
     if (r == ncclSuccess) {
-      r = ncclAllReduce(flat + offset, flat + offset, n, nccl_type(dtype), ncclAvg, comm, s);
+      r = ncclAllReduce(flat + offset, flat + offset, n, nccl_type(dtype), op, comm, s);
     }
     offset += bytes;
   }
   for (const Tensor& t : in_place) {
     if (r != ncclSuccess) break;
     const auto n = static_cast<std::size_t>(t.numel());
-    r = ncclAllReduce(t.raw_data(), t.raw_data(), n, nccl_type(t.dtype()), ncclAvg, comm, s);
+    r = ncclAllReduce(t.raw_data(), t.raw_data(), n, nccl_type(t.dtype()), op, comm, s);
   }
   const ncclResult_t end = ncclGroupEnd();
   nccl_check(r, "ncclAllReduce", comm);
   nccl_check(end, "ncclGroupEnd", comm);
   if (need > 0) copy(/*to_flat=*/false);
 #else
-  reduce_on_stream(grads, /*average=*/true, 0);
+  reduce_on_stream(grads, /*average=*/true, 0, sum_);
 #endif
 }
 

@@ -284,7 +284,7 @@ void check_finished(std::initializer_list<cudaStream_t> streams, const std::stri
 }  // namespace
 #endif
 
-void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
+void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds_in,
                              Device device, bool timed, bool in_capture, bool release_saved,
                              bool localize, GradientReducer* reducer) {
   using Kind = BackwardPlan::BufferKind;
@@ -350,8 +350,20 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
 #endif
 
   if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
-    for (const Tensor& s : seeds) s.storage()->sync_for_read(caller);
+    for (const Tensor& s : seeds_in) s.storage()->sync_for_read(caller);
   }
+  // Note [Summed reductions] (dist/process_group.h): a reducer that sums its buckets gets every
+  // gradient already divided by the world size, through the seeds (the backward is linear in
+  // them); scaled on the caller's stream, captured with the rest.
+  std::vector<Tensor> scaled_seeds;
+  const double seed_scale = reducer ? reducer->begin_backward(plan.grad_write) : 1.0;
+  if (seed_scale != 1.0) {
+    NoGradGuard no_grad;
+    std::optional<StreamGuard> guard;
+    if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
+    for (const Tensor& s : seeds_in) scaled_seeds.push_back(mul(s, seed_scale));
+  }
+  const std::vector<Tensor>& seeds = scaled_seeds.empty() ? seeds_in : scaled_seeds;
   for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
     std::optional<StreamGuard> guard;
     if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});

@@ -72,6 +72,14 @@ class GradientReducer {
   // which the next backwards write in place — e.g. one flat buffer a bucket, reduced with no
   // copies (Note [Gradients in buckets], dist/process_group.h). The default keeps them.
   virtual void place(const std::vector<Tensor*>& grads) { (void)grads; }
+  // Called at the start of each backward that reduces, before anything is issued: the factor the
+  // executor multiplies the seeds by, so that every gradient comes out multiplied by it (1:
+  // none). A reducer that sums its buckets instead of averaging them returns 1/world size
+  // (Note [Summed reductions], dist/process_group.h); the default keeps the seeds.
+  virtual double begin_backward(GradWrite grad_write) {
+    (void)grad_write;
+    return 1.0;
+  }
 };
 
 namespace detail {

@@ -7,7 +7,8 @@
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
 //            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all]
-//            [--grads-in-buckets on|off]
+//            [--grads-in-buckets on|off] [--summed on|off] [--symmetric on|off]
+//            [--nccl-max-ctas N] [--grad-write overwrite|accumulate]
 //            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
 //            [--dot PREFIX]
 //
@@ -49,7 +50,10 @@ struct Config {
   std::int64_t width = 256, layers = 4, batch = 64, out = 16, branches = 1;
   double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
   // ProcessGroupOptions
-  std::string staging = "small", comm_priority = "high", grads_in_buckets = "on";
+  std::string staging = "small", comm_priority = "high", grads_in_buckets = "on", summed = "on",
+              symmetric = "on";
+  int nccl_max_ctas = 0;
+  gw::GradWrite grad_write = gw::GradWrite::kOverwrite;  // each step's backward
   bool check = false;
   bool bench = false;
   bool with_reducer = false;
@@ -182,18 +186,18 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
     switch (mode) {
       case Mode::kEager:
         loss = model.loss(x, t);
-        gw::backward(loss, {.grad_write = gw::GradWrite::kOverwrite, .reduce_gradients = pg});
+        gw::backward(loss, {.grad_write = c.grad_write, .reduce_gradients = pg});
         opt.step();
         break;
       case Mode::kBackwardGraph:
         loss = model.loss(x, t);
-        bw.backward(loss, gw::GradWrite::kOverwrite);
+        bw.backward(loss, c.grad_write);
         opt.step();
         break;
       case Mode::kStepGraph:
         loss = step_graph.run([&] {
           gw::Tensor l = model.loss(x, t);
-          gw::backward(l, {.grad_write = gw::GradWrite::kOverwrite, .reduce_gradients = pg});
+          gw::backward(l, {.grad_write = c.grad_write, .reduce_gradients = pg});
           opt.step();
           return l;
         });
@@ -226,7 +230,7 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
                 step_graph.kernel_nodes(), step_graph.graph_nodes());
   }
   if (!c.trace.empty() && mode == Mode::kBackwardGraph && pg && dev.is_cuda()) {
-    const std::vector<gw::StepTiming> steps = bw.trace(model.loss(x, t), gw::GradWrite::kOverwrite);
+    const std::vector<gw::StepTiming> steps = bw.trace(model.loss(x, t), c.grad_write);
     if (pg->rank() == 0) {
       gw::write_chrome_trace(c.trace, steps, bw.trace_stream_names(),
                              "train_dp: a traced replay, rank 0 of " +
@@ -265,7 +269,7 @@ Worst max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Tens
 int main(int argc, char** argv) {
   try {
     Config c;
-    std::string mode = "all";
+    std::string mode = "all", grad_write = "overwrite";
     // Flags with a value, and switches (the examples' Flags, examples/example_main.h).
     const gw::examples::Flags values = {
         {"--steps", [&](const char* v) { c.steps = std::atoi(v); }},
@@ -279,6 +283,10 @@ int main(int argc, char** argv) {
         {"--staging", [&](const char* v) { c.staging = v; }},
         {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
         {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
+        {"--summed", [&](const char* v) { c.summed = v; }},
+        {"--symmetric", [&](const char* v) { c.symmetric = v; }},
+        {"--nccl-max-ctas", [&](const char* v) { c.nccl_max_ctas = std::atoi(v); }},
+        {"--grad-write", [&](const char* v) { grad_write = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
         {"--dot", [&](const char* v) { c.dot = v; }},
     };
@@ -297,7 +305,8 @@ int main(int argc, char** argv) {
         for (const auto& [flag, _] : switches) known += ", " + flag;
         throw gw::Error("unknown argument " + a + "; expected " + known +
                         " (--mode eager|backward|step|all, --staging small|all, "
-                        "--comm-priority high|normal, --grads-in-buckets on|off)");
+                        "--comm-priority high|normal, --grads-in-buckets, --summed and "
+                        "--symmetric on|off)");
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||
@@ -332,18 +341,35 @@ int main(int argc, char** argv) {
       throw gw::Error("--grads-in-buckets " + c.grads_in_buckets + "; expected on or off");
     }
     po.gradients_in_buckets = c.grads_in_buckets == "on";
+    for (const auto& [flag, value] : {std::pair{"--summed", &c.summed},
+                                      std::pair{"--symmetric", &c.symmetric}}) {
+      if (*value != "on" && *value != "off") {
+        throw gw::Error(std::string(flag) + " " + *value + "; expected on or off");
+      }
+    }
+    po.summed_reductions = c.summed == "on";
+    po.symmetric_buckets = c.symmetric == "on";
+    if (c.nccl_max_ctas < 0) throw gw::Error("expected --nccl-max-ctas >= 0 (0: NCCL's choice)");
+    po.nccl_max_ctas = c.nccl_max_ctas;
+    if (grad_write != "overwrite" && grad_write != "accumulate") {
+      throw gw::Error("--grad-write " + grad_write + "; expected overwrite or accumulate");
+    }
+    c.grad_write = grad_write == "overwrite" ? gw::GradWrite::kOverwrite
+                                             : gw::GradWrite::kAccumulate;
     gw::dist::ProcessGroup pg(po);
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
       std::printf("train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in all), "
-                  "buckets of %.1f MiB (the first %.1f, staging %s, gradients in buckets %s, %s-priority reductions), "
-                  "%d steps%s\n",
+                  "buckets of %.1f MiB (the first %.1f, staging %s, gradients in buckets %s, summed %s, "
+                  "symmetric %s, NCCL CTAs %s, %s-priority reductions), %d steps%s\n",
                   world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
                   static_cast<long long>(c.branches), static_cast<long long>(c.layers),
                   static_cast<long long>(c.width),
                   static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
                   c.bucket_mib, c.first_bucket_mib, c.staging.c_str(), c.grads_in_buckets.c_str(),
+                  c.summed.c_str(), c.symmetric.c_str(),
+                  c.nccl_max_ctas > 0 ? std::to_string(c.nccl_max_ctas).c_str() : "NCCL's choice",
                   c.comm_priority.c_str(),
                   c.steps, c.check ? ", checked" : "");
     }
@@ -380,6 +406,11 @@ int main(int argc, char** argv) {
         std::printf("  %-15s loss %.4f -> %.4f, %.3f ms/step%s%s%s\n", mode_name(m), r.first_loss,
                     r.last_loss, r.ms_per_step, c.bench ? " (median)" : "", host, verdict.c_str());
       }
+    }
+    if (rank == 0 && world > 1) {
+      std::printf("  buckets placed %zu, of them symmetric NCCL windows %zu; last backward %s\n",
+                  pg.placed_buckets(), pg.symmetric_buckets(),
+                  pg.summed() ? "summed (seeds / world size)" : "averaged");
     }
     if (rank == 0) std::printf("train_dp: %s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;

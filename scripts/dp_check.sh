@@ -129,25 +129,28 @@ WIDE="--branches 4 --width 1024 --layers 4 --batch 256"
 DEEP="--width 256 --layers 32 --batch 64"
 bench mlp $MLP
 bench mlp-large $LARGE
-bench mlp-large-16mib $LARGE --bucket-mib 16
+# NCCL's kernels on at most 4 CTAs (the SMs the 2048-wide GEMMs' one wave of 128 CTAs leaves
+# free), with 16 MiB buckets (a layer's weight gradient each): docs/RESULTS.md, fourteenth session
+bench mlp-large-c4-16mib $LARGE --nccl-max-ctas 4 --bucket-mib 16
+bench mlp-large-c4 $LARGE --nccl-max-ctas 4
 bench mlp-large-b1024 $LARGE1K
-bench mlp-large-b1024-16mib $LARGE1K --bucket-mib 16
 bench branches $BRANCHES
+bench branches-1mib $BRANCHES --bucket-mib 1
 bench branches-2mib $BRANCHES --bucket-mib 2
 bench branches-4mib $BRANCHES --bucket-mib 4
 bench branches-1024 $WIDE
-bench branches-1024-16mib $WIDE --bucket-mib 16
 bench deep $DEEP
 reducer_alone mlp-large $LARGE
 reducer_alone branches $BRANCHES
-# The gradients where the backward makes them, copied through the staging buffer (small ones) or
-# reduced in place, instead of living in their bucket's buffer (Note [Gradients in buckets],
-# dist/process_group.h), for the same models in the same run. (NCCL's graph mixing support on,
-# its CTA policies, NCCL_MIN/MAX_CTAS, NCCL_PROTO, the reductions' stream at normal priority,
-# staging every gradient, and cuBLASLt's SM-count target left to NCCL's CTAs, made no difference
-# or were slower: docs/RESULTS.md, twelfth and thirteenth sessions.)
-bench branches-copies $BRANCHES --grads-in-buckets off
-bench mlp-large-copies $LARGE --grads-in-buckets off
+# Note [Summed reductions] and Note [Symmetric buckets] (dist/process_group.h) off: the buckets
+# averaged (ncclAvg) in plain device memory, the thirteenth session's path; and summed in plain
+# memory. (The gradients outside their buckets, NCCL's graph mixing, its CTA policies, NCCL_PROTO,
+# NCCL_NTHREADS, CUDA_DEVICE_MAX_CONNECTIONS, normal-priority reductions and cuBLASLt's SM-count
+# target were slower or made no difference: docs/RESULTS.md, twelfth to fourteenth sessions.)
+bench branches-2mib-averaged $BRANCHES --bucket-mib 2 --summed off --symmetric off
+bench branches-2mib-summed-plain $BRANCHES --bucket-mib 2 --symmetric off
+bench mlp-large-c4-16mib-averaged $LARGE --nccl-max-ctas 4 --bucket-mib 16 --summed off \
+  --symmetric off
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and

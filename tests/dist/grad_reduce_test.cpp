@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace graphward {
@@ -302,6 +303,60 @@ TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
     }
     if (bytes == 1) {  // a bucket a step: a layer's weight and bias are final together
       EXPECT_EQ(r.buckets.size(), 3u);
+    }
+  }
+}
+
+// Note [Summed reductions]: sums a bucket with a second process holding the same gradients
+// (doubles), asking the executor for gradients divided by two in a backward that overwrites.
+class SummingReducer final : public GradientReducer {
+ public:
+  std::size_t bucket_bytes() const override { return 64; }
+  cudaStream_t stream() const override { return nullptr; }
+  void agree(std::uint64_t, const std::string&, bool) override {}
+  double begin_backward(GradWrite grad_write) override {
+    writes.push_back(grad_write);
+    sum = grad_write == GradWrite::kOverwrite;
+    return sum ? 0.5 : 1.0;
+  }
+  void reduce(const std::vector<Tensor>& grads) override {
+    for (const Tensor& g : grads) {
+      seen[g.storage().get()] = values(g);
+      if (!sum) continue;  // averaging two equal gradients leaves them
+      for (std::int64_t i = 0; i < g.numel(); ++i) g.data<float>()[i] *= 2;
+    }
+  }
+  bool sum = false;
+  std::vector<GradWrite> writes;
+  std::map<const void*, std::vector<double>> seen;
+};
+
+TEST(GradientReduction, AReducerThatSumsGetsEveryGradientDividedThroughTheSeeds) {
+  const Tensor x = randn({4, 6}, 9);
+  Model summed, plain;
+  backward(plain.loss(x));
+  SummingReducer r;
+  backward(summed.loss(x), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &r});
+  ASSERT_EQ(r.writes, std::vector<GradWrite>{GradWrite::kOverwrite});
+  for (std::size_t i = 0; i < 5; ++i) {
+    const Tensor& g = summed.params()[i].grad();
+    std::vector<double> half = values(plain.params()[i].grad());
+    for (double& v : half) v *= 0.5;
+    // Handed over divided by two (a power of two: exactly), summed back to the plain gradient.
+    EXPECT_EQ(r.seen.at(g.storage().get()), half) << "parameter " << i;
+    EXPECT_EQ(values(g), values(plain.params()[i].grad())) << "parameter " << i;
+  }
+  // A backward that accumulates keeps its seeds: the .grads hold earlier averages.
+  backward(summed.loss(x), {.grad_write = GradWrite::kAccumulate, .reduce_gradients = &r});
+  ASSERT_EQ(r.writes.size(), 2u);
+  EXPECT_EQ(r.writes[1], GradWrite::kAccumulate);
+  for (std::size_t i = 0; i < 5; ++i) {  // the earlier gradient plus this one, averaged (kept)
+    const std::vector<double> once = values(plain.params()[i].grad()),
+                              got = values(summed.params()[i].grad());
+    ASSERT_EQ(got.size(), once.size());
+    for (std::size_t j = 0; j < got.size(); ++j) {  // w1's two parts add in another order
+      EXPECT_NEAR(got[j], 2 * once[j], 1e-5 * std::abs(once[j]) + 1e-6)
+          << "parameter " << i << " element " << j;
     }
   }
 }
