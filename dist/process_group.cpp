@@ -141,6 +141,28 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
 }
 #endif
 
+#if GRAPHWARD_HAS_CUDA
+// Byte ranges copied kMaxSegments to a launch (kernels::copy_segments): add() them, then flush().
+class SegmentCopier {
+ public:
+  explicit SegmentCopier(cudaStream_t stream) : stream_(stream) {}
+  void add(const void* src, void* dst, std::size_t bytes) {
+    seg_.src[seg_.count] = src;
+    seg_.dst[seg_.count] = dst;
+    seg_.bytes[seg_.count] = static_cast<std::int64_t>(bytes);
+    if (++seg_.count == kernels::kMaxSegments) flush();
+  }
+  void flush() {
+    kernels::copy_segments(seg_, stream_);
+    seg_.count = 0;
+  }
+
+ private:
+  cudaStream_t stream_;
+  kernels::Segments seg_;
+};
+#endif
+
 }  // namespace
 
 ProcessGroup::ProcessGroup(ProcessGroupOptions options)
@@ -486,17 +508,11 @@ void ProcessGroup::place(const std::vector<Tensor*>& grads) {
   }
   char* base = static_cast<char*>(memory.get());
   GW_CUDA_CHECK(cudaMemsetAsync(base, 0, bytes, s));  // the padding: zero on every rank
-  kernels::Segments seg;
+  SegmentCopier copier(s);
   for (std::size_t i = 0; i < grads.size(); ++i) {
-    seg.src[seg.count] = grads[i]->raw_data();
-    seg.dst[seg.count] = base + offsets[i];
-    seg.bytes[seg.count] = static_cast<std::int64_t>(grads[i]->nbytes());
-    if (++seg.count == kernels::kMaxSegments) {
-      kernels::copy_segments(seg, s);
-      seg.count = 0;
-    }
+    copier.add(grads[i]->raw_data(), base + offsets[i], grads[i]->nbytes());
   }
-  kernels::copy_segments(seg, s);
+  copier.flush();
   FlatBucket flat{memory, {}, dtype, bytes, window};
   for (std::size_t i = 0; i < grads.size(); ++i) {
     Tensor& g = *grads[i];
@@ -598,22 +614,20 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   char* flat = need > 0 ? static_cast<char*>(staging_.back().data()) : nullptr;
   // Copies every flat chunk's parts in (to_flat) or out, kMaxSegments to a launch.
   auto copy = [&](bool to_flat) {
-    kernels::Segments seg;
+    SegmentCopier copier(s);
     std::size_t offset = 0;
     for (const auto& [dtype, parts] : runs) {
       for (const Tensor& t : parts) {
         char* slot = flat + offset;
-        seg.src[seg.count] = to_flat ? t.raw_data() : slot;
-        seg.dst[seg.count] = to_flat ? slot : t.raw_data();
-        seg.bytes[seg.count] = static_cast<std::int64_t>(t.nbytes());
-        if (++seg.count == kernels::kMaxSegments) {
-          kernels::copy_segments(seg, s);
-          seg.count = 0;
+        if (to_flat) {
+          copier.add(t.raw_data(), slot, t.nbytes());
+        } else {
+          copier.add(slot, t.raw_data(), t.nbytes());
         }
         offset += padded(t);
       }
     }
-    kernels::copy_segments(seg, s);
+    copier.flush();
   };
   if (need > 0) copy(/*to_flat=*/true);
   const ncclRedOp_t op = sum_ ? ncclSum : ncclAvg;  // Note [Summed reductions]

@@ -118,7 +118,8 @@ struct ProcessGroupOptions {
 // CTAs instead of 24 (and with at most 4 CTAs, 106 against 211 us at 16 MiB). NCCL uses them for
 // sums only (an average falls back to its ring kernels at their speed). Where the allocation or
 // the registration fails (no CUDA VMM, no peer access, NCCL before 2.27) the bucket takes plain
-// device memory. The windows are deregistered before the communicator is destroyed; the memory is
+// device memory — on every rank alike, NCCL's registration being collective; a registration that
+// failed on some ranks only would not be detected. The windows are deregistered before the communicator is destroyed; the memory is
 // freed with the last tensor over it.
 
 // Note [NCCL graph mixing]
