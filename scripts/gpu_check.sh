@@ -61,7 +61,12 @@ start=$SECONDS
 (cd "$BIN" && ctest --output-on-failure -j 8 --timeout 180) >"$LOG_DIR/ctest.log" 2>&1
 rc=$?
 line=$(grep -E 'tests passed|tests failed' "$LOG_DIR/ctest.log" | tail -1)
-gpu_tests=$(cd "$BIN" && ctest -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p')
+# The label `gpu` exactly (ctest -L takes a regex: "gpu" matches `multigpu` too); the two-rank
+# tests (`multigpu`) count only where there are two GPUs — scripts/dp_check.sh runs them there.
+labels='^gpu$'
+[ "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)" -ge 2 ] &&
+  labels='^(gpu|multigpu)$'
+gpu_tests=$(cd "$BIN" && ctest -L "$labels" -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p')
 n_gpu=$(printf '%s\n' "$gpu_tests" | grep -c .)
 # A GPU test that skipped on a GPU machine is a failure; CPU tests that pin no-GPU behaviour skip.
 skipped_gpu=$(sed -n 's/^.* - \(.*\) (Skipped)$/\1/p' "$LOG_DIR/ctest.log" | grep -Fxf <(printf '%s\n' "$gpu_tests") | wc -l)

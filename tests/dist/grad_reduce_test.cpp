@@ -293,7 +293,7 @@ TEST(GradientReduction, TheReducerGetsEveryLeafGradientOnceAfterItsLastWrite) {
     for (const auto& b : r.buckets) handed += b.size();
     EXPECT_EQ(handed, 5u) << "bucket bytes " << bytes;
     for (std::size_t i = 0; i < 5; ++i) {
-      const Tensor& g = reduced.params()[i].grad();
+      const Tensor g = reduced.params()[i].grad();  // a handle: params() is a copy
       const std::vector<double> final_plain = values(plain.params()[i].grad());
       // Handed over final, and nothing wrote it after the reduction.
       EXPECT_EQ(r.seen.at(g.storage().get()), final_plain) << "parameter " << i;
@@ -339,7 +339,7 @@ TEST(GradientReduction, AReducerThatSumsGetsEveryGradientDividedThroughTheSeeds)
   backward(summed.loss(x), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &r});
   ASSERT_EQ(r.writes, std::vector<GradWrite>{GradWrite::kOverwrite});
   for (std::size_t i = 0; i < 5; ++i) {
-    const Tensor& g = summed.params()[i].grad();
+    const Tensor g = summed.params()[i].grad();  // a handle: params() is a copy
     std::vector<double> half = values(plain.params()[i].grad());
     for (double& v : half) v *= 0.5;
     // Handed over divided by two (a power of two: exactly), summed back to the plain gradient.
