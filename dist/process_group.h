@@ -56,7 +56,8 @@ struct ProcessGroupOptions {
   // there (the rest in place).
   // (Measured on 2 x H200, 2026-11-30: kAll slower than kSmall for the larger MLP, 3.26 against
   // 3.10 ms a step, the copies of its 16 MiB gradients costing more than they save; the flat
-  // buffers from ncclMemAlloc registered as symmetric NCCL windows were no faster than kAll.)
+  // buffers from ncclMemAlloc registered as symmetric NCCL windows were no faster than kAll —
+  // averaged: NCCL's symmetric kernels sum only, Note [Symmetric buckets].)
   enum class Staging : std::uint8_t {
     kSmall,  // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
     kAll,    // every gradient: one all-reduce a bucket (and dtype)
