@@ -408,7 +408,7 @@ int main(int argc, char** argv) {
       }
     }
     if (rank == 0 && world > 1) {
-      std::printf("  buckets placed %zu, of them symmetric NCCL windows %zu; last backward %s\n",
+      std::printf("  buckets placed %zu, of them symmetric NCCL windows %zu, last backward %s\n",
                   pg.placed_buckets(), pg.symmetric_buckets(),
                   pg.summed() ? "summed (seeds / world size)" : "averaged");
     }

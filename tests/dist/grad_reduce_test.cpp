@@ -125,21 +125,30 @@ TEST(GradBuckets, LeavesComeInTheOrderTheirGradientsAreFinalAndBucketsCloseAtThe
 // root), then branch A's three on s0. Each step writes one leaf of 64 floats; a split step writes
 // its leaf on a side stream. Plan order would bucket all of B (its first layer's gradient, ready
 // last, too) before A's last layer; the estimated order pairs the leaves ready together.
+// Appends a step on `stream` (of `node`, or none) that, with `leaf`, alone writes a leaf of 64
+// floats.
+void add_step(BackwardPlan& plan, int stream, Node* node, bool leaf, std::uint64_t seed) {
+  const int i = static_cast<int>(plan.steps.size());
+  BackwardPlan::Step st;
+  st.stream = stream;
+  st.node = node;
+  plan.steps.push_back(st);
+  if (!leaf) return;
+  BackwardPlan::Buffer b;
+  b.kind = BackwardPlan::BufferKind::kLeaf;
+  b.leaf = randn({64}, seed);
+  b.contributors = {i};
+  b.first_use = b.last_use = i;
+  plan.buffers.push_back(b);
+}
+
 BackwardPlan two_branch_plan(bool split_last_of_a) {
   BackwardPlan plan;
   plan.streams = {nullptr, nullptr};
   plan.side_of = {-1, -1};
   const int stream_of[] = {0, 1, 1, 1, 0, 0, 0};
   for (int i = 0; i < 7; ++i) {
-    BackwardPlan::Step st;
-    st.stream = stream_of[i];
-    plan.steps.push_back(st);
-    BackwardPlan::Buffer leaf;
-    leaf.kind = BackwardPlan::BufferKind::kLeaf;
-    leaf.leaf = randn({64}, 40 + static_cast<std::uint64_t>(i));
-    leaf.contributors = {i};
-    leaf.first_use = leaf.last_use = i;
-    plan.buffers.push_back(leaf);
+    add_step(plan, stream_of[i], nullptr, true, 40 + static_cast<std::uint64_t>(i));
   }
   plan.waits.push_back({.producer = 0, .consumer = 1, .event = 0});
   plan.steps[1].waits = {0};
@@ -221,20 +230,9 @@ BackwardPlan summed_branches_plan(const std::shared_ptr<Node>& add) {
   // step:           0  1(add) 2  3  4(add) 5  6  7  8
   const int stream_of[] = {0, 0, 1, 1, 0, 2, 2, 0, 0};
   for (int i = 0; i < 9; ++i) {
-    BackwardPlan::Step st;
-    st.stream = stream_of[i];
-    if (i == 1 || i == 4) {
-      st.node = add.get();
-      plan.steps.push_back(st);
-      continue;
-    }
-    plan.steps.push_back(st);
-    BackwardPlan::Buffer leaf;
-    leaf.kind = BackwardPlan::BufferKind::kLeaf;
-    leaf.leaf = randn({64}, 60 + static_cast<std::uint64_t>(i));
-    leaf.contributors = {i};
-    leaf.first_use = leaf.last_use = i;
-    plan.buffers.push_back(leaf);
+    const bool is_add = i == 1 || i == 4;
+    add_step(plan, stream_of[i], is_add ? add.get() : nullptr, !is_add,
+             60 + static_cast<std::uint64_t>(i));
   }
   plan.waits.push_back({.producer = 1, .consumer = 2, .event = 0});
   plan.waits.push_back({.producer = 4, .consumer = 5, .event = 1});
