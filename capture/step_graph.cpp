@@ -185,17 +185,6 @@ Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t call
   return exec_->loss;
 }
 
-void StepGraph::write_dot(const std::string& path, bool verbose) const {
-  GW_CHECK(exec_, "StepGraph::write_dot: no graph has been captured yet (the first run() that "
-                  "captures is the warm-up's next)");
-#if GRAPHWARD_HAS_CUDA
-  const unsigned flags = verbose ? static_cast<unsigned>(cudaGraphDebugDotFlagsVerbose) : 0u;
-  GW_CUDA_CHECK(cudaGraphDebugDotPrint(exec_->graph, path.c_str(), flags));
-#else
-  (void)path, (void)verbose;
-#endif
-}
-
 void StepGraph::launch(cudaStream_t caller) {
   Executable& e = *exec_;
   // Rule 6: S waits for the inputs' producers and for the other users of what the graph writes.
@@ -220,5 +209,16 @@ void StepGraph::launch(cudaStream_t caller) {
   e.loss.storage()->record_use(caller, true);
 }
 #endif
+
+void StepGraph::write_dot(const std::string& path, bool verbose) const {
+  GW_CHECK(exec_, "StepGraph::write_dot: no graph has been captured yet (the first run() that "
+                  "captures is the warm-up's next)");
+#if GRAPHWARD_HAS_CUDA
+  const unsigned flags = verbose ? static_cast<unsigned>(cudaGraphDebugDotFlagsVerbose) : 0u;
+  GW_CUDA_CHECK(cudaGraphDebugDotPrint(exec_->graph, path.c_str(), flags));
+#else
+  (void)path, (void)verbose;
+#endif
+}
 
 }  // namespace graphward

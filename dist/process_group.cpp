@@ -442,7 +442,8 @@ std::size_t ProcessGroup::symmetric_buckets() const {
 
 std::shared_ptr<void> ProcessGroup::symmetric_memory(std::size_t bytes, void** window) {
   *window = nullptr;
-#if GRAPHWARD_HAS_NCCL && NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#if GRAPHWARD_HAS_NCCL  // (nested: without nccl.h, NCCL_VERSION is no macro to call)
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   if (!symmetric_buckets_ || !comm_ || world_size_ < 2) return nullptr;
   // Note [Symmetric buckets]: a window covers whole pages; every rank registers the same sizes.
   const std::size_t size =
@@ -472,10 +473,10 @@ std::shared_ptr<void> ProcessGroup::symmetric_memory(std::size_t bytes, void** w
   windows_.push_back(w);
   *window = w;
   return memory;
-#else
+#endif
+#endif
   (void)bytes;
   return nullptr;
-#endif
 }
 
 void ProcessGroup::place(const std::vector<Tensor*>& grads) {
