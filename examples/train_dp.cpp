@@ -337,16 +337,14 @@ int main(int argc, char** argv) {
       throw gw::Error("--comm-priority " + c.comm_priority + "; expected high or normal");
     }
     po.high_priority_stream = c.comm_priority == "high";
-    if (c.grads_in_buckets != "on" && c.grads_in_buckets != "off") {
-      throw gw::Error("--grads-in-buckets " + c.grads_in_buckets + "; expected on or off");
-    }
-    po.gradients_in_buckets = c.grads_in_buckets == "on";
-    for (const auto& [flag, value] : {std::pair{"--summed", &c.summed},
+    for (const auto& [flag, value] : {std::pair{"--grads-in-buckets", &c.grads_in_buckets},
+                                      std::pair{"--summed", &c.summed},
                                       std::pair{"--symmetric", &c.symmetric}}) {
       if (*value != "on" && *value != "off") {
         throw gw::Error(std::string(flag) + " " + *value + "; expected on or off");
       }
     }
+    po.gradients_in_buckets = c.grads_in_buckets == "on";
     po.summed_reductions = c.summed == "on";
     po.symmetric_buckets = c.symmetric == "on";
     if (c.nccl_max_ctas < 0) throw gw::Error("expected --nccl-max-ctas >= 0 (0: NCCL's choice)");
