@@ -2,7 +2,8 @@
 //   GraphBackward/<study>    BackwardGraph replaying the backward of DESIGN.md's studies: wall time
 //                            (backward() + synchronize, forward untimed, medians), gpu_us (the
 //                            GPU's execution alone: GpuTimer, median of 101) and host_us (the
-//                            backward() call: signature check + launch); captures and updates must
+//                            whole backward() call: signature check, launch and the release of the
+//                            step's saved tensors after it); captures and updates must
 //                            stay 0 in steady state (counters).
 //   HandWrittenGraph/<study> the same kernels as graphward's backward (relu backward, dX GEMM, dW
 //                            GEMM with db fused, the mse backward), captured by hand into one CUDA
@@ -84,6 +85,7 @@ void graph_backward(benchmark::State& state, bool split) {
     parts.signature_us += t.signature_us;
     parts.wait_us += t.wait_us;
     parts.decide_us += t.decide_us;
+    parts.refresh_us += t.refresh_us;
     parts.launch_us += t.launch_us;
     parts.release_us += t.release_us;
   }
@@ -109,6 +111,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["fwd_match"] = bw.last_matched_in_forward();
   state.counters["wait_us"] = parts.wait_us / iters;
   state.counters["decide_us"] = parts.decide_us / iters;
+  state.counters["refresh_us"] = parts.refresh_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;
   const auto after = bw.counters();

@@ -13,9 +13,13 @@
 //       mode 1: the backward a BackwardGraph replay (the forward eager in a StepScope);
 //       mode 2: the whole step one StepGraph replay (the batch copied into static slots first).
 //
-// The manual time: CUDA events on the caller's stream around the step (forward, backward and
-// optimizer; the host's enqueue gaps included), synchronized every iteration; host_us the step's
-// host time; medians over repetitions. Counters: captures while timed (0 in steady state).
+// Every mode hands the model each step's own batch tensor (a different tensor every step), as a
+// training loop does. The manual time: CUDA events on the caller's stream around the step
+// (forward, backward and optimizer; the host's enqueue gaps included), synchronized every
+// iteration; host_us the step's host time; medians over repetitions. Counters: captures and
+// updates while timed (0 in steady state); for mode 1 the backward()'s host time (bw_host_us,
+// the release after the launch included; bw_launch_at_us, until the launch) and its input slots
+// (Note [Input slots]).
 // scripts/compare_torch.py --models runs the same models in PyTorch (eager, and the whole step in
 // one torch.cuda.graph with a capturable AdamW) in the same session.
 //
@@ -42,8 +46,8 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
   gw::Event start(gw::bench::kDev, true), end(gw::bench::kDev, true);
-  const std::uint64_t captures = trainer.captures();
-  double host = 0;
+  const std::uint64_t captures = trainer.captures(), updates = trainer.updates();
+  double host = 0, bw_host = 0, bw_before_launch = 0;
   for (auto _ : state) {
     start.record(s);
     const auto t0 = std::chrono::steady_clock::now();
@@ -53,9 +57,20 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
     end.synchronize();
     host += std::chrono::duration<double, std::micro>(t1 - t0).count();
     state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
+    if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
+      bw_host += bw->last_host_times().total_us();
+      bw_before_launch += bw->last_host_times().before_launch_us();
+    }
   }
-  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["host_us"] = host / iters;
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
+  state.counters["updates"] = static_cast<double>(trainer.updates() - updates);
+  if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
+    state.counters["bw_host_us"] = bw_host / iters;  // backward(): all of it, the release too
+    state.counters["bw_launch_at_us"] = bw_before_launch / iters;
+    state.counters["slots"] = static_cast<double>(bw->last_graph_stats().input_slots);
+  }
   state.SetLabel(ex::mode_name(mode));
 }
 

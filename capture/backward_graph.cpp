@@ -40,6 +40,7 @@ struct BackwardGraph::Executable {
   std::unique_ptr<GraphMemoryPool> pool;
   // What a kernel fault after its launch names (Note [Kernel faults], engine/error.h).
   std::shared_ptr<const std::string> description;
+  std::vector<InputSlot> slots;  // Note [Input slots]
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -219,6 +220,124 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
       });
 }
 
+std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
+    const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating, cudaStream_t caller) {
+  (void)caller;
+  const capture::TapeSignature& sig = signature_;
+  const bool log = sig.source == capture::TapeSignature::Source::kLog;
+  std::vector<InputSlot> slots;
+  auto add = [&](std::uint32_t address) {
+    const std::uint32_t o = sig.address_owners[address];
+    if ((o >> 28) != detail::kOwnerSaved) return;
+    const std::uint32_t node = (o >> 8) & 0xFFFFF, j = o & 0xFF;
+    if (node >= sig.nodes.size()) return;
+    const Node& n = *sig.nodes[node];
+    // Activations, an op's own buffers and parameters are not inputs: when they move, the
+    // executable is updated.
+    if (j >= n.saved().size() || !n.saved_from_outside(j)) return;
+    const Tensor& t = n.saved()[j].tensor;
+    if (!t.defined() || t.nbytes() == 0) return;
+    for (const InputSlot& s : slots) {
+      if (s.address == address) return;
+    }
+    slots.push_back({address, node, j, 0, Tensor()});
+  };
+  if (updating) {
+    // The same structure again: keep the entry's slots (and their memory), and give one to every
+    // saved tensor that moved since.
+    for (const InputSlot& s : updating->exec->slots) slots.push_back(s);
+    for (std::uint32_t a : capture::GraphCache<std::shared_ptr<Executable>>::changed_addresses(
+             *updating, sig)) {
+      add(a);
+    }
+  } else if (warm_.nodes_words > 0 && warm_.nodes_words == walk_.nodes_words &&
+             warm_.nodes_addresses == walk_.nodes_addresses &&
+             std::equal(warm_.structure.begin(),
+                        warm_.structure.begin() + static_cast<std::ptrdiff_t>(warm_.nodes_words),
+                        walk_.structure.begin())) {
+    // The first capture of the warm-up's structure: a saved tensor that moved since the warm-up
+    // is taken to be a new one every step (the batch). Positions are the walk's; the slot is
+    // found in this step's signature by its owner.
+    for (std::size_t a = 0; a < walk_.nodes_addresses; ++a) {
+      if (walk_.addresses[a] == warm_.addresses[a]) continue;
+      const std::uint32_t o = walk_.address_owners[a];
+      if ((o >> 28) != detail::kOwnerSaved) continue;
+      const std::size_t i = (o >> 8) & 0xFFFFF;
+      if (i >= walk_.nodes.size()) continue;
+      const Node* n = walk_.nodes[i];
+      const int index = log ? n->log_index : n->walk_index;
+      if (index < 0) continue;
+      const std::uint32_t want =
+          detail::address_owner(detail::kOwnerSaved, static_cast<std::uint32_t>(index), o & 0xFF);
+      for (std::size_t p = 0; p < sig.nodes_addresses; ++p) {
+        if (sig.address_owners[p] == want) {
+          add(static_cast<std::uint32_t>(p));
+          break;
+        }
+      }
+    }
+  }
+  return slots;
+}
+
+void BackwardGraph::fill_slots(Executable& exec, cudaStream_t caller) {
+  std::vector<InputSlot>& slots = exec.slots;
+  auto source = [this](const InputSlot& slot) -> const Tensor& {
+    return signature_.nodes[slot.node]->saved()[slot.saved].tensor;
+  };
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    // Places that save one tensor share one copy (the batch read by every branch's first layer).
+    const Tensor& src = source(slots[i]);
+    std::size_t leader = i;
+    for (std::size_t j = 0; j < i; ++j) {
+      const Tensor& other = source(slots[j]);
+      if (slots[j].leader == j && other.raw_data() == src.raw_data() &&
+          other.shape() == src.shape() && other.dtype() == src.dtype()) {
+        leader = j;
+        break;
+      }
+    }
+    slots[i].leader = static_cast<std::uint32_t>(leader);
+    if (leader != i) {
+      slots[i].copy = slots[leader].copy;
+      continue;
+    }
+    // Each group's memory is its own device allocation: outside the step arena (whose slots the
+    // next step reuses) and the block cache, alive as long as the executable. A slot that shared
+    // another's copy before (an update that split the group) gets its own.
+    bool own = slots[i].copy.defined();
+    for (std::size_t j = 0; j < i && own; ++j) {
+      own = slots[j].copy.raw_data() != slots[i].copy.raw_data();
+    }
+    if (!own) {
+      auto buffer = std::make_shared<DeviceBuffer>(device_, src.nbytes());
+      void* data = buffer->data();
+      slots[i].copy = Tensor::from_storage(
+          Storage::borrow(device_, data, src.nbytes(), caller, std::move(buffer)), src.shape(),
+          src.dtype());
+    }
+  }
+  refresh_slots(exec, caller);
+  for (InputSlot& slot : slots) {
+    signature_.nodes[slot.node]->substitute_saved(slot.saved, slot.copy);
+  }
+}
+
+void BackwardGraph::refresh_slots(const Executable& exec, cudaStream_t caller) {
+  // Note [Input slots]: this step's tensor into the graph's slot, on the caller's stream, after
+  // the tensor's producer; the previous launch that read the slot ran on this stream or was
+  // waited for (order_before_launch). One copy a group.
+  for (std::size_t i = 0; i < exec.slots.size(); ++i) {
+    const InputSlot& slot = exec.slots[i];
+    if (slot.leader != i) continue;
+    const Tensor& src = signature_.nodes[slot.node]->saved()[slot.saved].tensor;
+    src.storage()->sync_for_read(caller);
+    GW_CUDA_CHECK(cudaMemcpyAsync(slot.copy.raw_data(), src.raw_data(), src.nbytes(),
+                                  cudaMemcpyDeviceToDevice, caller));
+    slot_sources_.push_back(src);
+  }
+}
+
 void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,
                                         const std::vector<Tensor>& leaves, bool scan_grads) {
   // Before the launch (and before any capture, which records the plan's uses of the storage as if
@@ -277,6 +396,16 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   ++calls_;
   if (device_.is_cpu() || options_.force_eager || localize_ ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
+#if GRAPHWARD_HAS_CUDA
+    // Note [Input slots]: what the warm-up's tape read, for the first capture to compare with.
+    if (device_.is_cuda() && !options_.force_eager && !localize_) {
+      roots_.assign(1, loss);
+      capture::tape_signature_walk(warm_, roots_, {}, current_stream(device_), grad_write);
+      warm_.nodes.clear();
+      warm_.leaves.clear();
+      roots_.clear();
+    }
+#endif
     eager(loss, grad_write);
     return;
   }
@@ -365,11 +494,24 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       fresh->pool = std::make_unique<GraphMemoryPool>(device_);
       pool = fresh->pool.get();
     }
+    // Note [Input slots]: the saved tensors this graph reads from copies of its own.
+    fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr,
+                                caller);
+    fill_slots(*fresh, caller);
     fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
     fresh->stats = stats_of(fresh->graph, plan);
     fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
     fresh->stats.tape_nodes = fresh->nodes.size();
     fresh->stats.memory_bytes = pool->bytes();
+    std::vector<capture::Unbound> unbound;
+    for (std::size_t i = 0; i < fresh->slots.size(); ++i) {
+      const InputSlot& slot = fresh->slots[i];
+      unbound.push_back({slot.address, fresh->slots[slot.leader].address});
+      if (slot.leader != i) continue;
+      ++fresh->stats.input_slots;
+      fresh->stats.input_slot_bytes += slot.copy.nbytes();
+    }
+    std::sort(unbound.begin(), unbound.end());
     bool updated = false;
     if (decision.action == Action::kUpdate) {
       Executable& old = *decision.entry->exec;
@@ -380,6 +522,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
         std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
         old.stats = fresh->stats;
         old.description = fresh->description;
+        old.slots = std::move(fresh->slots);
         exec = decision.entry->exec;
         updated = true;
         last_reason_ = "update: " + decision.reason;
@@ -396,15 +539,21 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
         fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
         decision.entry->exec = fresh;
       } else {
-        cache_.insert(sig, fresh);
+        cache_.insert(sig, fresh, unbound);
         last_reason_ = "capture: " + decision.reason;
       }
     }
-    if (decision.action == Action::kUpdate) cache_.count_update(*decision.entry, sig);
+    if (decision.action == Action::kUpdate) {
+      decision.entry->unbound = std::move(unbound);
+      cache_.count_update(*decision.entry, sig);
+    }
     last_captured_ = exec;
   }
 
   const auto t_decided = Clock::now();
+  // A capture or update filled the slots already.
+  if (decision.action == Action::kReplay) refresh_slots(*exec, caller);
+  const auto t_refreshed = Clock::now();
   {
     detail::NvtxRange nvtx("BackwardGraph::replay");
     GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
@@ -420,6 +569,13 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // the step's saved tensors, as a backward without retain_graph does. One event, recorded after
   // the launch, covers every saved tensor that another stream allocated.
   std::shared_ptr<const Event> fence;
+  // The slots' copies read this step's tensors on the caller's stream (Note [Input slots]).
+  for (const Tensor& src : slot_sources_) {
+    if (src.storage()->used_only_on(caller)) continue;
+    if (!fence) fence = next_fence(caller);
+    src.storage()->record_read(caller, fence);
+  }
+  slot_sources_.clear();
   for (std::uint32_t l : exec->leaves) {
     Storage& g = *sig.leaves[l].grad().storage();
     g.record_use(caller, true);
@@ -443,8 +599,8 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   auto us = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
-  host_ = {us(t0, t_signed), us(t_signed, t_waited), us(t_waited, t_decided), us(t_decided, t_launched),
-           us(t_launched, t_end)};
+  host_ = {us(t0, t_signed),         us(t_signed, t_waited),   us(t_waited, t_decided),
+           us(t_decided, t_refreshed), us(t_refreshed, t_launched), us(t_launched, t_end)};
 #else
   eager(loss, grad_write);
 #endif

@@ -29,11 +29,44 @@
 //      Then the executable is launched on S; gradients are ready on S when backward() returns,
 //      like the eager backward (rule 4). The step's saved tensors are released after the launch,
 //      their memory ordered after S by one event (rule 7, Storage::record_read).
+//   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
+//      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
+//      new batch does not change the graph (Note [Input slots]).
 // The first `warmup` calls run the eager backward (cuBLAS handles, workspaces and GEMM plans are
 // made there, outside any capture). Leaf gradients must persist for a graph to write them: a leaf
 // whose .grad is undefined gets zeros before its first captured step.
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
+//
+// Note [Input slots]
+// A training loop hands the model a new batch tensor every step, at another address, and the
+// graph's kernels point at the batch the capture saw (the first linear layer saves its input for
+// the weight gradient; the loss saves the targets; an embedding its ids). Left alone, every step
+// would update the executable: a capture of the whole backward and cudaGraphExecUpdate, several
+// times the step's own host time. Instead the graph reads such a saved tensor from a slot: memory
+// the executable owns, which the capture's kernels point at, refreshed before every launch by one
+// device-to-device copy on the caller's stream (cudaMemcpyAsync), ordered after the tensor's
+// producer (Storage::sync_for_read) and recorded as a read of the tensor (its memory is reused
+// only after the copy, rule 7). The signature does not compare the slotted addresses
+// (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as always.
+//   * Which: a saved tensor that entered the tape from outside — one of its op's inputs, with no
+//     gradient, whose memory no recorded op produced (Node::saved_from_outside) — and whose
+//     address at the first capture differs from the warm-up step's (the warm-up's tape is walked for this); and, when a later
+//     step of a cached structure moves such a tensor, that one from the update on (one update,
+//     then replays). A tensor that stays (a constant mask, a frozen weight) is read in place,
+//     with no copy. An activation, an op's own saved buffer, a parameter or a .grad that moves is
+//     an update, as before: inside a StepScope they keep their addresses (Note [Step arena]).
+//   * Places that save one tensor (the batch, read by the first layer of every branch) share one
+//     slot; if a later step gives them different tensors, the executable is updated and they get
+//     a slot each.
+//   * Why a copy, not rebinding the kernels' pointers (cudaGraphExecKernelNodeSetParams): the
+//     kernels of cuBLAS, cuBLASLt and cuDNN take the pointer inside parameter blocks whose layout
+//     is theirs, not ours, and a pointer found by value could be a coincidence. A copy is exact,
+//     costs one cudaMemcpyAsync (~2 µs of host time) and bytes/bandwidth of device time (a
+//     128 × 256 float32 batch: 128 KiB, well under a microsecond on an H200).
+//   * What the caller may keep: nothing is asked of it. The batch may be freed or overwritten
+//     after backward() returns (the copy is ordered before any reuse of its memory); the slot
+//     belongs to the graph, so an earlier step's batch is never read by a later replay.
 //
 #include <cstddef>
 #include <cstdint>
@@ -88,6 +121,8 @@ struct GraphStats {
   std::size_t streams = 0;  // the caller's stream and one private stream per other forward stream
   std::size_t forks = 0;    // the plan's: streams forked from the caller's
   std::size_t joins = 0;    // the plan's: streams joined back into it
+  std::size_t input_slots = 0;       // tensors read from a slot (Note [Input slots]): copies a step
+  std::size_t input_slot_bytes = 0;  // what the slots hold: copied before every launch
   capture::Topology topology;  // the graph's own: roots, sinks, fork and join nodes, longest path
 };
 
@@ -96,9 +131,12 @@ struct BackwardHostTimes {
   double signature_us = 0;  // this step's tape signature
   double wait_us = 0;       // the waits rule 6 needs (usually none) and finding them
   double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
+  double refresh_us = 0;    // copying this step's tensors into the input slots (Note [Input slots])
   double launch_us = 0;     // the graph launch
   double release_us = 0;    // after the launch: recording the uses, releasing saved tensors
-  double before_launch_us() const { return signature_us + wait_us + decide_us + launch_us; }
+  double before_launch_us() const {
+    return signature_us + wait_us + decide_us + refresh_us + launch_us;
+  }
   double total_us() const { return before_launch_us() + release_us; }
 };
 
@@ -145,6 +183,16 @@ class BackwardGraph {
   const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
 
   struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
+  // Note [Input slots]: a saved tensor the graph reads from a copy of its own, refreshed before
+  // every launch. `address` is the saved tensor's place in the signature's addresses, `node` its
+  // node's in the signature's nodes, `saved` its index among the node's saved tensors.
+  struct InputSlot {
+    std::uint32_t address = 0, node = 0, saved = 0;
+    // The slot whose copy this one shares (its own index if none): saved places that read one
+    // tensor at the capture read one copy of it.
+    std::uint32_t leader = 0;
+    Tensor copy;  // graph-owned memory (not the step arena's, not the block cache's)
+  };
 
  private:
   void eager(const Tensor& loss, GradWrite grad_write);
@@ -161,6 +209,14 @@ class BackwardGraph {
   // (scan_grads) every other user of the leaves' .grads since their last write.
   void order_before_launch(const Tensor& loss, cudaStream_t caller,
                            const std::vector<Tensor>& leaves, bool scan_grads);
+  // Note [Input slots]: the slots a capture of this step's tape gives its graph (`updating`: the
+  // entry of the same structure being updated, else null), their memory made and filled and the
+  // saved tensors substituted (fill_slots), and refreshed before each replay (refresh_slots).
+  std::vector<InputSlot> choose_slots(
+      const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating,
+      cudaStream_t caller);
+  void fill_slots(Executable& exec, cudaStream_t caller);
+  void refresh_slots(const Executable& exec, cudaStream_t caller);
 #endif
   // Gives each leaf without a .grad a zero one; whether it made any.
   bool make_missing_grads(const std::vector<Tensor>& leaves);
@@ -185,6 +241,8 @@ class BackwardGraph {
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
   capture::TapeSignature walk_;       // a walk of this step's tape, when capturing
+  capture::TapeSignature warm_;       // a walk of the last warm-up's tape (Note [Input slots])
+  std::vector<Tensor> slot_sources_;  // this step's tensors copied into slots (until the launch)
   std::vector<Tensor> roots_, seeds_;
   std::uint64_t log_signatures_ = 0;
   bool last_from_log_ = false;

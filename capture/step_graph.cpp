@@ -32,6 +32,11 @@ struct StepGraph::Executable {
 #endif
   Tensor loss;
   std::vector<Baked> inputs;
+  // Note [Step inputs]: the batch's slots (graph-owned memory), and whether the graph was
+  // captured by run(batch, step) at all.
+  std::vector<Tensor> slots;
+  bool batched = false;
+  std::uint64_t replays = 0;  // launches of this executable
   std::vector<Baked> leaves, grads;  // the leaves the backward reaches, and their .grads
   // What a kernel fault after a launch names (Note [Kernel faults], engine/error.h).
   std::shared_ptr<const std::string> description;
@@ -69,8 +74,26 @@ void StepGraph::recapture() {
   exec_.reset();
 }
 
-std::string StepGraph::check_signature() const {
+std::string StepGraph::check_signature(const std::vector<Tensor>* batch) const {
   const Executable& e = *exec_;
+  if (e.batched != (batch != nullptr)) {
+    return batch ? "run() was given a batch; the graph was captured without one"
+                 : "run() was given no batch; the graph was captured with one";
+  }
+  if (batch) {
+    if (batch->size() != e.slots.size()) {
+      return "the batch has " + std::to_string(batch->size()) + " tensors; the graph's slots " +
+             std::to_string(e.slots.size());
+    }
+    for (std::size_t i = 0; i < batch->size(); ++i) {
+      const Tensor& t = (*batch)[i];
+      const Tensor& slot = e.slots[i];
+      if (t.shape() != slot.shape() || t.dtype() != slot.dtype()) {
+        return "batch tensor " + std::to_string(i) + " is " + t.str() + "; its slot holds " +
+               slot.str();
+      }
+    }
+  }
   if (inputs_.size() != e.inputs.size()) return "the number of inputs changed";
   for (std::size_t i = 0; i < inputs_.size(); ++i) {
     const Tensor& t = inputs_[i];
@@ -97,31 +120,57 @@ std::string StepGraph::check_signature() const {
 
 Tensor StepGraph::run(const std::function<Tensor()>& step) {
   GW_CHECK(static_cast<bool>(step), "StepGraph::run: expected a step function, got an empty one");
+  return run_impl(nullptr, [&step](const std::vector<Tensor>&) { return step(); });
+}
+
+Tensor StepGraph::run(const std::vector<Tensor>& batch, const BatchStep& step) {
+  GW_CHECK(static_cast<bool>(step), "StepGraph::run: expected a step function, got an empty one");
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    GW_CHECK(batch[i].defined() && batch[i].device() == device_, "StepGraph::run: batch tensor ",
+             i, " is ", batch[i].defined() ? batch[i].str() : std::string("undefined"),
+             "; expected a tensor on ", device_.str());
+  }
+  return run_impl(&batch, step);
+}
+
+Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& step) {
+  static const std::vector<Tensor> kNoBatch;
   ++calls_;
   if (device_.is_cpu() || options_.force_eager ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
     ++counters_.eager;
-    return step();
+    return step(batch ? *batch : kNoBatch);
   }
 #if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device_);
   const cudaStream_t caller = current_stream(device_);
-  std::string why = exec_ ? check_signature() : "first capture";
+  std::string why = exec_ ? check_signature(batch) : "first capture";
   if (!why.empty()) {
     exec_.reset();
     last_reason_ = why;
-    (void)capture(step, caller);
+    (void)capture(batch, step, caller);
   }
-  launch(caller);
+  launch(batch, caller);
   return exec_->loss;
 #else
   ++counters_.eager;
-  return step();
+  return step(batch ? *batch : kNoBatch);
 #endif
 }
 
 #if GRAPHWARD_HAS_CUDA
 namespace {
+// Note [Step inputs]: `batch` into `slots` on `stream`, after each tensor's producer.
+void copy_batch(const std::vector<Tensor>& batch, const std::vector<Tensor>& slots,
+                cudaStream_t stream) {
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    batch[i].storage()->sync_for_read(stream);
+    if (batch[i].nbytes() == 0) continue;
+    GW_CUDA_CHECK(cudaMemcpyAsync(slots[i].raw_data(), batch[i].raw_data(), batch[i].nbytes(),
+                                  cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 // The leaves the tape of `loss` reaches (each once).
 std::vector<Tensor> reached_leaves(const Tensor& loss) {
   std::vector<Tensor> leaves;
@@ -144,23 +193,75 @@ std::vector<Tensor> reached_leaves(const Tensor& loss) {
 }
 }  // namespace
 
-Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t caller) {
+namespace {
+// The tensors a tape rooted at `loss` saved whose memory is one of `batch`'s: a step function
+// that read the batch itself rather than the slots it was given (Note [Step inputs]).
+std::string batch_read_in_place(const Tensor& loss, const std::vector<Tensor>& batch) {
+  std::unordered_set<const Node*> seen;
+  std::vector<const Node*> todo;
+  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const auto& [address, j] : n->record().saved_addresses) {
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const auto* begin = static_cast<const char*>(batch[i].storage()->data());
+        const auto a = reinterpret_cast<const char*>(address);
+        if (a >= begin && a < begin + std::max<std::size_t>(batch[i].storage()->bytes(), 1)) {
+          return detail::concat("batch tensor ", i, " (", batch[i].str(), ") was read by ",
+                                n->label(), " itself, not through the slot the step function was "
+                                "given: every replay would read this step's batch");
+        }
+      }
+    }
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) todo.push_back(in.edge.node.get());
+    }
+  }
+  return "";
+}
+}  // namespace
+
+Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& step,
+                          cudaStream_t caller) {
   detail::NvtxRange nvtx("StepGraph::capture");
   auto fresh = std::make_unique<Executable>();
   fresh->pool = std::make_unique<GraphMemoryPool>(device_);
   // Rule 6 for the capture itself: what the step reads was made on S or ordered before S.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
+  // Note [Step inputs]: the batch's slots, memory of the executable's own (outside the step arena,
+  // the block cache and the graph's pool), filled with this step's batch before the capture.
+  if (batch) {
+    fresh->batched = true;
+    for (const Tensor& t : *batch) {
+      const std::size_t bytes = std::max<std::size_t>(t.nbytes(), 1);
+      auto buffer = std::make_shared<DeviceBuffer>(device_, bytes);
+      void* data = buffer->data();
+      fresh->slots.push_back(Tensor::from_storage(
+          Storage::borrow(device_, data, bytes, caller, std::move(buffer)), t.shape(), t.dtype()));
+    }
+    copy_batch(*batch, fresh->slots, caller);
+  }
   Tensor loss;
   cudaGraph_t graph = capture::capture_stream(
       caller, "StepGraph", "some work in the step was not capturable, used a stream outside the "
       "capture, or was left on another stream without joining the step's stream", [&] {
         CaptureModeScope scope("a whole training step (StepGraph)");
         GraphPoolScope pool_scope(*fresh->pool);
-        loss = step();
+        loss = step(fresh->slots);
         GW_CHECK(loss.defined() && loss.device() == device_, "StepGraph: the step returned ",
                  loss.defined() ? loss.str() : std::string("nothing"),
                  "; expected its loss, a tensor on ", device_.str());
       });
+  if (batch) {
+    const std::string misread = batch_read_in_place(loss, *batch);
+    if (!misread.empty()) {
+      GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
+      GW_CHECK(false, "StepGraph::run: ", misread, "; read the batch from the step function's "
+               "argument (run(batch, [&](const std::vector<Tensor>& in) { ... in[i] ... }))");
+    }
+  }
   fresh->graph = graph;
   fresh->exec = capture::instantiate(graph);
   const capture::NodeCounts counts = capture::count_nodes(graph);
@@ -179,14 +280,17 @@ Tensor StepGraph::capture(const std::function<Tensor()>& step, cudaStream_t call
   ++counters_.captures;
   // What the capture recorded ran nothing: check that the graph can be replayed as captured (a
   // .grad the step created inside the capture is graph memory, rewritten by each replay: fine).
-  const std::string why = check_signature();
+  const std::string why = check_signature(batch);
   GW_CHECK(why.empty(), "StepGraph: internal error: the graph's signature fails right after its "
                         "capture: ", why);
   return exec_->loss;
 }
 
-void StepGraph::launch(cudaStream_t caller) {
+void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
   Executable& e = *exec_;
+  // Note [Step inputs]: this step's batch into the slots (the capturing step filled them already).
+  if (batch && e.replays > 0) copy_batch(*batch, e.slots, caller);
+  ++e.replays;
   // Rule 6: S waits for the inputs' producers and for the other users of what the graph writes.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
   for (std::size_t i = 0; i < e.leaves.size(); ++i) {
@@ -201,6 +305,9 @@ void StepGraph::launch(cudaStream_t caller) {
   ++counters_.replays;
   // The graph read the inputs and wrote the parameters, their .grads and the loss on S.
   for (const Tensor& t : inputs_) t.storage()->record_use(caller, false);
+  if (batch) {
+    for (const Tensor& t : *batch) t.storage()->record_use(caller, false);
+  }
   for (std::size_t i = 0; i < e.leaves.size(); ++i) {
     e.leaves[i].tensor.storage()->record_use(caller, true);
     e.leaves[i].tensor.bump_version();

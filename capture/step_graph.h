@@ -35,6 +35,21 @@
 // learning rate and step count live on the device (engine/optim.h), so a replayed step follows
 // set_lr() and counts its steps.
 //
+// Note [Step inputs]
+// A loop that hands each step a new batch tensor passes it to run(batch, step): `step` is called
+// with the tensors to read — the batch itself in the eager steps, the graph's own slots (memory
+// the executable owns, made at the capture in the batch's shapes and dtypes) when capturing — and
+// every replay first copies this step's batch into the slots (one cudaMemcpyAsync each on S, after
+// the batch's producer; the batch's memory is reused only after the copy). So new tensors every
+// step replay one graph, with no capture and no update; a batch of another shape or dtype
+// captures again (counted, with the reason). The step must read its batch through its argument: a
+// step function that reads the batch tensors it captured by reference would bake the first
+// batch's address into the graph, and every replay would read it; the capture checks that no
+// batch tensor's memory was saved by the step's tape and refuses such a step, naming the tensor.
+// A step that reads other tensors made outside it (constants, a mask, a frozen weight) reads them
+// in place at every replay, as captured: their values may change between steps, not their
+// addresses.
+//
 // Streams: before a launch, S waits for the streams that produced the inputs (rule 6) and for
 // the other users of the parameters and their .grads since the last write; after it, the graph's
 // writes and reads are recorded on S (rules 6 and 7). The CPU backend and `force_eager` run
@@ -66,7 +81,8 @@ struct StepGraphCounters {
 class StepGraph {
  public:
   // `inputs`: the static tensors the step reads and the caller refills between steps (copy_).
-  StepGraph(Device device, std::vector<Tensor> inputs, StepGraphOptions options = {});
+  // (None with run(batch, step), Note [Step inputs].)
+  explicit StepGraph(Device device, std::vector<Tensor> inputs = {}, StepGraphOptions options = {});
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -75,6 +91,10 @@ class StepGraph {
   // captured loss tensor, rewritten by the replay). `step` must return a defined tensor on this
   // StepGraph's device.
   Tensor run(const std::function<Tensor()>& step);
+  // One training step on this step's `batch` (Note [Step inputs]): `step` reads the batch through
+  // its argument. The tensors must be defined and on this StepGraph's device.
+  using BatchStep = std::function<Tensor(const std::vector<Tensor>& batch)>;
+  Tensor run(const std::vector<Tensor>& batch, const BatchStep& step);
   // Forgets the graph: the next run() captures again.
   void recapture();
 
@@ -91,10 +111,12 @@ class StepGraph {
   struct Executable;
 
  private:
-  // "" if the graph can be replayed on `caller`, else why not.
-  std::string check_signature() const;
-  Tensor capture(const std::function<Tensor()>& step, cudaStream_t caller);
-  void launch(cudaStream_t caller);
+  // "" if the graph can be replayed on `caller` with `batch` (null: run() without a batch), else
+  // why not.
+  std::string check_signature(const std::vector<Tensor>* batch) const;
+  Tensor run_impl(const std::vector<Tensor>* batch, const BatchStep& step);
+  Tensor capture(const std::vector<Tensor>* batch, const BatchStep& step, cudaStream_t caller);
+  void launch(const std::vector<Tensor>* batch, cudaStream_t caller);
 
   Device device_;
   std::vector<Tensor> inputs_;

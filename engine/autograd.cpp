@@ -158,6 +158,19 @@ void Node::release_saved() {
   released_ = true;
 }
 
+void Node::substitute_saved(std::size_t j, const Tensor& copy) {
+  GW_CHECK(!released_ && j < saved_.size() && saved_[j].tensor.defined() && copy.defined() &&
+               copy.shape() == saved_[j].tensor.shape() &&
+               copy.dtype() == saved_[j].tensor.dtype(),
+           "Node::substitute_saved: ", label(), " has no saved tensor ", j, " like ",
+           copy.defined() ? copy.str() : std::string("an undefined tensor"));
+  if (saved_storages_[j]) saved_storages_[j]->note_saved(-1);
+  saved_[j].tensor = copy.detach();
+  saved_[j].version = copy.version();
+  saved_storages_[j] = copy.storage().get();
+  saved_storages_[j]->note_saved(+1);
+}
+
 bool grad_mode_enabled() {
   return t_grad_mode;
 }
@@ -216,9 +229,25 @@ void record(const char* op, const Tensor& output, std::span<const Tensor* const>
     }
     metas.push_back(std::move(m));
   }
-  output.set_grad_fn(std::make_shared<Node>(op, output.device(),
-                                            output.storage()->producer_stream(), std::move(metas),
-                                            std::move(saved), output.shape(), std::move(backward)));
+  // Note [Input slots]: which saved tensors are inputs that entered the tape from outside (no
+  // gradient, not an activation's memory): what a replayed backward may read through a slot.
+  std::uint64_t from_outside = 0;
+  for (std::size_t j = 0; j < saved.size() && j < 64; ++j) {
+    const Tensor& st = saved[j].tensor;
+    if (!st.defined() || st.storage()->recorded()) continue;
+    for (const Tensor* t : inputs) {
+      if (t->storage() == st.storage() && !t->requires_grad()) {
+        from_outside |= std::uint64_t{1} << j;
+        break;
+      }
+    }
+  }
+  output.storage()->mark_recorded();
+  auto node = std::make_shared<Node>(op, output.device(), output.storage()->producer_stream(),
+                                     std::move(metas), std::move(saved), output.shape(),
+                                     std::move(backward));
+  node->set_saved_from_outside(from_outside);
+  output.set_grad_fn(std::move(node));
 }
 
 }  // namespace autograd_detail

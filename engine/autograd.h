@@ -115,6 +115,16 @@ class Node {
   }
   // Frees the saved tensors (a backward without retain_graph).
   void release_saved();
+  // Makes saved tensor `j` read `copy` instead: a tensor of the same shape and dtype that holds
+  // the same values (Note [Input slots], capture/backward_graph.h: a captured backward reads a
+  // slot it refreshes every step in place of the step's batch). Its version becomes the one
+  // checked.
+  void substitute_saved(std::size_t j, const Tensor& copy);
+  // Whether saved tensor `j` is one of the op's inputs that entered the tape from outside: no
+  // gradient flows to it and no recorded op produced its memory (a batch, targets, ids, a mask,
+  // a frozen weight). Set by the op's recording (bit j of `mask`, j < 64).
+  bool saved_from_outside(std::size_t j) const { return j < 64 && (from_outside_ >> j) & 1u; }
+  void set_saved_from_outside(std::uint64_t mask) { from_outside_ = mask; }
 
   // Note [Backward epilogue fusion] (engine/ops.h): set by linear() on the nodes it records.
   struct ActivationFusion {
@@ -156,6 +166,7 @@ class Node {
   std::unique_ptr<ActivationFusion> fusion_;
   bool input_epilogue_ = false;
   bool passes_gradient_through_ = false;
+  std::uint64_t from_outside_ = 0;  // saved_from_outside()
 
  public:
   // Scratch for walks of the tape (capture/signature.cpp): a walk takes a fresh epoch and marks

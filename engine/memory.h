@@ -104,6 +104,11 @@ class Storage {
   void bump_version();
   // A node saved (+1) or released (-1) a tensor of this storage.
   void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
+  // Whether a recorded op produced this memory (an activation), as opposed to data that entered
+  // the tape from outside (a batch, targets, a constant): Note [Input slots],
+  // capture/backward_graph.h.
+  void mark_recorded() { recorded_ = true; }
+  bool recorded() const { return recorded_; }
 
   // The stream whose work last wrote this memory (nullptr for CPU storage).
   cudaStream_t producer_stream() const { return producer_; }
@@ -175,6 +180,7 @@ class Storage {
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
   std::vector<cudaStream_t> reads_since_write_;  // streams other than producer_ that read it since
   bool watched_ = false;                          // watch()
+  bool recorded_ = false;                         // mark_recorded()
   void new_hazard() const;                        // bumps the epoch if watched
   // Reads by work that an event completes (record_read): (the event's stream, the event).
   std::vector<std::pair<cudaStream_t, std::shared_ptr<const Event>>> fences_;

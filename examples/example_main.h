@@ -65,9 +65,11 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
                 describe().c_str(), steps);
     for (Mode m : modes) {
       const TrainResult r = train<Model>(config, dev, m, steps);
-      std::printf("  %-16s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu capture(s)\n",
+      std::printf("  %-16s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu capture(s), "
+                  "%llu update(s)\n",
                   mode_name(m), r.first_loss, r.last_loss, 100.0 * r.last_loss / r.first_loss,
-                  r.ms_per_step, static_cast<unsigned long long>(r.captures));
+                  r.ms_per_step, static_cast<unsigned long long>(r.captures),
+                  static_cast<unsigned long long>(r.updates));
     }
     return 0;
   } catch (const std::exception& e) {

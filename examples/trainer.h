@@ -7,7 +7,10 @@
 //   kEager          forward, backward() and opt.step() eagerly every step;
 //   kBackwardGraph  the forward eager in a StepScope, the backward a BackwardGraph replay;
 //   kStepGraph      the whole step (forward, backward, optimizer) one StepGraph replay, the batch
-//                   copied into static input slots first.
+//                   passed to run() (copied into the graph's slots, Note [Step inputs]).
+// Every mode hands the model each step's own batch tensor, as a training loop does (the batches
+// are different tensors: a replayed backward reads them through its input slots, Note [Input
+// slots] in capture/backward_graph.h).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -60,11 +63,7 @@ class Trainer {
       bw_ = std::make_unique<BackwardGraph>(
           device, BackwardGraphOptions{.fuse_activation_epilogues = fuse_epilogues});
     }
-    if (mode == Mode::kStepGraph) {
-      x_ = zeros(data_.x.front().shape(), {data_.x.front().dtype(), device});
-      t_ = zeros(data_.t.front().shape(), {data_.t.front().dtype(), device});
-      step_graph_ = std::make_unique<StepGraph>(device, std::vector<Tensor>{x_, t_});
-    }
+    if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
   }
 
   Tensor step(int i) {
@@ -90,13 +89,8 @@ class Trainer {
         return loss;
       }
       case Mode::kStepGraph: {
-        {
-          NoGradGuard no_grad;
-          copy_(x_, x);
-          copy_(t_, t);
-        }
-        return step_graph_->run([&] {
-          const Tensor loss = model_.loss(x_, t_);
+        return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
+          const Tensor loss = model_.loss(in[0], in[1]);
           backward(loss, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse_});
           opt_.step();
           return loss;
@@ -112,6 +106,9 @@ class Trainer {
     if (step_graph_) return step_graph_->counters().captures;
     return 0;
   }
+  // Executables updated in place (a BackwardGraph's; a StepGraph captures again instead).
+  std::uint64_t updates() const { return bw_ ? bw_->counters().updates : 0; }
+  const BackwardGraph* backward_graph() const { return bw_.get(); }
 
  private:
   Config config_;
@@ -123,14 +120,13 @@ class Trainer {
   AdamW opt_;
   std::unique_ptr<StepArena> arena_;
   std::unique_ptr<BackwardGraph> bw_;
-  Tensor x_, t_;  // the StepGraph's static input slots
   std::unique_ptr<StepGraph> step_graph_;
 };
 
 struct TrainResult {
   double first_loss = 0, last_loss = 0;
   double ms_per_step = 0;  // wall time of the steps after the first 5, synchronized at the end
-  std::uint64_t captures = 0;
+  std::uint64_t captures = 0, updates = 0;
 };
 
 inline void synchronize_device(Device device) {
@@ -165,6 +161,7 @@ TrainResult run_steps(AnyTrainer& trainer, Device device, int steps) {
   r.ms_per_step =
       timed > 0 ? std::chrono::duration<double, std::milli>(t1 - t0).count() / timed : 0.0;
   r.captures = trainer.captures();
+  r.updates = trainer.updates();
   return r;
 }
 

@@ -5,6 +5,7 @@
 //
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "capture/backward_graph.h"
 #include "json_check.h"
@@ -129,6 +130,112 @@ TEST_F(CudaBackwardGraph, WeightGradientParallelismIsOnByDefaultAndReplaysBitwis
   EXPECT_EQ(st.topology.sinks, 8u);
   // The critical path is shorter than one branch's chain of every kernel.
   EXPECT_LT(st.topology.longest_path, 1 + (st.kernel_nodes - 1) / 4);
+}
+
+// Note [Input slots]: the loop a user writes — each step's batch a new tensor at another address
+// (a loader's ring of prefetched batches, fresh values), the forward in a StepScope — replays one
+// graph with no update: the batch (saved by every branch's first layer: one slot) and the target
+// (the loss's: another) are read through slots refreshed before each launch. Every gradient is
+// bitwise the eager backward's on the same batch.
+TEST_F(CudaBackwardGraph, ANaturalLoopOfNewBatchTensorsReplaysOneGraphWithNoUpdate) {
+  Model graphed(4, 3, 64), eager(4, 3, 64);
+  StepArena arena(kGpu);
+  BackwardGraph bw(kGpu);
+  std::vector<std::pair<Tensor, Tensor>> ring(3);  // batches kept alive: other addresses
+  std::set<const void*> addresses;
+  for (int s = 0; s < 100; ++s) {
+    auto& [x, target] = ring[static_cast<std::size_t>(s) % ring.size()];
+    x = randn({16, 64}, 1000 + static_cast<std::uint64_t>(s), kF32Gpu);
+    target = randn({16, 64}, 5000 + static_cast<std::uint64_t>(s), kF32Gpu);
+    addresses.insert(x.raw_data());
+    {
+      StepScope step(arena);
+      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+  }
+  EXPECT_GE(addresses.size(), 3u);  // the batches did move
+  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().replays, 99u);
+  EXPECT_EQ(bw.log_signatures(), 99u) << bw.last_walk_reason();
+  const GraphStats st = bw.last_graph_stats();
+  EXPECT_EQ(st.input_slots, 2u);  // x (four places, one copy) and the target
+  EXPECT_EQ(st.input_slot_bytes, 2u * 16u * 64u * sizeof(float));
+  EXPECT_GT(bw.last_host_times().refresh_us, 0.0);
+}
+
+// The same loop where a saved tensor stays (a constant) reads it in place, with no slot; and a
+// structure first captured after the warm-up takes its slots at the first step that moves its
+// batch: one update, then replays.
+TEST_F(CudaBackwardGraph, OnlyTensorsThatMoveGetSlotsAndALaterStructureTakesThemInOneUpdate) {
+  Model graphed(1, 2, 32), eager(1, 2, 32);
+  const Tensor constant_target = randn({8, 32}, 9, kF32Gpu);
+  StepArena arena(kGpu);
+  BackwardGraph bw(kGpu);
+  std::vector<std::pair<Tensor, Tensor>> ring(3);  // batches kept alive: other addresses
+  auto step = [&](int s, std::int64_t rows) {
+    auto& [x, fresh_target] = ring[static_cast<std::size_t>(s) % ring.size()];
+    x = randn({rows, 32}, 300 + static_cast<std::uint64_t>(s), kF32Gpu);
+    fresh_target = randn({rows, 32}, 400 + static_cast<std::uint64_t>(s), kF32Gpu);
+    const Tensor& target = rows == 8 ? constant_target : fresh_target;
+    {
+      StepScope scope(arena);
+      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+    EXPECT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+  };
+  for (int s = 0; s < 6; ++s) step(s, 8);
+  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
+  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);  // x only: the target stayed
+  for (int s = 6; s < 12; ++s) step(s, 4);  // another batch size: a new structure
+  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().updates, 1u) << bw.last_reason();  // its batch moved once: slots
+  EXPECT_EQ(bw.last_graph_stats().input_slots, 2u);  // its target is new every step too
+  // The first structure again: its graph, never captured again (the step arena re-recorded the
+  // activations for the other structure, so they may have moved: at most an update).
+  for (int s = 12; s < 15; ++s) step(s, 8);
+  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
+  EXPECT_LE(bw.counters().updates, 2u) << bw.last_reason();
+  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);
+}
+
+// A slot is refreshed after its tensor's producer: each step's batch is written on another stream
+// behind a 30 ms stall, and the forward and backward() are enqueued at once on the caller's
+// stream. A refresh that read the batch early would copy the memory's earlier contents (another
+// step's batch) and the gradients would differ from the eager backward's on the same batch.
+TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherStream) {
+  Model graphed(1, 2, 32), eager(1, 2, 32);
+  Stream loader(kGpu);
+  StepArena arena(kGpu);
+  BackwardGraph bw(kGpu);
+  std::vector<Tensor> ring(2);
+  const Tensor target = randn({8, 32}, 1, kF32Gpu);
+  for (int s = 0; s < 6; ++s) {
+    Tensor& x = ring[static_cast<std::size_t>(s) % ring.size()];
+    {
+      StreamGuard on(loader);
+      x = Tensor::empty({8, 32}, kF32Gpu);  // the memory of an earlier batch, maybe
+      if (s >= 2) testing::stall(loader.get(), 30);
+      NoGradGuard no_grad;
+      copy_(x, randn({8, 32}, 700 + static_cast<std::uint64_t>(s), kF32Gpu));
+    }
+    {
+      StepScope scope(arena);
+      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+  }
+  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
+  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);
 }
 
 TEST_F(CudaBackwardGraph, ShapesParametersAndBranchesTakeTheRightPath) {

@@ -524,6 +524,87 @@ TEST(GraphCache, BoundedLeastRecentlyUsedOut) {
   GW_EXPECT_ERROR(Cache(0), "capacity");
 }
 
+// Note [Input slots]: an entry's unbound addresses are not compared, but the positions of one
+// group must still point at one tensor; changed_addresses lists the others that moved.
+TEST(GraphCache, UnboundAddressesAreNotComparedButTheirGroupsMustHold) {
+  auto make = [](std::vector<std::uintptr_t> addresses) {
+    TapeSignature t;
+    t.structure = {1, 2, 3};
+    t.structure_hash = 42;
+    t.addresses = std::move(addresses);
+    t.address_owners.assign(t.addresses.size(), 0);
+    t.address_hash = t.addresses[0] * 31 + t.addresses[1];
+    return t;
+  };
+  Cache cache(2);
+  cache.insert(make({10, 20, 30, 20}), 1, {{3, 1}, {1, 1}});  // sorted on insert
+  ASSERT_EQ(cache.most_recent()->unbound.size(), 2u);
+  EXPECT_EQ(cache.most_recent()->unbound[0].position, 1u);
+  // The group moved together: a replay.
+  auto d = cache.decide(make({10, 99, 30, 99}));
+  EXPECT_EQ(d.action, Cache::Action::kReplay) << d.reason;
+  EXPECT_EQ(cache.decide_nodes_known(*cache.most_recent(), make({10, 77, 30, 77})).action,
+            Cache::Action::kReplay);
+  // The group split (two tensors where the capture saw one): an update, saying so.
+  d = cache.decide(make({10, 99, 30, 98}));
+  ASSERT_EQ(d.action, Cache::Action::kUpdate);
+  EXPECT_NE(d.reason.find("differs among them"), std::string::npos) << d.reason;
+  EXPECT_TRUE(Cache::changed_addresses(*d.entry, make({10, 99, 30, 98})).empty());
+  // A bound address moved: an update, and it is the one listed.
+  d = cache.decide(make({11, 99, 30, 99}));
+  ASSERT_EQ(d.action, Cache::Action::kUpdate);
+  EXPECT_NE(d.reason.find("1 of 4 addresses changed"), std::string::npos) << d.reason;
+  EXPECT_EQ(Cache::changed_addresses(*d.entry, make({11, 99, 31, 99})),
+            (std::vector<std::uint32_t>{0, 2}));
+  // Without unbound addresses, every one counts.
+  Cache plain(1);
+  plain.insert(make({10, 20, 30, 20}), 1);
+  EXPECT_EQ(plain.decide(make({10, 99, 30, 99})).action, Cache::Action::kUpdate);
+}
+
+// Node::saved_from_outside: which saved tensors entered the tape from outside (the batch and the
+// target), as opposed to parameters and activations.
+TEST(TapeSignature, SavedInputsFromOutsideAreMarkedParametersAndActivationsAreNot) {
+  Model m;
+  const Tensor x = randn({5, 6}, 10);
+  const Tensor loss = m.loss(x);
+  const Node& mse = *loss.grad_fn();
+  ASSERT_EQ(mse.name(), "mse_loss");
+  bool target_marked = false;
+  for (std::size_t j = 0; j < mse.saved().size(); ++j) {
+    const bool is_target = mse.saved()[j].tensor.raw_data() == m.target.raw_data();
+    EXPECT_EQ(mse.saved_from_outside(j), is_target) << mse.saved()[j].name;
+    target_marked = target_marked || (is_target && mse.saved_from_outside(j));
+  }
+  EXPECT_TRUE(target_marked);
+  // Every linear: the input x (from outside), the weight (a parameter: not).
+  std::vector<const Node*> todo = {&mse};
+  int linears = 0;
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) todo.push_back(in.edge.node.get());
+    }
+    for (std::size_t j = 0; j < n->saved().size(); ++j) {
+      const Tensor& t = n->saved()[j].tensor;
+      if (!t.defined()) continue;
+      const bool outside = t.raw_data() == x.raw_data() || t.raw_data() == m.target.raw_data();
+      EXPECT_EQ(n->saved_from_outside(j), outside) << n->label() << " saved " << n->saved()[j].name;
+    }
+    linears += n->name() == "linear";
+  }
+  EXPECT_EQ(linears, 2);
+  // A detached activation is not from outside (a recorded op made its memory).
+  const Tensor h = relu(linear(x, m.w0, m.b0));
+  const Tensor y = mse_loss(linear(h.detach(), m.w1, m.b1), m.target);
+  const Node& lin = *y.grad_fn()->inputs()[0].edge.node;
+  ASSERT_EQ(lin.name(), "linear");
+  for (std::size_t j = 0; j < lin.saved().size(); ++j) {
+    if (lin.saved()[j].tensor.raw_data() == h.raw_data()) EXPECT_FALSE(lin.saved_from_outside(j));
+  }
+}
+
 TEST(GraphCache, EntriesOutliveTheTapeTheyWereCapturedFrom) {
   Cache cache(2);
   {

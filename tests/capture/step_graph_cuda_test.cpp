@@ -278,5 +278,66 @@ TEST_F(CudaStepGraph, AnOpOnAStreamOutsideTheCaptureIsRefusedAndTheNextStepsAreC
   }
 }
 
+// Note [Step inputs]: a new batch tensor every step (a loader's ring of prefetched batches, at
+// other addresses) passed to run(batch, step) replays one graph that reads each step's batch
+// through its slots: the parameters of the same steps run eagerly, bitwise; one capture.
+TEST_F(CudaStepGraph, NewBatchTensorsEveryStepReplayOneGraphThroughItsSlots) {
+  Mlp eager, graphed;
+  AdamW opt_e(eager.w, {.lr = 0.01}), opt_g(graphed.w, {.lr = 0.01});
+  StepGraph step(kGpu);
+  std::vector<std::vector<Tensor>> ring(3);
+  std::vector<float> eager_losses, graph_losses;
+  for (int s = 0; s < 12; ++s) {
+    std::vector<Tensor>& batch = ring[static_cast<std::size_t>(s) % ring.size()];
+    batch = {randn({32, 32}, 100 + static_cast<std::uint64_t>(s), kF32Gpu),
+             randn({32, 16}, 200 + static_cast<std::uint64_t>(s), kF32Gpu)};
+    {
+      const Tensor l = eager.loss(batch[0], batch[1]);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt_e.step();
+      eager_losses.push_back(static_cast<float>(l.item()));
+    }
+    const Tensor l = step.run(batch, [&](const std::vector<Tensor>& in) {
+      const Tensor loss = graphed.loss(in[0], in[1]);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_g.step();
+      return loss;
+    });
+    graph_losses.push_back(static_cast<float>(l.item()));
+  }
+  EXPECT_EQ(step.counters().eager, 1u);
+  EXPECT_EQ(step.counters().captures, 1u) << step.last_reason();
+  EXPECT_EQ(step.counters().replays, 11u);
+  EXPECT_EQ(graph_losses, eager_losses);  // every replay read its own step's batch
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+  // A batch of another shape captures again, saying why; a step reading the batch it captured by
+  // reference instead of its argument is refused by name, and the StepGraph stays usable.
+  const std::vector<Tensor> half = {randn({16, 32}, 7, kF32Gpu), randn({16, 16}, 8, kF32Gpu)};
+  auto body = [&](const std::vector<Tensor>& in) {
+    const Tensor loss = graphed.loss(in[0], in[1]);
+    backward(loss, {.grad_write = GradWrite::kOverwrite});
+    return loss;
+  };
+  (void)step.run(half, body);
+  EXPECT_EQ(step.counters().captures, 2u);
+  EXPECT_NE(step.last_reason().find("batch tensor 0"), std::string::npos) << step.last_reason();
+  const std::vector<Tensor> other = {randn({32, 32}, 9, kF32Gpu), randn({32, 16}, 10, kF32Gpu)};
+  GW_EXPECT_ERROR((void)step.run(other,
+                                 [&](const std::vector<Tensor>&) {
+                                   const Tensor loss = graphed.loss(other[0], other[1]);
+                                   backward(loss, {.grad_write = GradWrite::kOverwrite});
+                                   return loss;
+                                 }),
+                  "StepGraph::run", "batch tensor 0", "not through the slot", "argument");
+  cudaStreamCaptureStatus status{};
+  ASSERT_EQ(cudaStreamIsCapturing(current_stream(kGpu), &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  const Tensor again = step.run(other, body);
+  const Tensor ref = graphed.loss(other[0], other[1]);
+  EXPECT_EQ(again.item(), ref.item());
+}
+
 }  // namespace
 }  // namespace graphward

@@ -39,5 +39,29 @@ TEST(StepGraphCpu, BadConstructionAndAnEmptyStepAreRefusedByName) {
                   "no graph has been captured");
 }
 
+TEST(StepGraphCpu, ABatchStepReadsTheBatchItselfOnTheCpuAndBadBatchesAreRefusedByName) {
+  const Tensor w = mul(randn({3, 4}, 3), 0.3).detach().set_requires_grad(true);
+  StepGraph step(Device::cpu());
+  std::vector<const void*> seen;
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<Tensor> batch = {randn({8, 4}, 10 + s), randn({8, 3}, 20 + s)};
+    (void)step.run(batch, [&](const std::vector<Tensor>& in) {
+      EXPECT_EQ(in.size(), 2u);
+      seen.push_back(in[0].raw_data());
+      const Tensor l = mse_loss(linear(in[0], w), in[1]);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      return l;
+    });
+    EXPECT_EQ(seen.back(), batch[0].raw_data());  // eager: the batch itself, no copy
+  }
+  EXPECT_EQ(step.counters().eager, 3u);
+  auto any = [](const std::vector<Tensor>& in) { return in.at(0); };
+  GW_EXPECT_ERROR((void)step.run({randn({2}, 1), Tensor()}, any), "StepGraph::run",
+                  "batch tensor 1", "undefined");
+  GW_EXPECT_ERROR((void)step.run({randn({2}, 1)}, StepGraph::BatchStep()), "StepGraph::run",
+                  "step function");
+  EXPECT_EQ(step.counters().eager, 3u);  // refused before anything ran
+}
+
 }  // namespace
 }  // namespace graphward

@@ -22,6 +22,7 @@ void expect_every_mode_converges(const typename Model::Config& c, int steps, boo
     EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
   }
   EXPECT_EQ(bw.captures, 1u);
+  EXPECT_EQ(bw.updates, 0u);  // a new batch tensor every step: read through input slots
   EXPECT_EQ(full.captures, 1u);
   EXPECT_EQ(full.first_loss, eager.first_loss);  // nothing accumulated yet
   if (bitwise) {
