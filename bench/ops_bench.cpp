@@ -4,13 +4,17 @@
 // that bounds an eager backward when kernels are small. The stream is synchronized every 256
 // iterations so the queue never fills; the wall time per iteration is the host cost. GpuTime/*: GPU
 // time of a linear layer's forward + backward, timed with CUDA events around 20 repetitions (manual
-// time), after a warm-up.
+// time), after a warm-up. Record/*, Launch/*: what recording the eager forward costs per op
+// (below).
 //
 //   graphward_bench_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 
+#include "capture/backward_graph.h"
 #include "engine/blas.h"
 #include "engine/graphward.h"
 #include "kernels/gemm.h"
@@ -266,6 +270,212 @@ BENCHMARK(BM_LtGemm)
     ->ArgsProduct({{1024}, {256}, {0, 1, 2}, {1, 0}})
     ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);
+
+// ---- what recording costs: the eager forward a training loop runs ------------------------------
+// Record/<op>/mode:M — host time to issue one op, its output dropped at once (so a recorded node
+// and its saved tensors are freed every iteration, as a step's tape is):
+//   mode 0 — nothing requires grad (nothing recorded: checks, allocation, launch);
+//   mode 1 — an input requires grad (the node, its inputs' metadata, its saved tensors);
+//   mode 2 — mode 1 as a replayed training loop records: a BackwardGraph alive on the thread (its
+//            tape log appends and compares every node, Note [Tape log]), in a StepScope (the
+//            step arena serves the allocations; a new step every 64 ops).
+// Launch/linear_*: the same layer's kernel alone (gemm_epilogue: cuBLASLt with the bias fused,
+// through graphward's cached plan), into a preallocated output — the floor the recorded layer is
+// compared with.
+using MakeInputs = std::function<std::vector<gw::Tensor>(bool grad)>;
+using OpFn = std::function<gw::Tensor(const std::vector<gw::Tensor>&)>;
+
+void record_cost(benchmark::State& state, const MakeInputs& make, const OpFn& op) {
+  if (skip_without_gpu(state)) return;
+  const int mode = static_cast<int>(state.range(0));
+  const gw::Device dev = gw::Device::cuda(0);
+  const std::vector<gw::Tensor> in = make(mode > 0);
+  std::optional<gw::BackwardGraph> bw;
+  std::optional<gw::StepArena> arena;
+  std::optional<gw::StepScope> scope;
+  if (mode == 2) {
+    bw.emplace(dev);
+    arena.emplace(dev);
+    scope.emplace(*arena);
+  }
+  const cudaStream_t s = gw::current_stream(dev);
+  for (int i = 0; i < 64; ++i) benchmark::DoNotOptimize(op(in));  // warm-up
+  std::int64_t n = 0;
+  auto new_step = [&] {
+    if (!scope) return;
+    scope.reset();
+    arena->record_step_end(s);
+    scope.emplace(*arena);
+  };
+  new_step();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(op(in));
+    if (++n % 64 == 0) {
+      state.PauseTiming();
+      new_step();
+      if (n % 256 == 0) GW_CUDA_CHECK(cudaStreamSynchronize(s));
+      state.ResumeTiming();
+    }
+  }
+  scope.reset();
+  GW_CUDA_CHECK(cudaStreamSynchronize(s));
+  state.counters["host_us_per_op"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 1e-6,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel(mode == 0 ? "no grad" : mode == 1 ? "recorded" : "recorded, tape log, step arena");
+}
+
+gw::Tensor param(const gw::Shape& shape, std::uint64_t seed, bool grad) {
+  gw::Tensor t = gw::mul(gw::randn(shape, seed, kGpu), 0.1).detach();
+  if (grad) t.set_requires_grad(true);
+  return t;
+}
+
+void record_rows(benchmark::internal::Benchmark* b) {
+  b->ArgName("mode")->DenseRange(0, 2)->MinTime(0.2);
+}
+
+void record_bench(const std::string& name, MakeInputs make, OpFn op) {
+  benchmark::RegisterBenchmark(("Record/" + name).c_str(), [make = std::move(make),
+                                                            op = std::move(op)](
+                                                               benchmark::State& st) {
+    record_cost(st, make, op);
+  })->Apply(record_rows);
+}
+
+using V = std::vector<gw::Tensor>;
+// The examples' ops at the transformer's and the MLP's sizes.
+const int kRecordRows = [] {
+  record_bench(
+      "linear_128x256x256",
+      [](bool g) {
+        return V{gw::randn({128, 256}, 1, kGpu), param({256, 256}, 2, g), param({256}, 3, g)};
+      },
+      [](const V& v) { return gw::linear(v[0], v[1], v[2]); });
+  record_bench(
+      "linear_gelu_128x256x256",
+      [](bool g) {
+        return V{gw::randn({128, 256}, 1, kGpu), param({256, 256}, 2, g), param({256}, 3, g)};
+      },
+      [](const V& v) { return gw::linear(v[0], v[1], v[2], gw::Activation::kGelu); });
+  record_bench(
+      "relu_128x256",
+      [](bool g) {
+        return V{param({128, 256}, 1, g)};
+      },
+      [](const V& v) { return gw::relu(v[0]); });
+  record_bench(
+      "gelu_128x256",
+      [](bool g) {
+        return V{param({128, 256}, 1, g)};
+      },
+      [](const V& v) { return gw::gelu(v[0]); });
+  record_bench(
+      "add_512x64",
+      [](bool g) {
+        return V{param({512, 64}, 1, g), param({512, 64}, 2, g)};
+      },
+      [](const V& v) { return gw::add(v[0], v[1]); });
+  record_bench(
+      "mul_scalar_64x32x32",
+      [](bool g) {
+        return V{param({64, 32, 32}, 1, g)};
+      },
+      [](const V& v) { return gw::mul(v[0], 0.25); });
+  record_bench(
+      "layer_norm_512x64",
+      [](bool g) {
+        return V{param({512, 64}, 1, g), param({64}, 2, g), param({64}, 3, g)};
+      },
+      [](const V& v) { return gw::layer_norm(v[0], v[1], v[2]); });
+  record_bench(
+      "softmax_64x32x32",
+      [](bool g) {
+        return V{param({64, 32, 32}, 1, g)};
+      },
+      [](const V& v) { return gw::softmax(v[0]); });
+  record_bench(
+      "bmm_64x32x16",
+      [](bool g) {
+        return V{param({64, 32, 16}, 1, g), param({64, 32, 16}, 2, g)};
+      },
+      [](const V& v) { return gw::bmm(v[0], v[1], false, true); });
+  record_bench(
+      "reshape_512x64",
+      [](bool g) {
+        return V{param({512, 64}, 1, g)};
+      },
+      [](const V& v) {
+        return gw::reshape(v[0], {16, 32, 4, 16});
+      });
+  record_bench(
+      "transpose_16x32x4x16",
+      [](bool g) {
+        return V{param({16, 32, 4, 16}, 1, g)};
+      },
+      [](const V& v) { return gw::transpose(v[0], 1, 2); });
+  record_bench(
+      "narrow_512x192",
+      [](bool g) {
+        return V{param({512, 192}, 1, g)};
+      },
+      [](const V& v) { return gw::narrow(v[0], 64, 64); });
+  record_bench(
+      "embedding_64x64_ids512",
+      [](bool g) {
+        std::vector<std::int32_t> ids(512);
+        for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i % 64);
+        return V{param({64, 64}, 1, g), gw::from_vector(ids, {16, 32}, gw::Device::cuda(0))};
+      },
+      [](const V& v) { return gw::embedding(v[0], v[1]); });
+  record_bench(
+      "cross_entropy_512x64",
+      [](bool g) {
+        std::vector<std::int32_t> t(512);
+        for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int32_t>(i % 64);
+        return V{param({512, 64}, 1, g), gw::from_vector(t, {512}, gw::Device::cuda(0))};
+      },
+      [](const V& v) { return gw::cross_entropy(v[0], v[1]); });
+  record_bench(
+      "conv2d_64x16x16x16",
+      [](bool g) {
+        return V{gw::randn({64, 16, 16, 16}, 1, kGpu), param({32, 16, 3, 3}, 2, g),
+                 param({32}, 3, g)};
+      },
+      [](const V& v) {
+        return gw::conv2d(v[0], v[1], v[2], {.padding = 1, .deterministic = false});
+      });
+  record_bench(
+      "max_pool2d_64x16x16x16",
+      [](bool g) {
+        return V{param({64, 16, 16, 16}, 1, g)};
+      },
+      [](const V& v) { return gw::max_pool2d(v[0]); });
+  return 0;
+}();
+
+void BM_LaunchLinear(benchmark::State& state) {
+  if (skip_without_gpu(state)) return;
+  const bool gelu = state.range(0) != 0;
+  const gw::Device dev = gw::Device::cuda(0);
+  const gw::Tensor x = gw::randn({128, 256}, 1, kGpu), w = gw::randn({256, 256}, 2, kGpu),
+                   b = gw::randn({256}, 3, kGpu);
+  gw::Tensor y = gw::zeros({128, 256}, kGpu), z = gw::zeros({128, 256}, kGpu);
+  const auto ep =
+      gelu ? graphward::kernels::Epilogue::kBiasGeluAux : graphward::kernels::Epilogue::kBias;
+  host_cost(state, [&] {
+    const bool ok = gw::gemm_epilogue(dev, gw::current_stream(dev), false, true, 128, 256, 256,
+                                      x.data<float>(), w.data<float>(), y.data<float>(), ep,
+                                      b.data<float>(), gelu ? z.raw_data() : nullptr);
+    if (!ok) state.SkipWithError("cuBLASLt offers no algorithm for the epilogue");
+  });
+  state.SetLabel(gelu ? "cuBLASLt GEMM + bias + GELU (aux)" : "cuBLASLt GEMM + bias");
+}
+BENCHMARK(BM_LaunchLinear)
+    ->Name("Launch/linear_128x256x256")
+    ->ArgName("gelu")
+    ->DenseRange(0, 1)
+    ->MinTime(0.2);
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <unordered_set>
 
 #include "engine/capture_mode.h"
 #include "engine/graph_pool.h"
@@ -226,12 +227,16 @@ std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
   const capture::TapeSignature& sig = signature_;
   const bool log = sig.source == capture::TapeSignature::Source::kLog;
   std::vector<InputSlot> slots;
+  // Only nodes the backward reaches (walk_, alive): a log also lists nodes of the step that the
+  // loss does not reach, which may be gone by now.
+  const std::unordered_set<const Node*> reached(walk_.nodes.begin(), walk_.nodes.end());
   auto add = [&](std::uint32_t address) {
     const std::uint32_t o = sig.address_owners[address];
     if ((o >> 28) != detail::kOwnerSaved) return;
     const std::uint32_t node = (o >> 8) & 0xFFFFF, j = o & 0xFF;
-    if (node >= sig.nodes.size()) return;
+    if (node >= sig.nodes.size() || !reached.count(sig.nodes[node])) return;
     const Node& n = *sig.nodes[node];
+    if ((log ? n.log_index : n.walk_index) != static_cast<int>(node)) return;
     // Activations, an op's own buffers and parameters are not inputs: when they move, the
     // executable is updated.
     if (j >= n.saved().size() || !n.saved_from_outside(j)) return;

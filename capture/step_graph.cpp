@@ -199,6 +199,7 @@ namespace {
 std::string batch_read_in_place(const Tensor& loss, const std::vector<Tensor>& batch) {
   std::unordered_set<const Node*> seen;
   std::vector<const Node*> todo;
+  std::vector<const Node*> reader(batch.size(), nullptr);
   if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
   while (!todo.empty()) {
     const Node* n = todo.back();
@@ -208,10 +209,9 @@ std::string batch_read_in_place(const Tensor& loss, const std::vector<Tensor>& b
       for (std::size_t i = 0; i < batch.size(); ++i) {
         const auto* begin = static_cast<const char*>(batch[i].storage()->data());
         const auto a = reinterpret_cast<const char*>(address);
-        if (a >= begin && a < begin + std::max<std::size_t>(batch[i].storage()->bytes(), 1)) {
-          return detail::concat("batch tensor ", i, " (", batch[i].str(), ") was read by ",
-                                n->label(), " itself, not through the slot the step function was "
-                                "given: every replay would read this step's batch");
+        if (!reader[i] && a >= begin &&
+            a < begin + std::max<std::size_t>(batch[i].storage()->bytes(), 1)) {
+          reader[i] = n;
         }
       }
     }
@@ -219,8 +219,19 @@ std::string batch_read_in_place(const Tensor& loss, const std::vector<Tensor>& b
       if (in.edge.node) todo.push_back(in.edge.node.get());
     }
   }
-  return "";
+  std::string out;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!reader[i]) continue;
+    out += detail::concat(out.empty() ? "" : "; ", "batch tensor ", i, " (", batch[i].str(),
+                          ") was read by ", reader[i]->label(), " itself");
+  }
+  if (!out.empty()) {
+    out += ", not through the slot the step function was given: every replay would read this "
+           "step's batch";
+  }
+  return out;
 }
+
 }  // namespace
 
 Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& step,

@@ -559,7 +559,7 @@ bool Storage::release_to_arena() noexcept {
     if (!arena_->alive || slot_->orphan) return false;
 #if GRAPHWARD_HAS_CUDA
     for (cudaStream_t s : other_streams_) {  // rule 7 across steps: the next user waits for them
-      auto ev = std::make_shared<Event>(device_);
+      auto ev = std::make_shared<Event>(Event::pooled(device_));  // Note [Event pool]
       ev->record(s);
       slot_->released_on.push_back(std::move(ev));
     }
@@ -800,32 +800,45 @@ Storage::~Storage() {
     return cudaGetDevice(&d) == cudaSuccess ? d : -1;
   }();
   if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
-  // Used on its own stream only: into the block cache (Note [Block cache]).
-  if (cacheable_ && other_streams_.empty() && fences_.empty() &&
-      cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
+  // Rule 7: the block may be handed out on alloc_stream_ only after every other stream that used
+  // it has finished with it: alloc_stream_ waits for each (Note [Event pool]: one pooled event,
+  // handed back once the wait is enqueued).
+  bool ordered = true;
+  if (!other_streams_.empty()) {
+    cudaEvent_t ev = nullptr;
+    try {
+      ev = detail::take_pooled_event(device_);
+    } catch (const std::exception& e) {
+      detail::log_error(__FILE__, __LINE__, e.what());
+    }
+    if (!ev) {
+      // Cannot order the free after those streams' work: keep the memory rather than risk reuse
+      // (after a kernel fault the context is lost anyway: reported once, Note [Kernel faults]).
+      detail::log_error(__FILE__, __LINE__, "Storage: no event to order a free by (a block is kept)");
+      return;
+    }
+    for (cudaStream_t s : other_streams_) {
+      ordered = ordered && cudaEventRecord(ev, s) == cudaSuccess &&
+                cudaStreamWaitEvent(alloc_stream_, ev, 0) == cudaSuccess;
+    }
+    detail::give_pooled_event(device_, ev);
+  }
+  for (const auto& [s, ev] : fences_) {
+    ordered = ordered && cudaStreamWaitEvent(alloc_stream_, ev->get(), 0) == cudaSuccess;
+  }
+  if (!ordered) {
+    (void)cudaGetLastError();
+    detail::log_error(__FILE__, __LINE__, "Storage: a free could not be ordered after the streams "
+                                          "that used the memory (a block is kept)");
+    return;
+  }
+  // Note [Block cache]: with those waits on alloc_stream_, every later use of the block on it is
+  // ordered after all of its uses, as for a block used on its own stream only: into the cache.
+  if (cacheable_ && cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
     if (saved_device >= 0 && saved_device != device_.index) {
       GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
     }
     return;
-  }
-  // Rule 7: the pool may hand this block out on alloc_stream_ only after every other stream that
-  // used it has finished with it.
-  for (cudaStream_t s : other_streams_) {
-    cudaEvent_t ev = nullptr;
-    const cudaError_t made = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (made != cudaSuccess) {
-      // Cannot order the free after that stream's work: keep the memory rather than risk reuse
-      // (after a kernel fault the context is lost anyway: reported once, Note [Kernel faults]).
-      detail::log_cuda_failure(__FILE__, __LINE__, "cudaEventCreateWithFlags (a block is kept)",
-                               static_cast<int>(made));
-      return;
-    }
-    GW_CUDA_CHECK_NOTHROW(cudaEventRecord(ev, s));
-    GW_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(alloc_stream_, ev, 0));
-    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(ev));
-  }
-  for (const auto& [s, ev] : fences_) {
-    GW_CUDA_CHECK_NOTHROW(cudaStreamWaitEvent(alloc_stream_, ev->get(), 0));
   }
   GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, alloc_stream_));
   if (saved_device >= 0 && saved_device != device_.index) {
@@ -945,7 +958,7 @@ void Storage::sync_for_read(cudaStream_t stream) {
   // reads across streams here), the event is recorded for this read alone and not kept.
   const bool in_capture = capturing();
   if (event_for_write_ != writes_ || in_capture) {
-    if (!producer_event_.valid()) producer_event_ = Event(device_);
+    if (!producer_event_.valid()) producer_event_ = Event::pooled(device_);  // Note [Event pool]
     producer_event_.record(producer_);
     event_for_write_ = in_capture ? UINT64_MAX : writes_;
   }

@@ -23,7 +23,10 @@
 // cudaMallocAsync/cudaFreeAsync pair costs ~0.7 µs of host time, and more in some pool states).
 // Reuse needs no event: every earlier use was on that stream, so later work there is ordered after
 // it — the reasoning cudaMallocAsync itself applies to same-stream reuse. Memory used on another
-// stream takes rule 7's event-ordered path back to the pool. The cache is bypassed while the stream
+// stream first makes its own stream wait for that one (rule 7: an event recorded there, Note
+// [Event pool]); from then on the same holds and it goes to the cache too (a cross-stream
+// gradient of a multistream backward no longer costs a cudaFreeAsync and a cudaMallocAsync every
+// step). The cache is bypassed while the stream
 // is being captured into a CUDA graph (graph memory belongs to the graph) and for streams graphward
 // did not create (a raw stream may be destroyed and its handle reused). It holds at most
 // block_cache_limit() bytes per device; empty_cache() returns its blocks to the pool, and process

@@ -40,22 +40,94 @@ Event::~Event() {
 }
 
 Event::Event(Event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)), device_(other.device_) {}
+    : event_(std::exchange(other.event_, nullptr)),
+      device_(other.device_),
+      pooled_(std::exchange(other.pooled_, false)) {}
 
 Event& Event::operator=(Event&& other) noexcept {
   if (this != &other) {
     reset();
     event_ = std::exchange(other.event_, nullptr);
     device_ = other.device_;
+    pooled_ = std::exchange(other.pooled_, false);
   }
   return *this;
 }
 
+Event Event::pooled(Device device) {
+  Event e;
+  e.device_ = device;
+#if GRAPHWARD_HAS_CUDA
+  e.event_ = detail::take_pooled_event(device);
+  e.pooled_ = true;
+#else
+  no_cuda("Event::pooled");
+#endif
+  return e;
+}
+
+// Note [Event pool]
+namespace {
+struct EventPool {
+  std::mutex mutex;
+  std::vector<cudaEvent_t> free;
+};
+// Never destroyed: the events live as long as the process (destroying them at exit could come
+// after the CUDA context is gone).
+EventPool& event_pool(int device) {
+  static auto* pools = new std::array<EventPool, kMaxDevices>();
+  return (*pools)[static_cast<std::size_t>(device)];
+}
+}  // namespace
+
+cudaEvent_t detail::take_pooled_event(Device device) {
+#if GRAPHWARD_HAS_CUDA
+  GW_CHECK(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+           "Event::pooled: expected a CUDA device, got ", device.str());
+  EventPool& pool = event_pool(device.index);
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    if (!pool.free.empty()) {
+      cudaEvent_t ev = pool.free.back();
+      pool.free.pop_back();
+      return ev;
+    }
+  }
+  DeviceGuard guard(device);
+  cudaEvent_t ev = nullptr;
+  GW_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  return ev;
+#else
+  (void)device;
+  no_cuda("Event::pooled");
+#endif
+}
+
+void detail::give_pooled_event(Device device, cudaEvent_t event) noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (!event) return;
+  EventPool& pool = event_pool(device.index);
+  try {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.free.push_back(event);
+  } catch (...) {
+    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event));  // out of host memory: destroy it instead
+  }
+#else
+  (void)device, (void)event;
+#endif
+}
+
 void Event::reset() noexcept {
 #if GRAPHWARD_HAS_CUDA
-  if (event_) GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_));
+  if (event_ && pooled_) {
+    detail::give_pooled_event(device_, event_);
+  } else if (event_) {
+    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event_));
+  }
 #endif
   event_ = nullptr;
+  pooled_ = false;
 }
 
 #if GRAPHWARD_HAS_CUDA
@@ -232,13 +304,12 @@ void Stream::wait_stream(cudaStream_t other) const {
 void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer) {
 #if GRAPHWARD_HAS_CUDA
   if (waiter == producer) return;
+  // Note [Event pool]: the event goes back to the pool once the wait is enqueued.
   DeviceGuard guard(device);
-  cudaEvent_t ev = nullptr;
-  GW_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaEvent_t ev = detail::take_pooled_event(device);
   const cudaError_t rec = cudaEventRecord(ev, producer);
   const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(waiter, ev, 0) : rec;
-  // Destroying a recorded event is safe: its resources are released once it completes.
-  GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(ev));
+  detail::give_pooled_event(device, ev);
   GW_CUDA_CHECK(wait);
 #else
   (void)device, (void)waiter, (void)producer;

@@ -26,6 +26,9 @@ class Event {
   Event& operator=(Event&& other) noexcept;
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
+  // A timing-disabled event from the device's pool (Note [Event pool]): no driver call once the
+  // pool is warm; handed back to the pool, not destroyed, when this Event is.
+  static Event pooled(Device device);
 
   cudaEvent_t get() const { return event_; }
   Device device() const { return device_; }
@@ -46,7 +49,21 @@ class Event {
   void reset() noexcept;
   cudaEvent_t event_ = nullptr;
   Device device_ = Device::cuda(0);
+  bool pooled_ = false;
 };
+
+namespace detail {
+// Note [Event pool]
+// Storage records an event wherever memory crosses streams (a read on another stream, a free after
+// other streams used it, a step-arena slot released by another stream), several a step for every
+// tensor that does. cudaEventCreate and cudaEventDestroy cost more host time than the record and
+// the wait they serve, so those events come from a per-device pool of timing-disabled events,
+// created once and kept for the life of the process (like the default streams). An event goes
+// back to the pool as soon as its holder is done with it, recorded or not: a wait already
+// enqueued on it waits for the work it captured, whatever the event is recorded for next.
+cudaEvent_t take_pooled_event(Device device);
+void give_pooled_event(Device device, cudaEvent_t event) noexcept;
+}  // namespace detail
 
 // Owns a non-blocking CUDA stream on one device, taken from and returned to a per-device pool.
 // Move-only.

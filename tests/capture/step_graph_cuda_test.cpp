@@ -330,7 +330,8 @@ TEST_F(CudaStepGraph, NewBatchTensorsEveryStepReplayOneGraphThroughItsSlots) {
                                    backward(loss, {.grad_write = GradWrite::kOverwrite});
                                    return loss;
                                  }),
-                  "StepGraph::run", "batch tensor 0", "not through the slot", "argument");
+                  "StepGraph::run", "batch tensor 0", "batch tensor 1", "linear",
+                  "not through the slot", "argument");
   cudaStreamCaptureStatus status{};
   ASSERT_EQ(cudaStreamIsCapturing(current_stream(kGpu), &status), cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusNone);

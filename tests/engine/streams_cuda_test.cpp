@@ -162,20 +162,37 @@ TEST_F(CudaStreams, ReusedBlocksFollowTheStreamOrderOfTheirEarlierUses) {
   EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
 }
 
-TEST_F(CudaStreams, MemoryUsedOnAnotherStreamOrOnARawStreamIsNotCached) {
+// Memory read on another stream goes to the cache too, once its own stream waits for that one
+// (rule 7, then Note [Block cache]): reused on its stream, the block is rewritten only after the
+// other stream's reader — enqueued behind a long GEMM chain — has read the old contents.
+TEST_F(CudaStreams, MemoryUsedOnAnotherStreamIsCachedAfterItsStreamWaitsForTheOther) {
   Stream home(kGpu), reader(kGpu);
   empty_cache(kGpu);
-  Tensor kept;
+  const Shape shape{1024, 1024};
+  Tensor seen;
+  void* block = nullptr;
   {
     Tensor t;
     {
       StreamGuard g(home);
-      t = full({4096}, 1.0, kF32Gpu);
+      t = full(shape, 1.0, kF32Gpu);
+      block = t.raw_data();
     }
     StreamGuard g(reader);
-    kept = relu(t);  // t is read on `reader`: its free takes rule 7's event-ordered path
+    const Tensor keep_busy = busy_work();
+    seen = mul(t, 2.0);  // read on `reader`, behind the GEMMs
   }
-  EXPECT_EQ(cached_bytes(kGpu), 0u);
+  EXPECT_GE(cached_bytes(kGpu), 4u * 1024 * 1024);
+  {
+    StreamGuard g(home);
+    const Tensor scribble = full(shape, -7.0, kF32Gpu);
+    EXPECT_EQ(scribble.raw_data(), block) << "expected the freed block back from the cache";
+  }
+  EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
+}
+
+TEST_F(CudaStreams, MemoryOfARawStreamIsNotCached) {
+  empty_cache(kGpu);
   cudaStream_t raw = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
   {
