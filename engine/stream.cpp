@@ -67,6 +67,7 @@ Event Event::pooled(Device device) {
 }
 
 // Note [Event pool]
+#if GRAPHWARD_HAS_CUDA
 namespace {
 struct EventPool {
   std::mutex mutex;
@@ -79,6 +80,7 @@ EventPool& event_pool(int device) {
   return (*pools)[static_cast<std::size_t>(device)];
 }
 }  // namespace
+#endif
 
 cudaEvent_t detail::take_pooled_event(Device device) {
 #if GRAPHWARD_HAS_CUDA

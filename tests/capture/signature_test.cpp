@@ -601,7 +601,9 @@ TEST(TapeSignature, SavedInputsFromOutsideAreMarkedParametersAndActivationsAreNo
   const Node& lin = *y.grad_fn()->inputs()[0].edge.node;
   ASSERT_EQ(lin.name(), "linear");
   for (std::size_t j = 0; j < lin.saved().size(); ++j) {
-    if (lin.saved()[j].tensor.raw_data() == h.raw_data()) EXPECT_FALSE(lin.saved_from_outside(j));
+    if (lin.saved()[j].tensor.raw_data() == h.raw_data()) {
+      EXPECT_FALSE(lin.saved_from_outside(j));
+    }
   }
 }
 
