@@ -58,6 +58,20 @@ struct Model {
   }
 };
 
+// One step of the loop a user writes — the forward in a StepScope, the backward a BackwardGraph's
+// — and the eager backward of `eager` (same parameters) on the same batch: their gradients must be
+// bitwise equal.
+void step_both(BackwardGraph& bw, StepArena& arena, const Model& graphed, const Model& eager,
+               const Tensor& x, const Tensor& target, int s) {
+  {
+    StepScope scope(arena);
+    bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
+    arena.record_step_end(current_stream(kGpu));
+  }
+  backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+  ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+}
+
 // 100 steps of fresh data through static inputs: every replayed gradient bitwise equal to the
 // eager backward's (the same kernels), 1 capture, 0 updates; returns the graph's shape.
 GraphStats hundred_steps(const BackwardGraphOptions& options) {
@@ -148,13 +162,7 @@ TEST_F(CudaBackwardGraph, ANaturalLoopOfNewBatchTensorsReplaysOneGraphWithNoUpda
     x = randn({16, 64}, 1000 + static_cast<std::uint64_t>(s), kF32Gpu);
     target = randn({16, 64}, 5000 + static_cast<std::uint64_t>(s), kF32Gpu);
     addresses.insert(x.raw_data());
-    {
-      StepScope step(arena);
-      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
-      arena.record_step_end(current_stream(kGpu));
-    }
-    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    ASSERT_NO_FATAL_FAILURE(step_both(bw, arena, graphed, eager, x, target, s));
   }
   EXPECT_GE(addresses.size(), 3u);  // the batches did move
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
@@ -181,13 +189,7 @@ TEST_F(CudaBackwardGraph, OnlyTensorsThatMoveGetSlotsAndALaterStructureTakesThem
     x = randn({rows, 32}, 300 + static_cast<std::uint64_t>(s), kF32Gpu);
     fresh_target = randn({rows, 32}, 400 + static_cast<std::uint64_t>(s), kF32Gpu);
     const Tensor& target = rows == 8 ? constant_target : fresh_target;
-    {
-      StepScope scope(arena);
-      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
-      arena.record_step_end(current_stream(kGpu));
-    }
-    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    EXPECT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    step_both(bw, arena, graphed, eager, x, target, s);
   };
   for (int s = 0; s < 6; ++s) step(s, 8);
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
@@ -225,13 +227,7 @@ TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherSt
       NoGradGuard no_grad;
       copy_(x, randn({8, 32}, 700 + static_cast<std::uint64_t>(s), kF32Gpu));
     }
-    {
-      StepScope scope(arena);
-      bw.backward(graphed.loss(x, target), GradWrite::kOverwrite);
-      arena.record_step_end(current_stream(kGpu));
-    }
-    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    ASSERT_NO_FATAL_FAILURE(step_both(bw, arena, graphed, eager, x, target, s));
   }
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
   EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
