@@ -586,6 +586,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     g.record_use(caller, true);
     g.watch();
   }
+  // Note [Deferred release] (engine/deferred_release.h): the nodes are marked released here, the
+  // saved tensors themselves dropped on the release worker's thread.
+  bool logged = false;
   for (std::uint32_t i : exec->nodes) {
     Node* n = sig.nodes[i];
     for (const SavedTensor& s : n->saved()) {
@@ -593,8 +596,11 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       if (!fence) fence = next_fence(caller);
       s.tensor.storage()->record_read(caller, fence);
     }
-    n->release_saved();
+    logged = logged || n->log_epoch != 0;
+    n->release_saved(&hand_off_, /*count_mutation=*/false);
   }
+  if (logged) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
+  releaser_.release(hand_off_, roots_.front());
   sig.nodes.clear();  // the step's handles: let the tape go
   sig.leaves.clear();
   walk_.nodes.clear();

@@ -28,7 +28,8 @@
 //      graph writes since its last write (an optimizer on a stream of its own); usually on none.
 //      Then the executable is launched on S; gradients are ready on S when backward() returns,
 //      like the eager backward (rule 4). The step's saved tensors are released after the launch,
-//      their memory ordered after S by one event (rule 7, Storage::record_read).
+//      their memory ordered after S by one event (rule 7, Storage::record_read), and dropped on
+//      a thread of the BackwardGraph's own (Note [Deferred release], engine/deferred_release.h).
 //   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
 //      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
 //      new batch does not change the graph (Note [Input slots]).
@@ -79,6 +80,7 @@
 #include "capture/graph_topology.h"
 #include "capture/signature.h"
 #include "engine/backward.h"
+#include "engine/deferred_release.h"
 #include "engine/graph_pool.h"
 #include "engine/stream.h"
 #include "engine/timeline.h"
@@ -133,7 +135,7 @@ struct BackwardHostTimes {
   double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
   double refresh_us = 0;    // copying this step's tensors into the input slots (Note [Input slots])
   double launch_us = 0;     // the graph launch
-  double release_us = 0;    // after the launch: recording the uses, releasing saved tensors
+  double release_us = 0;    // after the launch: recording the uses, handing the saved tensors off
   double before_launch_us() const {
     return signature_us + wait_us + decide_us + refresh_us + launch_us;
   }
@@ -243,6 +245,8 @@ class BackwardGraph {
   capture::TapeSignature walk_;       // a walk of this step's tape, when capturing
   capture::TapeSignature warm_;       // a walk of the last warm-up's tape (Note [Input slots])
   std::vector<Tensor> slot_sources_;  // this step's tensors copied into slots (until the launch)
+  std::vector<SavedTensor> hand_off_;  // the step's saved tensors, for releaser_ (its buffer)
+  detail::ReleaseWorker releaser_;     // Note [Deferred release]
   std::vector<Tensor> roots_, seeds_;
   std::uint64_t log_signatures_ = 0;
   bool last_from_log_ = false;

@@ -1,6 +1,7 @@
 #include "capture/stream_capture.h"
 
 #if GRAPHWARD_HAS_CUDA
+#include "engine/deferred_release.h"
 #include "engine/error.h"
 #include "engine/memory.h"
 
@@ -8,6 +9,9 @@ namespace graphward::capture {
 
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body) {
+  // Note [Deferred release]: a release worker's frees and events enqueue on the streams the
+  // tensors used; none may land on a stream while this thread captures it.
+  detail::wait_for_releases();
   GW_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     body();

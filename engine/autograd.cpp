@@ -145,16 +145,23 @@ void Node::apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> 
   fusion_->from_preactivation(grad_out, saved_tensors(), grads);
 }
 
-void Node::release_saved() {
+void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation) {
   // A logged tape changed under the log (Note [Tape log]); a backward's own release is followed by
   // a reset of the log.
-  if (log_epoch != 0 && !released_) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
+  if (count_mutation && log_epoch != 0 && !released_) {
+    detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
+  }
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(-1);
   }
   saved_storages_.clear();
-  saved_.clear();
-  saved_.shrink_to_fit();
+  if (hand_off) {
+    for (SavedTensor& s : saved_) hand_off->push_back(std::move(s));
+    saved_.clear();
+  } else {
+    saved_.clear();
+    saved_.shrink_to_fit();
+  }
   released_ = true;
 }
 

@@ -113,8 +113,13 @@ class Node {
       if (saved_storages_[i] && saved_storages_[i]->version() != saved_[i].version) check_saved();
     }
   }
-  // Frees the saved tensors (a backward without retain_graph).
-  void release_saved();
+  // Frees the saved tensors (a backward without retain_graph). With `hand_off`, the saved tensors
+  // are moved there (appended) instead of destroyed here, for a ReleaseWorker to drop on its
+  // thread (Note [Deferred release], engine/deferred_release.h): everything else — the node
+  // marked released, its storages' saved counts — is done here. `count_mutation`: a release of a
+  // logged node counts as a tape mutation (Note [Tape log]); a caller that counts the step's once
+  // passes false.
+  void release_saved(std::vector<SavedTensor>* hand_off = nullptr, bool count_mutation = true);
   // Makes saved tensor `j` read `copy` instead: a tensor of the same shape and dtype that holds
   // the same values (Note [Input slots], capture/backward_graph.h: a captured backward reads a
   // slot it refreshes every step in place of the step's batch). Its version becomes the one

@@ -19,6 +19,7 @@
 
 #include "engine/error.h"
 #include "engine/graph_pool.h"
+#include "engine/deferred_release.h"
 #include "engine/step_arena.h"
 #include "engine/tape_log.h"
 
@@ -431,6 +432,9 @@ void StepArena::record_step_end(cudaStream_t stream) {
 
 StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
   GW_CHECK(!t_step_arena, "StepScope: a step is already open on this thread; steps do not nest");
+  // Note [Deferred release]: the last step's saved tensors are back in the arena before its slots
+  // are matched.
+  detail::wait_for_releases();
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->cursor = 0;
