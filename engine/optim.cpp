@@ -48,9 +48,11 @@ void check_hyper(const char* what, const char* name, double v, double low, bool 
            " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
 }
 
+#if GRAPHWARD_HAS_CUDA
 float* f32(const Tensor& t) {
   return static_cast<float*>(t.raw_data());
 }
+#endif
 
 }  // namespace
 
@@ -62,6 +64,7 @@ Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
   const TensorOptions opt{params_.front().dtype(), device_};
   lr_ = full({1}, lr, opt);
   step_ = zeros({1}, opt);
+  if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
 }
 
 void Optimizer::set_lr(double lr) {
@@ -84,40 +87,7 @@ std::int64_t Optimizer::steps() const {
   return static_cast<std::int64_t>(step_.item());
 }
 
-bool Optimizer::prepare(std::size_t i, const std::vector<Tensor*>& state, cudaStream_t stream) {
-  const Tensor& p = params_[i];
-  const Tensor& g = p.grad();
-  if (!g.defined()) return false;
-  if (stream) {
-    g.storage()->sync_for_read(stream);
-    p.storage()->sync_for_write(stream);
-    for (Tensor* s : state) {
-      if (s->defined()) s->storage()->sync_for_write(stream);
-    }
-  }
-  p.bump_version();
-  for (Tensor* s : state) {
-    if (s->defined()) s->bump_version();
-  }
-  return true;
-}
-
-void Optimizer::finish_step(cudaStream_t stream) {
-  if (stream) {
-#if GRAPHWARD_HAS_CUDA
-    step_.storage()->sync_for_write(stream);
-    k::increment(f32(step_), stream);
-#endif
-  } else {
-    dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[0] += T(1); });
-  }
-  step_.bump_version();
-}
-
-void Optimizer::run_step(const char* what,
-                         const std::function<std::vector<Tensor*>(std::size_t)>& state,
-                         const std::function<void(std::size_t, cudaStream_t)>& update_cuda,
-                         const std::function<void(std::size_t)>& update_cpu) {
+void Optimizer::run_step(const char* what) {
   detail::NvtxRange range(what);
   check_params(name_, params_);
   if (device_.is_cuda()) {
@@ -125,18 +95,43 @@ void Optimizer::run_step(const char* what,
     CudaScope scope(device_);
     const cudaStream_t s = scope.stream();
     lr_.storage()->sync_for_read(s);
-    step_.storage()->sync_for_read(s);
+    step_.storage()->sync_for_write(s);
+    done_.storage()->sync_for_write(s);
+    slices_.clear();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (prepare(i, state(i), s)) update_cuda(i, s);
+      const Tensor& p = params_[i];
+      const Tensor& g = p.grad();
+      if (!g.defined()) continue;  // skipped
+      g.storage()->sync_for_read(s);
+      p.storage()->sync_for_write(s);
+      p.bump_version();
+      kernels::ParamSlice slice{f32(p), f32(g), nullptr, nullptr, p.numel()};
+      float** state[2] = {&slice.s1, &slice.s2};
+      for (int j = 0; j < 2; ++j) {
+        if (state_[j].empty() || !state_[j][i].defined()) continue;
+        const Tensor& st = state_[j][i];
+        st.storage()->sync_for_write(s);
+        st.bump_version();
+        *state[j] = f32(st);
+      }
+      slices_.push_back(slice);
     }
-    finish_step(s);
+    launch_cuda(slices_, static_cast<unsigned*>(done_.raw_data()), s);  // and counts the step
+    step_.bump_version();
     return;
 #endif
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (prepare(i, state(i), nullptr)) update_cpu(i);
+    const Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    p.bump_version();
+    for (const auto& state : state_) {
+      if (!state.empty() && state[i].defined()) state[i].bump_version();
+    }
+    update_cpu(i);
   }
-  finish_step(nullptr);
+  dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[0] += T(1); });
+  step_.bump_version();
 }
 
 void Optimizer::zero_grad() {
@@ -169,34 +164,30 @@ Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
            ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
            ", dampening ", o.dampening);
   hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov};
-  momentum_.resize(params_.size());
   if (o.momentum != 0) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      momentum_[i] = zeros(params_[i].shape(), {params_[i].dtype(), device_});
-    }
+    for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
   }
 }
 
 void Sgd::step() {
-  run_step(
-      "Sgd::step", [&](std::size_t i) { return std::vector<Tensor*>{&momentum_[i]}; },
-      [&](std::size_t i, cudaStream_t s) {
+  run_step("Sgd::step");
+}
+
 #if GRAPHWARD_HAS_CUDA
-        const Tensor& p = params_[i];
-        k::sgd_step(f32(p), f32(p.grad()), momentum_[i].defined() ? f32(momentum_[i]) : nullptr,
-                    p.numel(), f32(lr_), f32(step_), hp_, s);
-#else
-        (void)i, (void)s;
+void Sgd::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) {
+  k::sgd_step(slices.data(), slices.size(), f32(lr_), f32(step_),
+              done, hp_, stream);
+}
 #endif
-      },
-      [&](std::size_t i) {
-        const Tensor& p = params_[i];
-        dispatch_cpu(p.dtype(), [&]<class T>() {
-          k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()),
-                              momentum_[i].defined() ? ptr<T>(momentum_[i]) : nullptr, p.numel(),
-                              ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
-        });
-      });
+
+void Sgd::update_cpu(std::size_t i) {
+  const Tensor& p = params_[i];
+  const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
+  dispatch_cpu(p.dtype(), [&]<class T>() {
+    k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
+                        ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
@@ -208,30 +199,31 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
   check_hyper(name_, "weight_decay", o.weight_decay, 0, false);
   hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
   for (const Tensor& p : params_) {
-    m_.push_back(zeros(p.shape(), {p.dtype(), device_}));
-    v_.push_back(zeros(p.shape(), {p.dtype(), device_}));
+    state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
+    state_[1].push_back(zeros(p.shape(), {p.dtype(), device_}));
   }
 }
 
 void AdamW::step() {
-  run_step(
-      "AdamW::step", [&](std::size_t i) { return std::vector<Tensor*>{&m_[i], &v_[i]}; },
-      [&](std::size_t i, cudaStream_t s) {
+  run_step("AdamW::step");
+}
+
 #if GRAPHWARD_HAS_CUDA
-        const Tensor& p = params_[i];
-        k::adamw_step(f32(p), f32(p.grad()), f32(m_[i]), f32(v_[i]), p.numel(), f32(lr_),
-                      f32(step_), hp_, s);
-#else
-        (void)i, (void)s;
+void AdamW::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) {
+  k::adamw_step(slices.data(), slices.size(), f32(lr_), f32(step_),
+                done, hp_, stream);
+}
 #endif
-      },
-      [&](std::size_t i) {
-        const Tensor& p = params_[i];
-        dispatch_cpu(p.dtype(), [&]<class T>() {
-          k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m_[i]), ptr<T>(v_[i]),
-                                p.numel(), ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
-        });
-      });
+
+void AdamW::update_cpu(std::size_t i) {
+  const Tensor& p = params_[i];
+  const Tensor& m = state_[0][i];
+  const Tensor& v = state_[1][i];
+  dispatch_cpu(p.dtype(), [&]<class T>() {
+    k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
+                          ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+  });
 }
 
 Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {

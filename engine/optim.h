@@ -11,7 +11,6 @@
 // as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step the set
 // must stay the same (make the .grads first: zero_grad() never undefines them).
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -56,21 +55,29 @@ class Optimizer {
 
  protected:
   Optimizer(const char* name, std::vector<Tensor> params, double lr);
-  // Orders the update of parameter i on `stream` after its .grad's and its state's users, bumps
-  // the versions of what it writes. Returns false when the parameter has no .grad (skipped).
-  bool prepare(std::size_t i, const std::vector<Tensor*>& state, cudaStream_t stream);
-  void finish_step(cudaStream_t stream);
-  // One step over the parameters: for each one with a .grad (prepared with state(i)), `update_cuda`
-  // on the current stream of the parameters' CUDA device, or `update_cpu`; then the step count.
-  void run_step(const char* what, const std::function<std::vector<Tensor*>(std::size_t)>& state,
-                const std::function<void(std::size_t, cudaStream_t)>& update_cuda,
-                const std::function<void(std::size_t)>& update_cpu);
+  // One step over the parameters (Note [Multi-tensor step], kernels/optim.h): each parameter with
+  // a .grad is ordered after its .grad's, its own and its state's users on the current stream of
+  // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
+  // counted in one launch_cuda (or update_cpu each, then the count).
+  void run_step(const char* what);
+  // state_[0][i], state_[1][i]: parameter i's state (undefined where an optimizer keeps none).
+  std::vector<Tensor> state_[2];
 
   const char* name_;
   std::vector<Tensor> params_;
   Tensor lr_, step_;  // [1] each, on the parameters' device
   double lr_value_;
   Device device_;
+
+ private:
+#if GRAPHWARD_HAS_CUDA
+  virtual void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) = 0;
+#endif
+  virtual void update_cpu(std::size_t i) = 0;
+
+  Tensor done_;  // CUDA: int32 [1], the blocks of a step that finished (Note [Multi-tensor step])
+  std::vector<kernels::ParamSlice> slices_;  // the step's, reused
 };
 
 class Sgd : public Optimizer {
@@ -79,8 +86,12 @@ class Sgd : public Optimizer {
   void step() override;
 
  private:
-  kernels::SgdParams hp_;
-  std::vector<Tensor> momentum_;  // per parameter (undefined without momentum)
+#if GRAPHWARD_HAS_CUDA
+  void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) override;
+#endif
+  void update_cpu(std::size_t i) override;
+  kernels::SgdParams hp_;  // state_[0]: the momentum buffers (undefined without momentum)
 };
 
 class AdamW : public Optimizer {
@@ -89,8 +100,12 @@ class AdamW : public Optimizer {
   void step() override;
 
  private:
-  kernels::AdamWParams hp_;
-  std::vector<Tensor> m_, v_;
+#if GRAPHWARD_HAS_CUDA
+  void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) override;
+#endif
+  void update_cpu(std::size_t i) override;
+  kernels::AdamWParams hp_;  // state_[0], state_[1]: the first and second moments
 };
 
 // Scales the .grads of `params` (the defined ones) in place so that their global L2 norm is at

@@ -3,6 +3,8 @@
 #include "kernels/launch.cuh"
 #include "kernels/optim.h"
 
+#include <algorithm>
+
 namespace graphward::kernels {
 namespace {
 using detail::grid_for;
@@ -16,30 +18,87 @@ struct AdamWF {
   float beta1, beta2, eps, weight_decay;
 };
 
-__global__ void sgd_step_kernel(float* p, const float* grad, float* buf, std::int64_t n,
-                                const float* lr_ptr, const float* step_ptr, SgdF hp) {
-  const float lr = *lr_ptr;
-  const bool first = *step_ptr == 0.f;
-  GW_GRID_STRIDE(i, n) {
-    float g = grad[i];
-    if (hp.weight_decay != 0.f) g += hp.weight_decay * p[i];
-    if (hp.momentum != 0.f) {
-      const float b = first ? g : hp.momentum * buf[i] + (1.f - hp.dampening) * g;
-      buf[i] = b;
-      g = hp.nesterov ? g + hp.momentum * b : b;
+// Note [Multi-tensor step] (optim.h). A launch's parameters, in its parameter block: parameter i
+// takes blocks [first_block[i], first_block[i + 1]).
+struct Batch {
+  ParamSlice t[kMultiTensorMax];
+  unsigned first_block[kMultiTensorMax + 1];
+  int count;
+};
+static_assert(sizeof(Batch) + 64 <= 4096, "a launch's parameters must fit in 4 KiB");
+// Blocks a parameter of n elements gets: one a kThreads elements, at most kMaxBlocks (the blocks
+// then stride over it).
+constexpr std::int64_t kMaxBlocks = 1024;
+
+// The slice this block updates, and the block's index and count within it.
+__device__ __forceinline__ const ParamSlice& my_slice(const Batch& b, unsigned& block,
+                                                      unsigned& blocks) {
+  int lo = 0, hi = b.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (b.first_block[mid] <= blockIdx.x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
-    p[i] -= lr * g;
+  }
+  block = blockIdx.x - b.first_block[lo];
+  blocks = b.first_block[lo + 1] - b.first_block[lo];
+  return b.t[lo];
+}
+
+// After the block read step[0] and did its work: the last block of the grid counts the step.
+__device__ __forceinline__ void count_step(float* step, unsigned* done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      step[0] += 1.f;
+      *done = 0u;
+    }
   }
 }
 
-__global__ void adamw_step_kernel(float* p, const float* grad, float* m, float* v, std::int64_t n,
-                                  const float* lr_ptr, const float* step_ptr, AdamWF hp) {
+#define GW_SLICE_STRIDE(i, block, blocks, n)                                              \
+  for (std::int64_t i = static_cast<std::int64_t>(block) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<std::int64_t>(blocks) * blockDim.x)
+
+__global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr, float* step,
+                                unsigned* done, SgdF hp) {
   const float lr = *lr_ptr;
-  const double t = static_cast<double>(*step_ptr) + 1.0;
+  const bool first = *step == 0.f;
+  unsigned block = 0, blocks = 0;
+  const ParamSlice& t = my_slice(b, block, blocks);
+  float* p = t.p;
+  const float* grad = t.grad;
+  float* buf = t.s1;
+  GW_SLICE_STRIDE(i, block, blocks, t.n) {
+    float g = grad[i];
+    if (hp.weight_decay != 0.f) g += hp.weight_decay * p[i];
+    if (hp.momentum != 0.f) {
+      const float m = first ? g : hp.momentum * buf[i] + (1.f - hp.dampening) * g;
+      buf[i] = m;
+      g = hp.nesterov ? g + hp.momentum * m : m;
+    }
+    p[i] -= lr * g;
+  }
+  if (done) count_step(step, done);
+}
+
+__global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr,
+                                  float* step, unsigned* done, AdamWF hp) {
+  const float lr = *lr_ptr;
+  const double t = static_cast<double>(*step) + 1.0;
   const float c1 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta1), t));
   const float c2 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta2), t));
   const float sqrt_c2 = sqrtf(c2);
-  GW_GRID_STRIDE(i, n) {
+  unsigned block = 0, blocks = 0;
+  const ParamSlice& s = my_slice(b, block, blocks);
+  float* p = s.p;
+  const float* grad = s.grad;
+  float* m = s.s1;
+  float* v = s.s2;
+  GW_SLICE_STRIDE(i, block, blocks, s.n) {
     const float g = grad[i];
     float w = p[i] * (1.f - lr * hp.weight_decay);
     const float mi = hp.beta1 * m[i] + (1.f - hp.beta1) * g;
@@ -49,10 +108,39 @@ __global__ void adamw_step_kernel(float* p, const float* grad, float* m, float* 
     w -= lr * (mi / c1) / (sqrtf(vi) / sqrt_c2 + hp.eps);
     p[i] = w;
   }
+  if (done) count_step(step, done);
 }
 
 __global__ void increment_kernel(float* counter) {
   counter[0] += 1.f;
+}
+
+// Launches `kernel` over `params` in batches of kMultiTensorMax; the last launch counts the step
+// (or, with no parameter, a kernel of its own).
+template <class Kernel, class Hyper>
+void launch_batches(Kernel kernel, const ParamSlice* params, std::size_t count, const float* lr,
+                    float* step, unsigned* done, Hyper hp, cudaStream_t stream) {
+  if (count == 0) {
+    increment_kernel<<<1, 1, 0, stream>>>(step);
+    GW_LAUNCH_CHECK();
+    return;
+  }
+  for (std::size_t first = 0; first < count; first += kMultiTensorMax) {
+    Batch b{};
+    b.count = static_cast<int>(std::min(kMultiTensorMax, count - first));
+    std::int64_t blocks = 0;
+    for (int i = 0; i < b.count; ++i) {
+      b.t[i] = params[first + static_cast<std::size_t>(i)];
+      b.first_block[i] = static_cast<unsigned>(blocks);
+      blocks += std::max<std::int64_t>(
+          1, std::min<std::int64_t>((b.t[i].n + kThreads - 1) / kThreads, kMaxBlocks));
+    }
+    b.first_block[b.count] = static_cast<unsigned>(blocks);
+    const bool last = first + kMultiTensorMax >= count;
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(b, lr, step,
+                                                                   last ? done : nullptr, hp);
+    GW_LAUNCH_CHECK();
+  }
 }
 
 constexpr int kReduceThreads = 1024;
@@ -83,23 +171,17 @@ __global__ void scale_by_kernel(float* x, const float* scale, std::int64_t n) {
 
 }  // namespace
 
-void sgd_step(float* p, const float* grad, float* buf, std::int64_t n, const float* lr,
-              const float* step, SgdParams hp, cudaStream_t stream) {
+void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
+              unsigned* done, SgdParams hp, cudaStream_t stream) {
   const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening),
                static_cast<float>(hp.weight_decay), hp.nesterov};
-  sgd_step_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, grad, buf, n, lr, step, f);
-  GW_LAUNCH_CHECK();
+  launch_batches(sgd_step_kernel, params, count, lr, step, done, f, stream);
 }
-void adamw_step(float* p, const float* grad, float* m, float* v, std::int64_t n, const float* lr,
-                const float* step, AdamWParams hp, cudaStream_t stream) {
+void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
+                unsigned* done, AdamWParams hp, cudaStream_t stream) {
   const AdamWF f{static_cast<float>(hp.beta1), static_cast<float>(hp.beta2),
                  static_cast<float>(hp.eps), static_cast<float>(hp.weight_decay)};
-  adamw_step_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, grad, m, v, n, lr, step, f);
-  GW_LAUNCH_CHECK();
-}
-void increment(float* counter, cudaStream_t stream) {
-  increment_kernel<<<1, 1, 0, stream>>>(counter);
-  GW_LAUNCH_CHECK();
+  launch_batches(adamw_step_kernel, params, count, lr, step, done, f, stream);
 }
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream) {
   sum_squares_kernel<<<1, kReduceThreads, 0, stream>>>(out, x, n);

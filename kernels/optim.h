@@ -4,6 +4,7 @@
 // step count are read from device memory (lr[0]; step[0], the number of steps taken before this
 // one), so that a captured optimizer step sees a changed learning rate and counts its own steps
 // when replayed. Semantics follow torch.optim.SGD and torch.optim.AdamW.
+#include <cstddef>
 #include <cstdint>
 
 #if GRAPHWARD_HAS_CUDA
@@ -22,17 +23,37 @@ struct AdamWParams {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
 };
 
+// One parameter of a multi-tensor step: the parameter, its gradient and up to two state tensors of
+// its size (SGD: the momentum buffer, or null without momentum; AdamW: m and v).
+struct ParamSlice {
+  float* p = nullptr;
+  const float* grad = nullptr;
+  float* s1 = nullptr;
+  float* s2 = nullptr;
+  std::int64_t n = 0;
+};
+// Parameters one launch takes: the kernel's parameter block (a slice, its first block) stays under
+// the 4 KiB that every architecture passes.
+constexpr std::size_t kMultiTensorMax = 64;
+
 #if GRAPHWARD_HAS_CUDA
-// g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf + (1 − dampening)·g),
-// g = nesterov ? g + momentum·buf : buf; then p −= lr·g. buf may be null without momentum.
-void sgd_step(float* p, const float* grad, float* buf, std::int64_t n, const float* lr,
-              const float* step, SgdParams hp, cudaStream_t stream);
-// t = step + 1; p ·= 1 − lr·wd; m = β1·m + (1 − β1)·g; v = β2·v + (1 − β2)·g²;
-// p −= lr · (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)
-void adamw_step(float* p, const float* grad, float* m, float* v, std::int64_t n, const float* lr,
-                const float* step, AdamWParams hp, cudaStream_t stream);
-// counter[0] += 1
-void increment(float* counter, cudaStream_t stream);
+// Note [Multi-tensor step]
+// An optimizer step updates every parameter in ceil(count / kMultiTensorMax) launches, not one a
+// parameter: each parameter gets its own range of blocks, and each element is computed by the same
+// arithmetic whatever the grouping (a parameter's result does not depend on the others). The step
+// count needs no launch of its own either: in the last launch, each block reads step[0], does its
+// work and counts itself done in done[0]; the block that counts last adds 1 to step[0] (every other
+// block has read it by then) and resets done[0] to 0 for the next step. A step with no parameter
+// to update (count 0) only counts the step.
+//
+// Per parameter, SGD: g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf +
+// (1 − dampening)·g), g = nesterov ? g + momentum·buf : buf; then p −= lr·g.
+void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
+              unsigned* done, SgdParams hp, cudaStream_t stream);
+// Per parameter, AdamW: t = step + 1; p ·= 1 − lr·wd; m = β1·m + (1 − β1)·g;
+// v = β2·v + (1 − β2)·g²; p −= lr · (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)
+void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
+                unsigned* done, AdamWParams hp, cudaStream_t stream);
 // out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic)
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream);
 // norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm + 1e-6))

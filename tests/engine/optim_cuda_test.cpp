@@ -53,6 +53,53 @@ TEST_F(CudaOptim, SgdAndAdamWMatchTheCpuReference) {
   expect_matches_cpu<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, "adamw");
 }
 
+// Note [Multi-tensor step]: more parameters than one launch takes (three launches), of sizes from
+// one element to more than the blocks a parameter gets can cover without striding, some without a
+// .grad (skipped: unchanged): every parameter as the CPU reference, and the step counted once a step.
+TEST_F(CudaOptim, AStepOverMoreParametersThanOneLaunchTakesMatchesTheCpuReference) {
+  auto make = [](Device d) {
+    std::vector<Tensor> p;
+    for (std::int64_t i = 0; i < 150; ++i) {
+      const std::int64_t n = i == 7 ? 300000 : i == 70 ? 1 : 1 + (i * 37) % 900;
+      p.push_back(randn({n}, 1000 + static_cast<std::uint64_t>(i)).to(d).set_requires_grad(true));
+    }
+    return p;
+  };
+  auto grads = [](const std::vector<Tensor>& ps, int step) {
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      if (i % 11 == 3) continue;  // never a .grad
+      const Tensor g = randn(ps[i].shape(), 5000 + 200 * static_cast<std::uint64_t>(step) + i);
+      ps[i].grad() = g.to(ps[i].device());
+    }
+  };
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<Tensor> cpu = make(Device::cpu()), gpu = make(kGpu);
+    const std::vector<Tensor> start = make(Device::cpu());
+    std::unique_ptr<Optimizer> a, b;
+    if (which == 0) {
+      a = std::make_unique<Sgd>(cpu, SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01});
+      b = std::make_unique<Sgd>(gpu, SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01});
+    } else {
+      a = std::make_unique<AdamW>(cpu, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+      b = std::make_unique<AdamW>(gpu, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+    }
+    for (int s = 0; s < 3; ++s) {
+      grads(cpu, s);
+      grads(gpu, s);
+      a->step();
+      b->step();
+    }
+    EXPECT_EQ(b->steps(), 3);
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      if (i % 11 == 3) {
+        EXPECT_EQ(gpu[i].to(Device::cpu()).to_vector<float>(), start[i].to_vector<float>()) << i;
+      } else {
+        EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << (which == 0 ? "sgd" : "adamw") << " " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOptim, ClipGradNormMatchesTheCpuReference) {
   const std::vector<Tensor> cpu = params_on(Device::cpu()), gpu = params_on(kGpu);
   set_grads(cpu, 0);
