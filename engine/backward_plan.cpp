@@ -227,6 +227,9 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
         {static_cast<int>(r), b, !first || grad_write == GradWrite::kAccumulate});
   }
   std::vector<int> producers;
+  // Per stream: whether its first step is ordered after a step of the caller's stream by its waits
+  // (then it needs no fork, step 6); -1 while the stream has had no step.
+  std::vector<int> follows_caller(k, -1);
   for (int s = 0; s < num_steps; ++s) {
     BackwardPlan::Step& step = plan.steps[s];
     // The contributions this step consumes were all made by earlier steps.
@@ -249,6 +252,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     std::sort(producers.begin(), producers.end(), std::greater<int>());
     producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
     for (int q : producers) depend(s, false, q);
+    if (follows_caller[step.stream] < 0) follows_caller[step.stream] = clock[step.stream][0] >= 0;
     if (split) {
       // The side part starts from this step's stream once the gradient is assembled (the fork
       // event), then waits for the previous writers of its leaves.
@@ -332,9 +336,12 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   }
 
   // 6. Forks and joins: every stream the backward uses other than the caller's (rule 4). Side
-  // streams start from their forward stream inside a step (after it was forked): joined only.
+  // streams start from their forward stream inside a step (after it was forked): joined only. A
+  // stream whose first step waits for a step of the caller's stream (directly or through other
+  // streams) is not forked: that wait orders all of its work after everything before the call, as
+  // the fork would (the seeds included: the caller's steps come after them).
   for (int x = 1; x < k; ++x) {
-    if (x < num_forward_streams) plan.forks.push_back(x);
+    if (x < num_forward_streams && follows_caller[x] != 1) plan.forks.push_back(x);
     plan.joins.push_back(x);
   }
   return plan;

@@ -60,4 +60,25 @@ inline bool satisfied(const BackwardPlan& p, const std::vector<std::vector<bool>
                                                              : hb[r.first][r.second];
 }
 
+// The forks and joins a plan needs (rule 4): every stream other than the caller's is joined; a
+// forward stream is forked unless its first step is ordered after a step of the caller's stream
+// (stream 0), which orders all of its work after everything before the backward, as a fork would.
+inline void expect_forks_and_joins(const BackwardPlan& p, const std::vector<std::vector<bool>>& hb,
+                                   std::vector<int>* forks, std::vector<int>* joins) {
+  forks->clear();
+  joins->clear();
+  const int k = static_cast<int>(p.streams.size());
+  for (int x = 1; x < k; ++x) {
+    joins->push_back(x);
+    if (x < static_cast<int>(p.side_of.size()) && p.side_of[x] >= 0) continue;  // a side stream
+    int first = -1;
+    for (int i = 0; i < static_cast<int>(p.steps.size()) && first < 0; ++i) {
+      if (p.steps[i].stream == x) first = i;
+    }
+    bool follows = false;
+    for (int c = 0; c < first && !follows; ++c) follows = p.steps[c].stream == 0 && hb[c][first];
+    if (!follows) forks->push_back(x);
+  }
+}
+
 }  // namespace graphward::testing
