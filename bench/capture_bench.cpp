@@ -3,8 +3,8 @@
 //                            (backward() + synchronize, forward untimed, medians), gpu_us (the
 //                            GPU's execution alone: GpuTimer, median of 101) and host_us (the
 //                            whole backward() call: signature check, launch and the release of the
-//                            step's saved tensors after it); captures and updates must
-//                            stay 0 in steady state (counters).
+//                            step's saved tensors after it); fwd_host_us the untimed forward's
+//                            host time; captures and updates must stay 0 in steady state.
 //   HandWrittenGraph/<study> the same kernels as graphward's backward (relu backward, dX GEMM, dW
 //                            GEMM with db fused, the mse backward), captured by hand into one CUDA
 //                            graph (one stream, a stream per branch, or also side streams for the
@@ -58,9 +58,12 @@ void graph_backward(benchmark::State& state, bool split) {
   const cudaStream_t caller = gw::current_stream(kDev);
   gw::StepArena arena(kDev);
   gw::BackwardGraph bw(kDev, {.split_weight_grads = split});
+  double fwd_host = 0;  // the forward's host time (its arena slots' waits included)
   auto step = [&](bool timed, double* host) {
     gw::StepScope scope(arena);
+    const auto f0 = std::chrono::steady_clock::now();
     const gw::Tensor loss = m.loss();
+    if (timed) fwd_host += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - f0).count();
     GW_CUDA_CHECK(cudaStreamSynchronize(caller));
     for (auto& s : m.streams) s->synchronize();
     const auto t0 = std::chrono::steady_clock::now();
@@ -116,6 +119,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["release_us"] = parts.release_us / iters;
   const auto after = bw.counters();
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
+  state.counters["fwd_host_us"] = fwd_host / iters;
   state.counters["captures"] = static_cast<double>(after.captures - before.captures);
   state.counters["updates"] = static_cast<double>(after.updates - before.updates);
   state.counters["kernel_nodes"] = static_cast<double>(bw.last_graph_stats().kernel_nodes);

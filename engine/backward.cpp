@@ -422,6 +422,16 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     }
   };
 
+  // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
+  // cached on the caller's stream after the join, not ordered free by free. Declared before the
+  // buffers: their last frees come after the join too.
+  std::optional<detail::JoinedFrees> joined_frees;
+  if (gpu && !in_capture && !plan.joins.empty()) {
+    std::vector<cudaStream_t> joined;
+    for (int j : plan.joins) joined.push_back(streams[j]);
+    if (!buckets.empty()) joined.push_back(comm);
+    joined_frees.emplace(device, caller, joined);
+  }
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double>& host_us = host_us_;  // per step, when timed
   host_us.clear();
@@ -570,6 +580,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
       e.block(caller);
     }
   }
+  if (joined_frees) joined_frees->joined();
 }
 
 }  // namespace graphward

@@ -45,6 +45,9 @@ bool poison_new_memory() {
 
 namespace {
 thread_local bool t_planned_sync = false;
+#if GRAPHWARD_HAS_CUDA
+thread_local detail::JoinedFrees* t_joined_frees = nullptr;  // Note [Frees at the join]
+#endif
 }
 PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) {
   t_planned_sync = true;
@@ -301,6 +304,10 @@ struct ArenaState {
   Event step_end;
   bool step_end_recorded = false;
   std::vector<cudaStream_t> waited;  // streams that waited on step_end in this step
+  // Release events a stream waited on in this step: a slot's release events are often one event
+  // that many slots share (a replayed backward's fence), waited on once a stream. The handles keep
+  // each event from being recorded again (or its address reused) until the next step.
+  std::vector<std::pair<std::shared_ptr<const Event>, cudaStream_t>> waited_events;
 #endif
 };
 
@@ -365,7 +372,13 @@ std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size
           st.step_end.block(stream);
           st.waited.push_back(stream);
         }
-        for (const auto& ev : slot->released_on) ev->block(stream);
+        for (auto& ev : slot->released_on) {
+          const bool seen = std::any_of(st.waited_events.begin(), st.waited_events.end(),
+                                        [&](const auto& w) { return w.first == ev && w.second == stream; });
+          if (seen) continue;
+          ev->block(stream);
+          st.waited_events.emplace_back(std::move(ev), stream);
+        }
         slot->released_on.clear();
       }
 #endif
@@ -440,6 +453,7 @@ StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
     state_->cursor = 0;
 #if GRAPHWARD_HAS_CUDA
     state_->waited.clear();
+    state_->waited_events.clear();
 #endif
     ++state_->stats.steps;
   }
@@ -799,6 +813,12 @@ Storage::~Storage() {
   }
 #if GRAPHWARD_HAS_CUDA
   if (!data_) return;
+  // Note [Frees at the join]: a block that several of an eager backward's streams used waits for
+  // the join instead.
+  if (cacheable_ && t_joined_frees && (!other_streams_.empty() || !fences_.empty()) &&
+      t_joined_frees->take(*this)) {
+    return;
+  }
   const int saved_device = [] {
     int d = 0;
     return cudaGetDevice(&d) == cudaSuccess ? d : -1;
@@ -849,6 +869,104 @@ Storage::~Storage() {
     GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
   }
 #endif
+}
+
+// ---- frees at the join (Note [Frees at the join]) ---------------------------------------------
+
+detail::JoinedFrees::JoinedFrees(Device device, cudaStream_t caller,
+                                 const std::vector<cudaStream_t>& joined)
+    : device_(device), caller_(caller) {
+#if GRAPHWARD_HAS_CUDA
+  if (!device.is_cuda() || device.index >= kCacheDevices || joined.empty() ||
+      g_cache_limit.load(std::memory_order_relaxed) == 0 || stream_capturing(caller)) {
+    return;
+  }
+  joined_.reserve(joined.size() + 1);
+  joined_.push_back(caller);
+  for (cudaStream_t s : joined) {
+    if (!s || stream_capturing(s)) return;  // inactive: a capture frees as it does
+    joined_.push_back(s);
+  }
+  active_ = true;
+  previous_ = t_joined_frees;
+  t_joined_frees = this;
+#else
+  (void)joined;
+#endif
+}
+
+bool detail::JoinedFrees::take(const Storage& st) {
+#if GRAPHWARD_HAS_CUDA
+  if (!active_ || done_ || st.device_ != device_) return false;
+  auto joined = [&](cudaStream_t s) {
+    return std::find(joined_.begin(), joined_.end(), s) != joined_.end();
+  };
+  if (!joined(st.alloc_stream_)) return false;
+  for (cudaStream_t s : st.other_streams_) {
+    if (!joined(s)) return false;
+  }
+  for (const auto& fence : st.fences_) {
+    if (!joined(fence.first)) return false;
+  }
+  try {
+    blocks_.push_back({st.data_, st.block_bytes_, st.alloc_stream_});
+  } catch (...) {
+    return false;  // out of host memory: the storage orders its free itself
+  }
+  return true;
+#else
+  (void)st;
+  return false;
+#endif
+}
+
+void detail::JoinedFrees::joined() {
+  done_ = true;
+  give_back();
+}
+
+void detail::JoinedFrees::give_back() noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (!active_) return;
+  t_joined_frees = previous_;
+  active_ = false;
+  if (blocks_.empty()) return;
+  try {
+    DeviceGuard guard(device_);
+    Event ev = Event::pooled(device_);
+    if (!done_) {
+      // Left before the join: the caller's stream waits for every joined stream first.
+      for (std::size_t i = 1; i < joined_.size(); ++i) {
+        ev.record(joined_[i]);
+        ev.block(caller_);
+      }
+    }
+    // Back to the cache of its own stream, which first waits for the caller's stream once (its
+    // point after the join): one wait a stream.
+    bool recorded = false;
+    std::vector<cudaStream_t> waited;
+    for (const Block& b : blocks_) {
+      if (b.stream != caller_ &&
+          std::find(waited.begin(), waited.end(), b.stream) == waited.end()) {
+        if (!recorded) ev.record(caller_);
+        recorded = true;
+        ev.block(b.stream);
+        waited.push_back(b.stream);
+      }
+      if (!cache_put(device_.index, b.stream, b.bytes, b.data)) {
+        GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(b.data, b.stream));
+      }
+    }
+  } catch (const std::exception& e) {
+    // The blocks cannot be ordered after their users: kept rather than risk reuse.
+    detail::log_error(__FILE__, __LINE__, e.what());
+  }
+  blocks_.clear();
+#endif
+}
+
+detail::JoinedFrees::~JoinedFrees() {
+  give_back();
 }
 
 // ---- block cache API --------------------------------------------------------------------------

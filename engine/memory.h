@@ -43,10 +43,12 @@
 
 namespace graphward {
 
+class Storage;
 namespace detail {
 struct ArenaSlot;
 struct ArenaState;
 struct GraphPoolState;
+class JoinedFrees;
 }  // namespace detail
 
 class DeviceBuffer {
@@ -162,6 +164,7 @@ class Storage {
   // if it could not (out of host memory).
   bool defer_release() noexcept;
   friend std::size_t detail::release_deferred_storage() noexcept;
+  friend class detail::JoinedFrees;
 
   Device device_;
   void* data_ = nullptr;
@@ -192,6 +195,48 @@ class Storage {
 namespace detail {
 // Bumped by every new write hazard on a watched storage (Storage::watch).
 std::uint64_t watched_hazard_epoch();
+
+// Note [Frees at the join]
+// Memory that several streams used is freed by making its allocating stream wait for the others:
+// an event recorded on each other stream and a wait, two CUDA calls a stream, on the freeing
+// thread. An eager backward on several streams frees such memory during its run — the gradient a
+// branch's first step consumed from the caller's stream, the activation of a branch that the loss
+// read — and those calls were most of what a second stream cost it where there was nothing to
+// overlap. A JoinedFrees scope, opened on the executor's thread for the run, takes those blocks
+// instead, when every stream that used one is a stream the backward joins at its end (or the
+// caller's), and gives them back to the block cache after the join: the join's waits order every
+// use before the caller's stream's point after it, and each allocating stream other than the
+// caller's waits for that point once — one event and a wait a stream, no call per tensor. The
+// memory is reused after the backward rather than during it (it was used across streams: usually
+// a few tensors), and work enqueued later on a branch stream starts after the backward's join.
+// Left without joined() (an error in the run), the scope makes the caller's stream wait for each
+// joined stream first. Inactive in a capture and with the cache off: frees go as before.
+class JoinedFrees {
+ public:
+  JoinedFrees(Device device, cudaStream_t caller, const std::vector<cudaStream_t>& joined);
+  ~JoinedFrees();
+  JoinedFrees(const JoinedFrees&) = delete;
+  JoinedFrees& operator=(const JoinedFrees&) = delete;
+  // Call once the caller's stream has waited on every joined stream: the blocks go to the cache.
+  void joined();
+  // Storage's destructor: true if the scope took its block (every user a joined stream).
+  bool take(const Storage& storage);
+
+ private:
+  void give_back() noexcept;
+  Device device_;
+  cudaStream_t caller_ = nullptr;
+  std::vector<cudaStream_t> joined_;  // the caller's stream first
+  struct Block {
+    void* data;
+    std::size_t bytes;
+    cudaStream_t stream;  // its allocating stream
+  };
+  std::vector<Block> blocks_;
+  bool active_ = false;
+  bool done_ = false;
+  JoinedFrees* previous_ = nullptr;
+};
 }  // namespace detail
 
 // ---- the block cache (Note [Block cache]) -------------------------------------------------------

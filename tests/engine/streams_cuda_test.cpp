@@ -191,6 +191,50 @@ TEST_F(CudaStreams, MemoryUsedOnAnotherStreamIsCachedAfterItsStreamWaitsForTheOt
   EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
 }
 
+// Note [Frees at the join] (engine/memory.h): an eager backward on two streams gives the memory
+// both streams used — the branch's output, which the loss read on the caller's stream, and its
+// gradient, which the branch read — back to the cache after its join, each block on its own stream.
+// The branch is stalled, so its backward reads late: reused and rewritten at once on both streams,
+// the blocks must still hold what the backward read (the weight's gradient equals the one-stream
+// backward's, bitwise), and the branch's block is reused on the branch.
+TEST_F(CudaStreams, MemoryAnEagerBackwardUsedOnTwoStreamsIsReusedOnlyAfterItsJoin) {
+  Stream home(kGpu), branch(kGpu);
+  StreamGuard on_home(home);
+  const Shape shape{256, 256};
+  const Tensor x = randn(shape, 11, kF32Gpu);
+  auto grad_of_w = [&](bool two_streams) {
+    const Tensor w = randn(shape, 12, kF32Gpu).set_requires_grad(true);
+    void* out_block = nullptr;
+    Tensor loss;
+    {
+      Tensor h;
+      {
+        std::optional<StreamGuard> on_branch;
+        if (two_streams) on_branch.emplace(branch);
+        h = relu(matmul(x, w));
+      }
+      out_block = h.raw_data();
+      loss = sum(mul(h, h));  // reads h on the caller's stream
+    }
+    if (two_streams) testing::stall(branch.get(), 200);
+    backward(loss);  // frees h and its gradient
+    if (two_streams) {
+      std::vector<Tensor> scribbles;
+      bool reused = false;
+      for (int i = 0; i < 4; ++i) {
+        scribbles.push_back(full(shape, -9.0, kF32Gpu));  // on the caller's stream
+        StreamGuard on_branch(branch);
+        scribbles.push_back(full(shape, -7.0, kF32Gpu));
+        reused = reused || scribbles.back().raw_data() == out_block;
+      }
+      EXPECT_TRUE(reused) << "expected the branch output's block back from the branch's cache";
+    }
+    return w.grad().to_vector<float>();
+  };
+  const std::vector<float> two = grad_of_w(true);
+  EXPECT_EQ(two, grad_of_w(false));
+}
+
 TEST_F(CudaStreams, MemoryOfARawStreamIsNotCached) {
   empty_cache(kGpu);
   cudaStream_t raw = nullptr;
