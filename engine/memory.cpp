@@ -1079,12 +1079,23 @@ void Storage::sync_for_read(cudaStream_t stream) {
   // recorded outside cannot be waited on inside: while graphward captures (a StepGraph's forward
   // reads across streams here), the event is recorded for this read alone and not kept.
   const bool in_capture = capturing();
+  // A stream that already waited for this write outside a capture is ordered after it: a reader's
+  // stream (a branch reading a parameter at every layer, every step) waits once a write, not once
+  // a read.
+  if (!in_capture && event_for_write_ == writes_ &&
+      std::find(waited_for_write_.begin(), waited_for_write_.end(), stream) !=
+          waited_for_write_.end()) {
+    note_use(stream);
+    return;
+  }
   if (event_for_write_ != writes_ || in_capture) {
     if (!producer_event_.valid()) producer_event_ = Event::pooled(device_);  // Note [Event pool]
     producer_event_.record(producer_);
     event_for_write_ = in_capture ? UINT64_MAX : writes_;
+    waited_for_write_.clear();
   }
   producer_event_.block(stream);
+  if (!in_capture) waited_for_write_.push_back(stream);
   note_use(stream);
 #endif
 }

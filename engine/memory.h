@@ -183,6 +183,7 @@ class Storage {
   Event producer_event_;                        // created on the first cross-stream read
   std::uint64_t writes_ = 0;                    // number of writes so far
   std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
+  std::vector<cudaStream_t> waited_for_write_;  // streams that waited on that event (no capture)
   std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
   std::vector<cudaStream_t> reads_since_write_;  // streams other than producer_ that read it since
   bool watched_ = false;                          // watch()

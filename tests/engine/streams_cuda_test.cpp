@@ -72,6 +72,38 @@ TEST_F(CudaStreams, ConsumerOnAnotherStreamWaitsForTheProducer) {  // rule 6
   EXPECT_EQ(z.to_vector<float>(), expected.to_vector<float>());
 }
 
+// Rule 6 once a write: a stream that waited for a tensor's producer reads it again without a new
+// wait (a branch reading a parameter at every step), but a new write on the producer's stream,
+// queued behind a long GEMM chain, is waited for again: the second read sees the new contents.
+TEST_F(CudaStreams, AReaderWaitsAgainForEveryNewWriteOfTheProducer) {
+  Stream producer(kGpu), reader(kGpu);
+  const Shape shape{1024, 1024};
+  Tensor t;
+  {
+    StreamGuard g(producer);
+    t = full(shape, 1.0, kF32Gpu);
+  }
+  Tensor first, again, after_write;
+  {
+    StreamGuard g(reader);
+    first = mul(t, 2.0);
+    again = mul(t, 2.0);  // the same write: no new wait needed
+  }
+  {
+    StreamGuard g(producer);
+    NoGradGuard no_grad;
+    const Tensor keep_busy = busy_work();
+    copy_(t, full(shape, 5.0, kF32Gpu));  // a new write, behind the chain
+  }
+  {
+    StreamGuard g(reader);
+    after_write = mul(t, 2.0);  // must wait for the new write
+  }
+  EXPECT_EQ(first.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
+  EXPECT_EQ(again.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
+  EXPECT_EQ(after_write.to_vector<float>(), std::vector<float>(1024 * 1024, 10.0f));
+}
+
 TEST_F(CudaStreams, InPlaceWriteOnAnotherStreamWaitsForTheProducer) {
   Stream producer(kGpu), writer(kGpu);
   Tensor g, y, dy, expected;
