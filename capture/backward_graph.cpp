@@ -222,8 +222,7 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
 }
 
 std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
-    const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating, cudaStream_t caller) {
-  (void)caller;
+    const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating) {
   const capture::TapeSignature& sig = signature_;
   const bool log = sig.source == capture::TapeSignature::Source::kLog;
   std::vector<InputSlot> slots;
@@ -500,8 +499,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
       pool = fresh->pool.get();
     }
     // Note [Input slots]: the saved tensors this graph reads from copies of its own.
-    fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr,
-                                caller);
+    fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
     fill_slots(*fresh, caller);
     fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
     fresh->stats = stats_of(fresh->graph, plan);

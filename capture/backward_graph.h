@@ -215,8 +215,7 @@ class BackwardGraph {
   // entry of the same structure being updated, else null), their memory made and filled and the
   // saved tensors substituted (fill_slots), and refreshed before each replay (refresh_slots).
   std::vector<InputSlot> choose_slots(
-      const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating,
-      cudaStream_t caller);
+      const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating);
   void fill_slots(Executable& exec, cudaStream_t caller);
   void refresh_slots(const Executable& exec, cudaStream_t caller);
 #endif

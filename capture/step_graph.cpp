@@ -17,7 +17,7 @@ struct Baked {
   Shape shape;
   DType dtype = DType::kFloat32;
 };
-Baked bake(const Tensor& t) {
+[[maybe_unused]] Baked bake(const Tensor& t) {
   return {t, t.defined() ? t.raw_data() : nullptr, t.defined() ? t.shape() : Shape{},
           t.defined() ? t.dtype() : DType::kFloat32};
 }

@@ -67,10 +67,6 @@ ReleaseWorker::~ReleaseWorker() {
   }
 }
 
-void ReleaseWorker::wait() {
-  wait_state(*state_);
-}
-
 void ReleaseWorker::release(std::vector<SavedTensor>& saved, Tensor keep,
                             std::function<void()> before) {
   State& st = *state_;

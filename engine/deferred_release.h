@@ -50,8 +50,6 @@ class ReleaseWorker {
   // release, its capacity kept for the next). `before` (tests) runs on the worker first. Where no
   // thread can be started, everything is dropped here.
   void release(std::vector<SavedTensor>& saved, Tensor keep, std::function<void()> before = {});
-  // Until the release in flight, if any, is done.
-  void wait();
 
   struct State;
 

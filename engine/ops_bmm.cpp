@@ -35,7 +35,7 @@ BmmDims check_bmm(const char* op, const Tensor& a, const Tensor& b, bool ta, boo
 
 // c[i] (=|+=) op(x[i])·op(y[i]) for every matrix i of the batch; `stream`: the CUDA op's (unused
 // on the CPU).
-void batched(cudaStream_t stream, bool tx, bool ty, std::int64_t batch, std::int64_t m,
+void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_t batch, std::int64_t m,
              std::int64_t n, std::int64_t kk, const Tensor& x, const Tensor& y, bool accumulate,
              const Tensor& c) {
   if (x.is_cuda()) {

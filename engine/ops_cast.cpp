@@ -63,7 +63,8 @@ void write(void* y, DType t, std::int64_t i, double v, bool accumulate) {
 }
 
 // y (=|+=) x converted; on x's device (`stream`: the CUDA op's).
-void convert(const Tensor& y, const Tensor& x, bool accumulate, cudaStream_t stream) {
+void convert(const Tensor& y, const Tensor& x, bool accumulate,
+             [[maybe_unused]] cudaStream_t stream) {
   const std::int64_t n = x.numel();
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA

@@ -168,7 +168,7 @@ Shape swapped(Shape shape, const k::SwapDims& s) {
 }
 // y (=|+=) x with the dims of `s` swapped, on x's device.
 void run_swap(const k::SwapDims& s, const Tensor& x, const Tensor& y, bool accumulate,
-              cudaStream_t stream) {
+              [[maybe_unused]] cudaStream_t stream) {
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     k::swap_dims(y.data<float>(), x.data<float>(), s, accumulate, stream);
