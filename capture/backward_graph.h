@@ -17,8 +17,8 @@
 //      (cudaGraphExecUpdate; re-instantiated if the update is refused); a new structure -> capture
 //      and cache a new executable (least recently used out). Never a stale replay;
 //   3. capture: the eager executor runs the backward plan under thread-local stream capture from
-//      S, each forward stream mapped onto a private capture stream forked from S by an event and
-//      joined back before the capture ends (the legacy stream, or an earlier step's stream, cannot
+//      S, each forward stream mapped onto a private capture stream that enters the capture by an
+//      event of S (a fork, or its first wait on a step of S) and is joined back before it ends (the legacy stream, or an earlier step's stream, cannot
 //      enter); backward intermediates are served from a pool the executable owns, reused inside
 //      the graph where stream order allows (Note [Graph memory pool]): kernel nodes only;
 //      ops that cannot be captured are refused by name (Note [Capture-unsafe ops]);

@@ -4,7 +4,8 @@
 //   * each node runs on the stream its forward ran on (rule 2), waiting on events only where the
 //     plan says (rule 3);
 //   * every stream used first waits on the caller's stream S — the current stream when backward()
-//     is called — so the seeds and anything enqueued on S before the call are visible; before
+//     is called — so the seeds and anything enqueued on S before the call are visible (a fork
+//     event, or the stream's first wait when that is on a step of S already); before
 //     backward() returns, S waits on every stream used, so gradients are safe to read on S with no
 //     further synchronization (rule 4). Work on other streams that touches .grad must be ordered
 //     before S by the caller (Note [Planned synchronization] in memory.h);

@@ -5,8 +5,9 @@
 //
 // A plan lists the nodes to run in a valid order with the stream of each (the stream its forward
 // ran on, DESIGN.md rule 2); every cross-stream wait as an explicit (producer step, consumer step,
-// event) record (rule 3); the streams forked from the caller's stream at the start and joined back
-// at the end (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and
+// event) record (rule 3); the streams forked from the caller's stream at the start (those whose
+// first step does not already wait for a step of the caller's stream) and joined back at the end
+// (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and
 // 5) and its first and last use. Note [Gradient buffers] in backward_plan.cpp says how
 // contributions are routed.
 //
