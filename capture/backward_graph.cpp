@@ -284,17 +284,18 @@ std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
   return slots;
 }
 
+const Tensor& BackwardGraph::slot_source(const InputSlot& slot) const {
+  return signature_.nodes[slot.node]->saved()[slot.saved].tensor;
+}
+
 void BackwardGraph::fill_slots(Executable& exec, cudaStream_t caller) {
   std::vector<InputSlot>& slots = exec.slots;
-  auto source = [this](const InputSlot& slot) -> const Tensor& {
-    return signature_.nodes[slot.node]->saved()[slot.saved].tensor;
-  };
   for (std::size_t i = 0; i < slots.size(); ++i) {
     // Places that save one tensor share one copy (the batch read by every branch's first layer).
-    const Tensor& src = source(slots[i]);
+    const Tensor& src = slot_source(slots[i]);
     std::size_t leader = i;
     for (std::size_t j = 0; j < i; ++j) {
-      const Tensor& other = source(slots[j]);
+      const Tensor& other = slot_source(slots[j]);
       if (slots[j].leader == j && other.raw_data() == src.raw_data() &&
           other.shape() == src.shape() && other.dtype() == src.dtype()) {
         leader = j;
@@ -313,13 +314,7 @@ void BackwardGraph::fill_slots(Executable& exec, cudaStream_t caller) {
     for (std::size_t j = 0; j < i && own; ++j) {
       own = slots[j].copy.raw_data() != slots[i].copy.raw_data();
     }
-    if (!own) {
-      auto buffer = std::make_shared<DeviceBuffer>(device_, src.nbytes());
-      void* data = buffer->data();
-      slots[i].copy = Tensor::from_storage(
-          Storage::borrow(device_, data, src.nbytes(), caller, std::move(buffer)), src.shape(),
-          src.dtype());
-    }
+    if (!own) slots[i].copy = capture::input_slot_like(src, device_, caller);
   }
   refresh_slots(exec, caller);
   for (InputSlot& slot : slots) {
@@ -334,10 +329,8 @@ void BackwardGraph::refresh_slots(const Executable& exec, cudaStream_t caller) {
   for (std::size_t i = 0; i < exec.slots.size(); ++i) {
     const InputSlot& slot = exec.slots[i];
     if (slot.leader != i) continue;
-    const Tensor& src = signature_.nodes[slot.node]->saved()[slot.saved].tensor;
-    src.storage()->sync_for_read(caller);
-    GW_CUDA_CHECK(cudaMemcpyAsync(slot.copy.raw_data(), src.raw_data(), src.nbytes(),
-                                  cudaMemcpyDeviceToDevice, caller));
+    const Tensor& src = slot_source(slot);
+    capture::refresh_slot(slot.copy, src, caller);
     slot_sources_.push_back(src);
   }
 }

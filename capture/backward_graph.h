@@ -216,6 +216,8 @@ class BackwardGraph {
   // saved tensors substituted (fill_slots), and refreshed before each replay (refresh_slots).
   std::vector<InputSlot> choose_slots(
       const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating);
+  // This step's tensor that `slot` stands for (its node's saved tensor).
+  const Tensor& slot_source(const InputSlot& slot) const;
   void fill_slots(Executable& exec, cudaStream_t caller);
   void refresh_slots(const Executable& exec, cudaStream_t caller);
 #endif

@@ -163,12 +163,7 @@ namespace {
 // Note [Step inputs]: `batch` into `slots` on `stream`, after each tensor's producer.
 void copy_batch(const std::vector<Tensor>& batch, const std::vector<Tensor>& slots,
                 cudaStream_t stream) {
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    batch[i].storage()->sync_for_read(stream);
-    if (batch[i].nbytes() == 0) continue;
-    GW_CUDA_CHECK(cudaMemcpyAsync(slots[i].raw_data(), batch[i].raw_data(), batch[i].nbytes(),
-                                  cudaMemcpyDeviceToDevice, stream));
-  }
+  for (std::size_t i = 0; i < batch.size(); ++i) capture::refresh_slot(slots[i], batch[i], stream);
 }
 
 // The leaves the tape of `loss` reaches (each once).
@@ -245,13 +240,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   // the block cache and the graph's pool), filled with this step's batch before the capture.
   if (batch) {
     fresh->batched = true;
-    for (const Tensor& t : *batch) {
-      const std::size_t bytes = std::max<std::size_t>(t.nbytes(), 1);
-      auto buffer = std::make_shared<DeviceBuffer>(device_, bytes);
-      void* data = buffer->data();
-      fresh->slots.push_back(Tensor::from_storage(
-          Storage::borrow(device_, data, bytes, caller, std::move(buffer)), t.shape(), t.dtype()));
-    }
+    for (const Tensor& t : *batch) fresh->slots.push_back(capture::input_slot_like(t, device_, caller));
     copy_batch(*batch, fresh->slots, caller);
   }
   Tensor loss;

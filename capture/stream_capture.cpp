@@ -1,6 +1,9 @@
 #include "capture/stream_capture.h"
 
 #if GRAPHWARD_HAS_CUDA
+#include <algorithm>
+#include <memory>
+
 #include "engine/deferred_release.h"
 #include "engine/error.h"
 #include "engine/memory.h"
@@ -58,6 +61,21 @@ NodeCounts count_nodes(cudaGraph_t graph) {
     }
   }
   return c;
+}
+
+Tensor input_slot_like(const Tensor& like, Device device, cudaStream_t stream) {
+  const std::size_t bytes = std::max<std::size_t>(like.nbytes(), 1);
+  auto buffer = std::make_shared<DeviceBuffer>(device, bytes);
+  void* data = buffer->data();
+  return Tensor::from_storage(Storage::borrow(device, data, bytes, stream, std::move(buffer)),
+                              like.shape(), like.dtype());
+}
+
+void refresh_slot(const Tensor& slot, const Tensor& src, cudaStream_t stream) {
+  src.storage()->sync_for_read(stream);
+  if (src.nbytes() == 0) return;
+  GW_CUDA_CHECK(cudaMemcpyAsync(slot.raw_data(), src.raw_data(), src.nbytes(),
+                                cudaMemcpyDeviceToDevice, stream));
 }
 
 }  // namespace graphward::capture

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/tensor.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime.h>
@@ -35,6 +36,14 @@ struct NodeCounts {
   std::size_t memory = 0;  // memory allocation and free nodes
 };
 NodeCounts count_nodes(cudaGraph_t graph);
+
+// An input slot (Note [Input slots], backward_graph.h; Note [Step inputs], step_graph.h): a tensor
+// of `like`'s shape and dtype in a device allocation of its own — outside the step arena (whose
+// slots the next step reuses), the block cache and graph pools — alive as long as a handle to it;
+// `stream` is its first producer.
+Tensor input_slot_like(const Tensor& like, Device device, cudaStream_t stream);
+// `src` into `slot` on `stream` (a device-to-device copy), after `src`'s producer.
+void refresh_slot(const Tensor& slot, const Tensor& src, cudaStream_t stream);
 
 }  // namespace graphward::capture
 #endif

@@ -933,14 +933,13 @@ void detail::JoinedFrees::give_back() noexcept {
   if (blocks_.empty()) return;
   try {
     DeviceGuard guard(device_);
-    Event ev = Event::pooled(device_);
     if (!done_) {
       // Left before the join: the caller's stream waits for every joined stream first.
       for (std::size_t i = 1; i < joined_.size(); ++i) {
-        ev.record(joined_[i]);
-        ev.block(caller_);
+        stream_wait_stream(device_, caller_, joined_[i]);
       }
     }
+    Event ev = Event::pooled(device_);
     // Back to the cache of its own stream, which first waits for the caller's stream once (its
     // point after the join): one wait a stream.
     bool recorded = false;
