@@ -21,7 +21,7 @@
 // the release after the launch included; bw_launch_at_us, until the launch) and its input slots
 // (Note [Input slots]).
 // scripts/compare_torch.py --models runs the same models in PyTorch (eager, and the whole step in
-// one torch.cuda.graph with a capturable AdamW) in the same session.
+// one torch.cuda.graph with a capturable AdamW), to compare side by side with these rows.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>

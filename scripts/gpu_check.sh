@@ -12,7 +12,8 @@
 # --models-only: of the benchmarks, only the real-model training steps (bench/models_bench.cpp)
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
-# shards of racecheck and initcheck, run in parallel; default 4 and 12), GW_SANITIZER_SERIAL=1 (the
+# shards of each tool, run in parallel; default 3 for memcheck and synccheck, 4 for racecheck, 12
+# for initcheck), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
@@ -222,8 +223,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # suite's GPU time through the 2048³ busy-work chains) are excluded to keep it within minutes.
   [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
   # initcheck instruments every kernel: one left out writes memory the tool then believes
-  # uninitialized, and every later read of it is reported (the ninth session's exclusion of
-  # cuBLAS's GEMM kernels drew 650,000 such reports from graphward's kernels and cuBLASLt's own
+  # uninitialized, and every later read of it is reported (excluding cuBLAS's GEMM kernels drew 650,000 such reports from graphward's kernels and cuBLASLt's own
   # split-K and epilogue kernels reading what those GEMMs wrote). Two library behaviours remain
   # (sanitizer_known_reports, scripts/common.sh): cuBLASLt's small-n bfloat16 kernels load the output matrix
   # although beta is 0 and discard it; and cuBLASLt's epilogue kernel, writing ReLU's bit mask,
@@ -235,14 +235,16 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1
   [ "$tool" = initcheck ] && find=0
-  # The slow tools run the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS: racecheck's,
-  # default 4, and initcheck's, default 12 — the slowest by far; 1 for the others); the tool's log is
-  # the shards' logs in order, its status the first failing shard's.
-  local shards=1
+  # Each tool runs the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS, else memcheck's and
+  # synccheck's 3, racecheck's 4, initcheck's 12 — the slowest by far): a single process of one
+  # tool would be the run's longest; the tool's log is the shards' logs in order, its status the
+  # first failing shard's.
+  local shards=3
   case "$tool" in
-    racecheck) shards=${GW_SANITIZER_SHARDS:-4} ;;
-    initcheck) shards=${GW_SANITIZER_SHARDS:-12} ;;
+    racecheck) shards=4 ;;
+    initcheck) shards=12 ;;
   esac
+  shards=${GW_SANITIZER_SHARDS:-$shards}
   local start=$SECONDS i
   for ((i = 0; i < shards; i++)); do
     (
