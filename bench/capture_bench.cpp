@@ -82,6 +82,7 @@ void graph_backward(benchmark::State& state, bool split) {
   const auto before = bw.counters();
   double host = 0;
   gw::BackwardHostTimes parts;
+  double whole_steps = 0;  // replays that released their step as a whole
   for (auto _ : state) {
     step(true, &host);
     const gw::BackwardHostTimes t = bw.last_host_times();
@@ -91,6 +92,7 @@ void graph_backward(benchmark::State& state, bool split) {
     parts.refresh_us += t.refresh_us;
     parts.launch_us += t.launch_us;
     parts.release_us += t.release_us;
+    whole_steps += t.whole_step;
   }
   // The GPU's execution alone (GpuTimer): the same steps, each backward enqueued behind a hold
   // (the forward first, outside the timing: the hold is on the caller's stream).
@@ -117,6 +119,7 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["refresh_us"] = parts.refresh_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;
+  state.counters["whole_step"] = whole_steps / iters;  // Note [Reads of a replayed step]
   const auto after = bw.counters();
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   state.counters["fwd_host_us"] = fwd_host / iters;

@@ -47,7 +47,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
   gw::Event start(gw::bench::kDev, true), end(gw::bench::kDev, true);
   const std::uint64_t captures = trainer.captures(), updates = trainer.updates();
-  double host = 0, bw_host = 0, bw_before_launch = 0;
+  double host = 0, bw_host = 0, bw_before_launch = 0, whole_steps = 0;
   for (auto _ : state) {
     start.record(s);
     const auto t0 = std::chrono::steady_clock::now();
@@ -60,6 +60,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
     if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
       bw_host += bw->last_host_times().total_us();
       bw_before_launch += bw->last_host_times().before_launch_us();
+      whole_steps += bw->last_host_times().whole_step;
     }
   }
   const double iters = static_cast<double>(state.iterations());
@@ -70,6 +71,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
     state.counters["bw_host_us"] = bw_host / iters;  // backward(): all of it, the release too
     state.counters["bw_launch_at_us"] = bw_before_launch / iters;
     state.counters["slots"] = static_cast<double>(bw->last_graph_stats().input_slots);
+    state.counters["whole_step"] = whole_steps / iters;  // Note [Reads of a replayed step]
   }
   state.SetLabel(ex::mode_name(mode));
 }

@@ -577,21 +577,42 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     g.record_use(caller, true);
     g.watch();
   }
-  // Note [Deferred release] (engine/deferred_release.h): the nodes are marked released here, the
-  // saved tensors themselves dropped on the release worker's thread.
-  bool logged = false;
-  for (std::uint32_t i : exec->nodes) {
-    Node* n = sig.nodes[i];
-    for (const SavedTensor& s : n->saved()) {
-      if (!s.tensor.defined() || s.tensor.storage()->used_only_on(caller)) continue;
-      if (!fence) fence = next_fence(caller);
-      s.tensor.storage()->record_read(caller, fence);
+  // Note [Reads of a replayed step] (engine/memory.h): a step the tape log recorded, every node of
+  // which the graph reached, is released as a whole — one record of the graph's read, filled in
+  // here; the worker drops the saved tensors (Note [Deferred release]).
+  const std::shared_ptr<detail::StepReads>& step = detail::tape_log().reads;
+  const bool whole_step = sig.source == capture::TapeSignature::Source::kLog && step &&
+                          !step->partial && !step->lost &&
+                          !step->replayed.load(std::memory_order_relaxed) &&
+                          exec->nodes.size() == sig.nodes.size() && !sig.nodes.empty() &&
+                          sig.nodes.front()->step_reads() == step &&
+                          sig.nodes.back()->step_reads() == step;
+  if (whole_step) {
+    step->stream = caller;
+    // A read on a storage's own allocating stream is ordered before any reuse of it already.
+    if (step->any_saved && (step->mixed_streams || step->alloc_stream != caller)) {
+      step->fence = fence ? fence : next_fence(caller);
     }
-    logged = logged || n->log_epoch != 0;
-    n->release_saved(&hand_off_, /*count_mutation=*/false);
+    step->replayed.store(true, std::memory_order_release);
+    detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
+    releaser_.release_step(sig.nodes, sig.leaves, roots_.front());
+  } else {
+    // Node by node: the nodes are marked released here, the saved tensors themselves dropped on the
+    // release worker's thread (Note [Deferred release], engine/deferred_release.h).
+    bool logged = false;
+    for (std::uint32_t i : exec->nodes) {
+      Node* n = sig.nodes[i];
+      for (const SavedTensor& s : n->saved()) {
+        if (!s.tensor.defined() || s.tensor.storage()->used_only_on(caller)) continue;
+        if (!fence) fence = next_fence(caller);
+        s.tensor.storage()->record_read(caller, fence);
+      }
+      logged = logged || n->log_epoch != 0;
+      n->release_saved(&hand_off_, /*count_mutation=*/false);
+    }
+    if (logged) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
+    releaser_.release(hand_off_, roots_.front());
   }
-  if (logged) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
-  releaser_.release(hand_off_, roots_.front());
   sig.nodes.clear();  // the step's handles: let the tape go
   sig.leaves.clear();
   walk_.nodes.clear();
@@ -602,7 +623,8 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     return std::chrono::duration<double, std::micro>(b - a).count();
   };
   host_ = {us(t0, t_signed),         us(t_signed, t_waited),   us(t_waited, t_decided),
-           us(t_decided, t_refreshed), us(t_refreshed, t_launched), us(t_launched, t_end)};
+           us(t_decided, t_refreshed), us(t_refreshed, t_launched), us(t_launched, t_end),
+           whole_step};
 #else
   eager(loss, grad_write);
 #endif

@@ -136,6 +136,9 @@ struct BackwardHostTimes {
   double refresh_us = 0;    // copying this step's tensors into the input slots (Note [Input slots])
   double launch_us = 0;     // the graph launch
   double release_us = 0;    // after the launch: recording the uses, handing the saved tensors off
+  // The step's saved tensors were released as a whole (Note [Reads of a replayed step],
+  // engine/memory.h), not node by node.
+  bool whole_step = false;
   double before_launch_us() const {
     return signature_us + wait_us + decide_us + refresh_us + launch_us;
   }

@@ -92,9 +92,19 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
     if (st) st->note_saved(+1);
   }
   detail::tape_log_append(*this);  // Note [Tape log]
+  if (log_epoch != 0) {  // Note [Reads of a replayed step]
+    step_reads_ = detail::tape_log().reads;
+    if (step_reads_) {
+      for (const Storage* st : saved_storages_) {
+        if (st) st->note_step_save(step_reads_);
+      }
+    }
+  }
 }
 
 Node::~Node() {
+  // A node destroyed before its step was released: the step can no longer be released as a whole.
+  if (step_reads_ && !saved_storages_.empty()) step_reads_->partial = true;
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(-1);
   }
@@ -105,7 +115,7 @@ Node::~Node() {
 // (its storage's version moved on), the gradient would be silently wrong; instead the backward
 // fails and names the op, the tensor and both versions, as PyTorch does.
 void Node::check_saved() const {
-  GW_CHECK(!released_, "backward through ", label(),
+  GW_CHECK(!released(), "backward through ", label(),
            " a second time: its saved tensors were freed by the previous backward; pass "
            "retain_graph = true to the first backward to keep them");
   for (const SavedTensor& s : saved_) {
@@ -145,7 +155,13 @@ void Node::apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> 
   fusion_->from_preactivation(grad_out, saved_tensors(), grads);
 }
 
+void Node::drop_saved_of_replayed_step() {
+  saved_storages_.clear();
+  saved_.clear();
+}
+
 void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation) {
+  if (step_reads_) step_reads_->partial = true;  // released on its own
   // A logged tape changed under the log (Note [Tape log]); a backward's own release is followed by
   // a reset of the log.
   if (count_mutation && log_epoch != 0 && !released_) {
@@ -166,16 +182,20 @@ void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation
 }
 
 void Node::substitute_saved(std::size_t j, const Tensor& copy) {
-  GW_CHECK(!released_ && j < saved_.size() && saved_[j].tensor.defined() && copy.defined() &&
+  GW_CHECK(!released() && j < saved_.size() && saved_[j].tensor.defined() && copy.defined() &&
                copy.shape() == saved_[j].tensor.shape() &&
                copy.dtype() == saved_[j].tensor.dtype(),
            "Node::substitute_saved: ", label(), " has no saved tensor ", j, " like ",
            copy.defined() ? copy.str() : std::string("an undefined tensor"));
-  if (saved_storages_[j]) saved_storages_[j]->note_saved(-1);
+  if (saved_storages_[j]) {
+    saved_storages_[j]->note_saved(-1);
+    saved_storages_[j]->forget_step_save(step_reads_.get());
+  }
   saved_[j].tensor = copy.detach();
   saved_[j].version = copy.version();
   saved_storages_[j] = copy.storage().get();
   saved_storages_[j]->note_saved(+1);
+  if (step_reads_) saved_storages_[j]->note_step_save(step_reads_);
 }
 
 bool grad_mode_enabled() {

@@ -97,7 +97,12 @@ class Node {
   const NodeRecord& record() const { return record_; }
   // Order of creation in this process: a later node never feeds an earlier one.
   std::uint64_t sequence_nr() const { return sequence_nr_; }
-  bool released() const { return released_; }
+  // Released by a backward: on its own (release_saved) or with its whole step by a replay (Note
+  // [Reads of a replayed step]; its saved tensors are then dropped on the release worker's thread,
+  // so saved() may still list them for a while).
+  bool released() const {
+    return released_ || (step_reads_ && step_reads_->replayed.load(std::memory_order_acquire));
+  }
   // "linear#17"
   std::string label() const { return name_ + "#" + std::to_string(sequence_nr_); }
 
@@ -108,7 +113,7 @@ class Node {
   void check_saved() const;
   // check_saved() without building anything unless it fails (for walks that run every step).
   void check_saved_fast() const {
-    if (released_) check_saved();
+    if (released()) check_saved();
     for (std::size_t i = 0; i < saved_storages_.size(); ++i) {
       if (saved_storages_[i] && saved_storages_[i]->version() != saved_[i].version) check_saved();
     }
@@ -120,6 +125,11 @@ class Node {
   // logged node counts as a tape mutation (Note [Tape log]); a caller that counts the step's once
   // passes false.
   void release_saved(std::vector<SavedTensor>* hand_off = nullptr, bool count_mutation = true);
+  // Note [Reads of a replayed step]: drops the saved tensors of a node that a replay released with
+  // its step (the release worker calls it; the storages' counts are given back as they settle).
+  void drop_saved_of_replayed_step();
+  // The step this node was recorded in, if the tape log was on (Note [Reads of a replayed step]).
+  const std::shared_ptr<detail::StepReads>& step_reads() const { return step_reads_; }
   // Makes saved tensor `j` read `copy` instead: a tensor of the same shape and dtype that holds
   // the same values (Note [Input slots], capture/backward_graph.h: a captured backward reads a
   // slot it refreshes every step in place of the step's batch). Its version becomes the one
@@ -168,6 +178,7 @@ class Node {
   bool released_ = false;
   NodeRecord record_;
   std::vector<const Storage*> saved_storages_;  // per saved tensor (nullptr: undefined)
+  std::shared_ptr<detail::StepReads> step_reads_;  // step_reads()
   std::unique_ptr<ActivationFusion> fusion_;
   bool input_epilogue_ = false;
   bool passes_gradient_through_ = false;

@@ -9,7 +9,10 @@
 //
 // What stays on the caller's thread is everything another thread could see: each node is marked
 // released and its storages' saved counts dropped (Node::release_saved with a hand-off), and the
-// reads are recorded for rule 7 (Storage::record_read) before the hand-off. The worker receives
+// reads are recorded for rule 7 (Storage::record_read) before the hand-off — or, for a step a
+// replay released as a whole, one record of the step's read that every node and storage of the
+// step consults (Note [Reads of a replayed step], engine/memory.h); then the worker takes the
+// nodes and moves their saved tensors out itself. The worker receives
 // the saved tensors themselves, moved out of their nodes, and a handle that kept the tape alive;
 // it drops them. A handle dropped there is either not the last one (someone else still holds the
 // tensor: nothing is destroyed) or the last one (no other thread can reach what it destroys); what
@@ -50,10 +53,17 @@ class ReleaseWorker {
   // release, its capacity kept for the next). `before` (tests) runs on the worker first. Where no
   // thread can be started, everything is dropped here.
   void release(std::vector<SavedTensor>& saved, Tensor keep, std::function<void()> before = {});
+  // The same for a step a replay released as a whole (Note [Reads of a replayed step],
+  // engine/memory.h): the worker drops the saved tensors of `nodes` (each node's
+  // drop_saved_of_replayed_step; `keep` keeps them alive until then), then `tensors` and `keep`.
+  // On return both vectors are empty (with an earlier release's capacity).
+  void release_step(std::vector<Node*>& nodes, std::vector<Tensor>& tensors, Tensor keep);
 
   struct State;
 
  private:
+  void hand(std::vector<SavedTensor>& saved, std::vector<Node*>& nodes,
+            std::vector<Tensor>& tensors, Tensor keep, std::function<void()> before);
   std::shared_ptr<State> state_;
 };
 

@@ -789,6 +789,14 @@ std::size_t detail::release_deferred_storage() noexcept {
 }
 
 Storage::~Storage() {
+  try {
+    settle();  // Note [Reads of a replayed step]: the free waits for the graph's read too
+  } catch (const std::exception& e) {
+    // Out of host memory: the free cannot be ordered after the read; keep the memory.
+    detail::log_error(__FILE__, __LINE__, std::string("Storage: ") + e.what() +
+                                              " (a block read by a replayed graph is kept)");
+    return;
+  }
   if (owner_) return;  // Note [Borrowed storage]: the owner frees the memory
   // Note [Frees during a capture]
   if (!graph_pool_ && !graph_allocation_ && data_ && !device_.is_cpu() && capturing_a_user() &&
@@ -1012,7 +1020,41 @@ std::size_t block_cache_limit() {
 #endif
 }
 
+void Storage::note_step_save(const std::shared_ptr<detail::StepReads>& step) const {
+  if (step_reads_ == step) {
+    ++step_saves_;
+    return;
+  }
+  settle();
+  // A step not replayed yet loses track of this storage: its replay goes node by node.
+  if (step_reads_) step_reads_->lost = true;
+  step_reads_ = step;
+  step_saves_ = 1;
+  if (!step->any_saved) {
+    step->any_saved = true;
+    step->alloc_stream = alloc_stream_;
+  } else if (step->alloc_stream != alloc_stream_) {
+    step->mixed_streams = true;
+  }
+}
+
+void Storage::forget_step_save(const detail::StepReads* step) const {
+  if (step_reads_.get() == step && step_saves_ > 0) --step_saves_;
+}
+
+void Storage::settle_step_reads() const {
+  // Storage objects are only ever made by allocate() and borrow(), never const: the pending read
+  // is bookkeeping the const queries apply before they answer.
+  Storage& self = const_cast<Storage&>(*this);
+  const detail::StepReads& step = *step_reads_;
+  if (step.fence) self.add_read(step.stream, step.fence);  // may throw: nothing changed then
+  saves_.fetch_sub(step_saves_, std::memory_order_relaxed);  // the step's nodes are released
+  step_saves_ = 0;
+  step_reads_.reset();
+}
+
 void Storage::bump_version() {
+  settle();
   ++version_;
   if (saves_.load(std::memory_order_relaxed) > 0) {
     detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
@@ -1046,6 +1088,7 @@ void Storage::note_use(cudaStream_t stream) {
 
 void Storage::record_use(cudaStream_t stream, bool wrote) {
   if (device_.is_cpu()) return;
+  settle();
   note_use(stream);
   if (wrote) {
     if (producer_ != stream) new_hazard();
@@ -1055,7 +1098,7 @@ void Storage::record_use(cudaStream_t stream, bool wrote) {
   }
 }
 
-void Storage::record_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
+void Storage::add_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
   if (device_.is_cpu() || stream == alloc_stream_) return;  // ordered before any reuse already
   for (auto& [s, ev] : fences_) {
     if (s == stream) {  // the newer event covers the older one's work
@@ -1102,6 +1145,7 @@ void Storage::sync_for_read(cudaStream_t stream) {
 void Storage::sync_for_write(cudaStream_t stream) {
   if (device_.is_cpu()) return;
 #if GRAPHWARD_HAS_CUDA
+  settle();
   if (t_planned_sync) {  // Note [Planned synchronization]
     note_use(stream);
     if (producer_ != stream) new_hazard();

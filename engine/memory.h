@@ -49,6 +49,37 @@ struct ArenaSlot;
 struct ArenaState;
 struct GraphPoolState;
 class JoinedFrees;
+
+// Note [Reads of a replayed step]
+// A replayed backward reads the step's saved tensors on the caller's stream, and then releases
+// them. Done tensor by tensor on the caller's thread — a read recorded on each saved storage
+// (rule 7: its free waits for the graph; rule 6: a later writer on another stream waits for it),
+// each node marked released, each storage's count of the nodes that saved it lowered — was most
+// of a 200-node replay's host time (docs/RESULTS.md). Instead the step's nodes
+// share one StepReads (made when the tape log begins a step, Note [Tape log]), and each storage
+// a node of the step saved points to it and counts the saves it made. A replay that reaches every
+// node of the step fills it in once: the stream, one event recorded after the launch (none when
+// every saved storage was allocated on that stream: a read there is ordered before any reuse
+// anyway), `replayed`. From then on the step's nodes read as released (Node::released), and each
+// storage applies the read the next time its bookkeeping is consulted (a write, a free, a hazard
+// query: Storage::settle), on whichever thread holds it — the release worker for the activations
+// it drops last, the caller's thread for a parameter the optimizer writes. The saved tensors are
+// dropped on the release worker (Note [Deferred release]).
+// Where the step cannot be answered for as a whole, a replay goes node by node as before: a node
+// of the step released or destroyed on its own (`partial`), a storage that a node of a later step
+// saved before this step was replayed (`lost`: it can keep track of one step), a node the
+// backward does not reach, a signature walked instead of logged.
+struct StepReads {
+  std::atomic<bool> replayed{false};  // set once, after the fields below
+  cudaStream_t stream = nullptr;        // the replay's (caller's) stream
+  std::shared_ptr<const Event> fence;   // recorded on `stream` after the launch, or none
+  // Written on the thread that records the step's nodes, read by its replay (the same thread).
+  bool partial = false;
+  bool lost = false;
+  bool any_saved = false;
+  bool mixed_streams = false;           // saved storages allocated on more than one stream
+  cudaStream_t alloc_stream = nullptr;  // the one they were allocated on, if not mixed
+};
 }  // namespace detail
 
 class DeviceBuffer {
@@ -109,6 +140,15 @@ class Storage {
   void bump_version();
   // A node saved (+1) or released (-1) a tensor of this storage.
   void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
+  // Note [Reads of a replayed step]: a node of `step` saved a tensor of this storage (after
+  // note_saved(+1)); a node of `step` gave it up on its own (a substituted saved tensor).
+  void note_step_save(const std::shared_ptr<detail::StepReads>& step) const;
+  void forget_step_save(const detail::StepReads* step) const;
+  // Applies a replayed step's read of this storage, if one is pending. Called by every member
+  // below that reads or changes the bookkeeping.
+  void settle() const {
+    if (step_reads_ && step_reads_->replayed.load(std::memory_order_acquire)) settle_step_reads();
+  }
   // Whether a recorded op produced this memory (an activation), as opposed to data that entered
   // the tape from outside (a batch, targets, a constant): Note [Input slots],
   // capture/backward_graph.h.
@@ -130,7 +170,10 @@ class Storage {
   // completes: later writers on other streams and the free wait for `done` instead of recording an
   // event of their own on `stream` (no CUDA call here; one event can cover a whole step's storages).
   // A newer fence on the same stream replaces an older one. CUDA only.
-  void record_read(cudaStream_t stream, std::shared_ptr<const Event> done);
+  void record_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
+    settle();
+    add_read(stream, std::move(done));
+  }
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
@@ -140,6 +183,7 @@ class Storage {
   template <class F>
   void for_each_write_hazard(F&& f) const {
     if (device_.is_cpu()) return;
+    settle();
     f(producer_);
     for (cudaStream_t s : reads_since_write_) f(s);
     for (const auto& fence : fences_) f(fence.first);
@@ -149,8 +193,10 @@ class Storage {
   // watched_hazard_epoch(), so that a replay can skip looking for hazards when none appeared.
   void watch() { watched_ = true; }
   bool used_only_on(cudaStream_t stream) const {
-    return device_.is_cpu() || (alloc_stream_ == stream && producer_ == stream &&
-                                other_streams_.empty() && fences_.empty());
+    if (device_.is_cpu()) return true;
+    settle();
+    return alloc_stream_ == stream && producer_ == stream && other_streams_.empty() &&
+           fences_.empty();
   }
 
  private:
@@ -178,6 +224,12 @@ class Storage {
   std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
+  // Note [Reads of a replayed step]: the step whose nodes saved it last, and how many of its
+  // saves_ are theirs (given back when the step's read is settled).
+  mutable std::shared_ptr<detail::StepReads> step_reads_;
+  mutable int step_saves_ = 0;
+  void settle_step_reads() const;
+  void add_read(cudaStream_t stream, std::shared_ptr<const Event> done);
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;
   Event producer_event_;                        // created on the first cross-stream read

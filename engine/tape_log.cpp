@@ -42,6 +42,10 @@ void tape_log_reset() {
   log.unusable = nullptr;
   log.on_track = log.expect != nullptr;
   log.mutations_at_reset = g_mutations.load(std::memory_order_acquire);
+  if (!log.reads || log.reads.use_count() > 1 || log.reads->any_saved || log.reads->partial ||
+      log.reads->lost || log.reads->replayed.load(std::memory_order_relaxed)) {
+    log.reads = std::make_shared<StepReads>();  // the last one was used: a fresh one
+  }
 }
 
 void tape_log_arm() {
@@ -57,6 +61,7 @@ void tape_log_disarm() {
     t_log.words.shrink_to_fit();
     t_log.unusable = "no BackwardGraph on this thread";
     t_log.expect.reset();
+    t_log.reads.reset();
   }
 }
 

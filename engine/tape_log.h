@@ -104,6 +104,9 @@ struct TapeLog {
   // roots, mode) and the addresses: the forward did the rest, a node at a time.
   std::shared_ptr<const Words> expect;
   bool on_track = false;
+  // The step the logged nodes belong to (Note [Reads of a replayed step], engine/memory.h): a new
+  // one at every reset.
+  std::shared_ptr<StepReads> reads;
 };
 
 // This thread's log.

@@ -8,6 +8,8 @@
 #include <set>
 
 #include "capture/backward_graph.h"
+#include "engine/deferred_release.h"
+#include "engine/tape_log.h"
 #include "json_check.h"
 #include "test_util.h"
 
@@ -233,6 +235,126 @@ TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherSt
   EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
   EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
   EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);
+}
+
+// Two layers on a side stream; the loss, on the caller's stream, reads only the last output. The
+// hidden activation `h` is made on the side stream and read there alone in the forward: only the
+// replayed graph reads it on the caller's stream, so only the record of that read orders later
+// work on it after the graph.
+struct SideStep {
+  Stream side{kGpu};
+  Tensor w1, w2;
+  explicit SideStep(std::uint64_t seed)
+      : w1(uniform({32, 32}, -0.2, 0.2, seed, kF32Gpu).set_requires_grad(true)),
+        w2(uniform({32, 32}, -0.2, 0.2, seed + 1, kF32Gpu).set_requires_grad(true)) {}
+  Tensor loss(const Tensor& x, const Tensor& target, Tensor* hidden = nullptr) const {
+    Tensor h, out;
+    {
+      StreamGuard on(side);
+      h = relu(linear(x, w1));  // saved by the relu and by the second linear
+      out = linear(h, w2);
+    }
+    if (hidden) *hidden = h;
+    return mse_loss(out, target);
+  }
+  std::vector<std::vector<float>> grads() const {
+    return {w1.grad().to_vector<float>(), w2.grad().to_vector<float>()};
+  }
+};
+
+// Note [Reads of a replayed step] (engine/memory.h): a replay releases its step as a whole, with
+// one event for the graph's read of every saved tensor. At the last step the caller's stream is
+// stalled before backward(), the activations are freed on the release worker (waited for), and
+// the side stream at once takes blocks of their size and overwrites them. Were a free not ordered
+// after the graph's read (rule 7), the graph would read the overwritten memory and the gradients
+// would differ from the eager backward's.
+TEST_F(CudaBackwardGraph, AStepReleasedAsAWholeFreesItsActivationsOnlyAfterTheGraphReadThem) {
+  SideStep graphed(1), eager(1);
+  BackwardGraph bw(kGpu);
+  const cudaStream_t caller = current_stream(kGpu);
+  for (int s = 0; s < 5; ++s) {
+    const Tensor x = randn({16, 32}, 100 + static_cast<std::uint64_t>(s), kF32Gpu);
+    const Tensor target = randn({16, 32}, 200 + static_cast<std::uint64_t>(s), kF32Gpu);
+    {
+      const Tensor loss = graphed.loss(x, target);
+      if (s == 4) testing::stall(caller, 50);
+      bw.backward(loss, GradWrite::kOverwrite);
+    }
+    if (s >= 2) {
+      EXPECT_TRUE(bw.last_host_times().whole_step) << "step " << s;
+    }
+    if (s == 4) {
+      detail::wait_for_releases();  // the activations are freed
+      StreamGuard on(graphed.side);
+      NoGradGuard no_grad;
+      std::vector<Tensor> reuse;
+      for (int k = 0; k < 8; ++k) {
+        reuse.push_back(Tensor::empty({16, 32}, kF32Gpu));
+        copy_(reuse.back(), full({16, 32}, 1e6, kF32Gpu));
+      }
+    }
+    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    detail::tape_log_reset();  // the reference's tape was logged too: the next step begins here
+  }
+  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+}
+
+// The same with the activation kept by the caller and written in place on a third stream right
+// after backward(): the write waits for the graph's read (rule 6), though no stream but the side
+// stream used the memory in the forward.
+TEST_F(CudaBackwardGraph, AKeptActivationWrittenOnAnotherStreamWaitsForTheReplaysRead) {
+  SideStep graphed(1), eager(1);
+  Stream writer(kGpu);
+  BackwardGraph bw(kGpu);
+  const cudaStream_t caller = current_stream(kGpu);
+  for (int s = 0; s < 5; ++s) {
+    const Tensor x = randn({16, 32}, 300 + static_cast<std::uint64_t>(s), kF32Gpu);
+    const Tensor target = randn({16, 32}, 400 + static_cast<std::uint64_t>(s), kF32Gpu);
+    Tensor h;
+    const Tensor loss = graphed.loss(x, target, &h);
+    if (s == 4) testing::stall(caller, 50);
+    bw.backward(loss, GradWrite::kOverwrite);
+    if (s >= 2) {
+      EXPECT_TRUE(bw.last_host_times().whole_step) << "step " << s;
+    }
+    if (s == 4) {
+      StreamGuard on(writer);
+      NoGradGuard no_grad;
+      copy_(h.detach(), zeros({16, 32}, kF32Gpu));
+    }
+    backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    detail::tape_log_reset();  // as above
+  }
+}
+
+// The loop without a StepScope, an optimizer writing the parameters right after each backward():
+// the step's saved tensors may still be on the release worker then. The writes are not changes of
+// a live tape (the step's saves are given back as each parameter's storage settles): every step's
+// signature comes from the tape log, and every replay releases its step as a whole.
+TEST_F(CudaBackwardGraph, AnOptimizerRightAfterTheReplayLeavesTheNextStepsTapeLogUsable) {
+  Model m(2, 2, 32);
+  std::vector<Tensor> params;
+  for (std::size_t i = 0; i < m.w.size(); ++i) {
+    params.insert(params.end(), m.w[i].begin(), m.w[i].end());
+    params.insert(params.end(), m.b[i].begin(), m.b[i].end());
+  }
+  AdamW opt(params, {.lr = 1e-3});
+  BackwardGraph bw(kGpu);
+  int whole = 0;
+  for (int s = 0; s < 20; ++s) {
+    const Tensor x = randn({8, 32}, 500 + static_cast<std::uint64_t>(s), kF32Gpu);
+    const Tensor target = randn({8, 32}, 600 + static_cast<std::uint64_t>(s), kF32Gpu);
+    bw.backward(m.loss(x, target), GradWrite::kOverwrite);
+    whole += bw.last_host_times().whole_step;
+    opt.step();
+  }
+  const auto& c = bw.counters();
+  EXPECT_EQ(c.captures, 1u) << bw.last_reason();
+  EXPECT_EQ(c.replays, 19u);
+  EXPECT_EQ(bw.log_signatures(), c.replays) << bw.last_walk_reason();
+  EXPECT_EQ(whole, 19);
 }
 
 TEST_F(CudaBackwardGraph, ShapesParametersAndBranchesTakeTheRightPath) {
