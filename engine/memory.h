@@ -54,9 +54,9 @@ class JoinedFrees;
 // A replayed backward reads the step's saved tensors on the caller's stream, and then releases
 // them. Done tensor by tensor on the caller's thread — a read recorded on each saved storage
 // (rule 7: its free waits for the graph; rule 6: a later writer on another stream waits for it),
-// each node marked released, each storage's count of the nodes that saved it lowered — was most
-// of a 200-node replay's host time (docs/RESULTS.md). Instead the step's nodes
-// share one StepReads (made when the tape log begins a step, Note [Tape log]), and each storage
+// each node marked released, each storage's count of the nodes that saved it lowered — that is
+// most of a 200-node replay's host time (docs/RESULTS.md). Instead the step's nodes share one
+// StepReads (made when the tape log begins a step, Note [Tape log]), and each storage
 // a node of the step saved points to it and counts the saves it made. A replay that reaches every
 // node of the step fills it in once: the stream, one event recorded after the launch (none when
 // every saved storage was allocated on that stream: a read there is ordered before any reuse
@@ -65,7 +65,7 @@ class JoinedFrees;
 // query: Storage::settle), on whichever thread holds it — the release worker for the activations
 // it drops last, the caller's thread for a parameter the optimizer writes. The saved tensors are
 // dropped on the release worker (Note [Deferred release]).
-// Where the step cannot be answered for as a whole, a replay goes node by node as before: a node
+// Where the step cannot be answered for as a whole, a replay goes node by node: a node
 // of the step released or destroyed on its own (`partial`), a storage that a node of a later step
 // saved before this step was replayed (`lost`: it can keep track of one step), a node the
 // backward does not reach, a signature walked instead of logged.
