@@ -572,10 +572,14 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     src.storage()->record_read(caller, fence);
   }
   slot_sources_.clear();
+  // The .grads the graph wrote: from the signature's memo where it has them (one pointer each).
+  const bool memo = sig.source == capture::TapeSignature::Source::kLog &&
+                    sig.grad_memo.size() == sig.leaves.size();
   for (std::uint32_t l : exec->leaves) {
-    Storage& g = *sig.leaves[l].grad().storage();
-    g.record_use(caller, true);
-    g.watch();
+    Storage* g = memo ? sig.grad_memo[l].grad_storage : nullptr;
+    if (!g) g = sig.leaves[l].grad().storage().get();  // made for this capture
+    g->record_use(caller, true);
+    g->watch();
   }
   // Note [Reads of a replayed step] (engine/memory.h): a step the tape log recorded, every node of
   // which the graph reached, is released as a whole — one record of the graph's read, filled in

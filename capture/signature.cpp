@@ -206,7 +206,8 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
         const Tensor::LeafView v = leaf.leaf_view();
         m = {leaf, leaf.grad(),
              !v.grad_shape ? kNoGrad : *v.grad_shape == *v.shape ? kGradLikeLeaf : kGradOtherShape,
-             reinterpret_cast<std::uintptr_t>(v.grad_data)};
+             reinterpret_cast<std::uintptr_t>(v.grad_data), nullptr};
+        if (m.grad.defined()) m.grad_storage = m.grad.storage().get();
         if (m.word == kGradOtherShape) {
           w.put(m.word);
           w.reserve(2 + v.grad_shape->size() + sig.leaves.size() - l);

@@ -70,6 +70,7 @@ struct TapeSignature {
     Tensor leaf, grad;
     std::uint64_t word = 0;
     std::uintptr_t data = 0;
+    Storage* grad_storage = nullptr;  // grad's (nullptr: no .grad): what a replay writes
   };
   std::vector<GradMemo> grad_memo;
   // kLog: every leaf's .grad was the same tensor as at the last signature made into this object
