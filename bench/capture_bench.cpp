@@ -1,4 +1,4 @@
-// The captured backward (capture issue), Google Benchmark:
+// The captured backward, Google Benchmark:
 //   GraphBackward/<study>    BackwardGraph replaying the backward of DESIGN.md's studies: wall time
 //                            (backward() + synchronize, forward untimed, medians), gpu_us (the
 //                            GPU's execution alone: GpuTimer, median of 101) and host_us (the

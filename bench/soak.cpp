@@ -1,4 +1,4 @@
-// The soak run (issue 7): many replayed training steps of the 4-branch study (4 branches of
+// The soak run: many replayed training steps of the 4-branch study (4 branches of
 // `depth` linear+ReLU layers, each branch on its own stream, summed; BackwardGraph + StepArena +
 // SGD), with the device's and the process's memory sampled as it runs. It fails (exit 1) when
 // memory grows after the warm-up: a leak of even a few bytes a step shows over 100,000 steps.

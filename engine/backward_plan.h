@@ -1,6 +1,6 @@
 #pragma once
 // BackwardPlan: what a backward will do, as plain host data — no CUDA call is made to build it.
-// The eager executor launches it; the capture issue turns the same plan into a CUDA graph, so
+// The eager executor launches it; BackwardGraph (capture/) turns the same plan into a CUDA graph, so
 // eager and replayed backward cannot drift apart.
 //
 // A plan lists the nodes to run in a valid order with the stream of each (the stream its forward

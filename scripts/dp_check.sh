@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data-parallel check (issue 8), on a machine with two GPUs or more: builds, runs the whole
+# The data-parallel check, on a machine with two GPUs or more: builds, runs the whole
 # test suite (GPU and two-rank tests included; none may be skipped) and the data-parallel and
 # step-graph GPU tests under compute-sanitizer memcheck, times train_dp on one GPU and on two
 # ranks (the global batch doubled) for the MLP, a larger MLP and the 4-branch studies (and a few
@@ -7,7 +7,7 @@
 # ran under the backward, and times PyTorch's DistributedDataParallel on the same models (eager
 # and CUDA-graph captured); a summary table last.
 # Full logs go to build/dp_check/, packed after each stage into $OUT/dp_check_logs.tar.gz when $OUT
-# (the device tool's output folder) is set.
+# (an output folder to collect) is set.
 #   scripts/dp_check.sh [--no-torch]
 # Environment: GW_DP_STEPS (steps a timed run; default 60), GW_DP_TORCH_TIMEOUT (seconds a PyTorch
 # run may take; default 90), GW_RECORD_AS_WE_GO=1 (each summary line printed as it is made).
@@ -25,7 +25,7 @@ done
 LOG_DIR=$GW_BUILD_DIR/dp_check
 rm -rf "$LOG_DIR"
 mkdir -p "$LOG_DIR"
-pack() {  # the device tool returns at most 8 files: the logs so far, packed into one
+pack() {  # whoever collects $OUT may take only a few files: the logs so far, packed into one
   [ -z "${OUT:-}" ] || tar czf "$OUT/dp_check_logs.tar.gz" -C "$LOG_DIR" .
 }
 BIN=$GW_BUILD_DIR
@@ -130,7 +130,7 @@ DEEP="--width 256 --layers 32 --batch 64"
 bench mlp $MLP
 bench mlp-large $LARGE
 # NCCL's kernels on at most 4 CTAs (the SMs the 2048-wide GEMMs' one wave of 128 CTAs leaves
-# free), with 16 MiB buckets (a layer's weight gradient each): docs/RESULTS.md, fourteenth session
+# free), with 16 MiB buckets (a layer's weight gradient each): docs/RESULTS.md, data parallelism within 1.1×
 bench mlp-large-c4-16mib $LARGE --nccl-max-ctas 4 --bucket-mib 16
 bench mlp-large-c4 $LARGE --nccl-max-ctas 4
 bench mlp-large-b1024 $LARGE1K
@@ -143,10 +143,10 @@ bench deep $DEEP
 reducer_alone mlp-large $LARGE
 reducer_alone branches $BRANCHES
 # Note [Summed reductions] and Note [Symmetric buckets] (dist/process_group.h) off: the buckets
-# averaged (ncclAvg) in plain device memory, the thirteenth session's path; and summed in plain
+# averaged (ncclAvg) in plain device memory, an earlier path; and summed in plain
 # memory. (The gradients outside their buckets, NCCL's graph mixing, its CTA policies, NCCL_PROTO,
 # NCCL_NTHREADS, CUDA_DEVICE_MAX_CONNECTIONS, normal-priority reductions and cuBLASLt's SM-count
-# target were slower or made no difference: docs/RESULTS.md, twelfth to fourteenth sessions.)
+# target were slower or made no difference: docs/RESULTS.md, the data-parallelism studies.)
 bench branches-2mib-averaged $BRANCHES --bucket-mib 2 --summed off --symmetric off
 bench branches-2mib-summed-plain $BRANCHES --bucket-mib 2 --symmetric off
 bench mlp-large-c4-16mib-averaged $LARGE --nccl-max-ctas 4 --bucket-mib 16 --summed off \

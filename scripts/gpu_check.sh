@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but
 # initcheck's two named cuBLASLt reads), runs random programs, the soak, the example on the GPU
 # and the benchmarks, and prints a one-screen summary last.
-# Full logs go to $OUT (the device tool's output folder) when set, else to build/gpu_check/.
+# Full logs go to $OUT (an output folder to collect) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
 # --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
 # PyTorch's same studies (compare_torch.py --overlap), merged by scripts/overlap_table.py (and
@@ -117,7 +117,7 @@ else
   record example FAIL "$(tail -1 "$LOG_DIR/example.log") / $(tail -1 "$LOG_DIR/example_eager.log")"
 fi
 
-# 4. benchmarks: graphward's, then PyTorch's same study in the same session, in two alternating
+# 4. benchmarks: graphward's, then PyTorch's same study in the same run, in two alternating
 # rounds (graphward, PyTorch, graphward, PyTorch): host-bound figures drift on these machines, and
 # a ratio is only trusted when both rounds agree.
 if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
@@ -137,7 +137,7 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
         --csv "$LOG_DIR/torch_eager_backward_r$round.csv" >"$LOG_DIR/torch_eager_backward_r$round.txt" 2>&1 || ok=0
     fi
   done
-  # The captured backward (capture issue) and PyTorch's own CUDA graph of it.
+  # The captured backward and PyTorch's own CUDA graph of it.
   if [ -x "$BIN/bench/graphward_bench_capture" ]; then
     timeout 300 "$BIN/bench/graphward_bench_capture" --benchmark_repetitions=3 \
        --benchmark_report_aggregates_only=true --benchmark_out="$LOG_DIR/bench_capture.json" \
@@ -154,7 +154,7 @@ if [ $BENCH = 1 ] && [ -x "$BIN/bench/graphward_bench_ops" ]; then
   fi
 fi
 
-# 4b. the overlap studies, graphward's then PyTorch's, in the same session, side by side
+# 4b. the overlap studies, graphward's then PyTorch's, in the same run, side by side
 if [ $OVERLAP = 1 ] && [ -x "$BIN/bench/graphward_bench_overlap" ]; then
   start=$SECONDS
   ok=1
@@ -430,7 +430,7 @@ head -2 "$LOG_DIR/machine.txt"
 [ -f "$LOG_DIR/overlap_table.txt" ] && cat "$LOG_DIR/overlap_table.txt"
 [ -f "$LOG_DIR/models_table.txt" ] && cat "$LOG_DIR/models_table.txt"
 printf '%s\n' "${SUMMARY[@]}"
-if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: pack the logs into one
+if [ -n "${OUT:-}" ]; then  # whoever collects $OUT may take only a few files: pack the logs into one
   tar czf "$OUT/gpu_check_logs.tar.gz" -C "$LOG_DIR" . && rm -rf "$LOG_DIR"
   echo "logs: gpu_check_logs.tar.gz"
 else

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """graphward's real-model training steps (bench/models_bench.cpp: MLP, convnet, transformer) side
 by side with PyTorch's (scripts/compare_torch.py --models), as one table per model of µs per
-training step (CUDA events around the step, medians) and the ratios the real-models issue sets
+training step (CUDA events around the step, medians) and the ratios the project sets
 targets for:
 
     python3 scripts/models_table.py models.json torch_models.csv

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """graphward's overlap studies (bench/overlap_bench.cpp, Google Benchmark JSON) side by side with
-PyTorch's (scripts/compare_torch.py --overlap CSV) from the same GPU session: per study and per
+PyTorch's (scripts/compare_torch.py --overlap CSV) from the same GPU run: per study and per
 sweep size, the backward's time with the forward on one stream and on a stream per branch, eager
 and replayed as a CUDA graph, and the overlap ratio (one stream / K streams: above 1, the streams
 pay off). Medians, µs, CUDA events around the backward on both sides.

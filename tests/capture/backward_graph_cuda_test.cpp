@@ -1,4 +1,4 @@
-// BackwardGraph on the GPU (capture issue): replayed gradients equal eager ones over 100 steps with
+// BackwardGraph on the GPU: replayed gradients equal eager ones over 100 steps with
 // fresh data; the graph mirrors the forward's streams; shape changes, reallocated parameters and a
 // changed branch each take the right path (counters) with correct gradients; micro-batches
 // accumulate under replay; capture-unsafe work is refused by name.

@@ -40,8 +40,8 @@ TEST(ExamplesCuda, TheMlpConvergesInEveryModeAndTheGraphsCaptureOnce) {
 // a gradient cuBLASLt did not write would make the loss NaN. The poison is also what keeps this
 // test out of initcheck's view: initcheck reports the float32 casts' reads of bfloat16 weight
 // gradients as uninitialized, though they are written (this poisoned run converges): it does not
-// seem to see the writes of cuBLASLt's bfloat16 GEMMs on the H200 (docs/RESULTS.md, tenth
-// session).
+// seem to see the writes of cuBLASLt's bfloat16 GEMMs on the H200 (docs/RESULTS.md, memcheck's
+// leak found, initcheck made exact).
 TEST(ExamplesCuda, TheBFloat16MlpConvergesInEveryMode) {
   GW_REQUIRE_GPU();
   struct Poisoned {

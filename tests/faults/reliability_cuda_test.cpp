@@ -1,4 +1,4 @@
-// Reliability on the GPU (issue 7): a non-finite loss is refused before anything is written
+// Reliability on the GPU: a non-finite loss is refused before anything is written
 // (Note [Non-finite loss], engine/backward.h), and the localizing backward (Note [Kernel faults],
 // engine/error.h) gives the gradients of the plain one; nothing of a model outlives it (no
 // thread-local keeps its tensors). The out-of-memory and fault tests run alone:

@@ -1,5 +1,5 @@
 #pragma once
-// Random programs for the autograd engine (issue 7): seeded, reproducible DAGs of ops over 2-d
+// Random programs for the autograd engine: seeded, reproducible DAGs of ops over 2-d
 // tensors — random fan-out (any earlier value may be read again, by any number of ops), a random
 // stream per op (streams reused across unrelated branches), random shapes within small limits,
 // parameters made by the ops that need them, and one to three roots (reductions of late values).
