@@ -11,10 +11,9 @@
 // released and its storages' saved counts dropped (Node::release_saved with a hand-off), and the
 // reads are recorded for rule 7 (Storage::record_read) before the hand-off — or, for a step a
 // replay released as a whole, one record of the step's read that every node and storage of the
-// step consults (Note [Reads of a replayed step], engine/memory.h); then the worker takes the
-// nodes and moves their saved tensors out itself. The worker receives
-// the saved tensors themselves, moved out of their nodes, and a handle that kept the tape alive;
-// it drops them. A handle dropped there is either not the last one (someone else still holds the
+// step consults (Note [Reads of a replayed step], engine/memory.h). The worker receives the saved
+// tensors, moved out of their nodes (for a step released as a whole: the nodes, whose saved
+// tensors it drops itself), and a handle that keeps the tape alive until then. A handle dropped there is either not the last one (someone else still holds the
 // tensor: nothing is destroyed) or the last one (no other thread can reach what it destroys); what
 // a destructor reaches that is shared — the step arena, the block cache, the event pool, the list
 // of frees deferred during a capture, reference counts — is behind a mutex or atomic.
