@@ -133,13 +133,24 @@ Tensor StepGraph::run(const std::vector<Tensor>& batch, const BatchStep& step) {
   return run_impl(&batch, step);
 }
 
+namespace {
+// What every run() returns, eager or captured: the step's loss, on the step's device.
+void check_loss(const Tensor& loss, Device device) {
+  GW_CHECK(loss.defined() && loss.device() == device, "StepGraph: the step returned ",
+           loss.defined() ? loss.str() : std::string("nothing (an undefined tensor)"),
+           "; expected its loss, a tensor on ", device.str());
+}
+}  // namespace
+
 Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& step) {
   static const std::vector<Tensor> kNoBatch;
   ++calls_;
   if (device_.is_cpu() || options_.force_eager ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
     ++counters_.eager;
-    return step(batch ? *batch : kNoBatch);
+    Tensor loss = step(batch ? *batch : kNoBatch);
+    check_loss(loss, device_);
+    return loss;
   }
 #if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device_);
@@ -154,7 +165,9 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
   return exec_->loss;
 #else
   ++counters_.eager;
-  return step(batch ? *batch : kNoBatch);
+  Tensor loss = step(batch ? *batch : kNoBatch);
+  check_loss(loss, device_);
+  return loss;
 #endif
 }
 
@@ -250,9 +263,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
         CaptureModeScope scope("a whole training step (StepGraph)");
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
-        GW_CHECK(loss.defined() && loss.device() == device_, "StepGraph: the step returned ",
-                 loss.defined() ? loss.str() : std::string("nothing"),
-                 "; expected its loss, a tensor on ", device_.str());
+        check_loss(loss, device_);
       });
   if (batch) {
     const std::string misread = batch_read_in_place(loss, *batch);

@@ -11,6 +11,7 @@ namespace graphward {
 
 namespace {
 std::atomic<std::uint64_t> g_next_sequence_nr{0};
+std::atomic<std::size_t> g_live_nodes{0};
 thread_local bool t_grad_mode = true;
 
 // Op names, interned for the life of the process (never freed: a handful of short strings).
@@ -33,6 +34,7 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
       output_shape_(std::move(output_shape)),
       backward_(std::move(backward)),
       sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {
+  g_live_nodes.fetch_add(1, std::memory_order_relaxed);
   // Note [Node record]
   std::vector<std::uint64_t>& w = record_.words;
   std::size_t n = 6 + output_shape_.size();
@@ -102,12 +104,33 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
   }
 }
 
+// Note [Releasing a long tape]
+// A node owns the nodes of its inputs (edges), so the last handle on a chain's loss would free the
+// chain recursively, one stack frame a node: a tape of a few hundred thousand nodes (an unrolled
+// RNN) would overflow the stack after its backward succeeded. Instead a dying node takes the input
+// nodes it is the last owner of into a list of its own and frees them one at a time, each first
+// giving up its own inputs to the list: the depth stays at two frames whatever the tape's length
+// (as PyTorch's deleteNode does). Only sole owners are taken: a node another handle still holds
+// stays where it is.
 Node::~Node() {
   // A node destroyed before its step was released: the step can no longer be released as a whole.
   if (step_reads_ && !saved_storages_.empty()) step_reads_->partial = true;
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(-1);
   }
+  g_live_nodes.fetch_sub(1, std::memory_order_relaxed);
+  std::vector<std::shared_ptr<Node>> dying;
+  auto take_sole_inputs = [&dying](std::vector<InputMeta>& inputs) {
+    for (InputMeta& in : inputs) {
+      if (in.edge.node && in.edge.node.use_count() == 1) dying.push_back(std::move(in.edge.node));
+    }
+  };
+  take_sole_inputs(inputs_);
+  while (!dying.empty()) {
+    std::shared_ptr<Node> n = std::move(dying.back());
+    dying.pop_back();
+    take_sole_inputs(n->inputs_);
+  }  // n is freed here, with no input left that it alone owns
 }
 
 // Note [Saved tensor versions]
@@ -197,6 +220,12 @@ void Node::substitute_saved(std::size_t j, const Tensor& copy) {
   saved_storages_[j]->note_saved(+1);
   if (step_reads_) saved_storages_[j]->note_step_save(step_reads_);
 }
+
+namespace debug {
+std::size_t live_nodes() {
+  return g_live_nodes.load(std::memory_order_relaxed);
+}
+}  // namespace debug
 
 bool grad_mode_enabled() {
   return t_grad_mode;

@@ -195,6 +195,11 @@ class Node {
   int log_index = -1;
 };
 
+namespace debug {
+// Nodes alive in the process (recorded and hand-built): for tests that a tape is freed whole.
+std::size_t live_nodes();
+}  // namespace debug
+
 // ---- grad mode ----------------------------------------------------------------------------------
 bool grad_mode_enabled();
 // Turns recording off for the scope (per thread), e.g. for optimizer updates.

@@ -3,6 +3,7 @@
 #include "engine/capture_mode.h"
 #include "engine/nvtx.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -35,7 +36,12 @@ std::vector<PlanRoot> plan_roots(const std::vector<Tensor>& roots) {
 }
 
 Device roots_device(const std::vector<Tensor>& roots) {
-  GW_CHECK(!roots.empty() && roots[0].defined(), "backward: expected at least one root");
+  GW_CHECK(!roots.empty(), "backward: expected at least one root, got none");
+  for (std::size_t r = 0; r < roots.size(); ++r) {
+    GW_CHECK(roots[r].defined(), "backward: root ", r, " of ", roots.size(),
+             " is an undefined tensor (default-constructed or moved from); expected a result of "
+             "recorded ops, such as a loss");
+  }
   const Device d = roots[0].device();
   for (std::size_t r = 1; r < roots.size(); ++r) {
     GW_CHECK(roots[r].device() == d, "backward: root ", r, " is on ", roots[r].device().str(),
@@ -284,6 +290,102 @@ void check_finished(std::initializer_list<cudaStream_t> streams, const std::stri
 }  // namespace
 #endif
 
+// Note [Leaves shared across threads]
+// Two threads may run backwards that reach the same leaf (a shared parameter): each adds into the
+// one .grad, and unordered additions lose contributions (a read-modify-write race), or both make
+// the .grad at once. A backward therefore holds a claim on every leaf it writes (on the leaf's
+// storage) from its first write to its last: a second backward that reaches a claimed leaf waits
+// until the first is done, so the two run one after the other and every contribution arrives, as
+// PyTorch's locked accumulation gives. Claims are taken in one global order (by address) when the
+// fast path — each claim free, in plan order — fails, so two backwards never wait on each other.
+// Uncontended, the cost is one atomic exchange and one store a leaf a backward. On CUDA the claim
+// orders the host's enqueues; the work itself is ordered by the streams' contract (rule 4: the
+// first backward's gradients are complete on its caller's stream, which the second caller's
+// stream must follow for .grad, Note [Planned synchronization]).
+class LeafClaims {
+ public:
+  explicit LeafClaims(const BackwardPlan& plan) {
+    for (const BackwardPlan::Buffer& b : plan.buffers) {
+      if (b.kind == BackwardPlan::BufferKind::kLeaf) held_.push_back(b.leaf.storage().get());
+    }
+    for (std::size_t i = 0; i < held_.size(); ++i) {
+      if (!held_[i]->try_claim_grad()) {
+        // A leaf twice in the plan (not expected) or claimed by another backward: give back what
+        // this one holds and take them all in address order, waiting where needed.
+        for (std::size_t j = 0; j < i; ++j) held_[j]->release_grad_claim();
+        std::sort(held_.begin(), held_.end());
+        held_.erase(std::unique(held_.begin(), held_.end()), held_.end());
+        for (const Storage* st : held_) st->claim_grad();
+        return;
+      }
+    }
+  }
+  ~LeafClaims() {
+    for (const Storage* st : held_) st->release_grad_claim();
+  }
+  LeafClaims(const LeafClaims&) = delete;
+  LeafClaims& operator=(const LeafClaims&) = delete;
+
+ private:
+  std::vector<const Storage*> held_;
+};
+
+// Note [A failed backward]
+// A backward that fails part-way — out of memory for a gradient buffer, a kernel that cannot be
+// launched, a reducer's error — must not lose anything. Saved tensors are freed only once every
+// step is issued, so the tape is whole for a retry. Leaves whose .grad this backward created are
+// given back their undefined .grad. A .grad that was defined before and that a step already wrote
+// cannot be restored without a copy of it made every backward (memory and a kernel a leaf, on
+// the path every step takes), so the error names those leaves instead: overwrite them (zero_grad,
+// or GradWrite::kOverwrite) before a retry. The streams the backward forked are joined into the
+// caller's (rule 4) before the error is thrown, and the error keeps its type (OutOfMemoryError,
+// CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account added.
+void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached,
+                                  const std::vector<std::pair<int, bool>>& leaf_had_grad,
+                                  const std::function<void()>& join) {
+  join();
+  std::vector<std::string> partial;
+  std::size_t reset = 0;
+  for (const auto& [i, had] : leaf_had_grad) {
+    const BackwardPlan::Buffer& b = plan.buffers[static_cast<std::size_t>(i)];
+    if (!had) {
+      if (b.leaf.grad().defined()) ++reset;
+      b.leaf.grad() = Tensor();
+      continue;
+    }
+    bool written = false;
+    for (int c : b.contributors) written = written || (c == BackwardPlan::kSeed ? reached >= -1 : c <= reached);
+    if (written) partial.push_back(b.leaf.str());
+  }
+  std::string account = detail::concat(
+      " [the backward failed ",
+      reached == -2 ? std::string("before it wrote anything")
+      : reached == -1 ? std::string("at its seeds")
+                      : detail::concat("at step ", reached + 1, " of ", plan.steps.size(), " (", plan.steps[static_cast<std::size_t>(reached)].node->label(), ")"),
+      ". Nothing was released: the tape is whole and the backward may be run again. ");
+  account += reset ? detail::concat(reset, " .grad", reset == 1 ? " it had made was" : "s it had made were", " undefined again. ") : std::string();
+  if (partial.empty()) {
+    account += "No .grad that existed before was written.]";
+  } else {
+    account += detail::concat(partial.size(), " .grad", partial.size() == 1 ? "" : "s",
+                              " that existed before already hold part of this backward's gradient: ");
+    for (std::size_t k = 0; k < partial.size() && k < 8; ++k) account += (k ? ", " : "") + partial[k];
+    if (partial.size() > 8) account += ", ...";
+    account += "; overwrite them (zero_grad, or GradWrite::kOverwrite) before running it again.]";
+  }
+  try {
+    throw;
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(e.what() + account);
+  } catch (const CudaError& e) {
+    throw CudaError(e.what() + account, e.code());
+  } catch (const Error& e) {
+    throw Error(e.what() + account);
+  } catch (const std::bad_alloc& e) {
+    throw OutOfMemoryError(std::string("graphward: out of host memory (") + e.what() + ")" + account);
+  }
+}
+
 void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds_in,
                              Device device, bool timed, bool in_capture, bool release_saved,
                              bool localize, GradientReducer* reducer) {
@@ -300,6 +402,19 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         "; expected the leaf's shape, dtype and device");
   }
   const bool gpu = device.is_cuda();
+  // Note [Leaves shared across threads]: from before the first write to after the last.
+  std::optional<LeafClaims> claims;
+  if (!in_capture) claims.emplace(plan);
+  // Note [A failed backward]: which leaves had a .grad before, and how far the backward got.
+  const bool undoable = !in_capture && !capturing();
+  std::vector<std::pair<int, bool>> leaf_had_grad;  // (leaf buffer, .grad defined before)
+  if (undoable) {
+    for (std::size_t i = 0; i < plan.buffers.size(); ++i) {
+      const BackwardPlan::Buffer& b = plan.buffers[i];
+      if (b.kind == Kind::kLeaf) leaf_had_grad.emplace_back(static_cast<int>(i), b.leaf.grad().defined());
+    }
+  }
+  int reached = -2;  // -2: nothing written; -1: the seeds; k >= 0: step k began
   // Note [Gradient reduction]: the buckets, the layout every process must share (agreed before
   // anything is written), and an event after each step part a bucket waits for (events past the
   // fork's and the joins').
@@ -364,13 +479,32 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     for (const Tensor& s : seeds_in) scaled_seeds.push_back(mul(s, seed_scale));
   }
   const std::vector<Tensor>& seeds = scaled_seeds.empty() ? seeds_in : scaled_seeds;
+  // Note [A failed backward]: from here on, a failure undoes what can be undone and says the rest.
+  const int fork_event = plan.num_events;
+  // Join (rule 4): the caller's stream waits on every stream the backward used, the reducer's
+  // too.
+  auto join = [&] {
+    if (!gpu) return;
+    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
+      Event& e = event(device, fork_event + 1 + static_cast<int>(j));
+      e.record(streams[plan.joins[j]]);
+      e.block(caller);
+    }
+    if (!buckets.empty()) {
+      Event& e = event(device, comm_join_event);
+      e.record(comm);
+      e.block(caller);
+    }
+  };
+  std::optional<detail::JoinedFrees> joined_frees;
+  try {
+  reached = -1;
   for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
     std::optional<StreamGuard> guard;
     if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
     scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
   }
   // Fork (rule 4): every other stream waits on the caller's stream.
-  const int fork_event = plan.num_events;
   if (gpu && !plan.forks.empty()) {
     Event& e = event(device, fork_event);
     e.record(caller);
@@ -424,8 +558,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
 
   // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
   // cached on the caller's stream after the join, not ordered free by free. Declared before the
-  // buffers: their last frees come after the join too.
-  std::optional<detail::JoinedFrees> joined_frees;
+  // buffers (outside this block): their last frees come after the join too.
   if (gpu && !in_capture && !plan.joins.empty()) {
     std::vector<cudaStream_t> joined;
     for (int j : plan.joins) joined.push_back(streams[j]);
@@ -447,6 +580,7 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     for (const BackwardPlan::Step& step : plan.steps) {
       const auto host_start =
           timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      reached = static_cast<int>(&step - plan.steps.data());
       const cudaStream_t s = streams[step.stream];
       detail::NvtxRange nvtx_step(step.node->name().c_str());
       std::optional<StreamGuard> guard;
@@ -548,10 +682,6 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         }
       }
 #endif
-      // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
-      // that the activations' memory is back in the pool for the rest of the backward (rule 7
-      // orders each free after the streams that read it).
-      if (release_saved) step.node->release_saved();
       if (timed) mark(2 + 2 * step_index, s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       if (!ready_main.empty() && ready_main[step_index] >= 0) {
@@ -565,21 +695,24 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
                 .count();
       }
     }
-  }
-  // Join (rule 4): the caller's stream waits on every stream the backward used, the reducer's
-  // too.
-  if (gpu) {
-    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
-      Event& e = event(device, fork_event + 1 + static_cast<int>(j));
-      e.record(streams[plan.joins[j]]);
-      e.block(caller);
-    }
-    if (!buckets.empty()) {
-      Event& e = event(device, comm_join_event);
-      e.record(comm);
-      e.block(caller);
+    // Every step is issued: nothing reads the saved tensors any more (rule 7 orders each free
+    // after the streams that read them). Freed here, not after each step, so that a backward that
+    // fails part-way leaves the tape whole for a retry (Note [A failed backward]).
+    if (release_saved) {
+      for (const BackwardPlan::Step& step : plan.steps) step.node->release_saved();
     }
   }
+  } catch (...) {
+    fail_backward(plan, reached, leaf_had_grad, [&] {
+      try {
+        join();
+        if (joined_frees) joined_frees->joined();
+      } catch (const std::exception& e) {
+        detail::log_error(__FILE__, __LINE__, e.what());
+      }
+    });
+  }
+  join();
   if (joined_frees) joined_frees->joined();
 }
 

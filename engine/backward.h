@@ -13,6 +13,7 @@
 // One thread; no worker pools.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -146,8 +147,9 @@ class EagerExecutor {
 
   // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's
   // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
-  // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
-  // after its step; if a step throws, the nodes before it are already released.
+  // `release_saved` (a backward without retain_graph), the nodes' saved tensors are freed once
+  // every step is issued; if a step throws, nothing is released (Note [A failed backward],
+  // backward.cpp).
   // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
   // a CudaError naming the step's node when its work failed.
   // With `reducer`, the leaf gradients are reduced bucket by bucket (Note [Gradient reduction]).
@@ -168,6 +170,10 @@ class EagerExecutor {
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
                 bool timed, bool in_capture, bool release_saved, bool localize = false,
                 GradientReducer* reducer = nullptr);
+  // Note [A failed backward]: called from a catch block; joins, undoes, rethrows with an account.
+  [[noreturn]] static void fail_backward(const BackwardPlan& plan, int reached,
+                                         const std::vector<std::pair<int, bool>>& leaf_had_grad,
+                                         const std::function<void()>& join);
   Event& event(Device device, int i);
   Event& timing_event(Device device, int i);
   cudaStream_t side_stream(Device device, int i);  // for the plan's side stream index i

@@ -53,6 +53,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
   bool have_device = false;
   for (const PlanRoot& r : roots) {
     if (r.node) {
+      plan.owners.push_back(r.node);
       discover(r.node.get());
     } else {
       GW_CHECK(r.leaf.defined(), "backward: a root is neither a recorded result nor a leaf");

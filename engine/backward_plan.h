@@ -60,7 +60,7 @@ struct BackwardPlan {
     bool accumulate = false;
   };
   struct Step {
-    Node* node = nullptr;       // not owned: the roots keep the graph alive
+    Node* node = nullptr;       // not owned here: `owners` keeps it alive
     int stream = 0;             // index into streams
     int grad_buffer = -1;       // the kGrad buffer this step consumes
     std::vector<Write> writes;  // one per node input
@@ -109,6 +109,9 @@ struct BackwardPlan {
   std::vector<int> root_steps;  // per root: the step of its node, or -1 for a leaf root
   int num_events = 0;
   GradWrite grad_write = GradWrite::kAccumulate;
+  // The roots' nodes, owned: through their edges they keep every node of the plan alive, so a
+  // plan kept after its loss is gone still points at live nodes (dump(), a run).
+  std::vector<std::shared_ptr<Node>> owners;
 
   // A readable dump: streams, forks, joins, every step with its waits and writes, every buffer.
   std::string dump() const;

@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "engine/checked.h"
 #include "engine/cuda.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -45,14 +46,28 @@ std::string shape_str(const Shape& shape) {
 }
 
 std::int64_t shape_numel(const Shape& shape) {
-  std::int64_t n = 1;
+  bool empty = false;
   for (std::int64_t d : shape) {
     GW_CHECK(d >= 0, "shape ", shape_str(shape), " has a negative dimension; expected sizes >= 0");
-    GW_CHECK(d == 0 || n <= INT64_MAX / d, "shape ", shape_str(shape),
+    empty = empty || d == 0;
+  }
+  if (empty) return 0;
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    GW_CHECK(checked::mul(n, d, &n), "shape ", shape_str(shape),
              " has more elements than fit in int64");
-    n *= d;
   }
   return n;
+}
+
+std::size_t shape_nbytes(const Shape& shape, DType dtype) {
+  const std::int64_t n = shape_numel(shape);
+  const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
+  std::int64_t bytes = 0;
+  GW_CHECK(checked::mul(n, size, &bytes), "a ", dtype_name(dtype), shape_str(shape),
+           " tensor would hold ", n, " elements of ", size, " bytes: more bytes than fit in int64; "
+           "expected a size an allocation can hold");
+  return static_cast<std::size_t>(bytes);
 }
 
 std::string Device::str() const {

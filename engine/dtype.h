@@ -61,7 +61,14 @@ using Shape = std::vector<std::int64_t>;
 
 // "[2, 3]"; a scalar (0-d) shape prints as "[]".
 std::string shape_str(const Shape& shape);
+// Note [Checked sizes]
+// Every size graphward computes from sizes it was given — elements, bytes, windows, offsets,
+// convolution outputs — is computed with checked arithmetic (engine/checked.h): a size that
+// does not fit in int64 (or a byte count past PTRDIFF_MAX, the most any allocation can hold) is
+// refused with an Error naming the shape, before anything is allocated, never wrapped.
 // Product of the dimensions (1 for a scalar). Throws on a negative dimension or overflow.
 std::int64_t shape_numel(const Shape& shape);
+// The bytes a tensor of `shape` and `dtype` holds. Throws when they exceed PTRDIFF_MAX.
+std::size_t shape_nbytes(const Shape& shape, DType dtype);
 
 }  // namespace graphward

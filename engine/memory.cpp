@@ -99,6 +99,37 @@ void DeviceBuffer::reset() noexcept {
 namespace {
 constexpr std::size_t kHostAlignment = 64;
 
+// Note [Host memory]
+// CPU tensors' memory comes from host_alloc and goes back through host_free, which count what
+// graphward holds (host_bytes_in_use) and keep it within set_host_memory_limit. An allocation the
+// limit or the system refuses throws OutOfMemoryError, as a device's does, saying what needed how
+// much: never std::bad_alloc, and nothing is half-made.
+std::atomic<std::size_t> g_host_bytes{0};
+std::atomic<std::size_t> g_host_limit{SIZE_MAX};
+
+void* host_alloc(std::size_t bytes, const char* what) {
+  const std::size_t limit = g_host_limit.load(std::memory_order_relaxed);
+  const std::size_t held = g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  void* p = nullptr;
+  if (held <= limit && bytes <= limit - held) p = std::aligned_alloc(kHostAlignment, bytes);
+  if (!p) {
+    g_host_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    throw OutOfMemoryError(detail::concat(
+        "graphward: out of host memory: ", what, " needed ", bytes, " bytes; graphward holds ",
+        held, " bytes of host memory",
+        limit == SIZE_MAX ? std::string(" and the system refused more")
+                          : detail::concat(" (limit ", limit, " bytes: set_host_memory_limit)"),
+        ". Expected: less memory in use — free the tensors you keep, or use a smaller batch"));
+  }
+  return p;
+}
+
+void host_free(void* p, std::size_t bytes) noexcept {
+  if (!p) return;
+  std::free(p);
+  g_host_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
 #if GRAPHWARD_HAS_CUDA
 // ---- the block cache (Note [Block cache]) ----
 constexpr int kCacheDevices = 64;
@@ -321,7 +352,7 @@ thread_local std::shared_ptr<detail::ArenaState> t_step_arena;
 void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
   if (!slot.ptr) return;
   if (device.is_cpu()) {
-    std::free(slot.ptr);
+    host_free(slot.ptr, slot.bytes);
   } else {
 #if GRAPHWARD_HAS_CUDA
     try {
@@ -393,8 +424,7 @@ std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size
   slot->bytes = block;
   slot->stream = stream;
   if (st.device.is_cpu()) {
-    slot->ptr = std::aligned_alloc(kHostAlignment, block);
-    if (!slot->ptr) throw std::bad_alloc();
+    slot->ptr = host_alloc(block, "a step-arena slot");
   } else {
 #if GRAPHWARD_HAS_CUDA
     configure_pool_once(st.device.index);
@@ -609,10 +639,17 @@ std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
       return storage;
     }
   }
-  void* p = std::aligned_alloc(kHostAlignment, rounded);
-  if (!p) throw std::bad_alloc();
+  void* p = host_alloc(rounded, "a tensor");
+  std::shared_ptr<Storage> storage;
+  try {
+    storage.reset(new Storage(Device::cpu(), p, bytes, nullptr));
+  } catch (...) {
+    host_free(p, rounded);
+    throw;
+  }
+  storage->block_bytes_ = rounded;
   if (debug::poison_new_memory()) std::memset(p, 0xFF, rounded);
-  return std::shared_ptr<Storage>(new Storage(Device::cpu(), p, bytes, nullptr));
+  return storage;
 }
 
 std::shared_ptr<Storage> Storage::borrow(Device device, void* data, std::size_t bytes,
@@ -816,7 +853,7 @@ Storage::~Storage() {
     return;
   }
   if (device_.is_cpu()) {
-    std::free(data_);
+    host_free(data_, block_bytes_);
     return;
   }
 #if GRAPHWARD_HAS_CUDA
@@ -1002,6 +1039,18 @@ void empty_cache(Device device) {
 #else
   (void)device;
 #endif
+}
+
+std::size_t host_bytes_in_use() {
+  return g_host_bytes.load(std::memory_order_relaxed);
+}
+
+void set_host_memory_limit(std::size_t bytes) {
+  g_host_limit.store(bytes, std::memory_order_relaxed);
+}
+
+std::size_t host_memory_limit() {
+  return g_host_limit.load(std::memory_order_relaxed);
 }
 
 void set_block_cache_limit(std::size_t bytes) {

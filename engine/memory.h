@@ -140,6 +140,19 @@ class Storage {
   void bump_version();
   // A node saved (+1) or released (-1) a tensor of this storage.
   void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
+  // Note [Leaves shared across threads] (engine/backward.cpp): a backward holds the claim on each
+  // leaf it writes the .grad of (this storage is the leaf's) while it runs. try_claim takes it if
+  // free; claim waits for it; release gives it back and wakes a waiter.
+  bool try_claim_grad() const { return !grad_claim_.exchange(true, std::memory_order_acquire); }
+  void claim_grad() const {
+    while (grad_claim_.exchange(true, std::memory_order_acquire)) {
+      grad_claim_.wait(true, std::memory_order_relaxed);
+    }
+  }
+  void release_grad_claim() const {
+    grad_claim_.store(false, std::memory_order_release);
+    grad_claim_.notify_all();
+  }
   // Note [Reads of a replayed step]: a node of `step` saved a tensor of this storage (after
   // note_saved(+1)); a node of `step` gave it up on its own (a substituted saved tensor).
   void note_step_save(const std::shared_ptr<detail::StepReads>& step) const;
@@ -224,6 +237,7 @@ class Storage {
   std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
+  mutable std::atomic<bool> grad_claim_{false};  // try_claim_grad()
   // Note [Reads of a replayed step]: the step whose nodes saved it last, and how many of its
   // saves_ are theirs (given back when the step's read is settled).
   mutable std::shared_ptr<detail::StepReads> step_reads_;
@@ -291,6 +305,14 @@ class JoinedFrees {
   JoinedFrees* previous_ = nullptr;
 };
 }  // namespace detail
+
+// ---- host memory (Note [Host memory], memory.cpp) ------------------------------------------------
+// Bytes of host memory graphward's CPU tensors (and CPU step arenas) hold now.
+std::size_t host_bytes_in_use();
+// The most bytes of host memory they may hold (default: no limit, SIZE_MAX). An allocation past
+// it throws OutOfMemoryError, as one the system refuses does; lowering it frees nothing.
+void set_host_memory_limit(std::size_t bytes);
+std::size_t host_memory_limit();
 
 // ---- the block cache (Note [Block cache]) -------------------------------------------------------
 // Bytes the cache holds for `device`.

@@ -1,5 +1,6 @@
 #include "engine/ops_common.h"
 
+#include <cfloat>
 #include <cmath>
 
 #include "engine/capture_mode.h"
@@ -52,9 +53,15 @@ void check_dim(const char* op, Named t, std::int64_t dim) {
            "; expected a ", dim, "-d tensor");
 }
 
-void check_finite_scalar(const char* op, double scalar) {
+void check_finite_scalar(const char* op, double scalar, const Tensor& like) {
   GW_CHECK(std::isfinite(scalar), op, ": the scalar is ", scalar,
            "; expected a finite number (it would make every element non-finite)");
+  // Note [Checked sizes]'s sibling for values: a scalar the kernels take in float32 must be
+  // finite there too (1e39 is a finite double and an infinite float).
+  const bool narrow = like.defined() && like.dtype() != DType::kFloat64;
+  GW_CHECK(!narrow || std::fabs(scalar) <= static_cast<double>(FLT_MAX), op, ": the scalar is ",
+           scalar, ", which is infinite as ", dtype_name(like.dtype()),
+           " (the type the op computes in); expected a magnitude of at most ", FLT_MAX);
 }
 
 CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {}

@@ -25,7 +25,8 @@ struct Named {
 void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16 = false);
 void check_same_shape(const char* op, Named a, Named b);
 void check_dim(const char* op, Named t, std::int64_t dim);
-void check_finite_scalar(const char* op, double scalar);
+// `scalar` is finite, also in the type `like` computes in (float32 unless `like` is float64).
+void check_finite_scalar(const char* op, double scalar, const Tensor& like);
 
 // Where a CUDA op runs: the device made current for the scope and its current stream.
 class CudaScope {
@@ -63,12 +64,15 @@ inline bool open_slot(const GradSlot& slot, const Tensor& input, cudaStream_t st
   return open_slot(slot, input.shape(), input, stream);
 }
 
-// Runs f.template operator()<T>() with T = float or double per `dtype` (the CPU backend).
+// Runs f.template operator()<T>() with T = float or double per `dtype` (the CPU backend). Any
+// other dtype is refused: a kernel must never write one type's elements into another's buffer.
 template <class F>
 void dispatch_cpu(DType dtype, F&& f) {
   if (dtype == DType::kFloat64) {
     std::forward<F>(f).template operator()<double>();
   } else {
+    GW_CHECK(dtype == DType::kFloat32, "no CPU kernel computes in ", dtype_name(dtype),
+             "; expected a float32 or float64 tensor");
     std::forward<F>(f).template operator()<float>();
   }
 }

@@ -1,5 +1,7 @@
 // conv2d, max_pool2d and avg_pool2d: cuDNN on CUDA (engine/dnn.h), the references on the CPU
 // (kernels/conv.h).
+#include <initializer_list>
+
 #include "engine/autograd.h"
 #include "engine/dnn.h"
 #include "engine/nvtx.h"
@@ -23,6 +25,17 @@ void check_cudnn(const char* op, const Tensor& x) {
 #endif
 }
 
+// Note [Checked sizes] (engine/dtype.h): every size, stride and padding of a convolution or a
+// pooling, and its output's, is below 2^31 — cuDNN's int parameters, and small enough that no
+// size arithmetic here can overflow int64 — on both backends alike.
+constexpr std::int64_t kMaxGeom = (std::int64_t{1} << 31) - 1;
+void check_geom(const char* op, std::initializer_list<std::int64_t> sizes) {
+  for (std::int64_t v : sizes) {
+    GW_CHECK(v >= 1 && v <= kMaxGeom, op, ": a size of ", v,
+             " in the input, the kernel or the output; expected sizes from 1 to 2^31 - 1");
+  }
+}
+
 k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dOptions& o) {
   if (bias.defined()) {
@@ -33,16 +46,19 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   check_dim(op, {"x", &x}, 4);
   check_dim(op, {"weight", &weight}, 4);
   check_cudnn(op, x);
-  GW_CHECK(o.stride >= 1 && o.padding >= 0, op, ": stride ", o.stride, " and padding ", o.padding,
-           "; expected stride >= 1 and padding >= 0");
+  GW_CHECK(o.stride >= 1 && o.padding >= 0 && o.stride <= kMaxGeom && o.padding <= kMaxGeom, op,
+           ": stride ", o.stride, " and padding ", o.padding,
+           "; expected 1 <= stride and 0 <= padding, both below 2^31");
   const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
                       weight.size(2), weight.size(3), o.padding, o.stride, o.deterministic};
   GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
            " channels and weight is ", shape_str(weight.shape()),
            "; expected weight [K, C, R, S] with C == x.shape[1]");
+  check_geom(op, {g.n, g.c, g.h, g.w, g.k, g.r, g.s});
   GW_CHECK(g.h + 2 * g.pad >= g.r && g.w + 2 * g.pad >= g.s, op, ": the ", g.r, "x", g.s,
            " kernel does not fit the padded ", g.h, "x", g.w, " input (padding ", g.pad,
            "); expected a kernel no larger than the padded input");
+  check_geom(op, {g.out_h(), g.out_w()});
   if (bias.defined()) {
     GW_CHECK(bias.shape() == Shape({g.k}), op, ": bias is ", shape_str(bias.shape()),
              "; expected [", g.k, "] (one per filter)");
@@ -156,13 +172,17 @@ const char* pool_name(k::PoolMode mode, bool backward) {
 k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
   GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x), "; expected a 4-d tensor [N, C, H, W]");
   const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
-  GW_CHECK(o.kernel >= 1 && stride >= 1 && o.padding >= 0 && 2 * o.padding <= o.kernel, op,
-           ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
-           "; expected kernel >= 1, stride >= 0 (0: the kernel) and 0 <= padding <= kernel / 2");
+  GW_CHECK(o.kernel >= 1 && o.kernel <= kMaxGeom && o.stride >= 0 && o.stride <= kMaxGeom &&
+               o.padding >= 0 && o.padding <= o.kernel / 2,
+           op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
+           "; expected 1 <= kernel < 2^31, 0 <= stride < 2^31 (0: the kernel) and "
+           "0 <= padding <= kernel / 2");
   const k::PoolGeom g{x[0], x[1], x[2], x[3], o.kernel, o.padding, stride};
+  check_geom(op, {g.n, g.c, g.h, g.w});
   GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window,
            "x", g.window, " window does not fit the padded ", g.h, "x", g.w,
            " input; expected a window no larger than the padded input");
+  check_geom(op, {g.out_h(), g.out_w()});
   return g;
 }
 Shape pool_out(const k::PoolGeom& g) {

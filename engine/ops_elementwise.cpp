@@ -35,7 +35,8 @@ Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() == b.shape()) {
     bc.out_shape = a.shape();
   } else if (is_row(b) && a.dim() >= 1 && a.size(-1) == b.numel() && a.numel() >= b.numel()) {
-    bc.out_shape = a.shape();
+    // [3] with [1, 3] is [1, 3] whichever comes first: of two rows, the one of higher rank.
+    bc.out_shape = a.numel() == b.numel() && b.dim() > a.dim() ? b.shape() : a.shape();
   } else if (is_row(a) && b.dim() >= 1 && b.size(-1) == a.numel() && b.numel() >= a.numel()) {
     bc.out_shape = b.shape();
   } else {
@@ -306,12 +307,23 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
                        const Tensor& b) {
   detail::NvtxRange range(op);
   Tensor y = binary(op, kind, a, b);
-  if (needs_grad({&a, &b})) {
-    // add and sub need only the operands' shapes, but the broadcast checks take tensors.
+  if (needs_grad({&a, &b}) && kind != k::BinaryOp::kMul) {
+    // add and sub read no operand, only their shapes: nothing is saved (an operand written in
+    // place after the op does not fail the backward, as in PyTorch). Their backward is handed a
+    // handle of each operand's shape over grad_out's memory, which is at least that large.
+    record(op, y, {&a, &b}, {},
+           [backward, a_shape = a.shape(), b_shape = b.shape()](
+               const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+             backward(g, Tensor::from_storage(g.storage(), a_shape, g.dtype()),
+                      Tensor::from_storage(g.storage(), b_shape, g.dtype()), grads[0], grads[1]);
+           });
+  } else if (needs_grad({&a, &b})) {
     record(op, y, {&a, &b}, {save("a", a), save("b", b)},
            [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              backward(g, s[0], s[1], grads[0], grads[1]);
            });
+  }
+  if (needs_grad({&a, &b})) {
     // add of equal shapes passes its gradient through to both operands (add_backward).
     if (kind == k::BinaryOp::kAdd && a.shape() == y.shape() && b.shape() == y.shape()) {
       y.grad_fn()->set_passes_gradient_through();
@@ -372,21 +384,21 @@ void mul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, Grad
 }
 
 Tensor add(const Tensor& a, double s) {
-  check_finite_scalar("add", s);
+  check_finite_scalar("add", s, a);
   return recorded_affine("add", a, 1.0, s);
 }
 Tensor sub(const Tensor& a, double s) {
-  check_finite_scalar("sub", s);
+  check_finite_scalar("sub", s, a);
   return recorded_affine("sub", a, 1.0, -s);
 }
 Tensor mul(const Tensor& a, double s) {
-  check_finite_scalar("mul", s);
+  check_finite_scalar("mul", s, a);
   return recorded_affine("mul", a, s, 0.0);
 }
 
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
   const char* op = "scale_backward";
-  check_finite_scalar(op, scale);
+  check_finite_scalar(op, scale, grad_out);
   check_inputs(op, {{"grad_out", &grad_out}}, /*cuda_bf16=*/true);
   if (!check_slot(op, "grad_a", grad_a, grad_out)) return;
   const std::int64_t n = grad_out.numel();
@@ -424,7 +436,7 @@ Tensor gelu(const Tensor& x) {
 void add_(const Tensor& a, const Tensor& b, double alpha) {
   const char* op = "add_";
   detail::NvtxRange range(op);
-  check_finite_scalar(op, alpha);
+  check_finite_scalar(op, alpha, a);
   check_inputs(op, {{"a", &a}, {"b", &b}});
   check_same_shape(op, {"a", &a}, {"b", &b});
   GW_CHECK(!(grad_mode_enabled() && a.requires_grad()), op, ": ", a.str(),

@@ -43,6 +43,7 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
   const char* op = "layer_norm";
   const NormDims d = check_layer_norm(op, x, w, b);
   GW_CHECK(std::isfinite(eps) && eps > 0, op, ": eps is ", eps, "; expected a finite eps > 0");
+  check_finite_scalar(op, eps, x);
   LayerNormOut o;
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -150,6 +151,16 @@ void check_embedding(const char* op, const Tensor& table, const Tensor& ids) {
            op, ": ids are ", ids.defined() ? ids.str() : std::string("undefined"),
            "; expected a non-empty int32 tensor on ", table.device().str());
 }
+// The CPU backend refuses an id outside the table by name, in the forward and in the op-level
+// backward alike (CUDA cannot read the ids back: a NaN row there, and no write outside the table).
+void check_id_values(const char* op, const Tensor& ids, std::int64_t vocab) {
+  if (ids.is_cuda()) return;
+  const std::int32_t* id = ids.data<std::int32_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i) {
+    GW_CHECK(id[i] >= 0 && id[i] < vocab, op, ": id ", i, " is ", id[i],
+             "; expected a row of the table in [0, ", vocab, ")");
+  }
+}
 Shape embedding_shape(const Tensor& table, const Tensor& ids) {
   Shape s = ids.shape();
   s.push_back(table.size(1));
@@ -172,11 +183,8 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
                          dim, scope.stream());
 #endif
   } else {
+    check_id_values(op, ids, vocab);
     const std::int32_t* id = ids.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) {
-      GW_CHECK(id[i] >= 0 && id[i] < vocab, op, ": id ", i, " is ", id[i],
-               "; expected a row of the table in [0, ", vocab, ")");
-    }
     y = new_output(embedding_shape(table, ids), table);
     dispatch_cpu(table.dtype(), [&]<class T>() {
       k::cpu::embedding_forward<T>(ptr<T>(y), ptr<T>(table), id, n, vocab, dim);
@@ -198,8 +206,9 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
   check_inputs(op, {{"grad_out", &grad_out}, {"table", &table}});
   GW_CHECK(grad_out.shape() == embedding_shape(table, ids), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected ", shape_str(embedding_shape(table, ids)));
-  if (!check_slot(op, "grad_table", grad_table, table)) return;
   const std::int64_t n = ids.numel(), vocab = table.size(0), dim = table.size(1);
+  check_id_values(op, ids, vocab);
+  if (!check_slot(op, "grad_table", grad_table, table)) return;
   if (table.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(table.device());

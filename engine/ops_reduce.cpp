@@ -32,26 +32,28 @@ Tensor reduce(const char* op, const Tensor& x, bool mean) {
   return y;
 }
 
-void reduce_backward(const char* op, const Tensor& grad_out, const Tensor& x, GradSlot grad_x,
+// The gradient of a reduction over an input of `x_shape` (x itself is never read).
+void reduce_backward(const char* op, const Tensor& grad_out, const Shape& x_shape, GradSlot grad_x,
                      bool mean) {
-  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
+  check_inputs(op, {{"grad_out", &grad_out}});
   GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
            "; expected one element (the gradient of a scalar)");
-  if (!check_slot(op, "grad_x", grad_x, x)) return;
-  const std::int64_t n = x.numel();
+  const std::int64_t n = shape_numel(x_shape);
+  GW_CHECK(n > 0, op, ": x has shape ", shape_str(x_shape), "; expected at least one element");
+  if (!check_slot(op, "grad_x", grad_x, x_shape, grad_out)) return;
   const double scale = mean ? 1.0 / static_cast<double>(n) : 1.0;
-  if (x.is_cuda()) {
+  if (grad_out.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-    CudaScope scope(x.device());
+    CudaScope scope(grad_out.device());
     scope.read({&grad_out});
-    const bool acc = open_slot(grad_x, x, scope.stream());
+    const bool acc = open_slot(grad_x, x_shape, grad_out, scope.stream());
     k::sum_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), static_cast<float>(scale),
                     n, acc, scope.stream());
     return;
 #endif
   }
-  const bool acc = open_slot(grad_x, x, nullptr);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  const bool acc = open_slot(grad_x, x_shape, grad_out, nullptr);
+  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
     k::cpu::sum_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), T(scale), n, acc);
   });
 }
@@ -63,10 +65,12 @@ Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
   detail::NvtxRange range(op);
   Tensor y = reduce(op, x, is_mean);
   if (needs_grad({&x})) {
-    // The backward needs x's shape only; a detached handle carries it.
-    record(op, y, {&x}, {save("x", x)},
-           [is_mean](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
-             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, s[0], grads[0],
+    // The backward needs x's shape only: nothing is saved (x written in place after the op does
+    // not fail the backward, as in PyTorch).
+    record(op, y, {&x}, {},
+           [is_mean, shape = x.shape()](const Tensor& g, const std::vector<Tensor>&,
+                                        std::span<GradSlot> grads) {
+             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, grads[0],
                              is_mean);
            });
   }
@@ -81,10 +85,12 @@ Tensor mean(const Tensor& x) {
   return recorded_reduce("mean", x, true);
 }
 void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
-  reduce_backward("sum_backward", grad_out, x, grad_x, false);
+  check_inputs("sum_backward", {{"grad_out", &grad_out}, {"x", &x}});
+  reduce_backward("sum_backward", grad_out, x.shape(), grad_x, false);
 }
 void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
-  reduce_backward("mean_backward", grad_out, x, grad_x, true);
+  check_inputs("mean_backward", {{"grad_out", &grad_out}, {"x", &x}});
+  reduce_backward("mean_backward", grad_out, x.shape(), grad_x, true);
 }
 
 namespace {

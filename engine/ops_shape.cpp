@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "engine/autograd.h"
+#include "engine/checked.h"
 #include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
@@ -23,9 +24,14 @@ struct Window {
 Window check_narrow(const char* op, const Shape& shape, std::int64_t start, std::int64_t length) {
   GW_CHECK(!shape.empty(), op, ": x has shape [], expected at least one dimension");
   const std::int64_t cols = shape.back();
-  GW_CHECK(start >= 0 && length >= 1 && start + length <= cols, op, ": the window [", start, ", ",
-           start + length, ") of the last dimension does not fit x ", shape_str(shape),
-           "; expected 0 <= start and start + length <= ", cols, " with length >= 1");
+  if (!checked::window_fits(start, length, cols)) {
+    std::int64_t end = 0;
+    const std::string window = checked::add(start, length, &end)
+                                   ? detail::concat("[", start, ", ", end, ")")
+                                   : detail::concat("of ", length, " columns from column ", start);
+    GW_CHECK(false, op, ": the window ", window, " of the last dimension does not fit x ",
+             shape_str(shape), "; expected 0 <= start, length >= 1 and start + length <= ", cols);
+  }
   Window w{shape_numel(shape) / cols, cols, shape};
   w.out.back() = length;
   return w;
@@ -114,7 +120,9 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
     }
     GW_CHECK(out[i] >= 1, op, ": shape ", shape_str(shape), " has dimension ", out[i],
              "; expected sizes >= 1 and at most one -1");
-    known *= out[i];
+    GW_CHECK(checked::mul(known, out[i], &known), op, ": shape ", shape_str(shape),
+             " has more elements than fit in int64; expected ", x.numel(), " elements (x is ",
+             shape_str(x.shape()), ")");
   }
   if (inferred >= 0) {
     GW_CHECK(x.numel() % known == 0, op, ": cannot infer the -1 of ", shape_str(shape), " for ",
@@ -243,19 +251,28 @@ ConcatLayout concat_layout(const char* op, const std::vector<Shape>& shapes, std
   ConcatLayout l;
   l.out = first;
   l.out[d] = 0;
-  std::int64_t inner = 1;
-  for (std::size_t i = d + 1; i < first.size(); ++i) inner *= first[i];
-  for (std::size_t i = 0; i < d; ++i) l.rows *= first[i];
   for (std::size_t t = 0; t < shapes.size(); ++t) {
     const Shape& s = shapes[t];
     bool same = s.size() == first.size();
     for (std::size_t i = 0; same && i < s.size(); ++i) same = i == d || s[i] == first[i];
     GW_CHECK(same, op, ": tensor ", t, " has shape ", shape_str(s), " and tensor 0 ",
              shape_str(first), "; expected equal sizes in every dimension but ", dim);
+    for (std::int64_t size : s) {
+      GW_CHECK(size >= 1, op, ": tensor ", t, " has shape ", shape_str(s),
+               "; expected sizes >= 1");
+    }
+    GW_CHECK(checked::add(l.out[d], s[d], &l.out[d]), op, ": the sizes along dimension ", dim,
+             " add up to more than fits in int64");
+  }
+  // Note [Checked sizes]: once the output's element count fits, every product below does.
+  (void)shape_numel(l.out);
+  std::int64_t inner = 1;
+  for (std::size_t i = d + 1; i < first.size(); ++i) inner *= first[i];
+  for (std::size_t i = 0; i < d; ++i) l.rows *= first[i];
+  for (const Shape& s : shapes) {
     l.start.push_back(l.cols);
     l.len.push_back(s[d] * inner);
     l.cols += s[d] * inner;
-    l.out[d] += s[d];
   }
   return l;
 }

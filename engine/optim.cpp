@@ -1,7 +1,9 @@
 #include "engine/optim.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <unordered_map>
 #include <string>
 
 #include "engine/autograd.h"
@@ -41,11 +43,31 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
   }
 }
 
+// A hyperparameter, finite also as the parameters' type: the kernels read it in float32 unless
+// the parameters are float64 (1e39 is a finite double and an infinite float).
 void check_hyper(const char* what, const char* name, double v, double low, bool low_open,
-                 double high = INFINITY) {
+                 DType dtype, double high = INFINITY) {
   const bool ok = std::isfinite(v) && (low_open ? v > low : v >= low) && v <= high;
   GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ", low_open ? ">" : ">=",
            " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
+  GW_CHECK(dtype == DType::kFloat64 || std::fabs(v) <= static_cast<double>(FLT_MAX), what, ": ",
+           name, " is ", v, ", which is infinite as ", dtype_name(dtype),
+           " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
+}
+
+// Once, when an optimizer is made: every parameter a leaf, none given twice (two handles on one
+// storage update it twice a step).
+void check_distinct_leaves(const char* what, const std::vector<Tensor>& params) {
+  std::unordered_map<const Storage*, std::size_t> seen;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    GW_CHECK(p.is_leaf(), what, ": parameter ", i, " (", p.str(), ") is the result of a recorded "
+             "op (", p.grad_fn()->label(), "); expected a leaf: a tensor made by the user, not "
+             "computed from one (pass the tensor it came from, or detach() it)");
+    const auto [it, fresh] = seen.emplace(p.storage().get(), i);
+    GW_CHECK(fresh, what, ": parameters ", it->second, " and ", i, " are the same tensor (",
+             p.str(), ", one storage); expected each parameter once");
+  }
 }
 
 #if GRAPHWARD_HAS_CUDA
@@ -59,16 +81,18 @@ float* f32(const Tensor& t) {
 Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
     : name_(name), params_(std::move(params)), lr_value_(lr) {
   check_params(name_, params_);
-  check_hyper(name_, "lr", lr, 0, false);
+  check_distinct_leaves(name_, params_);
+  dtype_ = params_.front().dtype();
+  check_hyper(name_, "lr", lr, 0, false, dtype_);
   device_ = params_.front().device();
-  const TensorOptions opt{params_.front().dtype(), device_};
+  const TensorOptions opt{dtype_, device_};
   lr_ = full({1}, lr, opt);
-  step_ = zeros({1}, opt);
+  step_ = zeros({static_cast<std::int64_t>(params_.size())}, opt);
   if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
 }
 
 void Optimizer::set_lr(double lr) {
-  check_hyper(name_, "lr", lr, 0, false);
+  check_hyper(name_, "lr", lr, 0, false, dtype_);
   Tensor target = lr_;
   if (device_.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -83,8 +107,23 @@ void Optimizer::set_lr(double lr) {
   lr_value_ = lr;
 }
 
+namespace {
+std::vector<double> counts_of(const Tensor& step) {
+  if (step.dtype() == DType::kFloat64) return step.to_vector<double>();
+  const std::vector<float> f = step.to_vector<float>();
+  return std::vector<double>(f.begin(), f.end());
+}
+}  // namespace
+
 std::int64_t Optimizer::steps() const {
-  return static_cast<std::int64_t>(step_.item());
+  const std::vector<double> counts = counts_of(step_);
+  return static_cast<std::int64_t>(*std::max_element(counts.begin(), counts.end()));
+}
+
+std::int64_t Optimizer::steps(std::size_t param) const {
+  GW_CHECK(param < params_.size(), name_, "::steps: parameter ", param, " of ", params_.size(),
+           "; expected an index below ", params_.size());
+  return static_cast<std::int64_t>(counts_of(step_)[param]);
 }
 
 void Optimizer::run_step(const char* what) {
@@ -105,7 +144,7 @@ void Optimizer::run_step(const char* what) {
       g.storage()->sync_for_read(s);
       p.storage()->sync_for_write(s);
       p.bump_version();
-      kernels::ParamSlice slice{f32(p), f32(g), nullptr, nullptr, p.numel()};
+      kernels::ParamSlice slice{f32(p), f32(g), nullptr, nullptr, f32(step_) + i, p.numel()};
       float** state[2] = {&slice.s1, &slice.s2};
       for (int j = 0; j < 2; ++j) {
         if (state_[j].empty() || !state_[j][i].defined()) continue;
@@ -116,7 +155,7 @@ void Optimizer::run_step(const char* what) {
       }
       slices_.push_back(slice);
     }
-    launch_cuda(slices_, static_cast<unsigned*>(done_.raw_data()), s);  // and counts the step
+    launch_cuda(slices_, static_cast<unsigned*>(done_.raw_data()), s);  // and counts the steps
     step_.bump_version();
     return;
 #endif
@@ -129,13 +168,14 @@ void Optimizer::run_step(const char* what) {
       if (!state.empty() && state[i].defined()) state[i].bump_version();
     }
     update_cpu(i);
+    dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[i] += T(1); });
   }
-  dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[0] += T(1); });
   step_.bump_version();
 }
 
 void Optimizer::zero_grad() {
   detail::NvtxRange range("zero_grad");
+  check_params(name_, params_);  // a .grad of another shape or dtype is refused, nothing written
   for (const Tensor& p : params_) {
     const Tensor& g = p.grad();
     if (!g.defined()) continue;
@@ -157,9 +197,9 @@ void Optimizer::zero_grad() {
 
 Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
     : Optimizer("Sgd", std::move(params), o.lr) {
-  check_hyper(name_, "momentum", o.momentum, 0, false);
-  check_hyper(name_, "dampening", o.dampening, 0, false, 1);
-  check_hyper(name_, "weight_decay", o.weight_decay, 0, false);
+  check_hyper(name_, "momentum", o.momentum, 0, false, dtype_);
+  check_hyper(name_, "dampening", o.dampening, 0, false, dtype_, 1);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
   GW_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), name_,
            ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
            ", dampening ", o.dampening);
@@ -176,8 +216,7 @@ void Sgd::step() {
 #if GRAPHWARD_HAS_CUDA
 void Sgd::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
                    cudaStream_t stream) {
-  k::sgd_step(slices.data(), slices.size(), f32(lr_), f32(step_),
-              done, hp_, stream);
+  k::sgd_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
 }
 #endif
 
@@ -186,17 +225,17 @@ void Sgd::update_cpu(std::size_t i) {
   const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
-                        ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+                        ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
   });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
     : Optimizer("AdamW", std::move(params), o.lr) {
-  check_hyper(name_, "beta1", o.beta1, 0, false, 1);
-  check_hyper(name_, "beta2", o.beta2, 0, false, 1);
+  check_hyper(name_, "beta1", o.beta1, 0, false, dtype_, 1);
+  check_hyper(name_, "beta2", o.beta2, 0, false, dtype_, 1);
   GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
-  check_hyper(name_, "eps", o.eps, 0, true);
-  check_hyper(name_, "weight_decay", o.weight_decay, 0, false);
+  check_hyper(name_, "eps", o.eps, 0, true, dtype_);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
   hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
   for (const Tensor& p : params_) {
     state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
@@ -211,8 +250,7 @@ void AdamW::step() {
 #if GRAPHWARD_HAS_CUDA
 void AdamW::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
                    cudaStream_t stream) {
-  k::adamw_step(slices.data(), slices.size(), f32(lr_), f32(step_),
-                done, hp_, stream);
+  k::adamw_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
 }
 #endif
 
@@ -222,7 +260,7 @@ void AdamW::update_cpu(std::size_t i) {
   const Tensor& v = state_[1][i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
-                          ptr<T>(lr_)[0], ptr<T>(step_)[0], hp_);
+                          ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
   });
 }
 
@@ -230,7 +268,7 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   const char* what = "clip_grad_norm";
   detail::NvtxRange range(what);
   check_params(what, params);
-  check_hyper(what, "max_norm", max_norm, 0, true);
+  check_hyper(what, "max_norm", max_norm, 0, true, params.front().dtype());
   std::vector<const Tensor*> grads;
   for (const Tensor& p : params) {
     if (p.grad().defined()) grads.push_back(&p.grad());
@@ -264,7 +302,9 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     for (const Tensor* g : grads) total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
     const double nrm = std::sqrt(total);
     ptr<T>(norm)[0] = static_cast<T>(nrm);
-    const double c = std::min(1.0, max_norm / (nrm + 1e-6));
+    // A NaN norm makes every gradient NaN (torch.nn.utils.clip_grad_norm_), not none.
+    const double ratio = max_norm / (nrm + 1e-6);
+    const double c = std::isnan(ratio) ? ratio : std::min(1.0, ratio);
     for (const Tensor* g : grads) {
       T* d = ptr<T>(*g);
       for (std::int64_t j = 0; j < g->numel(); ++j) d[j] *= static_cast<T>(c);

@@ -9,7 +9,8 @@
 // streams that wrote the .grads and used the parameters (rule 6); it updates the parameters in
 // place, bumping their versions (a tape that saved a parameter refuses its backward afterwards,
 // as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step the set
-// must stay the same (make the .grads first: zero_grad() never undefines them).
+// must stay the same (make the .grads first: zero_grad() never undefines them). Parameters are
+// distinct leaves (checked when the optimizer is made).
 #include <cstdint>
 #include <vector>
 
@@ -43,13 +44,19 @@ class Optimizer {
 
   virtual void step() = 0;
   // Writes zeros into every defined .grad, in place (addresses kept: a captured backward writes
-  // the same buffers). On the current stream, ordered after the .grads' other users.
+  // the same buffers). On the current stream, ordered after the .grads' other users. A .grad of
+  // another shape, dtype or device than its parameter is refused by name, nothing written.
   void zero_grad();
   // The learning rate for the next steps: a stream-ordered write of the device scalar that every
   // step reads (a captured step replayed after it uses the new rate).
   void set_lr(double lr);
   double lr() const { return lr_value_; }
-  // The number of steps taken, read from the device (synchronizes; not inside a capture).
+  // Step counts are per parameter, as in PyTorch: a step counts for the parameters it updated
+  // (those with a .grad), and AdamW's bias correction follows each parameter's own count, so a
+  // parameter that had no gradient for a while (a frozen layer) starts where it left off. Read
+  // from the device (synchronizes; not inside a capture): parameter `param`'s count, or the most
+  // any parameter took (the number of steps when every step had every gradient).
+  std::int64_t steps(std::size_t param) const;
   std::int64_t steps() const;
   const std::vector<Tensor>& params() const { return params_; }
 
@@ -65,7 +72,9 @@ class Optimizer {
 
   const char* name_;
   std::vector<Tensor> params_;
-  Tensor lr_, step_;  // [1] each, on the parameters' device
+  Tensor lr_;    // [1], on the parameters' device
+  Tensor step_;  // [number of parameters]: each parameter's step count
+  DType dtype_ = DType::kFloat32;  // the parameters' dtype
   double lr_value_;
   Device device_;
 

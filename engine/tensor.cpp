@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "engine/random.h"
 #include "engine/stream.h"
@@ -80,7 +81,7 @@ std::string Tensor::str() const {
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   const std::int64_t n = shape_numel(shape);
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(options.dtype);
+  const std::size_t bytes = shape_nbytes(shape, options.dtype);
   std::shared_ptr<Storage> storage;
   if (options.device.is_cpu()) {
     storage = Storage::allocate_cpu(bytes);
@@ -94,8 +95,9 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   GW_CHECK(storage, "Tensor::from_storage: expected a storage, got none");
+  GW_CHECK(storage, "Tensor::from_storage: expected a storage, got none");
   const std::int64_t n = shape_numel(shape);
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  const std::size_t bytes = shape_nbytes(shape, dtype);
   GW_CHECK(storage->bytes() >= bytes, "Tensor::from_storage: a storage of ", storage->bytes(),
            " bytes cannot hold ", dtype_name(dtype), shape_str(shape), " (", bytes, " bytes)");
   return Tensor(std::make_shared<Impl>(Impl{std::move(storage), shape, dtype, n, false, {}, {}}));
@@ -158,16 +160,15 @@ Tensor Tensor::view(const Shape& shape) const {
 
 namespace {
 
-// Copies `bytes` of host memory into a fresh tensor of `shape` on `options.device`.
-Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
-  Tensor t = Tensor::empty(shape, options);
+// Copies t.nbytes() of host memory into `t`, a fresh tensor.
+Tensor upload_into(Tensor t, const void* host) {
   if (t.nbytes() == 0) return t;
-  if (options.device.is_cpu()) {
+  if (t.device().is_cpu()) {
     std::memcpy(t.raw_data(), host, t.nbytes());
     return t;
   }
 #if GRAPHWARD_HAS_CUDA
-  DeviceGuard guard(options.device);
+  DeviceGuard guard(t.device());
   // From pageable memory: returns once the source has been staged, so `host` may be freed after.
   GW_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), host, t.nbytes(), cudaMemcpyHostToDevice,
                                 t.storage()->producer_stream()));
@@ -175,25 +176,49 @@ Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
   return t;
 }
 
+// Copies host memory into a fresh tensor of `shape` on `options.device`.
+Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
+  return upload_into(Tensor::empty(shape, options), host);
+}
+
+// Note [Host memory] (memory.cpp): the tensor is made first (its size checked, its memory taken
+// or refused with OutOfMemoryError); a CPU tensor is then filled in place, a CUDA one from a host
+// staging buffer of the same size, whose failure is an OutOfMemoryError too.
 template <class Gen>
 Tensor generate(const Shape& shape, TensorOptions options, Gen gen) {
   GW_CHECK(is_floating(options.dtype), "creating a ", dtype_name(options.dtype), shape_str(shape),
            " tensor from values: expected float32 or float64 (or bfloat16; int32 tensors: "
            "from_vector or zeros)");
-  const std::int64_t n = shape_numel(shape);
-  if (options.dtype == DType::kBFloat16) {  // the float32 values, rounded
-    std::vector<bf16> v(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) v[i] = bf16::from_float(static_cast<float>(gen(i)));
-    return upload(v.data(), shape, options);
-  }
-  if (options.dtype == DType::kFloat64) {
-    std::vector<double> v(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) v[i] = gen(i);
-    return upload(v.data(), shape, options);
-  }
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(gen(i));
-  return upload(v.data(), shape, options);
+  Tensor t = Tensor::empty(shape, options);
+  const std::int64_t n = t.numel();
+  auto fill = [&](auto* v) {
+    using T = std::remove_pointer_t<decltype(v)>;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, bf16>) {  // the float32 values, rounded
+        v[i] = bf16::from_float(static_cast<float>(gen(i)));
+      } else {
+        v[i] = static_cast<T>(gen(i));
+      }
+    }
+  };
+  auto fill_as = [&]<class T>() {
+    if (options.device.is_cpu()) {
+      fill(static_cast<T*>(t.raw_data()));
+      return t;
+    }
+    std::vector<T> v;
+    try {
+      v.resize(static_cast<std::size_t>(n));
+    } catch (const std::exception&) {
+      throw OutOfMemoryError(detail::concat("graphward: out of host memory: staging the values of ",
+                                            t.str(), " needed ", t.nbytes(), " bytes"));
+    }
+    fill(v.data());
+    return upload_into(t, v.data());
+  };
+  if (options.dtype == DType::kBFloat16) return fill_as.template operator()<bf16>();
+  if (options.dtype == DType::kFloat64) return fill_as.template operator()<double>();
+  return fill_as.template operator()<float>();
 }
 
 }  // namespace

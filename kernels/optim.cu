@@ -47,13 +47,14 @@ __device__ __forceinline__ const ParamSlice& my_slice(const Batch& b, unsigned& 
   return b.t[lo];
 }
 
-// After the block read step[0] and did its work: the last block of the grid counts the step.
-__device__ __forceinline__ void count_step(float* step, unsigned* done) {
+// After the block read its parameter's count and did its work: the last block of the grid counts
+// the step of every parameter of the launch.
+__device__ __forceinline__ void count_steps(const Batch& b, unsigned* done) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
-      step[0] += 1.f;
+      for (int i = 0; i < b.count; ++i) *b.t[i].step += 1.f;
       *done = 0u;
     }
   }
@@ -63,12 +64,12 @@ __device__ __forceinline__ void count_step(float* step, unsigned* done) {
   for (std::int64_t i = static_cast<std::int64_t>(block) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(blocks) * blockDim.x)
 
-__global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr, float* step,
+__global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr,
                                 unsigned* done, SgdF hp) {
   const float lr = *lr_ptr;
-  const bool first = *step == 0.f;
   unsigned block = 0, blocks = 0;
   const ParamSlice& t = my_slice(b, block, blocks);
+  const bool first = *t.step == 0.f;
   float* p = t.p;
   const float* grad = t.grad;
   float* buf = t.s1;
@@ -82,18 +83,18 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
     }
     p[i] -= lr * g;
   }
-  if (done) count_step(step, done);
+  count_steps(b, done);
 }
 
 __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr,
-                                  float* step, unsigned* done, AdamWF hp) {
+                                  unsigned* done, AdamWF hp) {
   const float lr = *lr_ptr;
-  const double t = static_cast<double>(*step) + 1.0;
+  unsigned block = 0, blocks = 0;
+  const ParamSlice& s = my_slice(b, block, blocks);
+  const double t = static_cast<double>(*s.step) + 1.0;
   const float c1 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta1), t));
   const float c2 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta2), t));
   const float sqrt_c2 = sqrtf(c2);
-  unsigned block = 0, blocks = 0;
-  const ParamSlice& s = my_slice(b, block, blocks);
   float* p = s.p;
   const float* grad = s.grad;
   float* m = s.s1;
@@ -108,23 +109,14 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
     w -= lr * (mi / c1) / (sqrtf(vi) / sqrt_c2 + hp.eps);
     p[i] = w;
   }
-  if (done) count_step(step, done);
+  count_steps(b, done);
 }
 
-__global__ void increment_kernel(float* counter) {
-  counter[0] += 1.f;
-}
-
-// Launches `kernel` over `params` in batches of kMultiTensorMax; the last launch counts the step
-// (or, with no parameter, a kernel of its own).
+// Launches `kernel` over `params` in batches of kMultiTensorMax; each launch counts the steps of
+// its parameters. No parameter: nothing to launch, nothing counted.
 template <class Kernel, class Hyper>
 void launch_batches(Kernel kernel, const ParamSlice* params, std::size_t count, const float* lr,
-                    float* step, unsigned* done, Hyper hp, cudaStream_t stream) {
-  if (count == 0) {
-    increment_kernel<<<1, 1, 0, stream>>>(step);
-    GW_LAUNCH_CHECK();
-    return;
-  }
+                    unsigned* done, Hyper hp, cudaStream_t stream) {
   for (std::size_t first = 0; first < count; first += kMultiTensorMax) {
     Batch b{};
     b.count = static_cast<int>(std::min(kMultiTensorMax, count - first));
@@ -136,9 +128,7 @@ void launch_batches(Kernel kernel, const ParamSlice* params, std::size_t count, 
           1, std::min<std::int64_t>((b.t[i].n + kThreads - 1) / kThreads, kMaxBlocks));
     }
     b.first_block[b.count] = static_cast<unsigned>(blocks);
-    const bool last = first + kMultiTensorMax >= count;
-    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(b, lr, step,
-                                                                   last ? done : nullptr, hp);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(b, lr, done, hp);
     GW_LAUNCH_CHECK();
   }
 }
@@ -159,7 +149,7 @@ __global__ void clip_coefficient_kernel(float* norm, float* scale, const float* 
   const double nrm = sqrt(total);
   norm[0] = static_cast<float>(nrm);
   const double s = static_cast<double>(max_norm) / (nrm + 1e-6);
-  scale[0] = static_cast<float>(s < 1.0 ? s : 1.0);
+  scale[0] = static_cast<float>(s < 1.0 || s != s ? s : 1.0);  // a NaN norm: NaN everywhere
 }
 
 __global__ void scale_by_kernel(float* x, const float* scale, std::int64_t n) {
@@ -171,17 +161,17 @@ __global__ void scale_by_kernel(float* x, const float* scale, std::int64_t n) {
 
 }  // namespace
 
-void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
-              unsigned* done, SgdParams hp, cudaStream_t stream) {
+void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
+              SgdParams hp, cudaStream_t stream) {
   const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening),
                static_cast<float>(hp.weight_decay), hp.nesterov};
-  launch_batches(sgd_step_kernel, params, count, lr, step, done, f, stream);
+  launch_batches(sgd_step_kernel, params, count, lr, done, f, stream);
 }
-void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
-                unsigned* done, AdamWParams hp, cudaStream_t stream) {
+void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
+                AdamWParams hp, cudaStream_t stream) {
   const AdamWF f{static_cast<float>(hp.beta1), static_cast<float>(hp.beta2),
                  static_cast<float>(hp.eps), static_cast<float>(hp.weight_decay)};
-  launch_batches(adamw_step_kernel, params, count, lr, step, done, f, stream);
+  launch_batches(adamw_step_kernel, params, count, lr, done, f, stream);
 }
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream) {
   sum_squares_kernel<<<1, kReduceThreads, 0, stream>>>(out, x, n);

@@ -1,9 +1,10 @@
 #pragma once
 // Optimizer updates and gradient clipping, with CPU references. Same launcher contract as
-// elementwise.h (never allocate, never synchronize, safe to capture). The learning rate and the
-// step count are read from device memory (lr[0]; step[0], the number of steps taken before this
-// one), so that a captured optimizer step sees a changed learning rate and counts its own steps
-// when replayed. Semantics follow torch.optim.SGD and torch.optim.AdamW.
+// elementwise.h (never allocate, never synchronize, safe to capture). The learning rate and each
+// parameter's step count are read from device memory (lr[0]; *slice.step, the number of steps
+// that parameter took before this one), so that a captured optimizer step sees a changed learning
+// rate and counts its own steps when replayed. Semantics follow torch.optim.SGD and
+// torch.optim.AdamW, whose step counts are per parameter too.
 #include <cstddef>
 #include <cstdint>
 
@@ -23,13 +24,15 @@ struct AdamWParams {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
 };
 
-// One parameter of a multi-tensor step: the parameter, its gradient and up to two state tensors of
-// its size (SGD: the momentum buffer, or null without momentum; AdamW: m and v).
+// One parameter of a multi-tensor step: the parameter, its gradient, up to two state tensors of
+// its size (SGD: the momentum buffer, or null without momentum; AdamW: m and v) and its step
+// count (one float, counted by the step).
 struct ParamSlice {
   float* p = nullptr;
   const float* grad = nullptr;
   float* s1 = nullptr;
   float* s2 = nullptr;
+  float* step = nullptr;
   std::int64_t n = 0;
 };
 // Parameters one launch takes: the kernel's parameter block (a slice, its first block) stays under
@@ -41,22 +44,24 @@ constexpr std::size_t kMultiTensorMax = 64;
 // An optimizer step updates every parameter in ceil(count / kMultiTensorMax) launches, not one a
 // parameter: each parameter gets its own range of blocks, and each element is computed by the same
 // arithmetic whatever the grouping (a parameter's result does not depend on the others). The step
-// count needs no launch of its own either: in the last launch, each block reads step[0], does its
-// work and counts itself done in done[0]; the block that counts last adds 1 to step[0] (every other
-// block has read it by then) and resets done[0] to 0 for the next step. A step with no parameter
-// to update (count 0) only counts the step.
+// counts need no launch of their own either: each block reads its parameter's count, does its
+// work and counts itself done in done[0]; the block of a launch that counts last adds 1 to the
+// count of every parameter of the launch (every other block has read them by then) and resets
+// done[0] to 0 for the next launch. Only the parameters updated are counted: a parameter without a
+// gradient keeps its count, as in PyTorch, so a layer unfrozen late starts at step 1.
 //
 // Per parameter, SGD: g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf +
 // (1 − dampening)·g), g = nesterov ? g + momentum·buf : buf; then p −= lr·g.
-void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
-              unsigned* done, SgdParams hp, cudaStream_t stream);
+void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
+              SgdParams hp, cudaStream_t stream);
 // Per parameter, AdamW: t = step + 1; p ·= 1 − lr·wd; m = β1·m + (1 − β1)·g;
 // v = β2·v + (1 − β2)·g²; p −= lr · (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)
-void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, float* step,
-                unsigned* done, AdamWParams hp, cudaStream_t stream);
+void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
+                AdamWParams hp, cudaStream_t stream);
 // out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic)
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream);
-// norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm + 1e-6))
+// norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm + 1e-6)),
+// NaN when the norm is (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream);
 // x[i] ·= scale[0]
