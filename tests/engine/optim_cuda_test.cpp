@@ -111,6 +111,53 @@ TEST_F(CudaOptim, ClipGradNormMatchesTheCpuReference) {
   }
 }
 
+// Step counts are per parameter on the device too (Note [Multi-tensor step]): over 150 parameters
+// (three launches), some frozen for the first steps and some never given a gradient, each
+// parameter's count and value follow the CPU reference, and steps without any gradient count for
+// none.
+TEST_F(CudaOptim, StepCountsArePerParameterAcrossLaunchesAsOnTheCpu) {
+  auto make = [](Device d) {
+    std::vector<Tensor> p;
+    for (std::int64_t i = 0; i < 150; ++i) {
+      p.push_back(randn({1 + (i * 13) % 300}, 7000 + static_cast<std::uint64_t>(i)).to(d)
+                      .set_requires_grad(true));
+    }
+    return p;
+  };
+  const std::vector<Tensor> cpu = make(Device::cpu()), gpu = make(kGpu);
+  AdamW a(cpu, {.lr = 0.01, .weight_decay = 0.1}), b(gpu, {.lr = 0.01, .weight_decay = 0.1});
+  a.step();  // no gradient anywhere: nothing counts
+  b.step();
+  EXPECT_EQ(b.steps(), 0);
+  for (int s = 0; s < 5; ++s) {
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      if (i % 7 == 2 || (i % 5 == 1 && s < 3)) continue;  // never, or frozen for three steps
+      const Tensor g = randn(cpu[i].shape(), 9000 + 300 * static_cast<std::uint64_t>(s) + i);
+      cpu[i].grad() = g;
+      gpu[i].grad() = g.to(kGpu);
+    }
+    a.step();
+    b.step();
+  }
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const std::int64_t want = i % 7 == 2 ? 0 : i % 5 == 1 ? 2 : 5;
+    EXPECT_EQ(a.steps(i), want) << i;
+    EXPECT_EQ(b.steps(i), want) << i;
+    EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << i;
+  }
+  EXPECT_EQ(b.steps(), 5);
+}
+
+// A NaN gradient makes every gradient NaN, on the device as on the CPU (torch's behaviour).
+TEST_F(CudaOptim, ClipGradNormWithANanGradientMakesEveryGradientNan) {
+  const Tensor p = zeros({2}, {DType::kFloat32, kGpu}).set_requires_grad(true);
+  const Tensor q = zeros({2}, {DType::kFloat32, kGpu}).set_requires_grad(true);
+  p.grad() = from_vector(std::vector<float>{NAN, 1.f}, {2}, kGpu);
+  q.grad() = from_vector(std::vector<float>{3.f, 4.f}, {2}, kGpu);
+  EXPECT_TRUE(std::isnan(clip_grad_norm({p, q}, 1.0).item()));
+  for (float v : q.grad().to_vector<float>()) EXPECT_TRUE(std::isnan(v));
+}
+
 // Captures `body` on a stream of its own (with a graph memory pool), returns the executable.
 cudaGraphExec_t capture(Stream& s, GraphMemoryPool& pool, const std::function<void()>& body) {
   cudaGraph_t graph = nullptr;

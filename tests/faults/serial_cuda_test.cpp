@@ -128,6 +128,41 @@ TEST(CudaOutOfMemory, OutOfMemoryWhileCapturingAbandonsTheCaptureAndTheNextSteps
   EXPECT_EQ(graphed.w2.grad().to_vector<float>(), eager.w2.grad().to_vector<float>());
 }
 
+// Note [A failed backward] on the device: an eager backward that runs out of memory part-way
+// throws OutOfMemoryError with the account of what it left, releases nothing (the retry is not "a
+// second time"), undefines the .grads it made, leaves no CUDA error behind; with the memory back,
+// the retry gives the gradients of an undisturbed backward.
+TEST(CudaOutOfMemory, AnEagerBackwardThatRunsOutPartWayLosesNothingAndCanBeRunAgain) {
+  GW_REQUIRE_GPU();
+  const Tensor x = randn({512, 2048}, 3, kF32Gpu), t = randn({512, 2048}, 4, kF32Gpu);
+  Net reference, net;
+  backward(reference.loss(x, t));
+  const Tensor loss = net.loss(x, t);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  empty_cache(kGpu);
+  {
+    MemoryHog hog;
+    ASSERT_GT(hog.blocks(), 0u);
+    try {
+      backward(loss);
+      ADD_FAILURE() << "expected an OutOfMemoryError";
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      for (const char* part : {"out of memory on cuda:0", "[the backward failed at step",
+                               "Nothing was released"}) {
+        EXPECT_NE(what.find(part), std::string::npos) << "lacks \"" << part << "\": " << what;
+      }
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_FALSE(net.w1.grad().defined());
+    EXPECT_FALSE(net.w2.grad().defined());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  backward(loss);  // the retry: the tape is whole
+  EXPECT_EQ(net.w1.grad().to_vector<float>(), reference.w1.grad().to_vector<float>());
+  EXPECT_EQ(net.w2.grad().to_vector<float>(), reference.w2.grad().to_vector<float>());
+}
+
 // y = x; its backward first launches a kernel that traps when *flag is not zero.
 Tensor faulty(const Tensor& x, const Tensor& flag) {
   Tensor y;
