@@ -137,10 +137,19 @@ Node::~Node() {
 // A backward reads the tensors its forward saved. If one was modified in place after it was saved
 // (its storage's version moved on), the gradient would be silently wrong; instead the backward
 // fails and names the op, the tensor and both versions, as PyTorch does.
+std::string Node::released_message() const {
+  if (released_by_failure_) {
+    return detail::concat("backward through ", label(), " a second time: its saved tensors were "
+                          "freed by a backward that then failed part-way (its error said where); "
+                          "run the forward again, then the backward");
+  }
+  return detail::concat("backward through ", label(), " a second time: its saved tensors were freed "
+                        "by the previous backward; pass retain_graph = true to the first backward "
+                        "to keep them");
+}
+
 void Node::check_saved() const {
-  GW_CHECK(!released(), "backward through ", label(),
-           " a second time: its saved tensors were freed by the previous backward; pass "
-           "retain_graph = true to the first backward to keep them");
+  GW_CHECK(!released(), released_message());
   for (const SavedTensor& s : saved_) {
     GW_CHECK(s.tensor.version() == s.version, "one of the tensors needed for the gradient of ",
              label(), " was modified in place: '", s.name, "' (", s.tensor.str(),

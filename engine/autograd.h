@@ -105,6 +105,11 @@ class Node {
   }
   // "linear#17"
   std::string label() const { return name_ + "#" + std::to_string(sequence_nr_); }
+  // Why a backward through this node is refused: "backward through linear#17 a second time: ...",
+  // naming a backward that failed part-way after freeing it (Note [A failed backward]).
+  std::string released_message() const;
+  // Note [A failed backward]: this node's saved tensors were freed by a backward that then failed.
+  void note_released_by_failed_backward() { released_by_failure_ = true; }
 
   // Runs the backward. Throws if the saved tensors were released (second backward without
   // retain_graph) or one of them was modified in place since it was saved.
@@ -176,6 +181,7 @@ class Node {
   BackwardFn backward_;
   std::uint64_t sequence_nr_;
   bool released_ = false;
+  bool released_by_failure_ = false;
   NodeRecord record_;
   std::vector<const Storage*> saved_storages_;  // per saved tensor (nullptr: undefined)
   std::shared_ptr<detail::StepReads> step_reads_;  // step_reads()

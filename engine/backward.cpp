@@ -332,18 +332,36 @@ class LeafClaims {
 
 // Note [A failed backward]
 // A backward that fails part-way — out of memory for a gradient buffer, a kernel that cannot be
-// launched, a reducer's error — must not lose anything. Saved tensors are freed only once every
-// step is issued, so the tape is whole for a retry. Leaves whose .grad this backward created are
-// given back their undefined .grad. A .grad that was defined before and that a step already wrote
-// cannot be restored without a copy of it made every backward (memory and a kernel a leaf, on
-// the path every step takes), so the error names those leaves instead: overwrite them (zero_grad,
-// or GradWrite::kOverwrite) before a retry. The streams the backward forked are joined into the
+// launched, a reducer's error — must leave nothing it does not say. Leaves whose .grad this
+// backward created get their undefined .grad back. A .grad that was defined before and that a
+// step already wrote cannot be restored without a copy of it made every backward (memory and a
+// kernel a leaf, on the path every step takes), so the error names those leaves: overwrite them
+// (zero_grad, or GradWrite::kOverwrite) before a retry. The saved tensors of the steps that
+// finished were freed as the backward went (as PyTorch frees them): the error says how many, and
+// a later backward through those nodes is refused naming the failed backward ("run the forward
+// again"); when none was freed (a failure at the first step, or retain_graph) the tape is whole
+// and the backward may simply run again. The streams the backward forked are joined into the
 // caller's (rule 4) before the error is thrown, and the error keeps its type (OutOfMemoryError,
-// CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account added.
-void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached,
+// CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account added. Inside a
+// capture none of this applies: the error goes up as it was, and the capture is abandoned with
+// whatever it recorded (capture_stream).
+//
+// Freeing the saved tensors at the end instead, so that every failure left the tape whole, was
+// measured and not chosen: it raises the backward's peak memory by 5-19% on the example models
+// (docs/DECISIONS.md), on every step, for a retry that out of memory rarely allows anyway.
+void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
                                   const std::vector<std::pair<int, bool>>& leaf_had_grad,
                                   const std::function<void()>& join) {
   join();
+  // Steps before `reached` finished, and freed their saved tensors when asked to.
+  std::size_t freed = 0;
+  for (int k = 0; k < reached; ++k) {
+    Node* n = plan.steps[static_cast<std::size_t>(k)].node;
+    if (release_saved && n->released()) {
+      n->note_released_by_failed_backward();
+      ++freed;
+    }
+  }
   std::vector<std::string> partial;
   std::size_t reset = 0;
   for (const auto& [i, had] : leaf_had_grad) {
@@ -362,7 +380,9 @@ void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached,
       reached == -2 ? std::string("before it wrote anything")
       : reached == -1 ? std::string("at its seeds")
                       : detail::concat("at step ", reached + 1, " of ", plan.steps.size(), " (", plan.steps[static_cast<std::size_t>(reached)].node->label(), ")"),
-      ". Nothing was released: the tape is whole and the backward may be run again. ");
+      ". ", freed == 0 ? std::string("Nothing was released: the tape is whole and the backward may be run again. ")
+                       : detail::concat("The saved tensors of the ", freed, " step", freed == 1 ? "" : "s",
+                                        " before it were freed as it went: run the forward again before another backward. "));
   account += reset ? detail::concat(reset, " .grad", reset == 1 ? " it had made was" : "s it had made were", " undefined again. ") : std::string();
   if (partial.empty()) {
     account += "No .grad that existed before was written.]";
@@ -682,6 +702,11 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
         }
       }
 #endif
+      // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
+      // that the activations' memory is back in the pool for the rest of the backward (rule 7
+      // orders each free after the streams that read it; Note [A failed backward] says why not
+      // at the end).
+      if (release_saved) step.node->release_saved();
       if (timed) mark(2 + 2 * step_index, s);
       if (gpu && step.event >= 0) event(device, step.event).record(s);
       if (!ready_main.empty() && ready_main[step_index] >= 0) {
@@ -695,15 +720,10 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
                 .count();
       }
     }
-    // Every step is issued: nothing reads the saved tensors any more (rule 7 orders each free
-    // after the streams that read them). Freed here, not after each step, so that a backward that
-    // fails part-way leaves the tape whole for a retry (Note [A failed backward]).
-    if (release_saved) {
-      for (const BackwardPlan::Step& step : plan.steps) step.node->release_saved();
-    }
   }
   } catch (...) {
-    fail_backward(plan, reached, leaf_had_grad, [&] {
+    if (!undoable) throw;  // inside a capture: the capture is abandoned with everything in it
+    fail_backward(plan, reached, release_saved, leaf_had_grad, [&] {
       try {
         join();
         if (joined_frees) joined_frees->joined();

@@ -147,9 +147,9 @@ class EagerExecutor {
 
   // Runs `plan` with `seeds` (one per root; undefined for none). Device is that of the plan's
   // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
-  // `release_saved` (a backward without retain_graph), the nodes' saved tensors are freed once
-  // every step is issued; if a step throws, nothing is released (Note [A failed backward],
-  // backward.cpp).
+  // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
+  // after its step; if a step throws, the nodes before it are already released, and the error
+  // says so (Note [A failed backward], backward.cpp).
   // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
   // a CudaError naming the step's node when its work failed.
   // With `reducer`, the leaf gradients are reduced bucket by bucket (Note [Gradient reduction]).
@@ -171,7 +171,7 @@ class EagerExecutor {
                 bool timed, bool in_capture, bool release_saved, bool localize = false,
                 GradientReducer* reducer = nullptr);
   // Note [A failed backward]: called from a catch block; joins, undoes, rethrows with an account.
-  [[noreturn]] static void fail_backward(const BackwardPlan& plan, int reached,
+  [[noreturn]] static void fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
                                          const std::vector<std::pair<int, bool>>& leaf_had_grad,
                                          const std::function<void()>& join);
   Event& event(Device device, int i);

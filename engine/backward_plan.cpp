@@ -63,9 +63,7 @@ BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t call
     const int ni = stack.back();
     stack.pop_back();
     Node* n = nodes[ni];
-    GW_CHECK(!n->released(), "backward through ", n->label(),
-             " a second time: its saved tensors were freed by the previous backward; pass "
-             "retain_graph = true to the first backward to keep them");
+    GW_CHECK(!n->released(), n->released_message());
     if (!have_device) {
       device = n->device();
       have_device = true;

@@ -105,6 +105,7 @@ constexpr std::size_t kHostAlignment = 64;
 // limit or the system refuses throws OutOfMemoryError, as a device's does, saying what needed how
 // much: never std::bad_alloc, and nothing is half-made.
 std::atomic<std::size_t> g_host_bytes{0};
+std::atomic<std::size_t> g_host_peak{0};
 std::atomic<std::size_t> g_host_limit{SIZE_MAX};
 
 void* host_alloc(std::size_t bytes, const char* what) {
@@ -112,7 +113,12 @@ void* host_alloc(std::size_t bytes, const char* what) {
   const std::size_t held = g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
   void* p = nullptr;
   if (held <= limit && bytes <= limit - held) p = std::aligned_alloc(kHostAlignment, bytes);
-  if (!p) {
+  if (p) {
+    const std::size_t now = held + bytes;
+    std::size_t peak = g_host_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  } else {
     g_host_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     throw OutOfMemoryError(detail::concat(
         "graphward: out of host memory: ", what, " needed ", bytes, " bytes; graphward holds ",
@@ -1043,6 +1049,14 @@ void empty_cache(Device device) {
 
 std::size_t host_bytes_in_use() {
   return g_host_bytes.load(std::memory_order_relaxed);
+}
+
+std::size_t host_peak_bytes() {
+  return g_host_peak.load(std::memory_order_relaxed);
+}
+
+void reset_host_peak_bytes() {
+  g_host_peak.store(g_host_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 void set_host_memory_limit(std::size_t bytes) {

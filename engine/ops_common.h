@@ -8,6 +8,8 @@
 // slots) runs before the first allocation or write, so an exception never leaves a half-written
 // output or a gradient with some contributions added.
 #include <initializer_list>
+#include <new>
+#include <string>
 #include <utility>
 
 #include "engine/ops.h"
@@ -66,14 +68,22 @@ inline bool open_slot(const GradSlot& slot, const Tensor& input, cudaStream_t st
 
 // Runs f.template operator()<T>() with T = float or double per `dtype` (the CPU backend). Any
 // other dtype is refused: a kernel must never write one type's elements into another's buffer.
+// A CPU kernel's own scratch (an accumulator in double) that the system cannot give is an
+// OutOfMemoryError, like every host allocation (Note [Host memory], engine/memory.cpp); the
+// kernels take it before they write.
 template <class F>
 void dispatch_cpu(DType dtype, F&& f) {
-  if (dtype == DType::kFloat64) {
-    std::forward<F>(f).template operator()<double>();
-  } else {
-    GW_CHECK(dtype == DType::kFloat32, "no CPU kernel computes in ", dtype_name(dtype),
-             "; expected a float32 or float64 tensor");
-    std::forward<F>(f).template operator()<float>();
+  GW_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat64, "no CPU kernel computes in ",
+           dtype_name(dtype), "; expected a float32 or float64 tensor");
+  try {
+    if (dtype == DType::kFloat64) {
+      std::forward<F>(f).template operator()<double>();
+    } else {
+      std::forward<F>(f).template operator()<float>();
+    }
+  } catch (const std::bad_alloc& e) {
+    throw OutOfMemoryError(std::string("graphward: out of host memory for a CPU kernel's scratch (") +
+                           e.what() + "). Expected: less memory in use, or a smaller batch");
   }
 }
 

@@ -76,6 +76,31 @@ std::string dnn_plan_for_test(const Shape& x, const Shape& w, const Conv2dOption
 }
 const Shape kElementwiseShapes[] = {{1}, {7, 13}, {33, 65}, {128, 257}, {1000, 1031}};
 
+// Note [Checked sizes] on the device: a size that does not fit is refused before anything is
+// allocated (not an out-of-memory error, no CUDA error left behind), and windows near the ends
+// of int64 are refused as on the CPU.
+TEST_F(CudaOps, SizesThatDoNotFitAreRefusedBeforeAnyAllocation) {
+  const TensorOptions f32{DType::kFloat32, kGpu};
+  GW_EXPECT_ERROR(zeros({std::int64_t{1} << 62}, f32), "float32[4611686018427387904]", "bytes");
+  GW_EXPECT_ERROR(randn({std::int64_t{1} << 32, std::int64_t{1} << 32}, 1, f32), "int64");
+  GW_EXPECT_ERROR(Tensor::empty({-1, 4}, f32), "negative dimension");
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const Tensor x = randn({2, 5}, 2, f32);
+  for (std::int64_t start : {INT64_MIN, std::int64_t{-1}, std::int64_t{4}, INT64_MAX}) {
+    for (std::int64_t length : {INT64_MIN, std::int64_t{0}, std::int64_t{2}, INT64_MAX}) {
+      GW_EXPECT_ERROR(narrow(x, start, length), "narrow", "window");
+      Tensor g;
+      GW_EXPECT_ERROR(narrow_backward(randn({2, 1}, 3, f32), {2, 5}, start, length, {&g}),
+                      "narrow_backward");
+      EXPECT_FALSE(g.defined());
+    }
+  }
+  GW_EXPECT_ERROR(reshape(x, {-1, std::int64_t{1} << 32, std::int64_t{1} << 32}), "reshape",
+                  "int64");
+  EXPECT_EQ(narrow(x, 4, 1).to(Device::cpu()).to_vector<float>(),
+            narrow(x.to(Device::cpu()), 4, 1).to_vector<float>());
+}
+
 TEST_F(CudaOps, MatmulForwardAndBackward) {
   for (const auto& s : kGemmShapes) {
     const Tensor a = rand({s.m, s.k}), b = rand({s.k, s.n}), dy = rand({s.m, s.n});

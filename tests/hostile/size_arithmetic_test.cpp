@@ -90,6 +90,8 @@ TEST_F(SizeArithmetic, CreationAndViewsRefuseShapesWhoseElementsOrBytesDoNotFit)
     attack("randn " + s, [&] { return std::vector<Tensor>{randn(sh, 1, {DType::kBFloat16})}; });
     attack("uniform " + s, [&] { return std::vector<Tensor>{uniform(sh, 0, 1, 1)}; });
     attack("view " + s, [&] { return std::vector<Tensor>{x.view(sh)}; });
+    attack("from_vector " + s,
+           [&] { return std::vector<Tensor>{from_vector(std::vector<float>(12, 1.f), sh)}; });
     attack("from_storage " + s,
            [&] { return std::vector<Tensor>{Tensor::from_storage(x.storage(), sh, DType::kFloat32)}; });
     attack("reshape " + s, [&] { return std::vector<Tensor>{reshape(x, sh)}; });
@@ -108,6 +110,19 @@ TEST_F(SizeArithmetic, CreationAndViewsRefuseShapesWhoseElementsOrBytesDoNotFit)
   }
   EXPECT_GT(accepted_, 0);
   EXPECT_GT(refused_, 0);
+}
+
+// Dimension indices: Tensor::size and the ops that take a dimension.
+TEST_F(SizeArithmetic, DimensionIndicesNearTheEndsOfInt64AreRefused) {
+  const Tensor x = ones({2, 3});
+  for (std::int64_t d : kHostile) {
+    attack("size " + str({d}), [&] {
+      const std::int64_t n = x.size(d);
+      EXPECT_TRUE(n == 2 || n == 3) << d;
+      return std::vector<Tensor>{};
+    });
+  }
+  EXPECT_EQ(accepted_, 4);  // -2, -1, 0, 1
 }
 
 // reshape with -1 beside every pair of hostile sizes (the inference divides by their product).
