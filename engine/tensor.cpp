@@ -2,6 +2,7 @@
 
 #include "engine/capture_mode.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -312,7 +313,19 @@ Tensor ones(const Shape& shape, TensorOptions options) {
   return full(shape, 1.0, options);
 }
 
+namespace {
+// A finite value that the tensor's type would make infinite (1e39 as float32) is refused; NaN and
+// the infinities are taken as given.
+void check_representable(const char* what, double value, DType dtype) {
+  GW_CHECK(!std::isfinite(value) || dtype == DType::kFloat64 || dtype == DType::kInt32 ||
+               std::fabs(value) <= static_cast<double>(FLT_MAX),
+           what, ": ", value, " is finite but infinite as ", dtype_name(dtype),
+           "; expected a magnitude of at most ", FLT_MAX, " (or a float64 tensor)");
+}
+}  // namespace
+
 Tensor full(const Shape& shape, double value, TensorOptions options) {
+  check_representable("full", value, options.dtype);
 #if GRAPHWARD_HAS_CUDA
   if (options.device.is_cuda() && options.dtype == DType::kFloat32) {
     Tensor t = Tensor::empty(shape, options);
@@ -335,6 +348,8 @@ Tensor uniform(const Shape& shape, double low, double high, std::uint64_t seed,
                TensorOptions options) {
   GW_CHECK(std::isfinite(low) && std::isfinite(high) && low < high,
            "uniform: expected finite bounds with low < high, got low=", low, " high=", high);
+  check_representable("uniform", low, options.dtype);
+  check_representable("uniform", high, options.dtype);
   const bool f32 = options.dtype == DType::kFloat32;
   return generate(shape, options, [=](std::int64_t i) {
     double v = low + (high - low) * philox_uniform(seed, static_cast<std::uint64_t>(i));

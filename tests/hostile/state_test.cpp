@@ -237,6 +237,10 @@ TEST(FloatRange, ScalarsThatOverflowTheTensorsTypeAreRefused) {
   GW_EXPECT_ERROR(add_(x, x, 1e39), "add_");
   GW_EXPECT_ERROR(layer_norm(ones({2, 2}), ones({2}), Tensor(), 1e39), "layer_norm");
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(2, 1.f));
+  GW_EXPECT_ERROR(full({2}, 1e39), "full", "infinite as float32");
+  GW_EXPECT_ERROR(full({2}, -1e39, {DType::kBFloat16}), "full", "infinite as bfloat16");
+  GW_EXPECT_ERROR(uniform({2}, -1e39, 0, 1), "uniform", "infinite as float32");
+  EXPECT_TRUE(std::isinf(full({1}, INFINITY).item()));  // asked for: given
   // float64 tensors take them: finite there.
   EXPECT_EQ(mul(ones({1}, {DType::kFloat64}), 1e39).to_vector<double>()[0], 1e39);
   const Tensor p = param({2}, 9);
