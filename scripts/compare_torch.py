@@ -22,10 +22,19 @@ N (--iters is the most). scripts/overlap_table.py prints it side by side with gr
 (conv 3x3 + ReLU, max pool, conv 3x3 + ReLU, average pool, linear) and the transformer block of
 examples/transformer.h (attention written out as in graphward: one QKV linear, heads by reshape and
 transpose, bmm, softmax, bmm — not fused SDPA), cross-entropy, AdamW; one whole training step per
-iteration: eager (zero_grad, forward, backward, step), and the whole step
-captured once in a torch.cuda.graph (capturable AdamW, static input slots copied into first)
-and replayed. event_us: CUDA events around the step. scripts/models_table.py prints it side by
-side with graphward's.
+iteration, in every form a PyTorch user would pick for speed (the row's mode):
+  eager          zero_grad, forward, backward, AdamW (its default, foreach) step
+  graph          the whole step captured once in a torch.cuda.graph (capturable AdamW, static
+                 input slots copied into first) and replayed
+  eager_fused    as eager, with AdamW(fused=True): one multi-tensor kernel a step
+  graph_fused    as graph, with AdamW(fused=True, capturable=True)
+  compile        torch.compile(model, mode="reduce-overhead") (CUDA graphs of forward and backward),
+                 AdamW(fused=True)
+  compile_graph  torch.compile(model, mode="max-autotune-no-cudagraphs") inside the whole-step
+                 torch.cuda.graph, AdamW(fused=True, capturable=True)
+A mode that cannot run on this PyTorch gives a row of NaN whose note says why. event_us: CUDA
+events around the step. scripts/models_table.py prints it side by side with graphward's and takes
+its ratios against the fastest PyTorch row of each model.
 
 Needs only PyTorch with CUDA; graphward's own tests never need it.
 """
@@ -155,26 +164,31 @@ def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False):
 
 def run_event_rows(torch, args, jobs, width):
     """Runs each (name, run) of `jobs` whose name contains --only; run() returns (event_us, wall_us,
-    host_us). Prints a row each (a failure is said and gives NaN: the others go on) and writes
-    the CSV (--csv)."""
-    rows = []
-    print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}")
+    host_us). Prints a row each and writes it to the CSV (--csv) at once, so that a run cut short
+    keeps the rows it finished. A row that cannot run gives NaN and a note saying why (in the
+    table and the CSV's note column); the others go on."""
+    out = open(args.csv, "w", newline="") if args.csv else None
+    writer = csv.writer(out) if out else None
+    if writer:
+        writer.writerow(["config", "event_us", "wall_us", "host_us", "note"])
+    print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}  note")
     for name, run_one in jobs:
         if args.only not in name:
             continue
+        note = ""
         try:
             ev, wall, host = run_one()
-        except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
+        except Exception as e:  # e.g. a capture or a compile PyTorch refuses: say so, go on
+            note = " ".join(f"cannot run: {type(e).__name__}: {e}".split())[:200]
             print(f"{name}: failed: {e}", file=sys.stderr)
             ev = wall = host = float("nan")
-        rows.append((name, ev, wall, host))
-        print(f"{name:{width}s} {ev:9.1f} {wall:9.1f} {host:9.1f}", flush=True)
+        if writer:
+            writer.writerow((name, ev, wall, host, note))
+            out.flush()
+        print(f"{name:{width}s} {ev:9.1f} {wall:9.1f} {host:9.1f}  {note}", flush=True)
         torch.cuda.empty_cache()
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["config", "event_us", "wall_us", "host_us"])
-            w.writerows(rows)
+    if out:
+        out.close()
     return 0
 
 
@@ -266,17 +280,33 @@ def make_transformer(torch, batch, seq, dim):
     return model, params, xs, ts
 
 
-def run_model(torch, made, graph, iters):
-    """One whole training step per iteration of `made` = (model, params, inputs, targets): eager
-    (zero_grad, forward, backward, AdamW step) or the whole step captured once and replayed."""
+MODEL_MODES = ("eager", "graph", "eager_fused", "graph_fused", "compile", "compile_graph")
+
+
+def run_model(torch, made, mode, iters):
+    """One whole training step per iteration of `made` = (model, params, inputs, targets) in
+    `mode` (MODEL_MODES, the module's docstring): eager (zero_grad, forward, backward, AdamW step)
+    or the whole step captured once and replayed, with the foreach or the fused AdamW, the model
+    as written or compiled."""
     F = torch.nn.functional
     model, params, xs, ts = made
-    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0, capturable=bool(graph))
+    graph = mode in ("graph", "graph_fused", "compile_graph")
+    fused = mode != "eager" and mode != "graph"
+    if mode == "compile":
+        model = torch.compile(model, mode="reduce-overhead")
+    elif mode == "compile_graph":
+        model = torch.compile(model, mode="max-autotune-no-cudagraphs")
+    kwargs = {"fused": True} if fused else {}
+    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0, capturable=bool(graph), **kwargs)
     state = {"i": 0}
     if not graph:
+        mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
         def step():
             i = state["i"]
             state["i"] += 1
+            if mode == "compile" and mark_step:
+                mark_step()  # a new iteration of the compiled model's CUDA graphs
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xs[i % 4]), ts[i % 4])
             loss.backward()
@@ -316,11 +346,17 @@ def main_models(torch, args):
               + [("transformer", f"batch:{b}/seq:{t}/dim:{d}", make_transformer, (b, t, d))
                  for b, t, d in TRANSFORMERS])
 
-    def job(make, config, graph):
-        return lambda: run_model(torch, make(torch, *config), graph, args.iters)
-    jobs = ((f"torch_{kind}/{name}/mode:{'graph' if graph else 'eager'}", job(make, config, graph))
-            for kind, name, make, config in models for graph in (0, 1))
-    return run_event_rows(torch, args, jobs, 60)
+    def job(make, config, mode):
+        return lambda: run_model(torch, make(torch, *config), mode, args.iters)
+    modes = [m for m in args.modes.split(",") if m] if args.modes else list(MODEL_MODES)
+    unknown = [m for m in modes if m not in MODEL_MODES]
+    if unknown:
+        print(f"compare_torch: unknown --modes {','.join(unknown)}; expected some of "
+              f"{','.join(MODEL_MODES)}", file=sys.stderr)
+        return 2
+    jobs = ((f"torch_{kind}/{name}/mode:{mode}", job(make, config, mode))
+            for kind, name, make, config in models for mode in modes)
+    return run_event_rows(torch, args, jobs, 66)
 
 
 def main():
@@ -334,7 +370,9 @@ def main():
     ap.add_argument("--overlap", action="store_true",
                     help="the overlap studies and the sweep, eager and graph, 1 and K streams")
     ap.add_argument("--models", action="store_true",
-                    help="the real-model training steps (MLP, convnet, transformer), eager and whole-step graph")
+                    help="the real-model training steps (MLP, convnet, transformer) in every mode")
+    ap.add_argument("--modes", default="",
+                    help="--models: a comma-separated subset of " + ",".join(MODEL_MODES))
     args = ap.parse_args()
     try:
         import torch

@@ -17,7 +17,8 @@
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
-# step 5b; default 100, 0 none).
+# step 5b; default 100, 0 none), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
+# every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -200,8 +201,12 @@ if [ $MODELS = 1 ] && [ -x "$BIN/bench/graphward_bench_models" ]; then
   "$BIN/examples/train_rnn" --steps 200 >>"$LOG_DIR/examples.txt" 2>&1 || ok=0
   torch_csv=
   if python3 -c 'import torch' 2>/dev/null; then
-    PYTHONUNBUFFERED=1 timeout 300 python3 "$GW_ROOT/scripts/compare_torch.py" --models \
-      --iters 200 --csv "$LOG_DIR/torch_models.csv" >"$LOG_DIR/torch_models.txt" 2>&1 || ok=0
+    # Every PyTorch mode (torch.compile's rows compile first: minutes); GW_TORCH_MODEL_MODES picks
+    # a subset. The CSV keeps the rows finished if the time runs out.
+    PYTHONUNBUFFERED=1 timeout "${GW_TORCH_MODELS_TIMEOUT:-540}" python3 \
+      "$GW_ROOT/scripts/compare_torch.py" --models --iters 200 \
+      ${GW_TORCH_MODEL_MODES:+--modes "$GW_TORCH_MODEL_MODES"} \
+      --csv "$LOG_DIR/torch_models.csv" >"$LOG_DIR/torch_models.txt" 2>&1 || ok=0
     torch_csv="$LOG_DIR/torch_models.csv"
   fi
   { cat "$LOG_DIR/examples.txt"

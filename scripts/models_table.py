@@ -6,11 +6,16 @@ targets for:
 
     python3 scripts/models_table.py models.json torch_models.csv
 
-eager ×: PyTorch eager / graphward eager (target: >= 3 on launch-bound configurations);
-full-step vs torch graph: graphward's full-step graph / PyTorch's whole-step graph (target: < 1).
+PyTorch's rows are every mode scripts/compare_torch.py runs (eager and whole-step graph, with the
+foreach or the fused AdamW, and torch.compile); "pt best" is the fastest of them, with its mode.
+
+eager ×: the fastest PyTorch eager step (eager or eager_fused) / graphward eager;
+full/pt-best: graphward's full-step graph / the fastest PyTorch row of the configuration.
+Rows PyTorch could not run are listed under each table with the reason.
 """
 import csv
 import json
+import math
 import os
 import re
 import sys
@@ -20,7 +25,8 @@ from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON fi
 
 # (model, its configuration as written in the names, mode)
 GW = re.compile(r"(MlpUnfusedEpilogues|Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
-TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:(eager|graph)")
+TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:([a-z_]+)")
+EAGER_MODES = ("eager", "eager_fused")
 TITLES = {
     "mlp": "MLP (input 256, hidden layers of linear + GELU, 10 classes)",
     "convnet": "convnet (3xSxS images, conv+ReLU, max pool, conv+ReLU, avg pool, linear; 10 classes)",
@@ -51,15 +57,29 @@ def load_graphward(path):
 
 
 def load_torch(path):
-    out = {}
+    """{(model, config, mode): event µs} for the rows that ran, and {(model, config, mode): note}
+    for those that could not."""
+    out, notes = {}, {}
     if not path or not os.path.exists(path):
-        return out
+        return out, notes
     for r in csv.DictReader(open(path)):
         m = TORCH.search(r["config"])
         if m:
             model, config, mode = m.groups()
-            out[(model, config_key(config), mode)] = float(r["event_us"])
-    return out
+            key = (model, config_key(config), mode)
+            value = float(r["event_us"])
+            if math.isnan(value):
+                notes[key] = r.get("note") or "no figure"
+            else:
+                out[key] = value
+    return out, notes
+
+
+def fastest(torch, model, config, modes=None):
+    """(µs, mode) of the fastest PyTorch row of `config` (among `modes`), or (None, "")."""
+    rows = [(v, k[2]) for k, v in torch.items()
+            if k[0] == model and k[1] == config and (modes is None or k[2] in modes)]
+    return min(rows) if rows else (None, "")
 
 
 def main():
@@ -67,7 +87,7 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     gw = load_graphward(sys.argv[1])
-    torch = load_torch(sys.argv[2] if len(sys.argv) > 2 else None)
+    torch, notes = load_torch(sys.argv[2] if len(sys.argv) > 2 else None)
     print("Training step, µs per step (cross-entropy, AdamW; CUDA events, medians)")
     for model in ("mlp", "convnet", "transformer"):
         configs = sorted({k[1] for k in gw if k[0] == model} |
@@ -76,13 +96,21 @@ def main():
             continue
         print(f"\n{TITLES[model]}")
         print(f"{'config':32s} {'gw eager':>10s} {'gw bwd-gr':>10s} {'gw full':>10s} "
-              f"{'pt eager':>10s} {'pt graph':>10s} {'eager x':>8s} {'full/pt-gr':>10s}")
+              f"{'pt eager':>10s} {'pt graph':>10s} {'pt best':>10s} {'(mode)':15s} "
+              f"{'eager x':>8s} {'full/pt-best':>12s}")
         for c in configs:
             e, bg, fs = (gw.get((model, c, m)) for m in (0, 1, 2))
             pe, pg = torch.get((model, c, "eager")), torch.get((model, c, "graph"))
+            best, best_mode = fastest(torch, model, c)
+            best_eager, _ = fastest(torch, model, c, EAGER_MODES)
             name = " ".join(f"{k} {v}" for k, v in c)
             print(f"{name:32s} {fmt(e, 10)} {fmt(bg, 10)} {fmt(fs, 10)} {fmt(pe, 10)} "
-                  f"{fmt(pg, 10)} {fmt(ratio(pe, e), 8, 2)} {fmt(ratio(fs, pg), 10, 2)}")
+                  f"{fmt(pg, 10)} {fmt(best, 10)} {best_mode:15s} {fmt(ratio(best_eager, e), 8, 2)} "
+                  f"{fmt(ratio(fs, best), 12, 2)}")
+        for (m, c, mode), note in sorted(notes.items()):
+            if m == model:
+                name = " ".join(f"{k} {v}" for k, v in c)
+                print(f"  PyTorch {mode} could not run at {name}: {note}")
     # The MLP with the backward epilogue fusion off (bench/models_bench.cpp), where measured.
     configs = sorted({k[1] for k in gw if k[0] == "mlpunfusedepilogues"},
                      key=lambda c: [v for _, v in c])

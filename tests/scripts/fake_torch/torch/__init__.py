@@ -49,7 +49,8 @@ class _Module:
     def __call__(self, x): return _T()
     def parameters(self): return [types.SimpleNamespace(grad=None)]
 class _AdamW:
-    def __init__(self, params, lr=1e-3, weight_decay=0.0, capturable=False): self.params = list(params)
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, capturable=False, fused=None):
+        self.params = list(params)
     def zero_grad(self, set_to_none=True): pass
     def step(self): pass
 nn.Sequential = _Module
@@ -104,3 +105,7 @@ class _NNModule:
     def parameters(self): return [_Param(), _Param()]
 nn.Module = _NNModule
 nn.ModuleList = list
+
+# For the compiled rows of --models: torch.compile returns the model; the CUDA-graph step marker.
+def compile(model, mode=None): return model
+compiler = types.SimpleNamespace(cudagraph_mark_step_begin=lambda: None)
