@@ -139,11 +139,13 @@ Node::~Node() {
 // fails and names the op, the tensor and both versions, as PyTorch does.
 std::string Node::released_message() const {
   if (released_by_failure_) {
-    return detail::concat("backward through ", label(), " a second time: its saved tensors were "
+    return detail::concat("backward through ", label(),
+                          " a second time: its saved tensors were "
                           "freed by a backward that then failed part-way (its error said where); "
                           "run the forward again, then the backward");
   }
-  return detail::concat("backward through ", label(), " a second time: its saved tensors were freed "
+  return detail::concat("backward through ", label(),
+                        " a second time: its saved tensors were freed "
                         "by the previous backward; pass retain_graph = true to the first backward "
                         "to keep them");
 }

@@ -372,24 +372,36 @@ void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached, bool re
       continue;
     }
     bool written = false;
-    for (int c : b.contributors) written = written || (c == BackwardPlan::kSeed ? reached >= -1 : c <= reached);
+    for (int c : b.contributors)
+      written = written || (c == BackwardPlan::kSeed ? reached >= -1 : c <= reached);
     if (written) partial.push_back(b.leaf.str());
   }
   std::string account = detail::concat(
       " [the backward failed ",
       reached == -2 ? std::string("before it wrote anything")
-      : reached == -1 ? std::string("at its seeds")
-                      : detail::concat("at step ", reached + 1, " of ", plan.steps.size(), " (", plan.steps[static_cast<std::size_t>(reached)].node->label(), ")"),
-      ". ", freed == 0 ? std::string("Nothing was released: the tape is whole and the backward may be run again. ")
-                       : detail::concat("The saved tensors of the ", freed, " step", freed == 1 ? "" : "s",
-                                        " before it were freed as it went: run the forward again before another backward. "));
-  account += reset ? detail::concat(reset, " .grad", reset == 1 ? " it had made was" : "s it had made were", " undefined again. ") : std::string();
+      : reached == -1
+          ? std::string("at its seeds")
+          : detail::concat("at step ", reached + 1, " of ", plan.steps.size(), " (",
+                           plan.steps[static_cast<std::size_t>(reached)].node->label(), ")"),
+      ". ",
+      freed == 0
+          ? std::string(
+                "Nothing was released: the tape is whole and the backward may be run again. ")
+          : detail::concat("The saved tensors of the ", freed, " step", freed == 1 ? "" : "s",
+                           " before it were freed as it went: run the forward again before another "
+                           "backward. "));
+  account += reset ? detail::concat(reset, " .grad",
+                                    reset == 1 ? " it had made was" : "s it had made were",
+                                    " undefined again. ")
+                   : std::string();
   if (partial.empty()) {
     account += "No .grad that existed before was written.]";
   } else {
-    account += detail::concat(partial.size(), " .grad", partial.size() == 1 ? "" : "s",
-                              " that existed before already hold part of this backward's gradient: ");
-    for (std::size_t k = 0; k < partial.size() && k < 8; ++k) account += (k ? ", " : "") + partial[k];
+    account +=
+        detail::concat(partial.size(), " .grad", partial.size() == 1 ? "" : "s",
+                       " that existed before already hold part of this backward's gradient: ");
+    for (std::size_t k = 0; k < partial.size() && k < 8; ++k)
+      account += (k ? ", " : "") + partial[k];
     if (partial.size() > 8) account += ", ...";
     account += "; overwrite them (zero_grad, or GradWrite::kOverwrite) before running it again.]";
   }
@@ -402,7 +414,8 @@ void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached, bool re
   } catch (const Error& e) {
     throw Error(e.what() + account);
   } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(std::string("graphward: out of host memory (") + e.what() + ")" + account);
+    throw OutOfMemoryError(std::string("graphward: out of host memory (") + e.what() + ")" +
+                           account);
   }
 }
 
@@ -431,7 +444,8 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   if (undoable) {
     for (std::size_t i = 0; i < plan.buffers.size(); ++i) {
       const BackwardPlan::Buffer& b = plan.buffers[i];
-      if (b.kind == Kind::kLeaf) leaf_had_grad.emplace_back(static_cast<int>(i), b.leaf.grad().defined());
+      if (b.kind == Kind::kLeaf)
+        leaf_had_grad.emplace_back(static_cast<int>(i), b.leaf.grad().defined());
     }
   }
   int reached = -2;  // -2: nothing written; -1: the seeds; k >= 0: step k began
@@ -518,72 +532,72 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   };
   std::optional<detail::JoinedFrees> joined_frees;
   try {
-  reached = -1;
-  for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
-    std::optional<StreamGuard> guard;
-    if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
-    scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
-  }
-  // Fork (rule 4): every other stream waits on the caller's stream.
-  if (gpu && !plan.forks.empty()) {
-    Event& e = event(device, fork_event);
-    e.record(caller);
-    for (int f : plan.forks) e.block(streams[f]);
-  }
+    reached = -1;
+    for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
+      std::optional<StreamGuard> guard;
+      if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
+      scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
+    }
+    // Fork (rule 4): every other stream waits on the caller's stream.
+    if (gpu && !plan.forks.empty()) {
+      Event& e = event(device, fork_event);
+      e.record(caller);
+      for (int f : plan.forks) e.block(streams[f]);
+    }
 
-  // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
-  auto issue_buckets = [&](int after) {
-    for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
-         ++next_bucket) {
-      const GradBucket& b = buckets[next_bucket];
-      std::vector<Tensor> grads;
-      grads.reserve(b.buffers.size());
-      if (gpu) {
-        for (const GradBucket::Ready& r : b.ready) {
-          if (r.step < 0) {
-            Event& e = event(device, comm_join_event);  // the seeds: written on the caller's
-            e.record(caller);
-            e.block(comm);
-          } else {
-            event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
+    // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
+    auto issue_buckets = [&](int after) {
+      for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
+           ++next_bucket) {
+        const GradBucket& b = buckets[next_bucket];
+        std::vector<Tensor> grads;
+        grads.reserve(b.buffers.size());
+        if (gpu) {
+          for (const GradBucket::Ready& r : b.ready) {
+            if (r.step < 0) {
+              Event& e = event(device, comm_join_event);  // the seeds: written on the caller's
+              e.record(caller);
+              e.block(comm);
+            } else {
+              event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
+            }
           }
         }
-      }
-      for (int i : b.buffers) {
-        const Tensor& g = plan.buffers[i].leaf.grad();
-        GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
-                 " was not written (an internal error of the plan)");
-        if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
-      }
-      if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
-        std::vector<Tensor*> slots;
-        slots.reserve(b.buffers.size());
-        for (int i : b.buffers) slots.push_back(&plan.buffers[i].leaf.grad());
-        reducer->place(slots);
-      }
-      for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
-      detail::NvtxRange nvtx_reduce("reduce gradients");
-      const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
-      if (timed) mark(timing, comm);
-      reducer->reduce(grads);
-      if (timed) mark(timing + 1, comm);
+        for (int i : b.buffers) {
+          const Tensor& g = plan.buffers[i].leaf.grad();
+          GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
+                   " was not written (an internal error of the plan)");
+          if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
+        }
+        if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
+          std::vector<Tensor*> slots;
+          slots.reserve(b.buffers.size());
+          for (int i : b.buffers) slots.push_back(&plan.buffers[i].leaf.grad());
+          reducer->place(slots);
+        }
+        for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
+        detail::NvtxRange nvtx_reduce("reduce gradients");
+        const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
+        if (timed) mark(timing, comm);
+        reducer->reduce(grads);
+        if (timed) mark(timing + 1, comm);
 #if GRAPHWARD_HAS_CUDA
-      if (localize) {
-        check_finished({comm}, detail::concat("the reduction of gradient bucket ", next_bucket + 1,
-                                              " of ", buckets.size()));
-      }
+        if (localize) {
+          check_finished({comm}, detail::concat("the reduction of gradient bucket ",
+                                                next_bucket + 1, " of ", buckets.size()));
+        }
 #endif
-    }
-  };
+      }
+    };
 
-  // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
-  // cached on the caller's stream after the join, not ordered free by free. Declared before the
-  // buffers (outside this block): their last frees come after the join too.
-  if (gpu && !in_capture && !plan.joins.empty()) {
-    std::vector<cudaStream_t> joined;
-    for (int j : plan.joins) joined.push_back(streams[j]);
-    if (!buckets.empty()) joined.push_back(comm);
-    joined_frees.emplace(device, caller, joined);
+    // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
+    // cached on the caller's stream after the join, not ordered free by free. Declared before the
+    // buffers (outside this block): their last frees come after the join too.
+    if (gpu && !in_capture && !plan.joins.empty()) {
+      std::vector<cudaStream_t> joined;
+      for (int j : plan.joins) joined.push_back(streams[j]);
+      if (!buckets.empty()) joined.push_back(comm);
+      joined_frees.emplace(device, caller, joined);
   }
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double>& host_us = host_us_;  // per step, when timed

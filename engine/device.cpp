@@ -65,7 +65,8 @@ std::size_t shape_nbytes(const Shape& shape, DType dtype) {
   const std::int64_t size = static_cast<std::int64_t>(dtype_size(dtype));
   std::int64_t bytes = 0;
   GW_CHECK(checked::mul(n, size, &bytes), "a ", dtype_name(dtype), shape_str(shape),
-           " tensor would hold ", n, " elements of ", size, " bytes: more bytes than fit in int64; "
+           " tensor would hold ", n, " elements of ", size,
+           " bytes: more bytes than fit in int64; "
            "expected a size an allocation can hold");
   return static_cast<std::size_t>(bytes);
 }

@@ -306,9 +306,10 @@ class JoinedFrees {
 };
 }  // namespace detail
 
-// ---- host memory (Note [Host memory], memory.cpp) ------------------------------------------------
-// Bytes of host memory graphward's CPU tensors (and CPU step arenas) hold now, and the most they
-// held since the process began or the last reset_host_peak_bytes() (which sets it to now).
+// ---- host memory (Note [Host memory], memory.cpp)
+// ------------------------------------------------ Bytes of host memory graphward's CPU tensors
+// (and CPU step arenas) hold now, and the most they held since the process began or the last
+// reset_host_peak_bytes() (which sets it to now).
 std::size_t host_bytes_in_use();
 std::size_t host_peak_bytes();
 void reset_host_peak_bytes();

@@ -82,8 +82,9 @@ void dispatch_cpu(DType dtype, F&& f) {
       std::forward<F>(f).template operator()<float>();
     }
   } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(std::string("graphward: out of host memory for a CPU kernel's scratch (") +
-                           e.what() + "). Expected: less memory in use, or a smaller batch");
+    throw OutOfMemoryError(
+        std::string("graphward: out of host memory for a CPU kernel's scratch (") + e.what() +
+        "). Expected: less memory in use, or a smaller batch");
   }
 }
 

@@ -258,8 +258,7 @@ ConcatLayout concat_layout(const char* op, const std::vector<Shape>& shapes, std
     GW_CHECK(same, op, ": tensor ", t, " has shape ", shape_str(s), " and tensor 0 ",
              shape_str(first), "; expected equal sizes in every dimension but ", dim);
     for (std::int64_t size : s) {
-      GW_CHECK(size >= 1, op, ": tensor ", t, " has shape ", shape_str(s),
-               "; expected sizes >= 1");
+      GW_CHECK(size >= 1, op, ": tensor ", t, " has shape ", shape_str(s), "; expected sizes >= 1");
     }
     GW_CHECK(checked::add(l.out[d], s[d], &l.out[d]), op, ": the sizes along dimension ", dim,
              " add up to more than fits in int64");

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 
 #include "engine/autograd.h"
 #include "engine/nvtx.h"
@@ -61,8 +61,11 @@ void check_distinct_leaves(const char* what, const std::vector<Tensor>& params) 
   std::unordered_map<const Storage*, std::size_t> seen;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
-    GW_CHECK(p.is_leaf(), what, ": parameter ", i, " (", p.str(), ") is the result of a recorded "
-             "op (", p.grad_fn()->label(), "); expected a leaf: a tensor made by the user, not "
+    GW_CHECK(p.is_leaf(), what, ": parameter ", i, " (", p.str(),
+             ") is the result of a recorded "
+             "op (",
+             p.grad_fn()->label(),
+             "); expected a leaf: a tensor made by the user, not "
              "computed from one (pass the tensor it came from, or detach() it)");
     const auto [it, fresh] = seen.emplace(p.storage().get(), i);
     GW_CHECK(fresh, what, ": parameters ", it->second, " and ", i, " are the same tensor (",

@@ -72,8 +72,8 @@ class Optimizer {
 
   const char* name_;
   std::vector<Tensor> params_;
-  Tensor lr_;    // [1], on the parameters' device
-  Tensor step_;  // [number of parameters]: each parameter's step count
+  Tensor lr_;                      // [1], on the parameters' device
+  Tensor step_;                    // [number of parameters]: each parameter's step count
   DType dtype_ = DType::kFloat32;  // the parameters' dtype
   double lr_value_;
   Device device_;

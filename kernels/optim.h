@@ -60,8 +60,8 @@ void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, un
                 AdamWParams hp, cudaStream_t stream);
 // out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic)
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream);
-// norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm + 1e-6)),
-// NaN when the norm is (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
+// norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm +
+// 1e-6)), NaN when the norm is (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream);
 // x[i] ·= scale[0]

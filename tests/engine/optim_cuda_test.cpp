@@ -119,7 +119,8 @@ TEST_F(CudaOptim, StepCountsArePerParameterAcrossLaunchesAsOnTheCpu) {
   auto make = [](Device d) {
     std::vector<Tensor> p;
     for (std::int64_t i = 0; i < 150; ++i) {
-      p.push_back(randn({1 + (i * 13) % 300}, 7000 + static_cast<std::uint64_t>(i)).to(d)
+      p.push_back(randn({1 + (i * 13) % 300}, 7000 + static_cast<std::uint64_t>(i))
+                      .to(d)
                       .set_requires_grad(true));
     }
     return p;

@@ -11,13 +11,15 @@ namespace graphward {
 namespace {
 
 struct Case {
-  const char* name;  // as its errors name it (linear_act_backward names its activation)
+  const char* name;          // as its errors name it (linear_act_backward names its activation)
   std::vector<Tensor> args;  // the valid arguments
   // Runs the backward on `args` into gradient slots it makes; returns them.
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> run;
 };
 
-Tensor r(const Shape& s, std::uint64_t seed) { return randn(s, seed); }
+Tensor r(const Shape& s, std::uint64_t seed) {
+  return randn(s, seed);
+}
 Tensor ids(std::vector<std::int32_t> v) {
   const auto n = static_cast<std::int64_t>(v.size());
   return from_vector(v, {n});
@@ -41,36 +43,38 @@ std::vector<Case> cases() {
                  linear_backward(a[0], a[1], a[2], {&gx}, {&gw}, {&gb});
                  return V{gx, gw, gb};
                }});
-  c.push_back({"linear_gelu_backward", {r({2, 4}, 1), r({2, 3}, 2), r({4, 3}, 3), r({2, 4}, 4)},
+  c.push_back({"linear_gelu_backward",
+               {r({2, 4}, 1), r({2, 3}, 2), r({4, 3}, 3), r({2, 4}, 4)},
                [](const V& a) {
                  Tensor gx, gw, gb;
-                 linear_act_backward(a[0], a[1], a[2], a[3], Activation::kGelu, {&gx}, {&gw}, {&gb});
+                 linear_act_backward(a[0], a[1], a[2], a[3], Activation::kGelu, {&gx}, {&gw},
+                                     {&gb});
                  return V{gx, gw, gb};
                }});
-  for (auto [name, fn] : {std::pair{"add_backward", &add_backward},
-                          std::pair{"sub_backward", &sub_backward},
-                          std::pair{"mul_backward", &mul_backward}}) {
+  for (auto [name, fn] :
+       {std::pair{"add_backward", &add_backward}, std::pair{"sub_backward", &sub_backward},
+        std::pair{"mul_backward", &mul_backward}}) {
     c.push_back({name, {r({2, 3}, 1), r({2, 3}, 2), r({3}, 3)}, [fn](const V& a) {
                    Tensor ga, gb;
                    fn(a[0], a[1], a[2], {&ga}, {&gb});
                    return V{ga, gb};
                  }});
   }
-  for (auto [name, fn] : {std::pair{"relu_backward", &relu_backward},
-                          std::pair{"tanh_backward", &tanh_backward},
-                          std::pair{"sigmoid_backward", &sigmoid_backward},
-                          std::pair{"gelu_backward", &gelu_backward},
-                          std::pair{"softmax_backward", &softmax_backward},
-                          std::pair{"log_softmax_backward", &log_softmax_backward},
-                          std::pair{"dropout_backward", &dropout_backward}}) {
+  for (auto [name, fn] :
+       {std::pair{"relu_backward", &relu_backward}, std::pair{"tanh_backward", &tanh_backward},
+        std::pair{"sigmoid_backward", &sigmoid_backward},
+        std::pair{"gelu_backward", &gelu_backward},
+        std::pair{"softmax_backward", &softmax_backward},
+        std::pair{"log_softmax_backward", &log_softmax_backward},
+        std::pair{"dropout_backward", &dropout_backward}}) {
     c.push_back({name, {r({2, 3}, 1), r({2, 3}, 2)}, [fn](const V& a) {
                    Tensor gx;
                    fn(a[0], a[1], {&gx});
                    return V{gx};
                  }});
   }
-  for (auto [name, fn] : {std::pair{"sum_backward", &sum_backward},
-                          std::pair{"mean_backward", &mean_backward}}) {
+  for (auto [name, fn] :
+       {std::pair{"sum_backward", &sum_backward}, std::pair{"mean_backward", &mean_backward}}) {
     c.push_back({name, {r({}, 1), r({2, 3}, 2)}, [fn](const V& a) {
                    Tensor gx;
                    fn(a[0], a[1], {&gx});
@@ -82,14 +86,15 @@ std::vector<Case> cases() {
                  mse_loss_backward(a[0], a[1], a[2], {&gp}, {&gt});
                  return V{gp, gt};
                }});
-  c.push_back({"cross_entropy_backward", {r({}, 1), r({2, 3}, 2), r({2}, 3), ids({0, 2})},
-               [](const V& a) {
-                 Tensor gl;
-                 cross_entropy_backward(a[0], a[1], a[2], a[3], {&gl});
-                 return V{gl};
-               }});
+  c.push_back(
+      {"cross_entropy_backward", {r({}, 1), r({2, 3}, 2), r({2}, 3), ids({0, 2})}, [](const V& a) {
+         Tensor gl;
+         cross_entropy_backward(a[0], a[1], a[2], a[3], {&gl});
+         return V{gl};
+       }});
   c.push_back({"layer_norm_backward",
-               {r({2, 3}, 1), r({2, 3}, 2), r({3}, 3), r({2}, 4), ones({2})}, [](const V& a) {
+               {r({2, 3}, 1), r({2, 3}, 2), r({3}, 3), r({2}, 4), ones({2})},
+               [](const V& a) {
                  Tensor gx, gw, gb;
                  layer_norm_backward(a[0], a[1], a[2], a[3], a[4], {&gx}, {&gw}, {&gb});
                  return V{gx, gw, gb};
@@ -99,13 +104,15 @@ std::vector<Case> cases() {
                  embedding_backward(a[0], a[1], a[2], {&gt});
                  return V{gt};
                }});
-  c.push_back({"conv2d_backward", {r({1, 2, 2, 2}, 1), r({1, 1, 4, 4}, 2), r({2, 1, 3, 3}, 3)},
+  c.push_back({"conv2d_backward",
+               {r({1, 2, 2, 2}, 1), r({1, 1, 4, 4}, 2), r({2, 1, 3, 3}, 3)},
                [](const V& a) {
                  Tensor gx, gw, gb;
                  conv2d_backward(a[0], a[1], a[2], {}, {&gx}, {&gw}, {&gb});
                  return V{gx, gw, gb};
                }});
-  c.push_back({"max_pool2d_backward", {r({1, 1, 2, 2}, 1), r({1, 1, 4, 4}, 2), r({1, 1, 2, 2}, 3)},
+  c.push_back({"max_pool2d_backward",
+               {r({1, 1, 2, 2}, 1), r({1, 1, 4, 4}, 2), r({1, 1, 2, 2}, 3)},
                [](const V& a) {
                  Tensor gx;
                  max_pool2d_backward(a[0], a[1], a[2], {}, {&gx});
@@ -118,7 +125,7 @@ std::vector<Case> cases() {
 std::vector<Tensor> replacements(const Tensor& t) {
   std::vector<Tensor> out{Tensor(), r({}, 90), r({7}, 91), r({1, 1, 1, 1, 1}, 92)};
   if (t.dtype() == DType::kInt32) {
-    out.push_back(r(t.shape(), 93));                  // floats where ids are
+    out.push_back(r(t.shape(), 93));                      // floats where ids are
     out.push_back(ids(std::vector<std::int32_t>(3, 0)));  // one more id
     return out;
   }

@@ -13,10 +13,22 @@
 namespace graphward {
 namespace {
 
-const std::vector<std::int64_t> kHostile = {
-    INT64_MIN, INT64_MIN + 1, -(std::int64_t{1} << 32), -2, -1, 0, 1, 2, 3,
-    (std::int64_t{1} << 31) - 1, std::int64_t{1} << 31, std::int64_t{1} << 32,
-    std::int64_t{1} << 46, std::int64_t{1} << 62, INT64_MAX - 1, INT64_MAX};
+const std::vector<std::int64_t> kHostile = {INT64_MIN,
+                                            INT64_MIN + 1,
+                                            -(std::int64_t{1} << 32),
+                                            -2,
+                                            -1,
+                                            0,
+                                            1,
+                                            2,
+                                            3,
+                                            (std::int64_t{1} << 31) - 1,
+                                            std::int64_t{1} << 31,
+                                            std::int64_t{1} << 32,
+                                            std::int64_t{1} << 46,
+                                            std::int64_t{1} << 62,
+                                            INT64_MAX - 1,
+                                            INT64_MAX};
 
 // The host memory any one call may take during these tests: a size that passes every check but
 // asks for gigabytes is refused as out of memory, quickly, instead of being allocated.
@@ -92,8 +104,9 @@ TEST_F(SizeArithmetic, CreationAndViewsRefuseShapesWhoseElementsOrBytesDoNotFit)
     attack("view " + s, [&] { return std::vector<Tensor>{x.view(sh)}; });
     attack("from_vector " + s,
            [&] { return std::vector<Tensor>{from_vector(std::vector<float>(12, 1.f), sh)}; });
-    attack("from_storage " + s,
-           [&] { return std::vector<Tensor>{Tensor::from_storage(x.storage(), sh, DType::kFloat32)}; });
+    attack("from_storage " + s, [&] {
+      return std::vector<Tensor>{Tensor::from_storage(x.storage(), sh, DType::kFloat32)};
+    });
     attack("reshape " + s, [&] { return std::vector<Tensor>{reshape(x, sh)}; });
     attack("reshape_backward " + s, [&] {
       Tensor g;
@@ -171,7 +184,8 @@ TEST_F(SizeArithmetic, DimensionsAndConcatShapesNearTheEndsOfInt64AreRefused) {
   const Tensor x = randn({2, 3}, 4);
   for (std::int64_t d0 : kHostile) {
     for (std::int64_t d1 : {std::int64_t{0}, std::int64_t{-1}, INT64_MIN, INT64_MAX}) {
-      attack("transpose " + str({d0, d1}), [&] { return std::vector<Tensor>{transpose(x, d0, d1)}; });
+      attack("transpose " + str({d0, d1}),
+             [&] { return std::vector<Tensor>{transpose(x, d0, d1)}; });
       attack("transpose_backward " + str({d0, d1}), [&] {
         Tensor g;
         transpose_backward(x, d0, d1, {&g});
@@ -214,8 +228,8 @@ TEST_F(SizeArithmetic, ConvolutionAndPoolingOptionsNearTheEndsOfInt64AreRefused)
                         {});
         return std::vector<Tensor>{gx};
       });
-      for (std::int64_t kernel : {std::int64_t{1}, std::int64_t{2}, INT64_MAX, INT64_MIN,
-                                  std::int64_t{1} << 62}) {
+      for (std::int64_t kernel :
+           {std::int64_t{1}, std::int64_t{2}, INT64_MAX, INT64_MIN, std::int64_t{1} << 62}) {
         const Pool2dOptions o{.kernel = kernel, .stride = stride, .padding = padding};
         attack("max_pool2d " + s, [&] { return std::vector<Tensor>{max_pool2d(x, o)}; });
         attack("avg_pool2d " + s, [&] { return std::vector<Tensor>{avg_pool2d(x, o)}; });

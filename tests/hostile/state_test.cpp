@@ -27,18 +27,18 @@ TEST(GradOfTheWrongType, EveryOptimizerEntryPointRefusesItByNameAndWritesNothing
   for (const Tensor& bad : {cast(zeros({4}), DType::kBFloat16), zeros({5}), zeros({2, 2}),
                             zeros({4}, {DType::kFloat64}), zeros({4}, {DType::kInt32})}) {
     p.grad() = bad;
-    const std::vector<std::uint8_t> before(static_cast<const std::uint8_t*>(bad.raw_data()),
-                                           static_cast<const std::uint8_t*>(bad.raw_data()) +
-                                               bad.nbytes());
+    const std::vector<std::uint8_t> before(
+        static_cast<const std::uint8_t*>(bad.raw_data()),
+        static_cast<const std::uint8_t*>(bad.raw_data()) + bad.nbytes());
     const std::vector<double> p_before = values(p);
     GW_EXPECT_ERROR(opt.zero_grad(), "AdamW", "parameter 0", ".grad", bad.str());
     GW_EXPECT_ERROR(opt.step(), "AdamW", ".grad", bad.str());
     GW_EXPECT_ERROR(sgd.zero_grad(), "Sgd", ".grad");
     GW_EXPECT_ERROR(clip_grad_norm({p}, 1.0), "clip_grad_norm", ".grad");
-    EXPECT_EQ(std::vector<std::uint8_t>(static_cast<const std::uint8_t*>(bad.raw_data()),
-                                        static_cast<const std::uint8_t*>(bad.raw_data()) +
-                                            bad.nbytes()),
-              before);
+    EXPECT_EQ(
+        std::vector<std::uint8_t>(static_cast<const std::uint8_t*>(bad.raw_data()),
+                                  static_cast<const std::uint8_t*>(bad.raw_data()) + bad.nbytes()),
+        before);
     EXPECT_EQ(values(p), p_before);
   }
   p.grad() = ones({4});
@@ -65,7 +65,8 @@ TEST(GradOfTheWrongType, CpuOpsRefuseTypesTheyDoNotComputeIn) {
   }
 }
 
-// ---- out of memory, on the CPU, and in the middle of a backward ----------------------------------
+// ---- out of memory, on the CPU, and in the middle of a backward
+// ----------------------------------
 
 class HostMemoryLimit : public ::testing::Test {
  protected:
@@ -126,7 +127,8 @@ TEST_F(HostMemoryLimit, ABackwardThatRunsOutPartWaySaysWhatItLeftAndUndoesItsNew
         ++whole;  // the tape is whole: the same backward runs
       } else if (what.find("were freed as it went: run the forward again") != std::string::npos) {
         ++freed;
-        GW_EXPECT_ERROR(backward(loss), "a second time", "failed part-way", "run the forward again");
+        GW_EXPECT_ERROR(backward(loss), "a second time", "failed part-way",
+                        "run the forward again");
         for (const Tensor* p : params) EXPECT_FALSE(p->grad().defined());
         loss = forward();
       } else {
@@ -169,8 +171,7 @@ TEST_F(HostMemoryLimit, ABackwardThatFailsAfterWritingExistingGradsNamesThem) {
       } else if (what.find("[the backward failed") == std::string::npos) {
         EXPECT_EQ(values(w.grad()), std::vector<double>(64 * 64, 0.0)) << what;  // before it began
       } else {
-        EXPECT_NE(what.find("No .grad that existed before was written"), std::string::npos)
-            << what;
+        EXPECT_NE(what.find("No .grad that existed before was written"), std::string::npos) << what;
         EXPECT_EQ(values(w.grad()), std::vector<double>(64 * 64, 0.0)) << what;
         ++untouched;
       }
@@ -200,7 +201,7 @@ TEST(OptimizerState, StepCountsArePerParameterAndSkipParametersWithoutAGradient)
   EXPECT_EQ(opt.steps(1), 1000);
   EXPECT_EQ(opt.steps(), 1000);
   p.grad() = from_vector(std::vector<double>{1.0}, {1});
-  opt.step();  // p's first step: bias-corrected, exactly lr
+  opt.step();                                  // p's first step: bias-corrected, exactly lr
   EXPECT_NEAR(values(p)[0], 1.0 - 0.1, 1e-8);  // shared counts gave 1 - 0.25
   EXPECT_EQ(opt.steps(0), 1);
   EXPECT_EQ(opt.steps(1), 1001);
@@ -225,7 +226,8 @@ TEST(OptimizerState, ParametersAreDistinctLeaves) {
   GW_EXPECT_ERROR(AdamW({nonleaf}), "AdamW", "parameter 0", "recorded op", "mul#", "leaf");
 }
 
-// ---- scalars finite as double, infinite as float32 ------------------------------------------------
+// ---- scalars finite as double, infinite as float32
+// ------------------------------------------------
 
 TEST(FloatRange, ScalarsThatOverflowTheTensorsTypeAreRefused) {
   const Tensor x = ones({2});
@@ -253,7 +255,8 @@ TEST(FloatRange, ScalarsThatOverflowTheTensorsTypeAreRefused) {
   GW_EXPECT_ERROR(clip_grad_norm({p}, 1e39), "clip_grad_norm", "max_norm");
 }
 
-// ---- op-level backwards check what their forwards check ------------------------------------------
+// ---- op-level backwards check what their forwards check
+// ------------------------------------------
 
 TEST(OpLevelBackward, TargetsAndIdsOutOfRangeAreRefusedAsInTheForward) {
   const Tensor logits = randn({2, 3}, 10), lse = ones({2}), g = ones({});
@@ -267,8 +270,8 @@ TEST(OpLevelBackward, TargetsAndIdsOutOfRangeAreRefusedAsInTheForward) {
     const Tensor table = randn({3, 2}, 11), ids = from_vector(std::vector<std::int32_t>{bad}, {1});
     GW_EXPECT_ERROR(embedding(table, ids), "embedding", "id 0");
     Tensor gt = zeros({3, 2});
-    GW_EXPECT_ERROR(embedding_backward(ones({1, 2}), table, ids, {&gt, true}),
-                    "embedding_backward", "id 0", "[0, 3)");
+    GW_EXPECT_ERROR(embedding_backward(ones({1, 2}), table, ids, {&gt, true}), "embedding_backward",
+                    "id 0", "[0, 3)");
     EXPECT_EQ(gt.to_vector<float>(), std::vector<float>(6, 0.f));
   }
 }
@@ -330,7 +333,8 @@ TEST(PlanLifetime, APlanKeptAfterItsLossDiedStillDescribesAndRunsItsTape) {
   EXPECT_EQ(debug::live_nodes(), nodes_before);
 }
 
-// ---- spurious errors and inconsistencies ---------------------------------------------------------
+// ---- spurious errors and inconsistencies
+// ---------------------------------------------------------
 
 // sum, mean, add and sub need only their inputs' shapes: an input written in place after them does
 // not fail the backward (PyTorch runs it too).
