@@ -16,19 +16,21 @@ fi
 say "running the tests"
 (cd "$GW_BUILD_DIR" && ctest --output-on-failure -j "$GW_JOBS" --timeout 600)
 
-# The hostile-input tests (ctest label `hostile`, tests/hostile) again, in a CPU-only build with
-# AddressSanitizer and UndefinedBehaviorSanitizer: an overflow, an out-of-bounds access, a leak or
-# undefined behaviour fails them. GW_SANITIZE=0 skips this part; GW_SANITIZE_BUILD_DIR (default:
-# the build directory with -sanitize appended) is where it builds.
+# The hostile-input tests (ctest label `hostile`, tests/hostile) and the rest of the CPU tests
+# again, in a CPU-only build with AddressSanitizer and UndefinedBehaviorSanitizer: an overflow, an
+# out-of-bounds access, a leak or undefined behaviour fails them. GW_SANITIZE=0 skips this part;
+# GW_SANITIZE_BUILD_DIR (default: the build directory with -sanitize appended) is where it builds.
 if [ "${GW_SANITIZE:-1}" != 0 ]; then
   SAN_DIR=${GW_SANITIZE_BUILD_DIR:-$GW_BUILD_DIR-sanitize}
-  say "building the hostile-input tests with AddressSanitizer and UndefinedBehaviorSanitizer in $SAN_DIR"
+  say "building the CPU tests with AddressSanitizer and UndefinedBehaviorSanitizer in $SAN_DIR"
   cmake -S "$GW_ROOT" -B "$SAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAPHWARD_ENABLE_CUDA=OFF \
     -DGRAPHWARD_SANITIZE=address,undefined -DGRAPHWARD_BUILD_BENCHMARKS=OFF \
     -DGRAPHWARD_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$SAN_DIR" -j "$GW_JOBS" --target graphward_hostile_tests
-  say "running the hostile-input tests under the sanitizers"
+  cmake --build "$SAN_DIR" -j "$GW_JOBS" --target graphward_hostile_tests graphward_cpu_tests
   # allocator_may_return_null: a huge allocation is refused (OutOfMemoryError), as without them.
-  (cd "$SAN_DIR" && ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
-    UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure --no-tests=error -L hostile -j "$GW_JOBS" --timeout 900)
+  export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+  say "running the hostile-input tests under the sanitizers"
+  (cd "$SAN_DIR" && ctest --output-on-failure --no-tests=error -L hostile -j "$GW_JOBS" --timeout 900)
+  say "running the other CPU tests under the sanitizers"
+  (cd "$SAN_DIR/tests" && ./graphward_cpu_tests --gtest_brief=1)
 fi
