@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Summarises a kernel trace (scripts/kernel_trace.cpp's CSV): for every CUDA graph replayed at
 least five times, how long a replay takes from its first node's start to its last node's end
-(median, min, max, after the first fifth of the replays), how often replays start, each stream's
-busy time and the kernels that take the most; with --nodes, every node of a replay at its median
+(median, min, max, after the first fifth of the replays), how often replays start, where a
+replay's time goes (its kernels, their summed time, the time some node runs and the time none
+does), each stream's busy time and the kernels that take the most; with --nodes, every node of a replay at its median
 start (µs from the replay's start) and median duration, in start order.
 
 Rows: kind,start_ns,end_ns,device,stream,graph,node,grid_or_bytes,block,name (kind K: kernel,
@@ -27,6 +28,19 @@ def read(path):
             rows.append({"kind": p[0], "start": int(p[1]), "end": int(p[2]), "stream": int(p[4]),
                          "graph": int(p[5]), "node": int(p[6]), "grid": int(p[7]), "name": p[9]})
     return rows
+
+
+def union_us(items):
+    """The time, in µs, that at least one of `items` (each with start and end, ns) was running."""
+    total, end = 0, None
+    for i in sorted(items, key=lambda r: r["start"]):
+        if end is None or i["start"] > end:
+            total += i["end"] - i["start"]
+            end = i["end"]
+        elif i["end"] > end:
+            total += i["end"] - end
+            end = i["end"]
+    return total / 1e3
 
 
 def summarise(rows, show_nodes, only_graph, out):
@@ -57,6 +71,19 @@ def summarise(rows, show_nodes, only_graph, out):
                   f"fifth); a replay {statistics.median(spans):.1f} us (min {min(spans):.1f}, max "
                   f"{max(spans):.1f}); one starts every "
                   f"{statistics.median(periods) if periods else 0:.1f} us\n")
+        # Where a replay's time goes: its kernels and their summed time, the time some node ran
+        # (the union of the nodes' intervals) and the time none did (idle inside the replay).
+        kinds = collections.Counter(i["kind"] for i in reps[0][2])
+        kernel_sum = statistics.median(
+            sum(i["end"] - i["start"] for i in items if i["kind"] == "K") / 1e3
+            for _, _, items in reps)
+        busy_union = statistics.median(union_us(items) for _, _, items in reps)
+        idle = statistics.median((t1 - t0) / 1e3 - union_us(items) for t0, t1, items in reps)
+        span = statistics.median(spans)
+        out.write(f"  a replay: {kinds['K']} kernels ({kinds['C']} copies, {kinds['S']} memsets), "
+                  f"kernel time summed {kernel_sum:.1f} us, some node running {busy_union:.1f} us, "
+                  f"none running {idle:.1f} us ({100 * idle / span if span else 0:.0f}% of the "
+                  f"replay)\n")
         offsets = collections.defaultdict(list)
         durations = collections.defaultdict(list)
         first = {}
