@@ -2,6 +2,9 @@
 
 #include <mutex>
 
+#include <cfloat>
+#include <cmath>
+
 #include "engine/checked.h"
 #include "engine/cuda.h"
 #include "engine/dtype.h"
@@ -69,6 +72,11 @@ std::size_t shape_nbytes(const Shape& shape, DType dtype) {
            " bytes: more bytes than fit in int64; "
            "expected a size an allocation can hold");
   return static_cast<std::size_t>(bytes);
+}
+
+bool finite_as(double value, DType dtype) {
+  return dtype == DType::kFloat64 || dtype == DType::kInt32 ||
+         std::fabs(value) <= static_cast<double>(FLT_MAX);
 }
 
 std::string Device::str() const {

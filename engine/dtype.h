@@ -70,5 +70,9 @@ std::string shape_str(const Shape& shape);
 std::int64_t shape_numel(const Shape& shape);
 // The bytes a tensor of `shape` and `dtype` holds. Throws when they exceed PTRDIFF_MAX.
 std::size_t shape_nbytes(const Shape& shape, DType dtype);
+// Whether a finite `value` stays finite in a float32 or bfloat16 tensor, or as the scalar of a
+// kernel that computes in float32 (1e39 is a finite double and an infinite float): its magnitude
+// is at most FLT_MAX. float64 and int32 take any finite value here.
+bool finite_as(double value, DType dtype);
 
 }  // namespace graphward

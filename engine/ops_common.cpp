@@ -48,6 +48,16 @@ void check_same_shape(const char* op, Named a, Named b) {
            "; expected equal shapes");
 }
 
+void check_index_values(const char* op, const char* what, const Tensor& indices,
+                        std::int64_t bound, const char* expected) {
+  if (indices.is_cuda()) return;
+  const std::int32_t* v = indices.data<std::int32_t>();
+  for (std::int64_t i = 0; i < indices.numel(); ++i) {
+    GW_CHECK(v[i] >= 0 && v[i] < bound, op, ": ", what, " ", i, " is ", v[i], "; expected ",
+             expected, " in [0, ", bound, ")");
+  }
+}
+
 void check_dim(const char* op, Named t, std::int64_t dim) {
   GW_CHECK(t.tensor->dim() == dim, op, ": '", t.name, "' has shape ", shape_str(t.tensor->shape()),
            "; expected a ", dim, "-d tensor");
@@ -58,8 +68,7 @@ void check_finite_scalar(const char* op, double scalar, const Tensor& like) {
            "; expected a finite number (it would make every element non-finite)");
   // Note [Checked sizes]'s sibling for values: a scalar the kernels take in float32 must be
   // finite there too (1e39 is a finite double and an infinite float).
-  const bool narrow = like.defined() && like.dtype() != DType::kFloat64;
-  GW_CHECK(!narrow || std::fabs(scalar) <= static_cast<double>(FLT_MAX), op, ": the scalar is ",
+  GW_CHECK(!like.defined() || finite_as(scalar, like.dtype()), op, ": the scalar is ",
            scalar, ", which is infinite as ", dtype_name(like.dtype()),
            " (the type the op computes in); expected a magnitude of at most ", FLT_MAX);
 }

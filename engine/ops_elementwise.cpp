@@ -307,7 +307,8 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
                        const Tensor& b) {
   detail::NvtxRange range(op);
   Tensor y = binary(op, kind, a, b);
-  if (needs_grad({&a, &b}) && kind != k::BinaryOp::kMul) {
+  if (!needs_grad({&a, &b})) return y;
+  if (kind != k::BinaryOp::kMul) {
     // add and sub read no operand, only their shapes: nothing is saved (an operand written in
     // place after the op does not fail the backward, as in PyTorch). Their backward is handed a
     // handle of each operand's shape over grad_out's memory, which is at least that large.
@@ -317,17 +318,15 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
              backward(g, Tensor::from_storage(g.storage(), a_shape, g.dtype()),
                       Tensor::from_storage(g.storage(), b_shape, g.dtype()), grads[0], grads[1]);
            });
-  } else if (needs_grad({&a, &b})) {
+  } else {
     record(op, y, {&a, &b}, {save("a", a), save("b", b)},
            [backward](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              backward(g, s[0], s[1], grads[0], grads[1]);
            });
   }
-  if (needs_grad({&a, &b})) {
-    // add of equal shapes passes its gradient through to both operands (add_backward).
-    if (kind == k::BinaryOp::kAdd && a.shape() == y.shape() && b.shape() == y.shape()) {
-      y.grad_fn()->set_passes_gradient_through();
-    }
+  // add of equal shapes passes its gradient through to both operands (add_backward).
+  if (kind == k::BinaryOp::kAdd && a.shape() == y.shape() && b.shape() == y.shape()) {
+    y.grad_fn()->set_passes_gradient_through();
   }
   return y;
 }

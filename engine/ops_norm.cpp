@@ -151,16 +151,6 @@ void check_embedding(const char* op, const Tensor& table, const Tensor& ids) {
            op, ": ids are ", ids.defined() ? ids.str() : std::string("undefined"),
            "; expected a non-empty int32 tensor on ", table.device().str());
 }
-// The CPU backend refuses an id outside the table by name, in the forward and in the op-level
-// backward alike (CUDA cannot read the ids back: a NaN row there, and no write outside the table).
-void check_id_values(const char* op, const Tensor& ids, std::int64_t vocab) {
-  if (ids.is_cuda()) return;
-  const std::int32_t* id = ids.data<std::int32_t>();
-  for (std::int64_t i = 0; i < ids.numel(); ++i) {
-    GW_CHECK(id[i] >= 0 && id[i] < vocab, op, ": id ", i, " is ", id[i],
-             "; expected a row of the table in [0, ", vocab, ")");
-  }
-}
 Shape embedding_shape(const Tensor& table, const Tensor& ids) {
   Shape s = ids.shape();
   s.push_back(table.size(1));
@@ -183,7 +173,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
                          dim, scope.stream());
 #endif
   } else {
-    check_id_values(op, ids, vocab);
+    check_index_values(op, "id", ids, vocab, "a row of the table");
     const std::int32_t* id = ids.data<std::int32_t>();
     y = new_output(embedding_shape(table, ids), table);
     dispatch_cpu(table.dtype(), [&]<class T>() {
@@ -207,7 +197,7 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
   GW_CHECK(grad_out.shape() == embedding_shape(table, ids), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected ", shape_str(embedding_shape(table, ids)));
   const std::int64_t n = ids.numel(), vocab = table.size(0), dim = table.size(1);
-  check_id_values(op, ids, vocab);
+  check_index_values(op, "id", ids, vocab, "a row of the table");
   if (!check_slot(op, "grad_table", grad_table, table)) return;
   if (table.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA

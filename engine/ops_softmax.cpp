@@ -119,17 +119,6 @@ void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad
 }
 
 namespace {
-// The CPU backend refuses an out-of-range target by name, in the forward and in the op-level
-// backward alike (CUDA cannot read the targets back: NaN there).
-void check_target_values(const char* op, const Tensor& targets, std::int64_t cols) {
-  if (targets.is_cuda()) return;
-  const std::int32_t* t = targets.data<std::int32_t>();
-  for (std::int64_t i = 0; i < targets.numel(); ++i) {
-    GW_CHECK(t[i] >= 0 && t[i] < cols, op, ": target ", i, " is ", t[i],
-             "; expected a class in [0, ", cols, ")");
-  }
-}
-
 struct CrossEntropyOut {
   Tensor loss, lse;
 };
@@ -149,7 +138,7 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
     return o;
 #endif
   }
-  check_target_values(op, targets, cols);
+  check_index_values(op, "target", targets, cols, "a class");
   const std::int32_t* t = targets.data<std::int32_t>();
   o.loss = new_output({}, logits);
   o.lse = new_output({rows}, logits);
@@ -183,7 +172,7 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
   GW_CHECK(lse.shape() == Shape({logits.size(0)}), op, ": logsumexp has shape ",
            shape_str(lse.shape()), "; expected [", logits.size(0), "]");
   const std::int64_t rows = logits.size(0), cols = logits.size(1);
-  check_target_values(op, targets, cols);
+  check_index_values(op, "target", targets, cols, "a class");
   if (!check_slot(op, "grad_logits", grad_logits, logits)) return;
   if (logits.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA

@@ -50,7 +50,7 @@ void check_hyper(const char* what, const char* name, double v, double low, bool 
   const bool ok = std::isfinite(v) && (low_open ? v > low : v >= low) && v <= high;
   GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ", low_open ? ">" : ">=",
            " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
-  GW_CHECK(dtype == DType::kFloat64 || std::fabs(v) <= static_cast<double>(FLT_MAX), what, ": ",
+  GW_CHECK(finite_as(v, dtype), what, ": ",
            name, " is ", v, ", which is infinite as ", dtype_name(dtype),
            " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
 }
