@@ -24,9 +24,12 @@
 // one torch.cuda.graph with a capturable AdamW), to compare side by side with these rows.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//       [--gemm_choices]
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstdio>
+#include <string_view>
 
 #include "bench/bench_models.h"
 #include "examples/convnet.h"
@@ -146,4 +149,32 @@ BENCHMARK(transformer)
     ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2}})
     ->Apply(timed_step);
 
-BENCHMARK_MAIN();
+// Google Benchmark's main, and then, with --gemm_choices, the GEMM algorithm chosen for each shape
+// the rows ran (Note [Choosing a GEMM algorithm]) on stderr.
+int main(int argc, char** argv) {
+  bool print_choices = false;
+  int kept = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string_view(argv[i]) == "--gemm_choices") {
+      print_choices = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (print_choices && gw::cuda_available()) {
+    std::fprintf(stderr, "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's "
+                         "us -> chosen us, algo)\n");
+    for (const auto& c : gw::debug::gemm_choices(gw::bench::kDev)) {
+      std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f, %s%s\n", c.m, c.n,
+                   c.k, c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
+                   c.candidates, c.chosen, c.first_us, c.chosen_us, c.algo.c_str(),
+                   c.tuned ? "" : " (untimed)");
+    }
+  }
+  return 0;
+}

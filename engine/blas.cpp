@@ -1,17 +1,28 @@
 #include "engine/blas.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
 #include <functional>
 #include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "engine/capture_mode.h"
 #include "engine/error.h"
+#include "engine/gemm_choice.h"
 #include "engine/memory.h"
 
 namespace graphward {
+
+namespace {
+std::atomic<int> g_gemm_tuning{-1};  // -1: not yet read from the environment
+}  // namespace
 
 #if GRAPHWARD_HAS_CUDA
 namespace {
@@ -146,18 +157,159 @@ unsigned alignment_of(const void* p) {
   return a;
 }
 
-// The cached cuBLASLt plan for a GEMM, made on first use.
-kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key) {
-  auto it = blas.lt_plans.find(key);
-  if (it == blas.lt_plans.end()) {
-    if (!blas.lt) blas.lt = std::make_unique<LtHandle>(device);
-    it = blas.lt_plans
-             .emplace(key, std::make_unique<kernels::LtGemm>(
-                               blas.lt->get(), key.trans_a, key.trans_b, key.m, key.n, key.k,
-                               kBlasWorkspaceBytes, key.alignment, key.options))
-             .first;
+// What a plan's first use hands to Note [Choosing a GEMM algorithm]'s timing: run()'s arguments,
+// with the sizes of what every candidate writes (given scratch memory instead).
+struct FirstUse {
+  float alpha = 1.f;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  float beta = 0.f;
+  std::size_t c_bytes = 0;          // C (read where beta != 0: zeros)
+  std::size_t bias_grad_bytes = 0;  // the fused bias gradient
+  const void* bias = nullptr;       // a forward epilogue's bias (read)
+  void* aux = nullptr;              // a backward epilogue's aux (read)
+  std::size_t aux_bytes = 0;        // a forward epilogue's aux (written)
+};
+
+// Note [Choosing a GEMM algorithm]
+// cuBLASLt's heuristic picks an algorithm from the shape alone, and for the small GEMMs of a
+// training step it often picks badly: on an H200 a linear layer's 10-class classifier ran as one
+// thread block of an unvectorized SIMT kernel for 20–30 µs, and a transformer's weight gradients
+// with the bias-gradient epilogue took 17–21 µs each, where other candidates of the same heuristic
+// take a few (docs/RESULTS.md). So a shape's first use outside a stream capture times the
+// heuristic's candidates (up to 8, each one kernel where split-K is off) on the caller's stream,
+// with the caller's inputs and scratch outputs, and keeps the fastest by GPU time (LtGemm::tune);
+// cuDNN's benchmark mode and torch.compile's max-autotune do the same for their kernels. This
+// costs the first step a synchronization and a few milliseconds per shape, once per process.
+//
+// The choice is made once per (shape, options, alignment) and device for the whole process, under
+// a lock, and never changes: every thread's plan runs it, and an eager backward and the replay of
+// its capture run the same kernels, so their results stay bitwise equal. A shape first used inside
+// a capture (nothing can be timed there) keeps the heuristic's choice for good. Across processes
+// the choice can differ where two candidates time within noise, and with it the rounding of the
+// results: set_gemm_tuning(false) (or GRAPHWARD_GEMM_TUNING=0) runs the heuristic's choice
+// everywhere, for bitwise reproducible runs. debug::gemm_choices lists what was chosen and the
+// times measured.
+struct ChoiceStore {
+  std::mutex mutex;
+  struct Made {
+    cublasLtMatmulAlgo_t algo;
+    debug::GemmChoice info;
+  };
+  // Per device: the choices, and where each key's is.
+  std::vector<std::vector<Made>> made;
+  std::vector<std::unordered_map<GemmKey, std::size_t, GemmKeyHash>> index;
+};
+ChoiceStore& choice_store() {
+  static ChoiceStore store;
+  return store;
+}
+
+std::string kind_of(const GemmKey& key) {
+  if (key.options.bias_grad_a) return "gemm+bias_grad";
+  if (key.options.epilogue != kernels::Epilogue::kNone) {
+    return detail::concat("gemm+epilogue ", static_cast<int>(key.options.epilogue));
   }
-  return *it->second;
+  return "gemm";
+}
+
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Scratch device memory on `stream` for the candidates' outputs, freed in stream order.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes == 0) return;
+    if (cudaMallocAsync(&data_, bytes, stream) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the GEMM goes on with the heuristic's choice
+      data_ = nullptr;
+    }
+  }
+  ~Scratch() {
+    if (data_) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, stream_));
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  char* data() const { return static_cast<char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+std::size_t round_up(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+// Makes the plan's choice: the process's, or one timed now, or the heuristic's.
+void choose(Device device, const GemmKey& key, kernels::LtGemm& plan, StreamBlas& sb,
+            cudaStream_t stream, const FirstUse& use) {
+  ChoiceStore& store = choice_store();
+  const auto d = static_cast<std::size_t>(device.index);
+  {
+    std::lock_guard<std::mutex> lock(store.mutex);
+    if (store.index.size() <= d) {
+      store.index.resize(d + 1);
+      store.made.resize(d + 1);
+    }
+    auto it = store.index[d].find(key);
+    if (it != store.index[d].end()) {
+      plan.use(store.made[d][it->second].algo);
+      return;
+    }
+  }
+  debug::GemmChoice info;
+  info.m = key.m;
+  info.n = key.n;
+  info.k = key.k;
+  info.batch = key.options.batch;
+  info.trans_a = key.trans_a;
+  info.trans_b = key.trans_b;
+  info.bf16 = key.options.bf16;
+  info.kind = kind_of(key);
+  info.candidates = plan.candidates();
+  if (plan.candidates() > 1 && gemm_tuning() && !capturing() && !stream_is_capturing(stream)) {
+    const std::size_t c_off = 0, g_off = round_up(use.c_bytes),
+                      x_off = g_off + round_up(use.bias_grad_bytes);
+    Scratch scratch(x_off + use.aux_bytes, stream);
+    if (scratch.data()) {
+      if (use.beta != 0.f) GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, use.c_bytes, stream));
+      const kernels::LtGemm::Timing t = plan.tune(
+          use.alpha, use.a, use.b, use.beta, scratch.data() + c_off, sb.workspace.data(),
+          sb.workspace.bytes(), stream,
+          use.bias_grad_bytes ? scratch.data() + g_off : nullptr, use.bias,
+          use.aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
+      info.tuned = true;
+      info.chosen = t.chosen;
+      info.first_us = t.first_us;
+      info.chosen_us = t.chosen_us;
+    }
+  }
+  info.algo = plan.describe();
+  std::lock_guard<std::mutex> lock(store.mutex);
+  auto [it, inserted] = store.index[d].try_emplace(key, store.made[d].size());
+  if (inserted) {
+    store.made[d].push_back({plan.algo(), std::move(info)});
+  } else {
+    plan.use(store.made[d][it->second].algo);  // another thread chose first: its choice stands
+  }
+}
+
+// The cached cuBLASLt plan for a GEMM, made and chosen on first use.
+kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
+                         cudaStream_t stream, const FirstUse& use) {
+  auto it = blas.lt_plans.find(key);
+  if (it != blas.lt_plans.end()) return *it->second;
+  if (!blas.lt) blas.lt = std::make_unique<LtHandle>(device);
+  auto plan = std::make_unique<kernels::LtGemm>(blas.lt->get(), key.trans_a, key.trans_b, key.m,
+                                                key.n, key.k, kBlasWorkspaceBytes, key.alignment,
+                                                key.options);
+  if (plan->usable()) choose(device, key, *plan, sb, stream, use);
+  return *blas.lt_plans.emplace(key, std::move(plan)).first->second;
 }
 
 }  // namespace
@@ -193,7 +345,14 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
                                        .split_k = gemm_allows_split_k(m, n, k * batch),
                                        .batch = batch,
                                        .bf16 = bf16}};
-  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  const std::size_t element = bf16 ? 2 : sizeof(float);
+  kernels::LtGemm& plan =
+      lt_plan(blas, device, key, sb, stream,
+              {.alpha = alpha,
+               .a = a,
+               .b = b,
+               .beta = beta,
+               .c_bytes = static_cast<std::size_t>(m * n * batch) * element});
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
     return;
@@ -225,7 +384,14 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
       std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
       kernels::LtOptions{
           .bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k), .bf16 = bf16}};
-  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  const std::size_t element = bf16 ? 2 : sizeof(float);
+  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
+                                  {.alpha = alpha,
+                                   .a = a,
+                                   .b = b,
+                                   .beta = beta,
+                                   .c_bytes = static_cast<std::size_t>(m * n) * element,
+                                   .bias_grad_bytes = static_cast<std::size_t>(m) * element});
   if (!plan.usable()) return false;
   plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad);
   return true;
@@ -248,7 +414,22 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                                        .split_k = gemm_allows_split_k(m, n, k),
                                        .epilogue = epilogue,
                                        .bf16 = bf16}};
-  kernels::LtGemm& plan = lt_plan(blas, device, key);
+  const std::size_t element = bf16 ? 2 : sizeof(float);
+  const bool writes_aux =
+      kernels::epilogue_has_aux(epilogue) && !kernels::epilogue_is_backward(epilogue);
+  const std::size_t aux_bytes =
+      !writes_aux ? 0
+      : kernels::epilogue_relu_mask(epilogue)
+          ? static_cast<std::size_t>(kernels::relu_mask_bytes(m, n))
+          : static_cast<std::size_t>(m * n) * element;
+  kernels::LtGemm& plan =
+      lt_plan(blas, device, key, sb, stream,
+              {.a = a,
+               .b = b,
+               .c_bytes = static_cast<std::size_t>(m * n) * element,
+               .bias = bias,
+               .aux = writes_aux ? nullptr : aux,
+               .aux_bytes = aux_bytes});
   if (!plan.usable()) return false;
   plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
            aux);
@@ -316,5 +497,37 @@ bool gemm_act_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
 }
 
 #endif
+
+void set_gemm_tuning(bool on) {
+  g_gemm_tuning.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+bool gemm_tuning() {
+  int v = g_gemm_tuning.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("GRAPHWARD_GEMM_TUNING");
+    const int from_env = (env && std::string_view(env) == "0") ? 0 : 1;
+    g_gemm_tuning.compare_exchange_strong(v, from_env, std::memory_order_relaxed);
+    v = g_gemm_tuning.load(std::memory_order_relaxed);
+  }
+  return v != 0;
+}
+
+namespace debug {
+std::vector<GemmChoice> gemm_choices(Device device) {
+  std::vector<GemmChoice> out;
+#if GRAPHWARD_HAS_CUDA
+  ChoiceStore& store = choice_store();
+  std::lock_guard<std::mutex> lock(store.mutex);
+  const auto d = static_cast<std::size_t>(device.index);
+  if (device.is_cuda() && d < store.made.size()) {
+    for (const auto& m : store.made[d]) out.push_back(m.info);
+  }
+#else
+  (void)device;
+#endif
+  return out;
+}
+}  // namespace debug
 
 }  // namespace graphward

@@ -6,6 +6,7 @@
 #include "engine/device.h"        // IWYU pragma: export
 #include "engine/dtype.h"         // IWYU pragma: export
 #include "engine/error.h"         // IWYU pragma: export
+#include "engine/gemm_choice.h"   // IWYU pragma: export
 #include "engine/generator.h"     // IWYU pragma: export
 #include "engine/graph_pool.h"    // IWYU pragma: export
 #include "engine/memory.h"        // IWYU pragma: export

@@ -1,4 +1,9 @@
+#include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "engine/error.h"
 #include "kernels/gemm.h"
@@ -194,10 +199,10 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
-    // A few candidates: where the first splits k and its split cannot be removed, a later one
-    // that runs as one kernel may be taken instead (split_k = false).
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+    // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/blas.cpp,
+    // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
+    // that, and dropped where it does not; the first left is the heuristic's choice.
+    cublasLtMatmulHeuristicResult_t results[kMaxCandidates]{};
     int found = 0;
     // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
     if (epilogue_has_aux(options.epilogue) && !epilogue_relu_mask(options.epilogue) &&
@@ -206,19 +211,32 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
       return;  // not usable: the caller runs separate kernels
     }
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
-                                                             kCandidates, results, &found);
+                                                             kMaxCandidates, results, &found);
     // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
-      algo_ = results[0].algo;
-      usable_ = true;
-      if (!options.split_k) {
-        unsplit();
-        for (int i = 1; i < found && splits(algo_) > 1; ++i) {
-          if (results[i].state == CUBLAS_STATUS_SUCCESS && splits(results[i].algo) <= 1) {
-            algo_ = results[i].algo;
-          }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+        for (int i = 0; i < n_candidates_; ++i) {
+          if (std::memcmp(&candidates_[i], &algo, sizeof(algo)) == 0) return;
         }
+        candidates_[n_candidates_++] = algo;
+      };
+      for (int i = 0; i < found; ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        if (options.split_k) {
+          add(results[i].algo);
+        } else {
+          const cublasLtMatmulAlgo_t one = unsplit(results[i].algo);
+          if (splits(one) <= 1) add(one);
+        }
+      }
+      // Every candidate splits k and no split can be removed: the heuristic's choice as it is.
+      if (n_candidates_ == 0 && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
+        candidates_[n_candidates_++] = results[0].algo;
+      }
+      if (n_candidates_ > 0) {
+        algo_ = candidates_[0];
+        usable_ = true;
       }
     }
   } catch (...) {
@@ -230,17 +248,13 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
 }
 
 
-// The heuristic's choice with its split of k removed: the same algorithm, tile and stages as one
-// kernel, where cuBLASLt accepts that configuration (else the choice stays as it was). Dropping
-// only the split keeps the heuristic's tile; asking it for a one-kernel algorithm instead can
-// return a far slower tile (on an H200, 164 µs instead of 21 µs for [256,1024]·[1024,1024]).
-void LtGemm::unsplit() {
-  std::int32_t split = 1;
-  std::size_t written = 0;
-  GW_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo_, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                       &split, sizeof(split), &written));
-  if (split <= 1) return;
-  cublasLtMatmulAlgo_t one = algo_;
+// `algo` with its split of k removed: the same algorithm, tile and stages as one kernel, where
+// cuBLASLt accepts that configuration (else `algo` as it was). Dropping only the split keeps the
+// heuristic's tile; asking it for a one-kernel algorithm instead can return a far slower tile (on
+// an H200, 164 µs instead of 21 µs for [256,1024]·[1024,1024]).
+cublasLtMatmulAlgo_t LtGemm::unsplit(const cublasLtMatmulAlgo_t& algo) const {
+  if (splits(algo) <= 1) return algo;
+  cublasLtMatmulAlgo_t one = algo;
   const std::int32_t no_split = 1;
   const std::uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
   if (cublasLtMatmulAlgoConfigSetAttribute(&one, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &no_split,
@@ -248,13 +262,14 @@ void LtGemm::unsplit() {
       cublasLtMatmulAlgoConfigSetAttribute(&one, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
                                            &no_reduction,
                                            sizeof(no_reduction)) != CUBLAS_STATUS_SUCCESS) {
-    return;
+    return algo;
   }
   cublasLtMatmulHeuristicResult_t check{};
   if (cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, c_, c_, &one, &check) ==
       CUBLAS_STATUS_SUCCESS) {
-    algo_ = one;
+    return one;
   }
+  return algo;
 }
 
 LtGemm::~LtGemm() {
@@ -270,10 +285,10 @@ void LtGemm::release() noexcept {
   desc_ = nullptr;
 }
 
-void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
-                 std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
-                 const void* bias, void* aux) {
-  GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
+cublasStatus_t LtGemm::launch(const cublasLtMatmulAlgo_t& algo, float alpha, const void* a,
+                              const void* b, float beta, void* c, void* workspace,
+                              std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
+                              const void* bias, void* aux) {
   if (options_.bias_grad_a) {
     GW_CHECK(bias_grad != nullptr,
              "LtGemm::run: this plan fuses a bias gradient; expected its "
@@ -301,8 +316,110 @@ void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c,
       aux_ = aux;
     }
   }
-  GW_CUBLAS_CHECK(cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo_,
-                                 workspace, workspace_bytes, stream));
+  return cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo,
+                        workspace, workspace_bytes, stream);
+}
+
+void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
+                 std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
+                 const void* bias, void* aux) {
+  GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
+  GW_CUBLAS_CHECK(launch(algo_, alpha, a, b, beta, c, workspace, workspace_bytes, stream,
+                         bias_grad, bias, aux));
+}
+
+void LtGemm::use(int candidate) {
+  GW_CHECK(candidate >= 0 && candidate < n_candidates_, "LtGemm::use: candidate ", candidate,
+           " of ", n_candidates_);
+  algo_ = candidates_[candidate];
+}
+
+namespace {
+
+// Holds its stream until the host sets *flag (or `timeout_ns` pass), so that the launches queued
+// behind it run back to back: their GPU time without the host's enqueue gaps.
+__global__ void hold_until_set(const volatile unsigned* flag, unsigned long long timeout_ns) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    if (*flag != 0u) return;
+    __nanosleep(500);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < timeout_ns);
+}
+
+struct OwnedEvent {
+  OwnedEvent() { GW_CUDA_CHECK(cudaEventCreate(&event)); }
+  ~OwnedEvent() { GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event)); }
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+  cudaEvent_t event = nullptr;
+};
+
+// A flag in mapped pinned host memory that the device reads.
+struct HostFlag {
+  HostFlag() {
+    GW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(unsigned),
+                                cudaHostAllocMapped));
+    GW_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag), flag, 0));
+    set(0);
+  }
+  ~HostFlag() { GW_CUDA_CHECK_NOTHROW(cudaFreeHost(flag)); }
+  HostFlag(const HostFlag&) = delete;
+  HostFlag& operator=(const HostFlag&) = delete;
+  void set(unsigned v) {
+    std::atomic_thread_fence(std::memory_order_release);
+    *static_cast<volatile unsigned*>(flag) = v;
+  }
+  unsigned* flag = nullptr;
+  unsigned* device_flag = nullptr;
+};
+
+}  // namespace
+
+LtGemm::Timing LtGemm::tune(float alpha, const void* a, const void* b, float beta, void* c,
+                            void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+                            void* bias_grad, const void* bias, void* aux) {
+  GW_CHECK(usable_, "LtGemm::tune: no cuBLASLt algorithm for this shape");
+  Timing timing;
+  timing.candidates = n_candidates_;
+  constexpr int kTrials = 3, kRuns = 3;
+  constexpr unsigned long long kHoldTimeoutNs = 2'000'000;  // 2 ms: a slow host times gaps too
+  HostFlag flag;
+  OwnedEvent start, end;
+  double best[kMaxCandidates];
+  for (double& t : best) t = std::numeric_limits<double>::infinity();
+  for (int trial = 0; trial < kTrials; ++trial) {
+    for (int i = 0; i < n_candidates_; ++i) {
+      if (trial > 0 && !std::isfinite(best[i])) continue;  // failed to launch: not a candidate
+      flag.set(0);
+      hold_until_set<<<1, 1, 0, stream>>>(flag.device_flag, kHoldTimeoutNs);
+      GW_CUDA_CHECK(cudaGetLastError());
+      GW_CUDA_CHECK(cudaEventRecord(start.event, stream));
+      bool ok = true;
+      for (int r = 0; r < kRuns && ok; ++r) {
+        ok = launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
+                    bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
+      }
+      GW_CUDA_CHECK(cudaEventRecord(end.event, stream));
+      flag.set(1);
+      GW_CUDA_CHECK(cudaEventSynchronize(end.event));
+      float ms = 0;
+      GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, end.event));
+      if (ok) best[i] = std::min(best[i], 1e3 * static_cast<double>(ms) / kRuns);
+    }
+  }
+  // The heuristic's choice stays unless another is faster by more than 3% (timing noise).
+  int chosen = 0;
+  for (int i = 1; i < n_candidates_; ++i) {
+    if (best[i] < best[chosen] && (chosen != 0 || best[i] < 0.97 * best[0])) chosen = i;
+  }
+  if (!std::isfinite(best[chosen])) chosen = 0;  // nothing launched: keep the heuristic's
+  algo_ = candidates_[chosen];
+  timing.chosen = chosen;
+  timing.first_us = best[0];
+  timing.chosen_us = best[chosen];
+  return timing;
 }
 
 std::string LtGemm::describe() const {

@@ -131,14 +131,44 @@ class LtGemm {
   // The chosen algorithm, readable: "algo 6 tile 11 stages 8 splitK 1 reduction none ...".
   std::string describe() const;
 
+  // The heuristic's candidates (up to 8, its order; the first is its choice and the plan's until
+  // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off.
+  int candidates() const { return n_candidates_; }
+  // Runs candidate i from now on.
+  void use(int candidate);
+  // The algorithm run() launches, and another plan's choice for the same GEMM to launch instead.
+  const cublasLtMatmulAlgo_t& algo() const { return algo_; }
+  void use(const cublasLtMatmulAlgo_t& algo) { algo_ = algo; }
+  // Times every candidate on `stream` with run()'s arguments — the GPU time of a few launches
+  // held back until all are queued, the best of three trials — and runs the fastest from now on:
+  // the heuristic's choice unless another is more than 3% faster. Every candidate writes c (and
+  // bias_grad, and a forward epilogue's aux): pass scratch memory for them, with the values beta
+  // reads. Synchronizes `stream`; not inside a stream capture.
+  struct Timing {
+    int candidates = 0;
+    int chosen = 0;          // the index use() takes
+    double first_us = 0;     // the heuristic's choice, µs a launch
+    double chosen_us = 0;    // the chosen one
+  };
+  Timing tune(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
+              std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,
+              const void* bias = nullptr, void* aux = nullptr);
+
  private:
   void release() noexcept;
-  void unsplit();
+  cublasLtMatmulAlgo_t unsplit(const cublasLtMatmulAlgo_t& algo) const;
+  cublasStatus_t launch(const cublasLtMatmulAlgo_t& algo, float alpha, const void* a,
+                        const void* b, float beta, void* c, void* workspace,
+                        std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
+                        const void* bias, void* aux);
   cublasLtHandle_t handle_;
   LtOptions options_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  static constexpr int kMaxCandidates = 8;
+  cublasLtMatmulAlgo_t candidates_[kMaxCandidates]{};  // (a std::vector of them trips nvcc 13.0)
+  int n_candidates_ = 0;
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_
   void* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
   bool usable_ = false;
