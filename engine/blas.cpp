@@ -17,6 +17,7 @@
 #include "engine/error.h"
 #include "engine/gemm_choice.h"
 #include "engine/memory.h"
+#include "kernels/reduce.h"
 
 namespace graphward {
 
@@ -194,6 +195,7 @@ struct ChoiceStore {
   std::mutex mutex;
   struct Made {
     cublasLtMatmulAlgo_t algo;
+    bool declined;  // a fused bias gradient slower than its GEMM and a column sum apart
     debug::GemmChoice info;
   };
   // Per device: the choices, and where each key's is.
@@ -246,8 +248,45 @@ std::size_t round_up(std::size_t bytes) {
 }
 
 // Makes the plan's choice: the process's, or one timed now, or the heuristic's.
-void choose(Device device, const GemmKey& key, kernels::LtGemm& plan, StreamBlas& sb,
-            cudaStream_t stream, const FirstUse& use) {
+kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
+                         cudaStream_t stream, const FirstUse& use);
+
+// A bias-gradient plan just timed (`fused_us`): whether its GEMM without the epilogue and a column
+// sum, timed now, are faster by more than 10% (then the caller runs them instead). Only for the
+// linear layer's form (op(A) = Aᵀ, the sums run down A's columns). Writes both times into `info`.
+bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
+                     cudaStream_t stream, const FirstUse& use, char* c_scratch, char* g_scratch,
+                     double fused_us, debug::GemmChoice& info) {
+  if (!key.trans_a || key.options.batch != 1) return false;
+  GemmKey plain = key;
+  plain.options.bias_grad_a = false;
+  kernels::LtGemm& gemm_plan =
+      lt_plan(blas, device, plain, sb, stream,
+              {.alpha = use.alpha, .a = use.a, .b = use.b, .beta = use.beta, .c_bytes = use.c_bytes});
+  if (!gemm_plan.usable()) return false;
+  const double gemm_us = kernels::time_launches_us(stream, [&] {
+    gemm_plan.run(use.alpha, use.a, use.b, use.beta, c_scratch, sb.workspace.data(),
+                  sb.workspace.bytes(), stream);
+    return true;
+  });
+  const double sum_us = kernels::time_launches_us(stream, [&] {
+    if (key.options.bf16) {
+      kernels::column_sum<bf16>(reinterpret_cast<bf16*>(g_scratch),
+                                static_cast<const bf16*>(use.a), nullptr, 1.f, key.k, key.m,
+                                false, stream);
+    } else {
+      kernels::column_sum<float>(reinterpret_cast<float*>(g_scratch),
+                                 static_cast<const float*>(use.a), nullptr, 1.f, key.k, key.m,
+                                 false, stream);
+    }
+    return true;
+  });
+  info.apart_us = gemm_us + sum_us;
+  return gemm_us + sum_us < 0.9 * fused_us;
+}
+
+void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm& plan,
+            StreamBlas& sb, cudaStream_t stream, const FirstUse& use) {
   ChoiceStore& store = choice_store();
   const auto d = static_cast<std::size_t>(device.index);
   {
@@ -258,7 +297,9 @@ void choose(Device device, const GemmKey& key, kernels::LtGemm& plan, StreamBlas
     }
     auto it = store.index[d].find(key);
     if (it != store.index[d].end()) {
-      plan.use(store.made[d][it->second].algo);
+      const ChoiceStore::Made& made = store.made[d][it->second];
+      plan.use(made.algo);
+      if (made.declined) plan.decline();
       return;
     }
   }
@@ -272,7 +313,8 @@ void choose(Device device, const GemmKey& key, kernels::LtGemm& plan, StreamBlas
   info.bf16 = key.options.bf16;
   info.kind = kind_of(key);
   info.candidates = plan.candidates();
-  if (plan.candidates() > 1 && gemm_tuning() && !capturing() && !stream_is_capturing(stream)) {
+  bool declined = false;
+  if (gemm_tuning() && !capturing() && !stream_is_capturing(stream)) {
     const std::size_t c_off = 0, g_off = round_up(use.c_bytes),
                       x_off = g_off + round_up(use.bias_grad_bytes);
     Scratch scratch(x_off + use.aux_bytes, stream);
@@ -287,16 +329,24 @@ void choose(Device device, const GemmKey& key, kernels::LtGemm& plan, StreamBlas
       info.chosen = t.chosen;
       info.first_us = t.first_us;
       info.chosen_us = t.chosen_us;
+      if (key.options.bias_grad_a) {
+        declined = apart_is_faster(blas, device, key, sb, stream, use, scratch.data() + c_off,
+                                   scratch.data() + g_off, t.chosen_us, info);
+      }
     }
   }
   info.algo = plan.describe();
+  info.declined = declined;
   std::lock_guard<std::mutex> lock(store.mutex);
   auto [it, inserted] = store.index[d].try_emplace(key, store.made[d].size());
   if (inserted) {
-    store.made[d].push_back({plan.algo(), std::move(info)});
-  } else {
-    plan.use(store.made[d][it->second].algo);  // another thread chose first: its choice stands
+    store.made[d].push_back({plan.algo(), declined, std::move(info)});
+  } else {  // another thread chose first: its choice stands
+    const ChoiceStore::Made& made = store.made[d][it->second];
+    plan.use(made.algo);
+    declined = made.declined;
   }
+  if (declined) plan.decline();
 }
 
 // The cached cuBLASLt plan for a GEMM, made and chosen on first use.
@@ -308,7 +358,7 @@ kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, St
   auto plan = std::make_unique<kernels::LtGemm>(blas.lt->get(), key.trans_a, key.trans_b, key.m,
                                                 key.n, key.k, kBlasWorkspaceBytes, key.alignment,
                                                 key.options);
-  if (plan->usable()) choose(device, key, *plan, sb, stream, use);
+  if (plan->usable()) choose(blas, device, key, *plan, sb, stream, use);
   return *blas.lt_plans.emplace(key, std::move(plan)).first->second;
 }
 

@@ -27,6 +27,10 @@ struct GemmChoice {
   int chosen = 0;          // the one run, in the heuristic's order (0: its own choice)
   double first_us = 0;     // tuned: GPU µs a launch of the heuristic's choice
   double chosen_us = 0;    // tuned: of the one chosen
+  // A fused bias gradient (kind "gemm+bias_grad"), timed: the GEMM without it and a column sum,
+  // µs; declined when they were more than 10% faster (the caller then runs them instead).
+  double apart_us = 0;
+  bool declined = false;
   std::string algo;        // the one chosen, readable
 };
 // Every choice made on `device` so far, in the order made (empty on a build without CUDA).

@@ -3,7 +3,9 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <optional>
 
 #include "engine/error.h"
 #include "kernels/gemm.h"
@@ -82,7 +84,7 @@ std::int32_t splits(const cublasLtMatmulAlgo_t& algo) {
 
 LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                std::int64_t k, std::size_t workspace_bytes, unsigned alignment, LtOptions options)
-    : handle_(handle), options_(options) {
+    : handle_(handle), options_(options), workspace_bytes_(workspace_bytes) {
   GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
            "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
@@ -202,7 +204,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/blas.cpp,
     // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
     // that, and dropped where it does not; the first left is the heuristic's choice.
-    cublasLtMatmulHeuristicResult_t results[kMaxCandidates]{};
+    constexpr int kHeuristicResults = 8;
+    cublasLtMatmulHeuristicResult_t results[kHeuristicResults]{};
     int found = 0;
     // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
     if (epilogue_has_aux(options.epilogue) && !epilogue_relu_mask(options.epilogue) &&
@@ -211,11 +214,12 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
       return;  // not usable: the caller runs separate kernels
     }
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
-                                                             kMaxCandidates, results, &found);
+                                                             kHeuristicResults, results, &found);
     // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
     if (st == CUBLAS_STATUS_SUCCESS) {
       auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+        if (n_candidates_ >= kMaxCandidates) return;
         for (int i = 0; i < n_candidates_; ++i) {
           if (std::memcmp(&candidates_[i], &algo, sizeof(algo)) == 0) return;
         }
@@ -228,6 +232,24 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
         } else {
           const cublasLtMatmulAlgo_t one = unsplit(results[i].algo);
           if (splits(one) <= 1) add(one);
+        }
+      }
+      // One-kernel splits of k (the partial sums added in C in turn, counters in the workspace):
+      // the k-heavy small GEMMs — weight gradients over a batch of tokens — otherwise run in a
+      // few thread blocks. The heuristic's own splits, and the first two candidates split 2–16
+      // ways while each part keeps at least 32 of k.
+      if (!options.split_k) {
+        for (int i = 0; i < found; ++i) {
+          if (results[i].state == CUBLAS_STATUS_SUCCESS && splits(results[i].algo) > 1) {
+            if (auto one = split_in_place(results[i].algo, splits(results[i].algo))) add(*one);
+          }
+        }
+        const int base = std::min(n_candidates_, 2);
+        for (int i = 0; i < base; ++i) {
+          for (std::int32_t split : {2, 4, 8, 16}) {
+            if (k / split < 32 || n_candidates_ >= kMaxCandidates) continue;
+            if (auto one = split_in_place(candidates_[i], split)) add(*one);
+          }
         }
       }
       // Every candidate splits k and no split can be removed: the heuristic's choice as it is.
@@ -270,6 +292,25 @@ cublasLtMatmulAlgo_t LtGemm::unsplit(const cublasLtMatmulAlgo_t& algo) const {
     return one;
   }
   return algo;
+}
+
+std::optional<cublasLtMatmulAlgo_t> LtGemm::split_in_place(const cublasLtMatmulAlgo_t& algo,
+                                                           std::int32_t split) const {
+  cublasLtMatmulAlgo_t one = algo;
+  const std::uint32_t in_place = CUBLASLT_REDUCTION_SCHEME_INPLACE;
+  if (cublasLtMatmulAlgoConfigSetAttribute(&one, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                           sizeof(split)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(&one, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &in_place,
+                                           sizeof(in_place)) != CUBLAS_STATUS_SUCCESS) {
+    return std::nullopt;
+  }
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, c_, c_, &one, &check) !=
+          CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > workspace_bytes_) {
+    return std::nullopt;
+  }
+  return one;
 }
 
 LtGemm::~LtGemm() {
@@ -377,37 +418,48 @@ struct HostFlag {
 
 }  // namespace
 
+double time_launches_us(cudaStream_t stream, const std::function<bool()>& launch) {
+  constexpr int kTrials = 3, kRuns = 3;
+  constexpr unsigned long long kHoldTimeoutNs = 2'000'000;  // 2 ms: a slow host times gaps too
+  HostFlag flag;
+  OwnedEvent start, end;
+  double best = std::numeric_limits<double>::infinity();
+  for (int trial = 0; trial < kTrials; ++trial) {
+    flag.set(0);
+    hold_until_set<<<1, 1, 0, stream>>>(flag.device_flag, kHoldTimeoutNs);
+    GW_CUDA_CHECK(cudaGetLastError());
+    GW_CUDA_CHECK(cudaEventRecord(start.event, stream));
+    bool ok = true;
+    try {
+      for (int r = 0; r < kRuns && ok; ++r) ok = launch();
+    } catch (...) {
+      flag.set(1);
+      throw;
+    }
+    GW_CUDA_CHECK(cudaEventRecord(end.event, stream));
+    flag.set(1);
+    GW_CUDA_CHECK(cudaEventSynchronize(end.event));
+    if (!ok) return std::numeric_limits<double>::infinity();
+    float ms = 0;
+    GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, end.event));
+    best = std::min(best, 1e3 * static_cast<double>(ms) / kRuns);
+  }
+  return best;
+}
+
 LtGemm::Timing LtGemm::tune(float alpha, const void* a, const void* b, float beta, void* c,
                             void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
                             void* bias_grad, const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::tune: no cuBLASLt algorithm for this shape");
   Timing timing;
   timing.candidates = n_candidates_;
-  constexpr int kTrials = 3, kRuns = 3;
-  constexpr unsigned long long kHoldTimeoutNs = 2'000'000;  // 2 ms: a slow host times gaps too
-  HostFlag flag;
-  OwnedEvent start, end;
   double best[kMaxCandidates];
   for (double& t : best) t = std::numeric_limits<double>::infinity();
-  for (int trial = 0; trial < kTrials; ++trial) {
-    for (int i = 0; i < n_candidates_; ++i) {
-      if (trial > 0 && !std::isfinite(best[i])) continue;  // failed to launch: not a candidate
-      flag.set(0);
-      hold_until_set<<<1, 1, 0, stream>>>(flag.device_flag, kHoldTimeoutNs);
-      GW_CUDA_CHECK(cudaGetLastError());
-      GW_CUDA_CHECK(cudaEventRecord(start.event, stream));
-      bool ok = true;
-      for (int r = 0; r < kRuns && ok; ++r) {
-        ok = launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
+  for (int i = 0; i < n_candidates_; ++i) {
+    best[i] = time_launches_us(stream, [&] {
+      return launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
                     bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
-      }
-      GW_CUDA_CHECK(cudaEventRecord(end.event, stream));
-      flag.set(1);
-      GW_CUDA_CHECK(cudaEventSynchronize(end.event));
-      float ms = 0;
-      GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, end.event));
-      if (ok) best[i] = std::min(best[i], 1e3 * static_cast<double>(ms) / kRuns);
-    }
+    });
   }
   // The heuristic's choice stays unless another is faster by more than 3% (timing noise).
   int chosen = 0;

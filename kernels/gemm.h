@@ -6,6 +6,8 @@
 // op(A) is A stored [m,k] (trans_a = false) or Aᵀ with A stored [k,m] (trans_a = true); same for B.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #if GRAPHWARD_HAS_CUDA
@@ -105,6 +107,11 @@ struct LtOptions {
   bool operator==(const LtOptions&) const = default;
 };
 
+// The GPU time of one `launch()` on `stream`, µs: three launches queued behind a kernel that holds
+// the stream until all are enqueued (so the host's enqueue gaps are not timed), the best of three
+// trials. Infinite where `launch` returns false. Synchronizes `stream`; not inside a capture.
+double time_launches_us(cudaStream_t stream, const std::function<bool()>& launch);
+
 // One GEMM shape through cuBLASLt, planned once: the operation and layout descriptors and the
 // algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, no TF32) are made at construction and
 // reused by every run(), which is then a single cublasLtMatmul call — cublasSgemm repeats its
@@ -132,13 +139,16 @@ class LtGemm {
   std::string describe() const;
 
   // The heuristic's candidates (up to 8, its order; the first is its choice and the plan's until
-  // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off.
+  // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off; and there,
+  // after them, one-kernel splits of k (up to 16 in all).
   int candidates() const { return n_candidates_; }
   // Runs candidate i from now on.
   void use(int candidate);
   // The algorithm run() launches, and another plan's choice for the same GEMM to launch instead.
   const cublasLtMatmulAlgo_t& algo() const { return algo_; }
   void use(const cublasLtMatmulAlgo_t& algo) { algo_ = algo; }
+  // From now on not usable(): the caller's separate kernels run instead (they were timed faster).
+  void decline() { usable_ = false; }
   // Times every candidate on `stream` with run()'s arguments — the GPU time of a few launches
   // held back until all are queued, the best of three trials — and runs the fastest from now on:
   // the heuristic's choice unless another is more than 3% faster. Every candidate writes c (and
@@ -157,16 +167,21 @@ class LtGemm {
  private:
   void release() noexcept;
   cublasLtMatmulAlgo_t unsplit(const cublasLtMatmulAlgo_t& algo) const;
+  // `algo` with k split `split` ways and the parts added in C in turn (one kernel), where
+  // cuBLASLt accepts that within the workspace.
+  std::optional<cublasLtMatmulAlgo_t> split_in_place(const cublasLtMatmulAlgo_t& algo,
+                                                     std::int32_t split) const;
   cublasStatus_t launch(const cublasLtMatmulAlgo_t& algo, float alpha, const void* a,
                         const void* b, float beta, void* c, void* workspace,
                         std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
                         const void* bias, void* aux);
   cublasLtHandle_t handle_;
   LtOptions options_;
+  std::size_t workspace_bytes_ = 0;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  static constexpr int kMaxCandidates = 8;
+  static constexpr int kMaxCandidates = 16;
   cublasLtMatmulAlgo_t candidates_[kMaxCandidates]{};  // (a std::vector of them trips nvcc 13.0)
   int n_candidates_ = 0;
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_
