@@ -168,13 +168,14 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   if (print_choices && gw::cuda_available()) {
     std::fprintf(stderr, "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's "
-                         "us -> chosen us [, apart us], algo)\n");
+                         "us -> chosen us [, alternative us], algo)\n");
     for (const auto& c : gw::debug::gemm_choices(gw::bench::kDev)) {
       std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
                    c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
                    c.candidates, c.chosen, c.first_us, c.chosen_us);
-      if (c.apart_us > 0) {
-        std::fprintf(stderr, " [apart %.2f%s]", c.apart_us, c.declined ? ": declined" : "");
+      if (c.alternative_us > 0) {
+        std::fprintf(stderr, " [alternative %.2f%s]", c.alternative_us,
+                     c.declined ? ": declined" : "");
       }
       std::fprintf(stderr, ", %s%s\n", c.algo.c_str(), c.tuned ? "" : " (untimed)");
     }

@@ -251,6 +251,36 @@ std::size_t round_up(std::size_t bytes) {
 kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
                          cudaStream_t stream, const FirstUse& use);
 
+// cuBLAS's own GEMM for a plain key (no epilogue): what runs where cuBLASLt's plan is not usable.
+void run_cublas(const GemmKey& key, StreamBlas& sb, cudaStream_t stream, float alpha,
+                const void* a, const void* b, float beta, void* c) {
+  const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(),
+                                 stream};
+  if (key.options.bf16) {
+    kernels::gemm_bf16(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch,
+                       alpha, a, b, beta, c, stream);
+  } else if (key.options.batch == 1) {
+    kernels::gemm(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, alpha,
+                  static_cast<const float*>(a), static_cast<const float*>(b), beta,
+                  static_cast<float*>(c), stream);
+  } else {
+    kernels::gemm_batched(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch,
+                          alpha, static_cast<const float*>(a), static_cast<const float*>(b), beta,
+                          static_cast<float*>(c), stream);
+  }
+}
+
+// A plain GEMM as run_gemm runs it: its plan, or cuBLAS's GEMM where the plan is not usable.
+void run_plain(kernels::LtGemm& plan, const GemmKey& key, StreamBlas& sb, cudaStream_t stream,
+               const FirstUse& use, void* c) {
+  if (plan.usable()) {
+    plan.run(use.alpha, use.a, use.b, use.beta, c, sb.workspace.data(), sb.workspace.bytes(),
+             stream);
+  } else {
+    run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, c);
+  }
+}
+
 // A bias-gradient plan just timed (`fused_us`): whether its GEMM without the epilogue and a column
 // sum, timed now, are faster by more than 10% (then the caller runs them instead). Only for the
 // linear layer's form (op(A) = Aᵀ, the sums run down A's columns). Writes both times into `info`.
@@ -263,10 +293,8 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
   kernels::LtGemm& gemm_plan =
       lt_plan(blas, device, plain, sb, stream,
               {.alpha = use.alpha, .a = use.a, .b = use.b, .beta = use.beta, .c_bytes = use.c_bytes});
-  if (!gemm_plan.usable()) return false;
   const double gemm_us = kernels::time_launches_us(stream, [&] {
-    gemm_plan.run(use.alpha, use.a, use.b, use.beta, c_scratch, sb.workspace.data(),
-                  sb.workspace.bytes(), stream);
+    run_plain(gemm_plan, plain, sb, stream, use, c_scratch);
     return true;
   });
   const double sum_us = kernels::time_launches_us(stream, [&] {
@@ -281,7 +309,7 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
     }
     return true;
   });
-  info.apart_us = gemm_us + sum_us;
+  info.alternative_us = gemm_us + sum_us;
   return gemm_us + sum_us < 0.9 * fused_us;
 }
 
@@ -332,6 +360,14 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
       if (key.options.bias_grad_a) {
         declined = apart_is_faster(blas, device, key, sb, stream, use, scratch.data() + c_off,
                                    scratch.data() + g_off, t.chosen_us, info);
+      } else if (key.options.epilogue == kernels::Epilogue::kNone) {
+        // cuBLAS's own GEMM picks its kernels by other rules (for the k-heavy weight gradients
+        // of small layers, faster ones): declined where it is more than 10% faster.
+        info.alternative_us = kernels::time_launches_us(stream, [&] {
+          run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, scratch.data() + c_off);
+          return true;
+        });
+        declined = info.alternative_us < 0.9 * t.chosen_us;
       }
     }
   }
@@ -407,17 +443,7 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
     return;
   }
-  const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
-  if (bf16) {
-    kernels::gemm_bf16(ctx, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, stream);
-  } else if (batch == 1) {
-    kernels::gemm(ctx, trans_a, trans_b, m, n, k, alpha, static_cast<const float*>(a),
-                  static_cast<const float*>(b), beta, static_cast<float*>(c), stream);
-  } else {
-    kernels::gemm_batched(ctx, trans_a, trans_b, m, n, k, batch, alpha,
-                          static_cast<const float*>(a), static_cast<const float*>(b), beta,
-                          static_cast<float*>(c), stream);
-  }
+  run_cublas(key, sb, stream, alpha, a, b, beta, c);
 }
 
 bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
