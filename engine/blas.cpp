@@ -90,6 +90,9 @@ struct StreamBlas {
       : handle(device), workspace(device, kBlasWorkspaceBytes) {
     GW_CUBLAS_CHECK(cublasSetStream(handle.get(), stream));
     GW_CUBLAS_CHECK(cublasSetWorkspace(handle.get(), workspace.data(), workspace.bytes()));
+    // Zeros, once: a one-kernel split of k keeps its counters here (Note [Choosing a GEMM
+    // algorithm]); nothing reads the workspace uninitialized.
+    GW_CUDA_CHECK(cudaMemsetAsync(workspace.data(), 0, workspace.bytes(), stream));
   }
   BlasHandle handle;
   DeviceBuffer workspace;
@@ -347,7 +350,8 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
                       x_off = g_off + round_up(use.bias_grad_bytes);
     Scratch scratch(x_off + use.aux_bytes, stream);
     if (scratch.data()) {
-      if (use.beta != 0.f) GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, use.c_bytes, stream));
+      // Zeros: what beta reads, and what some of cuBLASLt's kernels load even where beta is 0.
+      GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, x_off + use.aux_bytes, stream));
       const kernels::LtGemm::Timing t = plan.tune(
           use.alpha, use.a, use.b, use.beta, scratch.data() + c_off, sb.workspace.data(),
           sb.workspace.bytes(), stream,

@@ -240,6 +240,9 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
   local find=1
   [ "$tool" = initcheck ] && find=0
+  # The tools run the suite with Note [Choosing a GEMM algorithm]'s timing off (each new GEMM
+  # shape's timing launches every candidate a dozen times: minutes a shape under a tool); the
+  # CudaGemmChoice tests turn it on for themselves, so the timing's own launches are checked.
   # Each tool runs the suite in GTest shards, in parallel (GW_SANITIZER_SHARDS, else memcheck's and
   # synccheck's 3, racecheck's 4, initcheck's 12 — the slowest by far): a single process of one
   # tool would be the run's longest; the tool's log is the shards' logs in order, its status the
@@ -254,6 +257,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   for ((i = 0; i < shards; i++)); do
     (
       GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i GRAPHWARD_CUDNN_FIND=$find \
+        GRAPHWARD_GEMM_TUNING=0 \
         timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" \
         --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.$i.log" 2>&1
       echo $? >"$LOG_DIR/sanitizer_$tool.$i.rc"
@@ -293,7 +297,7 @@ sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alon
   local tool=$1 extra=()
   [ "$tool" = racecheck ] && extra=(--kernel-name-exclude kns=gemm)
   local start=$SECONDS
-  GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
+  GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED GRAPHWARD_GEMM_TUNING=0 timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
     --tool "$tool" "${extra[@]}" --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" \
     --gtest_filter='FuzzCuda.*' >"$LOG_DIR/sanitizer_fuzz_$tool.log" 2>&1
   echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_fuzz_$tool.rc"

@@ -442,7 +442,14 @@ TEST_F(CudaOps, GemmWithFusedBiasGradient) {
       const std::string what = std::to_string(cs.out) + "x" + std::to_string(cs.in) + "x" +
                                std::to_string(cs.batch) + " beta=" + std::to_string(beta);
       if (cs.required) {
-        EXPECT_TRUE(fused) << what << ": cuBLASLt offered no bias-gradient epilogue";
+        // Offered — though Note [Choosing a GEMM algorithm] may decline it where its GEMM and a
+        // column sum apart were timed faster.
+        bool declined = false;
+        for (const auto& c : debug::gemm_choices(kGpu)) {
+          declined |= c.m == cs.out && c.n == cs.in && c.k == cs.batch &&
+                      c.kind == "gemm+bias_grad" && c.declined;
+        }
+        EXPECT_TRUE(fused || declined) << what << ": cuBLASLt offered no bias-gradient epilogue";
       }
       if (!fused) {  // nothing was launched: the outputs are untouched
         EXPECT_EQ(gc.to_vector<float>(), c0.to_vector<float>()) << what;
