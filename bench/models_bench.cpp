@@ -7,7 +7,8 @@
 //   Mlp/hidden:H/layers:L/batch:B/mode:M
 //   MlpUnfusedEpilogues/...                       (the same, Note [Backward epilogue fusion] off)
 //   Convnet/batch:B/image:S/channels:C/mode:M     (3xSxS images, convs of C and 2C channels;
-//                                                  cuDNN's fastest algorithms, as PyTorch's default)
+//                                                  cuDNN's fastest algorithms, as PyTorch's
+//                                                  default)
 //   Transformer/batch:B/seq:T/dim:D/mode:M        (D/16 heads, MLP 4D, vocabulary 64)
 //       mode 0: eager (forward, backward(), opt.step());
 //       mode 1: the backward a BackwardGraph replay (the forward eager in a StepScope);
@@ -167,8 +168,9 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   if (print_choices && gw::cuda_available()) {
-    std::fprintf(stderr, "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's "
-                         "us -> chosen us [, alternative us], algo)\n");
+    std::fprintf(stderr,
+                 "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's "
+                 "us -> chosen us [, alternative us], algo)\n");
     for (const auto& c : gw::debug::gemm_choices(gw::bench::kDev)) {
       std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
                    c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",

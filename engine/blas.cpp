@@ -4,11 +4,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <functional>
-#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -181,10 +181,14 @@ struct FirstUse {
 // thread block of an unvectorized SIMT kernel for 20–30 µs, and a transformer's weight gradients
 // with the bias-gradient epilogue took 17–21 µs each, where other candidates of the same heuristic
 // take a few (docs/RESULTS.md). So a shape's first use outside a stream capture times the
-// heuristic's candidates (up to 8, each one kernel where split-K is off) on the caller's stream,
-// with the caller's inputs and scratch outputs, and keeps the fastest by GPU time (LtGemm::tune);
-// cuDNN's benchmark mode and torch.compile's max-autotune do the same for their kernels. This
-// costs the first step a synchronization and a few milliseconds per shape, once per process.
+// heuristic's candidates (up to 8, each one kernel where split-K is off, and one-kernel splits of
+// k) on the caller's stream, with the caller's inputs and scratch outputs, and keeps the fastest
+// by GPU time (LtGemm::tune). Then it times what would run without the plan: for a plain GEMM
+// cuBLAS's own (cublasSgemm picks kernels by other rules, and for the k-heavy weight gradients of
+// small layers faster ones), for a fused bias gradient its GEMM and a column sum apart; where that
+// is more than 10% faster the plan is declined and the callers' fallback runs instead. cuDNN's
+// benchmark mode and torch.compile's max-autotune choose their kernels the same way. This costs
+// the first step a synchronization and a few milliseconds per shape, once per process.
 //
 // The choice is made once per (shape, options, alignment) and device for the whole process, under
 // a lock, and never changes: every thread's plan runs it, and an eager backward and the replay of
@@ -198,7 +202,7 @@ struct ChoiceStore {
   std::mutex mutex;
   struct Made {
     cublasLtMatmulAlgo_t algo;
-    bool declined;  // a fused bias gradient slower than its GEMM and a column sum apart
+    bool declined;  // the plan is not run: what runs without it was timed faster
     debug::GemmChoice info;
   };
   // Per device: the choices, and where each key's is.
@@ -250,18 +254,17 @@ std::size_t round_up(std::size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// Makes the plan's choice: the process's, or one timed now, or the heuristic's.
 kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
                          cudaStream_t stream, const FirstUse& use);
 
 // cuBLAS's own GEMM for a plain key (no epilogue): what runs where cuBLASLt's plan is not usable.
-void run_cublas(const GemmKey& key, StreamBlas& sb, cudaStream_t stream, float alpha,
-                const void* a, const void* b, float beta, void* c) {
+void run_cublas(const GemmKey& key, StreamBlas& sb, cudaStream_t stream, float alpha, const void* a,
+                const void* b, float beta, void* c) {
   const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(),
                                  stream};
   if (key.options.bf16) {
-    kernels::gemm_bf16(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch,
-                       alpha, a, b, beta, c, stream);
+    kernels::gemm_bf16(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch, alpha,
+                       a, b, beta, c, stream);
   } else if (key.options.batch == 1) {
     kernels::gemm(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, alpha,
                   static_cast<const float*>(a), static_cast<const float*>(b), beta,
@@ -293,18 +296,17 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
   if (!key.trans_a || key.options.batch != 1) return false;
   GemmKey plain = key;
   plain.options.bias_grad_a = false;
-  kernels::LtGemm& gemm_plan =
-      lt_plan(blas, device, plain, sb, stream,
-              {.alpha = use.alpha, .a = use.a, .b = use.b, .beta = use.beta, .c_bytes = use.c_bytes});
+  kernels::LtGemm& gemm_plan = lt_plan(
+      blas, device, plain, sb, stream,
+      {.alpha = use.alpha, .a = use.a, .b = use.b, .beta = use.beta, .c_bytes = use.c_bytes});
   const double gemm_us = kernels::time_launches_us(stream, [&] {
     run_plain(gemm_plan, plain, sb, stream, use, c_scratch);
     return true;
   });
   const double sum_us = kernels::time_launches_us(stream, [&] {
     if (key.options.bf16) {
-      kernels::column_sum<bf16>(reinterpret_cast<bf16*>(g_scratch),
-                                static_cast<const bf16*>(use.a), nullptr, 1.f, key.k, key.m,
-                                false, stream);
+      kernels::column_sum<bf16>(reinterpret_cast<bf16*>(g_scratch), static_cast<const bf16*>(use.a),
+                                nullptr, 1.f, key.k, key.m, false, stream);
     } else {
       kernels::column_sum<float>(reinterpret_cast<float*>(g_scratch),
                                  static_cast<const float*>(use.a), nullptr, 1.f, key.k, key.m,
@@ -316,6 +318,7 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
   return gemm_us + sum_us < 0.9 * fused_us;
 }
 
+// Makes the plan's choice: the process's, or one timed now, or the heuristic's.
 void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm& plan,
             StreamBlas& sb, cudaStream_t stream, const FirstUse& use) {
   ChoiceStore& store = choice_store();
@@ -354,9 +357,8 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
       GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, x_off + use.aux_bytes, stream));
       const kernels::LtGemm::Timing t = plan.tune(
           use.alpha, use.a, use.b, use.beta, scratch.data() + c_off, sb.workspace.data(),
-          sb.workspace.bytes(), stream,
-          use.bias_grad_bytes ? scratch.data() + g_off : nullptr, use.bias,
-          use.aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
+          sb.workspace.bytes(), stream, use.bias_grad_bytes ? scratch.data() + g_off : nullptr,
+          use.bias, use.aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
       info.tuned = true;
       info.chosen = t.chosen;
       info.first_us = t.first_us;
@@ -395,9 +397,9 @@ kernels::LtGemm& lt_plan(DeviceBlas& blas, Device device, const GemmKey& key, St
   auto it = blas.lt_plans.find(key);
   if (it != blas.lt_plans.end()) return *it->second;
   if (!blas.lt) blas.lt = std::make_unique<LtHandle>(device);
-  auto plan = std::make_unique<kernels::LtGemm>(blas.lt->get(), key.trans_a, key.trans_b, key.m,
-                                                key.n, key.k, kBlasWorkspaceBytes, key.alignment,
-                                                key.options);
+  auto plan =
+      std::make_unique<kernels::LtGemm>(blas.lt->get(), key.trans_a, key.trans_b, key.m, key.n,
+                                        key.k, kBlasWorkspaceBytes, key.alignment, key.options);
   if (plan->usable()) choose(blas, device, key, *plan, sb, stream, use);
   return *blas.lt_plans.emplace(key, std::move(plan)).first->second;
 }
@@ -436,13 +438,12 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
                                        .batch = batch,
                                        .bf16 = bf16}};
   const std::size_t element = bf16 ? 2 : sizeof(float);
-  kernels::LtGemm& plan =
-      lt_plan(blas, device, key, sb, stream,
-              {.alpha = alpha,
-               .a = a,
-               .b = b,
-               .beta = beta,
-               .c_bytes = static_cast<std::size_t>(m * n * batch) * element});
+  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
+                                  {.alpha = alpha,
+                                   .a = a,
+                                   .b = b,
+                                   .beta = beta,
+                                   .c_bytes = static_cast<std::size_t>(m * n * batch) * element});
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
     return;
@@ -497,19 +498,17 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
   const std::size_t element = bf16 ? 2 : sizeof(float);
   const bool writes_aux =
       kernels::epilogue_has_aux(epilogue) && !kernels::epilogue_is_backward(epilogue);
-  const std::size_t aux_bytes =
-      !writes_aux ? 0
-      : kernels::epilogue_relu_mask(epilogue)
-          ? static_cast<std::size_t>(kernels::relu_mask_bytes(m, n))
-          : static_cast<std::size_t>(m * n) * element;
-  kernels::LtGemm& plan =
-      lt_plan(blas, device, key, sb, stream,
-              {.a = a,
-               .b = b,
-               .c_bytes = static_cast<std::size_t>(m * n) * element,
-               .bias = bias,
-               .aux = writes_aux ? nullptr : aux,
-               .aux_bytes = aux_bytes});
+  const std::size_t aux_bytes = !writes_aux ? 0
+                                : kernels::epilogue_relu_mask(epilogue)
+                                    ? static_cast<std::size_t>(kernels::relu_mask_bytes(m, n))
+                                    : static_cast<std::size_t>(m * n) * element;
+  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
+                                  {.a = a,
+                                   .b = b,
+                                   .c_bytes = static_cast<std::size_t>(m * n) * element,
+                                   .bias = bias,
+                                   .aux = writes_aux ? nullptr : aux,
+                                   .aux_bytes = aux_bytes});
   if (!plan.usable()) return false;
   plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
            aux);

@@ -269,7 +269,6 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
   cublasLtMatmulPreferenceDestroy(pref);
 }
 
-
 // `algo` with its split of k removed: the same algorithm, tile and stages as one kernel, where
 // cuBLASLt accepts that configuration (else `algo` as it was). Dropping only the split keeps the
 // heuristic's tile; asking it for a one-kernel algorithm instead can return a far slower tile (on
@@ -357,16 +356,16 @@ cublasStatus_t LtGemm::launch(const cublasLtMatmulAlgo_t& algo, float alpha, con
       aux_ = aux;
     }
   }
-  return cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo,
-                        workspace, workspace_bytes, stream);
+  return cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo, workspace,
+                        workspace_bytes, stream);
 }
 
 void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
                  std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
                  const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::run: no cuBLASLt algorithm for this shape; use gemm()");
-  GW_CUBLAS_CHECK(launch(algo_, alpha, a, b, beta, c, workspace, workspace_bytes, stream,
-                         bias_grad, bias, aux));
+  GW_CUBLAS_CHECK(launch(algo_, alpha, a, b, beta, c, workspace, workspace_bytes, stream, bias_grad,
+                         bias, aux));
 }
 
 void LtGemm::use(int candidate) {
@@ -400,8 +399,8 @@ struct OwnedEvent {
 // A flag in mapped pinned host memory that the device reads.
 struct HostFlag {
   HostFlag() {
-    GW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(unsigned),
-                                cudaHostAllocMapped));
+    GW_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(unsigned), cudaHostAllocMapped));
     GW_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag), flag, 0));
     set(0);
   }

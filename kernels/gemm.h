@@ -156,9 +156,9 @@ class LtGemm {
   // reads. Synchronizes `stream`; not inside a stream capture.
   struct Timing {
     int candidates = 0;
-    int chosen = 0;          // the index use() takes
-    double first_us = 0;     // the heuristic's choice, µs a launch
-    double chosen_us = 0;    // the chosen one
+    int chosen = 0;        // the index use() takes
+    double first_us = 0;   // the heuristic's choice, µs a launch
+    double chosen_us = 0;  // the chosen one
   };
   Timing tune(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
               std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,
@@ -171,10 +171,9 @@ class LtGemm {
   // cuBLASLt accepts that within the workspace.
   std::optional<cublasLtMatmulAlgo_t> split_in_place(const cublasLtMatmulAlgo_t& algo,
                                                      std::int32_t split) const;
-  cublasStatus_t launch(const cublasLtMatmulAlgo_t& algo, float alpha, const void* a,
-                        const void* b, float beta, void* c, void* workspace,
-                        std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad,
-                        const void* bias, void* aux);
+  cublasStatus_t launch(const cublasLtMatmulAlgo_t& algo, float alpha, const void* a, const void* b,
+                        float beta, void* c, void* workspace, std::size_t workspace_bytes,
+                        cudaStream_t stream, void* bias_grad, const void* bias, void* aux);
   cublasLtHandle_t handle_;
   LtOptions options_;
   std::size_t workspace_bytes_ = 0;

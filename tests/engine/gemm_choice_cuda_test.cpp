@@ -85,8 +85,8 @@ TEST_F(CudaGemmChoice, EveryCandidateOfEveryShapeAndEpilogueComputesTheSameGemm)
           kernels::cpu::gemm<float>(ta, tb, s.m, s.n, s.k, 1.f, a.data<float>(), b.data<float>(),
                                     beta, ref.data());
           if (kind == 1) {  // Σ_k op(A)[i, k]: op(A) = Aᵀ, A stored [k, m]
-            kernels::cpu::column_sum<float>(ref_db.data(), a.data<float>(), nullptr, 1.f, s.k,
-                                            s.m, false);
+            kernels::cpu::column_sum<float>(ref_db.data(), a.data<float>(), nullptr, 1.f, s.k, s.m,
+                                            false);
           }
           if (kind == 2) {
             for (std::int64_t i = 0; i < s.m; ++i) {
@@ -106,9 +106,8 @@ TEST_F(CudaGemmChoice, EveryCandidateOfEveryShapeAndEpilogueComputesTheSameGemm)
                      kind == 2 ? gbias.data<float>() : nullptr);
             const std::string what = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                                      std::to_string(s.k) + " ta=" + std::to_string(ta) +
-                                     " tb=" + std::to_string(tb) + " kind=" +
-                                     std::to_string(kind) + " candidate " + std::to_string(i) +
-                                     ": " + plan.describe();
+                                     " tb=" + std::to_string(tb) + " kind=" + std::to_string(kind) +
+                                     " candidate " + std::to_string(i) + ": " + plan.describe();
             EXPECT_LT(rel_error(as_double(gc.to_vector<float>()), as_double(ref)), kGemmTol)
                 << what;
             if (kind == 1) {
@@ -132,9 +131,10 @@ TEST_F(CudaGemmChoice, AFirstUseThatAccumulatesAccumulatesOnceAndWritesTheBiasGr
   set_gemm_tuning(true);
   const cudaStream_t stream = current_stream(kGpu);
   std::uint64_t seed = 9300;
-  for (const auto [m, n, k] : {std::array<std::int64_t, 3>{131, 11, 257},
-                               std::array<std::int64_t, 3>{11, 259, 133}}) {
-    const Tensor a = randn({m * k}, seed++), b = randn({k * n}, seed++), c0 = randn({m * n}, seed++);
+  for (const auto [m, n, k] :
+       {std::array<std::int64_t, 3>{131, 11, 257}, std::array<std::int64_t, 3>{11, 259, 133}}) {
+    const Tensor a = randn({m * k}, seed++), b = randn({k * n}, seed++),
+                 c0 = randn({m * n}, seed++);
     const Tensor gc = c0.to(kGpu);
     graphward::gemm(kGpu, stream, false, true, m, n, k, 1.f, a.to(kGpu).data<float>(),
                     b.to(kGpu).data<float>(), 1.f, gc.data<float>());
@@ -153,10 +153,9 @@ TEST_F(CudaGemmChoice, AFirstUseThatAccumulatesAccumulatesOnceAndWritesTheBiasGr
     // dW [m, n] = dYᵀ·X (+= C) with db [m] written: the bias gradient's first use.
     const Tensor dy = randn({k, m}, seed++), x = randn({k, n}, seed++), w0 = randn({m, n}, seed++);
     const Tensor gw = w0.to(kGpu), gdb = full({m}, 7.f, TensorOptions{DType::kFloat32, kGpu});
-    const bool fused = graphward::gemm_bias_grad(kGpu, stream, true, false, m, n, k, 1.f,
-                                                 dy.to(kGpu).data<float>(),
-                                                 x.to(kGpu).data<float>(), 1.f, gw.data<float>(),
-                                                 gdb.data<float>());
+    const bool fused = graphward::gemm_bias_grad(
+        kGpu, stream, true, false, m, n, k, 1.f, dy.to(kGpu).data<float>(),
+        x.to(kGpu).data<float>(), 1.f, gw.data<float>(), gdb.data<float>());
     const auto fused_choice = choices_for(m, n, k, "gemm+bias_grad");
     ASSERT_EQ(fused_choice.size(), 1u);
     if (!fused) {  // declined (its GEMM and a column sum apart were faster): nothing written
@@ -191,8 +190,8 @@ TEST_F(CudaGemmChoice, OneChoiceAShapeForEveryThreadNoneTimedInACaptureAndNoneCh
         Stream s(kGpu);
         const Tensor c = zeros({m, n}, f32);
         s.wait_stream(current_stream(kGpu));  // the inputs' copies
-        graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(),
-                        b.data<float>(), 0.f, c.data<float>());
+        graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(), b.data<float>(),
+                        0.f, c.data<float>());
         s.synchronize();
         outs[t] = c.to_vector<float>();
       });
@@ -210,18 +209,18 @@ TEST_F(CudaGemmChoice, OneChoiceAShapeForEveryThreadNoneTimedInACaptureAndNoneCh
     Stream s(kGpu);
     s.wait_stream(current_stream(kGpu));
     // The stream's cuBLAS workspace is allocated on its first GEMM, which must not be captured.
-    graphward::gemm(kGpu, s.get(), false, true, 2, 2, 2, 1.f, a.data<float>(), b.data<float>(),
-                    0.f, c_eager.data<float>());
+    graphward::gemm(kGpu, s.get(), false, true, 2, 2, 2, 1.f, a.data<float>(), b.data<float>(), 0.f,
+                    c_eager.data<float>());
     cudaGraph_t graph = nullptr;
     ASSERT_EQ(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(), b.data<float>(),
-                    0.f, c_graph.data<float>());
+    graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(), b.data<float>(), 0.f,
+                    c_graph.data<float>());
     ASSERT_EQ(cudaStreamEndCapture(s.get(), &graph), cudaSuccess);
     cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
-    graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(), b.data<float>(),
-                    0.f, c_eager.data<float>());
+    graphward::gemm(kGpu, s.get(), false, true, m, n, k, 1.f, a.data<float>(), b.data<float>(), 0.f,
+                    c_eager.data<float>());
     s.synchronize();
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
