@@ -161,18 +161,15 @@ unsigned alignment_of(const void* p) {
   return a;
 }
 
-// What a plan's first use hands to Note [Choosing a GEMM algorithm]'s timing: run()'s arguments,
-// with the sizes of what every candidate writes (given scratch memory instead).
+// What a plan's first use hands to Note [Choosing a GEMM algorithm]'s timing: run()'s arguments
+// that the candidates read (what they write goes to scratch memory, sized from the key).
 struct FirstUse {
   float alpha = 1.f;
   const void* a = nullptr;
   const void* b = nullptr;
   float beta = 0.f;
-  std::size_t c_bytes = 0;          // C (read where beta != 0: zeros)
-  std::size_t bias_grad_bytes = 0;  // the fused bias gradient
-  const void* bias = nullptr;       // a forward epilogue's bias (read)
-  void* aux = nullptr;              // a backward epilogue's aux (read)
-  std::size_t aux_bytes = 0;        // a forward epilogue's aux (written)
+  const void* bias = nullptr;  // a forward epilogue's bias
+  void* aux = nullptr;         // a backward epilogue's aux (a forward one's is written: scratch)
 };
 
 // Note [Choosing a GEMM algorithm]
@@ -291,19 +288,17 @@ void run_plain(kernels::LtGemm& plan, const GemmKey& key, StreamBlas& sb, cudaSt
 // sum, timed now, are faster by more than 10% (then the caller runs them instead). Only for the
 // linear layer's form (op(A) = Aᵀ, the sums run down A's columns). Writes both times into `info`.
 bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
-                     cudaStream_t stream, const FirstUse& use, char* c_scratch, char* g_scratch,
-                     double fused_us, debug::GemmChoice& info) {
+                     cudaStream_t stream, const FirstUse& use, kernels::LaunchTimer& timer,
+                     char* c_scratch, char* g_scratch, double fused_us, debug::GemmChoice& info) {
   if (!key.trans_a || key.options.batch != 1) return false;
   GemmKey plain = key;
   plain.options.bias_grad_a = false;
-  kernels::LtGemm& gemm_plan = lt_plan(
-      blas, device, plain, sb, stream,
-      {.alpha = use.alpha, .a = use.a, .b = use.b, .beta = use.beta, .c_bytes = use.c_bytes});
-  const double gemm_us = kernels::time_launches_us(stream, [&] {
+  kernels::LtGemm& gemm_plan = lt_plan(blas, device, plain, sb, stream, use);
+  const double gemm_us = timer.time_us(stream, [&] {
     run_plain(gemm_plan, plain, sb, stream, use, c_scratch);
     return true;
   });
-  const double sum_us = kernels::time_launches_us(stream, [&] {
+  const double sum_us = timer.time_us(stream, [&] {
     if (key.options.bf16) {
       kernels::column_sum<bf16>(reinterpret_cast<bf16*>(g_scratch), static_cast<const bf16*>(use.a),
                                 nullptr, 1.f, key.k, key.m, false, stream);
@@ -349,28 +344,40 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
   info.candidates = plan.candidates();
   bool declined = false;
   if (gemm_tuning() && !capturing() && !stream_is_capturing(stream)) {
-    const std::size_t c_off = 0, g_off = round_up(use.c_bytes),
-                      x_off = g_off + round_up(use.bias_grad_bytes);
-    Scratch scratch(x_off + use.aux_bytes, stream);
+    // Scratch for what the candidates write: C, the bias gradient, a forward epilogue's aux.
+    const kernels::Epilogue ep = key.options.epilogue;
+    const std::size_t element = key.options.bf16 ? 2 : sizeof(float);
+    const auto mn = static_cast<std::size_t>(key.m * key.n);
+    const std::size_t c_bytes = mn * static_cast<std::size_t>(key.options.batch) * element;
+    const std::size_t grad_bytes =
+        key.options.bias_grad_a ? static_cast<std::size_t>(key.m) * element : 0;
+    const std::size_t aux_bytes =
+        !kernels::epilogue_has_aux(ep) || kernels::epilogue_is_backward(ep) ? 0
+        : kernels::epilogue_relu_mask(ep)
+            ? static_cast<std::size_t>(kernels::relu_mask_bytes(key.m, key.n))
+            : mn * element;
+    const std::size_t g_off = round_up(c_bytes), x_off = g_off + round_up(grad_bytes);
+    Scratch scratch(x_off + aux_bytes, stream);
     if (scratch.data()) {
       // Zeros: what beta reads, and what some of cuBLASLt's kernels load even where beta is 0.
-      GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, x_off + use.aux_bytes, stream));
-      const kernels::LtGemm::Timing t = plan.tune(
-          use.alpha, use.a, use.b, use.beta, scratch.data() + c_off, sb.workspace.data(),
-          sb.workspace.bytes(), stream, use.bias_grad_bytes ? scratch.data() + g_off : nullptr,
-          use.bias, use.aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
+      GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, x_off + aux_bytes, stream));
+      kernels::LaunchTimer timer;
+      const kernels::LtGemm::Timing t =
+          plan.tune(timer, use.alpha, use.a, use.b, use.beta, scratch.data(), sb.workspace.data(),
+                    sb.workspace.bytes(), stream, grad_bytes ? scratch.data() + g_off : nullptr,
+                    use.bias, aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
       info.tuned = true;
       info.chosen = t.chosen;
       info.first_us = t.first_us;
       info.chosen_us = t.chosen_us;
       if (key.options.bias_grad_a) {
-        declined = apart_is_faster(blas, device, key, sb, stream, use, scratch.data() + c_off,
+        declined = apart_is_faster(blas, device, key, sb, stream, use, timer, scratch.data(),
                                    scratch.data() + g_off, t.chosen_us, info);
       } else if (key.options.epilogue == kernels::Epilogue::kNone) {
         // cuBLAS's own GEMM picks its kernels by other rules (for the k-heavy weight gradients
         // of small layers, faster ones): declined where it is more than 10% faster.
-        info.alternative_us = kernels::time_launches_us(stream, [&] {
-          run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, scratch.data() + c_off);
+        info.alternative_us = timer.time_us(stream, [&] {
+          run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, scratch.data());
           return true;
         });
         declined = info.alternative_us < 0.9 * t.chosen_us;
@@ -437,13 +444,8 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
                                        .split_k = gemm_allows_split_k(m, n, k * batch),
                                        .batch = batch,
                                        .bf16 = bf16}};
-  const std::size_t element = bf16 ? 2 : sizeof(float);
-  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
-                                  {.alpha = alpha,
-                                   .a = a,
-                                   .b = b,
-                                   .beta = beta,
-                                   .c_bytes = static_cast<std::size_t>(m * n * batch) * element});
+  kernels::LtGemm& plan =
+      lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
   if (plan.usable()) {
     plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream);
     return;
@@ -465,14 +467,8 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
       std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
       kernels::LtOptions{
           .bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k), .bf16 = bf16}};
-  const std::size_t element = bf16 ? 2 : sizeof(float);
-  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
-                                  {.alpha = alpha,
-                                   .a = a,
-                                   .b = b,
-                                   .beta = beta,
-                                   .c_bytes = static_cast<std::size_t>(m * n) * element,
-                                   .bias_grad_bytes = static_cast<std::size_t>(m) * element});
+  kernels::LtGemm& plan =
+      lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
   if (!plan.usable()) return false;
   plan.run(alpha, a, b, beta, c, sb.workspace.data(), sb.workspace.bytes(), stream, bias_grad);
   return true;
@@ -495,20 +491,8 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                                        .split_k = gemm_allows_split_k(m, n, k),
                                        .epilogue = epilogue,
                                        .bf16 = bf16}};
-  const std::size_t element = bf16 ? 2 : sizeof(float);
-  const bool writes_aux =
-      kernels::epilogue_has_aux(epilogue) && !kernels::epilogue_is_backward(epilogue);
-  const std::size_t aux_bytes = !writes_aux ? 0
-                                : kernels::epilogue_relu_mask(epilogue)
-                                    ? static_cast<std::size_t>(kernels::relu_mask_bytes(m, n))
-                                    : static_cast<std::size_t>(m * n) * element;
-  kernels::LtGemm& plan = lt_plan(blas, device, key, sb, stream,
-                                  {.a = a,
-                                   .b = b,
-                                   .c_bytes = static_cast<std::size_t>(m * n) * element,
-                                   .bias = bias,
-                                   .aux = writes_aux ? nullptr : aux,
-                                   .aux_bytes = aux_bytes});
+  kernels::LtGemm& plan =
+      lt_plan(blas, device, key, sb, stream, {.a = a, .b = b, .bias = bias, .aux = aux});
   if (!plan.usable()) return false;
   plan.run(1.f, a, b, 0.f, c, sb.workspace.data(), sb.workspace.bytes(), stream, nullptr, bias,
            aux);

@@ -35,8 +35,9 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream);
 
 // Row-major C[m,n] = alpha·op(A)·op(B) + beta·C on `stream` (layout of kernels/gemm.h), through
 // cuBLASLt with a plan per (shape, transposes, pointer alignment) made on first use and cached
-// per thread and device; falls back to cuBLAS SGEMM where cuBLASLt offers no algorithm. fp32, no
-// TF32. The first GEMM of a shape pays for the heuristic (outside any capture: warm up first).
+// per thread and device; runs cuBLAS SGEMM instead where cuBLASLt offers no algorithm or SGEMM was
+// timed faster (Note [Choosing a GEMM algorithm], blas.cpp). fp32, no TF32. The first GEMM of a
+// shape pays for the heuristic and the timing (outside any capture: warm up first).
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,
           float* c);
@@ -55,7 +56,7 @@ void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b
 // gemm(), and also bias_grad[m] = Σ_k op(A)[i, k] written (never accumulated) by the same kernel
 // (cuBLASLt's bias-gradient epilogue): a linear layer's weight gradient dW = dYᵀ·X with its bias
 // gradient Σ_rows dY. Returns false, having launched nothing, where cuBLASLt offers no algorithm
-// for the fused epilogue: then run gemm() and a column sum instead.
+// for the fused epilogue or gemm() and a column sum were timed faster: then run those instead.
 bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                     std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,
                     float beta, float* c, float* bias_grad);

@@ -388,74 +388,74 @@ __global__ void hold_until_set(const volatile unsigned* flag, unsigned long long
   } while (now - start < timeout_ns);
 }
 
-struct OwnedEvent {
-  OwnedEvent() { GW_CUDA_CHECK(cudaEventCreate(&event)); }
-  ~OwnedEvent() { GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(event)); }
-  OwnedEvent(const OwnedEvent&) = delete;
-  OwnedEvent& operator=(const OwnedEvent&) = delete;
-  cudaEvent_t event = nullptr;
-};
-
-// A flag in mapped pinned host memory that the device reads.
-struct HostFlag {
-  HostFlag() {
-    GW_CUDA_CHECK(
-        cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(unsigned), cudaHostAllocMapped));
-    GW_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag), flag, 0));
-    set(0);
-  }
-  ~HostFlag() { GW_CUDA_CHECK_NOTHROW(cudaFreeHost(flag)); }
-  HostFlag(const HostFlag&) = delete;
-  HostFlag& operator=(const HostFlag&) = delete;
-  void set(unsigned v) {
-    std::atomic_thread_fence(std::memory_order_release);
-    *static_cast<volatile unsigned*>(flag) = v;
-  }
-  unsigned* flag = nullptr;
-  unsigned* device_flag = nullptr;
-};
-
 }  // namespace
 
-double time_launches_us(cudaStream_t stream, const std::function<bool()>& launch) {
+LaunchTimer::LaunchTimer() {
+  try {
+    GW_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(unsigned), cudaHostAllocMapped));
+    GW_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag_), flag_, 0));
+    GW_CUDA_CHECK(cudaEventCreate(&start_));
+    GW_CUDA_CHECK(cudaEventCreate(&end_));
+  } catch (...) {
+    release();
+    throw;
+  }
+  set(0);
+}
+
+LaunchTimer::~LaunchTimer() {
+  release();
+}
+
+void LaunchTimer::release() noexcept {
+  if (end_) GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(end_));
+  if (start_) GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(start_));
+  if (flag_) GW_CUDA_CHECK_NOTHROW(cudaFreeHost(flag_));
+  end_ = start_ = nullptr;
+  flag_ = device_flag_ = nullptr;
+}
+
+void LaunchTimer::set(unsigned v) {
+  std::atomic_thread_fence(std::memory_order_release);
+  *static_cast<volatile unsigned*>(flag_) = v;
+}
+
+double LaunchTimer::time_us(cudaStream_t stream, const std::function<bool()>& launch) {
   constexpr int kTrials = 3, kRuns = 3;
   constexpr unsigned long long kHoldTimeoutNs = 2'000'000;  // 2 ms: a slow host times gaps too
-  HostFlag flag;
-  OwnedEvent start, end;
   double best = std::numeric_limits<double>::infinity();
   for (int trial = 0; trial < kTrials; ++trial) {
-    flag.set(0);
-    hold_until_set<<<1, 1, 0, stream>>>(flag.device_flag, kHoldTimeoutNs);
+    set(0);
+    hold_until_set<<<1, 1, 0, stream>>>(device_flag_, kHoldTimeoutNs);
     GW_CUDA_CHECK(cudaGetLastError());
-    GW_CUDA_CHECK(cudaEventRecord(start.event, stream));
+    GW_CUDA_CHECK(cudaEventRecord(start_, stream));
     bool ok = true;
     try {
       for (int r = 0; r < kRuns && ok; ++r) ok = launch();
     } catch (...) {
-      flag.set(1);
+      set(1);
       throw;
     }
-    GW_CUDA_CHECK(cudaEventRecord(end.event, stream));
-    flag.set(1);
-    GW_CUDA_CHECK(cudaEventSynchronize(end.event));
+    GW_CUDA_CHECK(cudaEventRecord(end_, stream));
+    set(1);
+    GW_CUDA_CHECK(cudaEventSynchronize(end_));
     if (!ok) return std::numeric_limits<double>::infinity();
     float ms = 0;
-    GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event, end.event));
+    GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, end_));
     best = std::min(best, 1e3 * static_cast<double>(ms) / kRuns);
   }
   return best;
 }
 
-LtGemm::Timing LtGemm::tune(float alpha, const void* a, const void* b, float beta, void* c,
-                            void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-                            void* bias_grad, const void* bias, void* aux) {
+LtGemm::Timing LtGemm::tune(LaunchTimer& timer, float alpha, const void* a, const void* b,
+                            float beta, void* c, void* workspace, std::size_t workspace_bytes,
+                            cudaStream_t stream, void* bias_grad, const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::tune: no cuBLASLt algorithm for this shape");
-  Timing timing;
-  timing.candidates = n_candidates_;
   double best[kMaxCandidates];
   for (double& t : best) t = std::numeric_limits<double>::infinity();
   for (int i = 0; i < n_candidates_; ++i) {
-    best[i] = time_launches_us(stream, [&] {
+    best[i] = timer.time_us(stream, [&] {
       return launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
                     bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
     });
@@ -467,10 +467,7 @@ LtGemm::Timing LtGemm::tune(float alpha, const void* a, const void* b, float bet
   }
   if (!std::isfinite(best[chosen])) chosen = 0;  // nothing launched: keep the heuristic's
   algo_ = candidates_[chosen];
-  timing.chosen = chosen;
-  timing.first_us = best[0];
-  timing.chosen_us = best[chosen];
-  return timing;
+  return {.chosen = chosen, .first_us = best[0], .chosen_us = best[chosen]};
 }
 
 std::string LtGemm::describe() const {

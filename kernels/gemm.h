@@ -107,10 +107,26 @@ struct LtOptions {
   bool operator==(const LtOptions&) const = default;
 };
 
-// The GPU time of one `launch()` on `stream`, µs: three launches queued behind a kernel that holds
-// the stream until all are enqueued (so the host's enqueue gaps are not timed), the best of three
-// trials. Infinite where `launch` returns false. Synchronizes `stream`; not inside a capture.
-double time_launches_us(cudaStream_t stream, const std::function<bool()>& launch);
+// Times GPU work: time_us(stream, launch) is the GPU time of one `launch()` on `stream`, µs —
+// three launches queued behind a kernel that holds the stream until all are enqueued (so the
+// host's enqueue gaps are not timed), the best of three trials; infinite where `launch` returns
+// false. Synchronizes `stream`; not inside a capture. Owns the hold's flag (mapped pinned host
+// memory) and two timing events, made once for all the timings of a GEMM's first use.
+class LaunchTimer {
+ public:
+  LaunchTimer();
+  ~LaunchTimer();
+  LaunchTimer(const LaunchTimer&) = delete;
+  LaunchTimer& operator=(const LaunchTimer&) = delete;
+  double time_us(cudaStream_t stream, const std::function<bool()>& launch);
+
+ private:
+  void set(unsigned v);
+  void release() noexcept;
+  unsigned* flag_ = nullptr;         // host
+  unsigned* device_flag_ = nullptr;  // the same, as the device reads it
+  cudaEvent_t start_ = nullptr, end_ = nullptr;
+};
 
 // One GEMM shape through cuBLASLt, planned once: the operation and layout descriptors and the
 // algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, no TF32) are made at construction and
@@ -149,20 +165,19 @@ class LtGemm {
   void use(const cublasLtMatmulAlgo_t& algo) { algo_ = algo; }
   // From now on not usable(): the caller's separate kernels run instead (they were timed faster).
   void decline() { usable_ = false; }
-  // Times every candidate on `stream` with run()'s arguments — the GPU time of a few launches
-  // held back until all are queued, the best of three trials — and runs the fastest from now on:
+  // Times every candidate on `stream` with run()'s arguments (`timer`) and runs the fastest from
+  // now on:
   // the heuristic's choice unless another is more than 3% faster. Every candidate writes c (and
   // bias_grad, and a forward epilogue's aux): pass scratch memory for them, with the values beta
   // reads. Synchronizes `stream`; not inside a stream capture.
   struct Timing {
-    int candidates = 0;
     int chosen = 0;        // the index use() takes
     double first_us = 0;   // the heuristic's choice, µs a launch
     double chosen_us = 0;  // the chosen one
   };
-  Timing tune(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,
-              std::size_t workspace_bytes, cudaStream_t stream, void* bias_grad = nullptr,
-              const void* bias = nullptr, void* aux = nullptr);
+  Timing tune(LaunchTimer& timer, float alpha, const void* a, const void* b, float beta, void* c,
+              void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
+              void* bias_grad = nullptr, const void* bias = nullptr, void* aux = nullptr);
 
  private:
   void release() noexcept;
