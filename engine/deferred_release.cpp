@@ -1,6 +1,8 @@
 #include "engine/deferred_release.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <utility>
 
@@ -8,23 +10,97 @@
 
 namespace graphward::detail {
 
+// Note [Waking the release worker]
+// A hand-off that wakes a sleeping worker costs the caller a futex wake: 3–8 µs of host time on
+// the H200's host, most of what a replayed backward's release cost after the launch
+// (docs/RESULTS.md). So the two sides meet on an atomic flag (`pending`) and sleep only when
+// waiting is long:
+//   * the worker, after a release, spins on the flag for up to kWorkerSpin before it sleeps on a
+//     condition variable; a training loop hands it the next step within that window, and then the
+//     hand-off is one store (no lock, no system call). A worker asleep is woken through the mutex
+//     and the condition variable, as before;
+//   * a caller that must wait for the release in flight (the next StepScope, the next hand-off)
+//     spins for up to kCallerSpin first, then sleeps until the worker says it is done.
+// Neither side misses the other: each publishes "I am asleep / I am waiting" (`asleep`,
+// `waiters`) before it checks the flag under the mutex, and the other side changes the flag before
+// it reads that, so one of the two sees the other's write (all sequentially consistent). The spin
+// takes a core only for a window after each release, and not at all on a host with fewer than 4
+// hardware threads, where it would take the caller's.
+namespace {
+constexpr auto kWorkerSpin = std::chrono::microseconds(2000);
+constexpr auto kCallerSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool spinning_pays() {
+  static const bool pays = std::thread::hardware_concurrency() >= 4;
+  return pays;
+}
+
+// Spins until `done()` or `window` passed; whether done.
+template <class Done>
+bool spin_until(Done done, std::chrono::microseconds window) {
+  if (!spinning_pays()) return done();
+  const auto end = std::chrono::steady_clock::now() + window;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= end) return done();
+  }
+}
+}  // namespace
+
 struct ReleaseWorker::State {
-  std::mutex mutex;
+  // While `pending`, the buffers below belong to the worker; otherwise to the thread handing over.
+  std::atomic<bool> pending{false};  // a release handed over and not finished
+  std::atomic<bool> stop{false};
+  std::atomic<bool> asleep{false};  // the worker sleeps on `work`
+  std::atomic<int> waiters{0};      // threads asleep (or about to be) on `done`
+  std::mutex mutex;                 // only for sleeping and waking
   std::condition_variable work, done;
   std::vector<SavedTensor> saved, spare;  // the release in flight; the buffer to hand back
-  std::vector<Node*> nodes, spare_nodes;    // release_step's
+  std::vector<Node*> nodes, spare_nodes;  // release_step's
   std::vector<Tensor> tensors, spare_tensors;
   Tensor keep;
   std::function<void()> before;
-  bool pending = false;  // a release handed over and not finished
-  bool stop = false;
   std::thread thread;
 
-  void run() {
+  bool has_work() const { return pending.load() || stop.load(); }
+
+  void await_work() {
+    if (spin_until([this] { return has_work(); }, kWorkerSpin)) return;
     std::unique_lock<std::mutex> lock(mutex);
+    asleep.store(true);
+    work.wait(lock, [this] { return has_work(); });
+    asleep.store(false);
+  }
+
+  void wake_worker() {
+    if (!asleep.load()) return;
+    { std::lock_guard<std::mutex> lock(mutex); }  // the worker is asleep, or sees the flag
+    work.notify_one();
+  }
+
+  void await_done() {
+    if (spin_until([this] { return !pending.load(); }, kCallerSpin)) return;
+    waiters.fetch_add(1);
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      done.wait(lock, [this] { return !pending.load(); });
+    }
+    waiters.fetch_sub(1);
+  }
+
+  void run() {
     for (;;) {
-      work.wait(lock, [this] { return pending || stop; });
-      if (!pending) return;
+      await_work();
+      if (!pending.load()) return;  // stopped, nothing left
       std::vector<SavedTensor> dropping = std::move(saved);
       saved.clear();
       std::vector<Node*> replayed = std::move(nodes);
@@ -34,20 +110,20 @@ struct ReleaseWorker::State {
       Tensor kept = std::move(keep);
       std::function<void()> first = std::move(before);
       before = nullptr;
-      lock.unlock();
       if (first) first();
-      // The destructors: outside the lock.
       for (Node* n : replayed) n->drop_saved_of_replayed_step();
       dropping.clear();
       handles.clear();
       kept = Tensor();
       replayed.clear();
-      lock.lock();
       spare = std::move(dropping);  // empty, its capacity kept
       spare_nodes = std::move(replayed);
       spare_tensors = std::move(handles);
-      pending = false;
-      done.notify_all();
+      pending.store(false);  // the buffers are the caller's again
+      if (waiters.load() > 0) {
+        { std::lock_guard<std::mutex> lock(mutex); }  // a waiter is asleep, or sees the flag
+        done.notify_all();
+      }
     }
   }
 };
@@ -55,19 +131,14 @@ struct ReleaseWorker::State {
 namespace {
 // The states this thread handed releases to (wait_for_releases).
 thread_local std::vector<std::shared_ptr<ReleaseWorker::State>> t_handed;
-
-void wait_state(ReleaseWorker::State& st) {
-  std::unique_lock<std::mutex> lock(st.mutex);
-  st.done.wait(lock, [&st] { return !st.pending; });
-}
 }  // namespace
 
 ReleaseWorker::ReleaseWorker() : state_(std::make_shared<State>()) {}
 
 ReleaseWorker::~ReleaseWorker() {
+  state_->stop.store(true);  // the loop finishes a pending release first
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->stop = true;  // the loop finishes a pending release first
   }
   state_->work.notify_all();
   if (state_->thread.joinable()) {
@@ -95,13 +166,11 @@ void ReleaseWorker::release_step(std::vector<Node*>& nodes, std::vector<Tensor>&
 void ReleaseWorker::hand(std::vector<SavedTensor>& saved, std::vector<Node*>& nodes,
                          std::vector<Tensor>& tensors, Tensor keep, std::function<void()> before) {
   State& st = *state_;
-  std::unique_lock<std::mutex> lock(st.mutex);
-  st.done.wait(lock, [&st] { return !st.pending; });  // one release in flight at a time
+  st.await_done();  // one release in flight at a time
   if (!st.thread.joinable()) {
     try {
       st.thread = std::thread([state = state_] { state->run(); });
     } catch (const std::exception& e) {
-      lock.unlock();
       log_error(__FILE__, __LINE__, std::string("ReleaseWorker: no thread (") + e.what() +
                                         "); the saved tensors are released on the caller's thread");
       if (before) before();
@@ -123,16 +192,15 @@ void ReleaseWorker::hand(std::vector<SavedTensor>& saved, std::vector<Node*>& no
   tensors.clear();
   st.keep = std::move(keep);
   st.before = std::move(before);
-  st.pending = true;
-  lock.unlock();
-  st.work.notify_one();
+  st.pending.store(true);  // the buffers are the worker's now
+  st.wake_worker();
   if (std::find(t_handed.begin(), t_handed.end(), state_) == t_handed.end()) {
     t_handed.push_back(state_);
   }
 }
 
 void wait_for_releases() {
-  for (const std::shared_ptr<ReleaseWorker::State>& st : t_handed) wait_state(*st);
+  for (const std::shared_ptr<ReleaseWorker::State>& st : t_handed) st->await_done();
   t_handed.clear();
 }
 

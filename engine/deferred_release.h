@@ -25,6 +25,10 @@
 //     worker enqueues must not land on a stream while it is being captured;
 //   * before handing the worker the next step's tensors (one release in flight at a time);
 //   * when the worker is destroyed.
+// The hand-off itself is one atomic store while the worker is awake (Note [Waking the release
+// worker], engine/deferred_release.cpp). One thread hands a worker its releases at a time (a
+// BackwardGraph's caller).
+//
 // Outside those, the worker's frees and events may interleave with the caller's next launches on
 // the same streams: each orders a block's reuse after the uses that were enqueued before the hand-
 // off (all of them), and at worst after some later ones too. A capture a program begins itself

@@ -3,6 +3,7 @@
 // a StepScope begun meanwhile waits for them, so the next step's allocations find the arena's
 // slots free; one release is in flight at a time; a destroyed worker finishes its release.
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "engine/deferred_release.h"
@@ -117,6 +118,36 @@ TEST(DeferredRelease, OneReleaseIsInFlightAtATimeAndADestroyedWorkerFinishesIt) 
   }  // the destructor finishes the second
   EXPECT_EQ(alive(second), 0u);
   detail::wait_for_releases();  // nothing left: returns at once
+}
+
+// Note [Waking the release worker]: hand-offs that find the worker spinning, asleep, or still busy
+// with the last release (every path between the two sides' flags), each released once: a lost wake
+// hangs here, a release dropped twice or never shows in the storages left alive.
+TEST(DeferredRelease, EveryHandOffIsReleasedWhetherTheWorkerSpinsSleepsOrIsBusy) {
+  Step m;
+  detail::ReleaseWorker worker;
+  std::vector<SavedTensor> saved;
+  for (int i = 0; i < 120; ++i) {
+    Tensor loss = m.loss(static_cast<std::uint64_t>(i) + 10);
+    const std::vector<std::weak_ptr<Storage>> storages = hand_off(loss, m.w, saved);
+    ASSERT_FALSE(storages.empty());
+    std::function<void()> before;
+    if (i % 7 == 3) {  // the worker still busy when the next hand-off or the wait comes
+      before = [] { std::this_thread::sleep_for(std::chrono::microseconds(500)); };
+    }
+    worker.release(saved, std::move(loss), std::move(before));
+    ASSERT_TRUE(saved.empty());
+    if (i % 3 == 0) {
+      detail::wait_for_releases();
+      EXPECT_EQ(alive(storages), 0u) << "hand-off " << i;
+    }
+    if (i % 10 == 9) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // past the spin: it sleeps
+    } else if (i % 2 == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  detail::wait_for_releases();
 }
 
 }  // namespace
