@@ -35,26 +35,37 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std
   }
 }
 
-// Block (32, 8): threadIdx.x picks a column, threadIdx.y a slice of rows; a fixed shared-memory
-// tree combines the 8 slices. Reads are coalesced along the row.
+// Block (32, Y): threadIdx.x picks a column, threadIdx.y a slice of rows (rows y, y + Y, ...); a
+// fixed shared-memory tree combines the Y slices. Reads are coalesced along the row. Y = 32 from
+// 256 rows on: the tall shapes of bias gradients (hundreds of rows or more, tens of columns, so a
+// few blocks) then have short chains a thread; below, Y = 8, where more slices only add to the
+// tree (docs/RESULTS.md has the figures).
+constexpr int kColumnSlices = 32;  // the largest Y
+
 template <class T>
 __global__ void column_sum_kernel(T* dst, const T* src, const T* other, float alpha,
                                   std::int64_t rows, std::int64_t cols, bool accumulate) {
-  __shared__ double partial[8][33];
+  __shared__ double partial[kColumnSlices][33];
+  const int slices = static_cast<int>(blockDim.y);
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   double acc = 0;
   if (col < cols) {
-    for (std::int64_t r = threadIdx.y; r < rows; r += 8) {
+#pragma unroll 4
+    for (std::int64_t r = threadIdx.y; r < rows; r += slices) {
       const std::int64_t i = r * cols + col;
       acc += other ? double(load(src, i)) * double(load(other, i)) : double(load(src, i));
     }
   }
   partial[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
+  for (int half = slices / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.y) < half) {
+      partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + half][threadIdx.x];
+    }
+    __syncthreads();
+  }
   if (threadIdx.y == 0 && col < cols) {
-    double total = 0;
-    for (int s = 0; s < 8; ++s) total += partial[s][threadIdx.x];
-    put(dst, col, static_cast<float>(alpha * total), accumulate);
+    put(dst, col, static_cast<float>(alpha * partial[0][threadIdx.x]), accumulate);
   }
 }
 
@@ -95,8 +106,9 @@ template <class T>
 void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-  column_sum_kernel<<<blocks, dim3(32, 8), 0, stream>>>(dst, src, other, alpha, rows, cols,
-                                                        accumulate);
+  const unsigned slices = rows >= 256 ? kColumnSlices : 8;
+  column_sum_kernel<<<blocks, dim3(32, slices), 0, stream>>>(dst, src, other, alpha, rows, cols,
+                                                             accumulate);
   GW_LAUNCH_CHECK();
 }
 template void column_sum<float>(float*, const float*, const float*, float, std::int64_t,
