@@ -35,37 +35,46 @@ __global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std
   }
 }
 
-// Block (32, Y): threadIdx.x picks a column, threadIdx.y a slice of rows (rows y, y + Y, ...); a
-// fixed shared-memory tree combines the Y slices. Reads are coalesced along the row. Y = 32 from
-// 256 rows on: the tall shapes of bias gradients (hundreds of rows or more, tens of columns, so a
-// few blocks) then have short chains a thread; below, Y = 8, where more slices only add to the
-// tree (docs/RESULTS.md has the figures).
+// Block (32, Y), a block summing W columns (W = 8, 16 or 32). A warp reads 32 / W rows of W
+// consecutive columns at once (lane x: column x % W, row x / W), so each read is whole 32-byte
+// sectors; thread (x, y) sums rows x / W + (32 / W)·(y + Y·i), i = 0, 1, ... Then a fixed
+// shared-memory tree combines the Y slices, and lane c < W adds the 32 / W rows of its column in
+// order. Narrow W spreads a bias gradient's few columns over more blocks, and Y = 32 from 256 rows
+// on gives each thread of a tall one a short chain (docs/RESULTS.md has the figures). Fixed shapes
+// give a fixed order: deterministic.
 constexpr int kColumnSlices = 32;  // the largest Y
 
 template <class T>
 __global__ void column_sum_kernel(T* dst, const T* src, const T* other, float alpha,
-                                  std::int64_t rows, std::int64_t cols, bool accumulate) {
+                                  std::int64_t rows, std::int64_t cols, int width,
+                                  bool accumulate) {
   __shared__ double partial[kColumnSlices][33];
   const int slices = static_cast<int>(blockDim.y);
-  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int lanes_per_row = width, rows_per_warp = 32 / width;
+  const int lane = static_cast<int>(threadIdx.x);
+  const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * width + lane % lanes_per_row;
   double acc = 0;
   if (col < cols) {
+    const std::int64_t step = static_cast<std::int64_t>(rows_per_warp) * slices;
 #pragma unroll 4
-    for (std::int64_t r = threadIdx.y; r < rows; r += slices) {
+    for (std::int64_t r = lane / lanes_per_row + rows_per_warp * static_cast<std::int64_t>(threadIdx.y);
+         r < rows; r += step) {
       const std::int64_t i = r * cols + col;
       acc += other ? double(load(src, i)) * double(load(other, i)) : double(load(src, i));
     }
   }
-  partial[threadIdx.y][threadIdx.x] = acc;
+  partial[threadIdx.y][lane] = acc;
   __syncthreads();
   for (int half = slices / 2; half > 0; half /= 2) {
     if (static_cast<int>(threadIdx.y) < half) {
-      partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + half][threadIdx.x];
+      partial[threadIdx.y][lane] += partial[threadIdx.y + half][lane];
     }
     __syncthreads();
   }
-  if (threadIdx.y == 0 && col < cols) {
-    put(dst, col, static_cast<float>(alpha * partial[0][threadIdx.x]), accumulate);
+  if (threadIdx.y == 0 && lane < width && col < cols) {
+    double total = 0;
+    for (int k = 0; k < rows_per_warp; ++k) total += partial[0][lane + k * width];
+    put(dst, col, static_cast<float>(alpha * total), accumulate);
   }
 }
 
@@ -105,10 +114,13 @@ void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool 
 template <class T>
 void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+  // Columns a block: for 256 rows or more, 32 where that still makes 16 blocks, narrower
+  // otherwise; below 256 rows, 32 (a short matrix: more blocks only add to the launch).
+  const int width = rows < 256 || cols >= 16 * 32 ? 32 : cols >= 16 * 16 ? 16 : 8;
+  const unsigned blocks = static_cast<unsigned>((cols + width - 1) / width);
   const unsigned slices = rows >= 256 ? kColumnSlices : 8;
   column_sum_kernel<<<blocks, dim3(32, slices), 0, stream>>>(dst, src, other, alpha, rows, cols,
-                                                             accumulate);
+                                                             width, accumulate);
   GW_LAUNCH_CHECK();
 }
 template void column_sum<float>(float*, const float*, const float*, float, std::int64_t,
