@@ -20,11 +20,11 @@
 // iteration; host_us the step's host time; medians over repetitions. loop_us: the step in the
 // loop a user writes, steps back to back with nothing synchronized between them (the GPU's work of
 // one step overlaps the host's work of the next), CUDA events around blocks of 20 steps. Counters:
-// captures and updates while timed, the loop's steps included (0 in steady state); for mode 1 the backward()'s host time (bw_host_us,
-// the release after the launch included; bw_launch_at_us, until the launch) and its input slots
-// (Note [Input slots]).
-// scripts/compare_torch.py --models runs the same models in PyTorch (eager, and the whole step in
-// one torch.cuda.graph with a capturable AdamW), to compare side by side with these rows.
+// captures and updates while timed, the loop's steps included (0 in steady state); for mode 1 the
+// backward()'s host time (bw_host_us, the release after the launch included; bw_launch_at_us, until
+// the launch) and its input slots (Note [Input slots]). scripts/compare_torch.py --models runs the
+// same models in PyTorch (eager, and the whole step in one torch.cuda.graph with a capturable
+// AdamW), to compare side by side with these rows.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //       [--gemm_choices]

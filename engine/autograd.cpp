@@ -42,6 +42,7 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
   for (const SavedTensor& st : saved_)
     n += 3 + (st.tensor.defined() ? st.tensor.shape().size() : 0);
   w.reserve(n);
+  record_.patches.reserve(1 + 2 * inputs_.size());  // the node's stream; per input its edge, stream
   auto shape = [&w](const Shape& sh) {
     w.push_back(sh.size());
     for (std::int64_t d : sh) w.push_back(static_cast<std::uint64_t>(d));

@@ -137,9 +137,7 @@ ReleaseWorker::ReleaseWorker() : state_(std::make_shared<State>()) {}
 
 ReleaseWorker::~ReleaseWorker() {
   state_->stop.store(true);  // the loop finishes a pending release first
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-  }
+  { std::lock_guard<std::mutex> lock(state_->mutex); }
   state_->work.notify_all();
   if (state_->thread.joinable()) {
     try {

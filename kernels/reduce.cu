@@ -57,7 +57,8 @@ __global__ void column_sum_kernel(T* dst, const T* src, const T* other, float al
   if (col < cols) {
     const std::int64_t step = static_cast<std::int64_t>(rows_per_warp) * slices;
 #pragma unroll 4
-    for (std::int64_t r = lane / lanes_per_row + rows_per_warp * static_cast<std::int64_t>(threadIdx.y);
+    for (std::int64_t r =
+             lane / lanes_per_row + rows_per_warp * static_cast<std::int64_t>(threadIdx.y);
          r < rows; r += step) {
       const std::int64_t i = r * cols + col;
       acc += other ? double(load(src, i)) * double(load(other, i)) : double(load(src, i));
