@@ -7,8 +7,8 @@
 //       stream (multistream:0) or on a stream per branch (multistream:1), weight-gradient
 //       parallelism off or on (split).
 //   OverlapSweep/width:N/graph:G/multistream:M
-//       the study of the review in ../shared/seed/: two parallel linear layers (+ relu) on an
-//       N x N input, N = 2^6 ... 2^13 — where do streams pay off on this GPU?
+//       the review's sweep (docs/DESIGN.md, "The studies"): two parallel linear layers (+ relu)
+//       on an N x N input, N = 2^6 ... 2^13 — where do streams pay off on this GPU?
 //
 // Per iteration, the forward untimed and synchronized: CUDA events on the caller's stream around
 // the backward (the manual time: the backward on the GPU's clock, the host's enqueue gaps
