@@ -18,10 +18,11 @@
 //      and cache a new executable (least recently used out). Never a stale replay;
 //   3. capture: the eager executor runs the backward plan under thread-local stream capture from
 //      S, each forward stream mapped onto a private capture stream that enters the capture by an
-//      event of S (a fork, or its first wait on a step of S) and is joined back before it ends (the legacy stream, or an earlier step's stream, cannot
-//      enter); backward intermediates are served from a pool the executable owns, reused inside
-//      the graph where stream order allows (Note [Graph memory pool]): kernel nodes only;
-//      ops that cannot be captured are refused by name (Note [Capture-unsafe ops]);
+//      event of S (a fork, or its first wait on a step of S) and is joined back before it ends (the
+//      legacy stream, or an earlier step's stream, cannot enter); backward intermediates are served
+//      from a pool the executable owns, reused inside the graph where stream order allows (Note
+//      [Graph memory pool]): kernel nodes only; ops that cannot be captured are refused by name
+//      (Note [Capture-unsafe ops]);
 //   4. replay: S waits where rule 6 needs it, found before any capture — on the stream that
 //      produced the loss if another (the forward ordered everything the graph reads before the
 //      loss), on the stream of the last launch if another, and on streams that used a .grad the
@@ -52,19 +53,21 @@
 // (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as always.
 //   * Which: a saved tensor that entered the tape from outside — one of its op's inputs, with no
 //     gradient, whose memory no recorded op produced (Node::saved_from_outside) — and whose
-//     address at the first capture differs from the warm-up step's (the warm-up's tape is walked for this); and, when a later
-//     step of a cached structure moves such a tensor, that one from the update on (one update,
-//     then replays). A tensor that stays (a constant mask, a frozen weight) is read in place,
-//     with no copy. An activation, an op's own saved buffer, a parameter or a .grad that moves is
-//     an update, as before: inside a StepScope they keep their addresses (Note [Step arena]).
+//     address at the first capture differs from the warm-up step's (the warm-up's tape is walked
+//     for this); and, when a later step of a cached structure moves such a tensor, that one from
+//     the update on (one update, then replays). A tensor that stays (a constant mask, a frozen
+//     weight) is read in place, with no copy. An activation, an op's own saved buffer, a parameter
+//     or a .grad that moves is an update, as before: inside a StepScope they keep their addresses
+//     (Note [Step arena]).
 //   * Places that save one tensor (the batch, read by the first layer of every branch) share one
 //     slot; if a later step gives them different tensors, the executable is updated and they get
 //     a slot each.
 //   * Why a copy, not rebinding the kernels' pointers (cudaGraphExecKernelNodeSetParams): the
 //     kernels of cuBLAS, cuBLASLt and cuDNN take the pointer inside parameter blocks whose layout
 //     is theirs, not ours, and a pointer found by value could be a coincidence. A copy is exact,
-//     costs one cudaMemcpyAsync (~2 µs of host time) and bytes/bandwidth of device time (a
-//     128 × 256 float32 batch: 128 KiB, well under a microsecond on an H200).
+//     and costs one cudaMemcpyAsync of host time and bytes/bandwidth of device time (a batch of
+//     a launch-bound model: well under a microsecond; docs/DECISIONS.md, "a new batch every
+//     step: input slots refreshed by a copy").
 //   * What the caller may keep: nothing is asked of it. The batch may be freed or overwritten
 //     after backward() returns (the copy is ordered before any reuse of its memory); the slot
 //     belongs to the graph, so an earlier step's batch is never read by a later replay.
@@ -93,8 +96,8 @@ struct BackwardGraphOptions {
   bool force_eager = false;        // never capture (debugging, comparisons)
   // Weight-gradient parallelism (PlanOptions::split_weight_grads): each layer's weight and bias
   // gradients on a side stream, off the critical path. On by default for the captured backward:
-  // on the H200 it was faster in every study (4 branches x 8: 94 against 135 us; 1 x 32: 308
-  // against 458 us) and bitwise equal (docs/RESULTS.md). The warm-up and force_eager backwards use
+  // faster in every study and bitwise equal (docs/DECISIONS.md, "weight-gradient parallelism on
+  // by default in the captured backward"). The warm-up and force_eager backwards use
   // the same setting (the warm-up must: it initializes the side streams' GEMM handles outside
   // the capture); eager alone, host-bound, it does not pay: set it off for eager comparisons.
   bool split_weight_grads = true;

@@ -54,10 +54,8 @@ struct ProcessGroupOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   // Note [Flat buckets]: which gradients of a bucket are copied into a flat buffer and reduced
   // there (the rest in place).
-  // (Measured on 2 x H200, 2026-11-30: kAll slower than kSmall for the larger MLP, 3.26 against
-  // 3.10 ms a step, the copies of its 16 MiB gradients costing more than they save; the flat
-  // buffers from ncclMemAlloc registered as symmetric NCCL windows were no faster than kAll —
-  // averaged: NCCL's symmetric kernels sum only, Note [Symmetric buckets].)
+  // (kAll was slower than kSmall for the larger MLP: the copies of its gradients cost more than
+  // they save; docs/DECISIONS.md, "data parallelism: what the defaults are and why".)
   enum class Staging : std::uint8_t {
     kSmall,  // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
     kAll,    // every gradient: one all-reduce a bucket (and dtype)
@@ -101,7 +99,7 @@ struct ProcessGroupOptions {
 
 // Note [Summed reductions]
 // NCCL's average (ncclAvg: each rank's part multiplied by 1/world size, then summed) is slower
-// than its sum — measured on 2 x H200 (2026-11-30), in a graph: 1 MiB 15.4 against 12.9 us — and
+// than its sum (docs/DECISIONS.md, "data parallelism: what the defaults are and why") — and
 // its symmetric kernels (Note [Symmetric buckets]) sum only. So in a backward that overwrites the
 // gradients the executor asks the group (GradientReducer::begin_backward) and multiplies the
 // seeds by 1/world size: every gradient of the backward comes out divided by it (a backward is
@@ -114,29 +112,27 @@ struct ProcessGroupOptions {
 // A placed bucket's buffer (Note [Gradients in buckets]) is allocated with ncclMemAlloc and
 // registered with the communicator as a symmetric window (ncclCommWindowRegister, a collective:
 // every rank places the same buckets in the same order), so that NCCL 2.27+ reduces it with its
-// symmetric kernels: measured on 2 x H200 (2026-11-30), a summed all-reduce in a graph took 17.8
-// against 27.8 us at 2 MiB, 25.1 against 32.8 at 4 MiB and 70.1 against 74.6 at 16 MiB, on 6-7
-// CTAs instead of 24 (and with at most 4 CTAs, 106 against 211 us at 16 MiB). NCCL uses them for
+// symmetric kernels, faster and on fewer CTAs than its ring kernels at the buckets' sizes
+// (docs/DECISIONS.md, "data parallelism: what the defaults are and why"). NCCL uses them for
 // sums only (an average falls back to its ring kernels at their speed). Where the allocation or
 // the registration fails (no CUDA VMM, no peer access, NCCL before 2.27) the bucket takes plain
 // device memory — on every rank alike, NCCL's registration being collective; a registration that
-// failed on some ranks only would not be detected. The windows are deregistered before the communicator is destroyed; the memory is
-// freed with the last tensor over it.
+// failed on some ranks only would not be detected. The windows are deregistered before the
+// communicator is destroyed; the memory is freed with the last tensor over it.
 
 // Note [NCCL graph mixing]
 // NCCL supports, by default, collectives of captured graphs and uncaptured ones outstanding at
-// once on a communicator, at a cost in every replay: measured on 2 x H200 (2026-11-30), the
-// 4-branch study's step graph took 0.728 ms with it and 0.624 ms without
-// (NCCL_GRAPH_MIXING_SUPPORT=0). Without it, NCCL is correct only when (1) no two graphs holding
-// the communicator's collectives run at once on unordered streams, and (2) no uncaptured
-// collective follows a graph launch that may still be running — whatever the stream order.
-// graphward keeps both: its graphs (BackwardGraph, StepGraph) launch on the caller's stream, one
-// after the other (launching two of them on unordered streams is the caller's to avoid), and once
-// a collective of this group was captured, the group waits for the whole device (bounded, as its
-// other waits) before each uncaptured one — a broadcast, a check, an eager backward's buckets.
-// NCCL reads the variable once, when the process makes its first communicator: a group made
-// after another NCCL communicator in the same process gets what that one got (the group reads
-// the variable and waits for the device whenever it is not "0").
+// once on a communicator, at a cost in every replay (docs/DECISIONS.md, "data parallelism: what
+// the defaults are and why"; NCCL_GRAPH_MIXING_SUPPORT=0 turns it off). Without it, NCCL is correct
+// only when (1) no two graphs holding the communicator's collectives run at once on unordered
+// streams, and (2) no uncaptured collective follows a graph launch that may still be running —
+// whatever the stream order. graphward keeps both: its graphs (BackwardGraph, StepGraph) launch on
+// the caller's stream, one after the other (launching two of them on unordered streams is the
+// caller's to avoid), and once a collective of this group was captured, the group waits for the
+// whole device (bounded, as its other waits) before each uncaptured one — a broadcast, a check, an
+// eager backward's buckets. NCCL reads the variable once, when the process makes its first
+// communicator: a group made after another NCCL communicator in the same process gets what that one
+// got (the group reads the variable and waits for the device whenever it is not "0").
 
 class ProcessGroup final : public GradientReducer {
  public:

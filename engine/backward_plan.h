@@ -142,7 +142,7 @@ struct PlanOptions {
 // but never between two leaves estimated to be ready together (a layer's weight and bias,
 // parallel branches' same layer: splitting them would not let the first part start any earlier,
 // only add a reduction: with 4 MiB buckets, the 4-branch study's last layer's last bias, 1 KiB,
-// was reduced alone at the end, a third NCCL kernel of 9 µs in a CUPTI trace on 2 x H200);
+// was reduced alone at the end, a third NCCL kernel);
 // a bucket is issued right after the step that finishes its last gradient in plan order (and no
 // earlier than the bucket before it), once the reduction stream has waited for the latest such
 // step on every stream involved (the earlier ones on the same stream are ordered before it).

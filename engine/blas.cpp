@@ -174,18 +174,19 @@ struct FirstUse {
 
 // Note [Choosing a GEMM algorithm]
 // cuBLASLt's heuristic picks an algorithm from the shape alone, and for the small GEMMs of a
-// training step it often picks badly: on an H200 a linear layer's 10-class classifier ran as one
-// thread block of an unvectorized SIMT kernel for 20–30 µs, and a transformer's weight gradients
-// with the bias-gradient epilogue took 17–21 µs each, where other candidates of the same heuristic
-// take a few (docs/RESULTS.md). So a shape's first use outside a stream capture times the
-// heuristic's candidates (up to 8, each one kernel where split-K is off, and one-kernel splits of
-// k) on the caller's stream, with the caller's inputs and scratch outputs, and keeps the fastest
-// by GPU time (LtGemm::tune). Then it times what would run without the plan: for a plain GEMM
-// cuBLAS's own (cublasSgemm picks kernels by other rules, and for the k-heavy weight gradients of
-// small layers faster ones), for a fused bias gradient its GEMM and a column sum apart; where that
-// is more than 10% faster the plan is declined and the callers' fallback runs instead. cuDNN's
-// benchmark mode and torch.compile's max-autotune choose their kernels the same way. This costs
-// the first step a synchronization and a few milliseconds per shape, once per process.
+// training step it often picks badly: a linear layer's 10-class classifier ran as one thread
+// block of an unvectorized SIMT kernel, and a transformer's weight gradients with the
+// bias-gradient epilogue took several times what other candidates of the same heuristic take
+// (docs/DECISIONS.md, "a GEMM shape's algorithm is chosen by timing"). So a shape's first use
+// outside a stream capture times the heuristic's candidates (up to 8, each one kernel where split-K
+// is off, and one-kernel splits of k) on the caller's stream, with the caller's inputs and scratch
+// outputs, and keeps the fastest by GPU time (LtGemm::tune). Then it times what would run without
+// the plan: for a plain GEMM cuBLAS's own (cublasSgemm picks kernels by other rules, and for the
+// k-heavy weight gradients of small layers faster ones), for a fused bias gradient its GEMM and a
+// column sum apart; where that is more than 10% faster the plan is declined and the callers'
+// fallback runs instead. cuDNN's benchmark mode and torch.compile's max-autotune choose their
+// kernels the same way. This costs the first step a synchronization and a few milliseconds per
+// shape, once per process.
 //
 // The choice is made once per (shape, options, alignment) and device for the whole process, under
 // a lock, and never changes: every thread's plan runs it, and an eager backward and the replay of
@@ -484,8 +485,8 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
   if (kernels::epilogue_has_bias(epilogue)) alignment = std::min(alignment, alignment_of(bias));
   if (kernels::epilogue_has_aux(epilogue)) alignment = std::min(alignment, alignment_of(aux));
   // Backward epilogues (Note [Backward epilogue fusion]) keep the heuristic's split as the
-  // forward ones do: removing it was measured slower on the H200 (the MLP of hidden 2048: 2508
-  // against 2020 us per eager step) and saved no kernel (docs/RESULTS.md).
+  // forward ones do: removing it was measured slower and saved no kernel (docs/DECISIONS.md,
+  // "a linear+activation layer's gradient rides in the next layer's GEMM").
   const GemmKey key{m, n, k, trans_a, trans_b, alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),

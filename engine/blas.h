@@ -22,9 +22,8 @@ namespace graphward {
 inline constexpr std::size_t kBlasWorkspaceBytes = std::size_t{32} << 20;
 // Whether graphward's GEMMs may use the heuristic's split-K choice. Not for small GEMMs
 // (m·n·k ≤ 2^24), whose GPU time is within a launch: there the split's second (reduction) kernel
-// costs more host and GPU time than it saves. On an H200, [64,256]·[256,256] took 11.9 µs of host
-// and 11.9 µs of GPU time with splitK 4, and 8.0 / 9.5 µs unsplit; while [256,1024]·[1024,1024]
-// needs its split (21 µs of GPU time). See bench/ops_bench.cpp, LtGemm, and docs/RESULTS.md.
+// costs more host and GPU time than it saves; larger ones need their split (docs/DECISIONS.md,
+// "split-K only above 2^24 multiply-adds"; bench/ops_bench.cpp, LtGemm).
 constexpr bool gemm_allows_split_k(std::int64_t m, std::int64_t n, std::int64_t k) {
   return static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > 16777216.0;
 }

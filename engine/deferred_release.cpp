@@ -11,10 +11,10 @@
 namespace graphward::detail {
 
 // Note [Waking the release worker]
-// A hand-off that wakes a sleeping worker costs the caller a futex wake: 3–8 µs of host time on
-// the H200's host, most of what a replayed backward's release cost after the launch
-// (docs/RESULTS.md). So the two sides meet on an atomic flag (`pending`) and sleep only when
-// waiting is long:
+// A hand-off that wakes a sleeping worker costs the caller a system call (a futex wake), which was
+// most of what a replayed backward's release cost after the launch (docs/DECISIONS.md, "the
+// release worker spins for 2 ms after a release before it sleeps"). So the two sides meet on an
+// atomic flag (`pending`) and sleep only when waiting is long:
 //   * the worker, after a release, spins on the flag for up to kWorkerSpin before it sleeps on a
 //     condition variable; a training loop hands it the next step within that window, and then the
 //     hand-off is one store (no lock, no system call). A worker asleep is woken through the mutex

@@ -3,8 +3,9 @@
 // After a replayed backward is launched, the step's saved tensors are released, as a backward
 // without retain_graph releases them. Most of those handles are the last ones of the step's
 // activations, so releasing them destroys tensors and storages and hands their memory back to the
-// step arena or the block cache: 0.34–0.39 µs a tape node on the H200's host, most of a replayed
-// 200-node backward's host time (docs/RESULTS.md). A ReleaseWorker does the destroying on a thread
+// step arena or the block cache: a cost a tape node that was most of a replayed backward's host
+// time (docs/DECISIONS.md, "a replayed backward's saved tensors dropped on a worker thread").
+// A ReleaseWorker does the destroying on a thread
 // of its own while the caller's thread goes on (the optimizer, the next step's forward).
 //
 // What stays on the caller's thread is everything another thread could see: each node is marked

@@ -20,7 +20,8 @@
 // Memory used only on the stream that allocated it — most of a step's activations and gradients —
 // is not returned to the CUDA pool when freed: it goes to a per-device cache keyed by (stream,
 // size), and the next allocation of that size on that stream takes it with no CUDA call at all (a
-// cudaMallocAsync/cudaFreeAsync pair costs ~0.7 µs of host time, and more in some pool states).
+// cudaMallocAsync/cudaFreeAsync pair costs host time on every allocation, and more in some pool
+// states: docs/DECISIONS.md, "a block cache in front of the CUDA pool").
 // Reuse needs no event: every earlier use was on that stream, so later work there is ordered after
 // it — the reasoning cudaMallocAsync itself applies to same-stream reuse. Memory used on another
 // stream first makes its own stream wait for that one (rule 7: an event recorded there, Note

@@ -77,13 +77,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // gradient C's alone) and hands C the epilogue (GradSlot::epilogue). ReLU's derivative is read
 // from the bit mask cuBLASLt wrote in P's forward (RELU_AUX), GELU's from its pre-activation.
 // Where cuBLASLt declines a shape (or on the CPU) C runs the same arithmetic as two kernels, so
-// the result never depends on it. Measured on the H200 (CUDA 13.0, fp32; docs/RESULTS.md):
-// cuBLASLt itself runs these epilogues as two kernels (a split-K GEMM and its reduction, or its
-// algorithm 55: GEMM, then epilogue), so the kernel count does not drop; the MLP's step is 3-9%
-// faster at the launch-bound size and unchanged at the GEMM-bound one. Also measured, and
-// rejected: the bias gradient in the same epilogue (DRELU_BGRAD / DGELU_BGRAD: a reduction across
-// the batch in a kernel of its own, 1.39x slower eager steps) and the split removed from these
-// GEMMs (1.24x slower at hidden 2048).
+// the result never depends on it. cuBLASLt itself runs these epilogues as two kernels (a split-K
+// GEMM and its reduction, or a GEMM, then an epilogue kernel), so the kernel count does not drop;
+// what it saves, and the variants measured and rejected (the bias gradient in the same epilogue,
+// the split removed from these GEMMs): docs/DECISIONS.md, "a linear+activation layer's gradient
+// rides in the next layer's GEMM".
 struct GradEpilogue {
   Activation act = Activation::kNone;
   Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
@@ -207,9 +205,8 @@ struct Conv2dOptions {
   std::int64_t padding = 0;
   // CUDA: only deterministic cuDNN algorithms (the default: a replayed step equals the eager one
   // bitwise, run after run). false allows the fastest, some of which add with atomics (PyTorch's
-  // default, torch.backends.cudnn.deterministic = False): on an H200 the weight gradients of the
-  // small convnet benchmark's two convolutions took 145 µs per step deterministic, 35 µs in
-  // PyTorch's default choice (docs/RESULTS.md).
+  // default, torch.backends.cudnn.deterministic = False), at a cost measured in docs/DECISIONS.md,
+  // "convolutions deterministic by default".
   bool deterministic = true;
 };
 // x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with

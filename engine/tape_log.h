@@ -1,16 +1,17 @@
 #pragma once
 // Note [Tape log]
 // A replayed backward must prove, every step, that this step's tape is the one its graph was
-// captured from (capture/signature.h). Walking a 200-node tape to prove it costs ~30 µs of host
-// time — several graph launches. So the proof is built while the forward records the tape, when
+// captured from (capture/signature.h). Walking a 200-node tape to prove it costs the host the
+// time of several graph launches. So the proof is built while the forward records the tape, when
 // every node's data is at hand anyway: while a BackwardGraph is alive on a thread, each node that
 // thread creates appends its record (Note [Node record]) to the thread's tape log, with its
 // producers, streams and leaves numbered in creation order (first appearance), and its saved
 // tensors' addresses. At the backward, the log *is* the structure and addresses of the step's
 // tape, and the signature check is a compare of two flat buffers — no walk. A leaf's dtype, shape
 // and data (which never change) are logged at its first use too; only the leaves' .grads, which
-// may change until the backward, are read at the backward (capture/signature.cpp). Better still, each
-// appended record is compared at once with the same place of the signature the last replay used
+// may change until the backward, are read at the backward (capture/signature.cpp). Better still,
+// each appended record is compared at once with the same place of the signature the last replay
+// used
 // (`expect`): when the whole log matched it, the check before the replay compares only the leaves,
 // seeds, roots, mode and addresses.
 //

@@ -12,7 +12,7 @@ using detail::block_reduce;
 using detail::store;
 
 constexpr int kBiasThreads = 256;
-constexpr std::int64_t kTargetBlocks = 264;  // two waves of the H200's 132 SMs
+constexpr std::int64_t kTargetBlocks = 264;  // two waves of a 132-SM GPU
 
 // Images per slice: enough slices that channels x slices fills the GPU.
 std::int64_t images_per_slice(std::int64_t n, std::int64_t k) {

@@ -32,8 +32,8 @@ struct PoolGeom {
 
 #if GRAPHWARD_HAS_CUDA
 // db [K] (=|+=) Σ over images and positions of dy [N, K, OH, OW]: deterministic; `workspace` holds
-// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (cuDNN's
-// cudnnConvolutionBackwardBias took 5x PyTorch's reduction on the H200.)
+// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (Our own reduction:
+// docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
                       float* workspace, cudaStream_t stream);

@@ -271,8 +271,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
 
 // `algo` with its split of k removed: the same algorithm, tile and stages as one kernel, where
 // cuBLASLt accepts that configuration (else `algo` as it was). Dropping only the split keeps the
-// heuristic's tile; asking it for a one-kernel algorithm instead can return a far slower tile (on
-// an H200, 164 µs instead of 21 µs for [256,1024]·[1024,1024]).
+// heuristic's tile; asking it for a one-kernel algorithm instead can return a far slower tile
+// (docs/DECISIONS.md, "split-K only above 2^24 multiply-adds").
 cublasLtMatmulAlgo_t LtGemm::unsplit(const cublasLtMatmulAlgo_t& algo) const {
   if (splits(algo) <= 1) return algo;
   cublasLtMatmulAlgo_t one = algo;

@@ -7,8 +7,8 @@
 namespace graphward::kernels::detail {
 
 constexpr int kThreads = 256;
-// Grid for a grid-stride loop over n elements: enough blocks to fill an H200 several times over,
-// never more than the elements need.
+// Grid for a grid-stride loop over n elements: enough blocks to fill a large GPU (132 SMs)
+// several times over, never more than the elements need.
 inline unsigned grid_for(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 132 * 32 ? blocks : 132 * 32);
