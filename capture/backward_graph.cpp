@@ -39,7 +39,7 @@ struct BackwardGraph::Executable {
   std::shared_ptr<const capture::Words> nodes_part;
   // The graph's intermediates (Note [Graph memory pool]); declared first, destroyed last.
   std::unique_ptr<GraphMemoryPool> pool;
-  // What a kernel fault after its launch names (Note [Kernel faults], engine/error.h).
+  // What a kernel fault after its launch names (Note [Kernel faults], base/error.h).
   std::shared_ptr<const std::string> description;
   std::vector<InputSlot> slots;  // Note [Input slots]
   Executable() = default;

@@ -103,7 +103,7 @@ struct BackwardGraphOptions {
   bool split_weight_grads = true;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
-  // Note [Kernel faults] (engine/error.h): every backward() runs eagerly, synchronized after each
+  // Note [Kernel faults] (base/error.h): every backward() runs eagerly, synchronized after each
   // node, and a failing node is named. Also on when GRAPHWARD_LOCALIZE_FAULTS=1. For debugging.
   bool localize_faults = false;
   // Note [Non-finite loss] (engine/backward.h): refuse a NaN or infinite loss before anything is

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "capture/signature.h"
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward::capture {
 

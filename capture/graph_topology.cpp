@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward::capture {
 

@@ -38,7 +38,7 @@ struct StepGraph::Executable {
   bool batched = false;
   std::uint64_t replays = 0;  // launches of this executable
   std::vector<Baked> leaves, grads;  // the leaves the backward reaches, and their .grads
-  // What a kernel fault after a launch names (Note [Kernel faults], engine/error.h).
+  // What a kernel fault after a launch names (Note [Kernel faults], base/error.h).
   std::shared_ptr<const std::string> description;
   Executable() = default;
   Executable(const Executable&) = delete;

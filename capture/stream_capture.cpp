@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "engine/deferred_release.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/memory.h"
 
 namespace graphward::capture {

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "engine/capture_mode.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/memory.h"
 #include "kernels/shape.h"
 

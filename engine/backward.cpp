@@ -10,7 +10,7 @@
 #include <cstring>
 #include <optional>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/ops.h"
 
 namespace graphward {

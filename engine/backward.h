@@ -104,7 +104,7 @@ struct BackwardOptions {
   bool split_weight_grads = false;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
-  // Note [Kernel faults] (engine/error.h): synchronizes after every node (and before the first)
+  // Note [Kernel faults] (base/error.h): synchronizes after every node (and before the first)
   // and reports a failing one by name — "the backward of linear#12 (step 3 of 9, stream 1)". For
   // finding a fault, not for training: one synchronize a node. Also turned on for every backward
   // by the environment variable GRAPHWARD_LOCALIZE_FAULTS=1 (localize_faults_from_env()). CUDA

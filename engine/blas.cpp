@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/capture_mode.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/gemm_choice.h"
 #include "engine/memory.h"
 #include "kernels/reduce.h"

@@ -11,7 +11,7 @@
 
 #include "engine/cuda.h"
 #include "engine/device.h"
-#include "engine/dtype.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include "kernels/gemm.h"

@@ -1,7 +1,7 @@
 #include "engine/capture_mode.h"
 
 #include "engine/cuda.h"
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward {
 

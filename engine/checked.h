@@ -1,5 +1,5 @@
 #pragma once
-// Checked int64 arithmetic for sizes (Note [Checked sizes], engine/dtype.h): each returns whether
+// Checked int64 arithmetic for sizes (Note [Checked sizes], base/dtype.h): each returns whether
 // the exact result fits, and writes it to *out only then. Header-only; no graphward dependency.
 #include <cstdint>
 

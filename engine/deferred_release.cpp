@@ -6,7 +6,7 @@
 #include <exception>
 #include <utility>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward::detail {
 

@@ -7,8 +7,8 @@
 
 #include "engine/checked.h"
 #include "engine/cuda.h"
-#include "engine/dtype.h"
-#include "engine/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 namespace graphward {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/capture_mode.h"
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/tensor.h"
 
 namespace graphward::dnn {

@@ -4,8 +4,8 @@
 #include "engine/backward.h"      // IWYU pragma: export
 #include "engine/capture_mode.h"  // IWYU pragma: export
 #include "engine/device.h"        // IWYU pragma: export
-#include "engine/dtype.h"         // IWYU pragma: export
-#include "engine/error.h"         // IWYU pragma: export
+#include "base/dtype.h"         // IWYU pragma: export
+#include "base/error.h"         // IWYU pragma: export
 #include "engine/gemm_choice.h"   // IWYU pragma: export
 #include "engine/generator.h"     // IWYU pragma: export
 #include "engine/graph_pool.h"    // IWYU pragma: export

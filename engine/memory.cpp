@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "engine/graph_pool.h"
 #include "engine/deferred_release.h"
 #include "engine/step_arena.h"
@@ -259,7 +259,7 @@ void configure_pool_once(int device) {
 }
 
 // Note [Out of memory]
-// An allocation the device cannot serve throws OutOfMemoryError (engine/error.h) saying what
+// An allocation the device cannot serve throws OutOfMemoryError (base/error.h) saying what
 // needed how much, what the device has free, what graphward's block cache holds, and — inside a
 // capture — which capture; nothing is half-made (a capture that needed it is abandoned by
 // capture_stream, its pool freed with it). Before giving up, an eager allocation returns the

@@ -25,7 +25,7 @@ void check_cudnn(const char* op, const Tensor& x) {
 #endif
 }
 
-// Note [Checked sizes] (engine/dtype.h): every size, stride and padding of a convolution or a
+// Note [Checked sizes] (base/dtype.h): every size, stride and padding of a convolution or a
 // pooling, and its output's, is below 2^31 — cuDNN's int parameters, and small enough that no
 // size arithmetic here can overflow int64 — on both backends alike.
 constexpr std::int64_t kMaxGeom = (std::int64_t{1} << 31) - 1;

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward::detail {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/capture_mode.h"
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward {
 

@@ -14,8 +14,8 @@
 
 #include "engine/cuda.h"
 #include "engine/device.h"
-#include "engine/dtype.h"
-#include "engine/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "engine/memory.h"
 
 namespace graphward {

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward {
 

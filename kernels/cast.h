@@ -2,7 +2,7 @@
 // Conversions between element types (engine's cast op). Contract of elementwise.h: outputs first,
 // never allocate, never synchronize; `accumulate` adds (in float32, then rounds) instead of
 // writing. bfloat16 values are their 16 bits (uint16_t), rounded to nearest, ties to even —
-// bitwise the same on the CPU (engine/dtype.h bf16::from_float) and on CUDA (__float2bfloat16_rn).
+// bitwise the same on the CPU (base/dtype.h bf16::from_float) and on CUDA (__float2bfloat16_rn).
 #include <cstdint>
 
 #if GRAPHWARD_HAS_CUDA

@@ -11,7 +11,7 @@
 // output), the last dimension (a row broadcast over the rows) or 1 (a single element).
 #include <cstdint>
 
-#include "engine/dtype.h"  // bf16
+#include "base/dtype.h"  // bf16
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

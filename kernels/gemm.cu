@@ -7,7 +7,7 @@
 #include <limits>
 #include <optional>
 
-#include "engine/error.h"
+#include "base/error.h"
 #include "kernels/gemm.h"
 
 namespace graphward::kernels {

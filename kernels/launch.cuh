@@ -2,7 +2,7 @@
 // Launch helpers shared by the .cu files of kernels/ (device code only; not a public header).
 #include <cstdint>
 
-#include "engine/error.h"
+#include "base/error.h"
 
 namespace graphward::kernels::detail {
 

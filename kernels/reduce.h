@@ -7,7 +7,7 @@
 // incoming scalar gradient from device memory: nothing here reads back to the host.
 #include <cstdint>
 
-#include "engine/dtype.h"  // bf16
+#include "base/dtype.h"  // bf16
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "engine/dtype.h"
+#include "base/dtype.h"
 
 namespace graphward::kernels::detail {
 
