@@ -1,5 +1,5 @@
 #pragma once
-// A kernel that faults on purpose, for the tests of Note [Kernel faults] (engine/error.h).
+// A kernel that faults on purpose, for the tests of Note [Kernel faults] (base/error.h).
 #include <cuda_runtime_api.h>
 
 namespace graphward::testing {
