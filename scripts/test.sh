@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds graphward with its tests and runs them all. GPU tests (ctest label `gpu`) run when a CUDA
 # device is usable and are reported as skipped, with the reason, when none is. Then builds the
-# hostile-input tests with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only) and runs them.
+# hostile-input tests with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only) and runs them,
+# and checks graphward as a dependency of another project (scripts/check_package.sh).
 #   scripts/test.sh            # everything ctest knows
 #   GW_BUILD_DIR=/tmp/b scripts/test.sh
 set -euo pipefail
@@ -33,4 +34,10 @@ if [ "${GW_SANITIZE:-1}" != 0 ]; then
   (cd "$SAN_DIR" && ctest --output-on-failure --no-tests=error -L hostile -j "$GW_JOBS" --timeout 900)
   say "running the other CPU tests under the sanitizers"
   (cd "$SAN_DIR/tests" && ./graphward_cpu_tests --gtest_brief=1)
+fi
+
+# graphward as another project's dependency (scripts/check_package.sh): installed and found with
+# find_package, and built through FetchContent; each consumer trains. GW_PACKAGE=0 skips it.
+if [ "${GW_PACKAGE:-1}" != 0 ]; then
+  bash "$GW_ROOT/scripts/check_package.sh"
 fi
