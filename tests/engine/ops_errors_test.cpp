@@ -1,5 +1,8 @@
 // Bad input: every case is a graphward::Error naming the op, what it got and what it expected,
 // and nothing is written (Note [Check, then write] in engine/ops_common.h).
+#include <regex>
+#include <string>
+
 #include "test_util.h"
 
 namespace graphward {
@@ -8,6 +11,35 @@ namespace {
 TEST(OpsErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
   GW_EXPECT_ERROR(matmul(zeros({2, 3}), zeros({4, 5})), "matmul", "[2, 3]", "[4, 5]",
                   "a.shape[1] == b.shape[0]");
+}
+
+// Where an error was raised is named from the repository's root, however the tree was built: the
+// library's own checks (an op, a header's inline check, the tensor runtime) say "[at
+// <room>/<file>:<line>]", never an absolute build path.
+TEST(OpsErrors, TheFileAnErrorNamesIsRelativeToTheRepository) {
+  const std::regex where(
+      R"( \[at (base|kernels|engine|capture|dist)/[a-z_0-9]+\.(cpp|h|cu|cuh):[0-9]+\])");
+  auto message_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  for (const std::string& m : {message_of([] {
+                                 (void)matmul(zeros({2, 3}), zeros({4, 5}));
+                               }),
+                               message_of([] {
+                                 (void)zeros({2, 3}).view({7});
+                               }),
+                               message_of([] {
+                                 (void)reshape(zeros({2, 3}), {4, 2});
+                               }),
+                               message_of([] { (void)zeros({2}).item(); })}) {
+    EXPECT_TRUE(std::regex_search(m, where)) << m;
+    EXPECT_EQ(m.find("[at /"), std::string::npos) << m;
+  }
 }
 
 TEST(OpsErrors, MatmulNeeds2dInputs) {
