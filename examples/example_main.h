@@ -1,6 +1,7 @@
 #pragma once
 // The command line shared by the example programs (train_mlp, train_convnet, train_transformer):
-//   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [model flags...]
+//   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [model flags...] | --help
+// (examples/args.h: --flag V and --flag=V alike; numbers parsed whole).
 // Trains the model in each asked mode and prints, for each, the loss at the start and at the end
 // (and its ratio) and the time per step. On the GPU when one is usable, else on the CPU backend
 // (where the graph modes run eagerly); it says which.
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/args.h"
 #include "examples/trainer.h"
 
 namespace graphward::examples {
@@ -25,25 +27,32 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
   try {
     bool force_cpu = false;
     std::string mode = "all";
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> const char* {
-        if (i + 1 >= argc) throw Error("missing value after " + a);
-        return argv[++i];
-      };
-      if (a == "--cpu") {
+    std::string usage = std::string("usage: ") + name +
+                        " [--cpu] [--steps N] [--mode eager|backward|step|all]";
+    for (const auto& [flag, _] : flags) usage += " [" + flag + " N]";
+    ArgReader args(argc, argv);
+    while (args.next()) {
+      if (args.wants_help()) {
+        std::printf("%s\n(--flag V and --flag=V alike; on the GPU when one is usable, else on the "
+                    "CPU backend)\n",
+                    usage.c_str());
+        return 0;
+      } else if (args.is("--cpu")) {
+        args.no_value();
         force_cpu = true;
-      } else if (a == "--steps") {
-        steps = std::atoi(next());
-      } else if (a == "--mode") {
-        mode = next();
-      } else if (auto f = flags.find(a); f != flags.end()) {
-        f->second(next());
+      } else if (args.is("--steps")) {
+        steps = static_cast<int>(parse_int("--steps", args.value(), 2));
+      } else if (args.is("--mode")) {
+        mode = args.value();
+      } else if (auto f = flags.find(args.name()); f != flags.end()) {
+        const std::string v = args.value();
+        f->second(v.c_str());
       } else {
         std::string known;
         for (const auto& [flag, _] : flags) known += ", " + flag + " N";
-        throw Error("unknown argument " + a +
-                    "; expected --cpu, --steps N, --mode eager|backward|step|all" + known);
+        throw Error("unknown argument " + args.name() +
+                    "; expected --cpu, --steps N, --mode eager|backward|step|all" + known +
+                    " (--help lists them)");
       }
     }
     if (steps < 2) throw Error("expected --steps >= 2");
@@ -80,9 +89,7 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
 
 // A flag's value as a positive integer, or an Error naming the flag.
 inline std::int64_t positive(const char* flag, const char* value) {
-  const long long v = std::atoll(value);
-  if (v < 1) throw Error(std::string(flag) + " is " + value + "; expected a positive integer");
-  return v;
+  return parse_int(flag, value, 1);
 }
 
 }  // namespace graphward::examples

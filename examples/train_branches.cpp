@@ -11,7 +11,7 @@
 // profiler.
 //
 //   train_branches [--cpu] [--eager] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
-//                  [--trace FILE]
+//                  [--trace FILE] | --help      (--flag V and --flag=V alike; numbers parsed whole)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +24,7 @@
 
 #include "capture/backward_graph.h"
 #include "engine/graphward.h"
+#include "examples/args.h"
 
 namespace gw = graphward;
 
@@ -42,36 +43,41 @@ struct Options {
   std::string trace;  // --trace FILE
 };
 
-Options parse(int argc, char** argv) {
+constexpr const char* kUsage =
+    "usage: train_branches [--cpu] [--eager] [--steps N] [--branches K] [--width W] [--batch B] "
+    "[--lr LR] [--trace FILE]\n(--flag V and --flag=V alike; defaults: 200 steps, 4 branches, "
+    "width 64, batch 64, lr 0.05)";
+
+// The command line; `help` is set (and nothing else read) when --help is asked.
+Options parse(int argc, char** argv, bool* help) {
+  namespace ex = gw::examples;
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) throw gw::Error("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--cpu")
+  ex::ArgReader args(argc, argv);
+  while (args.next()) {
+    if (args.wants_help()) {
+      *help = true;
+      return o;
+    } else if (args.is("--cpu")) {
+      args.no_value();
       o.force_cpu = true;
-    else if (a == "--eager")
+    } else if (args.is("--eager")) {
+      args.no_value();
       o.eager = true;
-    else if (a == "--steps")
-      o.steps = std::atoi(next());
-    else if (a == "--branches")
-      o.branches = std::atoi(next());
-    else if (a == "--width")
-      o.width = std::atoll(next());
-    else if (a == "--batch")
-      o.batch = std::atoll(next());
-    else if (a == "--lr")
-      o.lr = std::atof(next());
-    else if (a == "--trace")
-      o.trace = next();
-    else
-      throw gw::Error("unknown argument " + a +
-                      " (see the comment at the top of train_branches.cpp)");
-  }
-  if (o.steps < 1 || o.branches < 1 || o.width < 1 || o.batch < 1) {
-    throw gw::Error("steps, branches, width and batch must be positive");
+    } else if (args.is("--steps")) {
+      o.steps = static_cast<int>(ex::parse_int("--steps", args.value(), 1));
+    } else if (args.is("--branches")) {
+      o.branches = static_cast<int>(ex::parse_int("--branches", args.value(), 1));
+    } else if (args.is("--width")) {
+      o.width = ex::parse_int("--width", args.value(), 1);
+    } else if (args.is("--batch")) {
+      o.batch = ex::parse_int("--batch", args.value(), 1);
+    } else if (args.is("--lr")) {
+      o.lr = ex::parse_number("--lr", args.value(), 0.0);
+    } else if (args.is("--trace")) {
+      o.trace = args.value();
+    } else {
+      throw gw::Error("unknown argument " + args.name() + "; " + kUsage);
+    }
   }
   return o;
 }
@@ -84,7 +90,12 @@ struct Branch {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const Options opt = parse(argc, argv);
+  bool help = false;
+  const Options opt = parse(argc, argv, &help);
+  if (help) {
+    std::printf("%s\n", kUsage);
+    return 0;
+  }
   const bool gpu = !opt.force_cpu && gw::cuda_available();
   const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
   if (gpu) {

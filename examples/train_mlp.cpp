@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
       {"--hidden", [&](const char* v) { c.hidden = ex::positive("--hidden", v); }},
       {"--layers", [&](const char* v) { c.layers = static_cast<int>(ex::positive("--layers", v)); }},
       {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }},
-      {"--bf16", [&](const char* v) { c.bf16 = ex::positive("--bf16", v) != 0; }}};
+      {"--bf16", [&](const char* v) { c.bf16 = ex::parse_int("--bf16", v, 0) != 0; }}};
   return ex::example_main<ex::MlpModel>(argc, argv, "train_mlp", c, flags, [&] {
     return std::to_string(c.layers) + " hidden layers of " + std::to_string(c.hidden) +
            ", batch " + std::to_string(c.batch) + ", " + std::to_string(c.classes) + " classes" +

@@ -12,6 +12,7 @@
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
 // slots] in capture/backward_graph.h).
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -153,7 +154,18 @@ TrainResult run_steps(AnyTrainer& trainer, Device device, int steps) {
   }
   synchronize_device(device);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = untimed; i < steps; ++i) loss = trainer.step(i);
+  auto reported = t0;
+  for (int i = untimed; i < steps; ++i) {
+    loss = trainer.step(i);
+    // A long run says where it is every few seconds (the loss read here synchronizes, once).
+    const auto now = std::chrono::steady_clock::now();
+    if (now - reported > std::chrono::seconds(5) && i + 1 < steps) {
+      reported = now;
+      std::printf("    step %d/%d, loss %.4f, %.3f ms/step so far\n", i + 1, steps, loss.item(),
+                  std::chrono::duration<double, std::milli>(now - t0).count() / (i + 1 - untimed));
+      std::fflush(stdout);
+    }
+  }
   synchronize_device(device);
   const auto t1 = std::chrono::steady_clock::now();
   r.last_loss = loss.item();

@@ -244,8 +244,13 @@ def main():
     args = ap.parse_args()
     if args.world < 1 or args.steps < 2 or args.branches < 1:
         sys.exit("compare_torch_dp.py: expected --world >= 1, --steps >= 2 and --branches >= 1")
-    import torch
-    import torch.multiprocessing as mp
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError as e:
+        print(f"compare_torch_dp.py: PyTorch is not importable here ({e}); nothing measured "
+              "(pip install torch, with CUDA, on the GPU machine)", file=sys.stderr)
+        return 2
 
     if torch.cuda.device_count() < args.world:
         print(f"compare_torch_dp.py: skipped: --world {args.world} needs {args.world} GPUs; "

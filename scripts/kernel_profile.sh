@@ -13,9 +13,18 @@ model=${1:?usage: kernel_profile.sh convnet|convnet-small|transformer|transforme
 steps=${2:-3}
 dir=${OUT:-$GW_BUILD_DIR}
 NCU=${NCU:-ncu}
-ncu_run() {  # ncu_run CSV COMMAND...
-  "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    --log-file "$1" "${@:2}" >/dev/null 2>"$1.stderr"
+if ! command -v "$NCU" >/dev/null 2>&1; then
+  echo "kernel_profile.sh: Nsight Compute ($NCU) is not found; nothing profiled (put ncu on the" \
+    "PATH, or NCU=/path/to/ncu)" >&2
+  exit 2
+fi
+ncu_run() {  # ncu_run CSV COMMAND...: fails, saying why, when the profile did not run
+  if ! "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --log-file "$1" "${@:2}" >/dev/null 2>"$1.stderr" || [ ! -s "$1" ]; then
+    echo "kernel_profile.sh: profiling ${*:2} failed (no kernel times in $1):" >&2
+    tail -5 "$1.stderr" >&2
+    exit 1
+  fi
 }
 case "$model" in
   convnet)

@@ -16,7 +16,8 @@ n=$1
 shift
 program=${GW_DP_PROGRAM:-${GW_BUILD_DIR:-build}/examples/train_dp}
 if [ ! -x "$program" ]; then
-  echo "run_dp.sh: $program is not built (scripts/build.sh or cmake --build first)" >&2
+  echo "run_dp.sh: $program is not built (scripts/run.sh builds the examples; or cmake --build" \
+    "<build dir> --target train_dp; GW_BUILD_DIR or GW_DP_PROGRAM say where it is)" >&2
   exit 2
 fi
 if [ "$n" -gt 1 ]; then

@@ -1,0 +1,76 @@
+#pragma once
+// The examples' command line: "--flag value" and "--flag=value" alike; a number is parsed whole
+// (a malformed or out-of-range one is refused, naming the flag); "--help" (or "-h") asks for the
+// program's list of flags. Errors are graphward::Error, printed by the program's main.
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <system_error>
+
+#include "base/error.h"
+
+namespace graphward::examples {
+
+class ArgReader {
+ public:
+  ArgReader(int argc, char** argv) : argc_(argc), argv_(argv) {}
+
+  // Moves to the next argument; false after the last.
+  bool next() {
+    if (++i_ >= argc_) return false;
+    const std::string a = argv_[i_];
+    const std::size_t eq = a.find('=');
+    has_inline_ = a.rfind("--", 0) == 0 && eq != std::string::npos;
+    name_ = has_inline_ ? a.substr(0, eq) : a;
+    inline_ = has_inline_ ? a.substr(eq + 1) : std::string();
+    return true;
+  }
+  const std::string& name() const { return name_; }
+  bool is(const char* flag) const { return name_ == flag; }
+  bool wants_help() const { return name_ == "--help" || name_ == "-h"; }
+  // The flag's value: after its '=', or the next argument.
+  std::string value() {
+    if (has_inline_) return inline_;
+    if (i_ + 1 >= argc_) throw Error(name_ + " needs a value (" + name_ + " V or " + name_ + "=V)");
+    return argv_[++i_];
+  }
+  // A switch takes no value.
+  void no_value() const {
+    if (has_inline_) throw Error(name_ + " takes no value; got " + name_ + "=" + inline_);
+  }
+
+ private:
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string name_, inline_;
+  bool has_inline_ = false;
+};
+
+// `text` as a whole integer of at least `min`, or an Error naming `flag`.
+inline std::int64_t parse_int(const std::string& flag, const std::string& text,
+                              std::int64_t min = 1) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw Error(flag + " is '" + text + "'; expected an integer");
+  }
+  if (v < min) throw Error(flag + " is " + text + "; expected at least " + std::to_string(min));
+  return v;
+}
+
+// `text` as a whole finite number greater than `above`, or an Error naming `flag`.
+inline double parse_number(const std::string& flag, const std::string& text, double above) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || !(v == v) ||
+      v > 1e300 || v < -1e300) {
+    throw Error(flag + " is '" + text + "'; expected a number");
+  }
+  if (!(v > above)) {
+    throw Error(flag + " is " + text + "; expected a number above " + std::to_string(above));
+  }
+  return v;
+}
+
+}  // namespace graphward::examples
