@@ -39,6 +39,7 @@
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
 #include "engine/graphward.h"
+#include "examples/args.h"
 #include "examples/example_main.h"
 
 namespace gw = graphward;
@@ -267,46 +268,57 @@ Worst max_rel_error(const std::vector<gw::Tensor>& a, const std::vector<gw::Tens
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace ex = gw::examples;
   try {
     Config c;
     std::string mode = "all", grad_write = "overwrite";
     // Flags with a value, and switches (the examples' Flags, examples/example_main.h).
     const gw::examples::Flags values = {
-        {"--steps", [&](const char* v) { c.steps = std::atoi(v); }},
+        {"--steps",
+         [&](const char* v) { c.steps = static_cast<int>(ex::parse_int("--steps", v, 2)); }},
         {"--mode", [&](const char* v) { mode = v; }},
-        {"--width", [&](const char* v) { c.width = std::atoll(v); }},
-        {"--layers", [&](const char* v) { c.layers = std::atoll(v); }},
-        {"--branches", [&](const char* v) { c.branches = std::atoll(v); }},
-        {"--batch", [&](const char* v) { c.batch = std::atoll(v); }},
-        {"--bucket-mib", [&](const char* v) { c.bucket_mib = std::atof(v); }},
-        {"--first-bucket-mib", [&](const char* v) { c.first_bucket_mib = std::atof(v); }},
+        {"--width", [&](const char* v) { c.width = ex::parse_int("--width", v, 1); }},
+        {"--layers", [&](const char* v) { c.layers = ex::parse_int("--layers", v, 1); }},
+        {"--branches", [&](const char* v) { c.branches = ex::parse_int("--branches", v, 1); }},
+        {"--batch", [&](const char* v) { c.batch = ex::parse_int("--batch", v, 1); }},
+        {"--bucket-mib",
+         [&](const char* v) { c.bucket_mib = ex::parse_number("--bucket-mib", v, 0); }},
+        {"--first-bucket-mib",
+         [&](const char* v) { c.first_bucket_mib = ex::parse_number("--first-bucket-mib", v, 0); }},
         {"--staging", [&](const char* v) { c.staging = v; }},
         {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
         {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
         {"--summed", [&](const char* v) { c.summed = v; }},
         {"--symmetric", [&](const char* v) { c.symmetric = v; }},
-        {"--nccl-max-ctas", [&](const char* v) { c.nccl_max_ctas = std::atoi(v); }},
+        {"--nccl-max-ctas",
+         [&](const char* v) {
+           c.nccl_max_ctas = static_cast<int>(ex::parse_int("--nccl-max-ctas", v, 0));
+         }},
         {"--grad-write", [&](const char* v) { grad_write = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
         {"--dot", [&](const char* v) { c.dot = v; }},
     };
     const std::map<std::string, bool*> switches = {
         {"--check", &c.check}, {"--bench", &c.bench}, {"--with-reducer", &c.with_reducer}};
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (auto f = values.find(a); f != values.end()) {
-        if (i + 1 >= argc) throw gw::Error("missing value after " + a);
-        f->second(argv[++i]);
-      } else if (auto sw = switches.find(a); sw != switches.end()) {
+    ex::ArgReader args(argc, argv);
+    std::string known;
+    for (const auto& [flag, _] : values) known += (known.empty() ? "" : ", ") + flag + " V";
+    for (const auto& [flag, _] : switches) known += ", " + flag;
+    known +=
+        " (--mode eager|backward|step|all, --staging small|all, --comm-priority high|normal, "
+        "--grads-in-buckets, --summed and --symmetric on|off; --flag V and --flag=V alike)";
+    while (args.next()) {
+      if (args.wants_help()) {
+        std::printf("usage: train_dp %s\n", known.c_str());
+        return 0;
+      } else if (auto f = values.find(args.name()); f != values.end()) {
+        const std::string v = args.value();
+        f->second(v.c_str());
+      } else if (auto sw = switches.find(args.name()); sw != switches.end()) {
+        args.no_value();
         *sw->second = true;
       } else {
-        std::string known;
-        for (const auto& [flag, _] : values) known += (known.empty() ? "" : ", ") + flag + " V";
-        for (const auto& [flag, _] : switches) known += ", " + flag;
-        throw gw::Error("unknown argument " + a + "; expected " + known +
-                        " (--mode eager|backward|step|all, --staging small|all, "
-                        "--comm-priority high|normal, --grads-in-buckets, --summed and "
-                        "--symmetric on|off)");
+        throw gw::Error("unknown argument " + args.name() + "; expected " + known);
       }
     }
     if (c.steps < 2 || c.width < 1 || c.layers < 1 || c.batch < 1 || c.branches < 1 ||

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "examples/args.h"
 #include "examples/rnn.h"
 
 namespace gw = graphward;
@@ -18,19 +19,28 @@ int main(int argc, char** argv) {
     bool force_cpu = false;
     int steps = 200;
     ex::RnnConfig c;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto next = [&]() -> const char* {
-        if (i + 1 >= argc) throw gw::Error("train_rnn: missing value after " + a);
-        return argv[++i];
-      };
-      if (a == "--cpu") force_cpu = true;
-      else if (a == "--steps") steps = std::atoi(next());
-      else if (a == "--layers") c.layers = std::atoi(next());
-      else if (a == "--hidden") c.hidden = std::atoll(next());
-      else if (a == "--time") c.steps_in_time = std::atoi(next());
-      else throw gw::Error("train_rnn: unknown argument " + a +
-                           "; expected --cpu, --steps N, --layers L, --hidden H, --time T");
+    const std::string usage =
+        "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T]  (--flag V "
+        "and --flag=V alike)";
+    ex::ArgReader args(argc, argv);
+    while (args.next()) {
+      if (args.wants_help()) {
+        std::printf("%s\n", usage.c_str());
+        return 0;
+      } else if (args.is("--cpu")) {
+        args.no_value();
+        force_cpu = true;
+      } else if (args.is("--steps")) {
+        steps = static_cast<int>(ex::parse_int("--steps", args.value(), 2));
+      } else if (args.is("--layers")) {
+        c.layers = static_cast<int>(ex::parse_int("--layers", args.value(), 1));
+      } else if (args.is("--hidden")) {
+        c.hidden = ex::parse_int("--hidden", args.value(), 1);
+      } else if (args.is("--time")) {
+        c.steps_in_time = static_cast<int>(ex::parse_int("--time", args.value(), 1));
+      } else {
+        throw gw::Error("train_rnn: unknown argument " + args.name() + "; " + usage);
+      }
     }
     if (steps < 2 || c.layers < 1 || c.hidden < 1 || c.steps_in_time < 1) {
       throw gw::Error("train_rnn: expected --steps >= 2 and positive --layers, --hidden, --time");
