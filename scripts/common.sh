@@ -81,10 +81,14 @@ ensure_deps() {
   return 0
 }
 
-# configure_and_build [extra cmake args...]
+# configure_and_build [extra cmake args...]; GW_CMAKE_ARGS (words) are passed to cmake last, so
+# that a user's choice wins (e.g. GW_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=80 -DGRAPHWARD_NVTX=OFF").
 configure_and_build() {
-  say "configuring in $GW_BUILD_DIR"
-  cmake -S "$GW_ROOT" -B "$GW_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" || return 1
+  local user_args=()
+  read -r -a user_args <<<"${GW_CMAKE_ARGS:-}"
+  say "configuring in $GW_BUILD_DIR${GW_CMAKE_ARGS:+ (GW_CMAKE_ARGS: $GW_CMAKE_ARGS)}"
+  cmake -S "$GW_ROOT" -B "$GW_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" "${user_args[@]}" ||
+    return 1
   say "building with $GW_JOBS jobs"
   cmake --build "$GW_BUILD_DIR" -j "$GW_JOBS" || return 1
 }
