@@ -64,9 +64,11 @@ struct ReleaseWorker::State {
   std::atomic<int> waiters{0};      // threads asleep (or about to be) on `done`
   std::mutex mutex;                 // only for sleeping and waking
   std::condition_variable work, done;
-  std::vector<SavedTensor> saved, spare;  // the release in flight; the buffer to hand back
-  std::vector<Node*> nodes, spare_nodes;  // release_step's
-  std::vector<Tensor> tensors, spare_tensors;
+  // The release in flight; the worker empties them in place (their capacity kept), and the next
+  // hand-off swaps them for the caller's.
+  std::vector<SavedTensor> saved;
+  std::vector<Node*> nodes;  // release_step's
+  std::vector<Tensor> tensors;
   Tensor keep;
   std::function<void()> before;
   std::thread thread;
@@ -101,24 +103,13 @@ struct ReleaseWorker::State {
     for (;;) {
       await_work();
       if (!pending.load()) return;  // stopped, nothing left
-      std::vector<SavedTensor> dropping = std::move(saved);
-      saved.clear();
-      std::vector<Node*> replayed = std::move(nodes);
-      nodes.clear();
-      std::vector<Tensor> handles = std::move(tensors);
-      tensors.clear();
-      Tensor kept = std::move(keep);
-      std::function<void()> first = std::move(before);
+      if (before) before();
       before = nullptr;
-      if (first) first();
-      for (Node* n : replayed) n->drop_saved_of_replayed_step();
-      dropping.clear();
-      handles.clear();
-      kept = Tensor();
-      replayed.clear();
-      spare = std::move(dropping);  // empty, its capacity kept
-      spare_nodes = std::move(replayed);
-      spare_tensors = std::move(handles);
+      for (Node* n : nodes) n->drop_saved_of_replayed_step();
+      saved.clear();
+      tensors.clear();
+      keep = Tensor();
+      nodes.clear();
       pending.store(false);  // the buffers are the caller's again
       if (waiters.load() > 0) {
         { std::lock_guard<std::mutex> lock(mutex); }  // a waiter is asleep, or sees the flag
@@ -179,15 +170,9 @@ void ReleaseWorker::hand(std::vector<SavedTensor>& saved, std::vector<Node*>& no
       return;
     }
   }
-  std::swap(st.saved, saved);
-  saved = std::move(st.spare);
-  saved.clear();
+  std::swap(st.saved, saved);  // the caller gets the last release's buffers, empty
   std::swap(st.nodes, nodes);
-  nodes = std::move(st.spare_nodes);
-  nodes.clear();
   std::swap(st.tensors, tensors);
-  tensors = std::move(st.spare_tensors);
-  tensors.clear();
   st.keep = std::move(keep);
   st.before = std::move(before);
   st.pending.store(true);  // the buffers are the worker's now

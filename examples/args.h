@@ -3,6 +3,7 @@
 // (a malformed or out-of-range one is refused, naming the flag); "--help" (or "-h") asks for the
 // program's list of flags. Errors are graphward::Error, printed by the program's main.
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <system_error>
@@ -63,8 +64,7 @@ inline std::int64_t parse_int(const std::string& flag, const std::string& text,
 inline double parse_number(const std::string& flag, const std::string& text, double above) {
   double v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || !(v == v) ||
-      v > 1e300 || v < -1e300) {
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty() || !std::isfinite(v)) {
     throw Error(flag + " is '" + text + "'; expected a number");
   }
   if (!(v > above)) {
