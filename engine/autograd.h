@@ -168,6 +168,12 @@ class Node {
   // step as taking no time.
   bool passes_gradient_through() const { return passes_gradient_through_; }
   void set_passes_gradient_through() { passes_gradient_through_ = true; }
+  // Note [Streams of an eager backward] (engine/backward_plan.h): the floating-point operations
+  // of the node's backward, set by the ops whose backward is a matrix product (linear, matmul,
+  // bmm, conv2d: both operands' gradients counted, needed or not); 0 for the others, whose cost
+  // is estimated from the bytes they touch.
+  double backward_flops() const { return backward_flops_; }
+  void set_backward_flops(double flops) { backward_flops_ = flops; }
 
  private:
   std::vector<Tensor> saved_tensors() const;
@@ -188,6 +194,7 @@ class Node {
   std::unique_ptr<ActivationFusion> fusion_;
   bool input_epilogue_ = false;
   bool passes_gradient_through_ = false;
+  double backward_flops_ = 0;
   std::uint64_t from_outside_ = 0;  // saved_from_outside()
 
  public:

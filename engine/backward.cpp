@@ -85,6 +85,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
       plan_backward(proots, caller, options.grad_write,
                     {.split_weight_grads = options.split_weight_grads,
                      .fuse_activation_epilogues = options.fuse_activation_epilogues});
+  // Note [Streams of an eager backward] (backward_plan.h). Inside graphward's captures (a
+  // StepGraph's step) the streams stay.
+  if (device.is_cuda() && options.streams == EagerStreams::kAuto && !capturing() &&
+      plan.streams.size() > 1 && host_bound(plan, device_throughput(device))) {
+    run_on_caller_stream(plan);
+  }
   for (std::size_t r = 0; r < roots.size(); ++r) {
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
@@ -538,6 +544,8 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
       if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
       scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
     }
+    // Note [Streams of an eager backward]: a root made on a stream whose steps moved here.
+    for (cudaStream_t s : plan.caller_waits) stream_wait_stream(device, caller, s);
     // Fork (rule 4): every other stream waits on the caller's stream.
     if (gpu && !plan.forks.empty()) {
       Event& e = event(device, fork_event);
@@ -593,12 +601,12 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
     // cached on the caller's stream after the join, not ordered free by free. Declared before the
     // buffers (outside this block): their last frees come after the join too.
-    if (gpu && !in_capture && !plan.joins.empty()) {
+    if (gpu && !in_capture && (!plan.joins.empty() || !plan.moved_streams.empty())) {
       std::vector<cudaStream_t> joined;
       for (int j : plan.joins) joined.push_back(streams[j]);
       if (!buckets.empty()) joined.push_back(comm);
-      joined_frees.emplace(device, caller, joined);
-  }
+      joined_frees.emplace(device, caller, joined, plan.moved_streams);
+    }
   std::vector<Tensor> buffers(plan.buffers.size());
   std::vector<double>& host_us = host_us_;  // per step, when timed
   host_us.clear();

@@ -2,7 +2,8 @@
 // backward(): plans the backward of the roots from the tape (engine/backward_plan.h) and runs the
 // plan eagerly with the EagerExecutor, by the stream contract of DESIGN.md:
 //   * each node runs on the stream its forward ran on (rule 2), waiting on events only where the
-//     plan says (rule 3);
+//     plan says (rule 3) — or, where the backward is too short on the GPU for streams to pay off,
+//     every node on S (Note [Streams of an eager backward], engine/backward_plan.h);
 //   * every stream used first waits on the caller's stream S — the current stream when backward()
 //     is called — so the seeds and anything enqueued on S before the call are visible (a fork
 //     event, or the stream's first wait when that is on a step of S already); before
@@ -93,6 +94,12 @@ std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = kFnvOffse
 std::uint64_t hash_layout(const Tensor& t, std::uint64_t h);
 }  // namespace detail
 
+// Which streams an eager backward runs on (Note [Streams of an eager backward],
+// engine/backward_plan.h). kAuto: the forward's (rule 2), unless the backward's device work is
+// estimated too short to overlap anything, then the caller's stream alone. kForward: always the
+// forward's.
+enum class EagerStreams : std::uint8_t { kAuto, kForward };
+
 struct BackwardOptions {
   bool retain_graph = false;  // keep saved tensors for another backward through the same graph
   GradWrite grad_write = GradWrite::kAccumulate;
@@ -104,6 +111,9 @@ struct BackwardOptions {
   bool split_weight_grads = false;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
+  // Note [Streams of an eager backward] (engine/backward_plan.h). CUDA only; a backward inside a
+  // capture keeps the forward's streams.
+  EagerStreams streams = EagerStreams::kAuto;
   // Note [Kernel faults] (base/error.h): synchronizes after every node (and before the first)
   // and reports a failing one by name — "the backward of linear#12 (step 3 of 9, stream 1)". For
   // finding a fault, not for training: one synchronize a node. Also turned on for every backward
@@ -134,7 +144,9 @@ inline void backward(const Tensor& root, BackwardOptions options = {}) {
   backward(std::vector<Tensor>{root}, {}, options);
 }
 
-// The plan backward() would run for these roots on the current stream (for inspection and tests).
+// The plan backward() would run for these roots on the current stream (for inspection and tests),
+// on the forward's streams: backward() may then move it onto the caller's (Note [Streams of an
+// eager backward], engine/backward_plan.h).
 BackwardPlan plan_for(const std::vector<Tensor>& roots,
                       GradWrite grad_write = GradWrite::kAccumulate, PlanOptions options = {});
 

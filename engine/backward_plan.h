@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/device.h"
 
 namespace graphward {
 
@@ -107,6 +108,11 @@ struct BackwardPlan {
   std::vector<Buffer> buffers;
   std::vector<LeafSeed> leaf_seeds;
   std::vector<int> root_steps;  // per root: the step of its node, or -1 for a leaf root
+  // Note [Streams of an eager backward]: set by run_on_caller_stream — the forward streams whose
+  // steps it moved onto the caller's stream, and those of them that made a root (the caller's
+  // stream waits for them before the first step). Empty in a plan as planned.
+  std::vector<cudaStream_t> moved_streams;
+  std::vector<cudaStream_t> caller_waits;
   int num_events = 0;
   GradWrite grad_write = GradWrite::kAccumulate;
   // The roots' nodes, owned: through their edges they keep every node of the plan alive, so a
@@ -126,6 +132,39 @@ struct PlanOptions {
   // backward rides in its consumer's input-gradient GEMM where the plan allows.
   bool fuse_activation_epilogues = true;
 };
+
+// Note [Streams of an eager backward]
+// Streams let the GPU run two branches' kernels at once. An eager backward pays for them on the
+// host: a fork, a join and an event for every gradient that crosses streams, a few CUDA calls of
+// 0.3-0.5 µs a stream, while the host issues the whole backward one kernel after another on one
+// thread either way. Where the GPU finishes each kernel before the host has issued the next,
+// nothing can overlap and the streams are all cost: the review's sweep (two parallel linear
+// layers on an N × N input, docs/DESIGN.md) took 0.87× the one-stream time on two streams at
+// N = 64 (docs/DECISIONS.md). So an eager backward (EagerStreams::kAuto, engine/backward.h)
+// estimates its device work from the tape — each node's backward_flops() at the device's float32
+// rate, plus the bytes of its inputs, output and saved tensors at the memory's bandwidth
+// (device_throughput, engine/device.h: both rates low, so the estimate errs long) — and where
+// the whole of it is under kHostFloorUs a step (the least host time a step costs), runs every
+// step on the caller's stream (run_on_caller_stream). Only the streams change: the plan's buffers,
+// and so the order in which contributions are added, stay the multistream plan's, so the
+// gradients are bitwise those of the multistream backward and of its replay. The caller's stream
+// first waits for the stream of each root made on another stream; every other node is ordered
+// before its root's production by the waits of the forward (rule 6). Memory of the moved streams
+// that the caller's stream read goes back to their caches after the backward, one wait a stream
+// (Note [Frees at the join], engine/memory.h). A captured backward keeps its streams (a replay's
+// host cost does not grow with them, and the GPU runs short kernels of two branches at once), and
+// so does a backward issued inside a capture; a plan with side streams (split_weight_grads,
+// asked for) and EagerStreams::kForward keep them too: rule 2 holds there.
+inline constexpr double kHostFloorUs = 4.0;
+// The estimated device time of the plan's steps, in microseconds; negative when `throughput` is
+// unknown (a zero rate).
+double estimate_device_us(const BackwardPlan& plan, DeviceThroughput throughput);
+// Whether run_on_caller_stream applies: more than one stream, no side stream, and an estimate
+// under kHostFloorUs a step.
+bool host_bound(const BackwardPlan& plan, DeviceThroughput throughput);
+// Moves every step onto the caller's stream: drops the forks, joins and waits and the other
+// streams, and fills moved_streams and caller_waits.
+void run_on_caller_stream(BackwardPlan& plan);
 
 // Note [Gradient buckets]
 // For data parallelism (a GradientReducer, engine/backward.h) the leaf gradients a plan writes are

@@ -220,12 +220,6 @@ std::string kind_of(const GemmKey& key) {
   return "gemm";
 }
 
-bool stream_is_capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // Scratch device memory on `stream` for the candidates' outputs, freed in stream order.
 class Scratch {
  public:

@@ -32,6 +32,18 @@ std::string device_name(Device device);
 // Throws a graphward::Error naming `what` unless `device` is a CUDA device this process can use.
 void check_cuda_device(Device device, const char* what);
 
+// What a device can do at most, for estimates that decide how work is issued (Note [Streams of an
+// eager backward], engine/backward_plan.h): float32 floating-point operations a microsecond,
+// counted at 128 a clock and multiprocessor (the fewest of the GPUs graphward builds for, compute
+// capability 8.0 on: an estimate is long rather than short), and bytes of device memory a
+// microsecond (its clock × bus width × 2). Read from the driver once per device; zeros for the
+// CPU and for a device that cannot be read.
+struct DeviceThroughput {
+  double flops_per_us = 0;
+  double bytes_per_us = 0;
+};
+DeviceThroughput device_throughput(Device device);
+
 // Makes `device` the current CUDA device for the scope; restores the previous one. No-op for the
 // CPU and when the device is already current.
 class DeviceGuard {

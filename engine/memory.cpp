@@ -925,10 +925,11 @@ Storage::~Storage() {
 // ---- frees at the join (Note [Frees at the join]) ---------------------------------------------
 
 detail::JoinedFrees::JoinedFrees(Device device, cudaStream_t caller,
-                                 const std::vector<cudaStream_t>& joined)
+                                 const std::vector<cudaStream_t>& joined,
+                                 const std::vector<cudaStream_t>& moved)
     : device_(device), caller_(caller) {
 #if GRAPHWARD_HAS_CUDA
-  if (!device.is_cuda() || device.index >= kCacheDevices || joined.empty() ||
+  if (!device.is_cuda() || device.index >= kCacheDevices || (joined.empty() && moved.empty()) ||
       g_cache_limit.load(std::memory_order_relaxed) == 0 || stream_capturing(caller)) {
     return;
   }
@@ -938,11 +939,15 @@ detail::JoinedFrees::JoinedFrees(Device device, cudaStream_t caller,
     if (!s || stream_capturing(s)) return;  // inactive: a capture frees as it does
     joined_.push_back(s);
   }
+  for (cudaStream_t s : moved) {
+    if (!s || stream_capturing(s)) return;
+  }
+  moved_ = &moved;
   active_ = true;
   previous_ = t_joined_frees;
   t_joined_frees = this;
 #else
-  (void)joined;
+  (void)joined, (void)moved;
 #endif
 }
 
@@ -952,7 +957,10 @@ bool detail::JoinedFrees::take(const Storage& st) {
   auto joined = [&](cudaStream_t s) {
     return std::find(joined_.begin(), joined_.end(), s) != joined_.end();
   };
-  if (!joined(st.alloc_stream_)) return false;
+  if (!joined(st.alloc_stream_) &&
+      std::find(moved_->begin(), moved_->end(), st.alloc_stream_) == moved_->end()) {
+    return false;
+  }
   for (cudaStream_t s : st.other_streams_) {
     if (!joined(s)) return false;
   }

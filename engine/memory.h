@@ -279,9 +279,17 @@ std::uint64_t watched_hazard_epoch();
 // a few tensors), and work enqueued later on a branch stream starts after the backward's join.
 // Left without joined() (an error in the run), the scope makes the caller's stream wait for each
 // joined stream first. Inactive in a capture and with the cache off: frees go as before.
+// An eager backward whose steps all moved onto the caller's stream (Note [Streams of an eager
+// backward], engine/backward_plan.h) joins nothing, but reads there the memory its forward
+// streams allocated: the scope also takes a block allocated on one of those `moved` streams when
+// every other stream that used it is the caller's or a joined one (the moved stream itself is not
+// joined, so its block must not have been used on another moved stream), and gives it back the
+// same way.
 class JoinedFrees {
  public:
-  JoinedFrees(Device device, cudaStream_t caller, const std::vector<cudaStream_t>& joined);
+  // `moved` must outlive the scope.
+  JoinedFrees(Device device, cudaStream_t caller, const std::vector<cudaStream_t>& joined,
+              const std::vector<cudaStream_t>& moved);
   ~JoinedFrees();
   JoinedFrees(const JoinedFrees&) = delete;
   JoinedFrees& operator=(const JoinedFrees&) = delete;
@@ -295,6 +303,7 @@ class JoinedFrees {
   Device device_;
   cudaStream_t caller_ = nullptr;
   std::vector<cudaStream_t> joined_;  // the caller's stream first
+  const std::vector<cudaStream_t>* moved_ = nullptr;  // the caller's (outlives the scope)
   struct Block {
     void* data;
     std::size_t bytes;

@@ -74,6 +74,8 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
                               std::span<GradSlot> grads) {
              bmm_backward(g, s[0], s[1], trans_a, trans_b, grads[0], grads[1]);
            });
+    c.grad_fn()->set_backward_flops(4.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) *
+                                    static_cast<double>(d.n) * static_cast<double>(d.k));
   }
   return c;
 }

@@ -106,6 +106,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
     } else {
       record(op, y, {&x, &weight}, std::move(saved), backward);
     }
+    // Per output element, a multiply-add per weight of its output channel; two products back.
+    y.grad_fn()->set_backward_flops(4.0 * static_cast<double>(y.numel()) *
+                                    static_cast<double>(weight.numel() / weight.size(0)));
   }
   return y;
 }

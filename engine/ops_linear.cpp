@@ -62,6 +62,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
            [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              matmul_backward(g, s[0], s[1], grads[0], grads[1]);
            });
+    c.grad_fn()->set_backward_flops(4.0 * static_cast<double>(a.numel()) *
+                                    static_cast<double>(b.size(1)));
   }
   return c;
 }
@@ -202,6 +204,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     // the ReLU mask (made above when it could be), GELU's pre-activation (width a multiple of 8).
     Node& node = *out.y.grad_fn();
     node.set_takes_input_epilogue();
+    // Two products of the input's rows by the weight's (rows × out × in multiply-adds each).
+    node.set_backward_flops(4.0 * static_cast<double>(x.numel()) *
+                            static_cast<double>(weight.size(0)));
     const bool cpu = !x.is_cuda();
     const bool fusable = (act == Activation::kRelu && (cpu || out.mask.defined())) ||
                          (act == Activation::kGelu && (cpu || weight.size(0) % 8 == 0));

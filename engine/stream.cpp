@@ -303,6 +303,17 @@ void Stream::wait_stream(cudaStream_t other) const {
   stream_wait_stream(device_, stream_, other);
 }
 
+bool stream_is_capturing(cudaStream_t stream) {
+#if GRAPHWARD_HAS_CUDA
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  no_cuda("stream_is_capturing");
+#endif
+}
+
 void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer) {
 #if GRAPHWARD_HAS_CUDA
   if (waiter == producer) return;

@@ -116,6 +116,8 @@ class StreamGuard {
 // `waiter` waits for everything enqueued on `producer` so far, through a fresh event. No-op when
 // they are the same stream.
 void stream_wait_stream(Device device, cudaStream_t waiter, cudaStream_t producer);
+// Whether `stream` is being captured into a CUDA graph (by graphward or by anyone). CUDA only.
+bool stream_is_capturing(cudaStream_t stream);
 
 // Whether `stream` is one graphward created (a default stream or a graphward::Stream's): such a
 // stream lives as long as the process (Note [Stream lifetime]), so a handle to it never dangles

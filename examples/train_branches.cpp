@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -202,10 +203,16 @@ int main(int argc, char** argv) try {
     gw::write_chrome_trace(opt.trace, steps, names,
                            graph ? "train_branches: a traced replay" : "train_branches: eager");
     float end = 0;
-    for (const gw::StepTiming& t : steps) end = std::max({end, t.end_ms, t.side_end_ms});
-    std::printf("timeline: %s (%zu backward steps on %zu streams, %.3f ms; open in "
-                "ui.perfetto.dev)\n",
-                opt.trace.c_str(), steps.size(), names.size(), static_cast<double>(end));
+    std::set<int> used;  // an eager backward too short for its streams runs on the caller's alone
+    for (const gw::StepTiming& t : steps) {
+      end = std::max({end, t.end_ms, t.side_end_ms});
+      used.insert(t.stream);
+      if (t.side_stream >= 0) used.insert(t.side_stream);
+    }
+    std::printf(
+        "timeline: %s (%zu backward steps on %zu streams, %.3f ms; open in "
+        "ui.perfetto.dev)\n",
+        opt.trace.c_str(), steps.size(), used.size(), static_cast<double>(end));
   }
   std::printf("loss %.6f -> %.6f (%.1f%% of the start) in %d steps, %.3f ms/step (%s)\n",
               first_loss, loss_value, 100.0 * loss_value / first_loss, opt.steps,

@@ -1,9 +1,11 @@
 // Stream-aware eager autograd on the GPU: multistream backward equals single-stream backward
 // bitwise, runs on the forward's streams, and leaves gradients readable on the caller's stream
 // with no extra synchronization.
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "test_util.h"
 
@@ -89,7 +91,15 @@ TEST_F(CudaAutograd, MultistreamBackwardEqualsSingleStreamBitwise) {
   const BranchStreams owned(4);
   const std::vector<Stream*>& streams = owned.ptrs;
   for (int rep = 0; rep < 3; ++rep) {
-    backward(m.loss(streams), {.grad_write = GradWrite::kOverwrite});
+    backward(m.loss(streams),
+             {.grad_write = GradWrite::kOverwrite, .streams = EagerStreams::kForward});
+    EXPECT_EQ(m.grads(), single) << "repetition " << rep;
+  }
+  // On the caller's stream alone (the default for a backward this short): the same bits.
+  for (int rep = 0; rep < 2; ++rep) {
+    std::vector<StepTiming> trace;
+    backward(m.loss(streams), {.grad_write = GradWrite::kOverwrite, .timings = &trace});
+    for (const StepTiming& t : trace) ASSERT_EQ(t.stream, 0) << t.label;
     EXPECT_EQ(m.grads(), single) << "repetition " << rep;
   }
 }
@@ -144,7 +154,7 @@ TEST_F(CudaAutograd, BackwardRunsOnTheStreamsTheForwardUsed) {
   EXPECT_TRUE(plan.forks.empty());
   EXPECT_EQ(plan.joins.size(), 2u);
   std::vector<StepTiming> trace;
-  backward(loss, {.timings = &trace});
+  backward(loss, {.timings = &trace, .streams = EagerStreams::kForward});
   // The event-timed trace: one entry per step, on the plan's streams, in stream order.
   ASSERT_EQ(trace.size(), plan.steps.size());
   std::map<int, float> last_end;
@@ -237,7 +247,7 @@ TEST_F(CudaAutograd, SharedGradientIsNotOverwrittenWhileAnotherStreamStillReadsI
       Tensor busy = big0;
       for (int i = 0; i < 6; ++i) busy = matmul(busy, busy);
     }
-    backward(loss, {.grad_write = GradWrite::kOverwrite});
+    backward(loss, {.grad_write = GradWrite::kOverwrite, .streams = EagerStreams::kForward});
     EXPECT_EQ(w0.grad().to_vector<float>(), ref0) << "repetition " << rep;
     EXPECT_EQ(w1.grad().to_vector<float>(), ref1) << "repetition " << rep;
   }
@@ -256,6 +266,115 @@ TEST_F(CudaAutograd, SeedProducedOnAnotherStreamIsWaitedFor) {
   }
   backward({y}, {seed});
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(512 * 512, 1.0f));
+}
+
+// ---- Note [Streams of an eager backward] (engine/backward_plan.h) -----------------------------
+
+// The review's sweep: two parallel linear+relu layers on an n × n input, on two streams, summed
+// into an mse loss on the caller's stream.
+struct TwoLinears {
+  Tensor x, t, w0, w1;
+  explicit TwoLinears(std::int64_t n)
+      : x(randn({n, n}, 1, kF32Gpu)),
+        t(randn({n, n}, 2, kF32Gpu)),
+        w0(mul(randn({n, n}, 3, kF32Gpu), 1.0 / std::sqrt(static_cast<double>(n)))),
+        w1(mul(randn({n, n}, 4, kF32Gpu), 1.0 / std::sqrt(static_cast<double>(n)))) {
+    w0.set_requires_grad(true);
+    w1.set_requires_grad(true);
+  }
+  Tensor loss(Stream& s0, Stream& s1) const {
+    Tensor h0, h1;
+    {
+      StreamGuard g(s0);
+      h0 = linear(x, w0, Tensor(), Activation::kRelu);
+    }
+    {
+      StreamGuard g(s1);
+      h1 = linear(x, w1, Tensor(), Activation::kRelu);
+    }
+    return mse_loss(add(h0, h1), t);
+  }
+  std::vector<std::vector<float>> grads() const {
+    return {w0.grad().to_vector<float>(), w1.grad().to_vector<float>()};
+  }
+};
+
+std::set<int> streams_of(const std::vector<StepTiming>& trace) {
+  std::set<int> s;
+  for (const StepTiming& t : trace) s.insert(t.stream);
+  return s;
+}
+
+TEST_F(CudaAutograd, ABackwardTooShortForStreamsRunsOnTheCallersStreamWithTheSameBits) {
+  Stream s0(kGpu), s1(kGpu);
+  for (std::int64_t n : {64, 256}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const TwoLinears m(n);
+    std::vector<StepTiming> trace;
+    backward(m.loss(s0, s1), {.timings = &trace, .streams = EagerStreams::kForward});
+    EXPECT_EQ(streams_of(trace).size(), 3u) << "kForward: the caller's and both branches'";
+    const auto want = m.grads();
+    for (int rep = 0; rep < 3; ++rep) {
+      trace.clear();
+      backward(m.loss(s0, s1), {.grad_write = GradWrite::kOverwrite, .timings = &trace});
+      EXPECT_EQ(streams_of(trace), std::set<int>{0}) << "repetition " << rep;
+      EXPECT_EQ(m.grads(), want) << "repetition " << rep;
+    }
+    // Untimed, as training runs it.
+    backward(m.loss(s0, s1), {.grad_write = GradWrite::kOverwrite});
+    EXPECT_EQ(m.grads(), want);
+  }
+}
+
+TEST_F(CudaAutograd, ABackwardLongEnoughForStreamsKeepsThem) {
+  Stream s0(kGpu), s1(kGpu);
+  const TwoLinears m(1024);  // two 1024³ weight-gradient products: far longer than 4 launches
+  std::vector<StepTiming> trace;
+  backward(m.loss(s0, s1), {.timings = &trace});
+  EXPECT_EQ(streams_of(trace).size(), 3u);
+}
+
+TEST_F(CudaAutograd, ABackwardMovedToTheCallersStreamWaitsForARootMadeElsewhere) {
+  // The forward and its loss on `side`, behind a stall; backward() called on `caller`. Moved onto
+  // `caller`, the backward must first wait for `side`, or it reads the activations before they
+  // exist. Read right after backward() on `caller` with rule 6's waits switched off.
+  Stream side(kGpu), caller(kGpu), s1(kGpu);
+  const TwoLinears m(64);
+  std::vector<std::vector<float>> want;
+  {
+    StreamGuard g(caller);
+    Tensor loss;
+    {
+      StreamGuard on_side(side);
+      loss = m.loss(side, s1);
+    }
+    backward(loss, {.grad_write = GradWrite::kOverwrite, .streams = EagerStreams::kForward});
+    want = m.grads();
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor loss;
+    {
+      StreamGuard on_side(side);
+      testing::stall(side.get(), 100);
+      // The loss (made on `side`) adds the branches: one of them on `side` itself.
+      loss = m.loss(side, s1);
+    }
+    std::vector<StepTiming> trace;
+    Tensor seen0, seen1;
+    {
+      StreamGuard g(caller);
+      backward(loss, {.grad_write = GradWrite::kOverwrite, .timings = rep == 0 ? &trace : nullptr});
+      PlannedSyncScope no_automatic_waits;
+      seen0 = m.w0.grad().clone();
+      seen1 = m.w1.grad().clone();
+    }
+    if (rep == 0) {
+      EXPECT_EQ(streams_of(trace), std::set<int>{0});
+    }
+    caller.synchronize();
+    EXPECT_EQ(seen0.to_vector<float>(), want[0]) << "repetition " << rep;
+    EXPECT_EQ(seen1.to_vector<float>(), want[1]) << "repetition " << rep;
+  }
 }
 
 }  // namespace

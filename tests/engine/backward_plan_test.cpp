@@ -1,6 +1,8 @@
 // BackwardPlan of hand-built multistream tapes: nodes carry stream ids, nothing is launched (the
 // streams are fake handles; planning makes no CUDA call). Pins the waits, forks and joins of
 // DESIGN.md rules 2-4 and the routing of gradient buffers.
+#include <algorithm>
+
 #include "test_util.h"
 
 namespace graphward {
@@ -242,6 +244,118 @@ TEST(BackwardPlanSplit, AWeightSharedWithALayerOnTheMainStreamIsWrittenInOrder) 
              (wt.producer == split && wt.producer_side && wt.event == p.steps[split].side_event);
   }
   EXPECT_TRUE(waited) << "the first layer writes w after the side part of layer 1 did";
+}
+
+// ---- Note [Streams of an eager backward] -------------------------------------------------------
+
+// Two branches on A and B from one leaf each, x feeding both, summed by a loss on `loss_stream`:
+// x's gradient has a contribution from each branch (staged on x's stream).
+struct Diamond {
+  Tensor w = leaf(), wa = leaf(), wb = leaf();
+  std::shared_ptr<Node> x, a, b, loss;
+  explicit Diamond(cudaStream_t loss_stream) {
+    x = node("x", kCaller, {from_leaf(w)});
+    a = node("a", kA, {from(x), from_leaf(wa)});
+    b = node("b", kB, {from(x), from_leaf(wb)});
+    loss = node("loss", loss_stream, {from(a), from(b)});
+  }
+};
+
+TEST(EagerStreams, MovingEveryStepToTheCallersStreamKeepsTheBuffersAndDropsTheSynchronization) {
+  const Diamond d(kCaller);
+  const BackwardPlan planned = plan_backward({{d.loss, {}}}, kCaller);
+  ASSERT_EQ(planned.streams.size(), 3u) << planned.dump();
+  ASSERT_FALSE(planned.waits.empty());
+  BackwardPlan p = planned;
+  run_on_caller_stream(p);
+  SCOPED_TRACE(p.dump());
+  EXPECT_EQ(p.streams, std::vector<cudaStream_t>{kCaller});
+  EXPECT_EQ(p.moved_streams.size(), 2u);
+  EXPECT_TRUE(p.caller_waits.empty()) << "the root was made on the caller's stream";
+  EXPECT_TRUE(p.waits.empty());
+  EXPECT_TRUE(p.forks.empty());
+  EXPECT_TRUE(p.joins.empty());
+  ASSERT_EQ(p.steps.size(), planned.steps.size());
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    const auto& got = p.steps[i];
+    const auto& was = planned.steps[i];
+    EXPECT_EQ(got.stream, 0);
+    EXPECT_TRUE(got.waits.empty());
+    EXPECT_EQ(got.event, -1);
+    // The same steps in the same order, and the same routing: contributions are added in the
+    // multistream plan's order (the gradients stay bitwise the same).
+    EXPECT_EQ(got.node, was.node);
+    EXPECT_EQ(got.grad_buffer, was.grad_buffer);
+    EXPECT_EQ(got.staged, was.staged);
+    EXPECT_EQ(got.seeds, was.seeds);
+    ASSERT_EQ(got.writes.size(), was.writes.size());
+    for (std::size_t w = 0; w < got.writes.size(); ++w) {
+      EXPECT_EQ(got.writes[w].buffer, was.writes[w].buffer);
+      EXPECT_EQ(got.writes[w].accumulate, was.writes[w].accumulate);
+    }
+  }
+  ASSERT_EQ(p.buffers.size(), planned.buffers.size());
+  int staged = 0;
+  for (std::size_t b = 0; b < p.buffers.size(); ++b) {
+    EXPECT_EQ(p.buffers[b].kind, planned.buffers[b].kind);
+    EXPECT_EQ(p.buffers[b].contributors, planned.buffers[b].contributors);
+    EXPECT_EQ(p.buffers[b].stream, 0);
+    staged += p.buffers[b].kind == BackwardPlan::BufferKind::kStaged;
+  }
+  EXPECT_GT(staged, 0) << "x's contributions from A and B stay staged";
+}
+
+TEST(EagerStreams, TheCallersStreamWaitsForARootMadeOnAnotherStream) {
+  const Diamond d(kB);  // the loss on B, the backward called on the caller's stream
+  BackwardPlan p = plan_backward({{d.loss, {}}}, kCaller);
+  run_on_caller_stream(p);
+  EXPECT_EQ(p.caller_waits, std::vector<cudaStream_t>{kB}) << p.dump();
+  // Two roots on A and one on B: each stream once.
+  const Tensor w = leaf();
+  const auto r1 = chain(kA, 2, w), r2 = chain(kA, 2, w), r3 = chain(kB, 2, w);
+  BackwardPlan q = plan_backward({{r1, {}}, {r2, {}}, {r3, {}}}, kCaller);
+  run_on_caller_stream(q);
+  std::vector<cudaStream_t> waits = q.caller_waits;
+  std::sort(waits.begin(), waits.end());
+  std::vector<cudaStream_t> want{kA, kB};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(waits, want) << q.dump();
+}
+
+TEST(EagerStreams, TheEstimateCountsBackwardFlopsAndBytesAgainstTheHostFloor) {
+  const Diamond d(kCaller);
+  const BackwardPlan p = plan_backward({{d.loss, {}}}, kCaller);
+  const DeviceThroughput rate{.flops_per_us = 1e6, .bytes_per_us = 1e3};
+  // Nodes of 4 float32 elements: output 16 B, inputs 16 B each, nothing saved.
+  double bytes = 0;
+  for (const auto& st : p.steps) bytes += 16.0 * (1 + st.node->inputs().size());
+  EXPECT_DOUBLE_EQ(estimate_device_us(p, rate), bytes / 1e3);
+  EXPECT_TRUE(host_bound(p, rate));
+  // A matrix product's worth of work on one node makes the GPU the bottleneck.
+  const double floor_us = kHostFloorUs * static_cast<double>(p.steps.size());
+  d.a->set_backward_flops(floor_us * 1e6);
+  EXPECT_NEAR(estimate_device_us(p, rate), floor_us + bytes / 1e3, 1e-9);
+  EXPECT_FALSE(host_bound(p, rate));
+  d.a->set_backward_flops(0.5 * floor_us * 1e6);
+  EXPECT_TRUE(host_bound(p, rate));
+  // Unknown rates: no estimate, the streams stay.
+  EXPECT_LT(estimate_device_us(p, {}), 0);
+  EXPECT_FALSE(host_bound(p, {}));
+  // One stream: nothing to move.
+  const Tensor w = leaf();
+  EXPECT_FALSE(host_bound(plan_backward({{chain(kCaller, 3, w), {}}}, kCaller), rate));
+}
+
+TEST(EagerStreams, APlanWithSideStreamsKeepsThem) {
+  const Diamond d(kCaller);
+  const BackwardPlan p =
+      plan_backward({{d.loss, {}}}, kCaller, GradWrite::kAccumulate, {.split_weight_grads = true});
+  bool side = false;
+  for (int s : p.side_of) side = side || s >= 0;
+  ASSERT_TRUE(side) << p.dump();
+  EXPECT_FALSE(host_bound(p, {.flops_per_us = 1e6, .bytes_per_us = 1e6}));
+  BackwardPlan q = p;
+  GW_EXPECT_ERROR(run_on_caller_stream(q), "side streams");
 }
 
 }  // namespace

@@ -229,42 +229,58 @@ TEST_F(CudaStreams, MemoryUsedOnAnotherStreamIsCachedAfterItsStreamWaitsForTheOt
 // The branch is stalled, so its backward reads late: reused and rewritten at once on both streams,
 // the blocks must still hold what the backward read (the weight's gradient equals the one-stream
 // backward's, bitwise), and the branch's block is reused on the branch.
-TEST_F(CudaStreams, MemoryAnEagerBackwardUsedOnTwoStreamsIsReusedOnlyAfterItsJoin) {
+// Moved onto the caller's stream (Note [Streams of an eager backward], engine/backward_plan.h),
+// the backward reads the branch's output on the caller's stream, which is the one stalled then:
+// the branch must not rewrite the block before the caller's stream is done with it.
+enum class Run { kOneStream, kJoined, kMoved };
+
+std::vector<float> grad_of_w_after_reuse(Run run) {
   Stream home(kGpu), branch(kGpu);
   StreamGuard on_home(home);
   const Shape shape{256, 256};
   const Tensor x = randn(shape, 11, kF32Gpu);
-  auto grad_of_w = [&](bool two_streams) {
-    const Tensor w = randn(shape, 12, kF32Gpu).set_requires_grad(true);
-    void* out_block = nullptr;
-    Tensor loss;
+  const Tensor w = randn(shape, 12, kF32Gpu).set_requires_grad(true);
+  void* out_block = nullptr;
+  Tensor loss;
+  {
+    Tensor h;
     {
-      Tensor h;
-      {
-        std::optional<StreamGuard> on_branch;
-        if (two_streams) on_branch.emplace(branch);
-        h = relu(matmul(x, w));
-      }
-      out_block = h.raw_data();
-      loss = sum(mul(h, h));  // reads h on the caller's stream
+      std::optional<StreamGuard> on_branch;
+      if (run != Run::kOneStream) on_branch.emplace(branch);
+      h = relu(matmul(x, w));
     }
-    if (two_streams) testing::stall(branch.get(), 200);
-    backward(loss);  // frees h and its gradient
-    if (two_streams) {
-      std::vector<Tensor> scribbles;
-      bool reused = false;
-      for (int i = 0; i < 4; ++i) {
-        scribbles.push_back(full(shape, -9.0, kF32Gpu));  // on the caller's stream
-        StreamGuard on_branch(branch);
-        scribbles.push_back(full(shape, -7.0, kF32Gpu));
-        reused = reused || scribbles.back().raw_data() == out_block;
-      }
-      EXPECT_TRUE(reused) << "expected the branch output's block back from the branch's cache";
+    out_block = h.raw_data();
+    loss = sum(mul(h, h));  // reads h on the caller's stream
+  }
+  if (run == Run::kJoined) testing::stall(branch.get(), 200);
+  if (run == Run::kMoved) testing::stall(home.get(), 200);
+  std::vector<StepTiming> trace;
+  // Frees h and its gradient.
+  backward(loss, {.timings = run == Run::kMoved ? &trace : nullptr,
+                  .streams = run == Run::kJoined ? EagerStreams::kForward : EagerStreams::kAuto});
+  if (run == Run::kMoved) {
+    for (const StepTiming& t : trace) EXPECT_EQ(t.stream, 0) << "expected a moved backward";
+  }
+  if (run != Run::kOneStream) {
+    std::vector<Tensor> scribbles;
+    bool reused = false;
+    for (int i = 0; i < 4; ++i) {
+      scribbles.push_back(full(shape, -9.0, kF32Gpu));  // on the caller's stream
+      StreamGuard on_branch(branch);
+      scribbles.push_back(full(shape, -7.0, kF32Gpu));
+      reused = reused || scribbles.back().raw_data() == out_block;
     }
-    return w.grad().to_vector<float>();
-  };
-  const std::vector<float> two = grad_of_w(true);
-  EXPECT_EQ(two, grad_of_w(false));
+    EXPECT_TRUE(reused) << "expected the branch output's block back from the branch's cache";
+  }
+  return w.grad().to_vector<float>();
+}
+
+TEST_F(CudaStreams, MemoryAnEagerBackwardUsedOnTwoStreamsIsReusedOnlyAfterItsJoin) {
+  EXPECT_EQ(grad_of_w_after_reuse(Run::kJoined), grad_of_w_after_reuse(Run::kOneStream));
+}
+
+TEST_F(CudaStreams, MemoryABackwardMovedToTheCallersStreamReadIsReusedOnlyAfterIt) {
+  EXPECT_EQ(grad_of_w_after_reuse(Run::kMoved), grad_of_w_after_reuse(Run::kOneStream));
 }
 
 TEST_F(CudaStreams, MemoryOfARawStreamIsNotCached) {

@@ -260,7 +260,10 @@ inline std::uint64_t first_seed() {
 // How a program's backward runs.
 enum class RunMode {
   kEagerOneStream,  // every op on the caller's stream, backward() of all roots
-  kEagerStreams,    // each op on its own stream (CUDA), backward() of all roots
+  kEagerStreams,    // each op on its own stream (CUDA), backward() of all roots on those streams
+                    // (EagerStreams::kForward)
+  kEagerAuto,       // each op on its own stream, backward() as shipped (EagerStreams::kAuto:
+                    // a short backward moves onto the caller's stream)
   kReplayed,        // each op on its stream; the backward of the roots' sum replayed from a
                     // BackwardGraph (the third of three identical steps: eager, capture, replay)
 };
@@ -357,7 +360,9 @@ inline Outcome run(const Program& p, Device device, DType dtype, RunMode mode) {
     out.replays = bw.counters().replays;
   } else {
     roots = detail::forward(p, leaves, on_streams ? &streams : nullptr, device, dtype);
-    backward(roots);
+    backward(
+        roots, {},
+        {.streams = mode == RunMode::kEagerStreams ? EagerStreams::kForward : EagerStreams::kAuto});
   }
   for (const Tensor& r : roots) out.roots.push_back(detail::as_doubles(r)[0]);
   for (const Tensor& l : leaves) {
