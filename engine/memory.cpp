@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "engine/graph_pool.h"
 #include "engine/deferred_release.h"
+#include "engine/graph_pool.h"
+#include "engine/memory_detail.h"
 #include "engine/step_arena.h"
 #include "engine/tape_log.h"
 
@@ -45,10 +46,7 @@ bool poison_new_memory() {
 
 namespace {
 thread_local bool t_planned_sync = false;
-#if GRAPHWARD_HAS_CUDA
-thread_local detail::JoinedFrees* t_joined_frees = nullptr;  // Note [Frees at the join]
-#endif
-}
+}  // namespace
 PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) {
   t_planned_sync = true;
 }
@@ -96,517 +94,6 @@ void DeviceBuffer::reset() noexcept {
 
 // ---- Storage ------------------------------------------------------------------------------------
 
-namespace {
-constexpr std::size_t kHostAlignment = 64;
-
-// Note [Host memory]
-// CPU tensors' memory comes from host_alloc and goes back through host_free, which count what
-// graphward holds (host_bytes_in_use) and keep it within set_host_memory_limit. An allocation the
-// limit or the system refuses throws OutOfMemoryError, as a device's does, saying what needed how
-// much: never std::bad_alloc, and nothing is half-made.
-std::atomic<std::size_t> g_host_bytes{0};
-std::atomic<std::size_t> g_host_peak{0};
-std::atomic<std::size_t> g_host_limit{SIZE_MAX};
-
-void* host_alloc(std::size_t bytes, const char* what) {
-  const std::size_t limit = g_host_limit.load(std::memory_order_relaxed);
-  const std::size_t held = g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
-  void* p = nullptr;
-  if (held <= limit && bytes <= limit - held) p = std::aligned_alloc(kHostAlignment, bytes);
-  if (p) {
-    const std::size_t now = held + bytes;
-    std::size_t peak = g_host_peak.load(std::memory_order_relaxed);
-    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
-  } else {
-    g_host_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-    throw OutOfMemoryError(detail::concat(
-        "graphward: out of host memory: ", what, " needed ", bytes, " bytes; graphward holds ",
-        held, " bytes of host memory",
-        limit == SIZE_MAX ? std::string(" and the system refused more")
-                          : detail::concat(" (limit ", limit, " bytes: set_host_memory_limit)"),
-        ". Expected: less memory in use — free the tensors you keep, or use a smaller batch"));
-  }
-  return p;
-}
-
-void host_free(void* p, std::size_t bytes) noexcept {
-  if (!p) return;
-  std::free(p);
-  g_host_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-}
-
-#if GRAPHWARD_HAS_CUDA
-// ---- the block cache (Note [Block cache]) ----
-constexpr int kCacheDevices = 64;
-constexpr std::size_t kBlockRound = 512;
-std::atomic<std::size_t> g_cache_limit{std::size_t{4} << 30};
-
-std::size_t block_size(std::size_t bytes) {
-  return (bytes + kBlockRound - 1) / kBlockRound * kBlockRound;
-}
-
-struct CacheKey {
-  cudaStream_t stream;
-  std::size_t bytes;
-  bool operator==(const CacheKey&) const = default;
-};
-struct CacheKeyHash {
-  std::size_t operator()(const CacheKey& k) const noexcept {
-    return std::hash<const void*>()(k.stream) * 1000003u ^ std::hash<std::size_t>()(k.bytes);
-  }
-};
-struct DeviceCache {
-  std::mutex mutex;
-  std::unordered_map<CacheKey, std::vector<void*>, CacheKeyHash> blocks;
-  std::size_t bytes = 0;
-};
-
-// Never destroyed (tensors that outlive main may still free into it); its blocks go back to the
-// pool at exit from an atexit handler registered on first use, which runs before the CUDA runtime's
-// own teardown (registered earlier, at the runtime's initialization). After that, frees bypass it.
-struct BlockCache {
-  std::array<DeviceCache, kCacheDevices> devices;
-  std::atomic<bool> shut_down{false};
-};
-void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down = false) noexcept;
-BlockCache& block_cache() {
-  static BlockCache* cache = [] {
-    auto* c = new BlockCache();
-    std::atexit([] {
-      BlockCache& bc = block_cache();
-      bc.shut_down.store(true);
-      for (int d = 0; d < kCacheDevices; ++d) release_cached_blocks(d, bc.devices[d], true);
-    });
-    return c;
-  }();
-  return *cache;
-}
-
-void release_cached_blocks(int device, DeviceCache& dc, bool shutting_down) noexcept {
-  try {
-    std::unordered_map<CacheKey, std::vector<void*>, CacheKeyHash> blocks;
-    {
-      std::lock_guard<std::mutex> lock(dc.mutex);
-      blocks.swap(dc.blocks);
-      dc.bytes = 0;
-    }
-    if (blocks.empty()) return;
-    int saved = -1;
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    if (saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device));
-    for (const auto& [key, ptrs] : blocks) {
-      for (void* p : ptrs) GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(p, key.stream));
-    }
-    // At exit: the frees done before the runtime's teardown, not left queued on their streams.
-    if (shutting_down) GW_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
-    if (saved >= 0 && saved != device) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
-  } catch (...) {
-    detail::log_error(__FILE__, __LINE__, "block cache: could not release cached blocks");
-  }
-}
-
-bool stream_capturing(cudaStream_t stream) noexcept {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;  // cannot tell: do not cache
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// A cached block of exactly `bytes` for `stream`, or nullptr.
-void* cache_take(int device, cudaStream_t stream, std::size_t bytes) {
-  DeviceCache& dc = block_cache().devices[device];
-  std::lock_guard<std::mutex> lock(dc.mutex);
-  auto it = dc.blocks.find({stream, bytes});
-  if (it == dc.blocks.end() || it->second.empty()) return nullptr;
-  void* p = it->second.back();
-  it->second.pop_back();
-  dc.bytes -= bytes;
-  return p;
-}
-
-// Keeps a freed block; false if the cache declines it (full, shut down, or capturing).
-bool cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p) noexcept {
-  try {
-    BlockCache& bc = block_cache();
-    if (bc.shut_down.load() || stream_capturing(stream)) return false;
-    DeviceCache& dc = bc.devices[device];
-    std::lock_guard<std::mutex> lock(dc.mutex);
-    if (dc.bytes + bytes > g_cache_limit.load(std::memory_order_relaxed)) return false;
-    dc.blocks[{stream, bytes}].push_back(p);
-    dc.bytes += bytes;
-    return true;
-  } catch (...) {
-    return false;  // e.g. out of host memory: the block goes back to the pool instead
-  }
-}
-#endif
-
-#if GRAPHWARD_HAS_CUDA
-// Keep freed memory in the device's pool instead of returning it to the OS at every
-// synchronization (the default threshold of 0 would make each step re-map its memory).
-void configure_pool_once(int device) {
-  static std::atomic<std::uint64_t> configured{0};  // bit per device (first 64)
-  const std::uint64_t bit = 1ull << (device & 63);
-  if (configured.load(std::memory_order_acquire) & bit) return;
-  cudaMemPool_t pool = nullptr;
-  GW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  std::uint64_t threshold = UINT64_MAX;
-  GW_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  configured.fetch_or(bit, std::memory_order_acq_rel);
-}
-
-// Note [Out of memory]
-// An allocation the device cannot serve throws OutOfMemoryError (base/error.h) saying what
-// needed how much, what the device has free, what graphward's block cache holds, and — inside a
-// capture — which capture; nothing is half-made (a capture that needed it is abandoned by
-// capture_stream, its pool freed with it). Before giving up, an eager allocation returns the
-// block cache and the CUDA pool's unused memory to the device and tries once more: that path
-// synchronizes the device, and is taken only when the device is already out of memory. Inside a
-// capture nothing can be returned (a free there would become a graph node): call empty_cache()
-// before the capture, or need less.
-std::string mib(std::size_t bytes) {
-  return detail::concat(static_cast<double>(bytes) / (1024.0 * 1024.0), " MiB");
-}
-
-[[noreturn]] void out_of_memory(Device device, std::size_t bytes, const char* what) {
-  (void)cudaGetLastError();  // not sticky: clear it for later launch checks
-  std::size_t free_bytes = 0, total_bytes = 0;
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // legal inside a capture
-  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
-  const bool info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-  if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  (void)cudaGetLastError();
-  const std::string* capture = capture_name();
-  throw OutOfMemoryError(detail::concat(
-      "graphward: out of memory on ", device.str(), ": ", what, " needed ", mib(bytes),
-      capture ? detail::concat(" while capturing ", *capture, " (the capture was abandoned)")
-              : std::string(),
-      info ? detail::concat("; the device has ", mib(free_bytes), " free of ", mib(total_bytes))
-           : std::string(),
-      ", graphward's block cache holds ", mib(cached_bytes(device)),
-      ". Expected: less memory in use — free the tensors you keep, call empty_cache(", device.str(),
-      ")", capture ? " before the capture" : "", ", or use a smaller batch"));
-}
-
-// cudaMallocAsync on `stream`, with Note [Out of memory]'s one retry outside a capture.
-void* malloc_async(Device device, std::size_t bytes, cudaStream_t stream, bool capturing_here,
-                   const char* what) {
-  void* p = nullptr;
-  cudaError_t err = cudaMallocAsync(&p, bytes, stream);
-  if (err == cudaErrorMemoryAllocation && !capturing_here) {
-    (void)cudaGetLastError();
-    empty_cache(device);
-    GW_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaMemPool_t pool = nullptr;
-    GW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
-    GW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
-    err = cudaMallocAsync(&p, bytes, stream);
-  }
-  if (err == cudaErrorMemoryAllocation) out_of_memory(device, bytes, what);
-  GW_CUDA_CHECK(err);
-  return p;
-}
-#endif
-}  // namespace
-
-// ---- step arena (Note [Step arena]) -----------------------------------------------------------
-
-namespace detail {
-
-struct ArenaSlot {
-  void* ptr = nullptr;
-  std::size_t bytes = 0;  // the block's size
-  cudaStream_t stream = nullptr;
-  bool in_use = false;
-  bool orphan = false;  // no longer the arena's: the storage holding it frees it
-#if GRAPHWARD_HAS_CUDA
-  // Streams other than `stream` that used the memory before it was released, each with an event
-  // recorded at release: the next user waits for them.
-  std::vector<std::shared_ptr<const Event>> released_on;
-#endif
-};
-
-struct ArenaState {
-  explicit ArenaState(Device d) : device(d) {}
-  std::mutex mutex;
-  Device device;
-  std::vector<std::shared_ptr<ArenaSlot>> slots;
-  std::size_t cursor = 0;
-  bool alive = true;
-  StepArena::Stats stats;
-#if GRAPHWARD_HAS_CUDA
-  Event step_end;
-  bool step_end_recorded = false;
-  std::vector<cudaStream_t> waited;  // streams that waited on step_end in this step
-  // Release events a stream waited on in this step: a slot's release events are often one event
-  // that many slots share (a replayed backward's fence), waited on once a stream. The handles keep
-  // each event from being recorded again (or its address reused) until the next step.
-  std::vector<std::pair<std::shared_ptr<const Event>, cudaStream_t>> waited_events;
-#endif
-};
-
-}  // namespace detail
-
-namespace {
-
-thread_local std::shared_ptr<detail::ArenaState> t_step_arena;
-
-// Frees a slot's memory now (the slot is not in use). Errors are logged: called from destructors.
-void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
-  if (!slot.ptr) return;
-  if (device.is_cpu()) {
-    host_free(slot.ptr, slot.bytes);
-  } else {
-#if GRAPHWARD_HAS_CUDA
-    try {
-      DeviceGuard guard(device);
-      for (const auto& ev : slot.released_on) ev->block(slot.stream);  // rule 7
-      GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(slot.ptr, slot.stream));
-    } catch (const std::exception& e) {
-      detail::log_error(__FILE__, __LINE__, e.what());
-    }
-#endif
-  }
-  slot.ptr = nullptr;
-}
-
-// Drops the slots from `from` on: free ones are freed, held ones become their storage's to free.
-void drop_slots(detail::ArenaState& st, std::size_t from) noexcept {
-  for (std::size_t i = from; i < st.slots.size(); ++i) {
-    detail::ArenaSlot& slot = *st.slots[i];
-    st.stats.bytes -= slot.bytes;
-    if (slot.in_use) {
-      slot.orphan = true;
-    } else {
-      free_slot_memory(st.device, slot);
-    }
-  }
-  st.slots.resize(std::min(from, st.slots.size()));
-  st.stats.slots = st.slots.size();
-}
-
-// The slot for the next allocation of the step (`block` bytes on `stream`), in use and ordered
-// after its earlier users on the GPU; nullptr when this allocation must be served fresh (its slot
-// is still held). Records a new slot past the end.
-std::shared_ptr<detail::ArenaSlot> arena_serve(detail::ArenaState& st, std::size_t block,
-                                               cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.cursor < st.slots.size()) {
-    const std::shared_ptr<detail::ArenaSlot>& slot = st.slots[st.cursor];
-    if (slot->bytes == block && slot->stream == stream) {
-      ++st.cursor;
-      if (slot->in_use) {  // a tensor of an earlier step still holds it
-        ++st.stats.held;
-        return nullptr;
-      }
-#if GRAPHWARD_HAS_CUDA
-      if (!st.device.is_cpu()) {
-        if (st.step_end_recorded &&
-            std::find(st.waited.begin(), st.waited.end(), stream) == st.waited.end()) {
-          st.step_end.block(stream);
-          st.waited.push_back(stream);
-        }
-        for (auto& ev : slot->released_on) {
-          const bool seen = std::any_of(st.waited_events.begin(), st.waited_events.end(),
-                                        [&](const auto& w) { return w.first == ev && w.second == stream; });
-          if (seen) continue;
-          ev->block(stream);
-          st.waited_events.emplace_back(std::move(ev), stream);
-        }
-        slot->released_on.clear();
-      }
-#endif
-      slot->in_use = true;
-      ++st.stats.served;
-      return slot;
-    }
-    drop_slots(st, st.cursor);  // the step diverged: record the rest anew
-    ++st.stats.rerecords;
-  }
-  auto slot = std::make_shared<detail::ArenaSlot>();
-  slot->bytes = block;
-  slot->stream = stream;
-  if (st.device.is_cpu()) {
-    slot->ptr = host_alloc(block, "a step-arena slot");
-  } else {
-#if GRAPHWARD_HAS_CUDA
-    configure_pool_once(st.device.index);
-    slot->ptr = malloc_async(st.device, block, stream, false, "a step-arena slot");
-#endif
-  }
-  slot->in_use = true;
-  st.slots.push_back(slot);
-  st.cursor = st.slots.size();
-  st.stats.slots = st.slots.size();
-  st.stats.bytes += block;
-  ++st.stats.recorded;
-  return slot;
-}
-
-}  // namespace
-
-StepArena::StepArena(Device device) : state_(std::make_shared<detail::ArenaState>(device)) {
-  if (device.is_cuda()) check_cuda_device(device, "StepArena");
-}
-
-StepArena::~StepArena() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->alive = false;
-  drop_slots(*state_, 0);
-}
-
-Device StepArena::device() const {
-  return state_->device;
-}
-
-StepArena::Stats StepArena::stats() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->stats;
-}
-
-void StepArena::record_step_end(cudaStream_t stream) {
-  if (state_->device.is_cpu()) return;
-#if GRAPHWARD_HAS_CUDA
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  if (!state_->step_end.valid()) state_->step_end = Event(state_->device);
-  state_->step_end.record(stream);
-  state_->step_end_recorded = true;
-#else
-  (void)stream;
-#endif
-}
-
-StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
-  GW_CHECK(!t_step_arena, "StepScope: a step is already open on this thread; steps do not nest");
-  // Note [Deferred release]: the last step's saved tensors are back in the arena before its slots
-  // are matched.
-  detail::wait_for_releases();
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->cursor = 0;
-#if GRAPHWARD_HAS_CUDA
-    state_->waited.clear();
-    state_->waited_events.clear();
-#endif
-    ++state_->stats.steps;
-  }
-  t_step_arena = state_;
-  detail::tape_log_reset();  // Note [Tape log]: the step's tape starts here
-}
-
-StepScope::~StepScope() {
-  t_step_arena.reset();
-}
-
-// ---- graph memory pool (Note [Graph memory pool]) ----------------------------------------------
-
-namespace detail {
-
-struct GraphPoolState {
-  explicit GraphPoolState(Device d) : device(d) {}
-  std::mutex mutex;
-  Device device;
-  bool scoped = false;  // a GraphPoolScope is open: freed blocks may be reused
-  std::vector<std::pair<void*, std::size_t>> blocks;  // every block and its size
-  std::size_t bytes = 0;
-  std::map<std::pair<cudaStream_t, std::size_t>, std::vector<void*>> free;  // reusable now
-  std::map<std::size_t, std::vector<void*>> unused;  // not yet used by the capture in scope
-  ~GraphPoolState() {
-#if GRAPHWARD_HAS_CUDA
-    if (blocks.empty()) return;
-    int saved = -1;
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    if (saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device.index));
-    for (const auto& [p, n] : blocks) GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
-    if (saved >= 0 && saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
-#endif
-  }
-};
-
-}  // namespace detail
-
-namespace {
-
-thread_local std::shared_ptr<detail::GraphPoolState> t_graph_pool;
-
-#if GRAPHWARD_HAS_CUDA
-// A block of `bytes` for an allocation on `stream` (being captured) from the pool: a reusable one,
-// or a new one made with cudaMalloc under a relaxed capture mode.
-void* graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(st.mutex);
-  auto it = st.free.find({stream, bytes});
-  if (it != st.free.end() && !it->second.empty()) {
-    void* p = it->second.back();
-    it->second.pop_back();
-    return p;
-  }
-  auto un = st.unused.find(bytes);  // a block an earlier capture with this pool used
-  if (un != st.unused.end() && !un->second.empty()) {
-    void* p = un->second.back();
-    un->second.pop_back();
-    return p;
-  }
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
-  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  // Note [Out of memory]: nothing to return inside a capture.
-  if (err == cudaErrorMemoryAllocation) {
-    out_of_memory(st.device, bytes, "a block of the graph's memory pool (its intermediates)");
-  }
-  GW_CUDA_CHECK(err);
-  try {
-    st.blocks.emplace_back(p, bytes);
-  } catch (...) {
-    GW_CUDA_CHECK_NOTHROW(cudaFree(p));
-    throw;
-  }
-  st.bytes += bytes;
-  return p;
-}
-#endif
-
-}  // namespace
-
-GraphMemoryPool::GraphMemoryPool(Device device)
-    : state_(std::make_shared<detail::GraphPoolState>(device)) {
-  GW_CHECK(device.is_cuda(), "GraphMemoryPool: expected a CUDA device, got ", device.str());
-  check_cuda_device(device, "GraphMemoryPool");
-}
-
-GraphMemoryPool::~GraphMemoryPool() = default;  // blocks go with the last storage holding them
-
-std::size_t GraphMemoryPool::bytes() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->bytes;
-}
-
-std::size_t GraphMemoryPool::blocks() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->blocks.size();
-}
-
-GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : state_(pool.state_) {
-  GW_CHECK(!t_graph_pool, "GraphPoolScope: a graph memory pool is already in use on this thread");
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->scoped = true;
-  state_->unused.clear();  // a new capture: every block is free for it
-  for (const auto& [p, n] : state_->blocks) state_->unused[n].push_back(p);
-  t_graph_pool = state_;
-}
-
-GraphPoolScope::~GraphPoolScope() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->scoped = false;
-  state_->free.clear();  // the graph is made: nothing is reused any more
-  state_->unused.clear();
-  t_graph_pool.reset();
-}
-
 bool Storage::release_to_arena() noexcept {
   try {
     std::lock_guard<std::mutex> lock(arena_->mutex);
@@ -632,25 +119,26 @@ Storage::Storage(Device device, void* data, std::size_t bytes, cudaStream_t stre
     : device_(device), data_(data), bytes_(bytes), alloc_stream_(stream), producer_(stream) {}
 
 std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
-  const std::size_t rounded =
-      (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-  if (t_step_arena && t_step_arena->device.is_cpu()) {  // Note [Step arena]
-    std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, rounded, nullptr);
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + detail::kHostAlignment - 1) /
+                              detail::kHostAlignment * detail::kHostAlignment;
+  const std::shared_ptr<detail::ArenaState>& arena = detail::thread_step_arena();
+  if (arena && arena->device.is_cpu()) {  // Note [Step arena]
+    std::shared_ptr<detail::ArenaSlot> slot = detail::arena_serve(*arena, rounded, nullptr);
     if (slot) {
       if (debug::poison_new_memory()) std::memset(slot->ptr, 0xFF, rounded);
       std::shared_ptr<Storage> storage(new Storage(Device::cpu(), slot->ptr, bytes, nullptr));
       storage->slot_ = std::move(slot);
-      storage->arena_ = t_step_arena;
+      storage->arena_ = arena;
       storage->block_bytes_ = rounded;
       return storage;
     }
   }
-  void* p = host_alloc(rounded, "a tensor");
+  void* p = detail::host_alloc(rounded, "a tensor");
   std::shared_ptr<Storage> storage;
   try {
     storage.reset(new Storage(Device::cpu(), p, bytes, nullptr));
   } catch (...) {
-    host_free(p, rounded);
+    detail::host_free(p, rounded);
     throw;
   }
   storage->block_bytes_ = rounded;
@@ -674,46 +162,48 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 #if GRAPHWARD_HAS_CUDA
   check_cuda_device(device, "Storage::allocate");
   GW_CHECK(stream != nullptr, "Storage::allocate: expected a stream for ", device.str());
-  GW_CHECK(device.index < kCacheDevices, "Storage::allocate: device index ", device.index,
-           " exceeds graphward's limit of ", kCacheDevices, " devices");
+  GW_CHECK(device.index < detail::kCacheDevices, "Storage::allocate: device index ", device.index,
+           " exceeds graphward's limit of ", detail::kCacheDevices, " devices");
   DeviceGuard guard(device);
   void* p = nullptr;
-  const std::size_t block = block_size(bytes);
-  const bool capturing_here = stream_capturing(stream);
+  const std::size_t block = detail::block_size(bytes);
+  const bool capturing_here = detail::stream_capturing(stream);
   if (!capturing_here) detail::release_deferred_storage();  // Note [Frees during a capture]
   // Note [Graph memory pool]: a stream being captured, with a pool in scope.
-  if (t_graph_pool && t_graph_pool->device == device && bytes > 0 && capturing_here) {
-    p = graph_pool_take(*t_graph_pool, stream, block);
+  const std::shared_ptr<detail::GraphPoolState>& pool = detail::thread_graph_pool();
+  if (pool && pool->device == device && bytes > 0 && capturing_here) {
+    p = detail::graph_pool_take(*pool, stream, block);
     std::shared_ptr<Storage> storage(new Storage(device, p, bytes, stream));  // owns nothing yet
-    storage->graph_pool_ = t_graph_pool;
+    storage->graph_pool_ = pool;
     storage->block_bytes_ = block;
     if (debug::poison_new_memory()) GW_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, block, stream));
     return storage;
   }
   // Note [Step arena]: inside a step, outside a capture.
-  if (t_step_arena && t_step_arena->device == device && bytes > 0 && !capturing_here) {
-    std::shared_ptr<detail::ArenaSlot> slot = arena_serve(*t_step_arena, block, stream);
+  const std::shared_ptr<detail::ArenaState>& arena = detail::thread_step_arena();
+  if (arena && arena->device == device && bytes > 0 && !capturing_here) {
+    std::shared_ptr<detail::ArenaSlot> slot = detail::arena_serve(*arena, block, stream);
     if (slot) {
       if (debug::poison_new_memory())
         GW_CUDA_CHECK(cudaMemsetAsync(slot->ptr, 0xFF, block, stream));
       std::shared_ptr<Storage> storage(new Storage(device, slot->ptr, bytes, stream));
       storage->slot_ = std::move(slot);
-      storage->arena_ = t_step_arena;
+      storage->arena_ = arena;
       storage->block_bytes_ = block;
       return storage;
     }
   }
   // Note [Block cache]: graphward's own streams, outside a capture, with the cache on.
-  const bool cacheable = bytes > 0 && g_cache_limit.load(std::memory_order_relaxed) > 0 &&
-                         is_graphward_stream(stream) && !capturing_here;
+  const bool cacheable =
+      bytes > 0 && block_cache_limit() > 0 && is_graphward_stream(stream) && !capturing_here;
   if (bytes > 0) {
-    if (cacheable) p = cache_take(device.index, stream, block);
+    if (cacheable) p = detail::cache_take(device.index, stream, block);
     if (!p) {
       // Not inside a capture, where setting a pool attribute is refused: the first eager
       // allocation does it.
-      if (!capturing_here) configure_pool_once(device.index);
-      p = malloc_async(device, block, stream, capturing_here,
-                       capturing_here ? "an allocation inside the capture" : "a tensor");
+      if (!capturing_here) detail::configure_pool_once(device.index);
+      p = detail::malloc_async(device, block, stream, capturing_here,
+                               capturing_here ? "an allocation inside the capture" : "a tensor");
     }
     if (debug::poison_new_memory()) {
       const cudaError_t err = cudaMemsetAsync(p, 0xFF, block, stream);
@@ -859,15 +349,16 @@ Storage::~Storage() {
     return;
   }
   if (device_.is_cpu()) {
-    host_free(data_, block_bytes_);
+    detail::host_free(data_, block_bytes_);
     return;
   }
 #if GRAPHWARD_HAS_CUDA
   if (!data_) return;
   // Note [Frees at the join]: a block that several of an eager backward's streams used waits for
   // the join instead.
-  if (cacheable_ && t_joined_frees && (!other_streams_.empty() || !fences_.empty()) &&
-      t_joined_frees->take(*this)) {
+  detail::JoinedFrees* joined = detail::current_joined_frees();
+  if (cacheable_ && joined && (!other_streams_.empty() || !fences_.empty()) &&
+      joined->take(*this)) {
     return;
   }
   const int saved_device = [] {
@@ -909,7 +400,7 @@ Storage::~Storage() {
   }
   // Note [Block cache]: with those waits on alloc_stream_, every later use of the block on it is
   // ordered after all of its uses, as for a block used on its own stream only: into the cache.
-  if (cacheable_ && cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
+  if (cacheable_ && detail::cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
     if (saved_device >= 0 && saved_device != device_.index) {
       GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
     }
@@ -919,175 +410,6 @@ Storage::~Storage() {
   if (saved_device >= 0 && saved_device != device_.index) {
     GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
   }
-#endif
-}
-
-// ---- frees at the join (Note [Frees at the join]) ---------------------------------------------
-
-detail::JoinedFrees::JoinedFrees(Device device, cudaStream_t caller,
-                                 const std::vector<cudaStream_t>& joined,
-                                 const std::vector<cudaStream_t>& moved)
-    : device_(device), caller_(caller) {
-#if GRAPHWARD_HAS_CUDA
-  if (!device.is_cuda() || device.index >= kCacheDevices || (joined.empty() && moved.empty()) ||
-      g_cache_limit.load(std::memory_order_relaxed) == 0 || stream_capturing(caller)) {
-    return;
-  }
-  joined_.reserve(joined.size() + 1);
-  joined_.push_back(caller);
-  for (cudaStream_t s : joined) {
-    if (!s || stream_capturing(s)) return;  // inactive: a capture frees as it does
-    joined_.push_back(s);
-  }
-  for (cudaStream_t s : moved) {
-    if (!s || stream_capturing(s)) return;
-  }
-  moved_ = &moved;
-  active_ = true;
-  previous_ = t_joined_frees;
-  t_joined_frees = this;
-#else
-  (void)joined, (void)moved;
-#endif
-}
-
-bool detail::JoinedFrees::take(const Storage& st) {
-#if GRAPHWARD_HAS_CUDA
-  if (!active_ || done_ || st.device_ != device_) return false;
-  auto joined = [&](cudaStream_t s) {
-    return std::find(joined_.begin(), joined_.end(), s) != joined_.end();
-  };
-  if (!joined(st.alloc_stream_) &&
-      std::find(moved_->begin(), moved_->end(), st.alloc_stream_) == moved_->end()) {
-    return false;
-  }
-  for (cudaStream_t s : st.other_streams_) {
-    if (!joined(s)) return false;
-  }
-  for (const auto& fence : st.fences_) {
-    if (!joined(fence.first)) return false;
-  }
-  try {
-    blocks_.push_back({st.data_, st.block_bytes_, st.alloc_stream_});
-  } catch (...) {
-    return false;  // out of host memory: the storage orders its free itself
-  }
-  return true;
-#else
-  (void)st;
-  return false;
-#endif
-}
-
-void detail::JoinedFrees::joined() {
-  done_ = true;
-  give_back();
-}
-
-void detail::JoinedFrees::give_back() noexcept {
-#if GRAPHWARD_HAS_CUDA
-  if (!active_) return;
-  t_joined_frees = previous_;
-  active_ = false;
-  if (blocks_.empty()) return;
-  try {
-    DeviceGuard guard(device_);
-    if (!done_) {
-      // Left before the join: the caller's stream waits for every joined stream first.
-      for (std::size_t i = 1; i < joined_.size(); ++i) {
-        stream_wait_stream(device_, caller_, joined_[i]);
-      }
-    }
-    Event ev = Event::pooled(device_);
-    // Back to the cache of its own stream, which first waits for the caller's stream once (its
-    // point after the join): one wait a stream.
-    bool recorded = false;
-    std::vector<cudaStream_t> waited;
-    for (const Block& b : blocks_) {
-      if (b.stream != caller_ &&
-          std::find(waited.begin(), waited.end(), b.stream) == waited.end()) {
-        if (!recorded) ev.record(caller_);
-        recorded = true;
-        ev.block(b.stream);
-        waited.push_back(b.stream);
-      }
-      if (!cache_put(device_.index, b.stream, b.bytes, b.data)) {
-        GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(b.data, b.stream));
-      }
-    }
-  } catch (const std::exception& e) {
-    // The blocks cannot be ordered after their users: kept rather than risk reuse.
-    detail::log_error(__FILE__, __LINE__, e.what());
-  }
-  blocks_.clear();
-#endif
-}
-
-detail::JoinedFrees::~JoinedFrees() {
-  give_back();
-}
-
-// ---- block cache API --------------------------------------------------------------------------
-
-std::size_t cached_bytes(Device device) {
-#if GRAPHWARD_HAS_CUDA
-  if (!device.is_cuda()) return 0;
-  check_cuda_device(device, "cached_bytes");
-  if (device.index >= kCacheDevices) return 0;
-  DeviceCache& dc = block_cache().devices[device.index];
-  std::lock_guard<std::mutex> lock(dc.mutex);
-  return dc.bytes;
-#else
-  (void)device;
-  return 0;
-#endif
-}
-
-void empty_cache(Device device) {
-#if GRAPHWARD_HAS_CUDA
-  if (!device.is_cuda()) return;
-  check_cuda_device(device, "empty_cache");
-  if (device.index >= kCacheDevices) return;
-  detail::release_deferred_storage();  // Note [Frees during a capture]: those whose time has come
-  release_cached_blocks(device.index, block_cache().devices[device.index]);
-#else
-  (void)device;
-#endif
-}
-
-std::size_t host_bytes_in_use() {
-  return g_host_bytes.load(std::memory_order_relaxed);
-}
-
-std::size_t host_peak_bytes() {
-  return g_host_peak.load(std::memory_order_relaxed);
-}
-
-void reset_host_peak_bytes() {
-  g_host_peak.store(g_host_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
-}
-
-void set_host_memory_limit(std::size_t bytes) {
-  g_host_limit.store(bytes, std::memory_order_relaxed);
-}
-
-std::size_t host_memory_limit() {
-  return g_host_limit.load(std::memory_order_relaxed);
-}
-
-void set_block_cache_limit(std::size_t bytes) {
-#if GRAPHWARD_HAS_CUDA
-  g_cache_limit.store(bytes);
-#else
-  (void)bytes;
-#endif
-}
-
-std::size_t block_cache_limit() {
-#if GRAPHWARD_HAS_CUDA
-  return g_cache_limit.load();
-#else
-  return 0;
 #endif
 }
 

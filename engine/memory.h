@@ -316,7 +316,7 @@ class JoinedFrees {
 };
 }  // namespace detail
 
-// ---- host memory (Note [Host memory], memory.cpp)
+// ---- host memory (Note [Host memory], allocation.cpp)
 // ------------------------------------------------ Bytes of host memory graphward's CPU tensors
 // (and CPU step arenas) hold now, and the most they held since the process began or the last
 // reset_host_peak_bytes() (which sets it to now).

@@ -74,7 +74,7 @@ inline bool open_slot(const GradSlot& slot, const Tensor& input, cudaStream_t st
 // Runs f.template operator()<T>() with T = float or double per `dtype` (the CPU backend). Any
 // other dtype is refused: a kernel must never write one type's elements into another's buffer.
 // A CPU kernel's own scratch (an accumulator in double) that the system cannot give is an
-// OutOfMemoryError, like every host allocation (Note [Host memory], engine/memory.cpp); the
+// OutOfMemoryError, like every host allocation (Note [Host memory], engine/allocation.cpp); the
 // kernels take it before they write.
 template <class F>
 void dispatch_cpu(DType dtype, F&& f) {

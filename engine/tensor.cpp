@@ -182,7 +182,7 @@ Tensor upload(const void* host, const Shape& shape, TensorOptions options) {
   return upload_into(Tensor::empty(shape, options), host);
 }
 
-// Note [Host memory] (memory.cpp): the tensor is made first (its size checked, its memory taken
+// Note [Host memory] (allocation.cpp): the tensor is made first (its size checked, its memory taken
 // or refused with OutOfMemoryError); a CPU tensor is then filled in place, a CUDA one from a host
 // staging buffer of the same size, whose failure is an OutOfMemoryError too.
 template <class Gen>
