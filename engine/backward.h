@@ -161,7 +161,7 @@ class EagerExecutor {
   // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
   // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
   // after its step; if a step throws, the nodes before it are already released, and the error
-  // says so (Note [A failed backward], backward.cpp).
+  // says so (Note [A failed backward], eager_executor.cpp).
   // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
   // a CudaError naming the step's node when its work failed.
   // With `reducer`, the leaf gradients are reduced bucket by bucket (Note [Gradient reduction]).

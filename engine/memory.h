@@ -141,9 +141,9 @@ class Storage {
   void bump_version();
   // A node saved (+1) or released (-1) a tensor of this storage.
   void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
-  // Note [Leaves shared across threads] (engine/backward.cpp): a backward holds the claim on each
-  // leaf it writes the .grad of (this storage is the leaf's) while it runs. try_claim takes it if
-  // free; claim waits for it; release gives it back and wakes a waiter.
+  // Note [Leaves shared across threads] (engine/eager_executor.cpp): a backward holds the claim on
+  // each leaf it writes the .grad of (this storage is the leaf's) while it runs. try_claim takes it
+  // if free; claim waits for it; release gives it back and wakes a waiter.
   bool try_claim_grad() const { return !grad_claim_.exchange(true, std::memory_order_acquire); }
   void claim_grad() const {
     while (grad_claim_.exchange(true, std::memory_order_acquire)) {
