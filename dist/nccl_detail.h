@@ -1,0 +1,65 @@
+#pragma once
+// Internal to dist/ (not part of the public API): what process_group.cpp and grad_reduction.cpp
+// share — NCCL's error check and dtypes, and the batched copy of byte ranges.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "engine/cuda.h"
+#include "kernels/shape.h"
+
+#if GRAPHWARD_HAS_NCCL
+#include <nccl.h>
+#endif
+
+namespace graphward::dist {
+
+#if GRAPHWARD_HAS_NCCL
+inline void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess || r == ncclInProgress) return;
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  throw Error(detail::concat("ProcessGroup: ", what, " failed: NCCL error ", static_cast<int>(r),
+                             " (", ncclGetErrorString(r), ")",
+                             last && *last ? detail::concat(": ", last) : std::string()));
+}
+
+inline ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+  }
+  throw Error("ProcessGroup: a dtype NCCL does not know");
+}
+#endif
+
+#if GRAPHWARD_HAS_CUDA
+// Byte ranges copied kMaxSegments to a launch (kernels::copy_segments): add() them, then flush().
+class SegmentCopier {
+ public:
+  explicit SegmentCopier(cudaStream_t stream) : stream_(stream) {}
+  void add(const void* src, void* dst, std::size_t bytes) {
+    seg_.src[seg_.count] = src;
+    seg_.dst[seg_.count] = dst;
+    seg_.bytes[seg_.count] = static_cast<std::int64_t>(bytes);
+    if (++seg_.count == kernels::kMaxSegments) flush();
+  }
+  void flush() {
+    kernels::copy_segments(seg_, stream_);
+    seg_.count = 0;
+  }
+
+ private:
+  cudaStream_t stream_;
+  kernels::Segments seg_;
+};
+#endif
+
+}  // namespace graphward::dist
