@@ -1,0 +1,43 @@
+#pragma once
+// Internal to capture/ (not part of the public API): BackwardGraph's executable, which
+// backward_graph.cpp and input_slots.cpp share.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "capture/backward_graph.h"
+#include "engine/graph_pool.h"
+
+namespace graphward {
+
+struct BackwardGraph::Executable {
+#if GRAPHWARD_HAS_CUDA
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+#endif
+  GraphStats stats;
+  // Where the nodes and leaves the backward reaches are in the signature's `nodes` and `leaves`
+  // (the same for every step with this structure).
+  std::vector<std::uint32_t> nodes, leaves;
+  // A signature from the tape log: its nodes' part, what the next step's forward is compared with
+  // as it records (Note [Tape log]). Null for a signature made by a walk.
+  std::shared_ptr<const capture::Words> nodes_part;
+  // The graph's intermediates (Note [Graph memory pool]); declared first, destroyed last.
+  std::unique_ptr<GraphMemoryPool> pool;
+  // What a kernel fault after its launch names (Note [Kernel faults], base/error.h).
+  std::shared_ptr<const std::string> description;
+  std::vector<InputSlot> slots;  // Note [Input slots]
+  Executable() = default;
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+  ~Executable() {
+#if GRAPHWARD_HAS_CUDA
+    if (exec) GW_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
+    if (graph) GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
+#endif
+  }
+};
+
+}  // namespace graphward
