@@ -154,7 +154,8 @@ struct PlanOptions {
 // (Note [Frees at the join], engine/memory.h). A captured backward keeps its streams (a replay's
 // host cost does not grow with them, and the GPU runs short kernels of two branches at once), and
 // so does a backward issued inside a capture; a plan with side streams (split_weight_grads,
-// asked for) and EagerStreams::kForward keep them too: rule 2 holds there.
+// asked for) and EagerStreams::kForward keep them too: rule 2 holds there. The estimate and the
+// move are in engine/eager_streams.cpp.
 inline constexpr double kHostFloorUs = 4.0;
 // The estimated device time of the plan's steps, in microseconds; negative when `throughput` is
 // unknown (a zero rate).
