@@ -1,5 +1,6 @@
 #pragma once
-// graphward: the public header. Include this one; the others are its parts.
+// The engine's part of the public header (graphward.h, at the repository's root, adds the
+// captured backward and step): tensors, ops, the tape, backward(), streams, memory, optimizers.
 #include "engine/autograd.h"      // IWYU pragma: export
 #include "engine/backward.h"      // IWYU pragma: export
 #include "engine/capture_mode.h"  // IWYU pragma: export

@@ -8,9 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "capture/backward_graph.h"
-#include "capture/step_graph.h"
-#include "dist/process_group.h"
+#include "graphward_dist.h"  // the public header, as a training loop includes it
 #include "test_util.h"
 
 namespace graphward {

@@ -1,8 +1,7 @@
 // The README's training loop, as a consumer of the package: exits non-zero unless it trains.
 #include <cstdio>
 
-#include "capture/backward_graph.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 namespace gw = graphward;
 
 int main() {
