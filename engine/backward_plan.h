@@ -135,27 +135,26 @@ struct PlanOptions {
 
 // Note [Streams of an eager backward]
 // Streams let the GPU run two branches' kernels at once. An eager backward pays for them on the
-// host: a fork, a join and an event for every gradient that crosses streams, a few CUDA calls of
-// 0.3-0.5 µs a stream, while the host issues the whole backward one kernel after another on one
-// thread either way. Where the GPU finishes each kernel before the host has issued the next,
-// nothing can overlap and the streams are all cost: the review's sweep (two parallel linear
-// layers on an N × N input, docs/DESIGN.md) took 0.87× the one-stream time on two streams at
-// N = 64 (docs/DECISIONS.md). So an eager backward (EagerStreams::kAuto, engine/backward.h)
-// estimates its device work from the tape — each node's backward_flops() at the device's float32
-// rate, plus the bytes of its inputs, output and saved tensors at the memory's bandwidth
-// (device_throughput, engine/device.h: both rates low, so the estimate errs long) — and where
-// the whole of it is under kHostFloorUs a step (the least host time a step costs), runs every
+// host: a fork, a join and an event for every gradient that crosses streams, a few CUDA calls a
+// stream, while the host issues the whole backward one kernel after another on one thread either
+// way. Where the GPU finishes each kernel before the host has issued the next, nothing can overlap
+// and the streams are all cost (the review's sweep at small N: docs/DECISIONS.md, "a short eager
+// backward runs on the caller's stream alone"). So an eager backward (EagerStreams::kAuto,
+// engine/backward.h) estimates its device work from the tape — each node's backward_flops() at the
+// device's float32 rate, plus the bytes of its inputs, output and saved tensors at the memory's
+// bandwidth (device_throughput, engine/device.h: both rates low, so the estimate errs long) — and
+// where the whole of it is under kHostFloorUs a step (the least host time a step costs), runs every
 // step on the caller's stream (run_on_caller_stream). Only the streams change: the plan's buffers,
-// and so the order in which contributions are added, stay the multistream plan's, so the
-// gradients are bitwise those of the multistream backward and of its replay. The caller's stream
-// first waits for the stream of each root made on another stream; every other node is ordered
-// before its root's production by the waits of the forward (rule 6). Memory of the moved streams
-// that the caller's stream read goes back to their caches after the backward, one wait a stream
-// (Note [Frees at the join], engine/memory.h). A captured backward keeps its streams (a replay's
-// host cost does not grow with them, and the GPU runs short kernels of two branches at once), and
-// so does a backward issued inside a capture; a plan with side streams (split_weight_grads,
-// asked for) and EagerStreams::kForward keep them too: rule 2 holds there. The estimate and the
-// move are in engine/eager_streams.cpp.
+// and so the order in which contributions are added, stay the multistream plan's, so the gradients
+// are bitwise those of the multistream backward and of its replay. The caller's stream first waits
+// for the stream of each root made on another stream; every other node is ordered before its root's
+// production by the waits of the forward (rule 6). Memory of the moved streams that the caller's
+// stream read goes back to their caches after the backward, one wait a stream (Note [Frees at the
+// join], engine/memory.h). A captured backward keeps its streams (a replay's host cost does not
+// grow with them, and the GPU runs short kernels of two branches at once), and so does a backward
+// issued inside a capture; a plan with side streams (split_weight_grads, asked for) and
+// EagerStreams::kForward keep them too: rule 2 holds there. The estimate and the move are in
+// engine/eager_streams.cpp.
 inline constexpr double kHostFloorUs = 4.0;
 // The estimated device time of the plan's steps, in microseconds; negative when `throughput` is
 // unknown (a zero rate).

@@ -230,8 +230,8 @@ class LeafClaims {
 // whatever it recorded (capture_stream).
 //
 // Freeing the saved tensors at the end instead, so that every failure left the tape whole, was
-// measured and not chosen: it raises the backward's peak memory by 5-19% on the example models
-// (docs/DECISIONS.md), on every step, for a retry that out of memory rarely allows anyway.
+// measured and not chosen: it raises the backward's peak memory on every step (docs/DECISIONS.md,
+// "a failed backward says what it left"), for a retry that out of memory rarely allows anyway.
 void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
                                   const std::vector<std::pair<int, bool>>& leaf_had_grad,
                                   const std::function<void()>& join) {
