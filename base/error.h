@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include "base/config.h"
 
 namespace graphward {
 

@@ -78,6 +78,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "base/config.h"
 
 #include "capture/graph_cache.h"
 #include "capture/graph_topology.h"

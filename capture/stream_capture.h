@@ -4,6 +4,7 @@
 #include <functional>
 #include <string_view>
 #include <vector>
+#include "base/config.h"
 
 #include "engine/device.h"
 #include "engine/tensor.h"

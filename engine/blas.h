@@ -8,6 +8,7 @@
 // destroyed (Note [Stream lifetime], stream.cpp), so a handle keyed by a stream never outlives it.
 #include <cstddef>
 #include <cstdint>
+#include "base/config.h"
 
 #include "engine/cuda.h"
 #include "engine/device.h"

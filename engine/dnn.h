@@ -18,6 +18,7 @@
 // memory, fixed for the graph's lifetime, as a replay needs.
 #include <cstddef>
 #include <string>
+#include "base/config.h"
 
 #include "engine/cuda.h"
 #include "engine/device.h"

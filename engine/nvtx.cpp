@@ -1,6 +1,6 @@
 #include "engine/nvtx.h"
 
-#if GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExt.h>)
+#if defined(GRAPHWARD_NVTX) && GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
 #define GRAPHWARD_NVTX_FOUND 1
 #else

@@ -13,6 +13,7 @@
 // distinct leaves (checked when the optimizer is made).
 #include <cstdint>
 #include <vector>
+#include "base/config.h"
 
 #include "engine/tensor.h"
 #include "kernels/optim.h"

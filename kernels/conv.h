@@ -3,6 +3,7 @@
 // (engine/dnn.h). Layout NCHW, row-major; weights [K, C, R, S] (PyTorch's). Square kernels,
 // strides and padding (the same in both spatial dimensions), dilation 1, one group.
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -2,6 +2,7 @@
 // Dropout with a device-held Philox generator state (engine/generator.h), with its CPU reference.
 // Same launcher contract as elementwise.h.
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -10,6 +10,7 @@
 // Broadcasting: a binary operand is read at index i % period, where period is n (same shape as the
 // output), the last dimension (a row broadcast over the rows) or 1 (a single element).
 #include <cstdint>
+#include "base/config.h"
 
 #include "base/dtype.h"  // bf16
 

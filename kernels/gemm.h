@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cublasLt.h>

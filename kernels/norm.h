@@ -3,6 +3,7 @@
 // the embedding lookup with its gradient, with CPU references. Same launcher contract as
 // elementwise.h.
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -7,6 +7,7 @@
 // torch.optim.AdamW, whose step counts are per parameter too.
 #include <cstddef>
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -3,6 +3,7 @@
 // concat) and a swap of two dimensions (transpose). Contract of elementwise.h: outputs first, never
 // allocate, never synchronize; `accumulate` adds (+=) instead of writing (=).
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -4,6 +4,7 @@
 // (the row's maximum is subtracted before exponentiating); row sums in a fixed order, so results
 // are deterministic.
 #include <cstdint>
+#include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
