@@ -232,13 +232,6 @@ void* detail::malloc_async(Device device, std::size_t bytes, cudaStream_t stream
   return p;
 }
 
-namespace {
-thread_local detail::JoinedFrees* t_joined_frees = nullptr;  // Note [Frees at the join]
-}  // namespace
-
-detail::JoinedFrees*& detail::current_joined_frees() {
-  return t_joined_frees;
-}
 #endif
 
 // ---- frees at the join (Note [Frees at the join]) ---------------------------------------------
@@ -263,8 +256,8 @@ detail::JoinedFrees::JoinedFrees(Device device, cudaStream_t caller,
   }
   moved_ = &moved;
   active_ = true;
-  previous_ = t_joined_frees;
-  t_joined_frees = this;
+  previous_ = current_joined_frees();
+  current_joined_frees() = this;
 #else
   (void)joined, (void)moved;
 #endif
@@ -306,7 +299,7 @@ void detail::JoinedFrees::joined() {
 void detail::JoinedFrees::give_back() noexcept {
 #if GRAPHWARD_HAS_CUDA
   if (!active_) return;
-  t_joined_frees = previous_;
+  current_joined_frees() = previous_;
   active_ = false;
   if (blocks_.empty()) return;
   try {

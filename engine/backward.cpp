@@ -88,7 +88,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   // Note [Streams of an eager backward] (backward_plan.h). Inside graphward's captures (a
   // StepGraph's step) the streams stay.
   if (device.is_cuda() && options.streams == EagerStreams::kAuto && !capturing() &&
-      plan.streams.size() > 1 && host_bound(plan, device_throughput(device))) {
+      host_bound(plan, device_throughput(device))) {
     run_on_caller_stream(plan);
   }
   for (std::size_t r = 0; r < roots.size(); ++r) {

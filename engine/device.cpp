@@ -1,7 +1,7 @@
 #include "engine/device.h"
 
-#include <atomic>
 #include <mutex>
+#include <vector>
 
 #include <cfloat>
 #include <cmath>
@@ -148,32 +148,27 @@ std::string device_name(Device device) {
 
 DeviceThroughput device_throughput(Device device) {
 #if GRAPHWARD_HAS_CUDA
-  constexpr int kDevices = 64;
-  static std::mutex mu;
-  static DeviceThroughput known[kDevices];
-  static std::atomic<bool> read[kDevices] = {};
-  if (!device.is_cuda() || device.index < 0 || device.index >= kDevices ||
-      device.index >= cuda_device_count()) {
+  // Every device's, read once (the first call; a thread-safe static).
+  static const std::vector<DeviceThroughput> known = [] {
+    std::vector<DeviceThroughput> all(static_cast<std::size_t>(cuda_device_count()));
+    for (int d = 0; d < static_cast<int>(all.size()); ++d) {
+      auto attribute = [d](cudaDeviceAttr a) {
+        int v = 0;
+        return cudaDeviceGetAttribute(&v, a, d) == cudaSuccess ? static_cast<double>(v) : 0.0;
+      };
+      // kHz × 1e-3 = cycles a microsecond.
+      all[d] = {.flops_per_us = 128.0 * attribute(cudaDevAttrMultiProcessorCount) *
+                                attribute(cudaDevAttrClockRate) * 1e-3,
+                .bytes_per_us = 2.0 * attribute(cudaDevAttrMemoryClockRate) * 1e-3 *
+                                attribute(cudaDevAttrGlobalMemoryBusWidth) / 8.0};
+    }
+    (void)cudaGetLastError();  // a failed read is an unknown rate, not a sticky error
+    return all;
+  }();
+  if (!device.is_cuda() || device.index < 0 || device.index >= static_cast<int>(known.size())) {
     return {};
   }
-  if (read[device.index].load(std::memory_order_acquire)) return known[device.index];
-  std::lock_guard<std::mutex> lock(mu);
-  if (!read[device.index].load(std::memory_order_relaxed)) {
-    auto attribute = [&](cudaDeviceAttr a) {
-      int v = 0;
-      return cudaDeviceGetAttribute(&v, a, device.index) == cudaSuccess ? static_cast<double>(v)
-                                                                        : 0.0;
-    };
-    const double sms = attribute(cudaDevAttrMultiProcessorCount);
-    const double clock_khz = attribute(cudaDevAttrClockRate);
-    const double memory_khz = attribute(cudaDevAttrMemoryClockRate);
-    const double bus_bits = attribute(cudaDevAttrGlobalMemoryBusWidth);
-    // kHz × 1e-3 = cycles a microsecond.
-    known[device.index] = {.flops_per_us = 128.0 * sms * clock_khz * 1e-3,
-                           .bytes_per_us = 2.0 * memory_khz * 1e-3 * bus_bits / 8.0};
-    read[device.index].store(true, std::memory_order_release);
-  }
-  return known[device.index];
+  return known[static_cast<std::size_t>(device.index)];
 #else
   (void)device;
   return {};

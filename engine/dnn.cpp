@@ -10,8 +10,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/capture_mode.h"
 #include "base/error.h"
+#include "engine/capture_mode.h"
+#include "engine/stream.h"
 #include "engine/tensor.h"
 
 namespace graphward::dnn {
@@ -166,9 +167,7 @@ DeviceDnn& device_dnn(Device device) {
 // The thread's handle for `device`, pointed at `stream`.
 cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
   if (!d.handle) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-    GW_CHECK(!capturing() && status == cudaStreamCaptureStatusNone,
+    GW_CHECK(!capturing() && !stream_is_capturing(stream),
              "conv2d/pooling: the first cuDNN call of this thread on ", device.str(),
              " is inside a stream capture, where cuDNN cannot be initialized; expected one eager "
              "step (or any conv2d or pooling call) on this thread before capturing");
@@ -209,9 +208,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
   // Outside a capture the algorithms are timed (cudnnFind*: each candidate run once on scratch
   // memory cuDNN allocates, then a synchronization — once per shape); inside one, where nothing
   // may run or allocate, the heuristic ranks them.
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  p->timed = !capturing() && status == cudaStreamCaptureStatusNone && timing_allowed();
+  p->timed = !capturing() && !stream_is_capturing(stream) && timing_allowed();
   int found = 0, count = 0;
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<std::size_t>(count));

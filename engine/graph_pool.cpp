@@ -11,14 +11,6 @@
 
 namespace graphward {
 
-namespace {
-thread_local std::shared_ptr<detail::GraphPoolState> t_graph_pool;
-}  // namespace
-
-std::shared_ptr<detail::GraphPoolState>& detail::thread_graph_pool() {
-  return t_graph_pool;
-}
-
 #if GRAPHWARD_HAS_CUDA
 // A block of `bytes` for an allocation on `stream` (being captured) from the pool: a reusable one,
 // or a new one made with cudaMalloc under a relaxed capture mode.
@@ -78,12 +70,13 @@ std::size_t GraphMemoryPool::blocks() const {
 }
 
 GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : state_(pool.state_) {
-  GW_CHECK(!t_graph_pool, "GraphPoolScope: a graph memory pool is already in use on this thread");
+  GW_CHECK(!detail::thread_graph_pool(),
+           "GraphPoolScope: a graph memory pool is already in use on this thread");
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->scoped = true;
   state_->unused.clear();  // a new capture: every block is free for it
   for (const auto& [p, n] : state_->blocks) state_->unused[n].push_back(p);
-  t_graph_pool = state_;
+  detail::thread_graph_pool() = state_;
 }
 
 GraphPoolScope::~GraphPoolScope() {
@@ -91,7 +84,7 @@ GraphPoolScope::~GraphPoolScope() {
   state_->scoped = false;
   state_->free.clear();  // the graph is made: nothing is reused any more
   state_->unused.clear();
-  t_graph_pool.reset();
+  detail::thread_graph_pool().reset();
 }
 
 }  // namespace graphward

@@ -46,7 +46,27 @@ bool poison_new_memory() {
 
 namespace {
 thread_local bool t_planned_sync = false;
+// The thread's step arena, graph memory pool and open JoinedFrees: read by every allocation and
+// free here, set once a step by the scopes in step_arena.cpp, graph_pool.cpp and allocation.cpp
+// through the accessors below.
+thread_local std::shared_ptr<detail::ArenaState> t_step_arena;
+thread_local std::shared_ptr<detail::GraphPoolState> t_graph_pool;
+#if GRAPHWARD_HAS_CUDA
+thread_local detail::JoinedFrees* t_joined_frees = nullptr;  // Note [Frees at the join]
+#endif
 }  // namespace
+
+std::shared_ptr<detail::ArenaState>& detail::thread_step_arena() {
+  return t_step_arena;
+}
+std::shared_ptr<detail::GraphPoolState>& detail::thread_graph_pool() {
+  return t_graph_pool;
+}
+#if GRAPHWARD_HAS_CUDA
+detail::JoinedFrees*& detail::current_joined_frees() {
+  return t_joined_frees;
+}
+#endif
 PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) {
   t_planned_sync = true;
 }
@@ -121,7 +141,7 @@ Storage::Storage(Device device, void* data, std::size_t bytes, cudaStream_t stre
 std::shared_ptr<Storage> Storage::allocate_cpu(std::size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + detail::kHostAlignment - 1) /
                               detail::kHostAlignment * detail::kHostAlignment;
-  const std::shared_ptr<detail::ArenaState>& arena = detail::thread_step_arena();
+  const std::shared_ptr<detail::ArenaState>& arena = t_step_arena;
   if (arena && arena->device.is_cpu()) {  // Note [Step arena]
     std::shared_ptr<detail::ArenaSlot> slot = detail::arena_serve(*arena, rounded, nullptr);
     if (slot) {
@@ -170,7 +190,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
   const bool capturing_here = detail::stream_capturing(stream);
   if (!capturing_here) detail::release_deferred_storage();  // Note [Frees during a capture]
   // Note [Graph memory pool]: a stream being captured, with a pool in scope.
-  const std::shared_ptr<detail::GraphPoolState>& pool = detail::thread_graph_pool();
+  const std::shared_ptr<detail::GraphPoolState>& pool = t_graph_pool;
   if (pool && pool->device == device && bytes > 0 && capturing_here) {
     p = detail::graph_pool_take(*pool, stream, block);
     std::shared_ptr<Storage> storage(new Storage(device, p, bytes, stream));  // owns nothing yet
@@ -180,7 +200,7 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
     return storage;
   }
   // Note [Step arena]: inside a step, outside a capture.
-  const std::shared_ptr<detail::ArenaState>& arena = detail::thread_step_arena();
+  const std::shared_ptr<detail::ArenaState>& arena = t_step_arena;
   if (arena && arena->device == device && bytes > 0 && !capturing_here) {
     std::shared_ptr<detail::ArenaSlot> slot = detail::arena_serve(*arena, block, stream);
     if (slot) {
@@ -356,7 +376,7 @@ Storage::~Storage() {
   if (!data_) return;
   // Note [Frees at the join]: a block that several of an eager backward's streams used waits for
   // the join instead.
-  detail::JoinedFrees* joined = detail::current_joined_frees();
+  detail::JoinedFrees* joined = t_joined_frees;
   if (cacheable_ && joined && (!other_streams_.empty() || !fences_.empty()) &&
       joined->take(*this)) {
     return;

@@ -13,14 +13,6 @@
 namespace graphward {
 
 namespace {
-thread_local std::shared_ptr<detail::ArenaState> t_step_arena;
-}  // namespace
-
-std::shared_ptr<detail::ArenaState>& detail::thread_step_arena() {
-  return t_step_arena;
-}
-
-namespace {
 
 // Frees a slot's memory now (the slot is not in use). Errors are logged: called from destructors.
 void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
@@ -149,7 +141,8 @@ void StepArena::record_step_end(cudaStream_t stream) {
 }
 
 StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
-  GW_CHECK(!t_step_arena, "StepScope: a step is already open on this thread; steps do not nest");
+  GW_CHECK(!detail::thread_step_arena(),
+           "StepScope: a step is already open on this thread; steps do not nest");
   // Note [Deferred release]: the last step's saved tensors are back in the arena before its slots
   // are matched.
   detail::wait_for_releases();
@@ -162,12 +155,12 @@ StepScope::StepScope(StepArena& arena) : state_(arena.state_) {
 #endif
     ++state_->stats.steps;
   }
-  t_step_arena = state_;
+  detail::thread_step_arena() = state_;
   detail::tape_log_reset();  // Note [Tape log]: the step's tape starts here
 }
 
 StepScope::~StepScope() {
-  t_step_arena.reset();
+  detail::thread_step_arena().reset();
 }
 
 }  // namespace graphward

@@ -55,14 +55,23 @@ def self_test() -> int:
     return 0
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--self-test"]:
-        return self_test()
+def rooms_root(tool: str):
+    """The tree to check (the first argument, else the repository): None, said why, if a room is
+    missing there."""
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
     missing = [r for r in ROOMS if not (root / r).is_dir()]
     if missing:
-        print(f"check_rooms: no {', '.join(missing)} under {root}; expected the library's rooms "
+        print(f"{tool}: no {', '.join(missing)} under {root}; expected the library's rooms "
               f"{' <- '.join(ROOMS)}")
+        return None
+    return root
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    root = rooms_root("check_rooms")
+    if root is None:
         return 2
     bad = list(wrong_way(root))
     for b in bad:

@@ -16,8 +16,7 @@ import re
 import sys
 import tempfile
 
-ROOMS = ["base", "kernels", "engine", "capture", "dist"]
-SUFFIXES = {".h", ".cuh", ".cpp", ".cu"}
+from check_rooms import ROOMS, SUFFIXES, rooms_root  # the rooms, and where they are
 MAX_FILE_LINES = 700
 MAX_FUNCTION_LINES = 120
 # (file, function): its length now, the most it may have until it is split.
@@ -110,10 +109,8 @@ def self_test() -> int:
 def main() -> int:
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
-    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
-    missing = [r for r in ROOMS if not (root / r).is_dir()]
-    if missing:
-        print(f"check_sizes: no {', '.join(missing)} under {root}; expected the library's rooms")
+    root = rooms_root("check_sizes")
+    if root is None:
         return 2
     bad = list(offenders(root))
     for b in bad:
