@@ -1,5 +1,7 @@
 #include "engine/device.h"
 
+#include <array>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -10,6 +12,9 @@
 #include "engine/cuda.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#if GRAPHWARD_HAS_CUDA
+#include "kernels/code_probe.h"
+#endif
 
 namespace graphward {
 
@@ -125,6 +130,95 @@ std::string cuda_unavailable_reason() {
   return probe().reason;
 }
 
+// Note [Code for the device]
+// A build has machine code for the CUDA architectures it was built for (CMAKE_CUDA_ARCHITECTURES,
+// GRAPHWARD_CUDA_ARCHITECTURES in base/config.h) and PTX the driver compiles for newer ones. On a
+// GPU it has neither for, the first kernel launch fails deep inside an op with "no kernel image is
+// available"; instead, the first use of each device asks the runtime whether a kernel of the
+// build can run there (cudaFuncGetAttributes, kernels::code_probe) and, if not, every use of that
+// device is refused with an error that names the device, its compute capability, the
+// architectures built and the rebuild that fixes it. The answer is kept per device (an atomic
+// load on every later check); a failure that may pass (a device busy or out of memory while the
+// context is made) is reported and asked again next time.
+namespace {
+#if GRAPHWARD_HAS_CUDA
+constexpr int kCodeDevices = 64;  // devices whose answer is kept; others are asked every time
+constexpr std::uint8_t kCodeUnknown = 0, kCodeRuns = 1, kCodeRefused = 2;
+std::array<std::atomic<std::uint8_t>, kCodeDevices> g_code_state{};
+std::mutex g_code_mutex;
+std::array<std::string, kCodeDevices> g_code_refusal;  // under g_code_mutex
+
+// Whether `err` says the build cannot run on the device for good (rather than for now).
+bool permanent_code_error(cudaError_t err) {
+  switch (err) {
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorInvalidKernelImage:
+    case cudaErrorInvalidDeviceFunction:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorInvalidPtx:
+    case cudaErrorJitCompilerNotFound:
+    case cudaErrorJitCompilationDisabled:
+    case cudaErrorInvalidSource:
+    case cudaErrorSharedObjectInitFailed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Why `device` cannot run the build that `probe` belongs to ("" if it can), and whether that is
+// for good.
+std::string ask_device_code(Device device, int (*probe)(), const char* built, bool* permanent) {
+  *permanent = false;
+  int current = -1;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess && current != device.index) err = cudaSetDevice(device.index);
+  if (err == cudaSuccess) err = static_cast<cudaError_t>(probe());
+  if (current >= 0 && current != device.index) (void)cudaSetDevice(current);
+  if (err == cudaSuccess) return "";
+  (void)cudaGetLastError();
+  *permanent = permanent_code_error(err);
+  cudaDeviceProp prop{};
+  const bool named = cudaGetDeviceProperties(&prop, device.index) == cudaSuccess;
+  (void)cudaGetLastError();
+  const std::string which =
+      named ? detail::concat(device.str(), " (", prop.name, ", compute capability ", prop.major,
+                             ".", prop.minor, ")")
+            : device.str();
+  const std::string cause = detail::concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (!*permanent) {
+    return detail::concat(which, " could not be asked whether it runs graphward's kernels (",
+                          cause, ")");
+  }
+  const std::string arch = named ? detail::concat(prop.major, prop.minor) : std::string("native");
+  const bool ptx = err == cudaErrorUnsupportedPtxVersion || err == cudaErrorInvalidPtx ||
+                   err == cudaErrorJitCompilerNotFound || err == cudaErrorJitCompilationDisabled;
+  return detail::concat(
+      which, " cannot run graphward's kernels: this build has code for CUDA architectures ",
+      *built ? built : "(none)", " and ",
+      ptx ? "the driver cannot compile its PTX for this GPU (" : "none of it runs here (", cause,
+      "); rebuild graphward for this GPU with -DCMAKE_CUDA_ARCHITECTURES=", arch,
+      " (or a list that includes it)", ptx ? ", or update the driver" : "");
+}
+
+int library_code_probe() {
+  return static_cast<int>(kernels::code_probe());
+}
+#endif
+}  // namespace
+
+namespace detail {
+void check_device_code(Device device, const char* what, int (*probe)(), const char* built) {
+#if GRAPHWARD_HAS_CUDA
+  bool permanent = false;
+  const std::string refusal = ask_device_code(device, probe, built, &permanent);
+  GW_CHECK(refusal.empty(), what, ": ", refusal);
+#else
+  (void)device, (void)what, (void)probe, (void)built;
+#endif
+}
+}  // namespace detail
+
 void check_cuda_device(Device device, const char* what) {
   GW_CHECK(device.is_cuda(), what, ": expected a CUDA device, got ", device.str());
   const int count = cuda_device_count();
@@ -132,6 +226,31 @@ void check_cuda_device(Device device, const char* what) {
            cuda_unavailable_reason(), ")");
   GW_CHECK(device.index >= 0 && device.index < count, what, ": device ", device.str(),
            " does not exist; this process sees ", count, " CUDA device(s)");
+#if GRAPHWARD_HAS_CUDA
+  // Note [Code for the device]
+  const bool kept = device.index < kCodeDevices;
+  if (kept && g_code_state[device.index].load(std::memory_order_acquire) == kCodeRuns) return;
+  std::string refusal;
+  {
+    std::lock_guard<std::mutex> lock(g_code_mutex);
+    const std::uint8_t state = kept ? g_code_state[device.index].load() : kCodeUnknown;
+    if (state == kCodeRuns) return;
+    if (state == kCodeRefused) {
+      refusal = g_code_refusal[device.index];
+    } else {
+      bool permanent = false;
+      refusal = ask_device_code(device, library_code_probe, GRAPHWARD_CUDA_ARCHITECTURES,
+                                &permanent);
+      if (kept && refusal.empty()) {
+        g_code_state[device.index].store(kCodeRuns, std::memory_order_release);
+      } else if (kept && permanent) {
+        g_code_refusal[device.index] = refusal;
+        g_code_state[device.index].store(kCodeRefused, std::memory_order_release);
+      }
+    }
+  }
+  GW_CHECK(refusal.empty(), what, ": ", refusal);
+#endif
 }
 
 std::string device_name(Device device) {

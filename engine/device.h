@@ -29,8 +29,16 @@ inline bool cuda_available() noexcept {
 std::string cuda_unavailable_reason();
 // The device's name as the driver reports it (e.g. "NVIDIA H200"); "cpu" for the CPU.
 std::string device_name(Device device);
-// Throws a graphward::Error naming `what` unless `device` is a CUDA device this process can use.
+// Throws a graphward::Error naming `what` unless `device` is a CUDA device this process can use
+// and this build has code for (Note [Code for the device], engine/device.cpp).
 void check_cuda_device(Device device, const char* what);
+namespace detail {
+// The question check_cuda_device asks a device once, asked now for another build's code: `probe`
+// returns the cudaError_t of cudaFuncGetAttributes on one of its kernels (on the current device),
+// `built` names the CUDA architectures it was built for. Throws the error check_cuda_device
+// would; nothing is kept.
+void check_device_code(Device device, const char* what, int (*probe)(), const char* built);
+}  // namespace detail
 
 // What a device can do at most, for estimates that decide how work is issued (Note [Streams of an
 // eager backward], engine/backward_plan.h): float32 floating-point operations a microsecond,
