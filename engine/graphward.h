@@ -1,12 +1,14 @@
 #pragma once
 // The engine's part of the public header (graphward.h, at the repository's root, adds the
-// captured backward and step): tensors, ops, the tape, backward(), streams, memory, optimizers.
+// captured backward and step): tensors, ops, the tape, backward(), streams, memory, optimizers,
+// DLPack.
+#include "base/dtype.h"           // IWYU pragma: export
+#include "base/error.h"           // IWYU pragma: export
 #include "engine/autograd.h"      // IWYU pragma: export
 #include "engine/backward.h"      // IWYU pragma: export
 #include "engine/capture_mode.h"  // IWYU pragma: export
 #include "engine/device.h"        // IWYU pragma: export
-#include "base/dtype.h"         // IWYU pragma: export
-#include "base/error.h"         // IWYU pragma: export
+#include "engine/dlpack.h"        // IWYU pragma: export
 #include "engine/gemm_choice.h"   // IWYU pragma: export
 #include "engine/generator.h"     // IWYU pragma: export
 #include "engine/graph_pool.h"    // IWYU pragma: export

@@ -177,6 +177,20 @@ std::shared_ptr<Storage> Storage::borrow(Device device, void* data, std::size_t 
   return storage;
 }
 
+std::shared_ptr<Storage> Storage::adopt(Device device, void* data, std::size_t bytes,
+                                        cudaStream_t stream, std::shared_ptr<const void> owner) {
+  GW_CHECK(data && owner && (device.is_cpu() || stream),
+           "Storage::adopt: expected memory, its owner and (for CUDA) its stream; got ",
+           device.str(), data ? "" : ", no memory", owner ? "" : ", no owner",
+           device.is_cuda() && !stream ? ", no stream" : "");
+  std::shared_ptr<Storage> storage(
+      new Storage(device, data, bytes, device.is_cpu() ? nullptr : stream));
+  storage->owner_ = std::move(owner);
+  storage->block_bytes_ = bytes;
+  storage->release_in_order_ = true;
+  return storage;
+}
+
 std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cudaStream_t stream) {
   if (device.is_cpu()) return allocate_cpu(bytes);
 #if GRAPHWARD_HAS_CUDA
@@ -307,6 +321,8 @@ bool Storage::defer_release() noexcept {
     heir->arena_ = std::move(arena_);
     heir->other_streams_ = std::move(other_streams_);
     heir->fences_ = std::move(fences_);
+    heir->owner_ = std::move(owner_);  // Note [Adopted storage]: let go once ordered
+    heir->release_in_order_ = release_in_order_;
     list.storage.push_back(std::move(heir));
     list.count.fetch_add(1, std::memory_order_release);
     data_ = nullptr;
@@ -350,10 +366,27 @@ Storage::~Storage() {
                                               " (a block read by a replayed graph is kept)");
     return;
   }
-  if (owner_) return;  // Note [Borrowed storage]: the owner frees the memory
   // Note [Frees during a capture]
-  if (!graph_pool_ && !graph_allocation_ && data_ && !device_.is_cpu() && capturing_a_user() &&
-      defer_release()) {
+  if ((!owner_ || release_in_order_) && !graph_pool_ && !graph_allocation_ && data_ &&
+      !device_.is_cpu() && capturing_a_user() && defer_release()) {
+    return;
+  }
+  if (owner_) {  // Note [Borrowed storage]: the owner frees the memory
+#if GRAPHWARD_HAS_CUDA
+    // Note [Adopted storage]: once its stream is ordered after every user; if it cannot be, the
+    // owner is kept (never let go) rather than risk reuse under work still running.
+    if (release_in_order_ && !device_.is_cpu() && data_) {
+      const int saved_device = [] {
+        int d = 0;
+        return cudaGetDevice(&d) == cudaSuccess ? d : -1;
+      }();
+      if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
+      if (!order_after_users()) new std::shared_ptr<const void>(std::move(owner_));
+      if (saved_device >= 0 && saved_device != device_.index) {
+        GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+      }
+    }
+#endif
     return;
   }
   if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
@@ -386,6 +419,29 @@ Storage::~Storage() {
     return cudaGetDevice(&d) == cudaSuccess ? d : -1;
   }();
   if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
+  if (!order_after_users()) {
+    if (saved_device >= 0 && saved_device != device_.index) {
+      GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+    }
+    return;  // the block is kept
+  }
+  // Note [Block cache]: with those waits on alloc_stream_, every later use of the block on it is
+  // ordered after all of its uses, as for a block used on its own stream only: into the cache.
+  if (cacheable_ && detail::cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
+    if (saved_device >= 0 && saved_device != device_.index) {
+      GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+    }
+    return;
+  }
+  GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, alloc_stream_));
+  if (saved_device >= 0 && saved_device != device_.index) {
+    GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
+  }
+#endif
+}
+
+bool Storage::order_after_users() noexcept {
+#if GRAPHWARD_HAS_CUDA
   // Rule 7: the block may be handed out on alloc_stream_ only after every other stream that used
   // it has finished with it: alloc_stream_ waits for each (Note [Event pool]: one pooled event,
   // handed back once the wait is enqueued).
@@ -401,7 +457,7 @@ Storage::~Storage() {
       // Cannot order the free after those streams' work: keep the memory rather than risk reuse
       // (after a kernel fault the context is lost anyway: reported once, Note [Kernel faults]).
       detail::log_error(__FILE__, __LINE__, "Storage: no event to order a free by (a block is kept)");
-      return;
+      return false;
     }
     for (cudaStream_t s : other_streams_) {
       ordered = ordered && cudaEventRecord(ev, s) == cudaSuccess &&
@@ -414,22 +470,13 @@ Storage::~Storage() {
   }
   if (!ordered) {
     (void)cudaGetLastError();
-    detail::log_error(__FILE__, __LINE__, "Storage: a free could not be ordered after the streams "
-                                          "that used the memory (a block is kept)");
-    return;
+    detail::log_error(__FILE__, __LINE__,
+                      "Storage: a free could not be ordered after the streams "
+                      "that used the memory (a block is kept)");
   }
-  // Note [Block cache]: with those waits on alloc_stream_, every later use of the block on it is
-  // ordered after all of its uses, as for a block used on its own stream only: into the cache.
-  if (cacheable_ && detail::cache_put(device_.index, alloc_stream_, block_bytes_, data_)) {
-    if (saved_device >= 0 && saved_device != device_.index) {
-      GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
-    }
-    return;
-  }
-  GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(data_, alloc_stream_));
-  if (saved_device >= 0 && saved_device != device_.index) {
-    GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
-  }
+  return ordered;
+#else
+  return true;
 #endif
 }
 

@@ -126,6 +126,12 @@ class Storage {
   // bucket's flat buffer this way (Note [Gradients in buckets], dist/process_group.h).
   static std::shared_ptr<Storage> borrow(Device device, void* data, std::size_t bytes,
                                          cudaStream_t stream, std::shared_ptr<const void> owner);
+  // Note [Adopted storage]: `bytes` at `data` that another library owns and reuses in stream
+  // order on `stream` once released (a DLPack tensor, engine/dlpack.h): as borrow(), and when the
+  // last handle goes, `stream` first waits for every other stream that used the memory (rule 7) and
+  // only then is `owner` let go. CPU memory too (`stream` null): then `owner` simply goes.
+  static std::shared_ptr<Storage> adopt(Device device, void* data, std::size_t bytes,
+                                        cudaStream_t stream, std::shared_ptr<const void> owner);
   bool borrowed() const { return owner_ != nullptr; }
   ~Storage();
   Storage(const Storage&) = delete;
@@ -236,6 +242,10 @@ class Storage {
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner
   std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
+  bool release_in_order_ = false;      // Note [Adopted storage]: owner_ goes after rule 7's waits
+  // Rule 7 for the free: alloc_stream_ waits for every other stream that used the memory (on the
+  // current device); false, with the reason logged, if it could not.
+  bool order_after_users() noexcept;
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
   mutable std::atomic<bool> grad_claim_{false};  // try_claim_grad()

@@ -96,7 +96,6 @@ Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   GW_CHECK(storage, "Tensor::from_storage: expected a storage, got none");
-  GW_CHECK(storage, "Tensor::from_storage: expected a storage, got none");
   const std::int64_t n = shape_numel(shape);
   const std::size_t bytes = shape_nbytes(shape, dtype);
   GW_CHECK(storage->bytes() >= bytes, "Tensor::from_storage: a storage of ", storage->bytes(),
