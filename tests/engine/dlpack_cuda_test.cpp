@@ -32,6 +32,9 @@ struct CudaCapsule {
     bytes = values.size() * sizeof(float);
     GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data), bytes));
     GW_CUDA_CHECK(cudaMemcpy(data, values.data(), bytes, cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before its copy lands: the data is ready on no
+    // stream until the device is synchronized.
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
     m.dl_tensor = {data,       {dl::kCUDA, 0}, static_cast<std::int32_t>(shape.size()),
                    {2, 32, 1}, shape.data(),   nullptr,
                    0};
