@@ -161,7 +161,7 @@ class EagerExecutor {
   // nodes. With `timings`, also times every step (see BackwardOptions::timings). With
   // `release_saved` (a backward without retain_graph), each node's saved tensors are freed right
   // after its step; if a step throws, the nodes before it are already released, and the error
-  // says so (Note [A failed backward], eager_executor.cpp).
+  // says so (Note [A failed backward], failed_backward.cpp).
   // With `localize` (BackwardOptions::localize_faults), synchronizes after each step and throws
   // a CudaError naming the step's node when its work failed.
   // With `reducer`, the leaf gradients are reduced bucket by bucket (Note [Gradient reduction]).
@@ -182,6 +182,7 @@ class EagerExecutor {
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
                 bool timed, bool in_capture, bool release_saved, bool localize = false,
                 GradientReducer* reducer = nullptr);
+  struct Run;  // one run's state and parts (eager_executor.cpp)
   // Note [A failed backward]: called from a catch block; joins, undoes, rethrows with an account.
   [[noreturn]] static void fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
                                          const std::vector<std::pair<int, bool>>& leaf_had_grad,

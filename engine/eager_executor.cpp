@@ -213,111 +213,346 @@ class LeafClaims {
   std::vector<const Storage*> held_;
 };
 
-// Note [A failed backward]
-// A backward that fails part-way — out of memory for a gradient buffer, a kernel that cannot be
-// launched, a reducer's error — must leave nothing it does not say. Leaves whose .grad this
-// backward created get their undefined .grad back. A .grad that was defined before and that a
-// step already wrote cannot be restored without a copy of it made every backward (memory and a
-// kernel a leaf, on the path every step takes), so the error names those leaves: overwrite them
-// (zero_grad, or GradWrite::kOverwrite) before a retry. The saved tensors of the steps that
-// finished were freed as the backward went (as PyTorch frees them): the error says how many, and
-// a later backward through those nodes is refused naming the failed backward ("run the forward
-// again"); when none was freed (a failure at the first step, or retain_graph) the tape is whole
-// and the backward may simply run again. The streams the backward forked are joined into the
-// caller's (rule 4) before the error is thrown, and the error keeps its type (OutOfMemoryError,
-// CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account added. Inside a
-// capture none of this applies: the error goes up as it was, and the capture is abandoned with
-// whatever it recorded (capture_stream).
-//
-// Freeing the saved tensors at the end instead, so that every failure left the tape whole, was
-// measured and not chosen: it raises the backward's peak memory on every step (docs/DECISIONS.md,
-// "a failed backward says what it left"), for a retry that out of memory rarely allows anyway.
-void EagerExecutor::fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
-                                  const std::vector<std::pair<int, bool>>& leaf_had_grad,
-                                  const std::function<void()>& join) {
-  join();
-  // Steps before `reached` finished, and freed their saved tensors when asked to.
-  std::size_t freed = 0;
-  for (int k = 0; k < reached; ++k) {
-    Node* n = plan.steps[static_cast<std::size_t>(k)].node;
-    if (release_saved && n->released()) {
-      n->note_released_by_failed_backward();
-      ++freed;
+// One run of a plan: what it holds while it runs, and its parts in the order run_impl takes them
+// (checks, buckets, streams, seeds, the fork, each step, the join).
+struct EagerExecutor::Run {
+  using Kind = BackwardPlan::BufferKind;
+  Run(EagerExecutor& executor, const BackwardPlan& p, Device d, bool timed_run, bool capture,
+      bool release, bool localize_faults, GradientReducer* r)
+      : ex(executor),
+        plan(p),
+        device(d),
+        gpu(d.is_cuda()),
+        timed(timed_run),
+        in_capture(capture),
+        release_saved(release),
+        localize(localize_faults),
+        reducer(r),
+        num_steps(static_cast<int>(p.steps.size())),
+        fork_event(p.num_events),
+        comm_join_event(p.num_events + 1 + static_cast<int>(p.joins.size())) {}
+
+  EagerExecutor& ex;
+  const BackwardPlan& plan;
+  const Device device;
+  const bool gpu;
+  bool timed;
+  const bool in_capture, release_saved, localize;
+  GradientReducer* const reducer;
+  const int num_steps;
+  const int fork_event;               // the fork's event; the joins' follow it
+  const int comm_join_event;          // the reducer's stream joined (and the seeds' bucket waits)
+  std::vector<cudaStream_t> streams;  // the plan's, with this executor's own side streams
+  cudaStream_t caller = nullptr;
+  // Note [Gradient reduction]: the buckets, and an event after each step part a bucket waits for.
+  std::vector<GradBucket> buckets;
+  std::vector<int> ready_main, ready_side;  // per step; empty without a reducer (no allocation)
+  cudaStream_t comm = nullptr;
+  std::size_t next_bucket = 0;
+  std::vector<Tensor> scaled_seeds;
+  const std::vector<Tensor>* seeds = nullptr;
+  std::vector<Tensor> buffers;  // the plan's gradient buffers
+  std::vector<GradSlot> slots, side_slots;
+
+  // Note [Check, then write]: refuses before launching anything.
+  void check_inputs() const {
+    for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
+    for (const BackwardPlan::Buffer& b : plan.buffers) {
+      if (b.kind != Kind::kLeaf || !b.leaf.grad().defined()) continue;
+      const Tensor& g = b.leaf.grad();
+      GW_CHECK(g.shape() == b.leaf.shape() && g.dtype() == b.leaf.dtype() &&
+                   g.device() == b.leaf.device(),
+               "backward: the .grad of leaf ", b.leaf.str(), " is ", g.str(),
+               "; expected the leaf's shape, dtype and device");
     }
   }
-  std::vector<std::string> partial;
-  std::size_t reset = 0;
-  for (const auto& [i, had] : leaf_had_grad) {
-    const BackwardPlan::Buffer& b = plan.buffers[static_cast<std::size_t>(i)];
-    if (!had) {
-      if (b.leaf.grad().defined()) ++reset;
-      b.leaf.grad() = Tensor();
-      continue;
+
+  // Note [Gradient reduction]: the buckets, the layout every process must share (agreed before
+  // anything is written), and the events past the fork's and the joins' that buckets wait for.
+  void plan_buckets() {
+    if (!reducer) return;
+    buckets = plan_grad_buckets(plan, reducer->bucket_bytes(), reducer->first_bucket_bytes());
+    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets), capturing());
+    comm = gpu ? reducer->stream() : nullptr;
+    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
+    if (!gpu) return;
+    ready_main.assign(plan.steps.size(), -1);
+    ready_side.assign(plan.steps.size(), -1);
+    int next_event = comm_join_event + 1;
+    for (const GradBucket& b : buckets) {
+      for (const GradBucket::Ready& r : b.ready) {
+        if (r.step < 0) continue;
+        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
+        if (e < 0) e = next_event++;
+      }
     }
-    bool written = false;
-    for (int c : b.contributors)
-      written = written || (c == BackwardPlan::kSeed ? reached >= -1 : c <= reached);
-    if (written) partial.push_back(b.leaf.str());
   }
-  std::string account = detail::concat(
-      " [the backward failed ",
-      reached == -2 ? std::string("before it wrote anything")
-      : reached == -1
-          ? std::string("at its seeds")
-          : detail::concat("at step ", reached + 1, " of ", plan.steps.size(), " (",
-                           plan.steps[static_cast<std::size_t>(reached)].node->label(), ")"),
-      ". ",
-      freed == 0
-          ? std::string(
-                "Nothing was released: the tape is whole and the backward may be run again. ")
-          : detail::concat("The saved tensors of the ", freed, " step", freed == 1 ? "" : "s",
-                           " before it were freed as it went: run the forward again before another "
-                           "backward. "));
-  account += reset ? detail::concat(reset, " .grad",
-                                    reset == 1 ? " it had made was" : "s it had made were",
-                                    " undefined again. ")
-                   : std::string();
-  if (partial.empty()) {
-    account += "No .grad that existed before was written.]";
-  } else {
-    account +=
-        detail::concat(partial.size(), " .grad", partial.size() == 1 ? "" : "s",
-                       " that existed before already hold part of this backward's gradient: ");
-    for (std::size_t k = 0; k < partial.size() && k < 8; ++k)
-      account += (k ? ", " : "") + partial[k];
-    if (partial.size() > 8) account += ", ...";
-    account += "; overwrite them (zero_grad, or GradWrite::kOverwrite) before running it again.]";
+
+  void open_streams() {
+    streams = plan.streams;
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      if (gpu && !streams[i] && i < plan.side_of.size() && plan.side_of[i] >= 0) {
+        streams[i] = ex.side_stream(device, static_cast<int>(i));
+      }
+    }
+    caller = streams[0];
+    timed = timed && gpu;
   }
-  try {
-    throw;
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(e.what() + account);
-  } catch (const CudaError& e) {
-    throw CudaError(e.what() + account, e.code());
-  } catch (const Error& e) {
-    throw Error(e.what() + account);
-  } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(std::string("graphward: out of host memory (") + e.what() + ")" +
-                           account);
+
+  // Timing events: in a capture, nodes of the graph (recorded by every replay).
+  void mark(int i, cudaStream_t s) {
+    Event& e = ex.timing_event(device, i);
+    in_capture ? e.record_external(s) : e.record(s);
   }
-}
+
+  // Seeds made elsewhere are read on the caller's stream (rule 6). Note [Summed reductions]
+  // (dist/process_group.h): a reducer that sums its buckets gets every gradient already divided by
+  // the world size, through the seeds (the backward is linear in them); scaled on the caller's
+  // stream, captured with the rest.
+  void take_seeds(const std::vector<Tensor>& seeds_in) {
+    if (gpu) {
+      for (const Tensor& s : seeds_in) s.storage()->sync_for_read(caller);
+    }
+    const double seed_scale = reducer ? reducer->begin_backward(plan.grad_write) : 1.0;
+    if (seed_scale != 1.0) {
+      NoGradGuard no_grad;
+      std::optional<StreamGuard> guard;
+      if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
+      for (const Tensor& s : seeds_in) scaled_seeds.push_back(mul(s, seed_scale));
+    }
+    seeds = scaled_seeds.empty() ? &seeds_in : &scaled_seeds;
+  }
+
+  // The seeds that are leaf gradients, the waits of a moved plan, and the fork (rule 4: every
+  // other stream waits on the caller's).
+  void begin() {
+    for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
+      std::optional<StreamGuard> guard;
+      if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
+      scale_backward((*seeds)[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
+    }
+    // Note [Streams of an eager backward]: a root made on a stream whose steps moved here.
+    for (cudaStream_t s : plan.caller_waits) stream_wait_stream(device, caller, s);
+    if (gpu && !plan.forks.empty()) {
+      Event& e = ex.event(device, fork_event);
+      e.record(caller);
+      for (int f : plan.forks) e.block(streams[f]);
+    }
+  }
+
+  // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
+  // cached on the caller's stream after the join, not ordered free by free.
+  void open_joined_frees(std::optional<detail::JoinedFrees>& joined_frees) const {
+    if (!gpu || in_capture || (plan.joins.empty() && plan.moved_streams.empty())) return;
+    std::vector<cudaStream_t> joined;
+    for (int j : plan.joins) joined.push_back(streams[j]);
+    if (!buckets.empty()) joined.push_back(comm);
+    joined_frees.emplace(device, caller, joined, plan.moved_streams);
+  }
+
+  // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
+  void issue_buckets(int after) {
+    for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
+         ++next_bucket) {
+      issue_bucket(buckets[next_bucket]);
+    }
+  }
+
+  void issue_bucket(const GradBucket& b) {
+    if (gpu) {
+      for (const GradBucket::Ready& r : b.ready) {
+        if (r.step < 0) {
+          Event& e = ex.event(device, comm_join_event);  // the seeds: written on the caller's
+          e.record(caller);
+          e.block(comm);
+        } else {
+          ex.event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
+        }
+      }
+    }
+    for (int i : b.buffers) {
+      const Tensor& g = plan.buffers[i].leaf.grad();
+      GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
+               " was not written (an internal error of the plan)");
+      if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
+    }
+    if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
+      std::vector<Tensor*> places;
+      places.reserve(b.buffers.size());
+      for (int i : b.buffers) places.push_back(&plan.buffers[i].leaf.grad());
+      reducer->place(places);
+    }
+    std::vector<Tensor> grads;
+    grads.reserve(b.buffers.size());
+    for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
+    detail::NvtxRange nvtx_reduce("reduce gradients");
+    const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
+    if (timed) mark(timing, comm);
+    reducer->reduce(grads);
+    if (timed) mark(timing + 1, comm);
+#if GRAPHWARD_HAS_CUDA
+    if (localize) {
+      check_finished({comm}, detail::concat("the reduction of gradient bucket ", next_bucket + 1,
+                                            " of ", buckets.size()));
+    }
+#endif
+  }
+
+  // The gradient of the step's node's output: direct writes so far, plus seeds and staged buffers.
+  Tensor& gather_grad(const BackwardPlan::Step& step) {
+    Tensor& g = buffers[step.grad_buffer];
+    const std::size_t pending = step.seeds.size() + step.staged.size();
+    auto add_in = [&](const Tensor& part, bool owned) {
+      if (!g.defined() && (owned || pending == 1)) {
+        g = part;  // take it (a lone seed is only read)
+      } else {
+        scale_backward(part, 1.0, {&g, g.defined()});  // copy or add, on this stream
+      }
+    };
+    for (int r : step.seeds) add_in((*seeds)[r], false);
+    for (int b : step.staged) {
+      add_in(buffers[b], true);
+      buffers[b] = Tensor();
+    }
+    GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
+             " (an internal error of the plan)");
+    return g;
+  }
+
+  // Where the step writes each input's gradient.
+  void fill_slots(const BackwardPlan::Step& step) {
+    slots.assign(step.writes.size(), GradSlot{});
+    for (std::size_t i = 0; i < step.writes.size(); ++i) {
+      const BackwardPlan::Write& w = step.writes[i];
+      if (w.buffer < 0) continue;
+      const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
+      // A gradient buffer written by this step alone is only read after it: an op may store a
+      // gradient equal to its grad_out there without a copy (GradSlot::may_share). Never a leaf's
+      // .grad (persistent, accumulated by later backwards) or a staged buffer (added into its
+      // target in place).
+      const bool share = b.kind == Kind::kGrad && b.contributors.size() == 1 && !w.accumulate;
+      slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate, share};
+    }
+  }
+
+  // The node's backward into `slots`; with a side stream, the leaf gradients there, from this
+  // point of the step's stream (weight-gradient parallelism), and the rest on the step's stream.
+  void apply(const BackwardPlan::Step& step, int index, const Tensor& g, cudaStream_t s) {
+    // Note [Backward epilogue fusion] (engine/ops.h): the input gradient of this step is the
+    // pre-activation gradient of the layer that made its input.
+    GradEpilogue epilogue;
+    if (step.fuses_activation_of >= 0) {
+      const Node& made = *plan.steps[step.fuses_activation_of].node;
+      const Node::ActivationFusion& f = *made.activation_fusion();
+      epilogue.act = f.act;
+      epilogue.act_input = made.saved()[f.act_input_saved].tensor;
+      if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
+      slots[0].epilogue = &epilogue;
+    }
+    auto run_node = [&](std::span<GradSlot> part) {
+      if (step.preactivation_grad) {
+        step.node->apply_from_preactivation(g, part);
+      } else {
+        step.node->apply(g, part);
+      }
+    };
+    if (step.side_stream < 0) {
+      run_node(slots);
+      return;
+    }
+    const cudaStream_t side = streams[step.side_stream];
+    if (gpu) {
+      Event& fork = ex.event(device, step.side_fork_event);
+      fork.record(s);
+      fork.block(side);
+      for (int w : step.side_waits) ex.event(device, plan.waits[w].event).block(side);
+    }
+    if (timed) mark(1 + 2 * num_steps + 2 * index, side);
+    side_slots.assign(slots.size(), GradSlot{});
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const int b = step.writes[i].buffer;
+      if (b >= 0 && plan.buffers[b].kind == Kind::kLeaf) std::swap(side_slots[i], slots[i]);
+    }
+    {
+      std::optional<StreamGuard> on_side;
+      if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
+      run_node(side_slots);
+    }
+    if (timed) mark(2 + 2 * num_steps + 2 * index, side);
+    if (gpu && step.side_event >= 0) ex.event(device, step.side_event).record(side);
+    if (!ready_side.empty() && ready_side[index] >= 0) {
+      ex.event(device, ready_side[index]).record(side);
+    }
+    run_node(slots);
+  }
+
+  void run_step(const BackwardPlan::Step& step, int index) {
+    const auto host_start =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const cudaStream_t s = streams[step.stream];
+    detail::NvtxRange nvtx_step(step.node->name().c_str());
+    std::optional<StreamGuard> guard;
+    if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
+    if (gpu) {
+      for (int w : step.waits) ex.event(device, plan.waits[w].event).block(s);
+    }
+    Tensor& g = gather_grad(step);
+    if (timed) mark(1 + 2 * index, s);
+    fill_slots(step);
+    apply(step, index, g, s);
+#if GRAPHWARD_HAS_CUDA
+    if (localize) {
+      const std::string what =
+          detail::concat("the backward of ", step.node->label(), " (step ", index + 1, " of ",
+                         num_steps, " of the plan, on stream ", step.stream, ")");
+      if (step.side_stream >= 0) {
+        check_finished({s, streams[step.side_stream]}, what);
+      } else {
+        check_finished({s}, what);
+      }
+    }
+#endif
+    // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
+    // that the activations' memory is back in the pool for the rest of the backward (rule 7
+    // orders each free after the streams that read it; Note [A failed backward] says why not at
+    // the end).
+    if (release_saved) step.node->release_saved();
+    if (timed) mark(2 + 2 * index, s);
+    if (gpu && step.event >= 0) ex.event(device, step.event).record(s);
+    if (!ready_main.empty() && ready_main[index] >= 0) {
+      ex.event(device, ready_main[index]).record(s);
+    }
+    if (reducer) issue_buckets(index);
+    g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
+    if (timed) {
+      ex.host_us_[index] =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
+              .count();
+    }
+  }
+
+  // Rule 4: the caller's stream waits on every stream the backward used, the reducer's too.
+  void join() {
+    if (!gpu) return;
+    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
+      Event& e = ex.event(device, fork_event + 1 + static_cast<int>(j));
+      e.record(streams[plan.joins[j]]);
+      e.block(caller);
+    }
+    if (!buckets.empty()) {
+      Event& e = ex.event(device, comm_join_event);
+      e.record(comm);
+      e.block(caller);
+    }
+  }
+};
 
 void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds_in,
                              Device device, bool timed, bool in_capture, bool release_saved,
                              bool localize, GradientReducer* reducer) {
-  using Kind = BackwardPlan::BufferKind;
   detail::NvtxRange nvtx_backward("backward");
-  // Note [Check, then write]: refuse before launching anything.
-  for (const BackwardPlan::Step& s : plan.steps) s.node->check_saved();
-  for (const BackwardPlan::Buffer& b : plan.buffers) {
-    if (b.kind != Kind::kLeaf || !b.leaf.grad().defined()) continue;
-    const Tensor& g = b.leaf.grad();
-    GW_CHECK(
-        g.shape() == b.leaf.shape() && g.dtype() == b.leaf.dtype() && g.device() == b.leaf.device(),
-        "backward: the .grad of leaf ", b.leaf.str(), " is ", g.str(),
-        "; expected the leaf's shape, dtype and device");
-  }
-  const bool gpu = device.is_cuda();
+  Run run(*this, plan, device, timed, in_capture, release_saved, localize, reducer);
+  run.check_inputs();
   // Note [Leaves shared across threads]: from before the first write to after the last.
   std::optional<LeafClaims> claims;
   if (!in_capture) claims.emplace(plan);
@@ -327,311 +562,55 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
   if (undoable) {
     for (std::size_t i = 0; i < plan.buffers.size(); ++i) {
       const BackwardPlan::Buffer& b = plan.buffers[i];
-      if (b.kind == Kind::kLeaf)
+      if (b.kind == BackwardPlan::BufferKind::kLeaf)
         leaf_had_grad.emplace_back(static_cast<int>(i), b.leaf.grad().defined());
     }
   }
   int reached = -2;  // -2: nothing written; -1: the seeds; k >= 0: step k began
-  // Note [Gradient reduction]: the buckets, the layout every process must share (agreed before
-  // anything is written), and an event after each step part a bucket waits for (events past the
-  // fork's and the joins').
-  std::vector<GradBucket> buckets;
-  std::vector<int> ready_main, ready_side;  // per step; empty without a reducer (no allocation)
-  const int comm_join_event = plan.num_events + 1 + static_cast<int>(plan.joins.size());
-  cudaStream_t comm = nullptr;
-  std::size_t next_bucket = 0;
-  if (reducer) {
-    buckets = plan_grad_buckets(plan, reducer->bucket_bytes(), reducer->first_bucket_bytes());
-    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets), capturing());
-    comm = gpu ? reducer->stream() : nullptr;
-    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
-    if (gpu) {
-      ready_main.assign(plan.steps.size(), -1);
-      ready_side.assign(plan.steps.size(), -1);
-      int next_event = comm_join_event + 1;
-      for (const GradBucket& b : buckets) {
-        for (const GradBucket::Ready& r : b.ready) {
-          if (r.step < 0) continue;
-          int& e = r.side ? ready_side[r.step] : ready_main[r.step];
-          if (e < 0) e = next_event++;
-        }
-      }
-    }
-  }
-  // The plan's streams, with this executor's own streams for the side streams it leaves open.
-  std::vector<cudaStream_t> streams = plan.streams;
-  for (std::size_t i = 0; i < streams.size(); ++i) {
-    if (gpu && !streams[i] && i < plan.side_of.size() && plan.side_of[i] >= 0) {
-      streams[i] = side_stream(device, static_cast<int>(i));
-    }
-  }
-  const cudaStream_t caller = streams[0];
-  timed = timed && gpu;
-  // Timing events: in a capture, nodes of the graph (recorded by every replay).
-  auto mark = [&](int i, cudaStream_t s) {
-    Event& e = timing_event(device, i);
-    in_capture ? e.record_external(s) : e.record(s);
-  };
-  const int num_steps = static_cast<int>(plan.steps.size());
-  if (timed) mark(0, caller);  // the origin of the trace
+  run.plan_buckets();
+  run.open_streams();
+  if (run.timed) run.mark(0, run.caller);  // the origin of the trace
 #if GRAPHWARD_HAS_CUDA
-  if (localize) check_finished({caller}, "work enqueued before the backward (not the backward)");
+  if (localize)
+    check_finished({run.caller}, "work enqueued before the backward (not the backward)");
 #else
   (void)localize;  // no kernel faults to localize on the CPU
 #endif
-
-  if (gpu) {  // seeds made elsewhere must be ready on the caller's stream (rule 6)
-    for (const Tensor& s : seeds_in) s.storage()->sync_for_read(caller);
-  }
-  // Note [Summed reductions] (dist/process_group.h): a reducer that sums its buckets gets every
-  // gradient already divided by the world size, through the seeds (the backward is linear in
-  // them); scaled on the caller's stream, captured with the rest.
-  std::vector<Tensor> scaled_seeds;
-  const double seed_scale = reducer ? reducer->begin_backward(plan.grad_write) : 1.0;
-  if (seed_scale != 1.0) {
-    NoGradGuard no_grad;
-    std::optional<StreamGuard> guard;
-    if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
-    for (const Tensor& s : seeds_in) scaled_seeds.push_back(mul(s, seed_scale));
-  }
-  const std::vector<Tensor>& seeds = scaled_seeds.empty() ? seeds_in : scaled_seeds;
+  run.take_seeds(seeds_in);
   // Note [A failed backward]: from here on, a failure undoes what can be undone and says the rest.
-  const int fork_event = plan.num_events;
-  // Join (rule 4): the caller's stream waits on every stream the backward used, the reducer's
-  // too.
-  auto join = [&] {
-    if (!gpu) return;
-    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
-      Event& e = event(device, fork_event + 1 + static_cast<int>(j));
-      e.record(streams[plan.joins[j]]);
-      e.block(caller);
-    }
-    if (!buckets.empty()) {
-      Event& e = event(device, comm_join_event);
-      e.record(comm);
-      e.block(caller);
-    }
-  };
+  // The joined frees are declared before the buffers: their last frees come after the join too.
   std::optional<detail::JoinedFrees> joined_frees;
   try {
     reached = -1;
-    for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
-      std::optional<StreamGuard> guard;
-      if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
-      scale_backward(seeds[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
-    }
-    // Note [Streams of an eager backward]: a root made on a stream whose steps moved here.
-    for (cudaStream_t s : plan.caller_waits) stream_wait_stream(device, caller, s);
-    // Fork (rule 4): every other stream waits on the caller's stream.
-    if (gpu && !plan.forks.empty()) {
-      Event& e = event(device, fork_event);
-      e.record(caller);
-      for (int f : plan.forks) e.block(streams[f]);
-    }
-
-    // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
-    auto issue_buckets = [&](int after) {
-      for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
-           ++next_bucket) {
-        const GradBucket& b = buckets[next_bucket];
-        std::vector<Tensor> grads;
-        grads.reserve(b.buffers.size());
-        if (gpu) {
-          for (const GradBucket::Ready& r : b.ready) {
-            if (r.step < 0) {
-              Event& e = event(device, comm_join_event);  // the seeds: written on the caller's
-              e.record(caller);
-              e.block(comm);
-            } else {
-              event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
-            }
-          }
-        }
-        for (int i : b.buffers) {
-          const Tensor& g = plan.buffers[i].leaf.grad();
-          GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
-                   " was not written (an internal error of the plan)");
-          if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
-        }
-        if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
-          std::vector<Tensor*> slots;
-          slots.reserve(b.buffers.size());
-          for (int i : b.buffers) slots.push_back(&plan.buffers[i].leaf.grad());
-          reducer->place(slots);
-        }
-        for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
-        detail::NvtxRange nvtx_reduce("reduce gradients");
-        const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
-        if (timed) mark(timing, comm);
-        reducer->reduce(grads);
-        if (timed) mark(timing + 1, comm);
-#if GRAPHWARD_HAS_CUDA
-        if (localize) {
-          check_finished({comm}, detail::concat("the reduction of gradient bucket ",
-                                                next_bucket + 1, " of ", buckets.size()));
-        }
-#endif
-      }
-    };
-
-    // Note [Frees at the join] (engine/memory.h): memory used on several of the joined streams is
-    // cached on the caller's stream after the join, not ordered free by free. Declared before the
-    // buffers (outside this block): their last frees come after the join too.
-    if (gpu && !in_capture && (!plan.joins.empty() || !plan.moved_streams.empty())) {
-      std::vector<cudaStream_t> joined;
-      for (int j : plan.joins) joined.push_back(streams[j]);
-      if (!buckets.empty()) joined.push_back(comm);
-      joined_frees.emplace(device, caller, joined, plan.moved_streams);
-    }
-    std::vector<Tensor> buffers(plan.buffers.size());
-    std::vector<double>& host_us = host_us_;  // per step, when timed
-    host_us.clear();
+    run.begin();
+    run.open_joined_frees(joined_frees);
+    run.buffers.assign(plan.buffers.size(), Tensor());
+    host_us_.clear();
     timed_buckets_.clear();
-    if (timed) {
-      for (const GradBucket& b : buckets) timed_buckets_.push_back({b.buffers.size(), b.bytes});
+    if (run.timed) {
+      for (const GradBucket& b : run.buckets) timed_buckets_.push_back({b.buffers.size(), b.bytes});
+      host_us_.assign(plan.steps.size(), 0.0);
     }
-    {
-      PlannedSyncScope
-          planned;  // Note [Planned synchronization]: the plan's events order everything
-      std::vector<GradSlot> slots, side_slots;
-      if (timed) host_us.assign(plan.steps.size(), 0.0);
-      if (reducer) issue_buckets(-1);  // gradients only a seed writes
-      for (const BackwardPlan::Step& step : plan.steps) {
-        const auto host_start =
-            timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-        reached = static_cast<int>(&step - plan.steps.data());
-        const cudaStream_t s = streams[step.stream];
-        detail::NvtxRange nvtx_step(step.node->name().c_str());
-        std::optional<StreamGuard> guard;
-        if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
-        if (gpu) {
-          for (int w : step.waits) event(device, plan.waits[w].event).block(s);
-        }
-        // The gradient of the node's output: direct writes so far, plus seeds and staged buffers.
-        Tensor& g = buffers[step.grad_buffer];
-        const std::size_t pending = step.seeds.size() + step.staged.size();
-        std::size_t added = 0;
-        auto add_in = [&](const Tensor& part, bool owned) {
-          if (!g.defined() && (owned || pending == 1)) {
-            g = part;  // take it (a lone seed is only read)
-          } else {
-            scale_backward(part, 1.0, {&g, g.defined()});  // copy or add, on this stream
-          }
-          ++added;
-        };
-        for (int r : step.seeds) add_in(seeds[r], false);
-        for (int b : step.staged) {
-          add_in(buffers[b], true);
-          buffers[b] = Tensor();
-        }
-        GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
-                 " (an internal error of the plan)");
-        const int step_index = static_cast<int>(&step - plan.steps.data());
-        if (timed) mark(1 + 2 * step_index, s);
-        slots.assign(step.writes.size(), GradSlot{});
-        for (std::size_t i = 0; i < step.writes.size(); ++i) {
-          const BackwardPlan::Write& w = step.writes[i];
-          if (w.buffer < 0) continue;
-          const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
-          // A gradient buffer written by this step alone is only read after it: an op may store a
-          // gradient equal to its grad_out there without a copy (GradSlot::may_share). Never a
-          // leaf's .grad (persistent, accumulated by later backwards) or a staged buffer (added
-          // into its target in place).
-          const bool share = b.kind == Kind::kGrad && b.contributors.size() == 1 && !w.accumulate;
-          slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate,
-                      share};
-        }
-        // Note [Backward epilogue fusion] (engine/ops.h): the input gradient of this step is the
-        // pre-activation gradient of the layer that made its input.
-        GradEpilogue epilogue;
-        if (step.fuses_activation_of >= 0) {
-          const Node& made = *plan.steps[step.fuses_activation_of].node;
-          const Node::ActivationFusion& f = *made.activation_fusion();
-          epilogue.act = f.act;
-          epilogue.act_input = made.saved()[f.act_input_saved].tensor;
-          if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
-          slots[0].epilogue = &epilogue;
-        }
-        auto apply = [&](std::span<GradSlot> part) {
-          if (step.preactivation_grad) {
-            step.node->apply_from_preactivation(g, part);
-          } else {
-            step.node->apply(g, part);
-          }
-        };
-        if (step.side_stream < 0) {
-          apply(slots);
-        } else {
-          // Weight-gradient parallelism: the leaf gradients on the side stream, from this point of
-          // the step's stream (the gradient is assembled), the rest on the step's stream.
-          const cudaStream_t side = streams[step.side_stream];
-          if (gpu) {
-            Event& fork = event(device, step.side_fork_event);
-            fork.record(s);
-            fork.block(side);
-            for (int w : step.side_waits) event(device, plan.waits[w].event).block(side);
-          }
-          if (timed) mark(1 + 2 * num_steps + 2 * step_index, side);
-          side_slots.assign(slots.size(), GradSlot{});
-          for (std::size_t i = 0; i < slots.size(); ++i) {
-            const int b = step.writes[i].buffer;
-            if (b >= 0 && plan.buffers[b].kind == Kind::kLeaf) std::swap(side_slots[i], slots[i]);
-          }
-          {
-            std::optional<StreamGuard> on_side;
-            if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
-            apply(side_slots);
-          }
-          if (timed) mark(2 + 2 * num_steps + 2 * step_index, side);
-          if (gpu && step.side_event >= 0) event(device, step.side_event).record(side);
-          if (!ready_side.empty() && ready_side[step_index] >= 0) {
-            event(device, ready_side[step_index]).record(side);
-          }
-          apply(slots);
-        }
-#if GRAPHWARD_HAS_CUDA
-        if (localize) {
-          const std::string what =
-              detail::concat("the backward of ", step.node->label(), " (step ", step_index + 1,
-                             " of ", num_steps, " of the plan, on stream ", step.stream, ")");
-          if (step.side_stream >= 0) {
-            check_finished({s, streams[step.side_stream]}, what);
-          } else {
-            check_finished({s}, what);
-          }
-        }
-#endif
-        // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
-        // that the activations' memory is back in the pool for the rest of the backward (rule 7
-        // orders each free after the streams that read it; Note [A failed backward] says why not
-        // at the end).
-        if (release_saved) step.node->release_saved();
-        if (timed) mark(2 + 2 * step_index, s);
-        if (gpu && step.event >= 0) event(device, step.event).record(s);
-        if (!ready_main.empty() && ready_main[step_index] >= 0) {
-          event(device, ready_main[step_index]).record(s);
-        }
-        if (reducer) issue_buckets(step_index);
-        g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
-        if (timed) {
-          host_us[step_index] = std::chrono::duration<double, std::micro>(
-                                    std::chrono::steady_clock::now() - host_start)
-                                    .count();
-        }
-      }
+    PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
+    if (reducer) run.issue_buckets(-1);  // gradients only a seed writes
+    for (int k = 0; k < run.num_steps; ++k) {
+      reached = k;
+      run.run_step(plan.steps[static_cast<std::size_t>(k)], k);
     }
+    run.buffers.clear();  // inside the joined frees' scope
   } catch (...) {
+    run.buffers.clear();
     if (!undoable) throw;  // inside a capture: the capture is abandoned with everything in it
     fail_backward(plan, reached, release_saved, leaf_had_grad, [&] {
       try {
-        join();
+        run.join();
         if (joined_frees) joined_frees->joined();
       } catch (const std::exception& e) {
         detail::log_error(__FILE__, __LINE__, e.what());
       }
     });
   }
-  join();
+  run.join();
   if (joined_frees) joined_frees->joined();
 }
 
