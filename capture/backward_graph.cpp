@@ -292,122 +292,13 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   hazards_seen_ = hazards;
   const auto t_waited = Clock::now();
 
-  // The forward compared its tape with the last replayed one as it recorded it: when all of it
-  // matched, only the rest is compared now.
-  auto* recent = cache_.most_recent();
-  const bool nodes_known = sig.nodes_equal_to && recent &&
-                           recent->exec->nodes_part.get() == sig.nodes_equal_to;
-  last_matched_in_forward_ = nodes_known;
-  auto decision = nodes_known ? cache_.decide_nodes_known(*recent, sig) : cache_.decide(sig);
-  using Action = decltype(cache_)::Action;
-  if (decision.action != Action::kReplay) {
-    // The nodes and leaves the backward reaches (the log may hold more). A graph writes gradients
-    // into persistent buffers: every leaf it reaches gets one before it is captured.
-    capture::tape_signature_walk(walk_, roots_, seeds_, caller, grad_write);
-    if (make_missing_grads(walk_.leaves)) {
-      capture::refresh_leaves(sig, roots_, seeds_, caller, grad_write);
-      decision = cache_.decide(sig);
-    }
-  }
-  std::shared_ptr<Executable> exec;
-  if (decision.action == Action::kReplay) {
-    exec = decision.entry->exec;
-  } else {
-    // Capture: the eager executor runs the plan under stream capture from the caller's stream,
-    // each other forward stream mapped onto a private capture stream.
-    BackwardPlan plan =
-        plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads,
-                        .fuse_activation_epilogues = options_.fuse_activation_epilogues});
-    use_capture_streams(plan);
-    auto fresh = std::make_shared<Executable>();
-    if (sig.source == capture::TapeSignature::Source::kLog) {
-      fresh->nodes_part = std::make_shared<const capture::Words>(
-          sig.structure.begin(), sig.structure.begin() + static_cast<std::ptrdiff_t>(sig.nodes_words));
-    }
-    // Where the reached nodes and leaves are in this signature (and in every later step's with
-    // the same structure): what a replay releases and records.
-    const bool log = sig.source == capture::TapeSignature::Source::kLog;
-    for (const Node* n : walk_.nodes) {
-      const int i = log ? n->log_index : n->walk_index;
-      GW_CHECK(i >= 0 && static_cast<std::size_t>(i) < sig.nodes.size() && sig.nodes[i] == n,
-               "BackwardGraph: internal error: a node the backward reaches is missing from the "
-               "step's signature");
-      fresh->nodes.push_back(static_cast<std::uint32_t>(i));
-    }
-    for (const Tensor& leaf : walk_.leaves) {
-      std::size_t l = 0;
-      while (l < sig.leaves.size() && &sig.leaves[l].grad() != &leaf.grad()) ++l;
-      GW_CHECK(l < sig.leaves.size(), "BackwardGraph: internal error: a leaf the backward "
-                                      "reaches is missing from the step's signature");
-      fresh->leaves.push_back(static_cast<std::uint32_t>(l));
-    }
-    // The same structure captured again (an update) reuses the entry's pool: the graph's memory
-    // stays where the executable's kernels point.
-    GraphMemoryPool* pool = nullptr;
-    if (decision.action == Action::kUpdate) {
-      pool = decision.entry->exec->pool.get();
-    } else {
-      fresh->pool = std::make_unique<GraphMemoryPool>(device_);
-      pool = fresh->pool.get();
-    }
-    // Note [Input slots]: the saved tensors this graph reads from copies of its own.
-    fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
-    fill_slots(*fresh, caller);
-    fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
-    fresh->stats = stats_of(fresh->graph, plan);
-    fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
-    fresh->stats.tape_nodes = fresh->nodes.size();
-    fresh->stats.memory_bytes = pool->bytes();
-    std::vector<capture::Unbound> unbound;
-    for (std::size_t i = 0; i < fresh->slots.size(); ++i) {
-      const InputSlot& slot = fresh->slots[i];
-      unbound.push_back({slot.address, fresh->slots[slot.leader].address});
-      if (slot.leader != i) continue;
-      ++fresh->stats.input_slots;
-      fresh->stats.input_slot_bytes += slot.copy.nbytes();
-    }
-    std::sort(unbound.begin(), unbound.end());
-    bool updated = false;
-    if (decision.action == Action::kUpdate) {
-      Executable& old = *decision.entry->exec;
-      cudaGraphExecUpdateResultInfo info{};
-      detail::NvtxRange nvtx("BackwardGraph::update");
-      const cudaError_t err = cudaGraphExecUpdate(old.exec, fresh->graph, &info);
-      if (err == cudaSuccess) {
-        std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
-        old.stats = fresh->stats;
-        old.description = fresh->description;
-        old.slots = std::move(fresh->slots);
-        exec = decision.entry->exec;
-        updated = true;
-        last_reason_ = "update: " + decision.reason;
-      } else {
-        (void)cudaGetLastError();
-        last_reason_ = "update refused (" + std::string(update_result_name(info.result)) +
-                       "), re-instantiated: " + decision.reason;
-      }
-    }
-    if (!updated) {
-      fresh->exec = capture::instantiate(fresh->graph);
-      exec = fresh;
-      if (decision.action == Action::kUpdate) {
-        fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
-        decision.entry->exec = fresh;
-      } else {
-        cache_.insert(sig, fresh, unbound);
-        last_reason_ = "capture: " + decision.reason;
-      }
-    }
-    if (decision.action == Action::kUpdate) {
-      decision.entry->unbound = std::move(unbound);
-      cache_.count_update(*decision.entry, sig);
-    }
-    last_captured_ = exec;
-  }
-
+  Cache::Decision decision = decide(caller, grad_write);
+  const bool replay = decision.action == Cache::Action::kReplay;
+  const std::shared_ptr<Executable> exec =
+      replay ? decision.entry->exec : capture_or_update(decision, loss, caller, grad_write);
   const auto t_decided = Clock::now();
   // A capture or update filled the slots already.
-  if (decision.action == Action::kReplay) refresh_slots(*exec, caller);
+  if (replay) refresh_slots(*exec, caller);
   const auto t_refreshed = Clock::now();
   {
     detail::NvtxRange nvtx("BackwardGraph::replay");
@@ -419,6 +310,153 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   detail::tape_log_expect(exec->nodes_part);  // what the next step's forward is compared with
   cache_.count_replay();
   last_stats_ = exec->stats;
+  const bool whole_step = record_and_release(*exec, caller);
+  sig.nodes.clear();  // the step's handles: let the tape go
+  sig.leaves.clear();
+  walk_.nodes.clear();
+  walk_.leaves.clear();
+  roots_.clear();
+  const auto t_end = Clock::now();
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  host_ = {us(t0, t_signed),
+           us(t_signed, t_waited),
+           us(t_waited, t_decided),
+           us(t_decided, t_refreshed),
+           us(t_refreshed, t_launched),
+           us(t_launched, t_end),
+           whole_step};
+#else
+  eager(loss, grad_write);
+#endif
+}
+
+#if GRAPHWARD_HAS_CUDA
+BackwardGraph::Cache::Decision BackwardGraph::decide(cudaStream_t caller, GradWrite grad_write) {
+  capture::TapeSignature& sig = signature_;
+  // The forward compared its tape with the last replayed one as it recorded it: when all of it
+  // matched, only the rest is compared now.
+  auto* recent = cache_.most_recent();
+  const bool nodes_known = sig.nodes_equal_to && recent &&
+                           recent->exec->nodes_part.get() == sig.nodes_equal_to;
+  last_matched_in_forward_ = nodes_known;
+  Cache::Decision decision =
+      nodes_known ? cache_.decide_nodes_known(*recent, sig) : cache_.decide(sig);
+  if (decision.action != Cache::Action::kReplay) {
+    // The nodes and leaves the backward reaches (the log may hold more). A graph writes gradients
+    // into persistent buffers: every leaf it reaches gets one before it is captured.
+    capture::tape_signature_walk(walk_, roots_, seeds_, caller, grad_write);
+    if (make_missing_grads(walk_.leaves)) {
+      capture::refresh_leaves(sig, roots_, seeds_, caller, grad_write);
+      decision = cache_.decide(sig);
+    }
+  }
+  return decision;
+}
+
+std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
+    Cache::Decision& decision, const Tensor& loss, cudaStream_t caller, GradWrite grad_write) {
+  using Action = Cache::Action;
+  const capture::TapeSignature& sig = signature_;
+  std::shared_ptr<Executable> exec;
+  // Capture: the eager executor runs the plan under stream capture from the caller's stream,
+  // each other forward stream mapped onto a private capture stream.
+  BackwardPlan plan = plan_for({loss}, grad_write,
+                               {.split_weight_grads = options_.split_weight_grads,
+                                .fuse_activation_epilogues = options_.fuse_activation_epilogues});
+  use_capture_streams(plan);
+  auto fresh = std::make_shared<Executable>();
+  if (sig.source == capture::TapeSignature::Source::kLog) {
+    fresh->nodes_part = std::make_shared<const capture::Words>(
+        sig.structure.begin(),
+        sig.structure.begin() + static_cast<std::ptrdiff_t>(sig.nodes_words));
+  }
+  // Where the reached nodes and leaves are in this signature (and in every later step's with
+  // the same structure): what a replay releases and records.
+  const bool log = sig.source == capture::TapeSignature::Source::kLog;
+  for (const Node* n : walk_.nodes) {
+    const int i = log ? n->log_index : n->walk_index;
+    GW_CHECK(i >= 0 && static_cast<std::size_t>(i) < sig.nodes.size() && sig.nodes[i] == n,
+             "BackwardGraph: internal error: a node the backward reaches is missing from the "
+             "step's signature");
+    fresh->nodes.push_back(static_cast<std::uint32_t>(i));
+  }
+  for (const Tensor& leaf : walk_.leaves) {
+    std::size_t l = 0;
+    while (l < sig.leaves.size() && &sig.leaves[l].grad() != &leaf.grad()) ++l;
+    GW_CHECK(l < sig.leaves.size(),
+             "BackwardGraph: internal error: a leaf the backward "
+             "reaches is missing from the step's signature");
+    fresh->leaves.push_back(static_cast<std::uint32_t>(l));
+  }
+  // The same structure captured again (an update) reuses the entry's pool: the graph's memory
+  // stays where the executable's kernels point.
+  GraphMemoryPool* pool = nullptr;
+  if (decision.action == Action::kUpdate) {
+    pool = decision.entry->exec->pool.get();
+  } else {
+    fresh->pool = std::make_unique<GraphMemoryPool>(device_);
+    pool = fresh->pool.get();
+  }
+  // Note [Input slots]: the saved tensors this graph reads from copies of its own.
+  fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
+  fill_slots(*fresh, caller);
+  fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
+  fresh->stats = stats_of(fresh->graph, plan);
+  fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
+  fresh->stats.tape_nodes = fresh->nodes.size();
+  fresh->stats.memory_bytes = pool->bytes();
+  std::vector<capture::Unbound> unbound;
+  for (std::size_t i = 0; i < fresh->slots.size(); ++i) {
+    const InputSlot& slot = fresh->slots[i];
+    unbound.push_back({slot.address, fresh->slots[slot.leader].address});
+    if (slot.leader != i) continue;
+    ++fresh->stats.input_slots;
+    fresh->stats.input_slot_bytes += slot.copy.nbytes();
+  }
+  std::sort(unbound.begin(), unbound.end());
+  bool updated = false;
+  if (decision.action == Action::kUpdate) {
+    Executable& old = *decision.entry->exec;
+    cudaGraphExecUpdateResultInfo info{};
+    detail::NvtxRange nvtx("BackwardGraph::update");
+    const cudaError_t err = cudaGraphExecUpdate(old.exec, fresh->graph, &info);
+    if (err == cudaSuccess) {
+      std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
+      old.stats = fresh->stats;
+      old.description = fresh->description;
+      old.slots = std::move(fresh->slots);
+      exec = decision.entry->exec;
+      updated = true;
+      last_reason_ = "update: " + decision.reason;
+    } else {
+      (void)cudaGetLastError();
+      last_reason_ = "update refused (" + std::string(update_result_name(info.result)) +
+                     "), re-instantiated: " + decision.reason;
+    }
+  }
+  if (!updated) {
+    fresh->exec = capture::instantiate(fresh->graph);
+    exec = fresh;
+    if (decision.action == Action::kUpdate) {
+      fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
+      decision.entry->exec = fresh;
+    } else {
+      cache_.insert(sig, fresh, unbound);
+      last_reason_ = "capture: " + decision.reason;
+    }
+  }
+  if (decision.action == Action::kUpdate) {
+    decision.entry->unbound = std::move(unbound);
+    cache_.count_update(*decision.entry, sig);
+  }
+  last_captured_ = exec;
+  return exec;
+}
+
+bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t caller) {
+  capture::TapeSignature& sig = signature_;
   // The graph wrote the gradients and read the saved tensors on the caller's stream: record it, so
   // that later readers wait for it (rule 6) and frees are ordered after it (rule 7); then release
   // the step's saved tensors, as a backward without retain_graph does. One event, recorded after
@@ -434,7 +472,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // The .grads the graph wrote: from the signature's memo where it has them (one pointer each).
   const bool memo = sig.source == capture::TapeSignature::Source::kLog &&
                     sig.grad_memo.size() == sig.leaves.size();
-  for (std::uint32_t l : exec->leaves) {
+  for (std::uint32_t l : exec.leaves) {
     Storage* g = memo ? sig.grad_memo[l].grad_storage : nullptr;
     if (!g) g = sig.leaves[l].grad().storage().get();  // made for this capture
     g->record_use(caller, true);
@@ -444,12 +482,11 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   // which the graph reached, is released as a whole — one record of the graph's read, filled in
   // here; the worker drops the saved tensors (Note [Deferred release]).
   const std::shared_ptr<detail::StepReads>& step = detail::tape_log().reads;
-  const bool whole_step = sig.source == capture::TapeSignature::Source::kLog && step &&
-                          !step->partial && !step->lost &&
-                          !step->replayed.load(std::memory_order_relaxed) &&
-                          exec->nodes.size() == sig.nodes.size() && !sig.nodes.empty() &&
-                          sig.nodes.front()->step_reads() == step &&
-                          sig.nodes.back()->step_reads() == step;
+  const bool whole_step =
+      sig.source == capture::TapeSignature::Source::kLog && step && !step->partial && !step->lost &&
+      !step->replayed.load(std::memory_order_relaxed) && exec.nodes.size() == sig.nodes.size() &&
+      !sig.nodes.empty() && sig.nodes.front()->step_reads() == step &&
+      sig.nodes.back()->step_reads() == step;
   if (whole_step) {
     step->stream = caller;
     // A read on a storage's own allocating stream is ordered before any reuse of it already.
@@ -463,7 +500,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     // Node by node: the nodes are marked released here, the saved tensors themselves dropped on the
     // release worker's thread (Note [Deferred release], engine/deferred_release.h).
     bool logged = false;
-    for (std::uint32_t i : exec->nodes) {
+    for (std::uint32_t i : exec.nodes) {
       Node* n = sig.nodes[i];
       for (const SavedTensor& s : n->saved()) {
         if (!s.tensor.defined() || s.tensor.storage()->used_only_on(caller)) continue;
@@ -476,22 +513,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     if (logged) detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
     releaser_.release(hand_off_, roots_.front());
   }
-  sig.nodes.clear();  // the step's handles: let the tape go
-  sig.leaves.clear();
-  walk_.nodes.clear();
-  walk_.leaves.clear();
-  roots_.clear();
-  const auto t_end = Clock::now();
-  auto us = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double, std::micro>(b - a).count();
-  };
-  host_ = {us(t0, t_signed),         us(t_signed, t_waited),   us(t_waited, t_decided),
-           us(t_decided, t_refreshed), us(t_refreshed, t_launched), us(t_launched, t_end),
-           whole_step};
-#else
-  eager(loss, grad_write);
-#endif
+  return whole_step;
 }
+#endif
 
 std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_write) {
   check_loss(loss, "BackwardGraph::trace");

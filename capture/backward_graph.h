@@ -192,6 +192,7 @@ class BackwardGraph {
   const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
 
   struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
+  using Cache = capture::GraphCache<std::shared_ptr<Executable>>;
   // Note [Input slots]: a saved tensor the graph reads from a copy of its own, refreshed before
   // every launch. `address` is the saved tensor's place in the signature's addresses, `node` its
   // node's in the signature's nodes, `saved` its index among the node's saved tensors.
@@ -221,12 +222,20 @@ class BackwardGraph {
   // Note [Input slots]: the slots a capture of this step's tape gives its graph (`updating`: the
   // entry of the same structure being updated, else null), their memory made and filled and the
   // saved tensors substituted (fill_slots), and refreshed before each replay (refresh_slots).
-  std::vector<InputSlot> choose_slots(
-      const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating);
+  std::vector<InputSlot> choose_slots(const Cache::Entry* updating);
   // This step's tensor that `slot` stands for (its node's saved tensor).
   const Tensor& slot_source(const InputSlot& slot) const;
   void fill_slots(Executable& exec, cudaStream_t caller);
   void refresh_slots(const Executable& exec, cudaStream_t caller);
+  // backward()'s parts, in order. Whether this step's signature replays a cached graph, or what
+  // must be captured or updated (the reached leaves given their .grads first).
+  Cache::Decision decide(cudaStream_t caller, GradWrite grad_write);
+  // The capture or update `decision` asks for: the executable to launch.
+  std::shared_ptr<Executable> capture_or_update(Cache::Decision& decision, const Tensor& loss,
+                                                cudaStream_t caller, GradWrite grad_write);
+  // After the launch: the graph's reads and writes recorded, the step's saved tensors released;
+  // whether as a whole (BackwardHostTimes::whole_step).
+  bool record_and_release(const Executable& exec, cudaStream_t caller);
 #endif
   // Gives each leaf without a .grad a zero one; whether it made any.
   bool make_missing_grads(const std::vector<Tensor>& leaves);
@@ -234,7 +243,7 @@ class BackwardGraph {
   Device device_;
   BackwardGraphOptions options_;
   bool localize_ = false;  // options_.localize_faults or GRAPHWARD_LOCALIZE_FAULTS
-  capture::GraphCache<std::shared_ptr<Executable>> cache_;
+  Cache cache_;
   std::vector<std::unique_ptr<Stream>> capture_streams_;
   EagerExecutor executor_;
   Tensor seed_;  // the static seed gradient (a one), made on the caller's stream
