@@ -82,17 +82,46 @@ std::int32_t splits(const cublasLtMatmulAlgo_t& algo) {
 }
 }  // namespace
 
+namespace {
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::kNone:
+      break;
+    case Epilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kRelu:
+      return CUBLASLT_EPILOGUE_RELU;
+    case Epilogue::kBiasRelu:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case Epilogue::kGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::kBiasGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::kReluAux:
+      return CUBLASLT_EPILOGUE_RELU_AUX;
+    case Epilogue::kBiasReluAux:
+      return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case Epilogue::kDRelu:
+      return CUBLASLT_EPILOGUE_DRELU;
+    case Epilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+}  // namespace
+
 LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                std::int64_t k, std::size_t workspace_bytes, unsigned alignment, LtOptions options)
     : handle_(handle), options_(options), workspace_bytes_(workspace_bytes) {
   GW_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
            "gemm: sizes m=", m, " n=", n, " k=", k, " must be in [1, INT_MAX]");
+  GW_CHECK(options.epilogue == Epilogue::kNone || !options.bias_grad_a,
+           "LtGemm: a forward epilogue and a bias gradient cannot be fused into one GEMM");
+  GW_CHECK(options.batch <= 1 || (options.epilogue == Epilogue::kNone && !options.bias_grad_a),
+           "LtGemm: a batched GEMM takes no epilogue");
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
   const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const std::uint64_t mm = static_cast<std::uint64_t>(n), nn = static_cast<std::uint64_t>(m),
-                      kk = static_cast<std::uint64_t>(k);
-  cublasLtMatmulPreference_t pref = nullptr;
   try {
     // Storage: float32, or bfloat16 (A, B, C, the bias, its gradient and the aux); the arithmetic
     // and alpha/beta are float32 either way.
@@ -102,171 +131,145 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
                                                    sizeof(op_lt_a)));
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,
                                                    sizeof(op_lt_b)));
-    if (options.bias_grad_a) {
-      // Our A is cuBLASLt's B: its bias gradient sums op(B) over k, one value per column of D.
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
-      const cudaDataType_t bias_type = type;
-      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                     &epilogue, sizeof(epilogue)));
-      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                     &bias_type, sizeof(bias_type)));
+    set_epilogue(type, n);
+    make_layouts(type, op_lt_a == CUBLAS_OP_N, op_lt_b == CUBLAS_OP_N,
+                 static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
+                 static_cast<std::uint64_t>(k));
+    // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8: not usable
+    // otherwise (the caller runs separate kernels).
+    if (epilogue_has_aux(options.epilogue) && !epilogue_relu_mask(options.epilogue) && n % 8 != 0) {
+      return;
     }
-    if (options.epilogue != Epilogue::kNone) {
-      GW_CHECK(!options.bias_grad_a, "LtGemm: a forward epilogue and a bias gradient cannot be "
-                                     "fused into one GEMM");
-      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-      switch (options.epilogue) {
-        case Epilogue::kNone:
-          break;
-        case Epilogue::kBias:
-          epilogue = CUBLASLT_EPILOGUE_BIAS;
-          break;
-        case Epilogue::kRelu:
-          epilogue = CUBLASLT_EPILOGUE_RELU;
-          break;
-        case Epilogue::kBiasRelu:
-          epilogue = CUBLASLT_EPILOGUE_RELU_BIAS;
-          break;
-        case Epilogue::kGeluAux:
-          epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
-          break;
-        case Epilogue::kBiasGeluAux:
-          epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-          break;
-        case Epilogue::kReluAux:
-          epilogue = CUBLASLT_EPILOGUE_RELU_AUX;
-          break;
-        case Epilogue::kBiasReluAux:
-          epilogue = CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
-          break;
-        case Epilogue::kDRelu:
-          epilogue = CUBLASLT_EPILOGUE_DRELU;
-          break;
-        case Epilogue::kDGelu:
-          epilogue = CUBLASLT_EPILOGUE_DGELU;
-          break;
-      }
-      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                     &epilogue, sizeof(epilogue)));
-      if (epilogue_has_bias(options.epilogue)) {
-        // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of
-        // our row-major C, as a linear layer's bias is.
-        const cudaDataType_t bias_type = type;
-        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-      }
-      if (epilogue_has_aux(options.epilogue)) {
-        // ReLU's bit mask: a row of C per relu_mask_ld(n) bits; GELU's input: laid out like C.
-        const bool mask = epilogue_relu_mask(options.epilogue);
-        const std::int64_t aux_ld = mask ? relu_mask_ld(n) : n;
-        GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                       &aux_ld, sizeof(aux_ld)));
-        if (!mask) {
-          GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-              desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
-        }
-      }
-    }
-    const bool na = op_lt_a == CUBLAS_OP_N, nb = op_lt_b == CUBLAS_OP_N;
-    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, type, na ? mm : kk, na ? kk : mm,
-                                               static_cast<std::int64_t>(na ? mm : kk)));
-    GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, type, nb ? kk : nn, nb ? nn : kk,
-                                               static_cast<std::int64_t>(nb ? kk : nn)));
-    GW_CUBLAS_CHECK(
-        cublasLtMatrixLayoutCreate(&c_, type, mm, nn, static_cast<std::int64_t>(mm)));
-    if (options.batch > 1) {
-      GW_CHECK(options.epilogue == Epilogue::kNone && !options.bias_grad_a,
-               "LtGemm: a batched GEMM takes no epilogue");
-      const std::int32_t count = static_cast<std::int32_t>(options.batch);
-      // Each operand's matrices back to back: the stride is one matrix (our A is m·k, B k·n).
-      const std::int64_t strides[3] = {static_cast<std::int64_t>(mm * kk),  // cuBLASLt's A, B, C
-                                       static_cast<std::int64_t>(kk * nn),
-                                       static_cast<std::int64_t>(mm * nn)};
-      cublasLtMatrixLayout_t layouts[3] = {a_, b_, c_};
-      for (int i = 0; i < 3; ++i) {
-        GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-            layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-        GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-            layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
-            sizeof(strides[i])));
-      }
-    }
-    GW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const std::uint64_t ws = workspace_bytes;
-    GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const std::uint32_t align = alignment;
-    for (auto attr :
-         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-      GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
-    }
-    // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/blas.cpp,
-    // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
-    // that, and dropped where it does not; the first left is the heuristic's choice.
-    constexpr int kHeuristicResults = 8;
-    cublasLtMatmulHeuristicResult_t results[kHeuristicResults]{};
-    int found = 0;
-    // cuBLASLt's GELU aux matrix needs a leading dimension that is a multiple of 8.
-    if (epilogue_has_aux(options.epilogue) && !epilogue_relu_mask(options.epilogue) &&
-        n % 8 != 0) {
-      cublasLtMatmulPreferenceDestroy(pref);
-      return;  // not usable: the caller runs separate kernels
-    }
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
-                                                             kHeuristicResults, results, &found);
-    // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
-    if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      auto add = [&](const cublasLtMatmulAlgo_t& algo) {
-        if (n_candidates_ >= kMaxCandidates) return;
-        for (int i = 0; i < n_candidates_; ++i) {
-          if (std::memcmp(&candidates_[i], &algo, sizeof(algo)) == 0) return;
-        }
-        candidates_[n_candidates_++] = algo;
-      };
-      for (int i = 0; i < found; ++i) {
-        if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        if (options.split_k) {
-          add(results[i].algo);
-        } else {
-          const cublasLtMatmulAlgo_t one = unsplit(results[i].algo);
-          if (splits(one) <= 1) add(one);
-        }
-      }
-      // One-kernel splits of k (the partial sums added in C in turn, counters in the workspace):
-      // the k-heavy small GEMMs — weight gradients over a batch of tokens — otherwise run in a
-      // few thread blocks. The heuristic's own splits, and the first two candidates split 2–16
-      // ways while each part keeps at least 32 of k.
-      if (!options.split_k) {
-        for (int i = 0; i < found; ++i) {
-          if (results[i].state == CUBLAS_STATUS_SUCCESS && splits(results[i].algo) > 1) {
-            if (auto one = split_in_place(results[i].algo, splits(results[i].algo))) add(*one);
-          }
-        }
-        const int base = std::min(n_candidates_, 2);
-        for (int i = 0; i < base; ++i) {
-          for (std::int32_t split : {2, 4, 8, 16}) {
-            if (k / split < 32 || n_candidates_ >= kMaxCandidates) continue;
-            if (auto one = split_in_place(candidates_[i], split)) add(*one);
-          }
-        }
-      }
-      // Every candidate splits k and no split can be removed: the heuristic's choice as it is.
-      if (n_candidates_ == 0 && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
-        candidates_[n_candidates_++] = results[0].algo;
-      }
-      if (n_candidates_ > 0) {
-        algo_ = candidates_[0];
-        usable_ = true;
-      }
-    }
+    find_candidates(alignment, k);
   } catch (...) {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     release();
     throw;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
+}
+
+void LtGemm::set_epilogue(cudaDataType_t type, std::int64_t n) {
+  if (options_.bias_grad_a) {
+    // Our A is cuBLASLt's B: its bias gradient sums op(B) over k, one value per column of D.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                   sizeof(epilogue)));
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                   &type, sizeof(type)));
+  }
+  if (options_.epilogue == Epilogue::kNone) return;
+  const cublasLtEpilogue_t epilogue = lt_epilogue(options_.epilogue);
+  GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                 sizeof(epilogue)));
+  if (epilogue_has_bias(options_.epilogue)) {
+    // cuBLASLt's bias has one value per row of its D (column-major [n, m]): per column of our
+    // row-major C, as a linear layer's bias is.
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                   &type, sizeof(type)));
+  }
+  if (epilogue_has_aux(options_.epilogue)) {
+    // ReLU's bit mask: a row of C per relu_mask_ld(n) bits; GELU's input: laid out like C.
+    const bool mask = epilogue_relu_mask(options_.epilogue);
+    const std::int64_t aux_ld = mask ? relu_mask_ld(n) : n;
+    GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &aux_ld, sizeof(aux_ld)));
+    if (!mask) {
+      GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &type, sizeof(type)));
+    }
+  }
+}
+
+void LtGemm::make_layouts(cudaDataType_t type, bool na, bool nb, std::uint64_t mm, std::uint64_t nn,
+                          std::uint64_t kk) {
+  GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, type, na ? mm : kk, na ? kk : mm,
+                                             static_cast<std::int64_t>(na ? mm : kk)));
+  GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, type, nb ? kk : nn, nb ? nn : kk,
+                                             static_cast<std::int64_t>(nb ? kk : nn)));
+  GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, type, mm, nn, static_cast<std::int64_t>(mm)));
+  if (options_.batch <= 1) return;
+  const std::int32_t count = static_cast<std::int32_t>(options_.batch);
+  // Each operand's matrices back to back: the stride is one matrix (our A is m·k, B k·n).
+  const std::int64_t strides[3] = {static_cast<std::int64_t>(mm * kk),  // cuBLASLt's A, B, C
+                                   static_cast<std::int64_t>(kk * nn),
+                                   static_cast<std::int64_t>(mm * nn)};
+  cublasLtMatrixLayout_t layouts[3] = {a_, b_, c_};
+  for (int i = 0; i < 3; ++i) {
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                     &count, sizeof(count)));
+    GW_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(strides[i])));
+  }
+}
+
+void LtGemm::find_candidates(unsigned alignment, std::int64_t k) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  GW_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  struct DestroyPref {
+    cublasLtMatmulPreference_t p;
+    ~DestroyPref() { cublasLtMatmulPreferenceDestroy(p); }
+  } destroy_pref{pref};
+  const std::uint64_t ws = workspace_bytes_;
+  GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const std::uint32_t align = alignment;
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  }
+  // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/blas.cpp,
+  // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
+  // that, and dropped where it does not; the first left is the heuristic's choice.
+  constexpr int kHeuristicResults = 8;
+  cublasLtMatmulHeuristicResult_t results[kHeuristicResults]{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref,
+                                                           kHeuristicResults, results, &found);
+  // NOT_SUPPORTED: no algorithm for this combination (an epilogue cuBLASLt lacks here).
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) GW_CUBLAS_CHECK(st);
+  if (st != CUBLAS_STATUS_SUCCESS) return;
+  auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (n_candidates_ >= kMaxCandidates) return;
+    for (int i = 0; i < n_candidates_; ++i) {
+      if (std::memcmp(&candidates_[i], &algo, sizeof(algo)) == 0) return;
+    }
+    candidates_[n_candidates_++] = algo;
+  };
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (options_.split_k) {
+      add(results[i].algo);
+    } else {
+      const cublasLtMatmulAlgo_t one = unsplit(results[i].algo);
+      if (splits(one) <= 1) add(one);
+    }
+  }
+  // One-kernel splits of k (the partial sums added in C in turn, counters in the workspace): the
+  // k-heavy small GEMMs — weight gradients over a batch of tokens — otherwise run in a few thread
+  // blocks. The heuristic's own splits, and the first two candidates split 2–16 ways while each
+  // part keeps at least 32 of k.
+  if (!options_.split_k) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && splits(results[i].algo) > 1) {
+        if (auto one = split_in_place(results[i].algo, splits(results[i].algo))) add(*one);
+      }
+    }
+    const int base = std::min(n_candidates_, 2);
+    for (int i = 0; i < base; ++i) {
+      for (std::int32_t split : {2, 4, 8, 16}) {
+        if (k / split < 32 || n_candidates_ >= kMaxCandidates) continue;
+        if (auto one = split_in_place(candidates_[i], split)) add(*one);
+      }
+    }
+  }
+  // Every candidate splits k and no split can be removed: the heuristic's choice as it is.
+  if (n_candidates_ == 0 && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
+    candidates_[n_candidates_++] = results[0].algo;
+  }
+  if (n_candidates_ > 0) {
+    algo_ = candidates_[0];
+    usable_ = true;
+  }
 }
 
 // `algo` with its split of k removed: the same algorithm, tile and stages as one kernel, where

@@ -182,6 +182,13 @@ class LtGemm {
 
  private:
   void release() noexcept;
+  // The constructor's parts: the epilogue's attributes on desc_; the three matrix layouts
+  // (cuBLASLt's column-major view: `na`, `nb` whether its A and B are untransposed); the
+  // heuristic's candidates.
+  void set_epilogue(cudaDataType_t type, std::int64_t n);
+  void make_layouts(cudaDataType_t type, bool na, bool nb, std::uint64_t mm, std::uint64_t nn,
+                    std::uint64_t kk);
+  void find_candidates(unsigned alignment, std::int64_t k);
   cublasLtMatmulAlgo_t unsplit(const cublasLtMatmulAlgo_t& algo) const;
   // `algo` with k split `split` ways and the parts added in C in turn (one kernel), where
   // cuBLASLt accepts that within the workspace.
