@@ -57,7 +57,7 @@ void graph_backward(benchmark::State& state, bool split) {
   Model m(k, d, state.range(2), state.range(3), state.range(4) != 0);
   const cudaStream_t caller = gw::current_stream(kDev);
   gw::StepArena arena(kDev);
-  gw::BackwardGraph bw(kDev, {.split_weight_grads = split});
+  gw::BackwardGraph bw(kDev, {.backward = {.split_weight_grads = split}});
   double fwd_host = 0;  // the forward's host time (its arena slots' waits included)
   auto step = [&](bool timed, double* host) {
     gw::StepScope scope(arena);

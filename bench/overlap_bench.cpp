@@ -67,7 +67,8 @@ class Runner {
     nodes_ = gw::plan_for({m_.loss()}).steps.size();
     if (graph_) {
       arena_ = std::make_unique<gw::StepArena>(kDev);
-      bw_ = std::make_unique<gw::BackwardGraph>(kDev, gw::BackwardGraphOptions{.split_weight_grads = split});
+      bw_ = std::make_unique<gw::BackwardGraph>(
+          kDev, gw::BackwardGraphOptions{.backward = {.split_weight_grads = split}});
     }
     for (int i = 0; i < 5; ++i) step();  // warm-up (and capture, first replays)
   }

@@ -48,9 +48,18 @@ std::string describe(const BackwardPlan& plan, std::uint64_t call, const GraphSt
 BackwardGraph::BackwardGraph(Device device, BackwardGraphOptions options)
     : device_(device),
       options_(options),
-      localize_(options.localize_faults || localize_faults_from_env()),
+      localize_(options.backward.localize_faults || localize_faults_from_env()),
+      split_(options.backward.split_weight_grads.value_or(true)),
       cache_(options.cache_capacity) {
   if (device.is_cuda()) check_cuda_device(device, "BackwardGraph");
+  GW_CHECK(!options.backward.retain_graph,
+           "BackwardGraph: options.backward.retain_graph is set; "
+           "a replayed backward releases its step's saved tensors: run the forward again for "
+           "each backward (or use graphward::backward for a retained graph)");
+  GW_CHECK(options.backward.timings == nullptr,
+           "BackwardGraph: options.backward.timings is set; "
+           "time a replay with BackwardGraph::trace() (or an eager backward with "
+           "graphward::backward)");
   GW_CHECK(options.warmup >= 1 || device.is_cpu() || options.force_eager,
            "BackwardGraph: warmup is ", options.warmup,
            "; expected at least 1 eager backward before the first capture (cuBLAS and the GEMM "
@@ -69,11 +78,12 @@ BackwardGraph::~BackwardGraph() {
 }
 
 void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
-  graphward::backward(loss, {.grad_write = grad_write,
-                             .split_weight_grads = options_.split_weight_grads,
-                             .fuse_activation_epilogues = options_.fuse_activation_epilogues,
-                             .localize_faults = localize_,
-                             .reduce_gradients = options_.reduce_gradients});
+  BackwardOptions o = options_.backward;
+  o.grad_write = grad_write;
+  o.split_weight_grads = split_;
+  o.localize_faults = localize_;
+  o.check_finite_loss = false;  // backward() checked it
+  graphward::backward(loss, o);
   ++eager_;
 }
 
@@ -186,10 +196,11 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
         CaptureModeScope scope("the backward graph");
         GraphPoolScope pool_scope(pool);
         if (timed) {
-          executor_.run_timed_in_capture(plan, {seed_}, device_, options_.reduce_gradients);
+          executor_.run_timed_in_capture(plan, {seed_}, device_,
+                                         options_.backward.reduce_gradients);
         } else {
           executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false,
-                        /*localize=*/false, options_.reduce_gradients);
+                        /*localize=*/false, options_.backward.reduce_gradients);
         }
       });
 }
@@ -248,7 +259,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   struct ResetLog {
     ~ResetLog() { detail::tape_log_reset(); }
   } reset_log;
-  if (options_.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
+  if (options_.backward.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
   ++calls_;
   if (device_.is_cpu() || options_.force_eager || localize_ ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
@@ -362,9 +373,10 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
   std::shared_ptr<Executable> exec;
   // Capture: the eager executor runs the plan under stream capture from the caller's stream,
   // each other forward stream mapped onto a private capture stream.
-  BackwardPlan plan = plan_for({loss}, grad_write,
-                               {.split_weight_grads = options_.split_weight_grads,
-                                .fuse_activation_epilogues = options_.fuse_activation_epilogues});
+  BackwardPlan plan =
+      plan_for({loss}, grad_write,
+               {.split_weight_grads = split_,
+                .fuse_activation_epilogues = options_.backward.fuse_activation_epilogues});
   use_capture_streams(plan);
   auto fresh = std::make_shared<Executable>();
   if (sig.source == capture::TapeSignature::Source::kLog) {
@@ -538,8 +550,9 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   const cudaStream_t caller = current_stream(device_);
   ensure_seed(loss, caller);
   BackwardPlan plan =
-      plan_for({loss}, grad_write, {.split_weight_grads = options_.split_weight_grads,
-                        .fuse_activation_epilogues = options_.fuse_activation_epilogues});
+      plan_for({loss}, grad_write,
+               {.split_weight_grads = split_,
+                .fuse_activation_epilogues = options_.backward.fuse_activation_epilogues});
   // As backward() does: the .grads the graph writes exist before the capture; the caller waits
   // where rule 6 needs it (the whole scan: trace() is not a hot path).
   std::vector<Tensor> leaves;
@@ -570,7 +583,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   // The graph wrote the .grads on the caller's stream, and is done with the saved tensors.
   for (const Tensor& leaf : leaves) leaf.grad().storage()->record_use(caller, true);
   for (const BackwardPlan::Step& s : plan.steps) s.node->release_saved();
-  trace_stream_names_ = stream_names(plan, options_.reduce_gradients != nullptr);
+  trace_stream_names_ = stream_names(plan, options_.backward.reduce_gradients != nullptr);
   return steps;
 #else
   (void)grad_write;

@@ -95,25 +95,17 @@ struct BackwardGraphOptions {
   std::size_t cache_capacity = 8;  // executables kept (least recently used out)
   int warmup = 1;                  // eager backwards before the first capture
   bool force_eager = false;        // never capture (debugging, comparisons)
-  // Weight-gradient parallelism (PlanOptions::split_weight_grads): each layer's weight and bias
-  // gradients on a side stream, off the critical path. On by default for the captured backward:
-  // faster in every study and bitwise equal (docs/DECISIONS.md, "weight-gradient parallelism on
-  // by default in the captured backward"). The warm-up and force_eager backwards use
-  // the same setting (the warm-up must: it initializes the side streams' GEMM handles outside
-  // the capture); eager alone, host-bound, it does not pay: set it off for eager comparisons.
-  bool split_weight_grads = true;
-  // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
-  bool fuse_activation_epilogues = true;
-  // Note [Kernel faults] (base/error.h): every backward() runs eagerly, synchronized after each
-  // node, and a failing node is named. Also on when GRAPHWARD_LOCALIZE_FAULTS=1. For debugging.
-  bool localize_faults = false;
-  // Note [Non-finite loss] (engine/backward.h): refuse a NaN or infinite loss before anything is
-  // written or replayed (a synchronize of the loss's stream every step).
-  bool check_finite_loss = false;
-  // Note [Gradient reduction] (engine/backward.h): the leaf gradients averaged over the processes
-  // of a data-parallel group (dist::ProcessGroup), bucket by bucket, inside the captured graph
-  // too. Not owned; it must outlive the BackwardGraph. nullptr: no reduction.
-  GradientReducer* reduce_gradients = nullptr;
+  // How every backward() of this BackwardGraph runs, the eager ones (the warm-up, force_eager)
+  // and the captured one alike (engine/backward.h): grad_write (what backward(loss) uses),
+  // split_weight_grads, fuse_activation_epilogues, localize_faults (every backward() then runs
+  // eagerly; also on with GRAPHWARD_LOCALIZE_FAULTS=1), check_finite_loss, reduce_gradients
+  // (data parallelism: not owned, it must outlive the BackwardGraph), and streams (the eager
+  // backwards'). Weight-gradient parallelism, unset, is on here: faster in every study and
+  // bitwise equal (docs/DECISIONS.md, "weight-gradient parallelism on by default in the captured
+  // backward"); the warm-up uses the same setting (it must: it initializes the side streams' GEMM
+  // handles outside the capture). retain_graph and timings are refused: a replay releases its
+  // step's saved tensors, and trace() times one.
+  BackwardOptions backward = {};
 };
 
 // The shape of a captured graph.
@@ -156,8 +148,10 @@ class BackwardGraph {
   BackwardGraph(const BackwardGraph&) = delete;
   BackwardGraph& operator=(const BackwardGraph&) = delete;
 
-  // The backward of the scalar `loss` on the current stream of its device (see above).
-  void backward(const Tensor& loss, GradWrite grad_write = GradWrite::kAccumulate);
+  // The backward of the scalar `loss` on the current stream of its device (see above), writing
+  // the .grads as options.backward.grad_write says, or as `grad_write` says.
+  void backward(const Tensor& loss) { backward(loss, options_.backward.grad_write); }
+  void backward(const Tensor& loss, GradWrite grad_write);
 
   const capture::GraphCacheCounters& counters() const { return cache_.counters(); }
   std::uint64_t eager_backwards() const { return eager_; }
@@ -187,7 +181,10 @@ class BackwardGraph {
   // backward()), but the cache and the counters are neither used nor changed: it captures and
   // instantiates every call, for inspection. Write it out with write_chrome_trace(path, steps,
   // trace_stream_names(), ...). CUDA only; not inside a capture.
-  std::vector<StepTiming> trace(const Tensor& loss, GradWrite grad_write = GradWrite::kAccumulate);
+  std::vector<StepTiming> trace(const Tensor& loss) {
+    return trace(loss, options_.backward.grad_write);
+  }
+  std::vector<StepTiming> trace(const Tensor& loss, GradWrite grad_write);
   // The names of the streams of the last trace()'s plan (stream_names in engine/timeline.h).
   const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
 
@@ -242,7 +239,8 @@ class BackwardGraph {
   std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
-  bool localize_ = false;  // options_.localize_faults or GRAPHWARD_LOCALIZE_FAULTS
+  bool localize_ = false;  // options_.backward.localize_faults or GRAPHWARD_LOCALIZE_FAULTS
+  bool split_ = true;      // options_.backward.split_weight_grads, resolved
   Cache cache_;
   std::vector<std::unique_ptr<Stream>> capture_streams_;
   EagerExecutor executor_;

@@ -5,7 +5,7 @@
 //   gw::dist::ProcessGroup pg({.rank = r, .world_size = n, .device = gw::Device::cuda(r),
 //                              .id_file = "/tmp/run-42.ncclid"});
 //   pg.broadcast(params);                        // every rank starts from rank 0's parameters
-//   gw::BackwardGraph bw(dev, {.reduce_gradients = &pg});
+//   gw::BackwardGraph bw(dev, {.backward = {.reduce_gradients = &pg}});
 //   for (...) { bw.backward(model.loss(my_shard_of_the_batch)); opt.step(); }
 //   pg.check_identical(params, "parameters");    // every rank holds the same parameters
 //

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,8 +108,10 @@ struct BackwardOptions {
   // event records a step and a synchronize at the end: for inspection, not for training.
   std::vector<StepTiming>* timings = nullptr;
   // Weight-gradient parallelism (PlanOptions::split_weight_grads): leaf gradients of layers on
-  // the critical path run on side streams. Opt-in.
-  bool split_weight_grads = false;
+  // the critical path run on side streams. Unset: the default of where it runs — off for
+  // backward() (host-bound eager, where its extra events cost more than they give), on for a
+  // BackwardGraph (BackwardGraphOptions, capture/backward_graph.h: faster in every study).
+  std::optional<bool> split_weight_grads = std::nullopt;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
   // Note [Streams of an eager backward] (engine/backward_plan.h). CUDA only; a backward inside a

@@ -175,7 +175,7 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
   }
   std::vector<double> wall_ms;
   gw::Sgd opt(model.params, {.lr = 0.05});
-  gw::BackwardGraph bw(dev, {.reduce_gradients = pg});
+  gw::BackwardGraph bw(dev, {.backward = {.reduce_gradients = pg}});
   gw::StepGraph step_graph(dev, {x, t});
   Result r;
   const auto start = std::chrono::steady_clock::now();

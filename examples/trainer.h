@@ -62,7 +62,7 @@ class Trainer {
     if (mode == Mode::kBackwardGraph) {
       arena_ = std::make_unique<StepArena>(device);
       bw_ = std::make_unique<BackwardGraph>(
-          device, BackwardGraphOptions{.fuse_activation_epilogues = fuse_epilogues});
+          device, BackwardGraphOptions{.backward = {.fuse_activation_epilogues = fuse_epilogues}});
     }
     if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
   }

@@ -115,7 +115,7 @@ GraphStats hundred_steps(const BackwardGraphOptions& options) {
 }
 
 TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData) {
-  const GraphStats st = hundred_steps({.split_weight_grads = false});
+  const GraphStats st = hundred_steps({.backward = {.split_weight_grads = false}});
   // The graph mirrors the forward: four branch streams, each starting after the loss's backward
   // on the caller's stream (no fork of its own needed) and joined back.
   EXPECT_EQ(st.streams, 5u);
@@ -132,7 +132,7 @@ TEST_F(CudaBackwardGraph, ReplayedGradientsEqualEagerOnesOver100StepsOfFreshData
 }
 
 TEST_F(CudaBackwardGraph, WeightGradientParallelismIsOnByDefaultAndReplaysBitwiseEqual) {
-  EXPECT_TRUE(BackwardGraphOptions{}.split_weight_grads);
+  EXPECT_FALSE(BackwardGraphOptions{}.backward.split_weight_grads.has_value());  // unset: on here
   const GraphStats st = hundred_steps({});
   // A side stream per branch for the weight gradients (the caller's, 4 branches, 4 sides).
   EXPECT_EQ(st.streams, 9u);

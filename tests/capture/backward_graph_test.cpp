@@ -32,6 +32,26 @@ TEST(BackwardGraphCpu, BadLossesAreRefusedByName) {
   GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.cache_capacity = 0}), "capacity");
 }
 
+TEST(BackwardGraphCpu, OptionsThatDoNotApplyToAReplayAreRefusedByName) {
+  std::vector<StepTiming> steps;
+  GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.backward = {.retain_graph = true}}),
+                  "options.backward.retain_graph", "run the forward again");
+  GW_EXPECT_ERROR(BackwardGraph(Device::cpu(), {.backward = {.timings = &steps}}),
+                  "options.backward.timings", "BackwardGraph::trace()");
+}
+
+TEST(BackwardGraphCpu, BackwardOfALossWritesTheGradsAsTheOptionsSay) {
+  const Tensor w = from_vector(std::vector<float>{1, 2}, {2}).set_requires_grad(true);
+  BackwardGraph overwrite(Device::cpu(), {.backward = {.grad_write = GradWrite::kOverwrite}});
+  for (int i = 0; i < 3; ++i) overwrite.backward(sum(mul(w, 3.0)));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{3, 3})) << "accumulated";
+  overwrite.backward(sum(mul(w, 3.0)), GradWrite::kAccumulate);  // the argument says otherwise
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{6, 6}));
+  BackwardGraph accumulate(Device::cpu());  // the default: accumulate
+  accumulate.backward(sum(mul(w, 3.0)));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{9, 9}));
+}
+
 // A BackwardGraph refused at construction (no destructor runs) leaves this thread's tape log as it
 // was: an armed log would hold every later step's leaves on this thread until the thread ends.
 TEST(BackwardGraphCpu, ARefusedConstructionLeavesTheTapeLogAsItWas) {

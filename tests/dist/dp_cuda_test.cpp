@@ -48,7 +48,7 @@ TEST(CudaDataParallel, AGroupOfOneGivesThePlainGradientsEagerReplayedAndInAStepG
   backward(eager.loss(x, t), {.reduce_gradients = &pg});
   EXPECT_EQ(eager.grads(), plain.grads());
 
-  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(replayed.loss(x, t), GradWrite::kOverwrite);
   EXPECT_EQ(bw.counters().captures, 1u);
   EXPECT_EQ(replayed.grads(), plain.grads());
@@ -109,7 +109,7 @@ TEST(CudaDataParallel, AfterACapturedReductionUncapturedCollectivesWaitForTheDev
   backward(m.loss(x, t), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
   EXPECT_EQ(pg.device_waits(), 0u) << "no capture yet: nothing to wait for";
   EXPECT_EQ(m.grads(), plain.grads());
-  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(m.loss(x, t), GradWrite::kOverwrite);
   EXPECT_EQ(bw.counters().captures, 1u);
   const std::uint64_t after_graphs = pg.device_waits();
@@ -179,7 +179,7 @@ TEST(CudaDataParallel, BranchesOnTheirStreamsAreBucketedLayerByLayerAcrossTheStr
   }
   backward(loss(), {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &pg});
   EXPECT_EQ(grads(), plain);
-  BackwardGraph bw(kGpu, {.reduce_gradients = &pg});
+  BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(loss(), GradWrite::kOverwrite);
   EXPECT_EQ(bw.counters().captures, 1u);
   EXPECT_EQ(grads(), plain);

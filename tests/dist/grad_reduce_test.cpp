@@ -372,7 +372,7 @@ TEST(GradientReduction, TheLayoutToAgreeOnFollowsTheModel) {
   ASSERT_EQ(r.layouts.size(), 3u);
   EXPECT_NE(r.layouts[2], r.layouts[0]);
   // A BackwardGraph hands its reducer on (on the CPU it runs the eager backward).
-  BackwardGraph bw(Device::cpu(), {.reduce_gradients = &r});
+  BackwardGraph bw(Device::cpu(), {.backward = {.reduce_gradients = &r}});
   bw.backward(a.loss(randn({4, 6}, 9)));
   ASSERT_EQ(r.layouts.size(), 4u);
   EXPECT_EQ(r.layouts[3], r.layouts[0]);

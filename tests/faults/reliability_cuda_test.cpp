@@ -36,7 +36,7 @@ TEST(CudaNonFiniteLoss, ANanLossIsRefusedBeforeAnythingIsWrittenAndTheNextStepRe
   const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
   const Tensor x_nan = with_one(x, std::numeric_limits<float>::quiet_NaN());
   Model graphed, eager;
-  BackwardGraph bw(kGpu, {.check_finite_loss = true});
+  BackwardGraph bw(kGpu, {.backward = {.check_finite_loss = true}});
   for (int step = 0; step < 3; ++step) bw.backward(graphed.loss(x, t));  // accumulates
   const auto counters = bw.counters();
   ASSERT_EQ(counters.captures, 1u);
@@ -83,7 +83,7 @@ TEST(CudaLocalizeFaults, WithLocalizeFaultsEveryBackwardIsEagerAndGivesThePlainG
   GW_REQUIRE_GPU();
   const Tensor x = randn({32, 32}, 3, kF32Gpu), t = randn({32, 16}, 4, kF32Gpu);
   Model localized, plain;
-  BackwardGraph bw(kGpu, {.localize_faults = true});
+  BackwardGraph bw(kGpu, {.backward = {.localize_faults = true}});
   for (int step = 0; step < 4; ++step) {
     bw.backward(localized.loss(x, t), GradWrite::kOverwrite);
     backward(plain.loss(x, t), {.grad_write = GradWrite::kOverwrite, .split_weight_grads = true});
