@@ -79,13 +79,13 @@ void graph_backward(benchmark::State& state, bool split) {
   };
   double unused = 0;
   for (int i = 0; i < 5; ++i) step(false, &unused);  // warm-up, capture, first replays
-  const auto before = bw.counters();
+  const auto before = bw.stats().counters;
   double host = 0;
   gw::BackwardHostTimes parts;
   double whole_steps = 0;  // replays that released their step as a whole
   for (auto _ : state) {
     step(true, &host);
-    const gw::BackwardHostTimes t = bw.last_host_times();
+    const gw::BackwardHostTimes t = bw.stats().host;
     parts.signature_us += t.signature_us;
     parts.wait_us += t.wait_us;
     parts.decide_us += t.decide_us;
@@ -112,28 +112,28 @@ void graph_backward(benchmark::State& state, bool split) {
   if (timer.timed_out()) state.SkipWithError("GpuTimer: the hold timed out");
   const double iters = static_cast<double>(state.iterations());
   state.counters["sig_us"] = parts.signature_us / iters;
-  state.counters["from_log"] = bw.last_signature_from_log();  // Note [Tape log]
-  state.counters["fwd_match"] = bw.last_matched_in_forward();
+  state.counters["from_log"] = bw.stats().signature_from_log;  // Note [Tape log]
+  state.counters["fwd_match"] = bw.stats().matched_in_forward;
   state.counters["wait_us"] = parts.wait_us / iters;
   state.counters["decide_us"] = parts.decide_us / iters;
   state.counters["refresh_us"] = parts.refresh_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;
   state.counters["whole_step"] = whole_steps / iters;  // Note [Reads of a replayed step]
-  const auto after = bw.counters();
+  const auto after = bw.stats().counters;
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   state.counters["fwd_host_us"] = fwd_host / iters;
   state.counters["captures"] = static_cast<double>(after.captures - before.captures);
   state.counters["updates"] = static_cast<double>(after.updates - before.updates);
-  state.counters["kernel_nodes"] = static_cast<double>(bw.last_graph_stats().kernel_nodes);
-  state.counters["tape_nodes"] = static_cast<double>(bw.last_graph_stats().tape_nodes);
-  state.counters["graph_mem_kib"] = static_cast<double>(bw.last_graph_stats().memory_bytes) / 1024;
-  state.counters["memory_nodes"] = static_cast<double>(bw.last_graph_stats().memory_nodes);
+  state.counters["kernel_nodes"] = static_cast<double>(bw.stats().graph.kernel_nodes);
+  state.counters["tape_nodes"] = static_cast<double>(bw.stats().graph.tape_nodes);
+  state.counters["graph_mem_kib"] = static_cast<double>(bw.stats().graph.memory_bytes) / 1024;
+  state.counters["memory_nodes"] = static_cast<double>(bw.stats().graph.memory_nodes);
   state.counters["graph_nodes"] =
-      static_cast<double>(bw.last_graph_stats().kernel_nodes + bw.last_graph_stats().other_nodes);
+      static_cast<double>(bw.stats().graph.kernel_nodes + bw.stats().graph.other_nodes);
   dump_dot(bw, split ? "graphward_split" : "graphward", state);
-  state.SetLabel(bw.last_signature_from_log() ? bw.last_reason()
-                                               : std::string("walked: ") + bw.last_walk_reason());
+  state.SetLabel(bw.stats().signature_from_log ? bw.stats().reason
+                                               : std::string("walked: ") + bw.stats().walk_reason);
 }
 void BM_GraphBackward(benchmark::State& state) {
   graph_backward(state, false);

@@ -66,9 +66,9 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
     host += std::chrono::duration<double, std::micro>(t1 - t0).count();
     state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
     if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
-      bw_host += bw->last_host_times().total_us();
-      bw_before_launch += bw->last_host_times().before_launch_us();
-      whole_steps += bw->last_host_times().whole_step;
+      bw_host += bw->stats().host.total_us();
+      bw_before_launch += bw->stats().host.before_launch_us();
+      whole_steps += bw->stats().host.whole_step;
     }
   }
   // The loop a user writes (examples/trainer.h's run_steps): steps back to back, nothing
@@ -91,7 +91,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
     state.counters["bw_host_us"] = bw_host / iters;  // backward(): all of it, the release too
     state.counters["bw_launch_at_us"] = bw_before_launch / iters;
-    state.counters["slots"] = static_cast<double>(bw->last_graph_stats().input_slots);
+    state.counters["slots"] = static_cast<double>(bw->stats().graph.input_slots);
     state.counters["whole_step"] = whole_steps / iters;  // Note [Reads of a replayed step]
   }
   state.SetLabel(ex::mode_name(mode));

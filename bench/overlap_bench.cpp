@@ -135,7 +135,7 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
              bool graph, bool multistream, bool split) {
   if (gw::bench::skip_without_gpu(state)) return;
   Runner run(k, d, n, batch, multistream, graph, split);
-  const auto before = graph ? run.graph()->counters() : gw::capture::GraphCacheCounters{};
+  const auto before = graph ? run.graph()->stats().counters : gw::capture::GraphCacheCounters{};
   std::vector<double> event_us;
   double host = 0;
   for (auto _ : state) {
@@ -148,10 +148,10 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   state.counters["host_us"] = host / iters;
   state.counters["nodes"] = static_cast<double>(run.nodes());
   if (graph) {
-    const auto after = run.graph()->counters();
+    const auto after = run.graph()->stats().counters;
     state.counters["captures"] = static_cast<double>(after.captures - before.captures);
     state.counters["updates"] = static_cast<double>(after.updates - before.updates);
-    state.counters["kernel_nodes"] = static_cast<double>(run.graph()->last_graph_stats().kernel_nodes);
+    state.counters["kernel_nodes"] = static_cast<double>(run.graph()->stats().graph.kernel_nodes);
   }
   const int samples = n >= 4096 ? 5 : 15;
   state.counters["gpu_us"] = run.gpu_us(samples);

@@ -170,13 +170,13 @@ int main(int argc, char** argv) try {
         }
       }
     }
-    max_graphs = std::max(max_graphs, bw.cache_size());
+    max_graphs = std::max(max_graphs, bw.stats().cached_graphs);
     if ((step + 1) % run.sample_every == 0 || (step + 1 == opt.steps && !run.change_every)) {
       GW_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto& c = bw.counters();
+      const auto c = bw.stats().counters;
       samples.push_back({step + 1, device_used_mib(),
                          static_cast<double>(gw::cached_bytes(dev)) / 1048576.0,
-                         host_resident_mib(), bw.cache_size(),
+                         host_resident_mib(), bw.stats().cached_graphs,
                          static_cast<unsigned long long>(c.captures),
                          static_cast<unsigned long long>(c.evictions)});
     }
@@ -216,11 +216,11 @@ int main(int argc, char** argv) try {
               "a step)\n",
               samples.size(), warmup, dev_before, dev_after, dev_growth, host_before, host_after,
               host_growth, host_growth * 1048576.0 / static_cast<double>(measured));
-  std::printf("graphs: %llu captures, %llu evictions, %llu replays, cache at most %zu of %zu; "
-              "block cache %.1f MiB; last loss %g\n",
-              last.captures, last.evictions,
-              static_cast<unsigned long long>(bw.counters().replays), max_graphs,
-              bw_options.cache_capacity, last.cache_mib, loss_value);
+  std::printf(
+      "graphs: %llu captures, %llu evictions, %llu replays, cache at most %zu of %zu; "
+      "block cache %.1f MiB; last loss %g\n",
+      last.captures, last.evictions, static_cast<unsigned long long>(bw.stats().counters.replays),
+      max_graphs, bw_options.cache_capacity, last.cache_mib, loss_value);
   // Tolerances: a 2 MiB granule of device memory (two when the signature changes: the captured
   // graphs' own pools move the device's use by +-2-4 MiB between samples with no trend, measured on
   // the H200, docs/RESULTS.md); 2 MiB of host memory (allocator noise) — a leak of 32 bytes a step

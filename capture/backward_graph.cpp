@@ -591,6 +591,21 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
 #endif
 }
 
+BackwardGraphStats BackwardGraph::stats() const {
+  BackwardGraphStats st;
+  st.counters = cache_.counters();
+  st.eager_backwards = eager_;
+  st.log_signatures = log_signatures_;
+  st.cached_graphs = cache_.size();
+  st.signature_from_log = last_from_log_;
+  st.matched_in_forward = last_matched_in_forward_;
+  st.walk_reason = signature_.walk_reason;
+  st.reason = last_reason_;
+  st.graph = last_stats_;
+  st.host = host_;
+  return st;
+}
+
 void BackwardGraph::write_dot(const std::string& path) const {
 #if GRAPHWARD_HAS_CUDA
   GW_CHECK(last_captured_ && last_captured_->graph,

@@ -141,6 +141,27 @@ struct BackwardHostTimes {
   double total_us() const { return before_launch_us() + release_us; }
 };
 
+// What a BackwardGraph has done so far, and what its last graph backward (one that captured,
+// updated or replayed) did: BackwardGraph::stats().
+struct BackwardGraphStats {
+  capture::GraphCacheCounters counters;  // captures, updates, replays, evictions
+  std::uint64_t eager_backwards = 0;     // backward() calls that ran eagerly (warm-up, CPU, ...)
+  // Graph backwards whose signature came from the step's tape log (Note [Tape log]) rather than a
+  // walk of the tape.
+  std::uint64_t log_signatures = 0;
+  std::size_t cached_graphs = 0;  // executables in the cache
+  // The last graph backward: whether its signature came from the tape log; whether its forward
+  // matched the replayed tape node for node as it recorded it (the check before the launch then
+  // compared only leaves, seeds, roots, mode and addresses); why its signature walked the tape
+  // (nullptr when it came from the log).
+  bool signature_from_log = false;
+  bool matched_in_forward = false;
+  const char* walk_reason = nullptr;
+  std::string reason;      // why the last capture or update happened ("" before the first)
+  GraphStats graph;        // the graph it replayed (zeros before the first capture)
+  BackwardHostTimes host;  // where its host time went (zeros before the first)
+};
+
 class BackwardGraph {
  public:
   explicit BackwardGraph(Device device, BackwardGraphOptions options = {});
@@ -153,24 +174,8 @@ class BackwardGraph {
   void backward(const Tensor& loss) { backward(loss, options_.backward.grad_write); }
   void backward(const Tensor& loss, GradWrite grad_write);
 
-  const capture::GraphCacheCounters& counters() const { return cache_.counters(); }
-  std::uint64_t eager_backwards() const { return eager_; }
-  // Graph backwards whose signature came from the step's tape log (Note [Tape log]) rather than a
-  // walk of the tape, and whether the last one did.
-  std::uint64_t log_signatures() const { return log_signatures_; }
-  bool last_signature_from_log() const { return last_from_log_; }
-  // Whether the last step's forward matched the replayed tape node for node as it recorded it, so
-  // that the check before the launch compared only leaves, seeds, roots, mode and addresses.
-  bool last_matched_in_forward() const { return last_matched_in_forward_; }
-  // Why the last signature walked the tape (nullptr when it came from the log).
-  const char* last_walk_reason() const { return signature_.walk_reason; }
-  std::size_t cache_size() const { return cache_.size(); }
-  // Why the last capture or update happened ("" before the first).
-  const std::string& last_reason() const { return last_reason_; }
-  // The graph the last backward replayed (zeros before the first capture).
-  GraphStats last_graph_stats() const { return last_stats_; }
-  // Where the host time of the last graph backward went (zeros before the first).
-  BackwardHostTimes last_host_times() const { return host_; }
+  // What this BackwardGraph has done, and what its last graph backward did (BackwardGraphStats).
+  BackwardGraphStats stats() const;
   // Writes the last captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint).
   void write_dot(const std::string& path) const;
 

@@ -107,8 +107,8 @@ class RnnTrainer {
     return l;
   }
 
-  std::uint64_t captures() const { return bw_ ? bw_->counters().captures : 0; }
-  std::uint64_t updates() const { return bw_ ? bw_->counters().updates : 0; }
+  std::uint64_t captures() const { return bw_ ? bw_->stats().counters.captures : 0; }
+  std::uint64_t updates() const { return bw_ ? bw_->stats().counters.updates : 0; }
   std::size_t streams() const { return streams_.size(); }
 
  private:

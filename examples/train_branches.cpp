@@ -182,12 +182,12 @@ int main(int argc, char** argv) try {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (graph) {
-    const auto& c = bw.counters();
+    const auto c = bw.stats().counters;
     std::printf("graph: %llu captures, %llu updates, %llu replays, %llu eager warm-up steps\n",
                 static_cast<unsigned long long>(c.captures),
                 static_cast<unsigned long long>(c.updates),
                 static_cast<unsigned long long>(c.replays),
-                static_cast<unsigned long long>(bw.eager_backwards()));
+                static_cast<unsigned long long>(bw.stats().eager_backwards));
   }
   if (!opt.trace.empty()) {  // one more step, timed step by step (Note [Timeline])
     std::vector<gw::StepTiming> steps;

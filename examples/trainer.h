@@ -103,12 +103,12 @@ class Trainer {
 
   const Model& model() const { return model_; }
   std::uint64_t captures() const {
-    if (bw_) return bw_->counters().captures;
+    if (bw_) return bw_->stats().counters.captures;
     if (step_graph_) return step_graph_->counters().captures;
     return 0;
   }
   // Executables updated in place (a BackwardGraph's; a StepGraph captures again instead).
-  std::uint64_t updates() const { return bw_ ? bw_->counters().updates : 0; }
+  std::uint64_t updates() const { return bw_ ? bw_->stats().counters.updates : 0; }
   const BackwardGraph* backward_graph() const { return bw_.get(); }
 
  private:

@@ -71,7 +71,7 @@ void step_both(BackwardGraph& bw, StepArena& arena, const Model& graphed, const 
     arena.record_step_end(current_stream(kGpu));
   }
   backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-  ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+  ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.stats().reason;
 }
 
 // 100 steps of fresh data through static inputs: every replayed gradient bitwise equal to the
@@ -93,20 +93,20 @@ GraphStats hundred_steps(const BackwardGraphOptions& options) {
       arena.record_step_end(current_stream(kGpu));
     }
     backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    EXPECT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    EXPECT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.stats().reason;
     if (::testing::Test::HasFailure()) break;
   }
-  EXPECT_EQ(bw.eager_backwards(), 1u);
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().replays, 99u);
+  EXPECT_EQ(bw.stats().eager_backwards, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, 99u);
   // Every graph step's signature came from the step's tape log, not a walk (Note [Tape log]).
-  EXPECT_EQ(bw.log_signatures(), 99u) << bw.last_walk_reason();
+  EXPECT_EQ(bw.stats().log_signatures, 99u) << bw.stats().walk_reason;
   // ... and the forward matched the replayed tape as it recorded it.
-  EXPECT_TRUE(bw.last_matched_in_forward());
+  EXPECT_TRUE(bw.stats().matched_in_forward);
   // Intermediates come from the executable's pool: no memory nodes in the graph, and its memory
   // is reported.
-  const GraphStats st = bw.last_graph_stats();
+  const GraphStats st = bw.stats().graph;
   EXPECT_EQ(st.memory_nodes, 0u);
   EXPECT_GT(st.memory_bytes, 0u);
   EXPECT_GT(st.kernel_nodes, 4u * 3u * 3u);
@@ -168,14 +168,14 @@ TEST_F(CudaBackwardGraph, ANaturalLoopOfNewBatchTensorsReplaysOneGraphWithNoUpda
     ASSERT_NO_FATAL_FAILURE(step_both(bw, arena, graphed, eager, x, target, s));
   }
   EXPECT_GE(addresses.size(), 3u);  // the batches did move
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().replays, 99u);
-  EXPECT_EQ(bw.log_signatures(), 99u) << bw.last_walk_reason();
-  const GraphStats st = bw.last_graph_stats();
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, 99u);
+  EXPECT_EQ(bw.stats().log_signatures, 99u) << bw.stats().walk_reason;
+  const GraphStats st = bw.stats().graph;
   EXPECT_EQ(st.input_slots, 2u);  // x (four places, one copy) and the target
   EXPECT_EQ(st.input_slot_bytes, 2u * 16u * 64u * sizeof(float));
-  EXPECT_GT(bw.last_host_times().refresh_us, 0.0);
+  EXPECT_GT(bw.stats().host.refresh_us, 0.0);
 }
 
 // The same loop where a saved tensor stays (a constant) reads it in place, with no slot; and a
@@ -195,19 +195,19 @@ TEST_F(CudaBackwardGraph, OnlyTensorsThatMoveGetSlotsAndALaterStructureTakesThem
     step_both(bw, arena, graphed, eager, x, target, s);
   };
   for (int s = 0; s < 6; ++s) step(s, 8);
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);  // x only: the target stayed
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().graph.input_slots, 1u);  // x only: the target stayed
   for (int s = 6; s < 12; ++s) step(s, 4);  // another batch size: a new structure
-  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 1u) << bw.last_reason();  // its batch moved once: slots
-  EXPECT_EQ(bw.last_graph_stats().input_slots, 2u);  // its target is new every step too
+  EXPECT_EQ(bw.stats().counters.captures, 2u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 1u) << bw.stats().reason;  // its batch moved once: slots
+  EXPECT_EQ(bw.stats().graph.input_slots, 2u);  // its target is new every step too
   // The first structure again: its graph, never captured again (the step arena re-recorded the
   // activations for the other structure, so they may have moved: at most an update).
   for (int s = 12; s < 15; ++s) step(s, 8);
-  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
-  EXPECT_LE(bw.counters().updates, 2u) << bw.last_reason();
-  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 2u) << bw.stats().reason;
+  EXPECT_LE(bw.stats().counters.updates, 2u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().graph.input_slots, 1u);
 }
 
 // A slot is refreshed after its tensor's producer: each step's batch is written on another stream
@@ -232,9 +232,9 @@ TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherSt
     }
     ASSERT_NO_FATAL_FAILURE(step_both(bw, arena, graphed, eager, x, target, s));
   }
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  EXPECT_EQ(bw.last_graph_stats().input_slots, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().graph.input_slots, 1u);
 }
 
 // Two layers on a side stream; the loss, on the caller's stream, reads only the last output. The
@@ -281,7 +281,7 @@ TEST_F(CudaBackwardGraph, AStepReleasedAsAWholeFreesItsActivationsOnlyAfterTheGr
       bw.backward(loss, GradWrite::kOverwrite);
     }
     if (s >= 2) {
-      EXPECT_TRUE(bw.last_host_times().whole_step) << "step " << s;
+      EXPECT_TRUE(bw.stats().host.whole_step) << "step " << s;
     }
     if (s == 4) {
       detail::wait_for_releases();  // the activations are freed
@@ -294,10 +294,10 @@ TEST_F(CudaBackwardGraph, AStepReleasedAsAWholeFreesItsActivationsOnlyAfterTheGr
       }
     }
     backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.stats().reason;
     detail::tape_log_reset();  // the reference's tape was logged too: the next step begins here
   }
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
 }
 
 // The same with the activation kept by the caller and written in place on a third stream right
@@ -316,7 +316,7 @@ TEST_F(CudaBackwardGraph, AKeptActivationWrittenOnAnotherStreamWaitsForTheReplay
     if (s == 4) testing::stall(caller, 50);
     bw.backward(loss, GradWrite::kOverwrite);
     if (s >= 2) {
-      EXPECT_TRUE(bw.last_host_times().whole_step) << "step " << s;
+      EXPECT_TRUE(bw.stats().host.whole_step) << "step " << s;
     }
     if (s == 4) {
       StreamGuard on(writer);
@@ -324,7 +324,7 @@ TEST_F(CudaBackwardGraph, AKeptActivationWrittenOnAnotherStreamWaitsForTheReplay
       copy_(h.detach(), zeros({16, 32}, kF32Gpu));
     }
     backward(eager.loss(x, target), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.last_reason();
+    ASSERT_EQ(graphed.grads(), eager.grads()) << "step " << s << "; " << bw.stats().reason;
     detail::tape_log_reset();  // as above
   }
 }
@@ -347,13 +347,13 @@ TEST_F(CudaBackwardGraph, AnOptimizerRightAfterTheReplayLeavesTheNextStepsTapeLo
     const Tensor x = randn({8, 32}, 500 + static_cast<std::uint64_t>(s), kF32Gpu);
     const Tensor target = randn({8, 32}, 600 + static_cast<std::uint64_t>(s), kF32Gpu);
     bw.backward(m.loss(x, target), GradWrite::kOverwrite);
-    whole += bw.last_host_times().whole_step;
+    whole += bw.stats().host.whole_step;
     opt.step();
   }
-  const auto& c = bw.counters();
-  EXPECT_EQ(c.captures, 1u) << bw.last_reason();
+  const auto c = bw.stats().counters;
+  EXPECT_EQ(c.captures, 1u) << bw.stats().reason;
   EXPECT_EQ(c.replays, 19u);
-  EXPECT_EQ(bw.log_signatures(), c.replays) << bw.last_walk_reason();
+  EXPECT_EQ(bw.stats().log_signatures, c.replays) << bw.stats().walk_reason;
   EXPECT_EQ(whole, 19);
 }
 
@@ -368,22 +368,22 @@ TEST_F(CudaBackwardGraph, ShapesParametersAndBranchesTakeTheRightPath) {
       arena.record_step_end(current_stream(kGpu));
     }
     backward(ref.loss(x, t, skip), {.grad_write = GradWrite::kOverwrite});
-    EXPECT_EQ(m.grads(), ref.grads()) << bw.last_reason();  // never a stale replay
+    EXPECT_EQ(m.grads(), ref.grads()) << bw.stats().reason;  // never a stale replay
   };
   const Tensor x8 = randn({8, 32}, 1, kF32Gpu), t8 = randn({8, 32}, 2, kF32Gpu);
   const Tensor x4 = randn({4, 32}, 3, kF32Gpu), t4 = randn({4, 32}, 4, kF32Gpu);
   step(x8, t8);  // warm-up (eager)
   step(x8, t8);  // capture
   step(x8, t8);  // replay
-  EXPECT_EQ(bw.counters().captures, 1u);
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
   step(x4, t4);  // another batch size: a new structure
-  EXPECT_EQ(bw.counters().captures, 2u);
-  EXPECT_NE(bw.last_reason().find("capture"), std::string::npos) << bw.last_reason();
+  EXPECT_EQ(bw.stats().counters.captures, 2u);
+  EXPECT_NE(bw.stats().reason.find("capture"), std::string::npos) << bw.stats().reason;
   step(x8, t8);  // the first structure again: its graph, replayed or updated, never re-captured
-  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
+  EXPECT_EQ(bw.stats().counters.captures, 2u) << bw.stats().reason;
   // A parameter reallocated (same shape): the same structure with another address: an update.
-  const std::uint64_t updates = bw.counters().updates;
+  const std::uint64_t updates = bw.stats().counters.updates;
   {
     NoGradGuard no_grad;
     const Tensor moved = m.w[0][0].clone();
@@ -394,13 +394,13 @@ TEST_F(CudaBackwardGraph, ShapesParametersAndBranchesTakeTheRightPath) {
     ref.w[0][0] = moved_ref.set_requires_grad(true);
   }
   step(x8, t8);
-  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, updates + 1) << bw.last_reason();
-  EXPECT_NE(bw.last_reason().find("update"), std::string::npos) << bw.last_reason();
+  EXPECT_EQ(bw.stats().counters.captures, 2u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, updates + 1) << bw.stats().reason;
+  EXPECT_NE(bw.stats().reason.find("update"), std::string::npos) << bw.stats().reason;
   // A branch left out: a new structure.
   step(x8, t8, 1);
-  EXPECT_EQ(bw.counters().captures, 3u);
-  EXPECT_LE(bw.cache_size(), 8u);
+  EXPECT_EQ(bw.stats().counters.captures, 3u);
+  EXPECT_LE(bw.stats().cached_graphs, 8u);
 }
 
 TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
@@ -435,7 +435,7 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
               1e-5)
         << "gradient " << i;
   }
-  EXPECT_GT(bw.counters().replays, 0u);
+  EXPECT_GT(bw.stats().counters.replays, 0u);
 }
 
 TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
@@ -460,8 +460,8 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
     arena.record_step_end(current_stream(kGpu));
   };
   for (int i = 0; i < 4; ++i) step(x1, t1);  // warm-up, capture, replays
-  ASSERT_EQ(bw.counters().captures, 1u);
-  const std::uint64_t updates = bw.counters().updates, replays = bw.counters().replays;
+  ASSERT_EQ(bw.stats().counters.captures, 1u);
+  const std::uint64_t updates = bw.stats().counters.updates, replays = bw.stats().counters.replays;
   const std::vector<float> step_a = m.w[0][0].grad().to_vector<float>();
   Stream optimizer(kGpu);
   Tensor snapshot;
@@ -475,9 +475,9 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
     snapshot = mul(m.w[0][0].grad(), 1.0);  // then the read, behind it in stream order
   }
   step(x2, t2);
-  EXPECT_EQ(bw.counters().replays, replays + 1);
-  EXPECT_EQ(bw.counters().updates, updates) << bw.last_reason();  // a plain replay
-  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.stats().counters.replays, replays + 1);
+  EXPECT_EQ(bw.stats().counters.updates, updates) << bw.stats().reason;  // a plain replay
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
   EXPECT_EQ(snapshot.to_vector<float>(), step_a);
   backward(ref.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
   EXPECT_EQ(m.grads(), ref.grads());
@@ -511,7 +511,7 @@ TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
     ASSERT_EQ(w0.grad().to_vector<float>(), w0r.grad().to_vector<float>()) << "step " << s;
     ASSERT_EQ(w1.grad().to_vector<float>(), w1r.grad().to_vector<float>()) << "step " << s;
   }
-  EXPECT_GE(bw.counters().replays, 4u);
+  EXPECT_GE(bw.stats().counters.replays, 4u);
 }
 
 // A timeline's invariants: valid Chrome-trace JSON with one named track per stream, an event per
@@ -584,9 +584,9 @@ TEST_F(CudaBackwardGraph, TheTimelinesOfAnEagerBackwardAndOfAReplayHaveATrackPer
   auto expect_same_grads = [&] { EXPECT_EQ(m.grads(), want); };
   for (int s = 0; s < 3; ++s) graph_step();
   expect_same_grads();
-  ASSERT_EQ(bw.counters().captures, 1u);
-  ASSERT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  ASSERT_EQ(bw.counters().replays, 2u);  // every launch counts, the capturing step's included
+  ASSERT_EQ(bw.stats().counters.captures, 1u);
+  ASSERT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  ASSERT_EQ(bw.stats().counters.replays, 2u);  // every launch counts, the capturing step's included
   {
     StepScope scope(arena);
     const Tensor loss = m.loss(x, t);
@@ -601,15 +601,15 @@ TEST_F(CudaBackwardGraph, TheTimelinesOfAnEagerBackwardAndOfAReplayHaveATrackPer
   }
   // The traced replay ran the backward for real, and left the cache and the counters alone.
   expect_same_grads();
-  EXPECT_EQ(bw.counters().captures, 1u);
-  EXPECT_EQ(bw.counters().replays, 2u);
-  EXPECT_EQ(bw.cache_size(), 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
+  EXPECT_EQ(bw.stats().counters.replays, 2u);
+  EXPECT_EQ(bw.stats().cached_graphs, 1u);
   // ... and the next step replays as usual: no capture, no update.
   graph_step();
   expect_same_grads();
-  EXPECT_EQ(bw.counters().captures, 1u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().updates, 0u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().replays, 3u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, 3u);
 }
 
 TEST_F(CudaBackwardGraph, CaptureUnsafeWorkIsRefusedByNameAndLeavesNoCaptureOpen) {

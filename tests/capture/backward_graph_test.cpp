@@ -16,10 +16,10 @@ TEST(BackwardGraphCpu, RunsTheEagerBackwardAndCountsIt) {
   w.grad() = Tensor();
   backward(mse_loss(linear(x, w), target));
   EXPECT_EQ(got, testing::values(w.grad()));
-  EXPECT_EQ(bw.eager_backwards(), 3u);
-  EXPECT_EQ(bw.counters().captures, 0u);
-  EXPECT_EQ(bw.counters().replays, 0u);
-  EXPECT_EQ(bw.last_reason(), "");
+  EXPECT_EQ(bw.stats().eager_backwards, 3u);
+  EXPECT_EQ(bw.stats().counters.captures, 0u);
+  EXPECT_EQ(bw.stats().counters.replays, 0u);
+  EXPECT_EQ(bw.stats().reason, "");
   GW_EXPECT_ERROR(bw.write_dot("/tmp/none.dot"), "write_dot");
 }
 
@@ -73,7 +73,7 @@ TEST(BackwardGraphCpu, TraceNamesWhatItNeedsAndLeavesTheTapeUsable) {
   EXPECT_TRUE(bw.trace_stream_names().empty());
   bw.backward(loss);  // the tape is intact
   EXPECT_TRUE(w.grad().defined());
-  EXPECT_EQ(bw.counters().captures, 0u);
+  EXPECT_EQ(bw.stats().counters.captures, 0u);
 }
 
 }  // namespace

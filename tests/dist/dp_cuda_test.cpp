@@ -50,7 +50,7 @@ TEST(CudaDataParallel, AGroupOfOneGivesThePlainGradientsEagerReplayedAndInAStepG
 
   BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(replayed.loss(x, t), GradWrite::kOverwrite);
-  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
   EXPECT_EQ(replayed.grads(), plain.grads());
 
   StepGraph step(kGpu, {x, t});
@@ -111,7 +111,7 @@ TEST(CudaDataParallel, AfterACapturedReductionUncapturedCollectivesWaitForTheDev
   EXPECT_EQ(m.grads(), plain.grads());
   BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(m.loss(x, t), GradWrite::kOverwrite);
-  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
   const std::uint64_t after_graphs = pg.device_waits();
   pg.broadcast(m.w);  // uncaptured, after replays: two collectives, each after a wait
   EXPECT_EQ(pg.device_waits(), after_graphs + 2) << "the agreement's gather and the broadcast";
@@ -181,7 +181,7 @@ TEST(CudaDataParallel, BranchesOnTheirStreamsAreBucketedLayerByLayerAcrossTheStr
   EXPECT_EQ(grads(), plain);
   BackwardGraph bw(kGpu, {.backward = {.reduce_gradients = &pg}});
   for (int s = 0; s < 3; ++s) bw.backward(loss(), GradWrite::kOverwrite);
-  EXPECT_EQ(bw.counters().captures, 1u);
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
   EXPECT_EQ(grads(), plain);
 }
 

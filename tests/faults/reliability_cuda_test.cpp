@@ -38,7 +38,7 @@ TEST(CudaNonFiniteLoss, ANanLossIsRefusedBeforeAnythingIsWrittenAndTheNextStepRe
   Model graphed, eager;
   BackwardGraph bw(kGpu, {.backward = {.check_finite_loss = true}});
   for (int step = 0; step < 3; ++step) bw.backward(graphed.loss(x, t));  // accumulates
-  const auto counters = bw.counters();
+  const auto counters = bw.stats().counters;
   ASSERT_EQ(counters.captures, 1u);
   const std::vector<float> g1 = graphed.w1.grad().to_vector<float>();
   const std::vector<float> g2 = graphed.w2.grad().to_vector<float>();
@@ -46,12 +46,12 @@ TEST(CudaNonFiniteLoss, ANanLossIsRefusedBeforeAnythingIsWrittenAndTheNextStepRe
                   "non-finite value", "nan", "expected a finite loss", "Nothing was written");
   EXPECT_EQ(graphed.w1.grad().to_vector<float>(), g1) << "a refused step wrote a .grad";
   EXPECT_EQ(graphed.w2.grad().to_vector<float>(), g2);
-  EXPECT_EQ(bw.counters().captures, counters.captures);
-  EXPECT_EQ(bw.counters().replays, counters.replays);
+  EXPECT_EQ(bw.stats().counters.captures, counters.captures);
+  EXPECT_EQ(bw.stats().counters.replays, counters.replays);
   // The next finite step replays the cached graph and accumulates as if the bad one never was.
   bw.backward(graphed.loss(x, t));
-  EXPECT_EQ(bw.counters().captures, counters.captures);
-  EXPECT_EQ(bw.counters().replays, counters.replays + 1);
+  EXPECT_EQ(bw.stats().counters.captures, counters.captures);
+  EXPECT_EQ(bw.stats().counters.replays, counters.replays + 1);
   for (int step = 0; step < 4; ++step) backward(eager.loss(x, t));
   EXPECT_LT(testing::rel_error(graphed.w1.grad(), eager.w1.grad()), 1e-6);
   EXPECT_LT(testing::rel_error(graphed.w2.grad(), eager.w2.grad()), 1e-6);
@@ -88,8 +88,8 @@ TEST(CudaLocalizeFaults, WithLocalizeFaultsEveryBackwardIsEagerAndGivesThePlainG
     bw.backward(localized.loss(x, t), GradWrite::kOverwrite);
     backward(plain.loss(x, t), {.grad_write = GradWrite::kOverwrite, .split_weight_grads = true});
   }
-  EXPECT_EQ(bw.counters().captures, 0u);
-  EXPECT_EQ(bw.eager_backwards(), 4u);
+  EXPECT_EQ(bw.stats().counters.captures, 0u);
+  EXPECT_EQ(bw.stats().eager_backwards, 4u);
   EXPECT_EQ(localized.w1.grad().to_vector<float>(), plain.w1.grad().to_vector<float>());
   EXPECT_EQ(localized.w2.grad().to_vector<float>(), plain.w2.grad().to_vector<float>());
 }
@@ -105,7 +105,7 @@ TEST(CudaMemory, NothingOfAModelOutlivesItsTensorsGraphsAndSignatures) {
     {
       BackwardGraph bw(kGpu);
       for (int step = 0; step < 3; ++step) bw.backward(replayed.loss(x, t), GradWrite::kOverwrite);
-      EXPECT_EQ(bw.counters().captures, 1u);
+      EXPECT_EQ(bw.stats().counters.captures, 1u);
     }
     {
       StepGraph step(kGpu, {x, t});

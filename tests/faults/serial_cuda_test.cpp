@@ -88,7 +88,7 @@ TEST(CudaOutOfMemory, OutOfMemoryWhileCapturingAbandonsTheCaptureAndTheNextSteps
     arena.record_step_end(current_stream(kGpu));
   };
   for (int step = 0; step < 3; ++step) graphed_step(x, t);  // warm-up, capture, replay at 512
-  ASSERT_EQ(bw.counters().captures, 1u);
+  ASSERT_EQ(bw.stats().counters.captures, 1u);
   const std::vector<float> w1_grad = graphed.w1.grad().to_vector<float>();
   {
     // A new batch size is a new graph: its capture needs new blocks for its intermediates (8 MiB
@@ -114,16 +114,16 @@ TEST(CudaOutOfMemory, OutOfMemoryWhileCapturingAbandonsTheCaptureAndTheNextSteps
   cudaStreamCaptureStatus status{};
   ASSERT_EQ(cudaStreamIsCapturing(current_stream(kGpu), &status), cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusNone) << "a capture was left open";
-  EXPECT_EQ(bw.counters().captures, 1u);
-  EXPECT_EQ(bw.cache_size(), 1u) << "nothing of the abandoned capture may be cached";
+  EXPECT_EQ(bw.stats().counters.captures, 1u);
+  EXPECT_EQ(bw.stats().cached_graphs, 1u) << "nothing of the abandoned capture may be cached";
   EXPECT_EQ(graphed.w1.grad().to_vector<float>(), w1_grad) << "the abandoned capture wrote a .grad";
   // The next steps capture and replay at 1024, and give the eager backward's gradients.
   for (int step = 0; step < 3; ++step) {
     graphed_step(x2, t2);
     backward(eager.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
   }
-  EXPECT_EQ(bw.counters().captures, 2u) << bw.last_reason();
-  EXPECT_EQ(bw.counters().replays, 2u + 3u);
+  EXPECT_EQ(bw.stats().counters.captures, 2u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, 2u + 3u);
   EXPECT_EQ(graphed.w1.grad().to_vector<float>(), eager.w1.grad().to_vector<float>());
   EXPECT_EQ(graphed.w2.grad().to_vector<float>(), eager.w2.grad().to_vector<float>());
 }

@@ -356,8 +356,8 @@ inline Outcome run(const Program& p, Device device, DType dtype, RunMode mode) {
       for (std::size_t r = 1; r < roots.size(); ++r) loss = add(loss, roots[r]);
       bw.backward(loss, GradWrite::kOverwrite);
     }
-    out.captures = bw.counters().captures;
-    out.replays = bw.counters().replays;
+    out.captures = bw.stats().counters.captures;
+    out.replays = bw.stats().counters.replays;
   } else {
     roots = detail::forward(p, leaves, on_streams ? &streams : nullptr, device, dtype);
     backward(

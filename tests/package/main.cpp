@@ -33,8 +33,8 @@ int main() {
     if (step == 0) first = loss.item();
     last = loss.item();
   }
-  std::printf("%llu capture(s), %llu replays\n", (unsigned long long)bw.counters().captures,
-              (unsigned long long)bw.counters().replays);
+  std::printf("%llu capture(s), %llu replays\n", (unsigned long long)bw.stats().counters.captures,
+              (unsigned long long)bw.stats().counters.replays);
   std::printf("consumer: %s, loss %.4f -> %.4f\n", last < first / 10 ? "trained" : "did NOT train",
               first, last);
   return last < first / 10 ? 0 : 1;
