@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/ops.h"
+#include "engine/grad_slot.h"
 #include "engine/tensor.h"
 
 namespace graphward {

@@ -25,20 +25,10 @@
 #include <span>
 #include <vector>
 
+#include "engine/grad_slot.h"
 #include "engine/tensor.h"
 
 namespace graphward {
-
-struct GradEpilogue;
-struct GradSlot {
-  Tensor* tensor = nullptr;
-  bool accumulate = false;
-  bool may_share = false;
-  // Note [Backward epilogue fusion]: set by the backward executor on the input gradient of a
-  // linear layer (linear_backward's grad_x) whose input is the output of a linear+activation
-  // layer: what to write into the slot is then that layer's pre-activation gradient.
-  const GradEpilogue* epilogue = nullptr;
-};
 
 // ---- linear algebra -----------------------------------------------------------------------------
 // a [m, k] · b [k, n] -> [m, n]
@@ -62,7 +52,7 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
 // bias and the activation are one cuBLASLt kernel (its epilogue) where cuBLASLt offers one for the
 // shape — GELU needs `out` to be a multiple of 8 — else the same three steps as separate kernels.
 // GELU is the tanh approximation (gelu() below).
-enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
+// (Activation: engine/grad_slot.h.)
 // act(x · weightᵀ + bias); bias may be undefined. Recorded as one node — "linear" (kNone),
 // "linear_relu" or "linear_gelu" — saving x, weight and, for its backward, the output (ReLU) or
 // the pre-activation x · weightᵀ + bias (GELU).
@@ -82,11 +72,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // what it saves, and the variants measured and rejected (the bias gradient in the same epilogue,
 // the split removed from these GEMMs): docs/DECISIONS.md, "a linear+activation layer's gradient
 // rides in the next layer's GEMM".
-struct GradEpilogue {
-  Activation act = Activation::kNone;
-  Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
-  Tensor relu_mask;  // ReLU on CUDA: the bit mask of P's forward (undefined: none was written)
-};
+// (GradEpilogue, what C is handed: engine/grad_slot.h.)
 
 // `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's
 // gradient dz = grad_out · act'(·) is formed once per call, then as linear_backward(dz, ...).
