@@ -111,29 +111,28 @@ void graph_backward(benchmark::State& state, bool split) {
   state.counters["gpu_us"] = gw::bench::GpuTimer::median(gpu);
   if (timer.timed_out()) state.SkipWithError("GpuTimer: the hold timed out");
   const double iters = static_cast<double>(state.iterations());
+  const gw::BackwardGraphStats st = bw.stats();
   state.counters["sig_us"] = parts.signature_us / iters;
-  state.counters["from_log"] = bw.stats().signature_from_log;  // Note [Tape log]
-  state.counters["fwd_match"] = bw.stats().matched_in_forward;
+  state.counters["from_log"] = st.signature_from_log;  // Note [Tape log]
+  state.counters["fwd_match"] = st.matched_in_forward;
   state.counters["wait_us"] = parts.wait_us / iters;
   state.counters["decide_us"] = parts.decide_us / iters;
   state.counters["refresh_us"] = parts.refresh_us / iters;
   state.counters["launch_us"] = parts.launch_us / iters;
   state.counters["release_us"] = parts.release_us / iters;
   state.counters["whole_step"] = whole_steps / iters;  // Note [Reads of a replayed step]
-  const auto after = bw.stats().counters;
+  const auto& after = st.counters;
   state.counters["host_us"] = 1e6 * host / static_cast<double>(state.iterations());
   state.counters["fwd_host_us"] = fwd_host / iters;
   state.counters["captures"] = static_cast<double>(after.captures - before.captures);
   state.counters["updates"] = static_cast<double>(after.updates - before.updates);
-  state.counters["kernel_nodes"] = static_cast<double>(bw.stats().graph.kernel_nodes);
-  state.counters["tape_nodes"] = static_cast<double>(bw.stats().graph.tape_nodes);
-  state.counters["graph_mem_kib"] = static_cast<double>(bw.stats().graph.memory_bytes) / 1024;
-  state.counters["memory_nodes"] = static_cast<double>(bw.stats().graph.memory_nodes);
-  state.counters["graph_nodes"] =
-      static_cast<double>(bw.stats().graph.kernel_nodes + bw.stats().graph.other_nodes);
+  state.counters["kernel_nodes"] = static_cast<double>(st.graph.kernel_nodes);
+  state.counters["tape_nodes"] = static_cast<double>(st.graph.tape_nodes);
+  state.counters["graph_mem_kib"] = static_cast<double>(st.graph.memory_bytes) / 1024;
+  state.counters["memory_nodes"] = static_cast<double>(st.graph.memory_nodes);
+  state.counters["graph_nodes"] = static_cast<double>(st.graph.kernel_nodes + st.graph.other_nodes);
   dump_dot(bw, split ? "graphward_split" : "graphward", state);
-  state.SetLabel(bw.stats().signature_from_log ? bw.stats().reason
-                                               : std::string("walked: ") + bw.stats().walk_reason);
+  state.SetLabel(st.signature_from_log ? st.reason : std::string("walked: ") + st.walk_reason);
 }
 void BM_GraphBackward(benchmark::State& state) {
   graph_backward(state, false);

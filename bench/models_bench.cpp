@@ -66,9 +66,10 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
     host += std::chrono::duration<double, std::micro>(t1 - t0).count();
     state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
     if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
-      bw_host += bw->stats().host.total_us();
-      bw_before_launch += bw->stats().host.before_launch_us();
-      whole_steps += bw->stats().host.whole_step;
+      const gw::BackwardHostTimes t = bw->stats().host;
+      bw_host += t.total_us();
+      bw_before_launch += t.before_launch_us();
+      whole_steps += t.whole_step;
     }
   }
   // The loop a user writes (examples/trainer.h's run_steps): steps back to back, nothing

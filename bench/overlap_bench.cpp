@@ -148,10 +148,10 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   state.counters["host_us"] = host / iters;
   state.counters["nodes"] = static_cast<double>(run.nodes());
   if (graph) {
-    const auto after = run.graph()->stats().counters;
-    state.counters["captures"] = static_cast<double>(after.captures - before.captures);
-    state.counters["updates"] = static_cast<double>(after.updates - before.updates);
-    state.counters["kernel_nodes"] = static_cast<double>(run.graph()->stats().graph.kernel_nodes);
+    const gw::BackwardGraphStats after = run.graph()->stats();
+    state.counters["captures"] = static_cast<double>(after.counters.captures - before.captures);
+    state.counters["updates"] = static_cast<double>(after.counters.updates - before.updates);
+    state.counters["kernel_nodes"] = static_cast<double>(after.graph.kernel_nodes);
   }
   const int samples = n >= 4096 ? 5 : 15;
   state.counters["gpu_us"] = run.gpu_us(samples);
