@@ -288,6 +288,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     detail::NvtxRange nvtx("BackwardGraph::signature");
     capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
   }
+  // Note [Writes of a replayed graph]: once the memo's .grads changed, the .grads that follow
+  // grad_writes_ may not be this step's (even when a later step finds them unchanged again).
+  if (!sig.grads_unchanged) grad_writes_leaves_.clear();
   last_from_log_ = sig.source == capture::TapeSignature::Source::kLog;
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
@@ -481,14 +484,29 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     src.storage()->record_read(caller, fence);
   }
   slot_sources_.clear();
-  // The .grads the graph wrote: from the signature's memo where it has them (one pointer each).
-  const bool memo = sig.source == capture::TapeSignature::Source::kLog &&
-                    sig.grad_memo.size() == sig.leaves.size();
-  for (std::uint32_t l : exec.leaves) {
-    Storage* g = memo ? sig.grad_memo[l].grad_storage : nullptr;
-    if (!g) g = sig.leaves[l].grad().storage().get();  // made for this capture
-    g->record_use(caller, true);
-    g->watch();
+  // The .grads the graph wrote (Note [Writes of a replayed graph], engine/memory.h): the same
+  // .grads of the same leaves as the last step's follow grad_writes_, and one bump writes them
+  // all; others are written here, from the signature's memo where it has them (one pointer each),
+  // and follow a new GraphWrites from now on.
+  if (sig.grads_unchanged && !grad_writes_leaves_.empty() && grad_writes_leaves_ == exec.leaves) {
+    grad_writes_->stream.store(caller, std::memory_order_relaxed);
+    grad_writes_->epoch.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    grad_writes_leaves_.clear();
+    grad_writes_ = std::make_shared<detail::GraphWrites>();
+    grad_writes_->stream.store(caller, std::memory_order_relaxed);
+    const bool memo = sig.source == capture::TapeSignature::Source::kLog &&
+                      sig.grad_memo.size() == sig.leaves.size();
+    for (std::uint32_t l : exec.leaves) {
+      Storage* g = memo ? sig.grad_memo[l].grad_storage : nullptr;
+      if (!g) g = sig.leaves[l].grad().storage().get();  // made for this capture
+      g->record_use(caller, true);
+      g->watch();
+      g->follow_graph_writes(grad_writes_);
+    }
+    // The next step's signature compares its .grads with the memo: only .grads read from it are
+    // known to be the next step's when it finds them unchanged.
+    if (memo) grad_writes_leaves_ = exec.leaves;
   }
   // Note [Reads of a replayed step] (engine/memory.h): a step the tape log recorded, every node of
   // which the graph reached, is released as a whole — one record of the graph's read, filled in

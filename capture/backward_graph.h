@@ -260,6 +260,10 @@ class BackwardGraph {
   cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
   std::uint64_t hazards_seen_ = ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
   std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
+  // Note [Writes of a replayed graph] (engine/memory.h): what the .grads written by the last
+  // replay follow, and which of the signature's leaves they are (empty: none follow it).
+  std::shared_ptr<detail::GraphWrites> grad_writes_;
+  std::vector<std::uint32_t> grad_writes_leaves_;
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
   capture::TapeSignature walk_;       // a walk of this step's tape, when capturing

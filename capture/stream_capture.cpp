@@ -3,6 +3,7 @@
 #if GRAPHWARD_HAS_CUDA
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "engine/deferred_release.h"
 #include "base/error.h"
@@ -37,10 +38,28 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
   return graph;
 }
 
+bool has_prioritized_kernel(cudaGraph_t graph) {
+  std::size_t n = 0;
+  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaLaunchAttributeValue value{};
+    GW_CUDA_CHECK(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value));
+    if (value.priority != 0) return true;
+  }
+  return false;
+}
+
 cudaGraphExec_t instantiate(cudaGraph_t graph) {
   cudaGraphExec_t exec = nullptr;
-  GW_CUDA_CHECK(
-      cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority));
+  // Note [Node priorities]
+  const unsigned long long flags =
+      has_prioritized_kernel(graph) ? cudaGraphInstantiateFlagUseNodePriority : 0;
+  GW_CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, flags));
   return exec;
 }
 

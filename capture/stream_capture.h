@@ -23,12 +23,20 @@ namespace graphward::capture {
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body);
 
-// Instantiates `graph` as every graph of graphward is: with each kernel node's priority, which
-// capture takes from its stream (by default a replay runs every kernel at the priority of the
-// stream it is launched into). The gradient reductions' stream is the device's highest priority
-// (dist/process_group.h): in a replay too, its kernels are scheduled before the backward's when
-// both wait for the GPU, so a reduction starts as soon as its bucket is ready.
+// Note [Node priorities]
+// Instantiates `graph` as every graph of graphward is: where some kernel node has a priority of
+// its own, which capture takes from its stream, with each kernel node's priority (by default a
+// replay runs every kernel at the priority of the stream it is launched into). The gradient
+// reductions' stream is the device's highest priority (dist/process_group.h): in a replay too,
+// its kernels are scheduled before the backward's when both wait for the GPU, so a reduction
+// starts as soon as its bucket is ready. A graph whose kernels all have the default priority is
+// instantiated without the per-node priorities: they would change nothing in it, and they make
+// each launch of a graph with side streams dearer on the host (docs/DECISIONS.md, "per-node
+// priorities only where a kernel has one").
 cudaGraphExec_t instantiate(cudaGraph_t graph);
+
+// Whether some kernel node of `graph` has a priority other than the default (0).
+bool has_prioritized_kernel(cudaGraph_t graph);
 
 struct NodeCounts {
   std::vector<cudaGraphNode_t> nodes;  // in cudaGraphGetNodes' order

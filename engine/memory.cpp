@@ -513,6 +513,19 @@ void Storage::settle_step_reads() const {
   step_reads_.reset();
 }
 
+void Storage::settle_graph_writes() const {
+  // As settle_step_reads: bookkeeping the const queries apply before they answer.
+  Storage& self = const_cast<Storage&>(*this);
+  graph_writes_seen_ = graph_writes_->epoch.load(std::memory_order_acquire);
+  self.record_use(graph_writes_->stream.load(std::memory_order_relaxed), /*wrote=*/true);
+}
+
+void Storage::follow_graph_writes(std::shared_ptr<detail::GraphWrites> writes) {
+  settle();  // what the one it followed wrote, first
+  graph_writes_seen_ = writes->epoch.load(std::memory_order_acquire);
+  graph_writes_ = std::move(writes);
+}
+
 void Storage::bump_version() {
   settle();
   ++version_;
@@ -571,7 +584,9 @@ void Storage::add_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
 }
 
 void Storage::sync_for_read(cudaStream_t stream) {
-  if (device_.is_cpu() || stream == producer_) return;
+  if (device_.is_cpu()) return;
+  settle();  // Note [Writes of a replayed graph]: the producer may be a replay's stream
+  if (stream == producer_) return;
 #if GRAPHWARD_HAS_CUDA
   if (t_planned_sync) {  // Note [Planned synchronization]
     note_use(stream);

@@ -81,6 +81,25 @@ struct StepReads {
   bool mixed_streams = false;           // saved storages allocated on more than one stream
   cudaStream_t alloc_stream = nullptr;  // the one they were allocated on, if not mixed
 };
+
+// Note [Writes of a replayed graph]
+// A replayed backward writes every .grad it reaches on the caller's stream. Recorded on each
+// .grad's storage after every launch (its producer, its count of writes, its readers since), that
+// is one storage touched per leaf per step, the largest part of what a replay of many parameters
+// does after its launch. Instead the storages a BackwardGraph wrote follow one GraphWrites: once
+// written and watched directly, each is told to follow it (Storage::follow_graph_writes); a later
+// replay over the same .grads only sets the stream and bumps `epoch`, and each storage applies
+// "written on `stream`" the next time its bookkeeping is consulted (Storage::settle: a read, a
+// write, a hazard query, its free). Several replays between two consultations count as one
+// write, on the last replay's stream: each replay's launch is ordered after the one before it
+// (graphs of one BackwardGraph launched on another stream wait for the last launch), so a reader
+// that waits for the last stream waits for every earlier write. A BackwardGraph whose .grads
+// change makes a new GraphWrites; the old one is never bumped again, so a storage that no longer
+// is a .grad of it is not written by its replays.
+struct GraphWrites {
+  std::atomic<std::uint64_t> epoch{0};
+  std::atomic<cudaStream_t> stream{nullptr};
+};
 }  // namespace detail
 
 class DeviceBuffer {
@@ -168,7 +187,15 @@ class Storage {
   // below that reads or changes the bookkeeping.
   void settle() const {
     if (step_reads_ && step_reads_->replayed.load(std::memory_order_acquire)) settle_step_reads();
+    if (graph_writes_ &&
+        graph_writes_->epoch.load(std::memory_order_acquire) != graph_writes_seen_) {
+      settle_graph_writes();
+    }
   }
+  // Note [Writes of a replayed graph]: from now on each bump of `writes`' epoch is a write of
+  // this memory on `writes`' stream (applied by settle). Replaces the GraphWrites it followed.
+  // CUDA only.
+  void follow_graph_writes(std::shared_ptr<detail::GraphWrites> writes);
   // Whether a recorded op produced this memory (an activation), as opposed to data that entered
   // the tape from outside (a batch, targets, a constant): Note [Input slots],
   // capture/backward_graph.h.
@@ -176,7 +203,10 @@ class Storage {
   bool recorded() const { return recorded_; }
 
   // The stream whose work last wrote this memory (nullptr for CPU storage).
-  cudaStream_t producer_stream() const { return producer_; }
+  cudaStream_t producer_stream() const {
+    settle();
+    return producer_;
+  }
   // Prepare a read on `stream`: wait for the producer if it is another stream.
   void sync_for_read(cudaStream_t stream);
   // Prepare a write on `stream`: wait for the producer and the streams that read it since the
@@ -254,6 +284,10 @@ class Storage {
   mutable std::shared_ptr<detail::StepReads> step_reads_;
   mutable int step_saves_ = 0;
   void settle_step_reads() const;
+  // Note [Writes of a replayed graph]: what it follows, and the epoch it applied last.
+  mutable std::shared_ptr<detail::GraphWrites> graph_writes_;
+  mutable std::uint64_t graph_writes_seen_ = 0;
+  void settle_graph_writes() const;
   void add_read(cudaStream_t stream, std::shared_ptr<const Event> done);
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;

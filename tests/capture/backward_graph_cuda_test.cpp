@@ -484,6 +484,70 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
   EXPECT_NE(m.w[0][0].grad().to_vector<float>(), step_a);
 }
 
+// Note [Writes of a replayed graph] (engine/memory.h): a replay over the same .grads as the step
+// before records its writes with one bump, which each .grad applies when it is next consulted. A
+// reader on another stream must still wait for the replay: one that wrote the .grad last before
+// it (its producer until the replay's write is applied) and one that never used it. The caller's
+// stream is held 50 ms before the step, so a reader that does not wait reads the old values.
+TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
+  Model m(1, 2, 64), ref(1, 2, 64);
+  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
+  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
+  const Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
+  BackwardGraph bw(kGpu);
+  StepArena arena(kGpu);
+  auto step = [&](const Tensor& xs, const Tensor& ts) {
+    {
+      NoGradGuard no_grad;
+      copy_(x, xs);
+      copy_(t, ts);
+    }
+    StepScope scope(arena);
+    bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+    arena.record_step_end(current_stream(kGpu));
+  };
+  for (int i = 0; i < 4; ++i) step(x1, t1);  // warm-up, capture, replays over the same .grads
+  ASSERT_EQ(bw.stats().counters.captures, 1u);
+  const std::uint64_t updates = bw.stats().counters.updates, replays = bw.stats().counters.replays;
+  const Tensor& g = m.w[0][0].grad();
+  const std::vector<float> sevens(static_cast<std::size_t>(g.numel()), 7.0f);
+  Stream writer(kGpu), reader(kGpu);
+  {
+    NoGradGuard no_grad;
+    {
+      StreamGuard w(writer);
+      copy_(g, full(g.shape(), 7.0, kF32Gpu));  // the .grad's last writer before the replay
+      (void)mul(g, 1.0);  // the read's kernel loaded before the stall (CUDA's lazy loading)
+    }
+    StreamGuard r(reader);
+    (void)mul(g, 1.0);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(g.to_vector<float>(), sevens);
+  testing::stall(current_stream(kGpu), 50);  // the replay runs after 50 ms
+  step(x2, t2);
+  Tensor from_writer, from_reader;
+  {
+    NoGradGuard no_grad;
+    {
+      StreamGuard w(writer);
+      from_writer = mul(g, 1.0);
+    }
+    StreamGuard r(reader);
+    from_reader = mul(g, 1.0);
+  }
+  EXPECT_EQ(bw.stats().counters.replays, replays + 1);
+  EXPECT_EQ(bw.stats().counters.updates, updates) << bw.stats().reason;  // a plain replay
+  backward(ref.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
+  const std::vector<float> expected = ref.w[0][0].grad().to_vector<float>();
+  ASSERT_NE(expected, sevens);
+  EXPECT_EQ(from_writer.to_vector<float>(), expected) << "the .grad's last writer read it early";
+  EXPECT_EQ(from_reader.to_vector<float>(), expected) << "a new reader read it early";
+  step(x1, t1);  // and the next replay still waits for both readers (rule 6)
+  backward(ref.loss(x1, t1), {.grad_write = GradWrite::kOverwrite});
+  EXPECT_EQ(m.grads(), ref.grads());
+}
+
 TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
   // The last layers and the loss run on stream `late`, behind a 50 ms stall; backward() is
   // called on the caller's stream. The graph reads what `late` produced (the last relu's output,

@@ -413,6 +413,32 @@ TEST_F(CudaStreams, ATensorMadeAndDroppedInsideACaptureIsAnAllocationAndAFreeNod
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// Note [Node priorities] (capture/stream_capture.h): a kernel captured on a stream of higher
+// priority keeps it in the graph, and such a graph is instantiated with per-node priorities; a
+// graph of default-priority kernels is not (the flag would change nothing in it).
+TEST_F(CudaStreams, AKernelCapturedOnAHighPriorityStreamKeepsItsPriorityInTheGraph) {
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  if (least == greatest) GTEST_SKIP() << "this GPU has a single stream priority";
+  for (const int priority : {least, greatest}) {
+    Stream s(kGpu, priority);
+    StreamGuard g(s);
+    const Tensor x = full({1000}, -1.0, kF32Gpu);  // made on `s`: the capture waits for nothing
+    const Tensor y = full({1000}, 5.0, kF32Gpu);
+    s.synchronize();
+    cudaGraph_t graph = capture::capture_stream(s.get(), "test", "", [&] { copy_(y, relu(x)); });
+    const bool prioritized = capture::has_prioritized_kernel(graph);
+    EXPECT_EQ(prioritized, priority != 0) << "a graph captured on a stream of priority " << priority;
+    cudaGraphExec_t exec = capture::instantiate(graph);
+    ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
+    s.synchronize();
+    EXPECT_EQ(y.to_vector<float>(), std::vector<float>(1000, 0.0f));
+    ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_F(CudaStreams, ATensorUsedOnTwoStreamsAndDroppedInsideACaptureGoesBackToThePool) {
   Stream home(kGpu), reader(kGpu);
   empty_cache(kGpu);
