@@ -428,7 +428,8 @@ TEST_F(CudaStreams, AKernelCapturedOnAHighPriorityStreamKeepsItsPriorityInTheGra
     s.synchronize();
     cudaGraph_t graph = capture::capture_stream(s.get(), "test", "", [&] { copy_(y, relu(x)); });
     const bool prioritized = capture::has_prioritized_kernel(graph);
-    EXPECT_EQ(prioritized, priority != 0) << "a graph captured on a stream of priority " << priority;
+    EXPECT_EQ(prioritized, priority != 0)
+        << "a graph captured on a stream of priority " << priority;
     cudaGraphExec_t exec = capture::instantiate(graph);
     ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
     s.synchronize();
