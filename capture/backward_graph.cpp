@@ -135,28 +135,6 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
   return st;
 }
 
-const char* update_result_name(cudaGraphExecUpdateResult r) {
-  switch (r) {
-    case cudaGraphExecUpdateSuccess:
-      return "success";
-    case cudaGraphExecUpdateErrorTopologyChanged:
-      return "the topology changed";
-    case cudaGraphExecUpdateErrorNodeTypeChanged:
-      return "a node type changed";
-    case cudaGraphExecUpdateErrorFunctionChanged:
-    case cudaGraphExecUpdateErrorUnsupportedFunctionChange:
-      return "a kernel changed";
-    case cudaGraphExecUpdateErrorParametersChanged:
-      return "parameters changed unsupportedly";
-    case cudaGraphExecUpdateErrorNotSupported:
-      return "a node cannot be updated";
-    case cudaGraphExecUpdateErrorAttributesChanged:
-      return "node attributes changed";
-    default:
-      return "an error";
-  }
-}
-
 }  // namespace
 #endif
 
@@ -316,7 +294,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   const auto t_refreshed = Clock::now();
   {
     detail::NvtxRange nvtx("BackwardGraph::replay");
-    GW_CUDA_CHECK(cudaGraphLaunch(exec->exec, caller));
+    exec->graph.launch(caller);
   }
   detail::note_graph_launch(exec->description);  // Note [Kernel faults]
   last_launch_stream_ = caller;
@@ -417,8 +395,8 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
   // Note [Input slots]: the saved tensors this graph reads from copies of its own.
   fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
   fill_slots(*fresh, caller);
-  fresh->graph = capture_plan(plan, caller, *pool, /*timed=*/false);
-  fresh->stats = stats_of(fresh->graph, plan);
+  fresh->graph = capture::Graph(capture_plan(plan, caller, *pool, /*timed=*/false));
+  fresh->stats = stats_of(fresh->graph.graph(), plan);
   fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
   fresh->stats.tape_nodes = fresh->nodes.size();
   fresh->stats.memory_bytes = pool->bytes();
@@ -434,11 +412,9 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
   bool updated = false;
   if (decision.action == Action::kUpdate) {
     Executable& old = *decision.entry->exec;
-    cudaGraphExecUpdateResultInfo info{};
     detail::NvtxRange nvtx("BackwardGraph::update");
-    const cudaError_t err = cudaGraphExecUpdate(old.exec, fresh->graph, &info);
-    if (err == cudaSuccess) {
-      std::swap(old.graph, fresh->graph);  // keep the graph that matches the executable
+    const char* refused = old.graph.update_to(fresh->graph);
+    if (!refused) {
       old.stats = fresh->stats;
       old.description = fresh->description;
       old.slots = std::move(fresh->slots);
@@ -446,13 +422,12 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
       updated = true;
       last_reason_ = "update: " + decision.reason;
     } else {
-      (void)cudaGetLastError();
-      last_reason_ = "update refused (" + std::string(update_result_name(info.result)) +
-                     "), re-instantiated: " + decision.reason;
+      last_reason_ =
+          "update refused (" + std::string(refused) + "), re-instantiated: " + decision.reason;
     }
   }
   if (!updated) {
-    fresh->exec = capture::instantiate(fresh->graph);
+    fresh->graph.instantiate();
     exec = fresh;
     if (decision.action == Action::kUpdate) {
       fresh->pool = std::move(decision.entry->exec->pool);  // the memory the new graph uses
@@ -581,19 +556,11 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   order_before_launch(loss, caller, leaves, /*scan_grads=*/true);
   use_capture_streams(plan);
   GraphMemoryPool pool(device_);
-  struct Owned {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ~Owned() {
-      if (exec) (void)cudaGraphExecDestroy(exec);
-      if (graph) (void)cudaGraphDestroy(graph);
-    }
-  } owned;
-  owned.graph = capture_plan(plan, caller, pool, /*timed=*/true);
-  owned.exec = capture::instantiate(owned.graph);
+  capture::Graph owned(capture_plan(plan, caller, pool, /*timed=*/true));
+  owned.instantiate();
   {
     detail::NvtxRange launch("BackwardGraph::replay (traced)");
-    GW_CUDA_CHECK(cudaGraphLaunch(owned.exec, caller));
+    owned.launch(caller);
   }
   GW_CUDA_CHECK(cudaStreamSynchronize(caller));
   std::vector<StepTiming> steps = executor_.read_timings(plan, device_);
@@ -628,7 +595,7 @@ void BackwardGraph::write_dot(const std::string& path) const {
 #if GRAPHWARD_HAS_CUDA
   GW_CHECK(last_captured_ && last_captured_->graph,
            "BackwardGraph::write_dot: no graph has been captured yet");
-  GW_CUDA_CHECK(cudaGraphDebugDotPrint(last_captured_->graph, path.c_str(), 0));
+  last_captured_->graph.write_dot(path);
 #else
   (void)path;
   GW_CHECK(false, "BackwardGraph::write_dot: graphward was built without CUDA");

@@ -8,15 +8,12 @@
 
 #include "base/error.h"
 #include "capture/backward_graph.h"
+#include "capture/stream_capture.h"
 #include "engine/graph_pool.h"
 
 namespace graphward {
 
 struct BackwardGraph::Executable {
-#if GRAPHWARD_HAS_CUDA
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-#endif
   GraphStats stats;
   // Where the nodes and leaves the backward reaches are in the signature's `nodes` and `leaves`
   // (the same for every step with this structure).
@@ -24,20 +21,18 @@ struct BackwardGraph::Executable {
   // A signature from the tape log: its nodes' part, what the next step's forward is compared with
   // as it records (Note [Tape log]). Null for a signature made by a walk.
   std::shared_ptr<const capture::Words> nodes_part;
-  // The graph's intermediates (Note [Graph memory pool]); declared first, destroyed last.
+  // The graph's intermediates (Note [Graph memory pool]): declared before the graph, destroyed
+  // after it.
   std::unique_ptr<GraphMemoryPool> pool;
+#if GRAPHWARD_HAS_CUDA
+  capture::Graph graph;
+#endif
   // What a kernel fault after its launch names (Note [Kernel faults], base/error.h).
   std::shared_ptr<const std::string> description;
   std::vector<InputSlot> slots;  // Note [Input slots]
   Executable() = default;
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
-  ~Executable() {
-#if GRAPHWARD_HAS_CUDA
-    if (exec) GW_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
-    if (graph) GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
-#endif
-  }
 };
 
 }  // namespace graphward

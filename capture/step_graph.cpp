@@ -27,8 +27,7 @@ struct StepGraph::Executable {
   // The graph's memory: declared first, destroyed last (the loss lives in it).
   std::unique_ptr<GraphMemoryPool> pool;
 #if GRAPHWARD_HAS_CUDA
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
+  capture::Graph graph;  // destroyed before the pool, after the tensors below (the destructor)
 #endif
   Tensor loss;
   std::vector<Baked> inputs;
@@ -48,8 +47,7 @@ struct StepGraph::Executable {
     leaves.clear();
     grads.clear();
 #if GRAPHWARD_HAS_CUDA
-    if (exec) GW_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec));
-    if (graph) GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
+    graph = capture::Graph();
 #endif
   }
 };
@@ -257,25 +255,26 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
     copy_batch(*batch, fresh->slots, caller);
   }
   Tensor loss;
-  cudaGraph_t graph = capture::capture_stream(
-      caller, "StepGraph", "some work in the step was not capturable, used a stream outside the "
-      "capture, or was left on another stream without joining the step's stream", [&] {
+  capture::Graph graph(capture::capture_stream(
+      caller, "StepGraph",
+      "some work in the step was not capturable, used a stream outside the "
+      "capture, or was left on another stream without joining the step's stream",
+      [&] {
         CaptureModeScope scope("a whole training step (StepGraph)");
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
         check_loss(loss, device_);
-      });
+      }));
   if (batch) {
     const std::string misread = batch_read_in_place(loss, *batch);
     if (!misread.empty()) {
-      GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
       GW_CHECK(false, "StepGraph::run: ", misread, "; read the batch from the step function's "
                "argument (run(batch, [&](const std::vector<Tensor>& in) { ... in[i] ... }))");
     }
   }
-  fresh->graph = graph;
-  fresh->exec = capture::instantiate(graph);
-  const capture::NodeCounts counts = capture::count_nodes(graph);
+  graph.instantiate();
+  fresh->graph = std::move(graph);
+  const capture::NodeCounts counts = capture::count_nodes(fresh->graph.graph());
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();
   fresh->description = std::make_shared<const std::string>(
@@ -310,7 +309,7 @@ void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
   }
   {
     detail::NvtxRange nvtx("StepGraph::replay");
-    GW_CUDA_CHECK(cudaGraphLaunch(e.exec, caller));
+    e.graph.launch(caller);
   }
   detail::note_graph_launch(e.description);  // Note [Kernel faults]
   ++counters_.replays;
@@ -333,7 +332,7 @@ void StepGraph::write_dot(const std::string& path, bool verbose) const {
                   "captures is the warm-up's next)");
 #if GRAPHWARD_HAS_CUDA
   const unsigned flags = verbose ? static_cast<unsigned>(cudaGraphDebugDotFlagsVerbose) : 0u;
-  GW_CUDA_CHECK(cudaGraphDebugDotPrint(exec_->graph, path.c_str(), flags));
+  exec_->graph.write_dot(path, flags);
 #else
   (void)path, (void)verbose;
 #endif

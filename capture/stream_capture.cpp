@@ -3,6 +3,8 @@
 #if GRAPHWARD_HAS_CUDA
 #include <algorithm>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/deferred_release.h"
@@ -61,6 +63,81 @@ cudaGraphExec_t instantiate(cudaGraph_t graph) {
       has_prioritized_kernel(graph) ? cudaGraphInstantiateFlagUseNodePriority : 0;
   GW_CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, flags));
   return exec;
+}
+
+Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_) {
+  other.graph_ = nullptr;
+  other.exec_ = nullptr;
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    reset();
+    std::swap(graph_, other.graph_);
+    std::swap(exec_, other.exec_);
+  }
+  return *this;
+}
+
+Graph::~Graph() {
+  reset();
+}
+
+void Graph::reset() noexcept {
+  if (exec_) GW_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec_));
+  if (graph_) GW_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph_));
+  exec_ = nullptr;
+  graph_ = nullptr;
+}
+
+void Graph::instantiate() {
+  GW_CHECK(graph_ && !exec_, "capture::Graph::instantiate: internal error: ",
+           graph_ ? "instantiated already" : "no graph");
+  exec_ = capture::instantiate(graph_);
+}
+
+namespace {
+const char* update_result_name(cudaGraphExecUpdateResult r) {
+  switch (r) {
+    case cudaGraphExecUpdateSuccess:
+      return "success";
+    case cudaGraphExecUpdateErrorTopologyChanged:
+      return "the topology changed";
+    case cudaGraphExecUpdateErrorNodeTypeChanged:
+      return "a node type changed";
+    case cudaGraphExecUpdateErrorFunctionChanged:
+    case cudaGraphExecUpdateErrorUnsupportedFunctionChange:
+      return "a kernel changed";
+    case cudaGraphExecUpdateErrorParametersChanged:
+      return "parameters changed unsupportedly";
+    case cudaGraphExecUpdateErrorNotSupported:
+      return "a node cannot be updated";
+    case cudaGraphExecUpdateErrorAttributesChanged:
+      return "node attributes changed";
+    default:
+      return "an error";
+  }
+}
+}  // namespace
+
+const char* Graph::update_to(Graph& fresh) {
+  GW_CHECK(exec_ && fresh.graph_, "capture::Graph::update_to: internal error: ",
+           exec_ ? "nothing to update to" : "no executable to update");
+  cudaGraphExecUpdateResultInfo info{};
+  if (cudaGraphExecUpdate(exec_, fresh.graph_, &info) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return update_result_name(info.result);
+  }
+  std::swap(graph_, fresh.graph_);  // keep the graph that matches the executable
+  return nullptr;
+}
+
+void Graph::launch(cudaStream_t stream) const {
+  GW_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+}
+
+void Graph::write_dot(const std::string& path, unsigned flags) const {
+  GW_CUDA_CHECK(cudaGraphDebugDotPrint(graph_, path.c_str(), flags));
 }
 
 NodeCounts count_nodes(cudaGraph_t graph) {

@@ -2,6 +2,7 @@
 // Stream capture with the error handling every graph in graphward needs, written once.
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 #include "base/config.h"
@@ -37,6 +38,38 @@ cudaGraphExec_t instantiate(cudaGraph_t graph);
 
 // Whether some kernel node of `graph` has a priority other than the default (0).
 bool has_prioritized_kernel(cudaGraph_t graph);
+
+// A captured graph and its executable, owned together: move-only, both destroyed with it (the
+// executable first). Every graph graphward launches — a BackwardGraph's, a StepGraph's, a traced
+// backward's — lives in one.
+class Graph {
+ public:
+  Graph() = default;
+  explicit Graph(cudaGraph_t graph) noexcept : graph_(graph) {}
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph();
+
+  cudaGraph_t graph() const { return graph_; }
+  cudaGraphExec_t exec() const { return exec_; }
+  explicit operator bool() const { return graph_ != nullptr; }
+  // Makes the executable (instantiate() below). The graph must not have one yet.
+  void instantiate();
+  // Updates this executable in place to `fresh`'s graph (cudaGraphExecUpdate). On success this
+  // keeps the graph that matches the executable, `fresh` the one it had, and nullptr is returned;
+  // if CUDA refuses, nothing changes and the refusal is named.
+  const char* update_to(Graph& fresh);
+  void launch(cudaStream_t stream) const;
+  // The graph as Graphviz DOT (cudaGraphDebugDotPrint with `flags`).
+  void write_dot(const std::string& path, unsigned flags = 0) const;
+
+ private:
+  void reset() noexcept;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
 
 struct NodeCounts {
   std::vector<cudaGraphNode_t> nodes;  // in cudaGraphGetNodes' order
