@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <sstream>
@@ -484,6 +485,16 @@ std::string TapeSignature::describe_node(int i) const {
     }
     const std::uint64_t dtype = r.next();
     os << dtype_str(dtype) << r.shape();
+  }
+  const std::uint64_t nattributes = r.ok() ? r.next() : 0;  // Note [Node attributes]
+  for (std::uint64_t k = 0; k < nattributes && r.ok(); ++k) {
+    const std::uint64_t real = r.next(), bits = r.next();
+    os << (k == 0 ? " attributes: " : ", ");
+    if (real) {
+      os << std::bit_cast<double>(bits);
+    } else {
+      os << static_cast<std::int64_t>(bits);
+    }
   }
   if (!r.ok()) os << " (truncated record)";
   return os.str();

@@ -8,7 +8,9 @@
 // numbered at first visit):
 //   * structure — every node's op, stream and output shape; each input's edge (to which node, to
 //     which leaf, or none), shape, dtype and producing stream; each saved tensor's shape and dtype;
-//     each leaf's shape, dtype and whether its .grad exists; the seeds' shapes; the gradient mode.
+//     what the node's backward uses besides tensors and shapes (Note [Node attributes],
+//     engine/autograd.h: a scale factor, a window's start, a convolution's stride); each leaf's
+//     shape, dtype and whether its .grad exists; the seeds' shapes; the gradient mode.
 //     Streams are numbered in order of first appearance, the caller's stream first, so the same
 //     model on other streams has the same structure. Equal structures capture to the same graph.
 //   * addresses — the data pointer of every saved tensor, every leaf and its .grad, and every seed:
@@ -19,7 +21,8 @@
 //     node's record as it recorded the tape, numbered in creation order; the signature takes the
 //     log's buffers and adds the leaves, seeds, roots and mode — no walk. Used whenever the log
 //     can stand for the tape;
-//   * by a walk of the tape (the canonical depth-first order below): always correct, ~150 ns a node.
+//   * by a walk of the tape (the canonical depth-first order below): always correct, ~150 ns a
+//   node.
 // Comparing is two vector compares, so with the log the check costs little next to a launch.
 #include <cstdint>
 #include <memory>

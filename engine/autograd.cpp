@@ -24,7 +24,8 @@ const std::string* intern(const std::string& name) {
 }  // namespace
 
 Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
-           std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward)
+           std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward,
+           std::span<const NodeAttribute> attributes)
     : name_(std::move(name)),
       interned_name_(intern(name_)),
       device_(device),
@@ -37,7 +38,7 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
   g_live_nodes.fetch_add(1, std::memory_order_relaxed);
   // Note [Node record]
   std::vector<std::uint64_t>& w = record_.words;
-  std::size_t n = 6 + output_shape_.size();
+  std::size_t n = 7 + output_shape_.size() + 2 * attributes.size();
   for (const InputMeta& in : inputs_) n += 5 + (in.edge.node ? 0 : in.shape.size());
   for (const SavedTensor& st : saved_)
     n += 3 + (st.tensor.defined() ? st.tensor.shape().size() : 0);
@@ -90,6 +91,11 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
     w.push_back(static_cast<std::uint64_t>(t.dtype()));
     shape(t.shape());
     record_.saved_addresses.emplace_back(reinterpret_cast<std::uintptr_t>(t.raw_data()), j);
+  }
+  w.push_back(attributes.size());  // Note [Node attributes]
+  for (const NodeAttribute& a : attributes) {
+    w.push_back(a.real);
+    w.push_back(a.bits);
   }
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(+1);
@@ -277,13 +283,15 @@ SavedTensor save(const char* name, const Tensor& t) {
 }
 
 void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
-            std::vector<SavedTensor> saved, Node::BackwardFn backward) {
+            std::vector<SavedTensor> saved, Node::BackwardFn backward,
+            std::initializer_list<NodeAttribute> attributes) {
   record(op, output, std::span<const Tensor* const>(inputs.begin(), inputs.size()),
-         std::move(saved), std::move(backward));
+         std::move(saved), std::move(backward), attributes);
 }
 
 void record(const char* op, const Tensor& output, std::span<const Tensor* const> inputs,
-            std::vector<SavedTensor> saved, Node::BackwardFn backward) {
+            std::vector<SavedTensor> saved, Node::BackwardFn backward,
+            std::initializer_list<NodeAttribute> attributes) {
   std::vector<InputMeta> metas;
   metas.reserve(inputs.size());
   for (const Tensor* t : inputs) {
@@ -311,9 +319,10 @@ void record(const char* op, const Tensor& output, std::span<const Tensor* const>
     }
   }
   output.storage()->mark_recorded();
-  auto node = std::make_shared<Node>(op, output.device(), output.storage()->producer_stream(),
-                                     std::move(metas), std::move(saved), output.shape(),
-                                     std::move(backward));
+  auto node = std::make_shared<Node>(
+      op, output.device(), output.storage()->producer_stream(), std::move(metas), std::move(saved),
+      output.shape(), std::move(backward),
+      std::span<const NodeAttribute>(attributes.begin(), attributes.size()));
   node->set_saved_from_outside(from_outside);
   output.set_grad_fn(std::move(node));
 }

@@ -13,6 +13,7 @@
 //
 // Recording happens when grad mode is on (the default; NoGradGuard turns it off for a scope) and
 // some input requires grad.
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,21 @@ struct NodeRecord {
   std::vector<const Node*> producers;  // the input nodes, in input order (nullptr: none)
 };
 
+// Note [Node attributes]
+// What an op's backward uses besides tensors and shapes — a scale factor, a window's start, the
+// dimensions a transpose swaps, a convolution's stride and padding — is baked into a captured
+// graph's kernels with the values of the step it was captured from. So the op records them with
+// its node, at the end of the node's record (Note [Node record]), and a tape signature compares
+// them as it compares shapes: a step whose attributes changed is another structure, captured
+// anew, never a replay of a graph made with the old values. Each attribute is a tagged word: an
+// integer or a double's bits (compared bit for bit; printed by TapeSignature::describe_node).
+struct NodeAttribute {
+  std::uint64_t bits = 0;
+  bool real = false;  // `bits` are a double's
+  static NodeAttribute integer(std::int64_t v) { return {static_cast<std::uint64_t>(v), false}; }
+  static NodeAttribute number(double v) { return {std::bit_cast<std::uint64_t>(v), true}; }
+};
+
 class Node {
  public:
   // Computes the gradients of the inputs from grad_out, writing them into `grads` (one slot per
@@ -78,7 +94,8 @@ class Node {
                                         std::span<GradSlot> grads)>;
 
   Node(std::string name, Device device, cudaStream_t stream, std::vector<InputMeta> inputs,
-       std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward);
+       std::vector<SavedTensor> saved, Shape output_shape, BackwardFn backward,
+       std::span<const NodeAttribute> attributes = {});
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -237,11 +254,14 @@ namespace autograd_detail {
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(std::span<const Tensor* const> inputs);
 // Records `output` as produced by a node named `op` over `inputs`, saving `saved`. The node's
-// stream is the stream that produced `output`.
+// stream is the stream that produced `output`. `attributes`: what the backward uses besides
+// tensors and shapes (Note [Node attributes]).
 void record(const char* op, const Tensor& output, std::initializer_list<const Tensor*> inputs,
-            std::vector<SavedTensor> saved, Node::BackwardFn backward);
+            std::vector<SavedTensor> saved, Node::BackwardFn backward,
+            std::initializer_list<NodeAttribute> attributes = {});
 void record(const char* op, const Tensor& output, std::span<const Tensor* const> inputs,
-            std::vector<SavedTensor> saved, Node::BackwardFn backward);
+            std::vector<SavedTensor> saved, Node::BackwardFn backward,
+            std::initializer_list<NodeAttribute> attributes = {});
 SavedTensor save(const char* name, const Tensor& t);
 }  // namespace autograd_detail
 

@@ -73,7 +73,8 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
            [trans_a, trans_b](const Tensor& g, const std::vector<Tensor>& s,
                               std::span<GradSlot> grads) {
              bmm_backward(g, s[0], s[1], trans_a, trans_b, grads[0], grads[1]);
-           });
+           },
+           {NodeAttribute::integer(trans_a), NodeAttribute::integer(trans_b)});
     c.grad_fn()->set_backward_flops(4.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) *
                                     static_cast<double>(d.n) * static_cast<double>(d.k));
   }

@@ -101,10 +101,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
                       grads.size() > 2 ? grads[2] : GradSlot{});
     };
     std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    // Note [Node attributes]: what the backward's convolutions are made of besides the shapes.
+    const std::initializer_list<NodeAttribute> attributes{
+        NodeAttribute::integer(options.stride), NodeAttribute::integer(options.padding),
+        NodeAttribute::integer(options.deterministic)};
     if (bias.defined()) {
-      record(op, y, {&x, &weight, &bias}, std::move(saved), backward);
+      record(op, y, {&x, &weight, &bias}, std::move(saved), backward, attributes);
     } else {
-      record(op, y, {&x, &weight}, std::move(saved), backward);
+      record(op, y, {&x, &weight}, std::move(saved), backward, attributes);
     }
     // Per output element, a multiply-add per weight of its output channel; two products back.
     y.grad_fn()->set_backward_flops(4.0 * static_cast<double>(y.numel()) *
@@ -263,7 +267,9 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
     record("max_pool2d", y, {&x}, {save("x", x), save("output", y)},
            [options](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              max_pool2d_backward(g, s[0], s[1], options, grads[0]);
-           });
+           },
+           {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
+            NodeAttribute::integer(options.padding)});
   }
   return y;
 }
@@ -282,7 +288,9 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions options) {
            [in_shape, options](const Tensor& g, const std::vector<Tensor>&,
                                std::span<GradSlot> grads) {
              avg_pool2d_backward(g, in_shape, options, grads[0]);
-           });
+           },
+           {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
+            NodeAttribute::integer(options.padding)});
   }
   return y;
 }

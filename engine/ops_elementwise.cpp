@@ -338,7 +338,8 @@ Tensor recorded_affine(const char* op, const Tensor& x, double alpha, double bet
     record(op, y, {&x}, {},
            [alpha](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
              scale_backward(g, alpha, grads[0]);
-           });
+           },
+           {NodeAttribute::number(alpha)});  // Note [Node attributes]
   }
   return y;
 }

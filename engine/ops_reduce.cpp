@@ -72,7 +72,8 @@ Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
                                         std::span<GradSlot> grads) {
              reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, grads[0],
                              is_mean);
-           });
+           },
+           {NodeAttribute::integer(is_mean)});
   }
   return y;
 }

@@ -64,7 +64,8 @@ Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length) {
            [in_shape, start, length](const Tensor& g, const std::vector<Tensor>&,
                                      std::span<GradSlot> grads) {
              narrow_backward(g, in_shape, start, length, grads[0]);
-           });
+           },
+           {NodeAttribute::integer(start), NodeAttribute::integer(length)});
   }
   return y;
 }
@@ -209,7 +210,8 @@ Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
     record(op, y, {&x}, {},
            [d0, d1](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
              transpose_backward(g, d0, d1, grads[0]);
-           });
+           },
+           {NodeAttribute::integer(d0), NodeAttribute::integer(d1)});
   }
   return y;
 }
@@ -320,7 +322,8 @@ Tensor concat(const std::vector<Tensor>& xs, std::int64_t dim) {
     record(op, y, inputs, {},
            [shapes, dim](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
              concat_backward(g, shapes, dim, grads);
-           });
+           },
+           {NodeAttribute::integer(dim)});
   }
   return y;
 }

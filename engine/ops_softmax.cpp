@@ -88,7 +88,8 @@ Tensor recorded_softmax(const char* op, bool log, const Tensor& x) {
              } else {
                softmax_backward(g, s[0], grads[0]);
              }
-           });
+           },
+           {NodeAttribute::integer(log)});
   }
   return y;
 }

@@ -548,6 +548,33 @@ TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
   EXPECT_EQ(m.grads(), ref.grads());
 }
 
+// Note [Node attributes] (engine/autograd.h): a loss scaled by a factor that changes from step to
+// step (a per-batch count, a schedule) is another structure at each new factor — captured anew,
+// or replayed from the cache where the factor was seen before — never a replay of a graph whose
+// kernels hold another factor: every step's gradients equal the eager backward's.
+TEST_F(CudaBackwardGraph, ALossScaleThatChangesIsNeverReplayedWithTheOldScale) {
+  Model m(1, 2, 64), ref(1, 2, 64);
+  const Tensor x = randn({16, 64}, 1, kF32Gpu), t = randn({16, 64}, 2, kF32Gpu);
+  BackwardGraph bw(kGpu);
+  StepArena arena(kGpu);
+  const double scales[] = {1.0, 1.0, 1.0, 1.0, 0.25, 0.25, 3.0, 1.0, 0.25};
+  int s = 0;
+  for (const double scale : scales) {
+    {
+      StepScope scope(arena);
+      bw.backward(mul(m.loss(x, t), scale), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(mul(ref.loss(x, t), scale), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(m.grads(), ref.grads())
+        << "step " << s << ", scale " << scale << "; " << bw.stats().reason;
+    ++s;
+  }
+  // Three factors: three structures; the last two steps replay graphs made before.
+  EXPECT_EQ(bw.stats().counters.captures, 3u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.updates, 0u);
+}
+
 TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
   // The last layers and the loss run on stream `late`, behind a 50 ms stall; backward() is
   // called on the caller's stream. The graph reads what `late` produced (the last relu's output,

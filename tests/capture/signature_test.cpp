@@ -295,6 +295,73 @@ TEST(TapeLog, EveryKindOfChangeIsANewStructure) {
       << describe_difference(with_grads, refreshed);
 }
 
+// Note [Node attributes]: what an op's backward uses besides tensors and shapes is part of the
+// structure, by the log and by the walk alike — two steps that differ only there are never one
+// graph (a replay would run the values it was captured with) — and the reason names them. Each
+// pair below has the same shapes everywhere.
+TEST(TapeLog, WhatABackwardUsesBesidesShapesIsPartOfTheStructure) {
+  using Forward = std::function<Tensor(const Tensor&)>;
+  struct Case {
+    const char* what;
+    Shape x;
+    Forward a, b;
+  };
+  const Tensor w = randn({1, 1, 3, 3}, 3).set_requires_grad(true);
+  const std::vector<Case> cases = {
+      {"a scale factor",
+       {4, 4},
+       [](const Tensor& x) { return mul(x, 2.0); },
+       [](const Tensor& x) { return mul(x, 3.0); }},
+      {"a window's start",
+       {4, 4},
+       [](const Tensor& x) { return narrow(x, 0, 2); },
+       [](const Tensor& x) { return narrow(x, 1, 2); }},
+      {"the dimensions a transpose swaps",
+       {2, 2, 2},
+       [](const Tensor& x) { return transpose(x, 0, 1); },
+       [](const Tensor& x) { return transpose(x, 1, 2); }},
+      {"a transposed operand",
+       {2, 3, 3},
+       [](const Tensor& x) { return bmm(x, x); },
+       [](const Tensor& x) { return bmm(x, x, true); }},
+      {"a convolution's stride and padding",
+       {1, 1, 4, 4},
+       [&](const Tensor& x) { return conv2d(x, w, Tensor(), {.stride = 1, .padding = 0}); },
+       [&](const Tensor& x) { return conv2d(x, w, Tensor(), {.stride = 2, .padding = 1}); }},
+      {"a max pool's window",
+       {1, 1, 4, 4},
+       [](const Tensor& x) { return max_pool2d(x, {.kernel = 2}); },
+       [](const Tensor& x) { return max_pool2d(x, {.kernel = 3, .stride = 1}); }},
+      {"an average pool's window",
+       {1, 1, 4, 4},
+       [](const Tensor& x) { return avg_pool2d(x, {.kernel = 2}); },
+       [](const Tensor& x) { return avg_pool2d(x, {.kernel = 3, .stride = 1}); }},
+  };
+  ArmedLog log;
+  for (const Case& c : cases) {
+    const Tensor x = randn(c.x, 7).set_requires_grad(true);
+    struct Both {
+      TapeSignature logged, walked;
+    };
+    auto signatures = [&](const Forward& f) {
+      log.new_step();
+      const Tensor loss = sum(f(x));
+      Both s{sig(loss), {}};
+      tape_signature_walk(s.walked, {loss}, {}, nullptr, GradWrite::kAccumulate);
+      return s;
+    };
+    const Both a = signatures(c.a), again = signatures(c.a), b = signatures(c.b);
+    ASSERT_EQ(a.logged.source, TapeSignature::Source::kLog) << c.what;
+    ASSERT_EQ(b.logged.source, TapeSignature::Source::kLog) << c.what;
+    EXPECT_TRUE(a.logged.same_structure(again.logged)) << c.what;
+    EXPECT_TRUE(a.walked.same_structure(again.walked)) << c.what;
+    EXPECT_FALSE(a.logged.same_structure(b.logged)) << c.what << " changed, the log saw nothing";
+    EXPECT_FALSE(a.walked.same_structure(b.walked)) << c.what << " changed, the walk saw nothing";
+    const std::string why = describe_difference(a.logged, b.logged);
+    EXPECT_NE(why.find("attributes: "), std::string::npos) << c.what << ": " << why;
+  }
+}
+
 TEST(TapeLog, FallsBackToTheWalkWheneverTheLogCannotStandForTheTape) {
   Model m;
   const Tensor x = randn({5, 6}, 10);

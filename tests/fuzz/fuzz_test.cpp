@@ -1,9 +1,14 @@
 // Random programs on the CPU backend (tests/fuzz/random_program.h): every program's roots and leaf
 // gradients in float32 agree with the same program in float64; the backward plan of every
 // program's tape on its streams orders every gradient contribution and leaf write with no
-// redundant wait; and the generator is reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how
-// many programs and from which seed.
+// redundant wait; the tape log's signatures and the walk's agree on which tapes are one graph;
+// and the generator is reproducible. GW_FUZZ_PROGRAMS / GW_FUZZ_SEED choose how many programs and
+// from which seed.
+#include <cstdio>
+
+#include "capture/signature.h"
 #include "engine/plan_checks.h"
+#include "engine/tape_log.h"
 #include "fuzz/random_program.h"
 #include "test_util.h"
 
@@ -99,6 +104,109 @@ TEST(FuzzCpu, ThePlansOfRandomProgramsOnTheirStreamsAreOrderedAndMinimal) {
   if (n >= 300) {
     EXPECT_GT(total_waits, 100) << "the programs should exercise cross-stream waits";
   }
+}
+
+// The two ways to make a tape signature (capture/signature.h: from the step's tape log, by a walk
+// of the tape) never compare equal to each other, but they must agree on which tapes are one
+// graph: for random programs — the same program again, on other leaves, with one attribute of an
+// op changed (Note [Node attributes]), another program — the log's signatures are equal in
+// structure (and in addresses) exactly where the walk's are, but where a step has nodes the loss
+// does not reach: the log holds every node of the step, the walk only those the backward runs, so
+// there the log may tell two steps apart that the walk finds equal — never the other way round.
+bool change_one_attribute(fuzz::Program& p) {
+  for (fuzz::Op& o : p.ops) {
+    if (o.kind == fuzz::OpKind::kScale) {
+      o.scalar += 0.5;
+      return true;
+    }
+    if (o.kind == fuzz::OpKind::kNarrow) {
+      if (o.start + o.length < p.shape_of(o.a)[1]) {
+        ++o.start;
+        return true;
+      }
+      if (o.start > 0) {
+        --o.start;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+TEST(FuzzCpu, TheTapeLogAndTheWalkAgreeOnWhichRandomTapesAreTheSame) {
+  struct Step {
+    std::vector<Tensor> roots;  // kept: every step's tape alive until all are compared
+    capture::TapeSignature logged, walked;
+  };
+  auto leaves_of = [](const fuzz::Program& p, std::uint64_t seed) {
+    std::vector<Tensor> leaves;
+    for (std::size_t i = 0; i < p.leaves.size(); ++i) {
+      leaves.push_back(randn(p.leaves[i], seed * 131 + i).set_requires_grad(true));
+    }
+    return leaves;
+  };
+  detail::tape_log_arm();
+  const int n = fuzz::programs_to_run(200);
+  const std::uint64_t first = fuzz::first_seed();
+  int changed = 0, walked_instead = 0, unreached_apart = 0;
+  for (std::uint64_t seed = first; seed < first + static_cast<std::uint64_t>(n); ++seed) {
+    const fuzz::Program p = fuzz::generate(seed), other = fuzz::generate(seed + 1000003);
+    fuzz::Program altered = p;
+    const bool attribute_changed = change_one_attribute(altered);
+    changed += attribute_changed;
+    const std::vector<Tensor> leaves = leaves_of(p, seed), more = leaves_of(p, seed + 7);
+    auto step = [&](const fuzz::Program& q, const std::vector<Tensor>& l) {
+      Step s;
+      detail::tape_log_reset();
+      s.roots = fuzz::detail::forward(q, l, nullptr, Device::cpu(), DType::kFloat32);
+      Tensor loss = s.roots[0];
+      for (std::size_t r = 1; r < s.roots.size(); ++r) loss = add(loss, s.roots[r]);
+      s.roots.push_back(loss);
+      s.logged = capture::tape_signature({loss}, {}, nullptr, GradWrite::kAccumulate);
+      capture::tape_signature_walk(s.walked, {loss}, {}, nullptr, GradWrite::kAccumulate);
+      walked_instead += s.logged.source != capture::TapeSignature::Source::kLog;
+      return s;
+    };
+    const std::vector<Step> steps = {step(p, leaves), step(p, leaves), step(p, more),
+                                     step(altered, leaves), step(other, leaves_of(other, seed))};
+    const char* const names[] = {"the program", "the program again", "on other leaves",
+                                 "with an attribute changed", "another program"};
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      for (std::size_t j = i + 1; j < steps.size(); ++j) {
+        const Step &a = steps[i], &b = steps[j];
+        const bool log_same = a.logged.same_structure(b.logged);
+        const bool walk_same = a.walked.same_structure(b.walked);
+        const bool all_reached = a.logged.num_nodes() == a.walked.num_nodes() &&
+                                 b.logged.num_nodes() == b.walked.num_nodes();
+        unreached_apart += !log_same && walk_same;
+        ASSERT_TRUE(log_same == walk_same || (!log_same && !all_reached))
+            << names[i] << " / " << names[j] << ": the log says " << (log_same ? "" : "not ")
+            << "one structure, the walk " << (walk_same ? "" : "not ") << "one\n"
+            << p.str();
+        if (log_same && all_reached) {
+          ASSERT_EQ(a.logged.same_addresses(b.logged), a.walked.same_addresses(b.walked))
+              << names[i] << " / " << names[j] << "\n"
+              << p.str();
+        }
+      }
+    }
+    // What must hold whatever the signatures agree on.
+    ASSERT_TRUE(steps[0].logged.same_structure(steps[1].logged)) << p.str();
+    ASSERT_TRUE(steps[0].logged.same_structure(steps[2].logged)) << p.str();
+    ASSERT_FALSE(steps[0].logged.same_addresses(steps[2].logged)) << p.str();
+    if (attribute_changed) {
+      ASSERT_FALSE(steps[0].logged.same_structure(steps[3].logged))
+          << "an op's attribute changed and the structure did not\n"
+          << altered.str();
+    }
+  }
+  detail::tape_log_disarm();
+  EXPECT_EQ(walked_instead, 0) << "steps whose signature could not come from the tape log";
+  EXPECT_GT(changed, n / 4) << "programs with an attribute to change";
+  std::printf(
+      "[          ] %d programs; %d with an attribute changed; %d pairs told apart by the "
+      "log alone (nodes the loss does not reach)\n",
+      n, changed, unreached_apart);
 }
 
 }  // namespace
