@@ -186,11 +186,11 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
 void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,
                                         const std::vector<Tensor>& leaves, bool scan_grads) {
   // Before the launch (and before any capture, which records the plan's uses of the storage as if
-  // it ran), the caller's stream waits where rule 6 needs it. What the graph reads was made by the
-  // forward, upstream of the loss: every cross-stream edge of it was ordered when the forward
-  // consumed it, so the stream that produced the loss is ordered after all of it — the caller
-  // waits on that stream if it is another. What the graph writes (the .grads) it orders after
-  // their last writer and every stream that read them since (an optimizer on a stream of its
+  // it ran), the caller's stream waits where rule [read after write] needs it. What the graph reads
+  // was made by the forward, upstream of the loss: every cross-stream edge of it was ordered when
+  // the forward consumed it, so the stream that produced the loss is ordered after all of it — the
+  // caller waits on that stream if it is another. What the graph writes (the .grads) it orders
+  // after their last writer and every stream that read them since (an optimizer on a stream of its
   // own). The events are the BackwardGraph's own, recorded again every step; in the usual step
   // (loss and optimizer on the caller's stream) there is no wait at all.
   std::size_t waits = 0;
@@ -273,7 +273,7 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   if (last_from_log_) ++log_signatures_;
   const auto t_signed = Clock::now();
 
-  // Rule 6 before the launch and before any capture (order_before_launch).
+  // Rule [read after write] before the launch and before any capture (order_before_launch).
   // The scan of the .grads is skipped when it cannot find anything new: the same .grad tensors
   // as at the last scan (Storage::watch()ed after each replay), and no new hazard on any watched
   // storage since (detail::watched_hazard_epoch). The epoch is read before the scan: a hazard
@@ -448,9 +448,10 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
 bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t caller) {
   capture::TapeSignature& sig = signature_;
   // The graph wrote the gradients and read the saved tensors on the caller's stream: record it, so
-  // that later readers wait for it (rule 6) and frees are ordered after it (rule 7); then release
-  // the step's saved tensors, as a backward without retain_graph does. One event, recorded after
-  // the launch, covers every saved tensor that another stream allocated.
+  // that later readers wait for it (rule [read after write]) and frees are ordered after it (rule
+  // [reuse after use]); then release the step's saved tensors, as a backward without retain_graph
+  // does. One event, recorded after the launch, covers every saved tensor that another stream
+  // allocated.
   std::shared_ptr<const Event> fence;
   // The slots' copies read this step's tensors on the caller's stream (Note [Input slots]).
   for (const Tensor& src : slot_sources_) {
@@ -547,7 +548,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
                {.split_weight_grads = split_,
                 .fuse_activation_epilogues = options_.backward.fuse_activation_epilogues});
   // As backward() does: the .grads the graph writes exist before the capture; the caller waits
-  // where rule 6 needs it (the whole scan: trace() is not a hot path).
+  // where rule [read after write] needs it (the whole scan: trace() is not a hot path).
   std::vector<Tensor> leaves;
   for (const BackwardPlan::Buffer& b : plan.buffers) {
     if (b.kind == BackwardPlan::BufferKind::kLeaf) leaves.push_back(b.leaf);

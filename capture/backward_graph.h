@@ -23,14 +23,16 @@
 //      from a pool the executable owns, reused inside the graph where stream order allows (Note
 //      [Graph memory pool]): kernel nodes only; ops that cannot be captured are refused by name
 //      (Note [Capture-unsafe ops]);
-//   4. replay: S waits where rule 6 needs it, found before any capture — on the stream that
+//   4. replay: S waits where rule [read after write] needs it, found before any capture — on the
+//   stream that
 //      produced the loss if another (the forward ordered everything the graph reads before the
 //      loss), on the stream of the last launch if another, and on streams that used a .grad the
 //      graph writes since its last write (an optimizer on a stream of its own); usually on none.
 //      Then the executable is launched on S; gradients are ready on S when backward() returns,
-//      like the eager backward (rule 4). The step's saved tensors are released after the launch,
-//      their memory ordered after S by one event (rule 7, Storage::record_read), and dropped on
-//      a thread of the BackwardGraph's own (Note [Deferred release], engine/deferred_release.h).
+//      like the eager backward (rule [fork and join]). The step's saved tensors are released after
+//      the launch, their memory ordered after S by one event (rule [reuse after use],
+//      Storage::record_read), and dropped on a thread of the BackwardGraph's own (Note [Deferred
+//      release], engine/deferred_release.h).
 //   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
 //      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
 //      new batch does not change the graph (Note [Input slots]).
@@ -49,8 +51,9 @@
 // the executable owns, which the capture's kernels point at, refreshed before every launch by one
 // device-to-device copy on the caller's stream (cudaMemcpyAsync), ordered after the tensor's
 // producer (Storage::sync_for_read) and recorded as a read of the tensor (its memory is reused
-// only after the copy, rule 7). The signature does not compare the slotted addresses
-// (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as always.
+// only after the copy, rule [reuse after use]). The signature does not compare the slotted
+// addresses (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as
+// always.
 //   * Which: a saved tensor that entered the tape from outside — one of its op's inputs, with no
 //     gradient, whose memory no recorded op produced (Node::saved_from_outside) — and whose
 //     address at the first capture differs from the warm-up step's (the warm-up's tape is walked
@@ -127,7 +130,7 @@ struct GraphStats {
 // Host time of the last backward() that replayed, in microseconds.
 struct BackwardHostTimes {
   double signature_us = 0;  // this step's tape signature
-  double wait_us = 0;       // the waits rule 6 needs (usually none) and finding them
+  double wait_us = 0;  // the waits rule [read after write] needs (usually none) and finding them
   double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
   double refresh_us = 0;    // copying this step's tensors into the input slots (Note [Input slots])
   double launch_us = 0;     // the graph launch
@@ -217,8 +220,8 @@ class BackwardGraph {
   // (timed: with timing-event nodes, EagerExecutor::run_timed_in_capture); returns the graph.
   cudaGraph_t capture_plan(const BackwardPlan& plan, cudaStream_t caller, GraphMemoryPool& pool,
                            bool timed);
-  // Rule 6 before a launch on `caller`: waits for the loss's stream, the last launch's stream and
-  // (scan_grads) every other user of the leaves' .grads since their last write.
+  // Rule [read after write] before a launch on `caller`: waits for the loss's stream, the last
+  // launch's stream and (scan_grads) every other user of the leaves' .grads since their last write.
   void order_before_launch(const Tensor& loss, cudaStream_t caller,
                            const std::vector<Tensor>& leaves, bool scan_grads);
   // Note [Input slots]: the slots a capture of this step's tape gives its graph (`updating`: the

@@ -245,7 +245,8 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   detail::NvtxRange nvtx("StepGraph::capture");
   auto fresh = std::make_unique<Executable>();
   fresh->pool = std::make_unique<GraphMemoryPool>(device_);
-  // Rule 6 for the capture itself: what the step reads was made on S or ordered before S.
+  // Rule [read after write] for the capture itself: what the step reads was made on S or ordered
+  // before S.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
   // Note [Step inputs]: the batch's slots, memory of the executable's own (outside the step arena,
   // the block cache and the graph's pool), filled with this step's batch before the capture.
@@ -301,7 +302,8 @@ void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
   // Note [Step inputs]: this step's batch into the slots (the capturing step filled them already).
   if (batch && e.replays > 0) copy_batch(*batch, e.slots, caller);
   ++e.replays;
-  // Rule 6: S waits for the inputs' producers and for the other users of what the graph writes.
+  // Rule [read after write]: S waits for the inputs' producers and for the other users of what the
+  // graph writes.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
   for (std::size_t i = 0; i < e.leaves.size(); ++i) {
     e.leaves[i].tensor.storage()->sync_for_write(caller);

@@ -50,10 +50,10 @@
 // in place at every replay, as captured: their values may change between steps, not their
 // addresses.
 //
-// Streams: before a launch, S waits for the streams that produced the inputs (rule 6) and for
-// the other users of the parameters and their .grads since the last write; after it, the graph's
-// writes and reads are recorded on S (rules 6 and 7). The CPU backend and `force_eager` run
-// `step` every call.
+// Streams: before a launch, S waits for the streams that produced the inputs (rule [read after
+// write]) and for the other users of the parameters and their .grads since the last write; after
+// it, the graph's writes and reads are recorded on S (rules [read after write] and [reuse after
+// use]). The CPU backend and `force_eager` run `step` every call.
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -107,7 +107,8 @@ void ProcessGroup::place(const std::vector<Tensor*>& grads) {
     Tensor moved = Tensor::from_storage(
         Storage::borrow(device_, base + offsets[i], g.nbytes(), s, owner), g.shape(), g.dtype());
     flat.parts.push_back(moved.raw_data());
-    g = std::move(moved);  // the old gradient's memory is released after the copy (rule 7)
+    g = std::move(
+        moved);  // the old gradient's memory is released after the copy (rule [reuse after use])
   }
   flat_[base] = std::move(flat);
 #else

@@ -392,7 +392,7 @@ void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool ave
 
 namespace {
 // Orders the group's stream after every earlier use of `tensors` and records it as their writer,
-// as an op does (rule 6), for the eager collectives.
+// as an op does (rule [read after write]), for the eager collectives.
 void write_on(const std::vector<Tensor>& tensors, cudaStream_t stream) {
   if (!stream) return;
   for (const Tensor& t : tensors) {

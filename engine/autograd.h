@@ -2,10 +2,10 @@
 // The autograd tape.
 //
 // A recorded forward op produces a Node: the op's name, the stream and device it ran on (DESIGN.md
-// rule 1), metadata of each input (shape, dtype, device, the stream that produced it) with the edge
-// its gradient flows along, the tensors its backward needs (with their versions), and a backward
-// closure. A node's single output keeps the node alive as its grad_fn; nodes keep their inputs'
-// nodes alive through edges; a graph lives as long as some output of it does.
+// rule [current stream]), metadata of each input (shape, dtype, device, the stream that produced
+// it) with the edge its gradient flows along, the tensors its backward needs (with their versions),
+// and a backward closure. A node's single output keeps the node alive as its grad_fn; nodes keep
+// their inputs' nodes alive through edges; a graph lives as long as some output of it does.
 //
 // Edges: an input that requires grad either came from a node (edge to that node) or is a leaf
 // (edge to the leaf tensor, whose .grad receives the gradient); an input that does not require grad

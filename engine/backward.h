@@ -1,16 +1,19 @@
 #pragma once
 // backward(): plans the backward of the roots from the tape (engine/backward_plan.h) and runs the
 // plan eagerly with the EagerExecutor, by the stream contract of DESIGN.md:
-//   * each node runs on the stream its forward ran on (rule 2), waiting on events only where the
-//     plan says (rule 3) — or, where the backward is too short on the GPU for streams to pay off,
-//     every node on S (Note [Streams of an eager backward], engine/backward_plan.h);
+//   * each node runs on the stream its forward ran on (rule [forward stream]), waiting on events
+//   only where the
+//     plan says (rule [cross-stream gradients]) — or, where the backward is too short on the GPU
+//     for streams to pay off, every node on S (Note [Streams of an eager backward],
+//     engine/backward_plan.h);
 //   * every stream used first waits on the caller's stream S — the current stream when backward()
 //     is called — so the seeds and anything enqueued on S before the call are visible (a fork
 //     event, or the stream's first wait when that is on a step of S already); before
 //     backward() returns, S waits on every stream used, so gradients are safe to read on S with no
-//     further synchronization (rule 4). Work on other streams that touches .grad must be ordered
-//     before S by the caller (Note [Planned synchronization] in memory.h);
-//   * leaf gradients are written on the stream of the node that produces them (rule 5).
+//     further synchronization (rule [fork and join]). Work on other streams that touches .grad must
+//     be ordered before S by the caller (Note [Planned synchronization] in memory.h);
+//   * leaf gradients are written on the stream of the node that produces them (rule [leaf
+//   gradients]).
 // One thread; no worker pools.
 #include <cstddef>
 #include <cstdint>
@@ -49,11 +52,11 @@ struct StepTiming {
 // engine/backward_plan.h) as soon as a bucket's last gradient is written: the reducer's stream
 // waits on an event of each producing stream, the reduction runs there while the rest of the
 // backward goes on, and the caller's stream waits on the reducer's stream before backward()
-// returns (rule 4). The same code runs eagerly and under capture (a BackwardGraph or a StepGraph
-// captures the reductions into its graph). Every process must reduce the same buckets in the same
-// order: before its first reduction of a bucket layout not seen before, the executor asks the
-// reducer to check that every process has that layout (agree); inside a capture such a check
-// cannot run (it synchronizes), so a layout never agreed before is refused there.
+// returns (rule [fork and join]). The same code runs eagerly and under capture (a BackwardGraph or
+// a StepGraph captures the reductions into its graph). Every process must reduce the same buckets
+// in the same order: before its first reduction of a bucket layout not seen before, the executor
+// asks the reducer to check that every process has that layout (agree); inside a capture such a
+// check cannot run (it synchronizes), so a layout never agreed before is refused there.
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
@@ -96,9 +99,9 @@ std::uint64_t hash_layout(const Tensor& t, std::uint64_t h);
 }  // namespace detail
 
 // Which streams an eager backward runs on (Note [Streams of an eager backward],
-// engine/backward_plan.h). kAuto: the forward's (rule 2), unless the backward's device work is
-// estimated too short to overlap anything, then the caller's stream alone. kForward: always the
-// forward's.
+// engine/backward_plan.h). kAuto: the forward's (rule [forward stream]), unless the backward's
+// device work is estimated too short to overlap anything, then the caller's stream alone. kForward:
+// always the forward's.
 enum class EagerStreams : std::uint8_t { kAuto, kForward };
 
 struct BackwardOptions {

@@ -14,14 +14,15 @@ namespace graphward {
 // Note [Gradient buffers]
 // Every node reached by the backward has one kGrad buffer: the gradient of its output, consumed
 // by the node's own step on the node's stream (S). Its contributions, in plan order, are routed so
-// that accumulation happens on S (DESIGN.md rule 3) and costs no extra kernel where it need not:
+// that accumulation happens on S (rule [cross-stream gradients]) and costs no extra kernel where it
+// need not:
 //   * a sole contributor writes the buffer directly (=), on its own stream; S waits for it;
 //   * otherwise contributors on S write directly (the first =, later +=), and each contributor on
 //     another stream P writes a kStaged buffer of its own on P, which the owner adds in (on S,
 //     after waiting for P) just before it runs; a root's seed is added the same way.
-// Leaf gradients are written by each contributor on the contributor's own stream (rule 5), in plan
-// order: the first writes (GradWrite::kOverwrite) or adds (kAccumulate), later ones add, and a
-// contributor on another stream than the previous one waits for it.
+// Leaf gradients are written by each contributor on the contributor's own stream (rule [leaf
+// gradients]), in plan order: the first writes (GradWrite::kOverwrite) or adds (kAccumulate), later
+// ones add, and a contributor on another stream than the previous one waits for it.
 
 namespace {
 
@@ -401,11 +402,11 @@ void Planner::fuse_activation_epilogues() {
   }
 }
 
-// 6. Forks and joins: every stream the backward uses other than the caller's (rule 4). Side
-// streams start from their forward stream inside a step (after it was forked): joined only. A
-// stream whose first step waits for a step of the caller's stream (directly or through other
-// streams) is not forked: that wait orders all of its work after everything before the call, as
-// the fork would (the seeds included: the caller's steps come after them).
+// 6. Forks and joins: every stream the backward uses other than the caller's (rule [fork and
+// join]). Side streams start from their forward stream inside a step (after it was forked): joined
+// only. A stream whose first step waits for a step of the caller's stream (directly or through
+// other streams) is not forked: that wait orders all of its work after everything before the call,
+// as the fork would (the seeds included: the caller's steps come after them).
 void Planner::fork_and_join() {
   for (int x = 1; x < k_; ++x) {
     if (x < num_forward_streams_ && follows_caller_[x] != 1) plan_.forks.push_back(x);

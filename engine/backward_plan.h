@@ -1,15 +1,15 @@
 #pragma once
 // BackwardPlan: what a backward will do, as plain host data — no CUDA call is made to build it.
-// The eager executor launches it; BackwardGraph (capture/) turns the same plan into a CUDA graph, so
-// eager and replayed backward cannot drift apart.
+// The eager executor launches it; BackwardGraph (capture/) turns the same plan into a CUDA graph,
+// so eager and replayed backward cannot drift apart.
 //
 // A plan lists the nodes to run in a valid order with the stream of each (the stream its forward
-// ran on, DESIGN.md rule 2); every cross-stream wait as an explicit (producer step, consumer step,
-// event) record (rule 3); the streams forked from the caller's stream at the start (those whose
-// first step does not already wait for a step of the caller's stream) and joined back at the end
-// (rule 4); for every gradient buffer where it is written and accumulated (rules 3 and
-// 5) and its first and last use. Note [Gradient buffers] in backward_plan.cpp says how
-// contributions are routed.
+// ran on, rule [forward stream]); every cross-stream wait as an explicit (producer step, consumer
+// step, event) record (rule [cross-stream gradients]); the streams forked from the caller's stream
+// at the start (those whose first step does not already wait for a step of the caller's stream) and
+// joined back at the end (rule [fork and join]); for every gradient buffer where it is written and
+// accumulated (rules [cross-stream gradients] and [leaf gradients]) and its first and last use.
+// Note [Gradient buffers] in backward_plan.cpp says how contributions are routed.
 //
 // Waits are minimal: a stream that already waited on a later step of the producer's stream
 // (directly or through another stream) gets no second wait — a vector clock per stream tracks what
@@ -148,13 +148,13 @@ struct PlanOptions {
 // and so the order in which contributions are added, stay the multistream plan's, so the gradients
 // are bitwise those of the multistream backward and of its replay. The caller's stream first waits
 // for the stream of each root made on another stream; every other node is ordered before its root's
-// production by the waits of the forward (rule 6). Memory of the moved streams that the caller's
-// stream read goes back to their caches after the backward, one wait a stream (Note [Frees at the
-// join], engine/memory.h). A captured backward keeps its streams (a replay's host cost does not
-// grow with them, and the GPU runs short kernels of two branches at once), and so does a backward
-// issued inside a capture; a plan with side streams (split_weight_grads, asked for) and
-// EagerStreams::kForward keep them too: rule 2 holds there. The estimate and the move are in
-// engine/eager_streams.cpp.
+// production by the waits of the forward (rule [read after write]). Memory of the moved streams
+// that the caller's stream read goes back to their caches after the backward, one wait a stream
+// (Note [Frees at the join], engine/memory.h). A captured backward keeps its streams (a replay's
+// host cost does not grow with them, and the GPU runs short kernels of two branches at once), and
+// so does a backward issued inside a capture; a plan with side streams (split_weight_grads, asked
+// for) and EagerStreams::kForward keep them too: rule [forward stream] holds there. The estimate
+// and the move are in engine/eager_streams.cpp.
 inline constexpr double kHostFloorUs = 4.0;
 // The estimated device time of the plan's steps, in microseconds; negative when `throughput` is
 // unknown (a zero rate).

@@ -37,12 +37,12 @@ const std::string* capture_name() noexcept;
 void check_capturable(const char* op);
 // Note [Streams inside a capture]: inside a CaptureModeScope, every op runs on a stream that is
 // part of the capture — the capturing stream, or one that joined it by waiting on work captured
-// there (an op's own wait for an input made inside the capture joins its stream: rule 6). An op
-// on any other stream would run once, now, and be missing from every replay; an op calls this
-// with its launch stream after waiting for its inputs (CudaScope::read; a `void*` cudaStream_t:
-// this header stays CUDA-free), and it throws a graphward::Error naming the stream and the
-// capture when the stream is not capturing. Free outside a capture (a thread-local test); one
-// cudaStreamIsCapturing inside. Not checked: factories with no input (zeros, randn), whose
+// there (an op's own wait for an input made inside the capture joins its stream: rule [read after
+// write]). An op on any other stream would run once, now, and be missing from every replay; an op
+// calls this with its launch stream after waiting for its inputs (CudaScope::read; a `void*`
+// cudaStream_t: this header stays CUDA-free), and it throws a graphward::Error naming the stream
+// and the capture when the stream is not capturing. Free outside a capture (a thread-local test);
+// one cudaStreamIsCapturing inside. Not checked: factories with no input (zeros, randn), whose
 // output, read on a captured stream, makes the capture fail instead.
 void check_launch_stream(const void* stream);
 

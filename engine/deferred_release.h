@@ -10,15 +10,15 @@
 //
 // What stays on the caller's thread is everything another thread could see: each node is marked
 // released and its storages' saved counts dropped (Node::release_saved with a hand-off), and the
-// reads are recorded for rule 7 (Storage::record_read) before the hand-off — or, for a step a
-// replay released as a whole, one record of the step's read that every node and storage of the
-// step consults (Note [Reads of a replayed step], engine/memory.h). The worker receives the saved
-// tensors, moved out of their nodes (for a step released as a whole: the nodes, whose saved
-// tensors it drops itself), and a handle that keeps the tape alive until then. A handle dropped
-// there is either not the last one (someone else still holds the tensor: nothing is destroyed) or
-// the last one (no other thread can reach what it destroys); what a destructor reaches that is
-// shared — the step arena, the block cache, the event pool, the list of frees deferred during a
-// capture, reference counts — is behind a mutex or atomic.
+// reads are recorded for rule [reuse after use] (Storage::record_read) before the hand-off — or,
+// for a step a replay released as a whole, one record of the step's read that every node and
+// storage of the step consults (Note [Reads of a replayed step], engine/memory.h). The worker
+// receives the saved tensors, moved out of their nodes (for a step released as a whole: the nodes,
+// whose saved tensors it drops itself), and a handle that keeps the tape alive until then. A handle
+// dropped there is either not the last one (someone else still holds the tensor: nothing is
+// destroyed) or the last one (no other thread can reach what it destroys); what a destructor
+// reaches that is shared — the step arena, the block cache, the event pool, the list of frees
+// deferred during a capture, reference counts — is behind a mutex or atomic.
 //
 // The caller's thread waits for the worker only where it must:
 //   * before a StepScope begins (wait_for_releases): the next step's allocations must find the

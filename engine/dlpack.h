@@ -20,9 +20,9 @@
 // Streams (CUDA): `stream` is the one whose work wrote the data and on which its owner reuses the
 // memory once released — for PyTorch, its current stream (at::cuda::getCurrentCUDAStream());
 // by default graphward's current stream of the device. Work on other streams waits for it before
-// reading the tensor (rule 6), and before the deleter runs, `stream` waits for every other
-// stream that used the memory (rule 7: Note [Adopted storage], engine/memory.h). The stream must
-// outlive the tensor.
+// reading the tensor (rule [read after write]), and before the deleter runs, `stream` waits for
+// every other stream that used the memory (rule [reuse after use]: Note [Adopted storage],
+// engine/memory.h). The stream must outlive the tensor.
 //
 // to_dlpack<Managed>(tensor): a new managed tensor over the tensor's memory, keeping it alive until
 // its deleter is called. `stream` is the one the consumer uses it on (by default graphward's

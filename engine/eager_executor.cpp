@@ -182,9 +182,9 @@ void check_finished(std::initializer_list<cudaStream_t> streams, const std::stri
 // PyTorch's locked accumulation gives. Claims are taken in one global order (by address) when the
 // fast path — each claim free, in plan order — fails, so two backwards never wait on each other.
 // Uncontended, the cost is one atomic exchange and one store a leaf a backward. On CUDA the claim
-// orders the host's enqueues; the work itself is ordered by the streams' contract (rule 4: the
-// first backward's gradients are complete on its caller's stream, which the second caller's
-// stream must follow for .grad, Note [Planned synchronization]).
+// orders the host's enqueues; the work itself is ordered by the streams' contract (rule [fork and
+// join]: the first backward's gradients are complete on its caller's stream, which the second
+// caller's stream must follow for .grad, Note [Planned synchronization]).
 class LeafClaims {
  public:
   explicit LeafClaims(const BackwardPlan& plan) {
@@ -305,10 +305,10 @@ struct EagerExecutor::Run {
     in_capture ? e.record_external(s) : e.record(s);
   }
 
-  // Seeds made elsewhere are read on the caller's stream (rule 6). Note [Summed reductions]
-  // (dist/process_group.h): a reducer that sums its buckets gets every gradient already divided by
-  // the world size, through the seeds (the backward is linear in them); scaled on the caller's
-  // stream, captured with the rest.
+  // Seeds made elsewhere are read on the caller's stream (rule [read after write]). Note [Summed
+  // reductions] (dist/process_group.h): a reducer that sums its buckets gets every gradient already
+  // divided by the world size, through the seeds (the backward is linear in them); scaled on the
+  // caller's stream, captured with the rest.
   void take_seeds(const std::vector<Tensor>& seeds_in) {
     if (gpu) {
       for (const Tensor& s : seeds_in) s.storage()->sync_for_read(caller);
@@ -323,8 +323,8 @@ struct EagerExecutor::Run {
     seeds = scaled_seeds.empty() ? &seeds_in : &scaled_seeds;
   }
 
-  // The seeds that are leaf gradients, the waits of a moved plan, and the fork (rule 4: every
-  // other stream waits on the caller's).
+  // The seeds that are leaf gradients, the waits of a moved plan, and the fork (rule [fork and
+  // join]: every other stream waits on the caller's).
   void begin() {
     for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
       std::optional<StreamGuard> guard;
@@ -374,7 +374,8 @@ struct EagerExecutor::Run {
       const Tensor& g = plan.buffers[i].leaf.grad();
       GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
                " was not written (an internal error of the plan)");
-      if (gpu) g.storage()->sync_for_write(comm);  // planned: records the use (rule 7)
+      if (gpu)
+        g.storage()->sync_for_write(comm);  // planned: records the use (rule [reuse after use])
     }
     if (!in_capture && !capturing()) {  // Note [Gradients in buckets]: eager only
       std::vector<Tensor*> places;
@@ -513,9 +514,9 @@ struct EagerExecutor::Run {
     }
 #endif
     // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
-    // that the activations' memory is back in the pool for the rest of the backward (rule 7
-    // orders each free after the streams that read it; Note [A failed backward] says why not at
-    // the end).
+    // that the activations' memory is back in the pool for the rest of the backward (rule [reuse
+    // after use] orders each free after the streams that read it; Note [A failed backward] says why
+    // not at the end).
     if (release_saved) step.node->release_saved();
     if (timed) mark(2 + 2 * index, s);
     if (gpu && step.event >= 0) ex.event(device, step.event).record(s);
@@ -523,7 +524,8 @@ struct EagerExecutor::Run {
       ex.event(device, ready_main[index]).record(s);
     }
     if (reducer) issue_buckets(index);
-    g = Tensor();  // last use (rule 7 keeps the memory until every stream is done with it)
+    g = Tensor();  // last use (rule [reuse after use] keeps the memory until every stream is done
+                   // with it)
     if (timed) {
       ex.host_us_[index] =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
@@ -531,7 +533,8 @@ struct EagerExecutor::Run {
     }
   }
 
-  // Rule 4: the caller's stream waits on every stream the backward used, the reducer's too.
+  // Rule [fork and join]: the caller's stream waits on every stream the backward used, the
+  // reducer's too.
   void join() {
     if (!gpu) return;
     for (std::size_t j = 0; j < plan.joins.size(); ++j) {

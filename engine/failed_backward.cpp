@@ -22,10 +22,10 @@ namespace graphward {
 // a later backward through those nodes is refused naming the failed backward ("run the forward
 // again"); when none was freed (a failure at the first step, or retain_graph) the tape is whole
 // and the backward may simply run again. The streams the backward forked are joined into the
-// caller's (rule 4) before the error is thrown, and the error keeps its type (OutOfMemoryError,
-// CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account added. Inside a
-// capture none of this applies: the error goes up as it was, and the capture is abandoned with
-// whatever it recorded (capture_stream).
+// caller's (rule [fork and join]) before the error is thrown, and the error keeps its type
+// (OutOfMemoryError, CudaError, Error; std::bad_alloc becomes OutOfMemoryError) with this account
+// added. Inside a capture none of this applies: the error goes up as it was, and the capture is
+// abandoned with whatever it recorded (capture_stream).
 //
 // Freeing the saved tensors at the end instead, so that every failure left the tape whole, was
 // measured and not chosen: it raises the backward's peak memory on every step (docs/DECISIONS.md,

@@ -119,7 +119,8 @@ bool Storage::release_to_arena() noexcept {
     std::lock_guard<std::mutex> lock(arena_->mutex);
     if (!arena_->alive || slot_->orphan) return false;
 #if GRAPHWARD_HAS_CUDA
-    for (cudaStream_t s : other_streams_) {  // rule 7 across steps: the next user waits for them
+    for (cudaStream_t s :
+         other_streams_) {  // rule [reuse after use] across steps: the next user waits for them
       auto ev = std::make_shared<Event>(Event::pooled(device_));  // Note [Event pool]
       ev->record(s);
       slot_->released_on.push_back(std::move(ev));
@@ -269,10 +270,10 @@ std::shared_ptr<Storage> Storage::allocate(Device device, std::size_t bytes, cud
 // Note [Frees during a capture]
 // A stream being captured can take neither a free of memory allocated outside the graph
 // (cudaFreeAsync there makes a free node, which only takes graph allocations: the block leaks)
-// nor the event waits of rule 7 (they would become graph nodes, not orderings of real work).
-// Yet a tensor made eagerly can die inside a capture: the previous step's tape, dropped while
-// a StepGraph captures the next. Its block, and what orders its release (the streams that used
-// it, its fences, its arena slot), then move to a new Storage on a deferred list; that one is
+// nor the event waits of rule [reuse after use] (they would become graph nodes, not orderings of
+// real work). Yet a tensor made eagerly can die inside a capture: the previous step's tape, dropped
+// while a StepGraph captures the next. Its block, and what orders its release (the streams that
+// used it, its fences, its arena slot), then move to a new Storage on a deferred list; that one is
 // released by the usual rules (cache, arena, or pool) once none of its streams is capturing: at
 // the end of each graphward capture (capture_stream), at the next allocation made outside a
 // capture, or by empty_cache. Graph-pool storage is not deferred: it is the capture's own; nor is
@@ -442,9 +443,9 @@ Storage::~Storage() {
 
 bool Storage::order_after_users() noexcept {
 #if GRAPHWARD_HAS_CUDA
-  // Rule 7: the block may be handed out on alloc_stream_ only after every other stream that used
-  // it has finished with it: alloc_stream_ waits for each (Note [Event pool]: one pooled event,
-  // handed back once the wait is enqueued).
+  // Rule [reuse after use]: the block may be handed out on alloc_stream_ only after every other
+  // stream that used it has finished with it: alloc_stream_ waits for each (Note [Event pool]: one
+  // pooled event, handed back once the wait is enqueued).
   bool ordered = true;
   if (!other_streams_.empty()) {
     cudaEvent_t ev = nullptr;

@@ -10,10 +10,11 @@
 // cudaFreeAsync on that same stream. A Storage remembers the last stream that wrote it (its
 // producer) and every other stream that used it:
 //   * a read on stream S != producer makes S wait on an event recorded on the producer, recorded
-//     lazily: once per write, only when another stream reads (DESIGN.md rule 6);
+//     lazily: once per write, only when another stream reads (rule [read after write]);
 //   * a write on stream S waits for the producer and for every other stream that read it;
 //   * the free first makes the allocating stream wait for every other stream that used the memory,
-//     so the pool never hands it out while another stream may still use it (rule 7).
+//     so the pool never hands it out while another stream may still use it (rule [reuse after
+//     use]).
 // CPU storage is plain aligned host memory; none of the stream bookkeeping applies to it.
 //
 // Note [Block cache]
@@ -24,14 +25,13 @@
 // states: docs/DECISIONS.md, "a block cache in front of the CUDA pool").
 // Reuse needs no event: every earlier use was on that stream, so later work there is ordered after
 // it — the reasoning cudaMallocAsync itself applies to same-stream reuse. Memory used on another
-// stream first makes its own stream wait for that one (rule 7: an event recorded there, Note
-// [Event pool]); from then on the same holds and it goes to the cache too (a cross-stream
-// gradient of a multistream backward no longer costs a cudaFreeAsync and a cudaMallocAsync every
-// step). The cache is bypassed while the stream
-// is being captured into a CUDA graph (graph memory belongs to the graph) and for streams graphward
-// did not create (a raw stream may be destroyed and its handle reused). It holds at most
-// block_cache_limit() bytes per device; empty_cache() returns its blocks to the pool, and process
-// exit does.
+// stream first makes its own stream wait for that one (rule [reuse after use]: an event recorded
+// there, Note [Event pool]); from then on the same holds and it goes to the cache too (a
+// cross-stream gradient of a multistream backward no longer costs a cudaFreeAsync and a
+// cudaMallocAsync every step). The cache is bypassed while the stream is being captured into a CUDA
+// graph (graph memory belongs to the graph) and for streams graphward did not create (a raw stream
+// may be destroyed and its handle reused). It holds at most block_cache_limit() bytes per device;
+// empty_cache() returns its blocks to the pool, and process exit does.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -54,22 +54,22 @@ class JoinedFrees;
 // Note [Reads of a replayed step]
 // A replayed backward reads the step's saved tensors on the caller's stream, and then releases
 // them. Done tensor by tensor on the caller's thread — a read recorded on each saved storage
-// (rule 7: its free waits for the graph; rule 6: a later writer on another stream waits for it),
-// each node marked released, each storage's count of the nodes that saved it lowered — that is
-// most of a 200-node replay's host time (docs/RESULTS.md). Instead the step's nodes share one
-// StepReads (made when the tape log begins a step, Note [Tape log]), and each storage
-// a node of the step saved points to it and counts the saves it made. A replay that reaches every
-// node of the step fills it in once: the stream, one event recorded after the launch (none when
-// every saved storage was allocated on that stream: a read there is ordered before any reuse
-// anyway), `replayed`. From then on the step's nodes read as released (Node::released), and each
-// storage applies the read the next time its bookkeeping is consulted (a write, a free, a hazard
-// query: Storage::settle), on whichever thread holds it — the release worker for the activations
-// it drops last, the caller's thread for a parameter the optimizer writes. The saved tensors are
-// dropped on the release worker (Note [Deferred release]).
-// Where the step cannot be answered for as a whole, a replay goes node by node: a node
-// of the step released or destroyed on its own (`partial`), a storage that a node of a later step
-// saved before this step was replayed (`lost`: it can keep track of one step), a node the
-// backward does not reach, a signature walked instead of logged.
+// (rule [reuse after use]: its free waits for the graph; rule [read after write]: a later writer on
+// another stream waits for it), each node marked released, each storage's count of the nodes that
+// saved it lowered — that is most of a 200-node replay's host time (docs/RESULTS.md). Instead the
+// step's nodes share one StepReads (made when the tape log begins a step, Note [Tape log]), and
+// each storage a node of the step saved points to it and counts the saves it made. A replay that
+// reaches every node of the step fills it in once: the stream, one event recorded after the launch
+// (none when every saved storage was allocated on that stream: a read there is ordered before any
+// reuse anyway), `replayed`. From then on the step's nodes read as released (Node::released), and
+// each storage applies the read the next time its bookkeeping is consulted (a write, a free, a
+// hazard query: Storage::settle), on whichever thread holds it — the release worker for the
+// activations it drops last, the caller's thread for a parameter the optimizer writes. The saved
+// tensors are dropped on the release worker (Note [Deferred release]). Where the step cannot be
+// answered for as a whole, a replay goes node by node: a node of the step released or destroyed on
+// its own (`partial`), a storage that a node of a later step saved before this step was replayed
+// (`lost`: it can keep track of one step), a node the backward does not reach, a signature walked
+// instead of logged.
 struct StepReads {
   std::atomic<bool> replayed{false};  // set once, after the fields below
   cudaStream_t stream = nullptr;        // the replay's (caller's) stream
@@ -147,8 +147,9 @@ class Storage {
                                          cudaStream_t stream, std::shared_ptr<const void> owner);
   // Note [Adopted storage]: `bytes` at `data` that another library owns and reuses in stream
   // order on `stream` once released (a DLPack tensor, engine/dlpack.h): as borrow(), and when the
-  // last handle goes, `stream` first waits for every other stream that used the memory (rule 7) and
-  // only then is `owner` let go. CPU memory too (`stream` null): then `owner` simply goes.
+  // last handle goes, `stream` first waits for every other stream that used the memory (rule [reuse
+  // after use]) and only then is `owner` let go. CPU memory too (`stream` null): then `owner`
+  // simply goes.
   static std::shared_ptr<Storage> adopt(Device device, void* data, std::size_t bytes,
                                         cudaStream_t stream, std::shared_ptr<const void> owner);
   bool borrowed() const { return owner_ != nullptr; }
@@ -214,7 +215,8 @@ class Storage {
   void sync_for_write(cudaStream_t stream);
   // Work on `stream` that this storage did not see used its memory — a replayed CUDA graph launched
   // on `stream` read it, or wrote it (`wrote`: `stream` becomes the producer). Records the use for
-  // rule 7 (the free waits for `stream`) and rule 6 (later readers wait for `stream`); no wait.
+  // rule [reuse after use] (the free waits for `stream`) and rule [read after write] (later readers
+  // wait for `stream`); no wait.
   void record_use(cudaStream_t stream, bool wrote);
   // The same, for a read by work that `done` (an event recorded on `stream` after that work)
   // completes: later writers on other streams and the free wait for `done` instead of recording an
@@ -227,9 +229,9 @@ class Storage {
   // Whether every use of this memory so far (allocation, writes, reads) was on `stream` (always
   // true on the CPU). Only then may work on `stream` overwrite it without any wait, even where the
   // plan orders nothing: e.g. an in-place gradient while other branches may still read the memory.
-  // Calls f(stream) for every stream whose work a new write must wait for (rule 6): the last
-  // writer (at first, the allocating stream) and every stream that read the memory since (CUDA;
-  // nothing on the CPU). Streams may repeat.
+  // Calls f(stream) for every stream whose work a new write must wait for (rule [read after
+  // write]): the last writer (at first, the allocating stream) and every stream that read the
+  // memory since (CUDA; nothing on the CPU). Streams may repeat.
   template <class F>
   void for_each_write_hazard(F&& f) const {
     if (device_.is_cpu()) return;
@@ -272,9 +274,10 @@ class Storage {
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner
   std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
-  bool release_in_order_ = false;      // Note [Adopted storage]: owner_ goes after rule 7's waits
-  // Rule 7 for the free: alloc_stream_ waits for every other stream that used the memory (on the
-  // current device); false, with the reason logged, if it could not.
+  bool release_in_order_ =
+      false;  // Note [Adopted storage]: owner_ goes after rule [reuse after use]'s waits
+  // Rule [reuse after use] for the free: alloc_stream_ waits for every other stream that used the
+  // memory (on the current device); false, with the reason logged, if it could not.
   bool order_after_users() noexcept;
   std::uint64_t version_ = 0;
   mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
@@ -384,9 +387,10 @@ std::size_t block_cache_limit();
 
 // Note [Planned synchronization]
 // Inside a PlannedSyncScope the caller has ordered every access with explicit events (a backward
-// plan does: DESIGN.md rules 2-4), so storage inserts no waits of its own: reads and writes only
-// record which streams used the memory (rule 7 still holds) and who wrote it last. Outside, each
-// op waits for whatever it reads or writes (rule 6).
+// plan does: rules [forward stream], [cross-stream gradients] and [fork and join]), so storage
+// inserts no waits of its own: reads and writes only record which streams used the memory (rule
+// [reuse after use] still holds) and who wrote it last. Outside, each op waits for whatever it
+// reads or writes (rule [read after write]).
 class PlannedSyncScope {
  public:
   PlannedSyncScope();

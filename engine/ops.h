@@ -4,10 +4,10 @@
 // Forward: inputs must share one device and one dtype; CUDA ops are float32 only, the CPU backend
 // also runs float64 (for finite-difference checks). int32 tensors are indices, taken only where
 // an op says so (cross_entropy's targets, embedding's ids) and never differentiated. A CUDA op
-// runs on the calling thread's current stream for its device (DESIGN.md rule 1) after waiting for
-// inputs produced on other streams (rule 6). Every check happens before any memory is allocated
-// or written: a bad call throws a graphward::Error naming the op, what it got and what it
-// expected, and changes nothing.
+// runs on the calling thread's current stream for its device (rule [current stream]) after waiting
+// for inputs produced on other streams (rule [read after write]). Every check happens before any
+// memory is allocated or written: a bad call throws a graphward::Error naming the op, what it got
+// and what it expected, and changes nothing.
 //
 // Backward: gradients go into GradSlots (one per input). A slot with a null `tensor` is not
 // wanted and skipped. A slot whose tensor is undefined receives a new tensor, written (=). A slot

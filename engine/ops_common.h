@@ -40,8 +40,8 @@ class CudaScope {
  public:
   CudaScope(Device device);
   cudaStream_t stream() const { return stream_; }
-  // Waits for the inputs' producers (rule 6). Inside a capture, then checks that the stream is
-  // part of it (Note [Streams inside a capture], engine/capture_mode.h).
+  // Waits for the inputs' producers (rule [read after write]). Inside a capture, then checks that
+  // the stream is part of it (Note [Streams inside a capture], engine/capture_mode.h).
   void read(std::initializer_list<const Tensor*> inputs) const;
 
  private:

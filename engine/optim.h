@@ -5,12 +5,12 @@
 // replay advances the device step count (bias corrections and momentum's first step follow it).
 // Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay).
 //
-// A step runs on the current stream of the parameters' device (DESIGN.md rule 1), after the
-// streams that wrote the .grads and used the parameters (rule 6); it updates the parameters in
-// place, bumping their versions (a tape that saved a parameter refuses its backward afterwards,
-// as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step the set
-// must stay the same (make the .grads first: zero_grad() never undefines them). Parameters are
-// distinct leaves (checked when the optimizer is made).
+// A step runs on the current stream of the parameters' device (rule [current stream]), after the
+// streams that wrote the .grads and used the parameters (rule [read after write]); it updates the
+// parameters in place, bumping their versions (a tape that saved a parameter refuses its backward
+// afterwards, as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step
+// the set must stay the same (make the .grads first: zero_grad() never undefines them). Parameters
+// are distinct leaves (checked when the optimizer is made).
 #include <cstdint>
 #include <vector>
 #include "base/config.h"

@@ -23,7 +23,7 @@ void free_slot_memory(Device device, detail::ArenaSlot& slot) noexcept {
 #if GRAPHWARD_HAS_CUDA
     try {
       DeviceGuard guard(device);
-      for (const auto& ev : slot.released_on) ev->block(slot.stream);  // rule 7
+      for (const auto& ev : slot.released_on) ev->block(slot.stream);  // rule [reuse after use]
       GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(slot.ptr, slot.stream));
     } catch (const std::exception& e) {
       detail::log_error(__FILE__, __LINE__, e.what());

@@ -2,10 +2,10 @@
 // Streams and events (Note [Current stream]).
 //
 // Every thread has, for every CUDA device, a current stream: the stream forward ops launch on
-// (DESIGN.md rule 1). Until a StreamGuard sets one it is the device's graphward default stream: a
-// non-blocking stream created once per device and kept for the life of the process, so that nothing
-// graphward launches ever synchronizes with the legacy default stream. The legacy default stream
-// (0 / cudaStreamLegacy) and cudaStreamPerThread are refused as current streams.
+// (rule [current stream]). Until a StreamGuard sets one it is the device's graphward default
+// stream: a non-blocking stream created once per device and kept for the life of the process, so
+// that nothing graphward launches ever synchronizes with the legacy default stream. The legacy
+// default stream (0 / cudaStreamLegacy) and cudaStreamPerThread are refused as current streams.
 //
 // graphward::Stream objects hand their CUDA stream back to a per-device pool when destroyed, so
 // tensors may outlive the Stream they were made on (Note [Stream lifetime] in stream.cpp). A raw

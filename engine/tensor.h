@@ -3,8 +3,8 @@
 //
 // Copies of a Tensor share one implementation (like PyTorch's): a tensor is a handle. A CUDA
 // tensor's storage remembers the stream that produced it; an op on another stream waits for it
-// automatically (DESIGN.md rule 6, Note [Stream-ordered memory] in memory.h). The version counter
-// lives in the storage and is bumped by every in-place write.
+// automatically (rule [read after write], Note [Stream-ordered memory] in memory.h). The version
+// counter lives in the storage and is bumped by every in-place write.
 //
 // Creation functions allocate on `options.device`; CUDA allocations and copies are ordered on the
 // calling thread's current stream for that device (Note [Current stream] in stream.h).

@@ -4,10 +4,10 @@
 //
 // Cell (layer l, time t) reads the output of (l − 1, t) and the state of (l, t − 1). With
 // `wavefront`, layer l's cells run on stream l: the tensors remember the stream that made them, so
-// cell (l, t) waits for (l − 1, t) on its own (DESIGN.md rule 6) while layer l − 1 goes on with
-// t + 1 — the diagonal wavefront of "fast and flexible RNNs" — and the backward runs each cell's
-// gradient on its stream, in reverse. Task: regress a fixed random linear map of the mean of the
-// inputs from the top layer's last hidden state (MSE). Optimizer: AdamW.
+// cell (l, t) waits for (l − 1, t) on its own (rule [read after write]) while layer l − 1 goes on
+// with t + 1 — the diagonal wavefront of "fast and flexible RNNs" — and the backward runs each
+// cell's gradient on its stream, in reverse. Task: regress a fixed random linear map of the mean of
+// the inputs from the top layer's last hidden state (MSE). Optimizer: AdamW.
 #include <cmath>
 #include <memory>
 #include <optional>

@@ -1,14 +1,14 @@
 // A training loop: K parallel branches of (linear + relu + linear) summed into one output, fitted
 // to synthetic regression data with plain SGD written with tensor ops. On a GPU each branch runs on
 // its own stream in forward; tensors remember their producing stream, so the sum waits for every
-// branch with no hand-written synchronization (DESIGN.md rule 6), and backward() runs each branch's
-// gradient on that branch's stream and joins them back into the caller's stream (rules 2-4). On a
-// GPU the backward is a BackwardGraph: captured once after a warm-up step, replayed every step (the
-// step's activations come from a StepArena, so their addresses repeat); `--eager` runs the eager
-// backward instead. `--trace FILE` times one more backward step by step on the GPU — a replay of the
-// captured graph (BackwardGraph::trace), or the eager backward with `--eager` — and writes it as a
-// Chrome trace with a track per stream (open it in ui.perfetto.dev): the overlap, without a
-// profiler.
+// branch with no hand-written synchronization (rule [read after write]), and backward() runs each
+// branch's gradient on that branch's stream and joins them back into the caller's stream (rules
+// [forward stream], [cross-stream gradients] and [fork and join]). On a GPU the backward is a
+// BackwardGraph: captured once after a warm-up step, replayed every step (the step's activations
+// come from a StepArena, so their addresses repeat); `--eager` runs the eager backward instead.
+// `--trace FILE` times one more backward step by step on the GPU — a replay of the captured graph
+// (BackwardGraph::trace), or the eager backward with `--eager` — and writes it as a Chrome trace
+// with a track per stream (open it in ui.perfetto.dev): the overlap, without a profiler.
 //
 //   train_branches [--cpu] [--eager] [--steps N] [--branches K] [--width W] [--batch B] [--lr LR]
 //                  [--trace FILE] | --help      (--flag V and --flag=V alike; numbers parsed whole)
@@ -140,7 +140,7 @@ int main(int argc, char** argv) try {
   std::unique_ptr<gw::StepArena> arena;
   if (graph) arena = std::make_unique<gw::StepArena>(dev);
 
-  // forward: each branch on its stream; the sum waits for all of them (rule 6)
+  // forward: each branch on its stream; the sum waits for all of them (rule [read after write])
   auto forward = [&] {
     gw::Tensor y;
     for (Branch& b : branches) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutant checks of BackwardGraph's rule-6 waits (GPU): each mutant removes one wait from
+# Mutant checks of BackwardGraph's rule [read after write] waits (GPU): each mutant removes one wait from
 # capture/backward_graph.cpp, rebuilds the GPU tests, and runs the test that must catch it; then
 # the file is restored (from a copy: never `git checkout` on the device machine, whose copy of the
 # git index can be stale) and the tests run again. A mutant that passes its test is a test gap.

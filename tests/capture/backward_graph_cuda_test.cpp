@@ -266,8 +266,8 @@ struct SideStep {
 // one event for the graph's read of every saved tensor. At the last step the caller's stream is
 // stalled before backward(), the activations are freed on the release worker (waited for), and
 // the side stream at once takes blocks of their size and overwrites them. Were a free not ordered
-// after the graph's read (rule 7), the graph would read the overwritten memory and the gradients
-// would differ from the eager backward's.
+// after the graph's read (rule [reuse after use]), the graph would read the overwritten memory and
+// the gradients would differ from the eager backward's.
 TEST_F(CudaBackwardGraph, AStepReleasedAsAWholeFreesItsActivationsOnlyAfterTheGraphReadThem) {
   SideStep graphed(1), eager(1);
   BackwardGraph bw(kGpu);
@@ -301,8 +301,8 @@ TEST_F(CudaBackwardGraph, AStepReleasedAsAWholeFreesItsActivationsOnlyAfterTheGr
 }
 
 // The same with the activation kept by the caller and written in place on a third stream right
-// after backward(): the write waits for the graph's read (rule 6), though no stream but the side
-// stream used the memory in the forward.
+// after backward(): the write waits for the graph's read (rule [read after write]), though no
+// stream but the side stream used the memory in the forward.
 TEST_F(CudaBackwardGraph, AKeptActivationWrittenOnAnotherStreamWaitsForTheReplaysRead) {
   SideStep graphed(1), eager(1);
   Stream writer(kGpu);
@@ -441,7 +441,8 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
 TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
   // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a 50 ms
   // stall; the next step's replayed backward overwrites w.grad on the caller's stream. The
-  // replay must wait for that stream (rule 6): else the reader sees the next step's gradient.
+  // replay must wait for that stream (rule [read after write]): else the reader sees the next
+  // step's gradient.
   Model m(1, 2, 64), ref(1, 2, 64);
   const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
   const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
@@ -543,7 +544,7 @@ TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
   ASSERT_NE(expected, sevens);
   EXPECT_EQ(from_writer.to_vector<float>(), expected) << "the .grad's last writer read it early";
   EXPECT_EQ(from_reader.to_vector<float>(), expected) << "a new reader read it early";
-  step(x1, t1);  // and the next replay still waits for both readers (rule 6)
+  step(x1, t1);  // and the next replay still waits for both readers (rule [read after write])
   backward(ref.loss(x1, t1), {.grad_write = GradWrite::kOverwrite});
   EXPECT_EQ(m.grads(), ref.grads());
 }
@@ -578,7 +579,8 @@ TEST_F(CudaBackwardGraph, ALossScaleThatChangesIsNeverReplayedWithTheOldScale) {
 TEST_F(CudaBackwardGraph, ALossMadeOnAnotherStreamIsWaitedForBeforeTheReplay) {
   // The last layers and the loss run on stream `late`, behind a 50 ms stall; backward() is
   // called on the caller's stream. The graph reads what `late` produced (the last relu's output,
-  // the mse's input): the replay must wait for `late` (DESIGN.md rule 4), else it reads it early.
+  // the mse's input): the replay must wait for `late` (rule [fork and join]), else it reads it
+  // early.
   const Tensor w0 = uniform({64, 64}, -0.2, 0.2, 1, kF32Gpu).set_requires_grad(true);
   const Tensor w1 = uniform({64, 64}, -0.2, 0.2, 2, kF32Gpu).set_requires_grad(true);
   const Tensor w0r = w0.clone().set_requires_grad(true), w1r = w1.clone().set_requires_grad(true);

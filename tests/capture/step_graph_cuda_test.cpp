@@ -91,11 +91,11 @@ TEST_F(CudaStepGraph, ReplayedStepsGiveTheParametersOfEagerStepsBitwise) {
   EXPECT_LT(graph_losses.back(), graph_losses.front());
 }
 
-// Rule 6 and a capture: parameters last written on a stream that never joins the capture (as a
-// ProcessGroup's broadcast writes them on its stream at the start) are updated inside it — a write
-// waits only for the readers since the last write, not for every stream that ever used the memory
-// (which would tie the capture to a stream outside it: cudaErrorStreamCaptureIsolation) — and the
-// replays give the eager steps' parameters bitwise.
+// Rule [read after write] and a capture: parameters last written on a stream that never joins the
+// capture (as a ProcessGroup's broadcast writes them on its stream at the start) are updated inside
+// it — a write waits only for the readers since the last write, not for every stream that ever used
+// the memory (which would tie the capture to a stream outside it: cudaErrorStreamCaptureIsolation)
+// — and the replays give the eager steps' parameters bitwise.
 TEST_F(CudaStepGraph, ParametersWrittenOnAnotherStreamBeforeTheStepAreUpdatedInTheCapture) {
   const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
   Mlp eager, graphed;

@@ -169,7 +169,8 @@ TEST_F(CudaAutograd, BackwardRunsOnTheStreamsTheForwardUsed) {
     last_end[t.stream] = t.end_ms;
   }
   EXPECT_EQ(last_end.size(), 3u) << "the caller's stream and the two branch streams";
-  // Leaf gradients were written on the stream of the node that produced them (rule 5).
+  // Leaf gradients were written on the stream of the node that produced them (rule [leaf
+  // gradients]).
   for (int j = 0; j < 4; ++j) {
     EXPECT_EQ(m.w[0][j].grad().storage()->producer_stream(), s0.get());
     EXPECT_EQ(m.w[1][j].grad().storage()->producer_stream(), s1.get());
@@ -178,9 +179,9 @@ TEST_F(CudaAutograd, BackwardRunsOnTheStreamsTheForwardUsed) {
 
 TEST_F(CudaAutograd, GradientsAreReadableOnTheCallersStreamRightAfterBackward) {
   // The whole forward and backward run on a side stream, behind a chain of 2048³ GEMMs; backward
-  // is called on `caller`. Reading the gradient on `caller` right after backward(), with rule 6's
-  // automatic waits switched off (PlannedSyncScope), is correct only if backward joined the side
-  // stream into the caller's stream (rule 4).
+  // is called on `caller`. Reading the gradient on `caller` right after backward(), with rule [read
+  // after write]'s automatic waits switched off (PlannedSyncScope), is correct only if backward
+  // joined the side stream into the caller's stream (rule [fork and join]).
   Stream side(kGpu), caller(kGpu);
   const Tensor w = mul(randn({2048, 2048}, 1, kF32Gpu), 1.0 / 45.0).set_requires_grad(true);
   const Tensor x = mul(randn({2048, 2048}, 2, kF32Gpu), 1.0 / 45.0);
@@ -337,7 +338,8 @@ TEST_F(CudaAutograd, ABackwardLongEnoughForStreamsKeepsThem) {
 TEST_F(CudaAutograd, ABackwardMovedToTheCallersStreamWaitsForARootMadeElsewhere) {
   // The forward and its loss on `side`, behind a stall; backward() called on `caller`. Moved onto
   // `caller`, the backward must first wait for `side`, or it reads the activations before they
-  // exist. Read right after backward() on `caller` with rule 6's waits switched off.
+  // exist. Read right after backward() on `caller` with rule [read after write]'s waits switched
+  // off.
   Stream side(kGpu), caller(kGpu), s1(kGpu);
   const TwoLinears m(64);
   std::vector<std::vector<float>> want;

@@ -1,6 +1,7 @@
 // BackwardPlan of hand-built multistream tapes: nodes carry stream ids, nothing is launched (the
 // streams are fake handles; planning makes no CUDA call). Pins the waits, forks and joins of
-// DESIGN.md rules 2-4 and the routing of gradient buffers.
+// rules [forward stream], [cross-stream gradients] and [fork and join] and the routing of gradient
+// buffers.
 #include <algorithm>
 
 #include "test_util.h"
@@ -79,7 +80,8 @@ TEST(BackwardPlan, TwoIndependentBranchesOnTwoStreamsForkAndJoinEachOnceWithNoWa
   EXPECT_EQ(p.forks.size(), 2u);
   EXPECT_EQ(p.joins.size(), 2u);
   for (const auto& s : p.steps) {
-    EXPECT_EQ(p.streams[s.stream], s.node->stream()) << "rule 2: backward on the forward's stream";
+    EXPECT_EQ(p.streams[s.stream], s.node->stream())
+        << "rule [forward stream]: backward on the forward's stream";
   }
 }
 

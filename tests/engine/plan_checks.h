@@ -1,7 +1,8 @@
 #pragma once
-// Checks of a BackwardPlan's stream order (DESIGN.md rules 2-5), shared by the plan's property test
-// (random hand-built tapes) and the random-program test (tests/fuzz): which steps must precede
-// which, and whether stream order and the plan's waits guarantee it.
+// Checks of a BackwardPlan's stream order (rules [forward stream], [cross-stream gradients], [fork
+// and join] and [leaf gradients]), shared by the plan's property test (random hand-built tapes) and
+// the random-program test (tests/fuzz): which steps must precede which, and whether stream order
+// and the plan's waits guarantee it.
 #include <utility>
 #include <vector>
 
@@ -60,9 +61,10 @@ inline bool satisfied(const BackwardPlan& p, const std::vector<std::vector<bool>
                                                              : hb[r.first][r.second];
 }
 
-// The forks and joins a plan needs (rule 4): every stream other than the caller's is joined; a
-// forward stream is forked unless its first step is ordered after a step of the caller's stream
-// (stream 0), which orders all of its work after everything before the backward, as a fork would.
+// The forks and joins a plan needs (rule [fork and join]): every stream other than the caller's is
+// joined; a forward stream is forked unless its first step is ordered after a step of the caller's
+// stream (stream 0), which orders all of its work after everything before the backward, as a fork
+// would.
 inline void expect_forks_and_joins(const BackwardPlan& p, const std::vector<std::vector<bool>>& hb,
                                    std::vector<int>* forks, std::vector<int>* joins) {
   forks->clear();

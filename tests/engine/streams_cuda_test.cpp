@@ -1,7 +1,8 @@
 // Streams, events and the stream rules of DESIGN.md that the foundation owns: the current stream
-// (rule 1), automatic waits for tensors produced on another stream (rule 6) and stream-safe reuse
-// of freed memory (rule 7). Each race test is built to fail when its wait is missing: the producer
-// or the other user is kept busy by a long GEMM chain, and new memory is poisoned with NaN.
+// (rule [current stream]), automatic waits for tensors produced on another stream (rule [read after
+// write]) and stream-safe reuse of freed memory (rule [reuse after use]). Each race test is built
+// to fail when its wait is missing: the producer or the other user is kept busy by a long GEMM
+// chain, and new memory is poisoned with NaN.
 #include <cstdint>
 #include <optional>
 
@@ -38,7 +39,7 @@ TEST_F(CudaStreams, GuardSetsAndRestoresTheCurrentStreamAndOpsUseIt) {
     {
       StreamGuard gb(b);
       EXPECT_EQ(current_stream(kGpu), b.get());
-      const Tensor u = relu(t);  // rule 1: runs on the current stream
+      const Tensor u = relu(t);  // rule [current stream]: runs on the current stream
       EXPECT_EQ(u.storage()->producer_stream(), b.get());
     }
     EXPECT_EQ(current_stream(kGpu), a.get());
@@ -53,7 +54,7 @@ TEST_F(CudaStreams, LegacyAndPerThreadDefaultStreamsAreRefused) {
   EXPECT_EQ(current_stream(kGpu), default_stream(kGpu));
 }
 
-TEST_F(CudaStreams, ConsumerOnAnotherStreamWaitsForTheProducer) {  // rule 6
+TEST_F(CudaStreams, ConsumerOnAnotherStreamWaitsForTheProducer) {  // rule [read after write]
   Stream producer(kGpu), consumer(kGpu);
   Tensor y, expected;
   {
@@ -72,9 +73,10 @@ TEST_F(CudaStreams, ConsumerOnAnotherStreamWaitsForTheProducer) {  // rule 6
   EXPECT_EQ(z.to_vector<float>(), expected.to_vector<float>());
 }
 
-// Rule 6 once a write: a stream that waited for a tensor's producer reads it again without a new
-// wait (a branch reading a parameter at every step), but a new write on the producer's stream,
-// queued behind a long GEMM chain, is waited for again: the second read sees the new contents.
+// Rule [read after write] once a write: a stream that waited for a tensor's producer reads it again
+// without a new wait (a branch reading a parameter at every step), but a new write on the
+// producer's stream, queued behind a long GEMM chain, is waited for again: the second read sees the
+// new contents.
 TEST_F(CudaStreams, AReaderWaitsAgainForEveryNewWriteOfTheProducer) {
   Stream producer(kGpu), reader(kGpu);
   const Shape shape{1024, 1024};
@@ -124,7 +126,8 @@ TEST_F(CudaStreams, InPlaceWriteOnAnotherStreamWaitsForTheProducer) {
   EXPECT_EQ(g.to_vector<float>(), expected.to_vector<float>());
 }
 
-TEST_F(CudaStreams, FreedMemoryIsNotReusedWhileAnotherStreamStillReadsIt) {  // rule 7
+TEST_F(CudaStreams,
+       FreedMemoryIsNotReusedWhileAnotherStreamStillReadsIt) {  // rule [reuse after use]
   Stream home(kGpu), reader(kGpu);
   const Shape shape{2048, 2048};
   Tensor t, expected;
@@ -195,8 +198,9 @@ TEST_F(CudaStreams, ReusedBlocksFollowTheStreamOrderOfTheirEarlierUses) {
 }
 
 // Memory read on another stream goes to the cache too, once its own stream waits for that one
-// (rule 7, then Note [Block cache]): reused on its stream, the block is rewritten only after the
-// other stream's reader — enqueued behind a long GEMM chain — has read the old contents.
+// (rule [reuse after use], then Note [Block cache]): reused on its stream, the block is rewritten
+// only after the other stream's reader — enqueued behind a long GEMM chain — has read the old
+// contents.
 TEST_F(CudaStreams, MemoryUsedOnAnotherStreamIsCachedAfterItsStreamWaitsForTheOther) {
   Stream home(kGpu), reader(kGpu);
   empty_cache(kGpu);
@@ -377,7 +381,7 @@ TEST_F(CudaStreams, StreamsAndEventsAreMoveOnlyOwners) {
 // captured (the previous step's tape, dropped inside a captured step) adds nothing to the graph
 // — a free node would only take graph allocations, and the block would leak — and its block is
 // released once the capture has ended: into the cache when it was used on its own stream only,
-// else to the pool after rule 7's waits.
+// else to the pool after rule [reuse after use]'s waits.
 TEST_F(CudaStreams, ATensorDroppedInsideACaptureIsReleasedAfterItAndAddsNoNode) {
   Stream s(kGpu);
   StreamGuard g(s);
