@@ -461,10 +461,12 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
   }
   slot_sources_.clear();
   // The .grads the graph wrote (Note [Writes of a replayed graph], engine/memory.h): the same
-  // .grads of the same leaves as the last step's follow grad_writes_, and one bump writes them
-  // all; others are written here, from the signature's memo where it has them (one pointer each),
-  // and follow a new GraphWrites from now on.
-  if (sig.grads_unchanged && !grad_writes_leaves_.empty() && grad_writes_leaves_ == exec.leaves) {
+  // .grads of the same leaves as the last step's follow grad_writes_ (unless one of them left it
+  // for another BackwardGraph's), and one bump writes them all; others are written here, from the
+  // signature's memo where it has them (one pointer each), and follow a new GraphWrites from now
+  // on.
+  if (sig.grads_unchanged && !grad_writes_leaves_.empty() && grad_writes_leaves_ == exec.leaves &&
+      !grad_writes_->abandoned.load(std::memory_order_acquire)) {
     grad_writes_->stream.store(caller, std::memory_order_relaxed);
     grad_writes_->epoch.fetch_add(1, std::memory_order_acq_rel);
   } else {

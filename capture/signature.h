@@ -21,8 +21,8 @@
 //     node's record as it recorded the tape, numbered in creation order; the signature takes the
 //     log's buffers and adds the leaves, seeds, roots and mode — no walk. Used whenever the log
 //     can stand for the tape;
-//   * by a walk of the tape (the canonical depth-first order below): always correct, ~150 ns a
-//   node.
+//   * by a walk of the tape (the canonical depth-first order below): always correct, and a visit
+//     of every node.
 // Comparing is two vector compares, so with the log the check costs little next to a launch.
 #include <cstdint>
 #include <memory>

@@ -523,6 +523,9 @@ void Storage::settle_graph_writes() const {
 
 void Storage::follow_graph_writes(std::shared_ptr<detail::GraphWrites> writes) {
   settle();  // what the one it followed wrote, first
+  if (graph_writes_ && graph_writes_ != writes) {
+    graph_writes_->abandoned.store(true, std::memory_order_release);
+  }
   graph_writes_seen_ = writes->epoch.load(std::memory_order_acquire);
   graph_writes_ = std::move(writes);
 }

@@ -95,10 +95,13 @@ struct StepReads {
 // (graphs of one BackwardGraph launched on another stream wait for the last launch), so a reader
 // that waits for the last stream waits for every earlier write. A BackwardGraph whose .grads
 // change makes a new GraphWrites; the old one is never bumped again, so a storage that no longer
-// is a .grad of it is not written by its replays.
+// is a .grad of it is not written by its replays. A storage follows one GraphWrites at a time:
+// told to follow another (a second BackwardGraph over shared parameters), it marks the one it
+// left `abandoned`, and that BackwardGraph's next replay writes its .grads directly again.
 struct GraphWrites {
   std::atomic<std::uint64_t> epoch{0};
   std::atomic<cudaStream_t> stream{nullptr};
+  std::atomic<bool> abandoned{false};  // a storage that followed it follows another now
 };
 }  // namespace detail
 

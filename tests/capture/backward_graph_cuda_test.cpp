@@ -549,6 +549,55 @@ TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
   EXPECT_EQ(m.grads(), ref.grads());
 }
 
+// ... and with two BackwardGraphs over shared parameters, taking turns on one thread (two losses
+// of one model): each replay's writes reach the .grads, though the .grads last followed the other
+// BackwardGraph's writes. A reader on another stream that waited for the other one's write must
+// wait again for this replay (the caller's stream held 50 ms before it).
+TEST_F(CudaBackwardGraph, TwoBackwardGraphsOverSharedParametersEachHaveTheirWritesWaitedFor) {
+  Model m(1, 2, 64), ref(1, 2, 64);
+  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
+  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
+  const Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
+  BackwardGraph plain(kGpu), doubled(kGpu);
+  StepArena arena(kGpu);
+  auto step = [&](BackwardGraph& bw, double scale, const Tensor& xs, const Tensor& ts) {
+    {
+      NoGradGuard no_grad;
+      copy_(x, xs);
+      copy_(t, ts);
+    }
+    StepScope scope(arena);
+    bw.backward(mul(m.loss(x, t), scale), GradWrite::kOverwrite);
+    arena.record_step_end(current_stream(kGpu));
+  };
+  for (int i = 0; i < 4; ++i) {  // each: warm-up, capture, replays
+    step(plain, 1.0, x1, t1);
+    step(doubled, 2.0, x1, t1);
+  }
+  ASSERT_EQ(plain.stats().counters.captures, 1u);
+  ASSERT_EQ(doubled.stats().counters.captures, 1u);
+  const Tensor& g = m.w[0][0].grad();
+  Stream reader(kGpu);
+  {
+    NoGradGuard no_grad;
+    StreamGuard r(reader);
+    (void)mul(g, 1.0);  // waits for the doubled loss's replay, and loads the kernel
+  }
+  reader.synchronize();
+  testing::stall(current_stream(kGpu), 50);
+  step(plain, 1.0, x2, t2);  // behind the stall
+  Tensor seen;
+  {
+    NoGradGuard no_grad;
+    StreamGuard r(reader);
+    seen = mul(g, 1.0);
+  }
+  backward(ref.loss(x2, t2), {.grad_write = GradWrite::kOverwrite});
+  EXPECT_EQ(seen.to_vector<float>(), ref.w[0][0].grad().to_vector<float>())
+      << "the reader did not wait for the second BackwardGraph's replay";
+  EXPECT_EQ(m.grads(), ref.grads());
+}
+
 // Note [Node attributes] (engine/autograd.h): a loss scaled by a factor that changes from step to
 // step (a per-batch count, a schedule) is another structure at each new factor — captured anew,
 // or replayed from the cache where the factor was seen before — never a replay of a graph whose
