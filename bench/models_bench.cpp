@@ -89,6 +89,11 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   state.counters["host_us"] = host / iters;
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
   state.counters["updates"] = static_cast<double>(trainer.updates() - updates);
+  // Every row has every counter (Google Benchmark's CSV output requires it): 0 where the mode
+  // has no BackwardGraph.
+  for (const char* c : {"bw_host_us", "bw_launch_at_us", "slots", "whole_step"}) {
+    state.counters[c] = 0;
+  }
   if (const gw::BackwardGraph* bw = trainer.backward_graph()) {
     state.counters["bw_host_us"] = bw_host / iters;  // backward(): all of it, the release too
     state.counters["bw_launch_at_us"] = bw_before_launch / iters;
