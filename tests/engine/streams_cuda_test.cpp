@@ -4,6 +4,7 @@
 // to fail when its wait is missing: the producer or the other user is kept busy by a long GEMM
 // chain, and new memory is poisoned with NaN.
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "capture/stream_capture.h"
@@ -441,6 +442,50 @@ TEST_F(CudaStreams, AKernelCapturedOnAHighPriorityStreamKeepsItsPriorityInTheGra
     ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
     ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// capture::Graph owns a graph and its executable: an update to a graph of another topology is
+// refused by name and leaves the executable as it was; an update to the same topology with other
+// pointers is taken (the owner keeps the graph that matches its executable); a moved-from owner
+// holds nothing (each handle destroyed once).
+TEST_F(CudaStreams, AGraphOwnerUpdatesInPlaceOrSaysWhyNot) {
+  Stream s(kGpu);
+  StreamGuard g(s);
+  const Tensor x = full({256}, 1.0, kF32Gpu), other = full({256}, 2.0, kF32Gpu);
+  const Tensor y = full({256}, 0.0, kF32Gpu), z = full({256}, 0.0, kF32Gpu);
+  s.synchronize();
+  auto capture = [&](const std::function<void()>& body) {
+    return capture::Graph(capture::capture_stream(s.get(), "test", "", body));
+  };
+  capture::Graph graph = capture([&] { copy_(y, x); });
+  graph.instantiate();
+  capture::Graph wider = capture([&] {
+    copy_(y, x);
+    copy_(z, x);
+  });
+  const cudaGraph_t kept = graph.graph();
+  const char* refused = graph.update_to(wider);
+  ASSERT_NE(refused, nullptr) << "an update to another topology was taken";
+  EXPECT_EQ(graph.graph(), kept);
+  graph.launch(s.get());
+  s.synchronize();
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(256, 1.0f));
+  EXPECT_EQ(z.to_vector<float>(), std::vector<float>(256, 0.0f)) << "the refused graph ran";
+  capture::Graph same_shape = capture([&] { copy_(y, other); });
+  const cudaGraph_t fresh = same_shape.graph();
+  ASSERT_EQ(graph.update_to(same_shape), nullptr);
+  EXPECT_EQ(graph.graph(), fresh);  // the graph that matches the executable
+  EXPECT_EQ(same_shape.graph(), kept);
+  graph.launch(s.get());
+  s.synchronize();
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(256, 2.0f));
+  capture::Graph moved = std::move(graph);
+  EXPECT_FALSE(graph);  // NOLINT(bugprone-use-after-move): the moved-from state is defined
+  EXPECT_EQ(graph.exec(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_NE(moved.exec(), nullptr);
+  moved.launch(s.get());
+  s.synchronize();
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
