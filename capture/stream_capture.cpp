@@ -41,19 +41,7 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
 }
 
 bool has_prioritized_kernel(cudaGraph_t graph) {
-  std::size_t n = 0;
-  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type{};
-    GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeKernel) continue;
-    cudaLaunchAttributeValue value{};
-    GW_CUDA_CHECK(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value));
-    if (value.priority != 0) return true;
-  }
-  return false;
+  return count_nodes(graph).prioritized;
 }
 
 cudaGraphExec_t instantiate(cudaGraph_t graph) {
@@ -151,6 +139,9 @@ NodeCounts count_nodes(cudaGraph_t graph) {
     GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
     if (type == cudaGraphNodeTypeKernel) {
       ++c.kernels;
+      cudaLaunchAttributeValue value{};
+      GW_CUDA_CHECK(cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &value));
+      c.prioritized = c.prioritized || value.priority != 0;
     } else {
       ++c.others;
       if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) ++c.memory;

@@ -36,7 +36,8 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
 // priorities only where a kernel has one").
 cudaGraphExec_t instantiate(cudaGraph_t graph);
 
-// Whether some kernel node of `graph` has a priority other than the default (0).
+// Whether some kernel node of `graph` has a priority other than the default (0):
+// count_nodes(graph).prioritized.
 bool has_prioritized_kernel(cudaGraph_t graph);
 
 // A captured graph and its executable, owned together: move-only, both destroyed with it (the
@@ -76,6 +77,7 @@ struct NodeCounts {
   std::size_t kernels = 0;
   std::size_t others = 0;  // memsets, event nodes, ... (memory among them)
   std::size_t memory = 0;  // memory allocation and free nodes
+  bool prioritized = false;  // a kernel node has a priority other than the default (0)
 };
 NodeCounts count_nodes(cudaGraph_t graph);
 

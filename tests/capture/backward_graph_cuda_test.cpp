@@ -438,28 +438,39 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
   EXPECT_GT(bw.stats().counters.replays, 0u);
 }
 
-TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
-  // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a 50 ms
-  // stall; the next step's replayed backward overwrites w.grad on the caller's stream. The
-  // replay must wait for that stream (rule [read after write]): else the reader sees the next
-  // step's gradient.
-  Model m(1, 2, 64), ref(1, 2, 64);
-  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
-  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
-  // Static inputs and a step arena: every step after the capture is a plain replay.
-  const Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
-  BackwardGraph bw(kGpu);
-  StepArena arena(kGpu);
-  auto step = [&](const Tensor& xs, const Tensor& ts) {
+// Two batches and the static inputs they are copied into, one model and its eager twin: with a
+// step arena, every step after the capture is a plain replay. For the tests that hold a stream and
+// look at one .grad.
+struct StaticSteps {
+  Model m{1, 2, 64}, ref{1, 2, 64};
+  Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
+  Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
+  Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
+  StepArena arena{kGpu};
+  // One step of `bw` on (xs, ts), copied into the static inputs; the loss times `scale` if given.
+  void step(BackwardGraph& bw, const Tensor& xs, const Tensor& ts,
+            std::optional<double> scale = std::nullopt) {
     {
       NoGradGuard no_grad;
       copy_(x, xs);
       copy_(t, ts);
     }
     StepScope scope(arena);
-    bw.backward(m.loss(x, t), GradWrite::kOverwrite);
+    const Tensor loss = m.loss(x, t);
+    bw.backward(scale ? mul(loss, *scale) : loss, GradWrite::kOverwrite);
     arena.record_step_end(current_stream(kGpu));
-  };
+  }
+};
+
+TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByTheNextReplay) {
+  // An "optimizer" on a stream of its own (not one the forward used) reads w.grad after a 50 ms
+  // stall; the next step's replayed backward overwrites w.grad on the caller's stream. The
+  // replay must wait for that stream (rule [read after write]): else the reader sees the next
+  // step's gradient.
+  StaticSteps st;
+  auto& [m, ref, x1, t1, x2, t2, x, t, arena] = st;
+  BackwardGraph bw(kGpu);
+  auto step = [&](const Tensor& xs, const Tensor& ts) { st.step(bw, xs, ts); };
   for (int i = 0; i < 4; ++i) step(x1, t1);  // warm-up, capture, replays
   ASSERT_EQ(bw.stats().counters.captures, 1u);
   const std::uint64_t updates = bw.stats().counters.updates, replays = bw.stats().counters.replays;
@@ -491,22 +502,10 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
 // it (its producer until the replay's write is applied) and one that never used it. The caller's
 // stream is held 50 ms before the step, so a reader that does not wait reads the old values.
 TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
-  Model m(1, 2, 64), ref(1, 2, 64);
-  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
-  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
-  const Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
+  StaticSteps st;
+  auto& [m, ref, x1, t1, x2, t2, x, t, arena] = st;
   BackwardGraph bw(kGpu);
-  StepArena arena(kGpu);
-  auto step = [&](const Tensor& xs, const Tensor& ts) {
-    {
-      NoGradGuard no_grad;
-      copy_(x, xs);
-      copy_(t, ts);
-    }
-    StepScope scope(arena);
-    bw.backward(m.loss(x, t), GradWrite::kOverwrite);
-    arena.record_step_end(current_stream(kGpu));
-  };
+  auto step = [&](const Tensor& xs, const Tensor& ts) { st.step(bw, xs, ts); };
   for (int i = 0; i < 4; ++i) step(x1, t1);  // warm-up, capture, replays over the same .grads
   ASSERT_EQ(bw.stats().counters.captures, 1u);
   const std::uint64_t updates = bw.stats().counters.updates, replays = bw.stats().counters.replays;
@@ -554,21 +553,11 @@ TEST_F(CudaBackwardGraph, AReaderOfAGradientAfterAPlainReplayWaitsForIt) {
 // BackwardGraph's writes. A reader on another stream that waited for the other one's write must
 // wait again for this replay (the caller's stream held 50 ms before it).
 TEST_F(CudaBackwardGraph, TwoBackwardGraphsOverSharedParametersEachHaveTheirWritesWaitedFor) {
-  Model m(1, 2, 64), ref(1, 2, 64);
-  const Tensor x1 = randn({16, 64}, 1, kF32Gpu), t1 = randn({16, 64}, 2, kF32Gpu);
-  const Tensor x2 = randn({16, 64}, 3, kF32Gpu), t2 = randn({16, 64}, 4, kF32Gpu);
-  const Tensor x = zeros({16, 64}, kF32Gpu), t = zeros({16, 64}, kF32Gpu);
+  StaticSteps st;
+  auto& [m, ref, x1, t1, x2, t2, x, t, arena] = st;
   BackwardGraph plain(kGpu), doubled(kGpu);
-  StepArena arena(kGpu);
   auto step = [&](BackwardGraph& bw, double scale, const Tensor& xs, const Tensor& ts) {
-    {
-      NoGradGuard no_grad;
-      copy_(x, xs);
-      copy_(t, ts);
-    }
-    StepScope scope(arena);
-    bw.backward(mul(m.loss(x, t), scale), GradWrite::kOverwrite);
-    arena.record_step_end(current_stream(kGpu));
+    st.step(bw, xs, ts, scale);
   };
   for (int i = 0; i < 4; ++i) {  // each: warm-up, capture, replays
     step(plain, 1.0, x1, t1);
