@@ -119,14 +119,16 @@ void BackwardGraph::fill_slots(Executable& exec, cudaStream_t caller) {
 void BackwardGraph::refresh_slots(const Executable& exec, cudaStream_t caller) {
   // Note [Input slots]: this step's tensor into the graph's slot, on the caller's stream, after
   // the tensor's producer; the previous launch that read the slot ran on this stream or was
-  // waited for (order_before_launch). One copy a group.
+  // waited for (order_before_launch). One copy a group, all of them in one launch.
+  capture::SlotRefresh refresh(caller);
   for (std::size_t i = 0; i < exec.slots.size(); ++i) {
     const InputSlot& slot = exec.slots[i];
     if (slot.leader != i) continue;
     const Tensor& src = slot_source(slot);
-    capture::refresh_slot(slot.copy, src, caller);
+    refresh.add(slot.copy, src);
     slot_sources_.push_back(src);
   }
+  refresh.flush();
 }
 #endif
 

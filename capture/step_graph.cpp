@@ -174,7 +174,9 @@ namespace {
 // Note [Step inputs]: `batch` into `slots` on `stream`, after each tensor's producer.
 void copy_batch(const std::vector<Tensor>& batch, const std::vector<Tensor>& slots,
                 cudaStream_t stream) {
-  for (std::size_t i = 0; i < batch.size(); ++i) capture::refresh_slot(slots[i], batch[i], stream);
+  capture::SlotRefresh refresh(stream);
+  for (std::size_t i = 0; i < batch.size(); ++i) refresh.add(slots[i], batch[i]);
+  refresh.flush();
 }
 
 // The leaves the tape of `loss` reaches (each once).

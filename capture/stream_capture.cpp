@@ -2,6 +2,7 @@
 
 #if GRAPHWARD_HAS_CUDA
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -158,11 +159,27 @@ Tensor input_slot_like(const Tensor& like, Device device, cudaStream_t stream) {
                               like.shape(), like.dtype());
 }
 
-void refresh_slot(const Tensor& slot, const Tensor& src, cudaStream_t stream) {
-  src.storage()->sync_for_read(stream);
+void SlotRefresh::add(const Tensor& slot, const Tensor& src) {
+  src.storage()->sync_for_read(stream_);
   if (src.nbytes() == 0) return;
-  GW_CUDA_CHECK(cudaMemcpyAsync(slot.raw_data(), src.raw_data(), src.nbytes(),
-                                cudaMemcpyDeviceToDevice, stream));
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; };
+  if (!aligned(slot.raw_data()) || !aligned(src.raw_data())) {
+    GW_CUDA_CHECK(cudaMemcpyAsync(slot.raw_data(), src.raw_data(), src.nbytes(),
+                                  cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  const int k = segments_.count++;
+  segments_.src[k] = src.raw_data();
+  segments_.dst[k] = slot.raw_data();
+  segments_.bytes[k] = static_cast<std::int64_t>(src.nbytes());
+  if (segments_.count == kernels::FewSegments::kCapacity) flush();
+}
+
+void SlotRefresh::flush() {
+  if (segments_.count == 0) return;
+  const kernels::FewSegments segments = segments_;
+  segments_.count = 0;
+  kernels::copy_segments(segments, stream_);
 }
 
 }  // namespace graphward::capture

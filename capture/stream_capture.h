@@ -9,6 +9,7 @@
 
 #include "engine/device.h"
 #include "engine/tensor.h"
+#include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime.h>
@@ -86,8 +87,24 @@ NodeCounts count_nodes(cudaGraph_t graph);
 // slots the next step reuses), the block cache and graph pools — alive as long as a handle to it;
 // `stream` is its first producer.
 Tensor input_slot_like(const Tensor& like, Device device, cudaStream_t stream);
-// `src` into `slot` on `stream` (a device-to-device copy), after `src`'s producer.
-void refresh_slot(const Tensor& slot, const Tensor& src, cudaStream_t stream);
+// Input slots refreshed before a launch: add() each (`src` into `slot`, on `stream`, after `src`'s
+// producer), then flush(). The copies go in one kernel (kernels::copy_segments): one launch of
+// host time for all of a step's slots where a cudaMemcpyAsync each cost more than a launch each.
+// A slot whose ends are not 4-byte aligned (a view at an odd offset) is copied by cudaMemcpyAsync
+// at once; the order among the slots does not matter (each is its own memory). What was added and
+// not flushed is not copied.
+class SlotRefresh {
+ public:
+  explicit SlotRefresh(cudaStream_t stream) : stream_(stream) {}
+  SlotRefresh(const SlotRefresh&) = delete;
+  SlotRefresh& operator=(const SlotRefresh&) = delete;
+  void add(const Tensor& slot, const Tensor& src);
+  void flush();
+
+ private:
+  cudaStream_t stream_;
+  kernels::FewSegments segments_;
+};
 
 }  // namespace graphward::capture
 #endif

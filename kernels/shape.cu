@@ -42,39 +42,61 @@ __global__ void copy_kernel(float* y, const float* x, std::int64_t n, bool accum
   }
 }
 
-// Segment blockIdx.y: 4-byte words by a grid-stride loop, then the 1 to 3 bytes past them.
-__global__ void copy_segments_kernel(Segments s) {
+// Segment blockIdx.y: 16-byte vectors by a grid-stride loop where both ends are 16-byte aligned,
+// then 4-byte words the same way, then the 1 to 3 bytes past them.
+template <int N>
+__global__ void copy_segments_kernel(SegmentList<N> s) {
   const int k = static_cast<int>(blockIdx.y);
-  const auto* src = static_cast<const std::uint32_t*>(s.src[k]);
-  auto* dst = static_cast<std::uint32_t*>(s.dst[k]);
-  const std::int64_t words = s.bytes[k] / 4;
-  GW_GRID_STRIDE(i, words) {
-    dst[i] = src[i];
+  const auto* src = static_cast<const unsigned char*>(s.src[k]);
+  auto* dst = static_cast<unsigned char*>(s.dst[k]);
+  const std::int64_t bytes = s.bytes[k];
+  std::int64_t done = 0;
+  if ((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) % 16 == 0) {
+    const std::int64_t vectors = bytes / 16;
+    GW_GRID_STRIDE(i, vectors) {
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+    done = 16 * vectors;
   }
-  const std::int64_t tail = s.bytes[k] - 4 * words;
+  const std::int64_t words = (bytes - done) / 4;
+  GW_GRID_STRIDE(i, words) {
+    reinterpret_cast<std::uint32_t*>(dst + done)[i] =
+        reinterpret_cast<const std::uint32_t*>(src + done)[i];
+  }
+  done += 4 * words;
+  const std::int64_t tail = bytes - done;
   if (blockIdx.x == 0 && static_cast<std::int64_t>(threadIdx.x) < tail) {
-    reinterpret_cast<unsigned char*>(dst + words)[threadIdx.x] =
-        reinterpret_cast<const unsigned char*>(src + words)[threadIdx.x];
+    dst[done + threadIdx.x] = src[done + threadIdx.x];
   }
 }
 
-}  // namespace
-
-void copy_segments(const Segments& segments, cudaStream_t stream) {
-  GW_CHECK(segments.count >= 0 && segments.count <= kMaxSegments, "copy_segments: ",
-           segments.count, " segments; expected 0 to ", kMaxSegments);
+template <int N>
+void copy_segment_list(const SegmentList<N>& segments, cudaStream_t stream) {
+  GW_CHECK(segments.count >= 0 && segments.count <= N, "copy_segments: ", segments.count,
+           " segments; expected 0 to ", N);
   std::int64_t most = 0;
   for (int k = 0; k < segments.count; ++k) {
     GW_CHECK(reinterpret_cast<std::uintptr_t>(segments.src[k]) % 4 == 0 &&
                  reinterpret_cast<std::uintptr_t>(segments.dst[k]) % 4 == 0,
              "copy_segments: segment ", k, " is not 4-byte aligned");
+    GW_CHECK(segments.bytes[k] >= 0, "copy_segments: segment ", k, " has ", segments.bytes[k],
+             " bytes; expected 0 or more");
     most = std::max(most, segments.bytes[k] / 4);
   }
   if (segments.count == 0) return;
   const dim3 grid(std::max(1u, grid_for(most) / static_cast<unsigned>(segments.count)),
                   static_cast<unsigned>(segments.count));
-  copy_segments_kernel<<<grid, kThreads, 0, stream>>>(segments);
+  copy_segments_kernel<N><<<grid, kThreads, 0, stream>>>(segments);
   GW_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void copy_segments(const Segments& segments, cudaStream_t stream) {
+  copy_segment_list(segments, stream);
+}
+void copy_segments(const FewSegments& segments, cudaStream_t stream) {
+  copy_segment_list(segments, stream);
 }
 
 void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,

@@ -19,19 +19,27 @@ struct SwapDims {
   int d0 = 0, d1 = 0;
 };
 
-// Up to kMaxSegments byte ranges to copy in one launch, as a kernel argument (dist/'s gradient
-// buckets: many small gradients into one contiguous buffer and back). Every pointer 4-byte aligned.
-inline constexpr int kMaxSegments = 64;
-struct Segments {
+// Up to N byte ranges to copy in one launch, as a kernel argument. Every pointer 4-byte aligned;
+// a range whose two ends are both 16-byte aligned is copied 16 bytes a thread.
+template <int N>
+struct SegmentList {
+  static constexpr int kCapacity = N;
   int count = 0;
-  const void* src[kMaxSegments] = {};
-  void* dst[kMaxSegments] = {};
-  std::int64_t bytes[kMaxSegments] = {};
+  const void* src[N] = {};
+  void* dst[N] = {};
+  std::int64_t bytes[N] = {};
 };
+// dist/'s gradient buckets: many small gradients into one contiguous buffer and back.
+inline constexpr int kMaxSegments = 64;
+using Segments = SegmentList<kMaxSegments>;
+// A captured graph's input slots refreshed before its launch (capture::refresh_slots): a few
+// tensors, in a kernel argument of 200 bytes rather than Segments' 1.5 KiB.
+using FewSegments = SegmentList<8>;
 
 #if GRAPHWARD_HAS_CUDA
 // dst[k][0, bytes[k]) = src[k][0, bytes[k]) for every segment k, in one kernel.
 void copy_segments(const Segments& segments, cudaStream_t stream);
+void copy_segments(const FewSegments& segments, cudaStream_t stream);
 // y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows, len].
 void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);

@@ -4,10 +4,12 @@
 // accumulate under replay; capture-unsafe work is refused by name.
 //
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <set>
 
 #include "capture/backward_graph.h"
+#include "capture/stream_capture.h"
 #include "engine/deferred_release.h"
 #include "engine/tape_log.h"
 #include "json_check.h"
@@ -235,6 +237,80 @@ TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherSt
   EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
   EXPECT_EQ(bw.stats().counters.updates, 0u) << bw.stats().reason;
   EXPECT_EQ(bw.stats().graph.input_slots, 1u);
+}
+
+// capture::SlotRefresh (Note [Input slots]) over the family of slots a step can bring, more of
+// them than one launch takes: 2 to 2 MiB bytes; both ends 16-byte aligned, only 4-byte aligned, or
+// a view 2 bytes off (copied by a cudaMemcpyAsync of its own); sizes with a tail past the last
+// 4-byte word. The sources are written on another stream held for 30 ms: a copy that did not wait
+// for their producer would read the old bytes. Every slot must equal its source byte for byte and
+// nothing around a slot may be touched.
+TEST_F(CudaBackwardGraph, ASlotRefreshCopiesEverySlotExactlyAndOnlyAfterItsProducer) {
+  struct Case {
+    std::size_t elements;  // bfloat16: 2 bytes each
+    std::size_t src_skew, dst_skew;  // bytes past a 64-byte boundary
+  };
+  const std::vector<Case> cases = {
+      {1, 0, 0},     {3, 0, 0},      {8, 0, 0},     {9, 0, 4},      {8, 4, 0},
+      {5, 4, 4},     {7, 2, 0},      {6, 0, 2},     {1, 2, 2},      {4096, 0, 0},
+      {4097, 8, 8},  {1 << 20, 0, 0}, {(1 << 20) + 3, 4, 0}, {12345, 2, 6}};
+  std::vector<std::size_t> src_at, dst_at;
+  std::size_t end = 0;
+  for (const Case& c : cases) {
+    const std::size_t base = (end + 127) / 64 * 64;  // a gap of 64 bytes at least
+    src_at.push_back(base + c.src_skew);
+    dst_at.push_back(base + c.dst_skew);
+    end = base + 8 + 2 * c.elements;
+  }
+  const std::size_t words = (end + 64) / 4;
+  std::vector<std::int32_t> before(words), after(words);
+  for (std::size_t i = 0; i < words; ++i) {
+    before[i] = static_cast<std::int32_t>(0x9e3779b9u * static_cast<std::uint32_t>(i + 1));
+    after[i] = static_cast<std::int32_t>(0x85ebca6bu * static_cast<std::uint32_t>(i + 7));
+  }
+  const Shape pool_shape{static_cast<std::int64_t>(words)};
+  const Tensor src_pool = from_vector(before, pool_shape, kGpu);
+  const Tensor dst_pool = zeros(pool_shape, {DType::kInt32, kGpu});
+  Stream loader(kGpu);
+  const cudaStream_t caller = current_stream(kGpu);
+  GW_CUDA_CHECK(cudaDeviceSynchronize());
+  {
+    StreamGuard on(loader);
+    testing::stall(loader.get(), 30);
+    NoGradGuard no_grad;
+    copy_(src_pool, from_vector(after, pool_shape, kGpu));  // on the loader, after the hold
+  }
+  auto view = [](const Tensor& pool, std::size_t at, std::size_t elements, cudaStream_t stream) {
+    char* data = static_cast<char*>(pool.raw_data()) + at;
+    return Tensor::from_storage(
+        Storage::borrow(kGpu, data, 2 * elements, stream, pool.storage()),
+        {static_cast<std::int64_t>(elements)}, DType::kBFloat16);
+  };
+  std::vector<Tensor> keep;
+  capture::SlotRefresh refresh(caller);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Tensor src = view(src_pool, src_at[i], cases[i].elements, loader.get());
+    const Tensor slot = view(dst_pool, dst_at[i], cases[i].elements, caller);
+    refresh.add(slot, src);
+    keep.push_back(src);
+    keep.push_back(slot);
+  }
+  refresh.flush();
+  const std::vector<std::int32_t> got = dst_pool.to_vector<std::int32_t>();
+  std::vector<unsigned char> want(4 * words, 0), have(4 * words), source(4 * words);
+  std::memcpy(have.data(), got.data(), have.size());
+  std::memcpy(source.data(), after.data(), source.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    std::memcpy(want.data() + dst_at[i], source.data() + src_at[i], 2 * cases[i].elements);
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto first = want.begin() + static_cast<std::ptrdiff_t>(dst_at[i]);
+    const auto last = first + static_cast<std::ptrdiff_t>(2 * cases[i].elements);
+    EXPECT_TRUE(std::equal(first, last, have.begin() + static_cast<std::ptrdiff_t>(dst_at[i])))
+        << "slot " << i << ": " << cases[i].elements << " bfloat16 from byte " << src_at[i]
+        << " into byte " << dst_at[i];
+  }
+  EXPECT_TRUE(want == have) << "a byte outside the slots changed, or a slot is wrong";
 }
 
 // Two layers on a side stream; the loss, on the caller's stream, reads only the last output. The
