@@ -48,10 +48,11 @@
 // the weight gradient; the loss saves the targets; an embedding its ids). Left alone, every step
 // would update the executable: a capture of the whole backward and cudaGraphExecUpdate, several
 // times the step's own host time. Instead the graph reads such a saved tensor from a slot: memory
-// the executable owns, which the capture's kernels point at, refreshed before every launch by one
-// device-to-device copy on the caller's stream (cudaMemcpyAsync), ordered after the tensor's
-// producer (Storage::sync_for_read) and recorded as a read of the tensor (its memory is reused
-// only after the copy, rule [reuse after use]). The signature does not compare the slotted
+// the executable owns, which the capture's kernels point at, refreshed before every launch by a
+// device-to-device copy on the caller's stream — all of a step's slots in one kernel
+// (capture::SlotRefresh) — ordered after the tensor's producer (Storage::sync_for_read) and
+// recorded as a read of the tensor (its memory is reused only after the copy, rule [reuse after
+// use]). The signature does not compare the slotted
 // addresses (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as
 // always.
 //   * Which: a saved tensor that entered the tape from outside — one of its op's inputs, with no
@@ -68,9 +69,9 @@
 //   * Why a copy, not rebinding the kernels' pointers (cudaGraphExecKernelNodeSetParams): the
 //     kernels of cuBLAS, cuBLASLt and cuDNN take the pointer inside parameter blocks whose layout
 //     is theirs, not ours, and a pointer found by value could be a coincidence. A copy is exact,
-//     and costs one cudaMemcpyAsync of host time and bytes/bandwidth of device time (a batch of
-//     a launch-bound model: well under a microsecond; docs/DECISIONS.md, "a new batch every
-//     step: input slots refreshed by a copy").
+//     and costs one kernel launch of host time for all the slots and bytes/bandwidth of device
+//     time (a batch of a launch-bound model: well under a microsecond; docs/DECISIONS.md, "a new
+//     batch every step: input slots refreshed by a copy").
 //   * What the caller may keep: nothing is asked of it. The batch may be freed or overwritten
 //     after backward() returns (the copy is ordered before any reuse of its memory); the slot
 //     belongs to the graph, so an earlier step's batch is never read by a later replay.

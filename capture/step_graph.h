@@ -39,13 +39,14 @@
 // A loop that hands each step a new batch tensor passes it to run(batch, step): `step` is called
 // with the tensors to read — the batch itself in the eager steps, the graph's own slots (memory
 // the executable owns, made at the capture in the batch's shapes and dtypes) when capturing — and
-// every replay first copies this step's batch into the slots (one cudaMemcpyAsync each on S, after
-// the batch's producer; the batch's memory is reused only after the copy). So new tensors every
-// step replay one graph, with no capture and no update; a batch of another shape or dtype
-// captures again (counted, with the reason). The step must read its batch through its argument: a
-// step function that reads the batch tensors it captured by reference would bake the first
-// batch's address into the graph, and every replay would read it; the capture checks that no
-// batch tensor's memory was saved by the step's tape and refuses such a step, naming the tensor.
+// every replay first copies this step's batch into the slots (one kernel for all of them on S,
+// capture::SlotRefresh, after the batch's producers; the batch's memory is reused only after the
+// copy). So new tensors every step replay one graph, with no capture and no update; a batch of
+// another shape or dtype captures again (counted, with the reason). The step must read its batch
+// through its argument: a step function that reads the batch tensors it captured by reference
+// would bake the first batch's address into the graph, and every replay would read it; the
+// capture checks that no batch tensor's memory was saved by the step's tape and refuses such a
+// step, naming the tensor.
 // A step that reads other tensors made outside it (constants, a mask, a frozen weight) reads them
 // in place at every replay, as captured: their values may change between steps, not their
 // addresses.

@@ -1,5 +1,6 @@
 #include "engine/autograd.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_set>
@@ -15,11 +16,29 @@ std::atomic<std::size_t> g_live_nodes{0};
 thread_local bool t_grad_mode = true;
 
 // Op names, interned for the life of the process (never freed: a handful of short strings).
-const std::string* intern(const std::string& name) {
+const std::string* intern_shared(const std::string& name) {
   static std::mutex mutex;
   static auto* names = new std::unordered_set<std::string>();
   std::lock_guard<std::mutex> lock(mutex);
   return &*names->insert(name).first;
+}
+
+// A node is recorded for every op of every step: in front of the shared set (a lock and a hash
+// of the name), a direct-mapped cache of this thread's names, keyed by a short hash of the
+// name's first bytes and its length, compared in full before it is trusted.
+const std::string* intern(const std::string& name) {
+  struct Entry {
+    const std::string* interned = nullptr;
+  };
+  thread_local Entry cache[64];
+  std::size_t h = name.size() * 0x9e3779b97f4a7c15u;
+  const std::size_t n = std::min<std::size_t>(name.size(), 24);
+  for (std::size_t i = 0; i < n; ++i)
+    h = (h ^ static_cast<unsigned char>(name[i])) * 0x100000001b3u;
+  Entry& e = cache[(h >> 29) & 63];
+  if (e.interned && *e.interned == name) return e.interned;
+  e.interned = intern_shared(name);
+  return e.interned;
 }
 }  // namespace
 

@@ -220,6 +220,14 @@ void check_device_code(Device device, const char* what, int (*probe)(), const ch
 }  // namespace detail
 
 void check_cuda_device(Device device, const char* what) {
+#if GRAPHWARD_HAS_CUDA
+  // Every op asks (DeviceGuard, current_stream): a device whose code was found to run is one that
+  // exists and is usable, with nothing more to ask.
+  if (device.is_cuda() && device.index >= 0 && device.index < kCodeDevices &&
+      g_code_state[device.index].load(std::memory_order_acquire) == kCodeRuns) {
+    return;
+  }
+#endif
   GW_CHECK(device.is_cuda(), what, ": expected a CUDA device, got ", device.str());
   const int count = cuda_device_count();
   GW_CHECK(count > 0, what, ": needs ", device.str(), " but no CUDA device is usable (",

@@ -19,47 +19,17 @@ namespace graphward {
 
 // ---- Tensor -------------------------------------------------------------------------------------
 
-struct Tensor::Impl {
-  std::shared_ptr<Storage> storage;
-  Shape shape;
-  DType dtype;
-  std::int64_t numel;
-  // autograd
-  bool requires_grad = false;
-  std::shared_ptr<Node> grad_fn;
-  Tensor grad;
-};
-
-Tensor::Impl& Tensor::impl() const {
-  GW_CHECK(impl_,
-           "use of an undefined Tensor (default-constructed or moved from); expected a "
-           "tensor made by a creation function or an op");
-  return *impl_;
+void detail::throw_undefined_tensor() {
+  detail::throw_check_failure(__FILE__, __LINE__, "impl_",
+                              "use of an undefined Tensor (default-constructed or moved from); "
+                              "expected a tensor made by a creation function or an op");
 }
 
-const Shape& Tensor::shape() const {
-  return impl().shape;
-}
-std::int64_t Tensor::numel() const {
-  return impl().numel;
-}
-DType Tensor::dtype() const {
-  return impl().dtype;
-}
-Device Tensor::device() const {
-  return impl().storage->device();
-}
-void* Tensor::raw_data() const {
-  return impl().storage->data();
-}
 std::uint64_t Tensor::version() const {
   return impl().storage->version();
 }
 void Tensor::bump_version() const {
   impl().storage->bump_version();
-}
-const std::shared_ptr<Storage>& Tensor::storage() const {
-  return impl().storage;
 }
 
 bool Tensor::is_unique() const {

@@ -117,6 +117,47 @@ class Tensor {
   std::shared_ptr<Impl> impl_;
 };
 
+// What a handle holds. Here rather than in engine/tensor.cpp so that the accessors below, which a
+// recorded op calls a dozen times (checks, dispatch, its node's metadata), inline.
+struct Tensor::Impl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  DType dtype;
+  std::int64_t numel;
+  // autograd
+  bool requires_grad = false;
+  std::shared_ptr<Node> grad_fn;
+  Tensor grad;
+};
+
+namespace detail {
+[[noreturn]] void throw_undefined_tensor();
+}  // namespace detail
+
+inline Tensor::Impl& Tensor::impl() const {
+  if (!impl_) [[unlikely]]
+    detail::throw_undefined_tensor();
+  return *impl_;
+}
+inline const Shape& Tensor::shape() const {
+  return impl().shape;
+}
+inline std::int64_t Tensor::numel() const {
+  return impl().numel;
+}
+inline DType Tensor::dtype() const {
+  return impl().dtype;
+}
+inline Device Tensor::device() const {
+  return impl().storage->device();
+}
+inline void* Tensor::raw_data() const {
+  return impl().storage->data();
+}
+inline const std::shared_ptr<Storage>& Tensor::storage() const {
+  return impl().storage;
+}
+
 // ---- creation -----------------------------------------------------------------------------------
 Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
