@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU, builds with all cores, runs the whole test suite
 # (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but
-# initcheck's two named cuBLASLt reads), runs random programs, the soak, the example on the GPU
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but the
+# libraries' known ones, sanitizer_known_reports in common.sh), runs random programs, the soak,
+# the example on the GPU
 # and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (an output folder to collect) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
