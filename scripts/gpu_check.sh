@@ -3,8 +3,7 @@
 # (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but the
 # libraries' known ones, sanitizer_known_reports in common.sh), runs random programs, the soak,
-# the example on the GPU
-# and the benchmarks, and prints a one-screen summary last.
+# the example on the GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (an output folder to collect) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
 # --overlap-only: of the benchmarks, only the overlap studies (bench/overlap_bench.cpp) and
