@@ -24,10 +24,10 @@
 //      [Graph memory pool]): kernel nodes only; ops that cannot be captured are refused by name
 //      (Note [Capture-unsafe ops]);
 //   4. replay: S waits where rule [read after write] needs it, found before any capture — on the
-//   stream that
-//      produced the loss if another (the forward ordered everything the graph reads before the
-//      loss), on the stream of the last launch if another, and on streams that used a .grad the
-//      graph writes since its last write (an optimizer on a stream of its own); usually on none.
+//      stream that produced the loss if another (the forward ordered everything the graph reads
+//      before the loss), on the stream of the last launch if another, and on streams that used a
+//      .grad the graph writes since its last write (an optimizer on a stream of its own); usually
+//      on none.
 //      Then the executable is launched on S; gradients are ready on S when backward() returns,
 //      like the eager backward (rule [fork and join]). The step's saved tensors are released after
 //      the launch, their memory ordered after S by one event (rule [reuse after use],
@@ -52,9 +52,8 @@
 // device-to-device copy on the caller's stream — all of a step's slots in one kernel
 // (capture::SlotRefresh) — ordered after the tensor's producer (Storage::sync_for_read) and
 // recorded as a read of the tensor (its memory is reused only after the copy, rule [reuse after
-// use]). The signature does not compare the slotted
-// addresses (GraphCache's Entry::unbound); their shapes and dtypes are part of the structure, as
-// always.
+// use]). The signature does not compare the slotted addresses (GraphCache's Entry::unbound); their
+// shapes and dtypes are part of the structure, as always.
 //   * Which: a saved tensor that entered the tape from outside — one of its op's inputs, with no
 //     gradient, whose memory no recorded op produced (Node::saved_from_outside) — and whose
 //     address at the first capture differs from the warm-up step's (the warm-up's tape is walked
@@ -131,7 +130,8 @@ struct GraphStats {
 // Host time of the last backward() that replayed, in microseconds.
 struct BackwardHostTimes {
   double signature_us = 0;  // this step's tape signature
-  double wait_us = 0;  // the waits rule [read after write] needs (usually none) and finding them
+  // the waits rule [read after write] needs (usually none) and finding them
+  double wait_us = 0;
   double decide_us = 0;     // the cache lookup (and, when it happens, capture or update)
   double refresh_us = 0;    // copying this step's tensors into the input slots (Note [Input slots])
   double launch_us = 0;     // the graph launch

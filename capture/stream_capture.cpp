@@ -168,18 +168,7 @@ void SlotRefresh::add(const Tensor& slot, const Tensor& src) {
                                   cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  const int k = segments_.count++;
-  segments_.src[k] = src.raw_data();
-  segments_.dst[k] = slot.raw_data();
-  segments_.bytes[k] = static_cast<std::int64_t>(src.nbytes());
-  if (segments_.count == kernels::FewSegments::kCapacity) flush();
-}
-
-void SlotRefresh::flush() {
-  if (segments_.count == 0) return;
-  const kernels::FewSegments segments = segments_;
-  segments_.count = 0;
-  kernels::copy_segments(segments, stream_);
+  copier_.add(src.raw_data(), slot.raw_data(), src.nbytes());
 }
 
 }  // namespace graphward::capture

@@ -95,15 +95,15 @@ Tensor input_slot_like(const Tensor& like, Device device, cudaStream_t stream);
 // not flushed is not copied.
 class SlotRefresh {
  public:
-  explicit SlotRefresh(cudaStream_t stream) : stream_(stream) {}
+  explicit SlotRefresh(cudaStream_t stream) : stream_(stream), copier_(stream) {}
   SlotRefresh(const SlotRefresh&) = delete;
   SlotRefresh& operator=(const SlotRefresh&) = delete;
   void add(const Tensor& slot, const Tensor& src);
-  void flush();
+  void flush() { copier_.flush(); }
 
  private:
   cudaStream_t stream_;
-  kernels::FewSegments segments_;
+  kernels::SegmentCopier<kernels::FewSegments::kCapacity> copier_;
 };
 
 }  // namespace graphward::capture

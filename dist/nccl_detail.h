@@ -41,25 +41,8 @@ inline ncclDataType_t nccl_type(DType d) {
 #endif
 
 #if GRAPHWARD_HAS_CUDA
-// Byte ranges copied kMaxSegments to a launch (kernels::copy_segments): add() them, then flush().
-class SegmentCopier {
- public:
-  explicit SegmentCopier(cudaStream_t stream) : stream_(stream) {}
-  void add(const void* src, void* dst, std::size_t bytes) {
-    seg_.src[seg_.count] = src;
-    seg_.dst[seg_.count] = dst;
-    seg_.bytes[seg_.count] = static_cast<std::int64_t>(bytes);
-    if (++seg_.count == kernels::kMaxSegments) flush();
-  }
-  void flush() {
-    kernels::copy_segments(seg_, stream_);
-    seg_.count = 0;
-  }
-
- private:
-  cudaStream_t stream_;
-  kernels::Segments seg_;
-};
+// dist/'s gradient buckets: byte ranges copied kMaxSegments to a launch.
+using SegmentCopier = kernels::SegmentCopier<kernels::kMaxSegments>;
 #endif
 
 }  // namespace graphward::dist

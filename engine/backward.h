@@ -2,10 +2,9 @@
 // backward(): plans the backward of the roots from the tape (engine/backward_plan.h) and runs the
 // plan eagerly with the EagerExecutor, by the stream contract of DESIGN.md:
 //   * each node runs on the stream its forward ran on (rule [forward stream]), waiting on events
-//   only where the
-//     plan says (rule [cross-stream gradients]) — or, where the backward is too short on the GPU
-//     for streams to pay off, every node on S (Note [Streams of an eager backward],
-//     engine/backward_plan.h);
+//     only where the plan says (rule [cross-stream gradients]) — or, where the backward is too
+//     short on the GPU for streams to pay off, every node on S (Note [Streams of an eager
+//     backward], engine/backward_plan.h);
 //   * every stream used first waits on the caller's stream S — the current stream when backward()
 //     is called — so the seeds and anything enqueued on S before the call are visible (a fork
 //     event, or the stream's first wait when that is on a step of S already); before
@@ -13,7 +12,7 @@
 //     further synchronization (rule [fork and join]). Work on other streams that touches .grad must
 //     be ordered before S by the caller (Note [Planned synchronization] in memory.h);
 //   * leaf gradients are written on the stream of the node that produces them (rule [leaf
-//   gradients]).
+//     gradients]).
 // One thread; no worker pools.
 #include <cstddef>
 #include <cstdint>

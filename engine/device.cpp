@@ -235,9 +235,8 @@ void check_cuda_device(Device device, const char* what) {
   GW_CHECK(device.index >= 0 && device.index < count, what, ": device ", device.str(),
            " does not exist; this process sees ", count, " CUDA device(s)");
 #if GRAPHWARD_HAS_CUDA
-  // Note [Code for the device]
+  // Note [Code for the device] (the answer kept: the atomic load at the top)
   const bool kept = device.index < kCodeDevices;
-  if (kept && g_code_state[device.index].load(std::memory_order_acquire) == kCodeRuns) return;
   std::string refusal;
   {
     std::lock_guard<std::mutex> lock(g_code_mutex);

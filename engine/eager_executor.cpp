@@ -524,8 +524,8 @@ struct EagerExecutor::Run {
       ex.event(device, ready_main[index]).record(s);
     }
     if (reducer) issue_buckets(index);
-    g = Tensor();  // last use (rule [reuse after use] keeps the memory until every stream is done
-                   // with it)
+    // Last use: rule [reuse after use] keeps the memory until every stream is done with it.
+    g = Tensor();
     if (timed) {
       ex.host_us_[index] =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)

@@ -119,8 +119,8 @@ bool Storage::release_to_arena() noexcept {
     std::lock_guard<std::mutex> lock(arena_->mutex);
     if (!arena_->alive || slot_->orphan) return false;
 #if GRAPHWARD_HAS_CUDA
-    for (cudaStream_t s :
-         other_streams_) {  // rule [reuse after use] across steps: the next user waits for them
+    // Rule [reuse after use] across steps: the next user waits for them.
+    for (cudaStream_t s : other_streams_) {
       auto ev = std::make_shared<Event>(Event::pooled(device_));  // Note [Event pool]
       ev->record(s);
       slot_->released_on.push_back(std::move(ev));

@@ -2,6 +2,7 @@
 // Data movement for the shape ops (engine/ops_shape.cpp): windows of a matrix's columns (narrow,
 // concat) and a swap of two dimensions (transpose). Contract of elementwise.h: outputs first, never
 // allocate, never synchronize; `accumulate` adds (+=) instead of writing (=).
+#include <cstddef>
 #include <cstdint>
 #include "base/config.h"
 
@@ -32,7 +33,7 @@ struct SegmentList {
 // dist/'s gradient buckets: many small gradients into one contiguous buffer and back.
 inline constexpr int kMaxSegments = 64;
 using Segments = SegmentList<kMaxSegments>;
-// A captured graph's input slots refreshed before its launch (capture::refresh_slots): a few
+// A captured graph's input slots refreshed before its launch (capture::SlotRefresh): a few
 // tensors, in a kernel argument of 200 bytes rather than Segments' 1.5 KiB.
 using FewSegments = SegmentList<8>;
 
@@ -40,6 +41,28 @@ using FewSegments = SegmentList<8>;
 // dst[k][0, bytes[k]) = src[k][0, bytes[k]) for every segment k, in one kernel.
 void copy_segments(const Segments& segments, cudaStream_t stream);
 void copy_segments(const FewSegments& segments, cudaStream_t stream);
+// Byte ranges copied N to a launch (copy_segments): add() them, then flush(); what was added and
+// not flushed is not copied.
+template <int N>
+class SegmentCopier {
+ public:
+  explicit SegmentCopier(cudaStream_t stream) : stream_(stream) {}
+  void add(const void* src, void* dst, std::size_t bytes) {
+    segments_.src[segments_.count] = src;
+    segments_.dst[segments_.count] = dst;
+    segments_.bytes[segments_.count] = static_cast<std::int64_t>(bytes);
+    if (++segments_.count == N) flush();
+  }
+  void flush() {
+    if (segments_.count == 0) return;
+    copy_segments(segments_, stream_);
+    segments_.count = 0;
+  }
+
+ private:
+  cudaStream_t stream_;
+  SegmentList<N> segments_;
+};
 // y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows, len].
 void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);

@@ -247,13 +247,23 @@ TEST_F(CudaBackwardGraph, ASlotIsRefreshedOnlyAfterItsTensorsProducerOnAnotherSt
 // nothing around a slot may be touched.
 TEST_F(CudaBackwardGraph, ASlotRefreshCopiesEverySlotExactlyAndOnlyAfterItsProducer) {
   struct Case {
-    std::size_t elements;  // bfloat16: 2 bytes each
+    std::size_t elements;            // bfloat16: 2 bytes each
     std::size_t src_skew, dst_skew;  // bytes past a 64-byte boundary
   };
-  const std::vector<Case> cases = {
-      {1, 0, 0},     {3, 0, 0},      {8, 0, 0},     {9, 0, 4},      {8, 4, 0},
-      {5, 4, 4},     {7, 2, 0},      {6, 0, 2},     {1, 2, 2},      {4096, 0, 0},
-      {4097, 8, 8},  {1 << 20, 0, 0}, {(1 << 20) + 3, 4, 0}, {12345, 2, 6}};
+  const std::vector<Case> cases = {{1, 0, 0},
+                                   {3, 0, 0},
+                                   {8, 0, 0},
+                                   {9, 0, 4},
+                                   {8, 4, 0},
+                                   {5, 4, 4},
+                                   {7, 2, 0},
+                                   {6, 0, 2},
+                                   {1, 2, 2},
+                                   {4096, 0, 0},
+                                   {4097, 8, 8},
+                                   {1 << 20, 0, 0},
+                                   {(1 << 20) + 3, 4, 0},
+                                   {12345, 2, 6}};
   std::vector<std::size_t> src_at, dst_at;
   std::size_t end = 0;
   for (const Case& c : cases) {
@@ -282,9 +292,8 @@ TEST_F(CudaBackwardGraph, ASlotRefreshCopiesEverySlotExactlyAndOnlyAfterItsProdu
   }
   auto view = [](const Tensor& pool, std::size_t at, std::size_t elements, cudaStream_t stream) {
     char* data = static_cast<char*>(pool.raw_data()) + at;
-    return Tensor::from_storage(
-        Storage::borrow(kGpu, data, 2 * elements, stream, pool.storage()),
-        {static_cast<std::int64_t>(elements)}, DType::kBFloat16);
+    return Tensor::from_storage(Storage::borrow(kGpu, data, 2 * elements, stream, pool.storage()),
+                                {static_cast<std::int64_t>(elements)}, DType::kBFloat16);
   };
   std::vector<Tensor> keep;
   capture::SlotRefresh refresh(caller);
