@@ -8,6 +8,9 @@
 //       engine/backward_plan.h) or BackwardGraph's replay (graph:1), the forward on one
 //       stream (multistream:0) or on a stream per branch (multistream:1), weight-gradient
 //       parallelism off or on (split).
+//   HandWrittenSweep/width:N/multistream:M
+//       the sweep's kernels as a hand-written program, the GPU's time alone: what two streams can
+//       give them at most (`overlap`)
 //   OverlapSweep/width:N/graph:G/multistream:M
 //       the review's sweep (docs/DESIGN.md, "The studies"): two parallel linear layers (+ relu)
 //       on an N x N input, N = 2^6 ... 2^13 — where do streams pay off on this GPU?
@@ -17,8 +20,9 @@
 // included), host_us the backward() call's host time. Counters: gpu_us (the GPU's execution alone:
 // GpuTimer, the stream held until the backward was enqueued; median of 15), nodes (tape nodes),
 // kernel_nodes (graph), and for multistream rows overlap = (the same run's single-stream twin's
-// median event time) / (this row's median): above 1, the streams pay off. Graph rows also count
-// captures and updates while timed (0 in steady state).
+// median event time, its steps interleaved with the row's) / (this row's median): above 1, the
+// streams pay off; single_us and single_host_us the twin's event and host times. Graph rows also
+// count captures and updates while timed (0 in steady state).
 //
 //   graphward_bench_overlap --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //       --benchmark_out=overlap.json --benchmark_out_format=json   (one command line)
@@ -135,11 +139,26 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
              bool graph, bool multistream, bool split) {
   if (gw::bench::skip_without_gpu(state)) return;
   Runner run(k, d, n, batch, multistream, graph, split);
+  // A multistream row's single-stream twin runs step for step with it, alternating which goes
+  // first: the host's speed drifts between moments by more than the difference measured, and a
+  // twin timed after the row would time another moment of the host.
+  std::optional<Runner> twin;
+  if (multistream) twin.emplace(k, d, n, batch, false, graph, split);
+  std::vector<double> twin_us;
+  double twin_host = 0;
   const auto before = graph ? run.graph()->stats().counters : gw::capture::GraphCacheCounters{};
   std::vector<double> event_us;
   double host = 0;
   for (auto _ : state) {
+    const bool twin_first = twin && event_us.size() % 2 == 0;
+    auto twin_step = [&] {
+      const Runner::Sample t = twin->step();
+      twin_us.push_back(t.event_us);
+      twin_host += t.host_us;
+    };
+    if (twin_first) twin_step();
     const Runner::Sample s = run.step();
+    if (twin && !twin_first) twin_step();
     event_us.push_back(s.event_us);
     host += s.host_us;
     state.SetIterationTime(s.event_us * 1e-6);
@@ -161,22 +180,51 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   const int samples = n >= 4096 ? 5 : 15;
   state.counters["gpu_us"] = run.gpu_us(samples);
   state.counters["single_us"] = gw::bench::GpuTimer::median(event_us);
+  state.counters["single_host_us"] = host / iters;
   state.counters["overlap"] = 1;
   state.counters["gpu_hold_timed_out"] = 0;
-  if (multistream) {  // the single-stream twin, same run: the overlap ratio
-    Runner twin(k, d, n, batch, false, graph, split);
-    std::vector<double> twin_us;
-    for (int i = 0; i < std::max(samples, static_cast<int>(iters)); ++i) {
-      twin_us.push_back(twin.step().event_us);
-    }
+  if (twin) {  // the single-stream twin, step for step: the overlap ratio
     const double single = gw::bench::GpuTimer::median(twin_us);
     state.counters["single_us"] = single;
+    state.counters["single_host_us"] = twin_host / iters;
     state.counters["overlap"] = single / gw::bench::GpuTimer::median(event_us);
   }
   if (run.timed_out()) {  // a call in the backward waited for the held stream: no GPU-only figure
     state.counters["gpu_us"] = 0;
     state.counters["gpu_hold_timed_out"] = 1;
   }
+}
+
+// The hand-written program of the sweep's kernels (HandWrittenBackward: no autograd, no allocation,
+// buffers made once) on the caller's stream alone or with each branch on a stream of its own:
+// the GPU's time alone (GpuTimer, the stream held until everything is enqueued), so the two-stream
+// row's `overlap` (the one-stream program's median over its own, same run) is what streams can give
+// these kernels on this GPU at all — the limit of graphward's eager sweep rows' `overlap`.
+void hand_written_sweep(benchmark::State& state, std::int64_t n, bool multistream) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  const Model& m = prototype(2, 1, n, n);
+  const cudaStream_t caller = gw::current_stream(kDev);
+  const gw::bench::HandWrittenBackward hand(m, caller);
+  gw::Stream a(kDev), b(kDev);
+  const std::vector<cudaStream_t> branches{a.get(), b.get()};
+  gw::bench::GpuTimer timer(kDev);
+  auto run = [&](bool multi) {
+    return timer.time_us(caller, [&] { multi ? hand.launch(branches) : hand.launch(); });
+  };
+  for (int i = 0; i < 3; ++i) run(multistream);  // warm-up
+  std::vector<double> us;
+  for (auto _ : state) {
+    us.push_back(run(multistream));
+    state.SetIterationTime(us.back() * 1e-6);
+  }
+  state.counters["overlap"] = 1;
+  if (multistream) {
+    std::vector<double> single;
+    for (std::size_t i = 0; i < us.size(); ++i) single.push_back(run(false));
+    state.counters["overlap"] =
+        gw::bench::GpuTimer::median(single) / gw::bench::GpuTimer::median(us);
+  }
+  state.counters["gpu_hold_timed_out"] = timer.timed_out() ? 1 : 0;
 }
 
 // Iterations are fixed per size (the manual time is short, but every iteration also runs an
@@ -223,6 +271,10 @@ void register_all() {
                       false);
             });
       }
+    }
+    for (int multi = 0; multi <= 1; ++multi) {
+      add("HandWrittenSweep", {n, multi}, {"width", "multistream"},
+          [](benchmark::State& st) { hand_written_sweep(st, st.range(0), st.range(1) != 0); });
     }
   }
 }

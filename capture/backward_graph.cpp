@@ -88,19 +88,6 @@ void BackwardGraph::eager(const Tensor& loss, GradWrite grad_write) {
 }
 
 #if GRAPHWARD_HAS_CUDA
-std::shared_ptr<const Event> BackwardGraph::next_fence(cudaStream_t stream) {
-  // An event no storage holds any more may be recorded again.
-  for (const std::shared_ptr<Event>& ev : fences_) {
-    if (ev.use_count() == 1) {
-      ev->record(stream);
-      return ev;
-    }
-  }
-  fences_.push_back(std::make_shared<Event>(device_));
-  fences_.back()->record(stream);
-  return fences_.back();
-}
-
 namespace {
 
 GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
@@ -396,7 +383,10 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
   fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
   fill_slots(*fresh, caller);
   fresh->graph = capture::Graph(capture_plan(plan, caller, *pool, /*timed=*/false));
-  fresh->stats = stats_of(fresh->graph.graph(), plan);
+  fresh->stats = stats_of(fresh->graph.graph(), plan);  // the backward's nodes, not the fence
+  fresh->fence = decision.action == Action::kUpdate ? decision.entry->exec->fence
+                                                    : std::make_shared<Event>(device_);
+  capture::append_event_record(fresh->graph.graph(), fresh->fence->get());
   fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
   fresh->stats.tape_nodes = fresh->nodes.size();
   fresh->stats.memory_bytes = pool->bytes();
@@ -450,13 +440,12 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
   // The graph wrote the gradients and read the saved tensors on the caller's stream: record it, so
   // that later readers wait for it (rule [read after write]) and frees are ordered after it (rule
   // [reuse after use]); then release the step's saved tensors, as a backward without retain_graph
-  // does. One event, recorded after the launch, covers every saved tensor that another stream
-  // allocated.
-  std::shared_ptr<const Event> fence;
+  // does. One event, recorded by the graph's last node (Note [A replay's fence]), covers every
+  // saved tensor that another stream allocated.
+  std::shared_ptr<const Event> fence = exec.fence;
   // The slots' copies read this step's tensors on the caller's stream (Note [Input slots]).
   for (const Tensor& src : slot_sources_) {
     if (src.storage()->used_only_on(caller)) continue;
-    if (!fence) fence = next_fence(caller);
     src.storage()->record_read(caller, fence);
   }
   slot_sources_.clear();
@@ -499,7 +488,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     step->stream = caller;
     // A read on a storage's own allocating stream is ordered before any reuse of it already.
     if (step->any_saved && (step->mixed_streams || step->alloc_stream != caller)) {
-      step->fence = fence ? fence : next_fence(caller);
+      step->fence = fence;
     }
     step->replayed.store(true, std::memory_order_release);
     detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);  // Note [Tape log]
@@ -512,7 +501,6 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
       Node* n = sig.nodes[i];
       for (const SavedTensor& s : n->saved()) {
         if (!s.tensor.defined() || s.tensor.storage()->used_only_on(caller)) continue;
-        if (!fence) fence = next_fence(caller);
         s.tensor.storage()->record_read(caller, fence);
       }
       logged = logged || n->log_epoch != 0;

@@ -245,7 +245,6 @@ class BackwardGraph {
 #endif
   // Gives each leaf without a .grad a zero one; whether it made any.
   bool make_missing_grads(const std::vector<Tensor>& leaves);
-  std::shared_ptr<const Event> next_fence(cudaStream_t stream);
   Device device_;
   BackwardGraphOptions options_;
   bool localize_ = false;  // options_.backward.localize_faults or GRAPHWARD_LOCALIZE_FAULTS
@@ -262,8 +261,8 @@ class BackwardGraph {
   std::vector<Event> wait_events_;             // the caller's waits before a launch
   std::vector<cudaStream_t> extra_waited_;     // the streams waited on this step (scratch)
   cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
-  std::uint64_t hazards_seen_ = ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
-  std::vector<std::shared_ptr<Event>> fences_;  // recorded after launches (Storage::record_read)
+  std::uint64_t hazards_seen_ =
+      ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
   // Note [Writes of a replayed graph] (engine/memory.h): what the .grads written by the last
   // replay follow, and which of the signature's leaves they are (empty: none follow it).
   std::shared_ptr<detail::GraphWrites> grad_writes_;

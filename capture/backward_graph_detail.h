@@ -25,6 +25,10 @@ struct BackwardGraph::Executable {
   // after it.
   std::unique_ptr<GraphMemoryPool> pool;
 #if GRAPHWARD_HAS_CUDA
+  // Note [A replay's fence] (capture/stream_capture.h): recorded by the graph's last node at every
+  // launch; what the step's saved tensors' frees wait for. Declared before the graph: destroyed
+  // after it. The same event for every graph of this structure (an update keeps it).
+  std::shared_ptr<Event> fence;
   capture::Graph graph;
 #endif
   // What a kernel fault after its launch names (Note [Kernel faults], base/error.h).

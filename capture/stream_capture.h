@@ -41,6 +41,16 @@ cudaGraphExec_t instantiate(cudaGraph_t graph);
 // count_nodes(graph).prioritized.
 bool has_prioritized_kernel(cudaGraph_t graph);
 
+// Note [A replay's fence]
+// Appends to `graph` a node that records `event` once every other node of it has run: each launch
+// records the event, with no host call of its own where a cudaEventRecord after each launch is one
+// (docs/DECISIONS.md, "a replay's fence recorded by the graph"). An event recorded by every replay
+// covers the latest launch when it is waited on: a wait enqueued after a later replay waits for
+// that one, which is ordered after the earlier (the later launch waited for it), so it is a
+// stronger order than the waiter needed, never a weaker one; and it cannot wait for work enqueued
+// after it. The event must outlive the executables made from the graph.
+void append_event_record(cudaGraph_t graph, cudaEvent_t event);
+
 // A captured graph and its executable, owned together: move-only, both destroyed with it (the
 // executable first). Every graph graphward launches — a BackwardGraph's, a StepGraph's, a traced
 // backward's — lives in one.

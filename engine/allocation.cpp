@@ -165,10 +165,11 @@ void* detail::cache_take(int device, cudaStream_t stream, std::size_t bytes) {
 }
 
 // Keeps a freed block; false if the cache declines it (full, shut down, or capturing).
-bool detail::cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p) noexcept {
+bool detail::cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p,
+                       bool not_capturing) noexcept {
   try {
     BlockCache& bc = block_cache();
-    if (bc.shut_down.load() || stream_capturing(stream)) return false;
+    if (bc.shut_down.load() || (!not_capturing && stream_capturing(stream))) return false;
     DeviceCache& dc = bc.devices[device];
     std::lock_guard<std::mutex> lock(dc.mutex);
     if (dc.bytes + bytes > g_cache_limit.load(std::memory_order_relaxed)) return false;
@@ -310,20 +311,22 @@ void detail::JoinedFrees::give_back() noexcept {
         stream_wait_stream(device_, caller_, joined_[i]);
       }
     }
-    Event ev = Event::pooled(device_);
     // Back to the cache of its own stream, which first waits for the caller's stream once (its
-    // point after the join): one wait a stream.
-    bool recorded = false;
+    // point after the join): one wait a stream, one event for all of them.
+    Event ev;
     std::vector<cudaStream_t> waited;
     for (const Block& b : blocks_) {
       if (b.stream != caller_ &&
           std::find(waited.begin(), waited.end(), b.stream) == waited.end()) {
-        if (!recorded) ev.record(caller_);
-        recorded = true;
+        if (!ev.valid()) {
+          ev = Event::pooled(device_);
+          ev.record(caller_);
+        }
         ev.block(b.stream);
         waited.push_back(b.stream);
       }
-      if (!cache_put(device_.index, b.stream, b.bytes, b.data)) {
+      // Each block's stream was found not capturing when the scope opened (the constructor).
+      if (!cache_put(device_.index, b.stream, b.bytes, b.data, /*not_capturing=*/true)) {
         GW_CUDA_CHECK_NOTHROW(cudaFreeAsync(b.data, b.stream));
       }
     }

@@ -59,21 +59,21 @@ class JoinedFrees;
 // saved it lowered — that is most of a 200-node replay's host time (docs/RESULTS.md). Instead the
 // step's nodes share one StepReads (made when the tape log begins a step, Note [Tape log]), and
 // each storage a node of the step saved points to it and counts the saves it made. A replay that
-// reaches every node of the step fills it in once: the stream, one event recorded after the launch
-// (none when every saved storage was allocated on that stream: a read there is ordered before any
-// reuse anyway), `replayed`. From then on the step's nodes read as released (Node::released), and
-// each storage applies the read the next time its bookkeeping is consulted (a write, a free, a
-// hazard query: Storage::settle), on whichever thread holds it — the release worker for the
-// activations it drops last, the caller's thread for a parameter the optimizer writes. The saved
-// tensors are dropped on the release worker (Note [Deferred release]). Where the step cannot be
-// answered for as a whole, a replay goes node by node: a node of the step released or destroyed on
-// its own (`partial`), a storage that a node of a later step saved before this step was replayed
-// (`lost`: it can keep track of one step), a node the backward does not reach, a signature walked
-// instead of logged.
+// reaches every node of the step fills it in once: the stream, the event its graph records at its
+// end (Note [A replay's fence], capture/stream_capture.h; none when every saved storage was
+// allocated on that stream: a read there is ordered before any reuse anyway), `replayed`. From then
+// on the step's nodes read as released (Node::released), and each storage applies the read the next
+// time its bookkeeping is consulted (a write, a free, a hazard query: Storage::settle), on
+// whichever thread holds it — the release worker for the activations it drops last, the caller's
+// thread for a parameter the optimizer writes. The saved tensors are dropped on the release worker
+// (Note [Deferred release]). Where the step cannot be answered for as a whole, a replay goes node
+// by node: a node of the step released or destroyed on its own (`partial`), a storage that a node
+// of a later step saved before this step was replayed (`lost`: it can keep track of one step), a
+// node the backward does not reach, a signature walked instead of logged.
 struct StepReads {
   std::atomic<bool> replayed{false};  // set once, after the fields below
   cudaStream_t stream = nullptr;        // the replay's (caller's) stream
-  std::shared_ptr<const Event> fence;   // recorded on `stream` after the launch, or none
+  std::shared_ptr<const Event> fence;   // recorded on `stream` by the replay, or none
   // Written on the thread that records the step's nodes, read by its replay (the same thread).
   bool partial = false;
   bool lost = false;

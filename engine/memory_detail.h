@@ -40,7 +40,10 @@ bool stream_capturing(cudaStream_t stream) noexcept;
 // A cached block of exactly `bytes` for `stream`, or nullptr.
 void* cache_take(int device, cudaStream_t stream, std::size_t bytes);
 // Keeps a freed block; false if the cache declines it (full, shut down, or capturing).
-bool cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p) noexcept;
+// `not_capturing`: the caller has just asked CUDA that `stream` is not capturing, and the query is
+// not made again.
+bool cache_put(int device, cudaStream_t stream, std::size_t bytes, void* p,
+               bool not_capturing = false) noexcept;
 // Sets the device's CUDA pool to keep freed memory (once per device).
 void configure_pool_once(int device);
 // Note [Out of memory] (allocation.cpp): throws OutOfMemoryError for `bytes` needed by `what`.
