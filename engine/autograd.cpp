@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <unordered_set>
 
 #include "engine/memory.h"
@@ -55,67 +56,90 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
       backward_(std::move(backward)),
       sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {
   g_live_nodes.fetch_add(1, std::memory_order_relaxed);
-  // Note [Node record]
-  std::vector<std::uint64_t>& w = record_.words;
+  // Note [Node record]: bounds first (each array's size at most), then one allocation for all.
   std::size_t n = 7 + output_shape_.size() + 2 * attributes.size();
   for (const InputMeta& in : inputs_) n += 5 + (in.edge.node ? 0 : in.shape.size());
-  for (const SavedTensor& st : saved_)
+  std::size_t defined_saved = 0;
+  for (const SavedTensor& st : saved_) {
     n += 3 + (st.tensor.defined() ? st.tensor.shape().size() : 0);
-  w.reserve(n);
-  record_.patches.reserve(1 + 2 * inputs_.size());  // the node's stream; per input its edge, stream
-  auto shape = [&w](const Shape& sh) {
-    w.push_back(sh.size());
-    for (std::int64_t d : sh) w.push_back(static_cast<std::uint64_t>(d));
+    defined_saved += st.tensor.defined() ? 1 : 0;
+  }
+  const std::size_t max_patches =
+      1 + 2 * inputs_.size();  // the node's stream; per input its edge, stream
+  using Address = std::pair<std::uintptr_t, std::uint32_t>;
+  auto round8 = [](std::size_t bytes) { return (bytes + 7) / 8 * 8; };
+  const std::size_t at_producers = n * sizeof(std::uint64_t);
+  const std::size_t at_storages = at_producers + inputs_.size() * sizeof(const Node*);
+  const std::size_t at_addresses = at_storages + saved_.size() * sizeof(const Storage*);
+  const std::size_t at_patches = at_addresses + defined_saved * sizeof(Address);
+  const std::size_t bytes = round8(at_patches + max_patches * sizeof(NodeRecord::PatchAt));
+  record_memory_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  std::byte* const mem = record_memory_.get();
+  auto* const w = reinterpret_cast<std::uint64_t*>(mem);  // trivial types: written, then read
+  std::size_t nw = 0;
+  auto* const patches = reinterpret_cast<NodeRecord::PatchAt*>(mem + at_patches);
+  std::size_t np = 0;
+  auto* const producers = reinterpret_cast<const Node**>(mem + at_producers);
+  auto* const storages = reinterpret_cast<const Storage**>(mem + at_storages);
+  auto* const addresses = reinterpret_cast<Address*>(mem + at_addresses);
+  std::size_t na = 0;
+  auto word = [w, &nw](std::uint64_t v) { w[nw++] = v; };
+  auto shape = [&word](const Shape& sh) {
+    word(sh.size());
+    for (std::int64_t d : sh) word(static_cast<std::uint64_t>(d));
   };
   using Patch = NodeRecord::Patch;
-  auto patch = [this, &w](Patch kind, std::uint32_t input = 0) {
-    record_.patches.push_back({static_cast<std::uint32_t>(w.size()), kind, input});
+  auto patch = [patches, &np, &nw](Patch kind, std::uint32_t input = 0) {
+    new (patches + np++) NodeRecord::PatchAt{static_cast<std::uint32_t>(nw), kind, input};
   };
-  w.push_back(NodeRecord::kTag);
-  w.push_back(reinterpret_cast<std::uintptr_t>(interned_name_));
+  word(NodeRecord::kTag);
+  word(reinterpret_cast<std::uintptr_t>(interned_name_));
   patch(Patch::kStream);
-  w.push_back(reinterpret_cast<std::uintptr_t>(stream_));
+  word(reinterpret_cast<std::uintptr_t>(stream_));
   shape(output_shape_);
-  w.push_back(inputs_.size());
-  w.push_back(saved_.size());
-  record_.producers.reserve(inputs_.size());
-  for (const InputMeta& in : inputs_) record_.producers.push_back(in.edge.node.get());
-  saved_storages_.reserve(saved_.size());
-  for (const SavedTensor& st : saved_) {
-    saved_storages_.push_back(st.tensor.defined() ? st.tensor.storage().get() : nullptr);
+  word(inputs_.size());
+  word(saved_.size());
+  for (std::size_t i = 0; i < inputs_.size(); ++i) producers[i] = inputs_[i].edge.node.get();
+  for (std::size_t j = 0; j < saved_.size(); ++j) {
+    storages[j] = saved_[j].tensor.defined() ? saved_[j].tensor.storage().get() : nullptr;
   }
   for (std::uint32_t i = 0; i < inputs_.size(); ++i) {
     const InputMeta& in = inputs_[i];
     if (in.edge.node) {
-      w.push_back(1);
+      word(1);
       patch(Patch::kNode);
-      w.push_back(reinterpret_cast<std::uintptr_t>(in.edge.node.get()));
+      word(reinterpret_cast<std::uintptr_t>(in.edge.node.get()));
     } else if (in.edge.leaf.defined()) {
-      w.push_back(2);
+      word(2);
       patch(Patch::kLeaf, i);
-      w.push_back(0);
+      word(0);
     } else {
-      w.push_back(0);
-      w.push_back(0);
+      word(0);
+      word(0);
     }
-    w.push_back(static_cast<std::uint64_t>(in.dtype));
+    word(static_cast<std::uint64_t>(in.dtype));
     patch(Patch::kStream);
-    w.push_back(reinterpret_cast<std::uintptr_t>(in.stream));
+    word(reinterpret_cast<std::uintptr_t>(in.stream));
     if (!in.edge.node) shape(in.shape);
   }
   for (std::uint32_t j = 0; j < saved_.size(); ++j) {
     const Tensor& t = saved_[j].tensor;
-    w.push_back(t.defined());
+    word(t.defined());
     if (!t.defined()) continue;
-    w.push_back(static_cast<std::uint64_t>(t.dtype()));
+    word(static_cast<std::uint64_t>(t.dtype()));
     shape(t.shape());
-    record_.saved_addresses.emplace_back(reinterpret_cast<std::uintptr_t>(t.raw_data()), j);
+    new (addresses + na++) Address(reinterpret_cast<std::uintptr_t>(t.raw_data()), j);
   }
-  w.push_back(attributes.size());  // Note [Node attributes]
+  word(attributes.size());  // Note [Node attributes]
   for (const NodeAttribute& a : attributes) {
-    w.push_back(a.real);
-    w.push_back(a.bits);
+    word(a.real);
+    word(a.bits);
   }
+  record_.words = {w, nw};
+  record_.patches = {patches, np};
+  record_.saved_addresses = {addresses, na};
+  record_.producers = {producers, inputs_.size()};
+  saved_storages_ = {storages, saved_.size()};
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(+1);
   }
@@ -216,7 +240,7 @@ void Node::apply_from_preactivation(const Tensor& grad_out, std::span<GradSlot> 
 }
 
 void Node::drop_saved_of_replayed_step() {
-  saved_storages_.clear();
+  saved_storages_ = {};
   saved_.clear();
 }
 
@@ -230,7 +254,7 @@ void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation
   for (const Storage* st : saved_storages_) {
     if (st) st->note_saved(-1);
   }
-  saved_storages_.clear();
+  saved_storages_ = {};
   if (hand_off) {
     for (SavedTensor& s : saved_) hand_off->push_back(std::move(s));
     saved_.clear();

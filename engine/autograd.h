@@ -14,6 +14,7 @@
 // Recording happens when grad mode is on (the default; NoGradGuard turns it off for a scope) and
 // some input requires grad.
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -56,7 +57,9 @@ struct SavedTensor {
 // its dtype and shape. Tags open the record. Fields that name per-step objects (a producing node,
 // a stream, a leaf) hold raw identifiers and are listed in `patches`, so that a walk of the tape
 // can number them canonically (capture/signature.cpp, which also decodes records). Saved tensors'
-// data pointers are kept in `saved_addresses`.
+// data pointers are kept in `saved_addresses`. The arrays are views of one allocation the node
+// owns (with its saved tensors' storages): a node is recorded for every op of every step, and one
+// allocation a node costs the host less than one an array.
 struct NodeRecord {
   enum class Patch : std::uint8_t { kStream, kNode, kLeaf };
   struct PatchAt {
@@ -65,10 +68,10 @@ struct NodeRecord {
     std::uint32_t input;  // kLeaf: the input whose edge is the leaf
   };
   static constexpr std::uint64_t kTag = 0x4e4f4445;  // "NODE"
-  std::vector<std::uint64_t> words;
-  std::vector<PatchAt> patches;
-  std::vector<std::pair<std::uintptr_t, std::uint32_t>> saved_addresses;  // (data, saved index)
-  std::vector<const Node*> producers;  // the input nodes, in input order (nullptr: none)
+  std::span<const std::uint64_t> words;
+  std::span<const PatchAt> patches;
+  std::span<const std::pair<std::uintptr_t, std::uint32_t>> saved_addresses;  // (data, saved index)
+  std::span<const Node* const> producers;  // the input nodes, in input order (nullptr: none)
 };
 
 // Note [Node attributes]
@@ -205,8 +208,11 @@ class Node {
   std::uint64_t sequence_nr_;
   bool released_ = false;
   bool released_by_failure_ = false;
+  // Note [Node record]: the record's arrays and saved_storages_, in one allocation.
+  std::unique_ptr<std::byte[]> record_memory_;
   NodeRecord record_;
-  std::vector<const Storage*> saved_storages_;  // per saved tensor (nullptr: undefined)
+  std::span<const Storage*>
+      saved_storages_;  // per saved tensor (nullptr: undefined); empty once released
   std::shared_ptr<detail::StepReads> step_reads_;  // step_reads()
   std::unique_ptr<ActivationFusion> fusion_;
   bool input_epilogue_ = false;
