@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 #include "base/config.h"
+#include "base/shape.h"
 
 namespace graphward {
 
@@ -57,8 +58,6 @@ template <>
 constexpr DType dtype_of<bf16>() {
   return DType::kBFloat16;
 }
-
-using Shape = std::vector<std::int64_t>;
 
 // "[2, 3]"; a scalar (0-d) shape prints as "[]".
 std::string shape_str(const Shape& shape);

@@ -4,8 +4,8 @@
 // that bounds an eager backward when kernels are small. The stream is synchronized every 256
 // iterations so the queue never fills; the wall time per iteration is the host cost. GpuTime/*: GPU
 // time of a linear layer's forward + backward, timed with CUDA events around 20 repetitions (manual
-// time), after a warm-up. Record/*, Launch/*: what recording the eager forward costs per op
-// (below).
+// time), after a warm-up. Record/*, RecordCpu/*, Launch/*: what recording the eager forward costs
+// per op (below).
 //
 //   graphward_bench_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -285,10 +285,10 @@ BENCHMARK(BM_LtGemm)
 using MakeInputs = std::function<std::vector<gw::Tensor>(bool grad)>;
 using OpFn = std::function<gw::Tensor(const std::vector<gw::Tensor>&)>;
 
-void record_cost(benchmark::State& state, const MakeInputs& make, const OpFn& op) {
-  if (skip_without_gpu(state)) return;
+void record_cost(benchmark::State& state, const MakeInputs& make, const OpFn& op,
+                 gw::Device dev = gw::Device::cuda(0)) {
+  if (dev.is_cuda() && skip_without_gpu(state)) return;
   const int mode = static_cast<int>(state.range(0));
-  const gw::Device dev = gw::Device::cuda(0);
   const std::vector<gw::Tensor> in = make(mode > 0);
   std::optional<gw::BackwardGraph> bw;
   std::optional<gw::StepArena> arena;
@@ -298,13 +298,13 @@ void record_cost(benchmark::State& state, const MakeInputs& make, const OpFn& op
     arena.emplace(dev);
     scope.emplace(*arena);
   }
-  const cudaStream_t s = gw::current_stream(dev);
+  const cudaStream_t s = dev.is_cuda() ? gw::current_stream(dev) : nullptr;
   for (int i = 0; i < 64; ++i) benchmark::DoNotOptimize(op(in));  // warm-up
   std::int64_t n = 0;
   auto new_step = [&] {
     if (!scope) return;
     scope.reset();
-    arena->record_step_end(s);
+    if (dev.is_cuda()) arena->record_step_end(s);
     scope.emplace(*arena);
   };
   new_step();
@@ -313,12 +313,12 @@ void record_cost(benchmark::State& state, const MakeInputs& make, const OpFn& op
     if (++n % 64 == 0) {
       state.PauseTiming();
       new_step();
-      if (n % 256 == 0) GW_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (n % 256 == 0 && dev.is_cuda()) GW_CUDA_CHECK(cudaStreamSynchronize(s));
       state.ResumeTiming();
     }
   }
   scope.reset();
-  GW_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (dev.is_cuda()) GW_CUDA_CHECK(cudaStreamSynchronize(s));
   state.counters["host_us_per_op"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * 1e-6,
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
@@ -344,6 +344,43 @@ void record_bench(const std::string& name, MakeInputs make, OpFn op) {
 }
 
 using V = std::vector<gw::Tensor>;
+// RecordCpu/<op>/mode:M — the same on the CPU backend with tensors of a few elements: what is left
+// is the host's bookkeeping of an op (checks, the output's tensor, the node and its record, the
+// saved tensors), with no CUDA call at all; it runs on any machine.
+const int kRecordCpuRows = [] {
+  const gw::Device cpu = gw::Device::cpu();
+  auto cpu_param = [](const gw::Shape& shape, std::uint64_t seed, bool grad) {
+    gw::Tensor t = gw::randn(shape, seed);
+    if (grad) t.set_requires_grad(true);
+    return t;
+  };
+  auto add_row = [cpu](const std::string& name, MakeInputs make, OpFn op) {
+    benchmark::RegisterBenchmark(("RecordCpu/" + name).c_str(), [make = std::move(make),
+                                                                 op = std::move(op),
+                                                                 cpu](benchmark::State& st) {
+      record_cost(st, make, op, cpu);
+    })->Apply(record_rows);
+  };
+  add_row(
+      "linear_4x8x8",
+      [=](bool g) {
+        return V{gw::randn({4, 8}, 1), cpu_param({8, 8}, 2, g), cpu_param({8}, 3, g)};
+      },
+      [](const V& v) { return gw::linear(v[0], v[1], v[2]); });
+  add_row(
+      "relu_4x8",
+      [=](bool g) {
+        return V{cpu_param({4, 8}, 1, g)};
+      },
+      [](const V& v) { return gw::relu(v[0]); });
+  add_row(
+      "add_4x8",
+      [=](bool g) {
+        return V{cpu_param({4, 8}, 1, g), cpu_param({4, 8}, 2, g)};
+      },
+      [](const V& v) { return gw::add(v[0], v[1]); });
+  return 0;
+}();
 // The examples' ops at the transformer's and the MLP's sizes.
 const int kRecordRows = [] {
   record_bench(

@@ -1,5 +1,6 @@
 // Tensors on the CPU: creation, shapes, dtypes, copies, seeded random numbers, versions.
 #include <algorithm>
+#include <random>
 #include <set>
 
 #include "test_util.h"
@@ -20,6 +21,102 @@ TEST(TensorCpu, CreationFillsValues) {
   EXPECT_EQ(t.dtype(), DType::kFloat32);
   EXPECT_TRUE(t.device().is_cpu());
   EXPECT_EQ(t.str(), "float32[3, 2] on cpu");
+}
+
+// Note [Small shapes]: Shape keeps up to kInline dimensions inside itself and the rest on the heap;
+// either way it behaves as std::vector<std::int64_t>. Random edits — push, pop, insert (one,
+// several, a range of its own dimensions), erase, resize, copies and moves both ways, across the
+// inline limit in both directions — applied to a Shape and to a vector side by side leave them
+// equal.
+TEST(TensorCpu, AShapeBehavesAsAVectorOfItsDimensionsInlineAndOnTheHeap) {
+  std::mt19937 rng(20261202);
+  for (int trial = 0; trial < 200; ++trial) {
+    Shape s;
+    std::vector<std::int64_t> v;
+    for (int step = 0; step < 60; ++step) {
+      const auto pick = [&](std::size_t n) {
+        return n == 0 ? 0 : static_cast<std::size_t>(rng() % (n + 1));
+      };
+      const std::int64_t x = static_cast<std::int64_t>(rng() % 1000) - 500;
+      switch (rng() % 10) {
+        case 0:
+        case 1:
+          s.push_back(x);
+          v.push_back(x);
+          break;
+        case 2:
+          if (!v.empty()) {
+            s.pop_back();
+            v.pop_back();
+          }
+          break;
+        case 3: {
+          const std::size_t at = pick(v.size());
+          EXPECT_EQ(*s.insert(s.begin() + at, x), x);
+          v.insert(v.begin() + static_cast<std::ptrdiff_t>(at), x);
+          break;
+        }
+        case 4: {
+          const std::size_t at = pick(v.size()), n = rng() % 4;
+          s.insert(s.begin() + at, n, x);
+          v.insert(v.begin() + static_cast<std::ptrdiff_t>(at), n, x);
+          break;
+        }
+        case 5: {  // a range of its own dimensions, which the insertion may move
+          const std::size_t at = pick(v.size()), from = pick(v.size()),
+                            to = from + pick(v.size() - from);
+          const std::vector<std::int64_t> range(v.begin() + static_cast<std::ptrdiff_t>(from),
+                                                v.begin() + static_cast<std::ptrdiff_t>(to));
+          s.insert(s.begin() + at, s.begin() + from, s.begin() + to);
+          v.insert(v.begin() + static_cast<std::ptrdiff_t>(at), range.begin(), range.end());
+          break;
+        }
+        case 6:
+          if (!v.empty()) {
+            const std::size_t from = pick(v.size() - 1), to = from + pick(v.size() - from);
+            s.erase(s.begin() + from, s.begin() + to);
+            v.erase(v.begin() + static_cast<std::ptrdiff_t>(from),
+                    v.begin() + static_cast<std::ptrdiff_t>(to));
+          }
+          break;
+        case 7: {
+          const std::size_t n = rng() % 10;
+          s.resize(n, x);
+          v.resize(n, x);
+          break;
+        }
+        case 8: {  // copies and moves, each way
+          Shape copy = s;
+          Shape moved = std::move(copy);
+          EXPECT_TRUE(copy.empty());
+          s = Shape{};
+          s = moved;
+          Shape other{1, 2, 3, 4, 5, 6, 7, 8};
+          other = std::move(moved);
+          s = std::move(other);
+          break;
+        }
+        default: {
+          Shape from_vector = v;  // the conversions
+          const std::vector<std::int64_t> back = s;
+          EXPECT_EQ(back, v);
+          EXPECT_EQ(from_vector, s);
+          break;
+        }
+      }
+      ASSERT_EQ(s.size(), v.size()) << "trial " << trial << " step " << step;
+      ASSERT_TRUE(std::equal(s.begin(), s.end(), v.begin(), v.end()))
+          << "trial " << trial << " step " << step << ": " << shape_str(s);
+      ASSERT_EQ(s == v, true);
+      ASSERT_GE(s.capacity(), std::max<std::size_t>(s.size(), Shape::kInline));
+    }
+  }
+  // Ordered as vectors are; shape_str and the numel checks take it.
+  EXPECT_LT(Shape({2, 3}), Shape({2, 4}));
+  EXPECT_LT(Shape({2}), Shape({2, 0}));
+  EXPECT_EQ(shape_str(Shape{1, 2, 3, 4, 5, 6, 7}), "[1, 2, 3, 4, 5, 6, 7]");
+  EXPECT_EQ(shape_numel(Shape{2, 3, 1, 1, 1, 1, 1, 2}), 12);
+  EXPECT_THROW((void)Shape({1}).at(1), std::out_of_range);
 }
 
 TEST(TensorCpu, ScalarTensorHasOneElement) {
