@@ -149,13 +149,13 @@ void overlap(benchmark::State& state, int k, int d, std::int64_t n, std::int64_t
   const auto before = graph ? run.graph()->stats().counters : gw::capture::GraphCacheCounters{};
   std::vector<double> event_us;
   double host = 0;
+  auto twin_step = [&] {
+    const Runner::Sample t = twin->step();
+    twin_us.push_back(t.event_us);
+    twin_host += t.host_us;
+  };
   for (auto _ : state) {
     const bool twin_first = twin && event_us.size() % 2 == 0;
-    auto twin_step = [&] {
-      const Runner::Sample t = twin->step();
-      twin_us.push_back(t.event_us);
-      twin_host += t.host_us;
-    };
     if (twin_first) twin_step();
     const Runner::Sample s = run.step();
     if (twin && !twin_first) twin_step();

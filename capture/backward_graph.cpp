@@ -97,23 +97,16 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
   st.kernel_nodes = counts.kernels;
   st.other_nodes = counts.others;
   st.memory_nodes = counts.memory;
-  GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &st.edges));
-  // The graph's own shape (not the plan's): numbered nodes, edges between them. With their edge
-  // data: a query without it fails (cudaErrorLossyQuery) once an edge carries some, as the
-  // captures of NCCL's symmetric kernels make (Note [Symmetric buckets], dist/process_group.h:
-  // the two-rank backward graph failed so). The topology counts every edge alike.
-  std::vector<cudaGraphNode_t> from(st.edges), to(st.edges);
-  std::vector<cudaGraphEdgeData> data(st.edges);
-  if (st.edges > 0) {
-    GW_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &st.edges));
-  }
+  // The graph's own shape (not the plan's): numbered nodes, edges between them.
+  const capture::GraphEdges links = capture::graph_edges(graph);
+  st.edges = links.from.size();
   detail::PtrIndex index(nodes.size());
   for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], static_cast<int>(i));
   std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
   edges.reserve(st.edges);
   for (std::size_t e = 0; e < st.edges; ++e) {
-    edges.emplace_back(static_cast<std::uint32_t>(index.at(from[e])),
-                       static_cast<std::uint32_t>(index.at(to[e])));
+    edges.emplace_back(static_cast<std::uint32_t>(index.at(links.from[e])),
+                       static_cast<std::uint32_t>(index.at(links.to[e])));
   }
   st.topology = capture::analyze_topology(nodes.size(), edges);
   st.streams = plan.streams.size();

@@ -130,33 +130,37 @@ void Graph::write_dot(const std::string& path, unsigned flags) const {
 }
 
 void append_event_record(cudaGraph_t graph, cudaEvent_t event) {
-  std::size_t n = 0, edges = 0;
-  GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  // With the edges' data: a query without it fails once an edge carries some (NCCL's captures).
-  GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
-  std::vector<cudaGraphNode_t> from(edges), to(edges);
-  std::vector<cudaGraphEdgeData> data(edges);
-  if (edges > 0) {
-    GW_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges));
-  }
   // The sinks: nodes no edge leaves from.
+  std::vector<cudaGraphNode_t> from = graph_edges(graph).from;
   std::sort(from.begin(), from.end());
   std::vector<cudaGraphNode_t> sinks;
-  for (cudaGraphNode_t node : nodes) {
+  for (cudaGraphNode_t node : graph_nodes(graph)) {
     if (!std::binary_search(from.begin(), from.end(), node)) sinks.push_back(node);
   }
   cudaGraphNode_t record = nullptr;
   GW_CUDA_CHECK(cudaGraphAddEventRecordNode(&record, graph, sinks.data(), sinks.size(), event));
 }
 
-NodeCounts count_nodes(cudaGraph_t graph) {
-  NodeCounts c;
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph) {
   std::size_t n = 0;
   GW_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  c.nodes.resize(n);
-  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, c.nodes.data(), &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) GW_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  return nodes;
+}
+
+GraphEdges graph_edges(cudaGraph_t graph) {
+  std::size_t n = 0;
+  GW_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+  GraphEdges e{std::vector<cudaGraphNode_t>(n), std::vector<cudaGraphNode_t>(n)};
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n > 0) GW_CUDA_CHECK(cudaGraphGetEdges(graph, e.from.data(), e.to.data(), data.data(), &n));
+  return e;
+}
+
+NodeCounts count_nodes(cudaGraph_t graph) {
+  NodeCounts c;
+  c.nodes = graph_nodes(graph);
   for (cudaGraphNode_t node : c.nodes) {
     cudaGraphNodeType type{};
     GW_CUDA_CHECK(cudaGraphNodeGetType(node, &type));

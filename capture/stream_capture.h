@@ -92,6 +92,16 @@ struct NodeCounts {
 };
 NodeCounts count_nodes(cudaGraph_t graph);
 
+// The graph's nodes, in cudaGraphGetNodes' order.
+std::vector<cudaGraphNode_t> graph_nodes(cudaGraph_t graph);
+// The graph's edges, edge e from `from[e]` to `to[e]`. Queried with their edge data: a query
+// without it fails (cudaErrorLossyQuery) once an edge carries some, as the captures of NCCL's
+// symmetric kernels make (Note [Symmetric buckets], dist/process_group.h). Every edge counts alike.
+struct GraphEdges {
+  std::vector<cudaGraphNode_t> from, to;
+};
+GraphEdges graph_edges(cudaGraph_t graph);
+
 // An input slot (Note [Input slots], backward_graph.h; Note [Step inputs], step_graph.h): a tensor
 // of `like`'s shape and dtype in a device allocation of its own — outside the step arena (whose
 // slots the next step reuses), the block cache and graph pools — alive as long as a handle to it;
