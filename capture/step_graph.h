@@ -54,7 +54,10 @@
 // Streams: before a launch, S waits for the streams that produced the inputs (rule [read after
 // write]) and for the other users of the parameters and their .grads since the last write; after
 // it, the graph's writes and reads are recorded on S (rules [read after write] and [reuse after
-// use]). The CPU backend and `force_eager` run `step` every call.
+// use]). A backward() inside the captured step splits its weight gradients onto side streams
+// unless told otherwise (BackwardOptions::split_weight_grads; its eager warm-up steps do not):
+// the replay runs them beside the input gradients, bitwise the same .grads. The CPU backend and
+// `force_eager` run `step` every call.
 #include <cstdint>
 #include <functional>
 #include <memory>

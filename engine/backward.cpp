@@ -83,7 +83,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   // Plan (and check) everything before creating or launching anything.
   BackwardPlan plan =
       plan_backward(proots, caller, options.grad_write,
-                    {.split_weight_grads = options.split_weight_grads.value_or(false),
+                    {.split_weight_grads = options.split_weight_grads.value_or(capturing()),
                      .fuse_activation_epilogues = options.fuse_activation_epilogues});
   // Note [Streams of an eager backward] (backward_plan.h). Inside graphward's captures (a
   // StepGraph's step) the streams stay.

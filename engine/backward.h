@@ -110,9 +110,10 @@ struct BackwardOptions {
   // event records a step and a synchronize at the end: for inspection, not for training.
   std::vector<StepTiming>* timings = nullptr;
   // Weight-gradient parallelism (PlanOptions::split_weight_grads): leaf gradients of layers on
-  // the critical path run on side streams. Unset: the default of where it runs — off for
-  // backward() (host-bound eager, where its extra events cost more than they give), on for a
-  // BackwardGraph (BackwardGraphOptions, capture/backward_graph.h: faster in every study).
+  // the critical path run on side streams. Unset: the default of where it runs — off for an eager
+  // backward() (host-bound, where its extra events cost more than they give); on for a backward()
+  // inside graphward's capture (a StepGraph's step: a replay pays no host cost for the streams)
+  // and for a BackwardGraph (BackwardGraphOptions, capture/backward_graph.h).
   std::optional<bool> split_weight_grads = std::nullopt;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
