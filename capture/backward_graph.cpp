@@ -3,7 +3,6 @@
 
 #include "capture/graph_topology.h"
 #include "capture/stream_capture.h"
-#include "engine/ptr_index.h"
 
 #include <algorithm>
 #include <chrono>
@@ -98,17 +97,7 @@ GraphStats stats_of(cudaGraph_t graph, const BackwardPlan& plan) {
   st.other_nodes = counts.others;
   st.memory_nodes = counts.memory;
   // The graph's own shape (not the plan's): numbered nodes, edges between them.
-  const capture::GraphEdges links = capture::graph_edges(graph);
-  st.edges = links.from.size();
-  detail::PtrIndex index(nodes.size());
-  for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], static_cast<int>(i));
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
-  edges.reserve(st.edges);
-  for (std::size_t e = 0; e < st.edges; ++e) {
-    edges.emplace_back(static_cast<std::uint32_t>(index.at(links.from[e])),
-                       static_cast<std::uint32_t>(index.at(links.to[e])));
-  }
-  st.topology = capture::analyze_topology(nodes.size(), edges);
+  st.topology = capture::topology_of(graph, nodes, &st.edges);
   st.streams = plan.streams.size();
   st.forks = plan.forks.size();
   st.joins = plan.joins.size();

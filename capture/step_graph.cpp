@@ -1,6 +1,7 @@
 #include "capture/step_graph.h"
 #include "capture/stream_capture.h"
 
+#include <optional>
 #include <unordered_set>
 
 #include "engine/autograd.h"
@@ -146,6 +147,10 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
   if (device_.is_cpu() || options_.force_eager ||
       calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
     ++counters_.eager;
+    // A warm-up of a step to be captured splits its backward as the capture will (its side
+    // streams' handles are made here, outside the capture).
+    std::optional<WholeStepScope> whole;
+    if (!device_.is_cpu() && !options_.force_eager) whole.emplace();
     Tensor loss = step(batch ? *batch : kNoBatch);
     check_loss(loss, device_);
     return loss;
@@ -264,6 +269,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
       "capture, or was left on another stream without joining the step's stream",
       [&] {
         CaptureModeScope scope("a whole training step (StepGraph)");
+        WholeStepScope whole;
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
         check_loss(loss, device_);
@@ -280,6 +286,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   const capture::NodeCounts counts = capture::count_nodes(fresh->graph.graph());
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();
+  topology_ = capture::topology_of(fresh->graph.graph(), counts.nodes);
   fresh->description = std::make_shared<const std::string>(
       detail::concat("the whole-step graph of a StepGraph captured at run() call ", calls_, " (",
                      kernel_nodes_, " kernel nodes)"));

@@ -54,16 +54,19 @@
 // Streams: before a launch, S waits for the streams that produced the inputs (rule [read after
 // write]) and for the other users of the parameters and their .grads since the last write; after
 // it, the graph's writes and reads are recorded on S (rules [read after write] and [reuse after
-// use]). A backward() inside the captured step splits its weight gradients onto side streams
-// unless told otherwise (BackwardOptions::split_weight_grads; its eager warm-up steps do not):
-// the replay runs them beside the input gradients, bitwise the same .grads. The CPU backend and
-// `force_eager` run `step` every call.
+// use]). A backward() inside the step splits its weight gradients onto side streams unless told
+// otherwise (BackwardOptions::split_weight_grads; WholeStepScope, engine/capture_mode.h): the
+// replay runs them beside the input gradients, bitwise the same .grads. The warm-up steps split
+// too, so that the side streams' cuBLAS handles exist before the capture (a capture cannot make
+// them; a capture that finds them missing runs its backward unsplit). The CPU backend and
+// `force_eager` run `step` every call, unsplit.
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "capture/graph_topology.h"
 #include "engine/device.h"
 #include "engine/graph_pool.h"
 #include "engine/stream.h"
@@ -108,6 +111,9 @@ class StepGraph {
   // Kernel nodes and all nodes of the captured graph (0 before the first capture).
   std::size_t kernel_nodes() const { return kernel_nodes_; }
   std::size_t graph_nodes() const { return graph_nodes_; }
+  // The captured graph's shape (capture/graph_topology.h; empty before the first capture): a
+  // backward whose weight gradients run on side streams forks and joins.
+  const capture::Topology& topology() const { return topology_; }
   // Writes the captured graph as Graphviz DOT to `path` (cudaGraphDebugDotPrint; `verbose`: every
   // node's parameters too) — its nodes and the edges the capture made of the step's streams.
   void write_dot(const std::string& path, bool verbose = false) const;
@@ -130,6 +136,7 @@ class StepGraph {
   std::string last_reason_;
   std::unique_ptr<Executable> exec_;
   std::size_t kernel_nodes_ = 0, graph_nodes_ = 0;
+  capture::Topology topology_;
 };
 
 }  // namespace graphward

@@ -8,9 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/deferred_release.h"
 #include "base/error.h"
+#include "engine/deferred_release.h"
 #include "engine/memory.h"
+#include "engine/ptr_index.h"
 
 namespace graphward::capture {
 
@@ -156,6 +157,21 @@ GraphEdges graph_edges(cudaGraph_t graph) {
   std::vector<cudaGraphEdgeData> data(n);
   if (n > 0) GW_CUDA_CHECK(cudaGraphGetEdges(graph, e.from.data(), e.to.data(), data.data(), &n));
   return e;
+}
+
+Topology topology_of(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes,
+                     std::size_t* num_edges) {
+  const GraphEdges links = graph_edges(graph);
+  if (num_edges) *num_edges = links.from.size();
+  detail::PtrIndex index(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) index.emplace(nodes[i], static_cast<int>(i));
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
+  edges.reserve(links.from.size());
+  for (std::size_t e = 0; e < links.from.size(); ++e) {
+    edges.emplace_back(static_cast<std::uint32_t>(index.at(links.from[e])),
+                       static_cast<std::uint32_t>(index.at(links.to[e])));
+  }
+  return analyze_topology(nodes.size(), edges);
 }
 
 NodeCounts count_nodes(cudaGraph_t graph) {

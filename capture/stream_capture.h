@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 #include "base/config.h"
+#include "capture/graph_topology.h"
 
 #include "engine/device.h"
 #include "engine/tensor.h"
@@ -101,6 +102,10 @@ struct GraphEdges {
   std::vector<cudaGraphNode_t> from, to;
 };
 GraphEdges graph_edges(cudaGraph_t graph);
+// The shape of `graph` (analyze_topology, capture/graph_topology.h), its `nodes` those of
+// graph_nodes(graph); `num_edges`, when given, gets the number of its edges.
+Topology topology_of(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes,
+                     std::size_t* num_edges = nullptr);
 
 // An input slot (Note [Input slots], backward_graph.h; Note [Step inputs], step_graph.h): a tensor
 // of `like`'s shape and dtype in a device allocation of its own — outside the step arena (whose

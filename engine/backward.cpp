@@ -80,11 +80,20 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   }
   if (options.check_finite_loss) check_finite_roots("backward", roots);
   const cudaStream_t caller = device.is_cuda() ? current_stream(device) : nullptr;
-  // Plan (and check) everything before creating or launching anything.
-  BackwardPlan plan =
-      plan_backward(proots, caller, options.grad_write,
-                    {.split_weight_grads = options.split_weight_grads.value_or(capturing()),
-                     .fuse_activation_epilogues = options.fuse_activation_epilogues});
+  thread_local EagerExecutor executor;
+  // Plan (and check) everything before creating or launching anything. Split by default in a
+  // whole step that is or will be captured (BackwardOptions::split_weight_grads).
+  PlanOptions plan_options{
+      .split_weight_grads = options.split_weight_grads.value_or(capturing() || in_whole_step()),
+      .fuse_activation_epilogues = options.fuse_activation_epilogues};
+  BackwardPlan plan = plan_backward(proots, caller, options.grad_write, plan_options);
+  // A capture cannot make a side stream's cuBLAS handle: where an earlier run outside it did not
+  // (a capture with no split warm-up), the capture runs unsplit — the same .grads, bitwise.
+  if (device.is_cuda() && capturing() && plan_options.split_weight_grads &&
+      !executor.side_streams_ready(plan, device)) {
+    plan_options.split_weight_grads = false;
+    plan = plan_backward(proots, caller, options.grad_write, plan_options);
+  }
   // Note [Streams of an eager backward] (backward_plan.h). Inside graphward's captures (a
   // StepGraph's step) the streams stay.
   if (device.is_cuda() && options.streams == EagerStreams::kAuto && !capturing() &&
@@ -94,7 +103,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
   for (std::size_t r = 0; r < roots.size(); ++r) {
     seeds[r] = seeds_in.empty() ? ones(roots[r].shape(), {roots[r].dtype(), device}) : seeds_in[r];
   }
-  thread_local EagerExecutor executor;
   executor.run(plan, seeds, device, options.timings, !options.retain_graph,
                options.localize_faults || localize_faults_from_env(), options.reduce_gradients);
 }

@@ -112,8 +112,10 @@ struct BackwardOptions {
   // Weight-gradient parallelism (PlanOptions::split_weight_grads): leaf gradients of layers on
   // the critical path run on side streams. Unset: the default of where it runs — off for an eager
   // backward() (host-bound, where its extra events cost more than they give); on for a backward()
-  // inside graphward's capture (a StepGraph's step: a replay pays no host cost for the streams)
-  // and for a BackwardGraph (BackwardGraphOptions, capture/backward_graph.h).
+  // in a StepGraph's step, its warm-up and its capture (WholeStepScope, engine/capture_mode.h: a
+  // replay pays no host cost for the streams), and for a BackwardGraph (BackwardGraphOptions,
+  // capture/backward_graph.h). Inside a capture whose side streams have no cuBLAS handle yet (no
+  // split run before it on this thread), the backward runs unsplit: a capture cannot make one.
   std::optional<bool> split_weight_grads = std::nullopt;
   // PlanOptions::fuse_activation_epilogues (Note [Backward epilogue fusion], engine/ops.h).
   bool fuse_activation_epilogues = true;
@@ -183,6 +185,10 @@ class EagerExecutor {
   void run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
                             Device device, GradientReducer* reducer = nullptr);
   std::vector<StepTiming> read_timings(const BackwardPlan& plan, Device device);
+
+  // Whether every side stream `plan` asks of this executor exists with its cuBLAS handle (made by
+  // an earlier run outside a capture): a capture cannot make them.
+  bool side_streams_ready(const BackwardPlan& plan, Device device) const;
 
  private:
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,

@@ -413,6 +413,14 @@ kernels::BlasContext blas_context(Device device, cudaStream_t stream) {
   return {sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(), stream};
 }
 
+bool has_blas_context(Device device, cudaStream_t stream) noexcept {
+  if (!device.is_cuda() || device.index < 0 ||
+      t_blas.size() <= static_cast<std::size_t>(device.index))
+    return false;
+  const auto& slot = t_blas[static_cast<std::size_t>(device.index)];
+  return slot && slot->streams.count(stream) != 0;
+}
+
 namespace {
 
 // The GEMMs below for float32 (bf16 = false) or bfloat16 storage (float32 arithmetic).

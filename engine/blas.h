@@ -32,6 +32,8 @@ constexpr bool gemm_allows_split_k(std::int64_t m, std::int64_t n, std::int64_t 
 #if GRAPHWARD_HAS_CUDA
 // The calling thread's cuBLAS handle for `device` with the workspace of `stream`.
 kernels::BlasContext blas_context(Device device, cudaStream_t stream);
+// Whether blas_context(device, stream) was made on the calling thread (it makes nothing).
+bool has_blas_context(Device device, cudaStream_t stream) noexcept;
 
 // Row-major C[m,n] = alpha·op(A)·op(B) + beta·C on `stream` (layout of kernels/gemm.h), through
 // cuBLASLt with a plan per (shape, transposes, pointer alignment) made on first use and cached

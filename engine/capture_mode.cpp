@@ -7,6 +7,19 @@ namespace graphward {
 
 namespace {
 thread_local const std::string* t_capturing = nullptr;  // what the innermost scope captures
+thread_local bool t_whole_step = false;
+}  // namespace
+
+WholeStepScope::WholeStepScope() noexcept : previous_(t_whole_step) {
+  t_whole_step = true;
+}
+
+WholeStepScope::~WholeStepScope() {
+  t_whole_step = previous_;
+}
+
+bool in_whole_step() noexcept {
+  return t_whole_step;
 }
 
 CaptureModeScope::CaptureModeScope(std::string what)

@@ -31,6 +31,23 @@ class CaptureModeScope {
 
 // Whether the calling thread is inside a CaptureModeScope.
 bool capturing() noexcept;
+
+// Marks the calling thread as running a whole training step that is or will be captured (a
+// StepGraph's warm-up steps and its capture): a backward() there splits its weight gradients onto
+// side streams unless told otherwise (BackwardOptions::split_weight_grads), so that the warm-up
+// makes the side streams' library handles, which a capture cannot. Scopes nest.
+class WholeStepScope {
+ public:
+  WholeStepScope() noexcept;
+  ~WholeStepScope();
+  WholeStepScope(const WholeStepScope&) = delete;
+  WholeStepScope& operator=(const WholeStepScope&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether the calling thread is inside a WholeStepScope.
+bool in_whole_step() noexcept;
 // What the innermost scope captures (nullptr outside any).
 const std::string* capture_name() noexcept;
 // Throws graphward::Error naming `op` when the calling thread is capturing.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "engine/blas.h"
 #include "engine/ops.h"
 
 namespace graphward {
@@ -32,6 +33,21 @@ cudaStream_t EagerExecutor::side_stream(Device device, int i) {
   event(device, 0);  // resets the pools when the device changes
   while (static_cast<int>(side_streams_.size()) <= i) side_streams_.emplace_back(device);
   return side_streams_[static_cast<std::size_t>(i)].get();
+}
+
+bool EagerExecutor::side_streams_ready(const BackwardPlan& plan, Device device) const {
+  for (std::size_t i = 0; i < plan.streams.size(); ++i) {
+    if (plan.streams[i] || i >= plan.side_of.size() || plan.side_of[i] < 0) continue;
+#if GRAPHWARD_HAS_CUDA
+    if (!(events_device_ == device) || i >= side_streams_.size() ||
+        !has_blas_context(device, side_streams_[i].get())) {
+      return false;
+    }
+#else
+    return false;
+#endif
+  }
+  return true;
 }
 
 Event& EagerExecutor::timing_event(Device device, int i) {

@@ -5,7 +5,9 @@
 // refused by name with no capture left open.
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "capture/step_graph.h"
 #include "test_util.h"
@@ -89,6 +91,80 @@ TEST_F(CudaStepGraph, ReplayedStepsGiveTheParametersOfEagerStepsBitwise) {
   }
   EXPECT_EQ(opt_g.steps(), 8);
   EXPECT_LT(graph_losses.back(), graph_losses.front());
+}
+
+// A backward() in a StepGraph's step splits its weight gradients onto side streams by default
+// (BackwardOptions::split_weight_grads): the captured graph forks and joins where the same step
+// told not to split is one chain, and both replay the eager steps' parameters bitwise.
+TEST_F(CudaStepGraph, AStepsBackwardSplitsItsWeightGradientsByDefaultWithTheEagerBits) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, split, unsplit;
+  AdamW opt_e(eager.w, {.lr = 0.01}), opt_s(split.w, {.lr = 0.01}), opt_u(unsplit.w, {.lr = 0.01});
+  StepGraph step_s(kGpu, {x, t}), step_u(kGpu, {x, t});
+  auto body = [&](const Mlp& m, AdamW& opt, std::optional<bool> split_grads) {
+    return [&, split_grads] {
+      const Tensor loss = m.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite, .split_weight_grads = split_grads});
+      opt.step();
+      return loss;
+    };
+  };
+  for (int s = 0; s < 6; ++s) {
+    fill_batch(x, t, s);
+    {
+      const Tensor l = eager.loss(x, t);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt_e.step();
+    }
+    (void)step_s.run(body(split, opt_s, std::nullopt));
+    (void)step_u.run(body(unsplit, opt_u, false));
+  }
+  EXPECT_EQ(step_s.counters().captures, 1u) << step_s.last_reason();
+  EXPECT_EQ(step_u.counters().captures, 1u) << step_u.last_reason();
+  EXPECT_EQ(step_u.topology().fork_nodes, 0u) << "one stream, told not to split: one chain";
+  EXPECT_GT(step_s.topology().fork_nodes, 0u) << "split by default: weight gradients beside";
+  EXPECT_GE(step_s.topology().max_fan_out, 2u);
+  EXPECT_LT(step_s.topology().longest_path, step_u.topology().longest_path);
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(split.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+    EXPECT_EQ(unsplit.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
+// A capture cannot make a side stream's cuBLAS handle. A StepGraph whose warm-up did not split
+// (told not to) and whose capture would (the default): the capture runs its backward unsplit —
+// no error, one capture, the eager steps' parameters bitwise. On a thread of its own, whose
+// backward has never split before.
+TEST_F(CudaStepGraph, ACaptureWhoseSideStreamsHaveNoHandleYetRunsUnsplitWithTheEagerBits) {
+  std::thread([] {
+    const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+    Mlp eager, graphed;
+    Sgd opt_e(eager.w, {.lr = 0.02}), opt_g(graphed.w, {.lr = 0.02});
+    StepGraph step(kGpu, {x, t});
+    for (int s = 0; s < 4; ++s) {
+      fill_batch(x, t, s);
+      {
+        const Tensor l = eager.loss(x, t);
+        backward(l, {.grad_write = GradWrite::kOverwrite});
+        opt_e.step();
+      }
+      const bool warm_up = s == 0;
+      EXPECT_NO_THROW((void)step.run([&] {
+        const Tensor loss = graphed.loss(x, t);
+        backward(loss, {.grad_write = GradWrite::kOverwrite,
+                        .split_weight_grads = warm_up ? std::optional<bool>(false) : std::nullopt});
+        opt_g.step();
+        return loss;
+      })) << "step "
+          << s;
+    }
+    EXPECT_EQ(step.counters().captures, 1u) << step.last_reason();
+    EXPECT_EQ(step.topology().fork_nodes, 0u) << "expected the backward unsplit";
+    for (std::size_t i = 0; i < eager.w.size(); ++i) {
+      EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>())
+          << "parameter " << i;
+    }
+  }).join();
 }
 
 // Rule [read after write] and a capture: parameters last written on a stream that never joins the
