@@ -3,17 +3,24 @@
 least five times, how long a replay takes from its first node's start to its last node's end
 (median, min, max, after the first fifth of the replays), how often replays start, where a
 replay's time goes (its kernels, their summed time, the time some node runs and the time none
-does), each stream's busy time and the kernels that take the most; with --nodes, every node of a replay at its median
-start (µs from the replay's start) and median duration, in start order.
+does), its critical path (the longest chain of its nodes' median durations along the graph's
+edges: the least time a replay of that graph could take), each stream's busy time and the
+kernels that take the most; with --nodes, every node of a replay at its median start (µs from
+the replay's start) and median duration, in start order.
 
 Rows: kind,start_ns,end_ns,device,stream,graph,node,grid_or_bytes,block,name (kind K: kernel,
 C: copy, S: memset; graph 0: not in a graph; a start of 0: a record CUPTI never completed).
 Every node of a graph runs once a replay: a node's k-th record belongs to replay k.
+The edges come from TRACE.edges beside TRACE.csv (or --edges): rows E,from,to (an edge between
+node ids) and M,copy,original (a node copied from another when its graph was instantiated or
+cloned: the records may name the copy, the edges the original). Nodes with no record (events,
+empty nodes) take no time on the path.
 
-  scripts/kernel_trace.py TRACE.csv [--nodes] [--graph ID]
+  scripts/kernel_trace.py TRACE.csv [--nodes] [--graph ID] [--edges EDGES]
 """
 import argparse
 import collections
+import os
 import statistics
 import sys
 
@@ -30,6 +37,89 @@ def read(path):
     return rows
 
 
+def read_edges(path):
+    """(copies: {copy id: original id}, edges: set of (from, to)) of an .edges file; empty if none."""
+    copies, edges = {}, set()
+    if not path or not os.path.exists(path):
+        return copies, edges
+    with open(path) as f:
+        for line in f:
+            p = line.strip().split(",")
+            if len(p) != 3 or not p[1].isdigit() or not p[2].isdigit():
+                continue
+            a, b = int(p[1]), int(p[2])
+            if p[0] == "M" and a and b:
+                copies[a] = b
+            elif p[0] == "E" and a and b:
+                edges.add((a, b))
+    return copies, edges
+
+
+def original(node, copies):
+    for _ in range(len(copies) + 1):  # a copy of a copy; never a cycle
+        if node not in copies:
+            break
+        node = copies[node]
+    return node
+
+
+def critical_path(work, copies, edges):
+    """The longest path through the graph of `work` ({node id: (µs, name)}, ids as the records
+    name them) along `edges`: (µs, [(name, µs), ...] in path order), or None when no edge touches
+    these nodes."""
+    weight = {}
+    names = {}
+    for n, (us, name) in work.items():
+        o = original(n, copies)
+        weight[o] = us
+        names[o] = name
+    adjacent = collections.defaultdict(set)
+    for a, b in edges:
+        adjacent[a].add(b)
+        adjacent[b].add(a)
+    # The graph of these nodes: everything connected to them (events and empty nodes included).
+    part, todo = set(), [n for n in weight if n in adjacent]
+    if not todo:
+        return None
+    while todo:
+        n = todo.pop()
+        if n in part:
+            continue
+        part.add(n)
+        todo.extend(adjacent[n] - part)
+    part |= set(weight)
+    succ = collections.defaultdict(list)
+    indegree = collections.Counter()
+    for a, b in edges:
+        if a in part and b in part:
+            succ[a].append(b)
+            indegree[b] += 1
+    ready = [n for n in part if indegree[n] == 0]
+    best = {n: weight.get(n, 0.0) for n in part}
+    previous = {}
+    seen = 0
+    while ready:
+        n = ready.pop()
+        seen += 1
+        for m in succ[n]:
+            if best[n] + weight.get(m, 0.0) > best[m]:
+                best[m] = best[n] + weight.get(m, 0.0)
+                previous[m] = n
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    if seen != len(part):
+        return None  # a cycle: not a graph's edges
+    end = max(part, key=lambda n: best[n])
+    path = []
+    n = end
+    while n is not None:
+        if n in weight:
+            path.append((names[n], weight[n]))
+        n = previous.get(n)
+    return best[end], path[::-1]
+
+
 def union_us(items):
     """The time, in µs, that at least one of `items` (each with start and end, ns) was running."""
     total, end = 0, None
@@ -43,7 +133,7 @@ def union_us(items):
     return total / 1e3
 
 
-def summarise(rows, show_nodes, only_graph, out):
+def summarise(rows, show_nodes, only_graph, out, copies=None, edges=None):
     graphs = collections.defaultdict(lambda: collections.defaultdict(list))
     for r in rows:
         if r["graph"]:
@@ -106,6 +196,16 @@ def summarise(rows, show_nodes, only_graph, out):
         top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:8]
         out.write("  most time: " + "; ".join(f"{name[:60]} x{c} {t:.1f} us" for name, (c, t) in top)
                   + "\n")
+        path = critical_path({n: (statistics.median(durations[n]), first[n]["name"]) for n in offsets},
+                             copies or {}, edges or set())
+        if path is None:
+            out.write("  critical path: no edges of this graph recorded\n")
+        else:
+            us, chain = path
+            out.write(f"  critical path: {us:.1f} us along the graph's edges, "
+                      f"{100 * us / span if span else 0:.0f}% of the replay; {len(chain)} nodes: "
+                      + ", ".join(f"{name[:40]} {d:.1f}" for name, d in chain[:12])
+                      + (", ..." if len(chain) > 12 else "") + "\n")
         if show_nodes:
             for off, dur, r in lines:
                 size = f"grid {r['grid']}" if r["kind"] == "K" else f"{r['grid']} bytes"
@@ -120,8 +220,14 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--nodes", action="store_true", help="every node of a replay, in start order")
     ap.add_argument("--graph", type=int, default=None, help="only this graph id")
+    ap.add_argument("--edges", default=None,
+                    help="the graphs' edges (default: TRACE.edges beside TRACE.csv)")
     a = ap.parse_args()
-    summarise(read(a.trace), a.nodes, a.graph, sys.stdout)
+    edges_path = a.edges
+    if edges_path is None and a.trace.endswith(".csv"):
+        edges_path = a.trace[:-len(".csv")] + ".edges"
+    copies, edges = read_edges(edges_path)
+    summarise(read(a.trace), a.nodes, a.graph, sys.stdout, copies, edges)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every kernel, copy and memset a program runs on the GPU — each node of its replayed CUDA graphs
 # — timed by CUPTI (scripts/kernel_trace.cpp, an LD_PRELOAD library built into $GW_BUILD_DIR on
-# first use), written to PREFIX.r<rank>.csv per process and summarised by scripts/kernel_trace.py
-# (every graph's replay time; with GW_KERNEL_TRACE_NODES=1, each node's median start and duration
-# in a replay, into PREFIX.r<rank>.txt). For where a replayed step's time goes on a machine where
+# first use), written to PREFIX.r<rank>.csv per process (the instantiated graphs' edges to
+# PREFIX.r<rank>.edges) and summarised by scripts/kernel_trace.py (every graph's replay time and
+# critical path; with GW_KERNEL_TRACE_NODES=1, each node's median start and duration in a replay,
+# into PREFIX.r<rank>.txt). For where a replayed step's time goes on a machine where
 # Nsight Systems records but cannot make reports. Run on the GPU machine after a build.
 #   scripts/kernel_trace.sh PREFIX PROGRAM [ARGS...]      one process
 #   scripts/kernel_trace.sh PREFIX --dp N [FLAGS...]      N ranks of train_dp (scripts/run_dp.sh)
@@ -33,9 +34,9 @@ if [ ! -e "$lib" ] || [ "$GW_ROOT/scripts/kernel_trace.cpp" -nt "$lib" ]; then
   inc=$(dirname "$(find /usr/local/cuda/ /usr/local/cuda*/ -name cupti.h -print -quit)")
   mkdir -p "$GW_BUILD_DIR"
   g++ -std=c++17 -O2 -shared -fPIC "$GW_ROOT/scripts/kernel_trace.cpp" -I"$inc" -L"$cupti_dir" \
-    -lcupti -lpthread -Wl,-rpath,"$cupti_dir" -o "$lib" || exit 2
+    -lcupti -lpthread -ldl -Wl,-rpath,"$cupti_dir" -o "$lib" || exit 2
 fi
-rm -f "$prefix".r*.csv
+rm -f "$prefix".r*.csv "$prefix".r*.edges
 if [ "$1" = "--dp" ]; then
   n=${2:?kernel_trace.sh: --dp needs the number of ranks}
   shift 2
