@@ -44,6 +44,7 @@ bool EagerExecutor::side_streams_ready(const BackwardPlan& plan, Device device) 
       return false;
     }
 #else
+    (void)device;
     return false;
 #endif
   }
