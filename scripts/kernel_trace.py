@@ -73,30 +73,20 @@ def critical_path(work, copies, edges):
         o = original(n, copies)
         weight[o] = us
         names[o] = name
-    adjacent = collections.defaultdict(set)
-    for a, b in edges:
-        adjacent[a].add(b)
-        adjacent[b].add(a)
-    # The graph of these nodes: everything connected to them (events and empty nodes included).
-    part, todo = set(), [n for n in weight if n in adjacent]
-    if not todo:
-        return None
-    while todo:
-        n = todo.pop()
-        if n in part:
-            continue
-        part.add(n)
-        todo.extend(adjacent[n] - part)
-    part |= set(weight)
+    # Node ids are unique across graphs: the edges are a union of separate graphs, and a path
+    # ending at one of these nodes runs through theirs alone (events and empty nodes weigh 0).
     succ = collections.defaultdict(list)
     indegree = collections.Counter()
+    nodes = set(weight)
     for a, b in edges:
-        if a in part and b in part:
-            succ[a].append(b)
-            indegree[b] += 1
-    ready = [n for n in part if indegree[n] == 0]
-    best = {n: weight.get(n, 0.0) for n in part}
+        succ[a].append(b)
+        indegree[b] += 1
+        nodes.update((a, b))
+    if not any(n in succ or indegree[n] for n in weight):
+        return None
+    best = {n: weight.get(n, 0.0) for n in nodes}
     previous = {}
+    ready = [n for n in nodes if indegree[n] == 0]
     seen = 0
     while ready:
         n = ready.pop()
@@ -108,9 +98,9 @@ def critical_path(work, copies, edges):
             indegree[m] -= 1
             if indegree[m] == 0:
                 ready.append(m)
-    if seen != len(part):
+    if seen != len(nodes):
         return None  # a cycle: not a graph's edges
-    end = max(part, key=lambda n: best[n])
+    end = max(weight, key=lambda n: best[n])
     path = []
     n = end
     while n is not None:
