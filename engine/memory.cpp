@@ -633,7 +633,18 @@ void Storage::sync_for_write(cudaStream_t stream) {
     reads_since_write_.clear();
     return;
   }
-  sync_for_read(stream);  // read-after-write and write-after-write with the producer
+  // Read-after-write and write-after-write with the producer, and write-after-read with the
+  // producer's own reads, which are not recorded (its stream orders them after its write): so a
+  // fresh event on the producer's stream, never the one an earlier read of this write waited for —
+  // that one was recorded before the reads the producer issued since (a parameter read on a branch,
+  // then read again on its own stream, then written on the branch).
+  if (stream != producer_) {
+    if (!producer_event_.valid()) producer_event_ = Event::pooled(device_);  // Note [Event pool]
+    producer_event_.record(producer_);
+    producer_event_.block(stream);
+    event_for_write_ = UINT64_MAX;  // this write's readers record their own
+    waited_for_write_.clear();
+  }
   // Write-after-read with the streams that read it since the last write. The readers before that
   // write are ordered before it, so before this one (which waits for the producer): waiting for
   // them again would tie the write to streams that used the memory long ago — inside a capture,

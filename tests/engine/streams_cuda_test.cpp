@@ -127,6 +127,47 @@ TEST_F(CudaStreams, InPlaceWriteOnAnotherStreamWaitsForTheProducer) {
   EXPECT_EQ(g.to_vector<float>(), expected.to_vector<float>());
 }
 
+// A write on another stream waits for the producer's own reads too — also when that stream
+// already waited for the producer's write (it read the tensor before): the event it waited for then
+// was recorded before the producer's later reads. Two kinds of in-place write: a copy, and an
+// accumulation into the tensor.
+TEST_F(CudaStreams, AWriteOnAnotherStreamWaitsForTheProducersLaterReads) {
+  const Shape shape{1024, 1024};
+  const std::size_t n = 1024 * 1024;
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "copy_" : "accumulate");
+    Stream home(kGpu), branch(kGpu);
+    Tensor w;
+    {
+      StreamGuard g(home);
+      w = full(shape, 1.0, kF32Gpu);
+    }
+    Tensor early, late, source;
+    {
+      StreamGuard g(branch);
+      early = mul(w, 2.0);  // waits for w's write
+      source = full(shape, 7.0, kF32Gpu);
+    }
+    {
+      StreamGuard g(home);
+      testing::stall(home.get(), 200);
+      late = mul(w, 3.0);  // the producer's own read, behind the stall
+    }
+    {
+      StreamGuard g(branch);
+      NoGradGuard no_grad;
+      if (kind == 0) {
+        copy_(w, source);  // must wait for `late`'s read
+      } else {
+        relu_backward(source, source, {&w, /*accumulate=*/true});  // w += 7, likewise
+      }
+    }
+    EXPECT_EQ(early.to_vector<float>(), std::vector<float>(n, 2.0f));
+    EXPECT_EQ(late.to_vector<float>(), std::vector<float>(n, 3.0f));
+    EXPECT_EQ(w.to_vector<float>(), std::vector<float>(n, kind == 0 ? 7.0f : 8.0f));
+  }
+}
+
 TEST_F(CudaStreams,
        FreedMemoryIsNotReusedWhileAnotherStreamStillReadsIt) {  // rule [reuse after use]
   Stream home(kGpu), reader(kGpu);
