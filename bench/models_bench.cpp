@@ -12,7 +12,9 @@
 //   Transformer/batch:B/seq:T/dim:D/mode:M        (D/16 heads, MLP 4D, vocabulary 64)
 //       mode 0: eager (forward, backward(), opt.step());
 //       mode 1: the backward a BackwardGraph replay (the forward eager in a StepScope);
-//       mode 2: the whole step one StepGraph replay (the batch copied into static slots first).
+//       mode 2: the whole step one StepGraph replay (the batch copied into static slots first);
+//       mode 3: mode 2 with the optimizer stepped inside the backward, a layer at a time
+//               (StepInBackward, Note [Optimizer steps in the backward]).
 //
 // Every mode hands the model each step's own batch tensor (a different tensor every step), as a
 // training loop does. The manual time: CUDA events on the caller's stream around the step
@@ -151,8 +153,8 @@ static void timed_step(benchmark::internal::Benchmark* b) {
 // Launch-bound (hidden 256, batch 128) and GEMM-bound (hidden 2048, batch 1024) MLPs.
 static void mlp_rows(benchmark::internal::Benchmark* b) {
   b->ArgNames({"hidden", "layers", "batch", "mode"})
-      ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2}})
-      ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2}})
+      ->ArgsProduct({{256}, {4}, {128}, {0, 1, 2, 3}})
+      ->ArgsProduct({{2048}, {4}, {1024}, {0, 1, 2, 3}})
       ->Apply(timed_step);
 }
 BENCHMARK(mlp)->Name("Mlp")->Apply(mlp_rows);
@@ -162,15 +164,15 @@ BENCHMARK(mlp_unfused)->Name("MlpUnfusedEpilogues")->Apply(mlp_rows);
 BENCHMARK(convnet)
     ->Name("Convnet")
     ->ArgNames({"batch", "image", "channels", "mode"})
-    ->ArgsProduct({{64}, {16}, {16}, {0, 1, 2}})
-    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}})
+    ->ArgsProduct({{64}, {16}, {16}, {0, 1, 2, 3}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2, 3}})
     ->Apply(timed_step);
 
 BENCHMARK(transformer)
     ->Name("Transformer")
     ->ArgNames({"batch", "seq", "dim", "mode"})
-    ->ArgsProduct({{16}, {32}, {64}, {0, 1, 2}})
-    ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2}})
+    ->ArgsProduct({{16}, {32}, {64}, {0, 1, 2, 3}})
+    ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2, 3}})
     ->Apply(timed_step);
 
 // Google Benchmark's main, and then, with --gemm_choices, the GEMM algorithm chosen for each shape

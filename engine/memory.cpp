@@ -67,8 +67,8 @@ detail::JoinedFrees*& detail::current_joined_frees() {
   return t_joined_frees;
 }
 #endif
-PlannedSyncScope::PlannedSyncScope() : previous_(t_planned_sync) {
-  t_planned_sync = true;
+PlannedSyncScope::PlannedSyncScope(bool planned) : previous_(t_planned_sync) {
+  t_planned_sync = planned;
 }
 PlannedSyncScope::~PlannedSyncScope() {
   t_planned_sync = previous_;

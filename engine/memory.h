@@ -393,10 +393,11 @@ std::size_t block_cache_limit();
 // plan does: rules [forward stream], [cross-stream gradients] and [fork and join]), so storage
 // inserts no waits of its own: reads and writes only record which streams used the memory (rule
 // [reuse after use] still holds) and who wrote it last. Outside, each op waits for whatever it
-// reads or writes (rule [read after write]).
+// reads or writes (rule [read after write]). A scope made with `planned` false turns it off again
+// inside one (work the plan did not order: an optimizer step in the backward).
 class PlannedSyncScope {
  public:
-  PlannedSyncScope();
+  explicit PlannedSyncScope(bool planned = true);
   ~PlannedSyncScope();
   PlannedSyncScope(const PlannedSyncScope&) = delete;
   PlannedSyncScope& operator=(const PlannedSyncScope&) = delete;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "engine/autograd.h"
+#include "engine/memory.h"
 #include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/elementwise.h"
@@ -129,9 +131,55 @@ std::int64_t Optimizer::steps(std::size_t param) const {
   return static_cast<std::int64_t>(counts_of(step_)[param]);
 }
 
-void Optimizer::run_step(const char* what) {
+void Optimizer::step_params(const std::vector<std::size_t>& which) {
+  std::vector<bool> seen(params_.size(), false);
+  for (std::size_t i : which) {
+    GW_CHECK(i < params_.size() && !seen[i], name_, "::step_params: parameter ", i,
+             i < params_.size() ? " is listed twice" : " does not exist", "; expected indices of ",
+             "params() (", params_.size(), " parameters), each at most once");
+    seen[i] = true;
+  }
+  run_step(name_, &which);
+}
+
+// ---- Note [Optimizer steps in the backward] (optim.h) -------------------------------------------
+
+StepInBackward::StepInBackward(Optimizer& optimizer, std::size_t bucket_bytes)
+    : optimizer_(optimizer), bucket_bytes_(bucket_bytes) {
+  GW_CHECK(bucket_bytes > 0, "StepInBackward: bucket_bytes is 0; expected the gradient bytes a ",
+           "bucket collects before its parameters are stepped (e.g. 1 MiB)");
+  const std::vector<Tensor>& params = optimizer.params();
+  if (!params.empty() && params.front().is_cuda()) stream_.emplace(params.front().device());
+}
+
+cudaStream_t StepInBackward::stream() const {
+  return stream_ ? stream_->get() : nullptr;
+}
+
+void StepInBackward::reduce(const std::vector<Tensor>& grads) {
+  const std::vector<Tensor>& params = optimizer_.params();
+  std::vector<std::size_t> which;
+  for (const Tensor& g : grads) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor& pg = params[i].grad();
+      if (pg.defined() && pg.storage() == g.storage() && pg.raw_data() == g.raw_data()) {
+        which.push_back(i);
+        break;
+      }
+    }
+  }
+  if (which.empty()) return;
+  PlannedSyncScope unplanned(false);  // the plan did not order these writes: they order themselves
+  std::optional<StreamGuard> on;
+  if (stream_) on.emplace(*stream_);
+  optimizer_.step_params(which);
+}
+
+void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which) {
   detail::NvtxRange range(what);
   check_params(name_, params_);
+  const std::size_t count = which ? which->size() : params_.size();
+  auto index = [&](std::size_t k) { return which ? (*which)[k] : k; };
   if (device_.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(device_);
@@ -140,7 +188,8 @@ void Optimizer::run_step(const char* what) {
     step_.storage()->sync_for_write(s);
     done_.storage()->sync_for_write(s);
     slices_.clear();
-    for (std::size_t i = 0; i < params_.size(); ++i) {
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t i = index(k);
       const Tensor& p = params_[i];
       const Tensor& g = p.grad();
       if (!g.defined()) continue;  // skipped
@@ -163,7 +212,8 @@ void Optimizer::run_step(const char* what) {
     return;
 #endif
   }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t i = index(k);
     const Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
     p.bump_version();

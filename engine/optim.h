@@ -12,9 +12,13 @@
 // the set must stay the same (make the .grads first: zero_grad() never undefines them). Parameters
 // are distinct leaves (checked when the optimizer is made).
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 #include "base/config.h"
 
+#include "engine/backward.h"
+#include "engine/stream.h"
 #include "engine/tensor.h"
 #include "kernels/optim.h"
 
@@ -44,6 +48,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   virtual void step() = 0;
+  // One step over the parameters `which` (indices into params(), each at most once) alone: each
+  // updated and counted as step() would (a parameter's update is its own, Note [Multi-tensor
+  // step]). What StepInBackward runs for a bucket of gradients.
+  void step_params(const std::vector<std::size_t>& which);
   // Writes zeros into every defined .grad, in place (addresses kept: a captured backward writes
   // the same buffers). On the current stream, ordered after the .grads' other users. A .grad of
   // another shape, dtype or device than its parameter is refused by name, nothing written.
@@ -67,7 +75,7 @@ class Optimizer {
   // a .grad is ordered after its .grad's, its own and its state's users on the current stream of
   // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
   // counted in one launch_cuda (or update_cpu each, then the count).
-  void run_step(const char* what);
+  void run_step(const char* what, const std::vector<std::size_t>* which = nullptr);
   // state_[0][i], state_[1][i]: parameter i's state (undefined where an optimizer keeps none).
   std::vector<Tensor> state_[2];
 
@@ -116,6 +124,40 @@ class AdamW : public Optimizer {
 #endif
   void update_cpu(std::size_t i) override;
   kernels::AdamWParams hp_;  // state_[0], state_[1]: the first and second moments
+};
+
+// Note [Optimizer steps in the backward]
+// An optimizer step after the backward waits for the last gradient, though most were final long
+// before (the last layers' first). StepInBackward is a GradientReducer (engine/backward.h) handed
+// to backward() instead of calling opt.step() after it:
+//   backward(loss, {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &in_backward});
+// The backward hands it its leaves' gradients in buckets, each as soon as the backward has written
+// them all, and it steps those gradients' parameters then, on a stream of its own, while the
+// backward goes on: in a captured step (StepGraph) the updates run beside the rest of the backward
+// (memory-bound updates under the backward's GEMMs). The parameters come out bitwise as backward()
+// then opt.step() leaves them: a parameter's update is its own (Note [Multi-tensor step],
+// kernels/optim.h). The backward's plan orders its own work with events (Note [Planned
+// synchronization], engine/memory.h) but not these writes: each step orders itself as any write
+// does, after the parameter's readers so far — its layer's input gradient reads it, and that was
+// issued before the bucket. A gradient whose parameter is not the optimizer's is left as it is.
+// Not with what needs every gradient first (clip_grad_norm), nor with data parallelism (a backward
+// has one reducer); and every backward is then a step (accumulate micro-batches without it).
+class StepInBackward final : public GradientReducer {
+ public:
+  // `optimizer` must outlive this. `bucket_bytes`: the gradient bytes a bucket collects before its
+  // parameters are stepped (small: about a layer at a time).
+  explicit StepInBackward(Optimizer& optimizer, std::size_t bucket_bytes = std::size_t{1} << 20);
+  std::size_t bucket_bytes() const override { return bucket_bytes_; }
+  cudaStream_t stream() const override;
+  // One process: every bucket layout agrees with itself.
+  void agree(std::uint64_t, const std::string&, bool) override {}
+  // Steps the parameters of `grads` (Optimizer::step_params) on stream().
+  void reduce(const std::vector<Tensor>& grads) override;
+
+ private:
+  Optimizer& optimizer_;
+  std::size_t bucket_bytes_;
+  std::optional<Stream> stream_;  // on the parameters' CUDA device; none on the CPU
 };
 
 // Scales the .grads of `params` (the defined ones) in place so that their global L2 norm is at

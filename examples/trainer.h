@@ -7,7 +7,10 @@
 //   kEager          forward, backward() and opt.step() eagerly every step;
 //   kBackwardGraph  the forward eager in a StepScope, the backward a BackwardGraph replay;
 //   kStepGraph      the whole step (forward, backward, optimizer) one StepGraph replay, the batch
-//                   passed to run() (copied into the graph's slots, Note [Step inputs]).
+//                   passed to run() (copied into the graph's slots, Note [Step inputs]);
+//   kStepGraphInBackward  the same with the optimizer stepped inside the backward, each layer's
+//                   parameters once their gradients are final (StepInBackward, Note [Optimizer
+//                   steps in the backward] in engine/optim.h).
 // Every mode hands the model each step's own batch tensor, as a training loop does (the batches
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
 // slots] in capture/backward_graph.h).
@@ -23,7 +26,7 @@
 
 namespace graphward::examples {
 
-enum class Mode { kEager, kBackwardGraph, kStepGraph };
+enum class Mode { kEager, kBackwardGraph, kStepGraph, kStepGraphInBackward };
 
 inline const char* mode_name(Mode m) {
   switch (m) {
@@ -31,6 +34,8 @@ inline const char* mode_name(Mode m) {
       return "backward graph";
     case Mode::kStepGraph:
       return "full-step graph";
+    case Mode::kStepGraphInBackward:
+      return "full-step graph, optimizer in the backward";
     case Mode::kEager:
       break;
   }
@@ -64,7 +69,10 @@ class Trainer {
       bw_ = std::make_unique<BackwardGraph>(
           device, BackwardGraphOptions{.backward = {.fuse_activation_epilogues = fuse_epilogues}});
     }
-    if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
+    if (mode == Mode::kStepGraph || mode == Mode::kStepGraphInBackward) {
+      step_graph_ = std::make_unique<StepGraph>(device);
+    }
+    if (mode == Mode::kStepGraphInBackward) in_backward_ = std::make_unique<StepInBackward>(opt_);
   }
 
   Tensor step(int i) {
@@ -97,6 +105,15 @@ class Trainer {
           return loss;
         });
       }
+      case Mode::kStepGraphInBackward: {
+        return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
+          const Tensor loss = model_.loss(in[0], in[1]);
+          backward(loss, {.grad_write = GradWrite::kOverwrite,
+                          .fuse_activation_epilogues = fuse_,
+                          .reduce_gradients = in_backward_.get()});
+          return loss;
+        });
+      }
     }
     return {};
   }
@@ -122,6 +139,7 @@ class Trainer {
   std::unique_ptr<StepArena> arena_;
   std::unique_ptr<BackwardGraph> bw_;
   std::unique_ptr<StepGraph> step_graph_;
+  std::unique_ptr<StepInBackward> in_backward_;
 };
 
 struct TrainResult {

@@ -131,6 +131,44 @@ TEST_F(CudaStepGraph, AStepsBackwardSplitsItsWeightGradientsByDefaultWithTheEage
   }
 }
 
+// Note [Optimizer steps in the backward]: a StepGraph whose step hands its backward a
+// StepInBackward instead of calling opt.step() after it updates each layer's parameters beside the
+// rest of the backward (its graph forks more than the same step's with opt.step() after it), and
+// replays the eager steps' parameters bitwise.
+TEST_F(CudaStepGraph, AnOptimizerSteppedInTheBackwardRunsBesideItWithTheEagerBits) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, after, inside;
+  AdamW opt_e(eager.w, {.lr = 0.01}), opt_a(after.w, {.lr = 0.01}), opt_i(inside.w, {.lr = 0.01});
+  StepInBackward in_backward(opt_i, /*bucket_bytes=*/1);  // a bucket a layer
+  StepGraph step_a(kGpu, {x, t}), step_i(kGpu, {x, t});
+  for (int s = 0; s < 6; ++s) {
+    fill_batch(x, t, s);
+    {
+      const Tensor l = eager.loss(x, t);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt_e.step();
+    }
+    (void)step_a.run([&] {
+      const Tensor loss = after.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_a.step();
+      return loss;
+    });
+    (void)step_i.run([&] {
+      const Tensor loss = inside.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &in_backward});
+      return loss;
+    });
+  }
+  EXPECT_EQ(step_i.counters().captures, 1u) << step_i.last_reason();
+  EXPECT_GT(step_i.topology().fork_nodes, step_a.topology().fork_nodes);
+  EXPECT_EQ(opt_i.steps(), 6);
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(after.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+    EXPECT_EQ(inside.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
 // A capture cannot make a side stream's cuBLAS handle. A StepGraph whose warm-up did not split
 // (told not to) and whose capture would (the default): the capture runs its backward unsplit —
 // no error, one capture, the eager steps' parameters bitwise. On a thread of its own, whose

@@ -3,6 +3,8 @@
 // and step count, zero_grad keeping the buffers, gradient clipping, bad input, and a small MLP
 // (linear + GELU layers) trained with each.
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include "test_util.h"
 
@@ -155,6 +157,83 @@ TEST(OptimCpu, BadInputIsRefusedByName) {
   GW_EXPECT_ERROR(opt.step(), "Sgd", ".grad", "[4]");
   EXPECT_EQ(values(p), before);
   EXPECT_EQ(opt.steps(), 0);
+}
+
+// Optimizer::step_params: a subset stepped is stepped as step() steps it, the rest untouched and
+// uncounted; an index out of range or listed twice is refused by name, nothing written.
+TEST(OptimCpu, StepParamsStepsTheListedParametersAsStepDoes) {
+  const Tensor a = param({3}, 30), b = param({4}, 31), a2 = param({3}, 30), b2 = param({4}, 31);
+  AdamW some({a, b}, {.lr = 0.1}), all({a2, b2}, {.lr = 0.1});
+  set_grad(a, grads_for(0, 3));
+  set_grad(b, grads_for(1, 4));
+  set_grad(a2, grads_for(0, 3));
+  set_grad(b2, grads_for(1, 4));
+  const std::vector<double> b_before = values(b);
+  some.step_params({0});
+  all.step();
+  EXPECT_EQ(values(a), values(a2));
+  EXPECT_EQ(values(b), b_before);
+  EXPECT_EQ(some.steps(0), 1);
+  EXPECT_EQ(some.steps(1), 0);
+  some.step_params({1});
+  EXPECT_EQ(values(b), values(b2));
+  EXPECT_EQ(some.steps(1), 1);
+  const std::vector<double> a_now = values(a), b_now = values(b);
+  GW_EXPECT_ERROR(some.step_params({2}), "AdamW::step_params", "parameter 2", "does not exist",
+                  "2 parameters");
+  GW_EXPECT_ERROR(some.step_params({1, 0, 1}), "AdamW::step_params", "parameter 1", "listed twice");
+  EXPECT_EQ(values(a), a_now);
+  EXPECT_EQ(values(b), b_now);
+  EXPECT_EQ(some.steps(), 1);
+}
+
+// Note [Optimizer steps in the backward]: backward() with a StepInBackward leaves the parameters
+// bitwise as backward() then opt.step() does, step after step, with SGD (momentum) and AdamW, and
+// for any bucket size; a leaf the optimizer does not hold gets its gradient and keeps its value.
+TEST(OptimCpu, StepsInTheBackwardGiveTheParametersOfAStepAfterIt) {
+  const Tensor x = randn({16, 8}, 20, f64()), t = mul(randn({16, 4}, 21, f64()), 0.5);
+  auto make = [] {
+    return std::vector<Tensor>{param({12, 8}, 1), param({12}, 2), param({4, 12}, 3), param({4}, 4),
+                               param({4}, 5)};
+  };
+  auto loss_of = [&](const std::vector<Tensor>& w) {
+    const Tensor h = linear(x, w[0], w[1], Activation::kGelu);
+    return mse_loss(add(linear(h, w[2], w[3]), w[4]), t);
+  };
+  for (int kind = 0; kind < 2; ++kind) {
+    for (std::size_t bucket : {std::size_t{8}, std::size_t{1} << 20}) {
+      SCOPED_TRACE((kind == 0 ? "SGD, bucket bytes " : "AdamW, bucket bytes ") +
+                   std::to_string(bucket));
+      const std::vector<Tensor> after = make(), in = make();
+      // w[4] is not the optimizers': its gradient is made, its value kept.
+      const std::vector<Tensor> held_after(after.begin(), after.begin() + 4),
+          held_in(in.begin(), in.begin() + 4);
+      std::unique_ptr<Optimizer> opt_after, opt_in;
+      if (kind == 0) {
+        opt_after = std::make_unique<Sgd>(held_after, SgdOptions{.lr = 0.05, .momentum = 0.9});
+        opt_in = std::make_unique<Sgd>(held_in, SgdOptions{.lr = 0.05, .momentum = 0.9});
+      } else {
+        opt_after = std::make_unique<AdamW>(held_after, AdamWOptions{.lr = 0.01});
+        opt_in = std::make_unique<AdamW>(held_in, AdamWOptions{.lr = 0.01});
+      }
+      StepInBackward in_backward(*opt_in, bucket);
+      const std::vector<double> untouched = values(in[4]);
+      for (int s = 0; s < 4; ++s) {
+        backward(loss_of(after), {.grad_write = GradWrite::kOverwrite});
+        opt_after->step();
+        backward(loss_of(in),
+                 {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &in_backward});
+        for (std::size_t i = 0; i < 4; ++i) {
+          EXPECT_EQ(values(in[i]), values(after[i])) << "step " << s << ", parameter " << i;
+        }
+        EXPECT_EQ(values(in[4].grad()), values(after[4].grad())) << "step " << s;
+      }
+      EXPECT_EQ(values(in[4]), untouched);
+      EXPECT_EQ(opt_in->steps(), 4);
+    }
+  }
+  GW_EXPECT_ERROR(StepInBackward(*std::make_unique<Sgd>(make(), SgdOptions{}), 0), "StepInBackward",
+                  "bucket_bytes is 0");
 }
 
 // A two-layer MLP with a fused linear+GELU layer, trained on a fixed regression batch.

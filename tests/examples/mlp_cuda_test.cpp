@@ -17,7 +17,8 @@ std::pair<ex::TrainResult, ex::TrainResult> expect_every_mode_converges(const ex
   const ex::TrainResult eager = ex::train_mlp(c, gpu, ex::Mode::kEager, 60);
   const ex::TrainResult bw = ex::train_mlp(c, gpu, ex::Mode::kBackwardGraph, 60);
   const ex::TrainResult full = ex::train_mlp(c, gpu, ex::Mode::kStepGraph, 60);
-  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
+  const ex::TrainResult in_bw = ex::train_mlp(c, gpu, ex::Mode::kStepGraphInBackward, 60);
+  for (const ex::TrainResult* r : {&eager, &bw, &full, &in_bw}) {
     EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
   }
   EXPECT_EQ(bw.captures, 1u);
@@ -25,6 +26,10 @@ std::pair<ex::TrainResult, ex::TrainResult> expect_every_mode_converges(const ex
   EXPECT_EQ(full.captures, 1u);
   EXPECT_EQ(full.first_loss, eager.first_loss);
   EXPECT_EQ(full.last_loss, eager.last_loss);
+  // The optimizer stepped inside the backward: the same parameters, so the same losses.
+  EXPECT_EQ(in_bw.captures, 1u);
+  EXPECT_EQ(in_bw.first_loss, eager.first_loss);
+  EXPECT_EQ(in_bw.last_loss, eager.last_loss);
   return {eager, bw};
 }
 

@@ -18,17 +18,23 @@ void expect_every_mode_converges(const typename Model::Config& c, int steps, boo
   const ex::TrainResult eager = ex::train<Model>(c, gpu, ex::Mode::kEager, steps);
   const ex::TrainResult bw = ex::train<Model>(c, gpu, ex::Mode::kBackwardGraph, steps);
   const ex::TrainResult full = ex::train<Model>(c, gpu, ex::Mode::kStepGraph, steps);
-  for (const ex::TrainResult* r : {&eager, &bw, &full}) {
+  const ex::TrainResult in_bw = ex::train<Model>(c, gpu, ex::Mode::kStepGraphInBackward, steps);
+  for (const ex::TrainResult* r : {&eager, &bw, &full, &in_bw}) {
     EXPECT_LT(r->last_loss, 0.25 * r->first_loss) << r->first_loss << " -> " << r->last_loss;
   }
   EXPECT_EQ(bw.captures, 1u);
   EXPECT_EQ(bw.updates, 0u);  // a new batch tensor every step: read through input slots
   EXPECT_EQ(full.captures, 1u);
   EXPECT_EQ(full.first_loss, eager.first_loss);  // nothing accumulated yet
+  // The optimizer stepped inside the backward updates the parameters as opt.step() does.
+  EXPECT_EQ(in_bw.captures, 1u);
+  EXPECT_EQ(in_bw.first_loss, eager.first_loss);
   if (bitwise) {
     EXPECT_EQ(full.last_loss, eager.last_loss);
+    EXPECT_EQ(in_bw.last_loss, eager.last_loss);
   } else {
     EXPECT_NEAR(full.last_loss, eager.last_loss, 1e-5 * eager.first_loss);
+    EXPECT_NEAR(in_bw.last_loss, eager.last_loss, 1e-5 * eager.first_loss);
   }
   EXPECT_NEAR(bw.last_loss, eager.last_loss, 1e-3 * eager.first_loss);
 }
