@@ -111,6 +111,21 @@ def main():
             if m == model:
                 name = " ".join(f"{k} {v}" for k, v in c)
                 print(f"  PyTorch {mode} could not run at {name}: {note}")
+    # The optimizer stepped inside the backward (mode 3: StepInBackward) against after it (mode 2),
+    # where measured.
+    rows = sorted({(k[0], k[1]) for k in gw if k[2] == 3 and k[0] in TITLES},
+                  key=lambda mc: (list(TITLES).index(mc[0]), [v for _, v in mc[1]]))
+    if rows:
+        print("\nThe full step with the optimizer stepped in the backward (mode 3) and after it "
+              "(mode 2), same run")
+        print(f"{'model':12s} {'config':32s} {'after':>10s} {'in bwd':>10s} {'in/after':>9s} "
+              f"{'pt best':>10s} {'in/pt-best':>11s}")
+        for model, c in rows:
+            after, inside = gw.get((model, c, 2)), gw.get((model, c, 3))
+            best, _ = fastest(torch, model, c)
+            name = " ".join(f"{k} {v}" for k, v in c)
+            print(f"{model:12s} {name:32s} {fmt(after, 10)} {fmt(inside, 10)} "
+                  f"{fmt(ratio(inside, after), 9, 2)} {fmt(best, 10)} {fmt(ratio(inside, best), 11, 2)}")
     # The MLP with the backward epilogue fusion off (bench/models_bench.cpp), where measured.
     configs = sorted({k[1] for k in gw if k[0] == "mlpunfusedepilogues"},
                      key=lambda c: [v for _, v in c])
