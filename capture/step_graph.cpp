@@ -22,6 +22,27 @@ struct Baked {
   return {t, t.defined() ? t.raw_data() : nullptr, t.defined() ? t.shape() : Shape{},
           t.defined() ? t.dtype() : DType::kFloat32};
 }
+
+// The leaves the tape of `loss` reaches (each once).
+[[maybe_unused]] std::vector<Tensor> reached_leaves(const Tensor& loss) {
+  std::vector<Tensor> leaves;
+  std::unordered_set<const Node*> seen;
+  std::unordered_set<const void*> seen_leaf;
+  std::vector<const Node*> todo;
+  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) todo.push_back(in.edge.node.get());
+      if (in.edge.leaf.defined() && seen_leaf.insert(in.edge.leaf.storage().get()).second) {
+        leaves.push_back(in.edge.leaf);
+      }
+    }
+  }
+  return leaves;
+}
 }  // namespace
 
 struct StepGraph::Executable {
@@ -70,6 +91,14 @@ StepGraph::StepGraph(Device device, std::vector<Tensor> inputs, StepGraphOptions
 StepGraph::~StepGraph() = default;
 
 void StepGraph::recapture() {
+  forget_graph();
+}
+
+void StepGraph::forget_graph() {
+  if (exec_) {
+    known_leaves_.clear();
+    for (const Baked& leaf : exec_->leaves) known_leaves_.push_back(leaf.tensor);
+  }
   exec_.reset();
 }
 
@@ -153,6 +182,9 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
     if (!device_.is_cpu() && !options_.force_eager) whole.emplace();
     Tensor loss = step(batch ? *batch : kNoBatch);
     check_loss(loss, device_);
+#if GRAPHWARD_HAS_CUDA
+    if (whole) known_leaves_ = reached_leaves(loss);
+#endif
     return loss;
   }
 #if GRAPHWARD_HAS_CUDA
@@ -160,7 +192,7 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
   const cudaStream_t caller = current_stream(device_);
   std::string why = exec_ ? check_signature(batch) : "first capture";
   if (!why.empty()) {
-    exec_.reset();
+    forget_graph();
     last_reason_ = why;
     (void)capture(batch, step, caller);
   }
@@ -184,26 +216,6 @@ void copy_batch(const std::vector<Tensor>& batch, const std::vector<Tensor>& slo
   refresh.flush();
 }
 
-// The leaves the tape of `loss` reaches (each once).
-std::vector<Tensor> reached_leaves(const Tensor& loss) {
-  std::vector<Tensor> leaves;
-  std::unordered_set<const Node*> seen;
-  std::unordered_set<const void*> seen_leaf;
-  std::vector<const Node*> todo;
-  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
-  while (!todo.empty()) {
-    const Node* n = todo.back();
-    todo.pop_back();
-    if (!seen.insert(n).second) continue;
-    for (const InputMeta& in : n->inputs()) {
-      if (in.edge.node) todo.push_back(in.edge.node.get());
-      if (in.edge.leaf.defined() && seen_leaf.insert(in.edge.leaf.storage().get()).second) {
-        leaves.push_back(in.edge.leaf);
-      }
-    }
-  }
-  return leaves;
-}
 }  // namespace
 
 namespace {
@@ -255,6 +267,14 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   // Rule [read after write] for the capture itself: what the step reads was made on S or ordered
   // before S.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
+  // And the parameters and .grads the step will write, as before a launch: the step's first read
+  // of a parameter last written on another stream (a StepInBackward's) would wait inside the
+  // capture for an event recorded outside it (cudaErrorStreamCaptureIsolation).
+  for (const Tensor& leaf : known_leaves_) {
+    leaf.storage()->sync_for_write(caller);
+    if (leaf.grad().defined()) leaf.grad().storage()->sync_for_write(caller);
+  }
+  known_leaves_.clear();
   // Note [Step inputs]: the batch's slots, memory of the executable's own (outside the step arena,
   // the block cache and the graph's pool), filled with this step's batch before the capture.
   if (batch) {

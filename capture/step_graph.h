@@ -52,7 +52,10 @@
 // addresses.
 //
 // Streams: before a launch, S waits for the streams that produced the inputs (rule [read after
-// write]) and for the other users of the parameters and their .grads since the last write; after
+// write]) and for the other users of the parameters and their .grads since the last write; so does
+// the capture, for the parameters the warm-up reached (an event of a stream outside the capture
+// cannot be waited on inside it: an optimizer that stepped them on a stream of its own, Note
+// [Optimizer steps in the backward] in engine/optim.h, would end the capture); after
 // it, the graph's writes and reads are recorded on S (rules [read after write] and [reuse after
 // use]). A backward() inside the step splits its weight gradients onto side streams unless told
 // otherwise (BackwardOptions::split_weight_grads; WholeStepScope, engine/capture_mode.h): the
@@ -127,6 +130,8 @@ class StepGraph {
   Tensor run_impl(const std::vector<Tensor>* batch, const BatchStep& step);
   Tensor capture(const std::vector<Tensor>* batch, const BatchStep& step, cudaStream_t caller);
   void launch(const std::vector<Tensor>* batch, cudaStream_t caller);
+  // Drops the graph, keeping its parameters in known_leaves_.
+  void forget_graph();
 
   Device device_;
   std::vector<Tensor> inputs_;
@@ -135,6 +140,9 @@ class StepGraph {
   std::uint64_t calls_ = 0;
   std::string last_reason_;
   std::unique_ptr<Executable> exec_;
+  // The parameters the last eager step reached or the last graph wrote: S is ordered after their
+  // last users before a capture (rule [read after write] for the capture itself).
+  std::vector<Tensor> known_leaves_;
   std::size_t kernel_nodes_ = 0, graph_nodes_ = 0;
   capture::Topology topology_;
 };
