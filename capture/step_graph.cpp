@@ -59,6 +59,9 @@ struct StepGraph::Executable {
   bool batched = false;
   std::uint64_t replays = 0;  // launches of this executable
   std::vector<Baked> leaves, grads;  // the leaves the backward reaches, and their .grads
+  // Note [Memory from outside a capture]: the memory the step used that its graph did not
+  // allocate, and whether it wrote it.
+  std::vector<CaptureUseLog::Use> uses;
   // What a kernel fault after a launch names (Note [Kernel faults], base/error.h).
   std::shared_ptr<const std::string> description;
   Executable() = default;
@@ -91,14 +94,6 @@ StepGraph::StepGraph(Device device, std::vector<Tensor> inputs, StepGraphOptions
 StepGraph::~StepGraph() = default;
 
 void StepGraph::recapture() {
-  forget_graph();
-}
-
-void StepGraph::forget_graph() {
-  if (exec_) {
-    known_leaves_.clear();
-    for (const Baked& leaf : exec_->leaves) known_leaves_.push_back(leaf.tensor);
-  }
   exec_.reset();
 }
 
@@ -182,9 +177,6 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
     if (!device_.is_cpu() && !options_.force_eager) whole.emplace();
     Tensor loss = step(batch ? *batch : kNoBatch);
     check_loss(loss, device_);
-#if GRAPHWARD_HAS_CUDA
-    if (whole) known_leaves_ = reached_leaves(loss);
-#endif
     return loss;
   }
 #if GRAPHWARD_HAS_CUDA
@@ -192,7 +184,7 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
   const cudaStream_t caller = current_stream(device_);
   std::string why = exec_ ? check_signature(batch) : "first capture";
   if (!why.empty()) {
-    forget_graph();
+    exec_.reset();
     last_reason_ = why;
     (void)capture(batch, step, caller);
   }
@@ -267,14 +259,6 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   // Rule [read after write] for the capture itself: what the step reads was made on S or ordered
   // before S.
   for (const Tensor& t : inputs_) t.storage()->sync_for_read(caller);
-  // And the parameters and .grads the step will write, as before a launch: the step's first read
-  // of a parameter last written on another stream (a StepInBackward's) would wait inside the
-  // capture for an event recorded outside it (cudaErrorStreamCaptureIsolation).
-  for (const Tensor& leaf : known_leaves_) {
-    leaf.storage()->sync_for_write(caller);
-    if (leaf.grad().defined()) leaf.grad().storage()->sync_for_write(caller);
-  }
-  known_leaves_.clear();
   // Note [Step inputs]: the batch's slots, memory of the executable's own (outside the step arena,
   // the block cache and the graph's pool), filled with this step's batch before the capture.
   if (batch) {
@@ -283,12 +267,14 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
     copy_batch(*batch, fresh->slots, caller);
   }
   Tensor loss;
+  CaptureUseLog log;
   capture::Graph graph(capture::capture_stream(
       caller, "StepGraph",
       "some work in the step was not capturable, used a stream outside the "
       "capture, or was left on another stream without joining the step's stream",
       [&] {
         CaptureModeScope scope("a whole training step (StepGraph)");
+        CaptureUsesScope uses(log);  // Note [Memory from outside a capture]
         WholeStepScope whole;
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
@@ -303,6 +289,11 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   }
   graph.instantiate();
   fresh->graph = std::move(graph);
+  // Note [Memory from outside a capture]: the first launch waits for the outside work the capture
+  // did not; every launch for the memory's users since the last.
+  for (const Event& e : log.outside) e.block(caller);
+  for (const auto& fence : log.fences) fence->block(caller);
+  fresh->uses = std::move(log.uses);
   const capture::NodeCounts counts = capture::count_nodes(fresh->graph.graph());
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();
@@ -338,6 +329,9 @@ void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
     e.leaves[i].tensor.storage()->sync_for_write(caller);
     e.leaves[i].tensor.grad().storage()->sync_for_write(caller);
   }
+  for (const CaptureUseLog::Use& u : e.uses) {
+    u.wrote ? u.storage->sync_for_write(caller) : u.storage->sync_for_read(caller);
+  }
   {
     detail::NvtxRange nvtx("StepGraph::replay");
     e.graph.launch(caller);
@@ -355,6 +349,7 @@ void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
     e.leaves[i].tensor.grad().storage()->record_use(caller, true);
   }
   e.loss.storage()->record_use(caller, true);
+  for (const CaptureUseLog::Use& u : e.uses) u.storage->record_use(caller, u.wrote);
 }
 #endif
 

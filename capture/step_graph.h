@@ -52,17 +52,17 @@
 // addresses.
 //
 // Streams: before a launch, S waits for the streams that produced the inputs (rule [read after
-// write]) and for the other users of the parameters and their .grads since the last write; so does
-// the capture, for the parameters the warm-up reached (an event of a stream outside the capture
-// cannot be waited on inside it: an optimizer that stepped them on a stream of its own, Note
-// [Optimizer steps in the backward] in engine/optim.h, would end the capture); after
-// it, the graph's writes and reads are recorded on S (rules [read after write] and [reuse after
-// use]). A backward() inside the step splits its weight gradients onto side streams unless told
-// otherwise (BackwardOptions::split_weight_grads; WholeStepScope, engine/capture_mode.h): the
-// replay runs them beside the input gradients, bitwise the same .grads. The warm-up steps split
-// too, so that the side streams' cuBLAS handles exist before the capture (a capture cannot make
-// them; a capture that finds them missing runs its backward unsplit). The CPU backend and
-// `force_eager` run `step` every call, unsplit.
+// write]) and for the other users of the parameters and their .grads since the last write, and for
+// those of every other memory the step used and its graph did not allocate (the optimizer's state
+// and learning rate, a constant): the capture logs them (Note [Memory from outside a capture],
+// engine/memory.h), so a step may be captured on another stream than the one its memory was last
+// used on. After it, the graph's writes and reads are recorded on S (rules [read after write] and
+// [reuse after use]). A backward() inside the step splits its weight gradients onto side streams
+// unless told otherwise (BackwardOptions::split_weight_grads; WholeStepScope,
+// engine/capture_mode.h): the replay runs them beside the input gradients, bitwise the same
+// .grads. The warm-up steps split too, so that the side streams' cuBLAS handles exist before the
+// capture (a capture cannot make them; a capture that finds them missing runs its backward
+// unsplit). The CPU backend and `force_eager` run `step` every call, unsplit.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -130,8 +130,6 @@ class StepGraph {
   Tensor run_impl(const std::vector<Tensor>* batch, const BatchStep& step);
   Tensor capture(const std::vector<Tensor>* batch, const BatchStep& step, cudaStream_t caller);
   void launch(const std::vector<Tensor>* batch, cudaStream_t caller);
-  // Drops the graph, keeping its parameters in known_leaves_.
-  void forget_graph();
 
   Device device_;
   std::vector<Tensor> inputs_;
@@ -140,9 +138,6 @@ class StepGraph {
   std::uint64_t calls_ = 0;
   std::string last_reason_;
   std::unique_ptr<Executable> exec_;
-  // The parameters the last eager step reached or the last graph wrote: S is ordered after their
-  // last users before a capture (rule [read after write] for the capture itself).
-  std::vector<Tensor> known_leaves_;
   std::size_t kernel_nodes_ = 0, graph_nodes_ = 0;
   capture::Topology topology_;
 };

@@ -45,7 +45,6 @@ bool poison_new_memory() {
 }  // namespace debug
 
 namespace {
-thread_local bool t_planned_sync = false;
 // The thread's step arena, graph memory pool and open JoinedFrees: read by every allocation and
 // free here, set once a step by the scopes in step_arena.cpp, graph_pool.cpp and allocation.cpp
 // through the accessors below.
@@ -67,12 +66,6 @@ detail::JoinedFrees*& detail::current_joined_frees() {
   return t_joined_frees;
 }
 #endif
-PlannedSyncScope::PlannedSyncScope(bool planned) : previous_(t_planned_sync) {
-  t_planned_sync = planned;
-}
-PlannedSyncScope::~PlannedSyncScope() {
-  t_planned_sync = previous_;
-}
 
 // ---- DeviceBuffer -------------------------------------------------------------------------------
 
@@ -536,137 +529,6 @@ void Storage::bump_version() {
   if (saves_.load(std::memory_order_relaxed) > 0) {
     detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
   }
-}
-
-namespace {
-std::atomic<std::uint64_t> g_watched_hazards{0};
-}  // namespace
-
-std::uint64_t detail::watched_hazard_epoch() {
-  return g_watched_hazards.load(std::memory_order_acquire);
-}
-
-void Storage::new_hazard() const {
-  if (watched_) g_watched_hazards.fetch_add(1, std::memory_order_acq_rel);
-}
-
-void Storage::note_use(cudaStream_t stream) {
-  if (stream != producer_ &&
-      std::find(reads_since_write_.begin(), reads_since_write_.end(), stream) ==
-          reads_since_write_.end()) {
-    reads_since_write_.push_back(stream);
-    new_hazard();
-  }
-  if (stream == alloc_stream_) return;
-  if (std::find(other_streams_.begin(), other_streams_.end(), stream) == other_streams_.end()) {
-    other_streams_.push_back(stream);
-  }
-}
-
-void Storage::record_use(cudaStream_t stream, bool wrote) {
-  if (device_.is_cpu()) return;
-  settle();
-  note_use(stream);
-  if (wrote) {
-    if (producer_ != stream) new_hazard();
-    producer_ = stream;
-    ++writes_;
-    reads_since_write_.clear();
-  }
-}
-
-void Storage::add_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
-  if (device_.is_cpu() || stream == alloc_stream_) return;  // ordered before any reuse already
-  for (auto& [s, ev] : fences_) {
-    if (s == stream) {  // the newer event covers the older one's work
-      ev = std::move(done);
-      return;
-    }
-  }
-  fences_.emplace_back(stream, std::move(done));
-  new_hazard();
-}
-
-void Storage::sync_for_read(cudaStream_t stream) {
-  if (device_.is_cpu()) return;
-  settle();  // Note [Writes of a replayed graph]: the producer may be a replay's stream
-  if (stream == producer_) return;
-#if GRAPHWARD_HAS_CUDA
-  if (t_planned_sync) {  // Note [Planned synchronization]
-    note_use(stream);
-    return;
-  }
-  // An event recorded into a stream capture can be waited on only inside that capture, and one
-  // recorded outside cannot be waited on inside: while graphward captures (a StepGraph's forward
-  // reads across streams here), the event is recorded for this read alone and not kept.
-  const bool in_capture = capturing();
-  // A stream that already waited for this write outside a capture is ordered after it: a reader's
-  // stream (a branch reading a parameter at every layer, every step) waits once a write, not once
-  // a read.
-  if (!in_capture && event_for_write_ == writes_ &&
-      std::find(waited_for_write_.begin(), waited_for_write_.end(), stream) !=
-          waited_for_write_.end()) {
-    note_use(stream);
-    return;
-  }
-  if (event_for_write_ != writes_ || in_capture) {
-    if (!producer_event_.valid()) producer_event_ = Event::pooled(device_);  // Note [Event pool]
-    producer_event_.record(producer_);
-    event_for_write_ = in_capture ? UINT64_MAX : writes_;
-    waited_for_write_.clear();
-  }
-  producer_event_.block(stream);
-  if (!in_capture) waited_for_write_.push_back(stream);
-  note_use(stream);
-#endif
-}
-
-void Storage::sync_for_write(cudaStream_t stream) {
-  if (device_.is_cpu()) return;
-#if GRAPHWARD_HAS_CUDA
-  settle();
-  if (t_planned_sync) {  // Note [Planned synchronization]
-    note_use(stream);
-    if (producer_ != stream) new_hazard();
-    producer_ = stream;
-    ++writes_;
-    reads_since_write_.clear();
-    return;
-  }
-  // Read-after-write and write-after-write with the producer, and write-after-read with the
-  // producer's own reads, which are not recorded (its stream orders them after its write): so a
-  // fresh event on the producer's stream, never the one an earlier read of this write waited for —
-  // that one was recorded before the reads the producer issued since (a parameter read on a branch,
-  // then read again on its own stream, then written on the branch).
-  if (stream != producer_) {
-    if (!producer_event_.valid()) producer_event_ = Event::pooled(device_);  // Note [Event pool]
-    producer_event_.record(producer_);
-    producer_event_.block(stream);
-    event_for_write_ = UINT64_MAX;  // this write's readers record their own
-    waited_for_write_.clear();
-  }
-  // Write-after-read with the streams that read it since the last write. The readers before that
-  // write are ordered before it, so before this one (which waits for the producer): waiting for
-  // them again would tie the write to streams that used the memory long ago — inside a capture,
-  // to streams outside it (a parameter broadcast on a ProcessGroup's stream, then updated by a
-  // StepGraph's optimizer: cudaErrorStreamCaptureIsolation).
-  for (cudaStream_t s : reads_since_write_) {
-    if (s != stream && s != producer_) stream_wait_stream(device_, stream, s);
-  }
-  for (const auto& [s, ev] : fences_) {
-    if (s != stream) ev->block(stream);
-  }
-  if (alloc_stream_ != stream && alloc_stream_ != producer_) {
-    stream_wait_stream(device_, stream, alloc_stream_);
-  }
-  note_use(stream);
-  if (producer_ != stream) new_hazard();
-  producer_ = stream;
-  ++writes_;
-  reads_since_write_.clear();
-#else
-  (void)stream;
-#endif
 }
 
 }  // namespace graphward

@@ -134,7 +134,7 @@ namespace detail {
 std::size_t release_deferred_storage() noexcept;
 }  // namespace detail
 
-class Storage {
+class Storage : public std::enable_shared_from_this<Storage> {
  public:
   // Allocates `bytes` on `device`; for CUDA, stream-ordered on `stream`, which becomes the
   // producer.
@@ -257,6 +257,12 @@ class Storage {
  private:
   Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream);
   void note_use(cudaStream_t stream);
+  // Note [Memory from outside a capture]: inside a CaptureUsesScope, logs this use (`wrote`:
+  // a write) unless the capture allocated this memory.
+  void log_capture_use(bool wrote);
+  // Whether `other`'s work is outside the capture `stream` belongs to: then the wait is logged
+  // (an event recorded on `other` now) and true is returned; false: wait inside the capture.
+  bool wait_logged_outside(cudaStream_t stream, cudaStream_t other) const;
   // A block served by a step arena goes back to it; false if this storage must free it itself.
   bool release_to_arena() noexcept;
   // Note [Frees during a capture]: true if alloc_stream_ or a stream that used it is capturing.
@@ -404,6 +410,46 @@ class PlannedSyncScope {
 
  private:
   bool previous_;
+};
+
+// Note [Memory from outside a capture]
+// A capturing stream cannot wait for an event recorded on a stream outside its capture
+// (cudaErrorStreamCaptureIsolation), yet a captured step uses memory whose last writer or readers
+// ran outside it: a learning rate set on the default stream while the step is captured on
+// another, parameters the last replays wrote on another stream, parameters a StepInBackward
+// stepped on its stream in the warm-up (Note [Optimizer steps in the backward], engine/optim.h).
+// Inside a CaptureUsesScope (a StepGraph's capture) storage logs every memory the capture uses and
+// did not allocate, and whether it wrote it; a wait that would reach out of the capture is not
+// made: an event is recorded on the outside stream instead (recording there is allowed) and kept
+// in the log. The graph's owner orders its launches as the step's ops would have been: before the
+// first, its stream waits for those events; before every launch it waits for each logged memory's
+// writer and, for memory the graph writes, its readers (sync_for_read / sync_for_write on the
+// launch stream); after it, the uses are recorded on the launch stream (record_use) — so a reader
+// of the optimizer's state after the replays orders itself after them, whichever of the step's
+// streams wrote the state inside the capture. Without a scope such a wait is made, and the capture
+// fails as CUDA says.
+struct CaptureUseLog {
+  struct Use {
+    std::shared_ptr<Storage> storage;
+    bool wrote = false;
+  };
+  std::vector<Use> uses;  // each storage once
+#if GRAPHWARD_HAS_CUDA
+  std::vector<Event> outside;  // recorded on streams outside the capture, at the waits not made
+  std::vector<std::shared_ptr<const Event>> fences;  // replays' fences not waited on
+#endif
+};
+// Logs the calling thread's storage uses into `log` for the scope (scopes do not nest: the inner
+// one replaces the outer one for its lifetime).
+class CaptureUsesScope {
+ public:
+  explicit CaptureUsesScope(CaptureUseLog& log);
+  ~CaptureUsesScope();
+  CaptureUsesScope(const CaptureUsesScope&) = delete;
+  CaptureUsesScope& operator=(const CaptureUsesScope&) = delete;
+
+ private:
+  CaptureUseLog* previous_;
 };
 
 namespace debug {

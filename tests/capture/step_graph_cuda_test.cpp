@@ -240,6 +240,41 @@ TEST_F(CudaStepGraph, ParametersWrittenOnAnotherStreamBeforeTheStepAreUpdatedInT
   }
 }
 
+// Note [Memory from outside a capture]: a step captured again on another stream than the last
+// replays' reads and writes memory last used outside the capture — the parameters and .grads the
+// replays wrote, the inputs filled on the default stream, the optimizer's learning rate made there
+// (and, in the test above, parameters a StepInBackward stepped on its stream in the warm-up). The
+// capture does not wait for those streams inside it (cudaErrorStreamCaptureIsolation); the launch
+// does: one more capture, and the eager steps' parameters bitwise.
+TEST_F(CudaStepGraph, AStepCapturedAgainOnAnotherStreamIsOrderedAfterTheLastReplay) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, graphed;
+  Sgd opt_e(eager.w, {.lr = 0.02}), opt_g(graphed.w, {.lr = 0.02});
+  StepGraph step(kGpu, {x, t});
+  Stream other(kGpu);
+  for (int s = 0; s < 7; ++s) {
+    fill_batch(x, t, s);
+    {
+      const Tensor l = eager.loss(x, t);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt_e.step();
+    }
+    if (s == 4) step.recapture();
+    std::optional<StreamGuard> on;
+    if (s >= 4) on.emplace(other);
+    (void)step.run([&] {
+      const Tensor loss = graphed.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_g.step();
+      return loss;
+    });
+  }
+  EXPECT_EQ(step.counters().captures, 2u) << step.last_reason();
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(graphed.w[i].to_vector<float>(), eager.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
 TEST_F(CudaStepGraph, AReplacedInputOrGradIsCapturedAgainNeverReplayedStale) {
   Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
   Mlp m;
