@@ -168,8 +168,26 @@ void check_loss(const Tensor& loss, Device device) {
 Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& step) {
   static const std::vector<Tensor> kNoBatch;
   ++calls_;
-  if (device_.is_cpu() || options_.force_eager ||
-      calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
+  bool eager = device_.is_cpu() || options_.force_eager ||
+               calls_ <= static_cast<std::uint64_t>(options_.warmup);
+#if GRAPHWARD_HAS_CUDA
+  cudaStream_t caller = nullptr;
+  std::string why;
+  if (!eager) {
+    caller = current_stream(device_);
+    why = exec_                     ? check_signature(batch)
+          : pending_reason_.empty() ? "first capture"
+                                    : pending_reason_;
+    // A capture on a stream no step of this graph ran on would make the stream's library handles
+    // inside the capture, which cuBLAS refuses: one eager step there first, the capture next call.
+    if (!why.empty() && caller != warmed_stream_) {
+      exec_.reset();
+      pending_reason_ = why;
+      eager = true;
+    }
+  }
+#endif
+  if (eager) {
     ++counters_.eager;
     // A warm-up of a step to be captured splits its backward as the capture will (its side
     // streams' handles are made here, outside the capture).
@@ -177,15 +195,17 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
     if (!device_.is_cpu() && !options_.force_eager) whole.emplace();
     Tensor loss = step(batch ? *batch : kNoBatch);
     check_loss(loss, device_);
+#if GRAPHWARD_HAS_CUDA
+    if (whole) warmed_stream_ = current_stream(device_);
+#endif
     return loss;
   }
 #if GRAPHWARD_HAS_CUDA
   DeviceGuard guard(device_);
-  const cudaStream_t caller = current_stream(device_);
-  std::string why = exec_ ? check_signature(batch) : "first capture";
   if (!why.empty()) {
     exec_.reset();
     last_reason_ = why;
+    pending_reason_.clear();
     (void)capture(batch, step, caller);
   }
   launch(batch, caller);

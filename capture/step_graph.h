@@ -30,10 +30,12 @@
 //     the .grad defined (the graph writes it in place);
 //   * the launch stream's device.
 // Otherwise the step is captured again (counted, with the reason in last_reason()): never a
-// stale replay. Host-side values are baked in at capture: a `step` that branches on host state
-// must not be replayed (run it eagerly, or capture again with recapture()). The optimizer's
-// learning rate and step count live on the device (engine/optim.h), so a replayed step follows
-// set_lr() and counts its steps.
+// stale replay. A capture is made on a stream a step of this graph ran on before (the warm-up's,
+// or a capture's): on a new stream (run() under another StreamGuard) one eager step runs there
+// first, counted, and the capture comes on the next call. Host-side values are baked in at capture:
+// a `step` that branches on host state must not be replayed (run it eagerly, or capture again with
+// recapture()). The optimizer's learning rate and step count live on the device (engine/optim.h),
+// so a replayed step follows set_lr() and counts its steps.
 //
 // Note [Step inputs]
 // A loop that hands each step a new batch tensor passes it to run(batch, step): `step` is called
@@ -137,6 +139,10 @@ class StepGraph {
   StepGraphCounters counters_;
   std::uint64_t calls_ = 0;
   std::string last_reason_;
+  // The stream the last eager step ran on (its library handles exist), and why the graph must be
+  // captured when an eager step on a new stream came first.
+  cudaStream_t warmed_stream_ = nullptr;
+  std::string pending_reason_;
   std::unique_ptr<Executable> exec_;
   std::size_t kernel_nodes_ = 0, graph_nodes_ = 0;
   capture::Topology topology_;
