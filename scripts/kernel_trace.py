@@ -4,13 +4,14 @@ least five times, how long a replay takes from its first node's start to its las
 (median, min, max, after the first fifth of the replays), how often replays start, where a
 replay's time goes (its kernels, their summed time, the time some node runs and the time none
 does), its critical path (the longest chain of its nodes' median durations along the graph's
-edges: the least time a replay of that graph could take), each stream's busy time and the
+edges: the least time a replay of that graph could take with those durations), each stream's busy time and the
 kernels that take the most; with --nodes, every node of a replay at its median start (µs from
 the replay's start) and median duration, in start order.
 
 Rows: kind,start_ns,end_ns,device,stream,graph,node,grid_or_bytes,block,name (kind K: kernel,
 C: copy, S: memset; graph 0: not in a graph; a start of 0: a record CUPTI never completed).
-Every node of a graph runs once a replay: a node's k-th record belongs to replay k.
+Every node of a graph runs once a replay, and a graph's replays on a stream run one after another:
+in order of start, a node met again begins the next replay (one missing a record is left out).
 The edges come from TRACE.edges beside TRACE.csv (or --edges): rows E,from,to (an edge between
 node ids) and M,copy,original (a node copied from another when its graph was instantiated or
 cloned: the records may name the copy, the edges the original). Nodes with no record (events,
@@ -133,22 +134,32 @@ def summarise(rows, show_nodes, only_graph, out, copies=None, edges=None):
         if only_graph is not None and g != only_graph:
             continue
         nodes = graphs[g]
-        replays = min(len(v) for v in nodes.values())
+        # A graph's launches on a stream run one after another, so its records, in order of start,
+        # fall into replays: a node met again begins the next. A replay missing a node's record
+        # (CUPTI dropped it) is left out, and the others stay whole (pairing each node's k-th
+        # record instead shifted every later replay onto the next one).
+        parts, current = [], {}
+        for r in sorted((r for v in nodes.values() for r in v), key=lambda r: r["start"]):
+            if r["node"] in current:
+                parts.append(current)
+                current = {}
+            current[r["node"]] = r
+        if current:
+            parts.append(current)
+        whole = [(k, list(p.values())) for k, p in enumerate(parts) if len(p) == len(nodes)]
+        replays = len(whole)
         if replays < 5:
             continue
-        for v in nodes.values():
-            v.sort(key=lambda r: r["start"])
-        reps = []
-        for k in range(replays):
-            items = [v[k] for v in nodes.values()]
-            reps.append((min(i["start"] for i in items), max(i["end"] for i in items), items))
+        reps = [(min(i["start"] for i in items), max(i["end"] for i in items), items, k)
+                for k, items in whole]
         skipped = replays // 5
         reps = reps[skipped:]
-        spans = [(t1 - t0) / 1e3 for t0, t1, _ in reps]
-        starts = [t0 for t0, _, _ in reps]
-        periods = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
+        spans = [(t1 - t0) / 1e3 for t0, t1, _, _ in reps]
+        periods = [(b[0] - a[0]) / 1e3 for a, b in zip(reps, reps[1:]) if b[3] == a[3] + 1]
+        incomplete = len(parts) - len(whole)
         out.write(f"graph {g}: {len(nodes)} nodes, {replays} replays ({len(reps)} after the first "
-                  f"fifth); a replay {statistics.median(spans):.1f} us (min {min(spans):.1f}, max "
+                  f"fifth{f'; {incomplete} left out, a record missing' if incomplete else ''})"
+                  f"; a replay {statistics.median(spans):.1f} us (min {min(spans):.1f}, max "
                   f"{max(spans):.1f}); one starts every "
                   f"{statistics.median(periods) if periods else 0:.1f} us\n")
         # Where a replay's time goes: its kernels and their summed time, the time some node ran
@@ -156,9 +167,9 @@ def summarise(rows, show_nodes, only_graph, out, copies=None, edges=None):
         kinds = collections.Counter(i["kind"] for i in reps[0][2])
         kernel_sum = statistics.median(
             sum(i["end"] - i["start"] for i in items if i["kind"] == "K") / 1e3
-            for _, _, items in reps)
-        busy_union = statistics.median(union_us(items) for _, _, items in reps)
-        idle = statistics.median((t1 - t0) / 1e3 - union_us(items) for t0, t1, items in reps)
+            for _, _, items, _ in reps)
+        busy_union = statistics.median(union_us(items) for _, _, items, _ in reps)
+        idle = statistics.median((t1 - t0) / 1e3 - union_us(items) for t0, t1, items, _ in reps)
         span = statistics.median(spans)
         out.write(f"  a replay: {kinds['K']} kernels ({kinds['C']} copies, {kinds['S']} memsets), "
                   f"kernel time summed {kernel_sum:.1f} us, some node running {busy_union:.1f} us, "
@@ -167,7 +178,7 @@ def summarise(rows, show_nodes, only_graph, out, copies=None, edges=None):
         offsets = collections.defaultdict(list)
         durations = collections.defaultdict(list)
         first = {}
-        for t0, _, items in reps:
+        for t0, _, items, _ in reps:
             for i in items:
                 key = i["node"]
                 offsets[key].append((i["start"] - t0) / 1e3)
