@@ -1,10 +1,10 @@
-// Eager backward (Google Benchmark): the K-branch x D-layer study of DESIGN.md (linear N + relu,
-// batch B, branch outputs summed, mse loss), single stream and one stream per branch.
+// Eager backward (Google Benchmark): the K-branch x D-layer study of docs/DESIGN.md (linear N +
+// relu, batch B, branch outputs summed, mse loss), single stream and one stream per branch.
 //
 // Per iteration (forward untimed): t0; backward(); t1; synchronize; t2. The manual time is t2 - t0
-// (the backward's wall time with a synchronize, the figure DESIGN.md's tables use); the counter
-// host_us is t1 - t0 (host time of the backward() call) and host_us_per_node divides it by the
-// nodes run. PlanOnly times plan_for() alone: the cost of planning, paid every eager step.
+// (the backward's wall time with a synchronize, the figure docs/DESIGN.md's tables use); the
+// counter host_us is t1 - t0 (host time of the backward() call) and host_us_per_node divides it by
+// the nodes run. PlanOnly times plan_for() alone: the cost of planning, paid every eager step.
 //
 //   graphward_bench_autograd --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>

@@ -1,6 +1,6 @@
 #pragma once
-// What the autograd and capture benchmarks share: DESIGN.md's K-branch x D-layer study model and
-// its hand-written backward (the launch floor, and the hand-written graph when captured).
+// What the autograd and capture benchmarks share: docs/DESIGN.md's K-branch x D-layer study model
+// and its hand-written backward (the launch floor, and the hand-written graph when captured).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -27,7 +27,7 @@ inline bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
-// Registers DESIGN.md's studies as args (branches, depth, width, batch, multistream), timed
+// Registers docs/DESIGN.md's studies as args (branches, depth, width, batch, multistream), timed
 // manually in microseconds: all five rows, or (`side_streams_only`) the three where weight-gradient
 // parallelism has something to overlap with.
 inline benchmark::internal::Benchmark* studies(benchmark::internal::Benchmark* b,

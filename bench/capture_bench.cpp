@@ -1,7 +1,7 @@
 // The captured backward, Google Benchmark:
-//   GraphBackward/<study>    BackwardGraph replaying the backward of DESIGN.md's studies: wall time
-//                            (backward() + synchronize, forward untimed, medians), gpu_us (the
-//                            GPU's execution alone: GpuTimer, median of 101) and host_us (the
+//   GraphBackward/<study>    BackwardGraph replaying the backward of docs/DESIGN.md's studies:
+//                            wall time (backward() + synchronize, forward untimed, medians), gpu_us
+//                            (the GPU's execution alone: GpuTimer, median of 101) and host_us (the
 //                            whole backward() call: signature check, launch and the release of the
 //                            step's saved tensors after it); fwd_host_us the untimed forward's
 //                            host time; captures and updates must stay 0 in steady state.

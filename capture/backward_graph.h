@@ -1,6 +1,6 @@
 #pragma once
 // BackwardGraph: the backward of a repeated, fixed-shape training step, captured once into a CUDA
-// graph and replayed every step (DESIGN.md, "Capture and replay").
+// graph and replayed every step (docs/DESIGN.md, "Capture and replay").
 //
 //   gw::BackwardGraph bw(dev);
 //   for (step ...) {

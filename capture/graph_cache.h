@@ -1,6 +1,7 @@
 #pragma once
-// The graph cache (DESIGN.md, "Capture and replay"): captured executables keyed by the structure of
-// the tape they were captured from, each with the addresses it was last made valid for.
+// The graph cache (docs/DESIGN.md, "Capture and replay"): captured executables keyed by the
+// structure of the tape they were captured from, each with the addresses it was last made valid
+// for.
 //
 // Before every replay the caller asks decide() with this step's signature:
 //   * same structure, same addresses  -> kReplay:  launch the cached executable as it is;

@@ -1,7 +1,8 @@
 #pragma once
-// Tape signatures (DESIGN.md, "Capture and replay"). A CUDA graph bakes in the backward's structure
-// and every pointer its kernels touch, so before any replay the tape of this step is summarized and
-// compared with the tape the graph was captured from. Nothing is replayed on a mismatch.
+// Tape signatures (docs/DESIGN.md, "Capture and replay"). A CUDA graph bakes in the backward's
+// structure and every pointer its kernels touch, so before any replay the tape of this step is
+// summarized and compared with the tape the graph was captured from. Nothing is replayed on a
+// mismatch.
 //
 // A TapeSignature has two parts, both in a canonical order that depends only on the tape's
 // structure (a depth-first walk from the roots in root order, each node's inputs in order, nodes

@@ -1,11 +1,12 @@
 #pragma once
 // The autograd tape.
 //
-// A recorded forward op produces a Node: the op's name, the stream and device it ran on (DESIGN.md
-// rule [current stream]), metadata of each input (shape, dtype, device, the stream that produced
-// it) with the edge its gradient flows along, the tensors its backward needs (with their versions),
-// and a backward closure. A node's single output keeps the node alive as its grad_fn; nodes keep
-// their inputs' nodes alive through edges; a graph lives as long as some output of it does.
+// A recorded forward op produces a Node: the op's name, the stream and device it ran on
+// (docs/DESIGN.md rule [current stream]), metadata of each input (shape, dtype, device, the stream
+// that produced it) with the edge its gradient flows along, the tensors its backward needs (with
+// their versions), and a backward closure. A node's single output keeps the node alive as its
+// grad_fn; nodes keep their inputs' nodes alive through edges; a graph lives as long as some output
+// of it does.
 //
 // Edges: an input that requires grad either came from a node (edge to that node) or is a leaf
 // (edge to the leaf tensor, whose .grad receives the gradient); an input that does not require grad

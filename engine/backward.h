@@ -1,6 +1,6 @@
 #pragma once
 // backward(): plans the backward of the roots from the tape (engine/backward_plan.h) and runs the
-// plan eagerly with the EagerExecutor, by the stream contract of DESIGN.md:
+// plan eagerly with the EagerExecutor, by the stream contract of docs/DESIGN.md:
 //   * each node runs on the stream its forward ran on (rule [forward stream]), waiting on events
 //     only where the plan says (rule [cross-stream gradients]) — or, where the backward is too
 //     short on the GPU for streams to pay off, every node on S (Note [Streams of an eager

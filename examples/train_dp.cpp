@@ -67,7 +67,7 @@ const char* mode_name(Mode m) {
 }
 
 // The MLP: `layers` Linear + GELU, then the output layer. With --branches K (K > 1), the
-// structure of DESIGN.md's K-branch study instead: K branches of `layers` Linear + ReLU, each
+// structure of docs/DESIGN.md's K-branch study instead: K branches of `layers` Linear + ReLU, each
 // branch's forward on a stream of its own, the branch outputs summed, then the output layer.
 struct Mlp {
   std::vector<gw::Tensor> params;  // per branch w0, b0, w1, b1, ...; the output layer last

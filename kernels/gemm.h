@@ -31,7 +31,7 @@ constexpr std::int64_t relu_mask_bytes(std::int64_t m, std::int64_t n) {
 #if GRAPHWARD_HAS_CUDA
 // A cuBLAS handle and the workspace it must use on one stream. The launcher calls
 // cublasSetStream and then cublasSetWorkspace: setting the stream resets the workspace to cuBLAS's
-// own pool, which would allocate inside a stream capture (DESIGN.md, "A trap").
+// own pool, which would allocate inside a stream capture (docs/DESIGN.md, "A trap").
 // A handle that is already bound to a stream with its workspace (bound_stream) skips both calls
 // on that stream: they cost host time on every GEMM.
 struct BlasContext {

@@ -4,15 +4,16 @@
 The K-branch x D-layer model (Linear(N, N) + ReLU per layer, batch B, branch outputs summed, MSE
 loss), fp32 with TF32 off, single stream or one stream per branch in forward. Per iteration the
 forward is untimed; t0; loss.backward(); t1; synchronize; t2. Reports medians of the wall time
-(t2 - t0, DESIGN.md's figure) and the host time of the backward call (t1 - t0), in microseconds.
+(t2 - t0, docs/DESIGN.md's figure) and the host time of the backward call (t1 - t0), in
+microseconds.
 
     python3 scripts/compare_torch.py [--iters 200] [--csv out.csv] [--only SUBSTRING] [--graph]
 
 --graph: PyTorch's own CUDA graph of the backward (captured once with torch.cuda.graph, replayed),
 the side-by-side figure for bench/capture_bench.cpp.
 
---overlap: the overlap studies of bench/overlap_bench.cpp — DESIGN.md's studies and the review's
-sweep (two parallel linears on an N x N input, N = 2^6 ... 2^13), each eager and as a CUDA graph,
+--overlap: the overlap studies of bench/overlap_bench.cpp — docs/DESIGN.md's studies and the
+review's sweep (two parallel linears on an N x N input, N = 2^6 ... 2^13), each eager and as a CUDA graph,
 the forward on one stream and on a stream per branch. Adds event_us: CUDA events on the current
 stream around the backward (the figure graphward's overlap rows report). Fewer iterations at large
 N (--iters is the most). scripts/overlap_table.py prints it side by side with graphward's.

@@ -159,7 +159,7 @@ fi
 if [ $OVERLAP = 1 ] && [ -x "$BIN/bench/graphward_bench_overlap" ]; then
   start=$SECONDS
   ok=1
-  # Two runs (DESIGN.md's studies, then the sweep), each within its own limit: a run cut short
+  # Two runs (docs/DESIGN.md's studies, then the sweep), each within its own limit: a run cut short
   # still gives the rows it finished (overlap_table.py reads a truncated JSON file's entries).
   for part in studies sweep; do
     filter='^Overlap/' limit=120

@@ -1,8 +1,8 @@
-// Streams, events and the stream rules of DESIGN.md that the foundation owns: the current stream
-// (rule [current stream]), automatic waits for tensors produced on another stream (rule [read after
-// write]) and stream-safe reuse of freed memory (rule [reuse after use]). Each race test is built
-// to fail when its wait is missing: the producer or the other user is kept busy by a long GEMM
-// chain, and new memory is poisoned with NaN.
+// Streams, events and the stream rules of docs/DESIGN.md that the foundation owns: the current
+// stream (rule [current stream]), automatic waits for tensors produced on another stream (rule
+// [read after write]) and stream-safe reuse of freed memory (rule [reuse after use]). Each race
+// test is built to fail when its wait is missing: the producer or the other user is kept busy by a
+// long GEMM chain, and new memory is poisoned with NaN.
 #include <cstdint>
 #include <functional>
 #include <optional>
