@@ -22,27 +22,6 @@ struct Baked {
   return {t, t.defined() ? t.raw_data() : nullptr, t.defined() ? t.shape() : Shape{},
           t.defined() ? t.dtype() : DType::kFloat32};
 }
-
-// The leaves the tape of `loss` reaches (each once).
-[[maybe_unused]] std::vector<Tensor> reached_leaves(const Tensor& loss) {
-  std::vector<Tensor> leaves;
-  std::unordered_set<const Node*> seen;
-  std::unordered_set<const void*> seen_leaf;
-  std::vector<const Node*> todo;
-  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
-  while (!todo.empty()) {
-    const Node* n = todo.back();
-    todo.pop_back();
-    if (!seen.insert(n).second) continue;
-    for (const InputMeta& in : n->inputs()) {
-      if (in.edge.node) todo.push_back(in.edge.node.get());
-      if (in.edge.leaf.defined() && seen_leaf.insert(in.edge.leaf.storage().get()).second) {
-        leaves.push_back(in.edge.leaf);
-      }
-    }
-  }
-  return leaves;
-}
 }  // namespace
 
 struct StepGraph::Executable {
@@ -228,6 +207,26 @@ void copy_batch(const std::vector<Tensor>& batch, const std::vector<Tensor>& slo
   refresh.flush();
 }
 
+// The leaves the tape of `loss` reaches (each once).
+std::vector<Tensor> reached_leaves(const Tensor& loss) {
+  std::vector<Tensor> leaves;
+  std::unordered_set<const Node*> seen;
+  std::unordered_set<const void*> seen_leaf;
+  std::vector<const Node*> todo;
+  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const InputMeta& in : n->inputs()) {
+      if (in.edge.node) todo.push_back(in.edge.node.get());
+      if (in.edge.leaf.defined() && seen_leaf.insert(in.edge.leaf.storage().get()).second) {
+        leaves.push_back(in.edge.leaf);
+      }
+    }
+  }
+  return leaves;
+}
 }  // namespace
 
 namespace {
@@ -313,7 +312,6 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   // did not; every launch for the memory's users since the last.
   for (const Event& e : log.outside) e.block(caller);
   for (const auto& fence : log.fences) fence->block(caller);
-  fresh->uses = std::move(log.uses);
   const capture::NodeCounts counts = capture::count_nodes(fresh->graph.graph());
   kernel_nodes_ = counts.kernels;
   graph_nodes_ = counts.nodes.size();
@@ -326,6 +324,20 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   for (const Tensor& leaf : reached_leaves(loss)) {
     fresh->leaves.push_back(bake(leaf));
     fresh->grads.push_back(bake(leaf.grad()));
+  }
+  // Of the logged memory, what launch() does not order and record already: the parameters and
+  // their .grads it takes as written, the inputs and the slots as read.
+  std::unordered_set<const Storage*> written, read;
+  for (const std::vector<Baked>* v : {&fresh->leaves, &fresh->grads}) {
+    for (const Baked& b : *v) {
+      if (b.tensor.defined()) written.insert(b.tensor.storage().get());
+    }
+  }
+  for (const Tensor& t : inputs_) read.insert(t.storage().get());
+  for (const Tensor& t : fresh->slots) read.insert(t.storage().get());
+  for (CaptureUseLog::Use& u : log.uses) {
+    const Storage* st = u.storage.get();
+    if (!written.count(st) && (u.wrote || !read.count(st))) fresh->uses.push_back(std::move(u));
   }
   exec_ = std::move(fresh);
   ++counters_.captures;
