@@ -194,12 +194,19 @@ struct Conv2dOptions {
   // default, torch.backends.cudnn.deterministic = False), at a cost measured in docs/DECISIONS.md,
   // "convolutions deterministic by default".
   bool deterministic = true;
+  // kRelu: relu(conv2d(...)) as one op — on CUDA the bias and the ReLU in one pass after cuDNN's
+  // convolution instead of cuDNN's bias add and a ReLU apart (bitwise the same), the output saved
+  // for the backward. kGelu is refused.
+  Activation activation = Activation::kNone;
 };
 // x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with
 // OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d. On CUDA, cuDNN with its
-// algorithms chosen once per shape (Note [cuDNN plans] in engine/dnn.h); saves x and weight.
+// algorithms chosen once per shape (Note [cuDNN plans] in engine/dnn.h); saves x and weight (and
+// its output with an activation).
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Conv2dOptions options = {});
+// The convolution's own backward (options.activation must be kNone: a conv2d_relu node applies
+// ReLU's backward to grad_out first).
 void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                      Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
                      GradSlot grad_bias = {});

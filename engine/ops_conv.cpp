@@ -7,6 +7,7 @@
 #include "engine/nvtx.h"
 #include "engine/ops_common.h"
 #include "kernels/conv.h"
+#include "kernels/elementwise.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -46,6 +47,10 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   check_dim(op, {"x", &x}, 4);
   check_dim(op, {"weight", &weight}, 4);
   check_cudnn(op, x);
+  GW_CHECK(o.activation == Activation::kNone || o.activation == Activation::kRelu, op,
+           ": options.activation is ", o.activation == Activation::kGelu ? "kGelu" : "out of range",
+           "; expected Activation::kNone or Activation::kRelu (the activations a convolution "
+           "applies)");
   GW_CHECK(o.stride >= 1 && o.padding >= 0 && o.stride <= kMaxGeom && o.padding <= kMaxGeom, op,
            ": stride ", o.stride, " and padding ", o.padding,
            "; expected 1 <= stride and 0 <= padding, both below 2^31");
@@ -70,8 +75,42 @@ Shape conv_out(const k::ConvGeom& g) {
 }
 }  // namespace
 
+namespace {
+// A conv2d_relu node's backward: dz = grad_out where the output y is positive, then the
+// convolution's backward of dz.
+void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                          const Tensor& y, Conv2dOptions options, GradSlot grad_x,
+                          GradSlot grad_weight, GradSlot grad_bias) {
+  const char* op = "conv2d_relu_backward";
+  options.activation = Activation::kNone;
+  const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
+  check_inputs(op, {{"grad_out", &grad_out}, {"output", &y}});
+  GW_CHECK(grad_out.shape() == conv_out(g) && y.shape() == conv_out(g), op, ": grad_out ",
+           shape_str(grad_out.shape()), " and output ", shape_str(y.shape()),
+           "; expected both the output's shape ", shape_str(conv_out(g)));
+  const std::int64_t n = y.numel();
+  Tensor dz;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &y});
+    dz = new_output(conv_out(g), x);
+    k::relu_backward(dz.data<float>(), grad_out.data<float>(), y.data<float>(), n, false,
+                     scope.stream());
+#endif
+  } else {
+    dz = new_output(conv_out(g), x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(y), n, false);
+    });
+  }
+  conv2d_backward(dz, x, weight, options, grad_x, grad_weight, grad_bias);
+}
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
-  const char* op = "conv2d";
+  const bool relu = options.activation == Activation::kRelu;
+  const char* op = relu ? "conv2d_relu" : "conv2d";
   detail::NvtxRange range(op);
   const k::ConvGeom g = check_conv(op, x, weight, bias, options);
   Tensor y;
@@ -84,27 +123,36 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
       scope.read({&x, &weight});
     }
     y = new_output(conv_out(g), x);
+    const float* b = bias.defined() ? bias.data<float>() : nullptr;
     dnn::conv2d_forward(x.device(), scope.stream(), g, y.data<float>(), x.data<float>(),
-                        weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr);
+                        weight.data<float>(), relu ? nullptr : b);
+    if (relu) k::conv2d_bias_act(y.data<float>(), b, g, /*relu=*/true, scope.stream());
 #endif
   } else {
     y = new_output(conv_out(g), x);
     dispatch_cpu(x.dtype(), [&]<class T>() {
       k::cpu::conv2d_forward<T>(ptr<T>(y), ptr<T>(x), ptr<T>(weight),
                                 bias.defined() ? ptr<T>(bias) : nullptr, g);
+      if (relu) k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(y), y.numel());
     });
   }
   if (needs_grad({&x, &weight, &bias})) {
     auto backward = [options](const Tensor& gr, const std::vector<Tensor>& s,
                               std::span<GradSlot> grads) {
-      conv2d_backward(gr, s[0], s[1], options, grads[0], grads[1],
-                      grads.size() > 2 ? grads[2] : GradSlot{});
+      const GradSlot gb = grads.size() > 2 ? grads[2] : GradSlot{};
+      if (options.activation == Activation::kRelu) {
+        conv2d_relu_backward(gr, s[0], s[1], s[2], options, grads[0], grads[1], gb);
+      } else {
+        conv2d_backward(gr, s[0], s[1], options, grads[0], grads[1], gb);
+      }
     };
     std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    if (relu) saved.push_back(save("output", y));
     // Note [Node attributes]: what the backward's convolutions are made of besides the shapes.
     const std::initializer_list<NodeAttribute> attributes{
         NodeAttribute::integer(options.stride), NodeAttribute::integer(options.padding),
-        NodeAttribute::integer(options.deterministic)};
+        NodeAttribute::integer(options.deterministic),
+        NodeAttribute::integer(static_cast<std::int64_t>(options.activation))};
     if (bias.defined()) {
       record(op, y, {&x, &weight, &bias}, std::move(saved), backward, attributes);
     } else {
@@ -121,6 +169,9 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                      Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
                      GradSlot grad_bias) {
   const char* op = "conv2d_backward";
+  GW_CHECK(options.activation == Activation::kNone, op, ": options.activation is set; expected ",
+           "Activation::kNone (this is the convolution's own backward: apply the activation's ",
+           "backward to grad_out first)");
   const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
   check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
   GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",

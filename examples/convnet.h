@@ -46,9 +46,13 @@ class ConvnetModel {
     b3_ = zeros({c.classes}, opt).set_requires_grad(true);
   }
   Tensor logits(const Tensor& x) const {
-    const Conv2dOptions o{.stride = 1, .padding = 1, .deterministic = c_.deterministic};
-    Tensor h = max_pool2d(relu(conv2d(x, w1_, b1_, o)));
-    h = avg_pool2d(relu(conv2d(h, w2_, b2_, o)));
+    // Each convolution with its bias and ReLU as one op (Conv2dOptions::activation).
+    const Conv2dOptions o{.stride = 1,
+                          .padding = 1,
+                          .deterministic = c_.deterministic,
+                          .activation = Activation::kRelu};
+    Tensor h = max_pool2d(conv2d(x, w1_, b1_, o));
+    h = avg_pool2d(conv2d(h, w2_, b2_, o));
     return linear(reshape(h, {h.size(0), -1}), w3_, b3_);
   }
   Tensor loss(const Tensor& x, const Tensor& targets) const {

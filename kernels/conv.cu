@@ -1,5 +1,6 @@
 // The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, engine/dnn.h):
-// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes.
+// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; and the bias and ReLU
+// of a conv2d_relu in one pass after the convolution.
 #include <algorithm>
 
 #include "kernels/block_reduce.cuh"
@@ -58,6 +59,27 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
   const std::int64_t per = images_per_slice(g.n, g.k);
   const std::int64_t slices = (g.n + per - 1) / per;
   return slices > 1 ? slices * g.k : 0;
+}
+
+namespace {
+__global__ void bias_act_kernel(float* y, const float* bias, std::int64_t n, std::int64_t plane,
+                                std::int64_t k, bool relu) {
+  GW_GRID_STRIDE(i, n) {
+    float v = y[i];
+    if (bias) v = v + bias[(i / plane) % k];
+    y[i] = relu ? (v > 0.f ? v : 0.f) : v;
+  }
+}
+}  // namespace
+
+void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
+                     cudaStream_t stream) {
+  const std::int64_t plane = g.out_h() * g.out_w();
+  const std::int64_t n = g.n * g.k * plane;
+  if (n == 0) return;
+  bias_act_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane, g.k,
+                                                                        relu);
+  GW_LAUNCH_CHECK();
 }
 
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,

@@ -36,6 +36,11 @@ struct PoolGeom {
 // conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (Our own reduction:
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
+// y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
+// (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
+// alpha = beta = 1, so bitwise the bias add then the ReLU apart.
+void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
+                     cudaStream_t stream);
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
                       float* workspace, cudaStream_t stream);
 #endif

@@ -1,5 +1,9 @@
 // conv2d, max_pool2d and avg_pool2d on the CPU backend: values against hand-computed results,
 // gradients against finite differences, and the errors.
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "engine/autograd.h"
 #include "test_util.h"
 
@@ -91,6 +95,45 @@ TEST(ConvCpu, ASmallConvnetTrainsThroughTheTape) {
   EXPECT_GT(norm, 0.0);
 }
 
+// Conv2dOptions::activation: a convolution with its ReLU is relu(conv2d(...)) — the output, and
+// every gradient through the tape, bitwise — with and without a bias, at two strides, in float
+// and double; one node ("conv2d_relu") instead of two.
+TEST(ConvCpu, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
+  for (DType dt : {DType::kFloat64, DType::kFloat32}) {
+    const TensorOptions opt{dt, Device::cpu()};
+    for (bool with_bias : {true, false}) {
+      for (auto [stride, padding] : {std::pair{1, 1}, {2, 0}}) {
+        auto leaf = [&](const Shape& shape, std::uint64_t seed) {
+          return randn(shape, seed, opt).set_requires_grad(true);
+        };
+        const Tensor x1 = leaf({2, 3, 7, 6}, 21), w1 = leaf({4, 3, 3, 3}, 22),
+                     b1 = with_bias ? leaf({4}, 23) : Tensor();
+        const Tensor x2 = leaf({2, 3, 7, 6}, 21), w2 = leaf({4, 3, 3, 3}, 22),
+                     b2 = with_bias ? leaf({4}, 23) : Tensor();
+        const Conv2dOptions plain{.stride = stride, .padding = padding};
+        Conv2dOptions fused = plain;
+        fused.activation = Activation::kRelu;
+        const Tensor y1 = conv2d(x1, w1, b1, fused), y2 = relu(conv2d(x2, w2, b2, plain));
+        const std::string what = std::string(dtype_name(dt)) + (with_bias ? " bias" : "") +
+                                 " stride " + std::to_string(stride);
+        EXPECT_EQ(values(y1), values(y2)) << what;
+        EXPECT_EQ(y1.grad_fn()->name(), std::string("conv2d_relu")) << what;
+        // Some outputs are negative before the ReLU: its backward matters.
+        const std::vector<double> out = values(y1);
+        EXPECT_GT(std::count(out.begin(), out.end(), 0.0), 0) << what;
+        const Tensor r = randn(y1.shape(), 24, opt);
+        backward(sum(mul(y1, r)));
+        backward(sum(mul(y2, r)));
+        EXPECT_EQ(values(x1.grad()), values(x2.grad())) << what;
+        EXPECT_EQ(values(w1.grad()), values(w2.grad())) << what;
+        if (with_bias) {
+          EXPECT_EQ(values(b1.grad()), values(b2.grad())) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(ConvCpu, BadShapesAndOptionsAreRefusedByName) {
   const Tensor x = randn({1, 3, 5, 5}, 11, f64());
   GW_EXPECT_ERROR(conv2d(x, randn({2, 4, 3, 3}, 12, f64())), "conv2d", "3 channels",
@@ -107,6 +150,14 @@ TEST(ConvCpu, BadShapesAndOptionsAreRefusedByName) {
                   "padding <= kernel / 2");
   GW_EXPECT_ERROR(avg_pool2d(x, {.kernel = 7}), "avg_pool2d", "7x7", "does not fit");
   GW_EXPECT_ERROR(avg_pool2d(randn({5, 5}, 15, f64())), "avg_pool2d", "4-d");
+  // An activation a convolution does not apply; the convolution's own backward with one set.
+  const Tensor w = randn({2, 3, 3, 3}, 12, f64());
+  GW_EXPECT_ERROR(conv2d(x, w, Tensor(), {.activation = Activation::kGelu}), "conv2d", "kGelu",
+                  "Activation::kRelu");
+  Tensor gx;
+  GW_EXPECT_ERROR(conv2d_backward(conv2d(x, w), x, w, {.activation = Activation::kRelu}, {&gx}, {}),
+                  "conv2d_backward", "Activation::kNone");
+  EXPECT_FALSE(gx.defined());
 }
 
 }  // namespace

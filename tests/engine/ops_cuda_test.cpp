@@ -846,6 +846,34 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
   }
 }
 
+// Conv2dOptions::activation on CUDA: cuDNN's convolution, then the bias and the ReLU in one
+// pass of ours, is bitwise cuDNN's convolution, its bias add and a ReLU apart — the output, and
+// every gradient through the tape (deterministic algorithms) — with and without a bias.
+TEST_F(CudaOps, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
+  for (bool with_bias : {true, false}) {
+    auto leaf = [](const Shape& shape, std::uint64_t seed) {
+      return randn(shape, seed, TensorOptions{DType::kFloat32, kGpu}).set_requires_grad(true);
+    };
+    const Tensor x1 = leaf({4, 16, 16, 16}, 31), w1 = leaf({32, 16, 3, 3}, 32),
+                 b1 = with_bias ? leaf({32}, 33) : Tensor();
+    const Tensor x2 = leaf({4, 16, 16, 16}, 31), w2 = leaf({32, 16, 3, 3}, 32),
+                 b2 = with_bias ? leaf({32}, 33) : Tensor();
+    const Conv2dOptions plain{.stride = 1, .padding = 1};
+    Conv2dOptions fused = plain;
+    fused.activation = Activation::kRelu;
+    const Tensor y1 = conv2d(x1, w1, b1, fused), y2 = relu(conv2d(x2, w2, b2, plain));
+    EXPECT_EQ(y1.to_vector<float>(), y2.to_vector<float>()) << "bias " << with_bias;
+    const Tensor r = randn(y1.shape(), 34, TensorOptions{DType::kFloat32, kGpu});
+    backward(sum(mul(y1, r)));
+    backward(sum(mul(y2, r)));
+    EXPECT_EQ(x1.grad().to_vector<float>(), x2.grad().to_vector<float>()) << "bias " << with_bias;
+    EXPECT_EQ(w1.grad().to_vector<float>(), w2.grad().to_vector<float>()) << "bias " << with_bias;
+    if (with_bias) {
+      EXPECT_EQ(b1.grad().to_vector<float>(), b2.grad().to_vector<float>());
+    }
+  }
+}
+
 TEST_F(CudaOps, MaxAndAveragePoolingThroughCudnn) {
   const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}};
   for (const Pool2dOptions& o : options) {
