@@ -179,8 +179,9 @@ struct FirstUse {
 // bias-gradient epilogue took several times what other candidates of the same heuristic take
 // (docs/DECISIONS.md, "a GEMM shape's algorithm is chosen by timing"). So a shape's first use
 // outside a stream capture times the heuristic's candidates (up to 8, each one kernel where split-K
-// is off, and one-kernel splits of k) on the caller's stream, with the caller's inputs and scratch
-// outputs, and keeps the fastest by GPU time (LtGemm::tune). Then it times what would run without
+// is off, then one-kernel splits of k, and the heuristic's splits with their reduction kernel,
+// charged the host time of that second launch) on the caller's stream, with the caller's inputs
+// and scratch outputs, and keeps the fastest by GPU time (LtGemm::tune). Then it times what would run without
 // the plan: for a plain GEMM cuBLAS's own (cublasSgemm picks kernels by other rules, and for the
 // k-heavy weight gradients of small layers faster ones), for a fused bias gradient its GEMM and a
 // column sum apart; where that is more than 10% faster the plan is declined and the callers'

@@ -157,7 +157,8 @@ class LtGemm {
 
   // The heuristic's candidates (up to 8, its order; the first is its choice and the plan's until
   // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off; and there,
-  // after them, one-kernel splits of k (up to 16 in all).
+  // after them, one-kernel splits of k and the heuristic's splits with their reduction kernel
+  // (up to 24 in all).
   int candidates() const { return n_candidates_; }
   // Runs candidate i from now on.
   void use(int candidate);
@@ -203,7 +204,10 @@ class LtGemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  static constexpr int kMaxCandidates = 16;
+  static constexpr int kMaxCandidates = 24;
+  // What tune() adds to the time of a candidate with a reduction kernel apart: the host time of
+  // its second launch in an eager step, µs (docs/DECISIONS.md, "small GEMMs may split k").
+  static constexpr double kReduceApartUs = 4.0;
   cublasLtMatmulAlgo_t candidates_[kMaxCandidates]{};  // (a std::vector of them trips nvcc 13.0)
   int n_candidates_ = 0;
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_

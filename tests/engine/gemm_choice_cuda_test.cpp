@@ -67,7 +67,7 @@ TEST_F(CudaGemmChoice, EveryCandidateOfEveryShapeAndEpilogueComputesTheSameGemm)
   std::uint64_t seed = 9100;
   int candidates_run = 0;
   for (const Shape3 s : {Shape3{128, 10, 256}, Shape3{10, 256, 128}, Shape3{33, 65, 31},
-                         Shape3{1, 1, 1}, Shape3{512, 64, 64}}) {
+                         Shape3{1, 1, 1}, Shape3{512, 64, 64}, Shape3{64, 10, 512}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (int kind = 0; kind < 3; ++kind) {  // 0: gemm, 1: bias gradient, 2: bias + ReLU
