@@ -207,7 +207,7 @@ class LtGemm {
   static constexpr int kMaxCandidates = 24;
   // What tune() adds to the time of a candidate with a reduction kernel apart: the host time of
   // its second launch in an eager step, µs (docs/DECISIONS.md, "small GEMMs may split k").
-  static constexpr double kReduceApartUs = 4.0;
+  static constexpr double kReduceApartUs = 1.5;
   cublasLtMatmulAlgo_t candidates_[kMaxCandidates]{};  // (a std::vector of them trips nvcc 13.0)
   int n_candidates_ = 0;
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_
