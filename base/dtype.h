@@ -63,7 +63,7 @@ constexpr DType dtype_of<bf16>() {
 std::string shape_str(const Shape& shape);
 // Note [Checked sizes]
 // Every size graphward computes from sizes it was given — elements, bytes, windows, offsets,
-// convolution outputs — is computed with checked arithmetic (engine/checked.h): a size that
+// convolution outputs — is computed with checked arithmetic (runtime/checked.h): a size that
 // does not fit in int64 (or a byte count past PTRDIFF_MAX, the most any allocation can hold) is
 // refused with an Error naming the shape, before anything is allocated, never wrapped.
 // Product of the dimensions (1 for a scalar). Throws on a negative dimension or overflow.

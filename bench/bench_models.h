@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "engine/blas.h"
-#include "engine/graphward.h"
+#include "runtime/blas.h"
+#include "graphward.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 

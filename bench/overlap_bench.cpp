@@ -5,7 +5,7 @@
 //       docs/DESIGN.md's K-branch x D-layer studies (linear N + relu, batch B, branches summed,
 //       mse): the eager backward as shipped (graph:0; where it is too short for streams to pay off
 //       it runs on the caller's stream: Note [Streams of an eager backward],
-//       engine/backward_plan.h) or BackwardGraph's replay (graph:1), the forward on one
+//       backward/backward_plan.h) or BackwardGraph's replay (graph:1), the forward on one
 //       stream (multistream:0) or on a stream per branch (multistream:1), weight-gradient
 //       parallelism off or on (split).
 //   HandWrittenSweep/width:N/multistream:M

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "capture/backward_graph.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 
 namespace gw = graphward;
 

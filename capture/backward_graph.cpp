@@ -9,14 +9,14 @@
 #include <thread>
 #include <unordered_set>
 
-#include "engine/capture_mode.h"
-#include "engine/graph_pool.h"
-#include "engine/memory.h"
-#include "engine/nvtx.h"
-#include "engine/tape_log.h"
+#include "runtime/capture_mode.h"
+#include "runtime/graph_pool.h"
+#include "runtime/memory.h"
+#include "runtime/nvtx.h"
+#include "tape/tape_log.h"
 
 #if GRAPHWARD_HAS_CUDA
-#include "engine/blas.h"
+#include "runtime/blas.h"
 #endif
 
 namespace graphward {
@@ -431,7 +431,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     src.storage()->record_read(caller, fence);
   }
   slot_sources_.clear();
-  // The .grads the graph wrote (Note [Writes of a replayed graph], engine/memory.h): the same
+  // The .grads the graph wrote (Note [Writes of a replayed graph], runtime/memory.h): the same
   // .grads of the same leaves as the last step's follow grad_writes_ (unless one of them left it
   // for another BackwardGraph's), and one bump writes them all; others are written here, from the
   // signature's memo where it has them (one pointer each), and follow a new GraphWrites from now
@@ -457,7 +457,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     // known to be the next step's when it finds them unchanged.
     if (memo) grad_writes_leaves_ = exec.leaves;
   }
-  // Note [Reads of a replayed step] (engine/memory.h): a step the tape log recorded, every node of
+  // Note [Reads of a replayed step] (runtime/memory.h): a step the tape log recorded, every node of
   // which the graph reached, is released as a whole — one record of the graph's read, filled in
   // here; the worker drops the saved tensors (Note [Deferred release]).
   const std::shared_ptr<detail::StepReads>& step = detail::tape_log().reads;
@@ -477,7 +477,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     releaser_.release_step(sig.nodes, sig.leaves, roots_.front());
   } else {
     // Node by node: the nodes are marked released here, the saved tensors themselves dropped on the
-    // release worker's thread (Note [Deferred release], engine/deferred_release.h).
+    // release worker's thread (Note [Deferred release], tape/deferred_release.h).
     bool logged = false;
     for (std::uint32_t i : exec.nodes) {
       Node* n = sig.nodes[i];

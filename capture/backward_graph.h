@@ -32,7 +32,7 @@
 //      like the eager backward (rule [fork and join]). The step's saved tensors are released after
 //      the launch, their memory ordered after S by one event (rule [reuse after use],
 //      Storage::record_read), and dropped on a thread of the BackwardGraph's own (Note [Deferred
-//      release], engine/deferred_release.h).
+//      release], tape/deferred_release.h).
 //   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
 //      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
 //      new batch does not change the graph (Note [Input slots]).
@@ -86,11 +86,11 @@
 #include "capture/graph_cache.h"
 #include "capture/graph_topology.h"
 #include "capture/signature.h"
-#include "engine/backward.h"
-#include "engine/deferred_release.h"
-#include "engine/graph_pool.h"
-#include "engine/stream.h"
-#include "engine/timeline.h"
+#include "backward/backward.h"
+#include "tape/deferred_release.h"
+#include "runtime/graph_pool.h"
+#include "runtime/stream.h"
+#include "backward/timeline.h"
 
 namespace graphward {
 
@@ -99,7 +99,7 @@ struct BackwardGraphOptions {
   int warmup = 1;                  // eager backwards before the first capture
   bool force_eager = false;        // never capture (debugging, comparisons)
   // How every backward() of this BackwardGraph runs, the eager ones (the warm-up, force_eager)
-  // and the captured one alike (engine/backward.h): grad_write (what backward(loss) uses),
+  // and the captured one alike (backward/backward.h): grad_write (what backward(loss) uses),
   // split_weight_grads, fuse_activation_epilogues, localize_faults (every backward() then runs
   // eagerly; also on with GRAPHWARD_LOCALIZE_FAULTS=1), check_finite_loss, reduce_gradients
   // (data parallelism: not owned, it must outlive the BackwardGraph), and streams (the eager
@@ -137,7 +137,7 @@ struct BackwardHostTimes {
   double launch_us = 0;     // the graph launch
   double release_us = 0;    // after the launch: recording the uses, handing the saved tensors off
   // The step's saved tensors were released as a whole (Note [Reads of a replayed step],
-  // engine/memory.h), not node by node.
+  // runtime/memory.h), not node by node.
   bool whole_step = false;
   double before_launch_us() const {
     return signature_us + wait_us + decide_us + refresh_us + launch_us;
@@ -194,7 +194,7 @@ class BackwardGraph {
     return trace(loss, options_.backward.grad_write);
   }
   std::vector<StepTiming> trace(const Tensor& loss, GradWrite grad_write);
-  // The names of the streams of the last trace()'s plan (stream_names in engine/timeline.h).
+  // The names of the streams of the last trace()'s plan (stream_names in backward/timeline.h).
   const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
 
   struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
@@ -263,7 +263,7 @@ class BackwardGraph {
   cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
   std::uint64_t hazards_seen_ =
       ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
-  // Note [Writes of a replayed graph] (engine/memory.h): what the .grads written by the last
+  // Note [Writes of a replayed graph] (runtime/memory.h): what the .grads written by the last
   // replay follow, and which of the signature's leaves they are (empty: none follow it).
   std::shared_ptr<detail::GraphWrites> grad_writes_;
   std::vector<std::uint32_t> grad_writes_leaves_;

@@ -9,7 +9,7 @@
 #include "base/error.h"
 #include "capture/backward_graph.h"
 #include "capture/stream_capture.h"
-#include "engine/graph_pool.h"
+#include "runtime/graph_pool.h"
 
 namespace graphward {
 

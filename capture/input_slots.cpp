@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "capture/stream_capture.h"
-#include "engine/ptr_index.h"
+#include "runtime/ptr_index.h"
 
 // Note [Input slots] (capture/backward_graph.h): which saved tensors a captured backward reads
 // from a slot, and the slots' refresh before each launch.

@@ -7,7 +7,7 @@
 #include <functional>
 #include <sstream>
 
-#include "engine/ptr_index.h"
+#include "runtime/ptr_index.h"
 
 namespace graphward::capture {
 

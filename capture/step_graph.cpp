@@ -4,9 +4,9 @@
 #include <optional>
 #include <unordered_set>
 
-#include "engine/autograd.h"
-#include "engine/capture_mode.h"
-#include "engine/nvtx.h"
+#include "tape/autograd.h"
+#include "runtime/capture_mode.h"
+#include "runtime/nvtx.h"
 
 namespace graphward {
 

@@ -34,7 +34,7 @@
 // or a capture's): on a new stream (run() under another StreamGuard) one eager step runs there
 // first, counted, and the capture comes on the next call. Host-side values are baked in at capture:
 // a `step` that branches on host state must not be replayed (run it eagerly, or capture again with
-// recapture()). The optimizer's learning rate and step count live on the device (engine/optim.h),
+// recapture()). The optimizer's learning rate and step count live on the device (backward/optim.h),
 // so a replayed step follows set_lr() and counts its steps.
 //
 // Note [Step inputs]
@@ -57,11 +57,11 @@
 // write]) and for the other users of the parameters and their .grads since the last write, and for
 // those of every other memory the step used and its graph did not allocate (the optimizer's state
 // and learning rate, a constant): the capture logs them (Note [Memory from outside a capture],
-// engine/memory.h), so a step may be captured on another stream than the one its memory was last
+// runtime/memory.h), so a step may be captured on another stream than the one its memory was last
 // used on. After it, the graph's writes and reads are recorded on S (rules [read after write] and
 // [reuse after use]). A backward() inside the step splits its weight gradients onto side streams
 // unless told otherwise (BackwardOptions::split_weight_grads; WholeStepScope,
-// engine/capture_mode.h): the replay runs them beside the input gradients, bitwise the same
+// runtime/capture_mode.h): the replay runs them beside the input gradients, bitwise the same
 // .grads. The warm-up steps split too, so that the side streams' cuBLAS handles exist before the
 // capture (a capture cannot make them; a capture that finds them missing runs its backward
 // unsplit). The CPU backend and `force_eager` run `step` every call, unsplit.
@@ -72,10 +72,10 @@
 #include <vector>
 
 #include "capture/graph_topology.h"
-#include "engine/device.h"
-#include "engine/graph_pool.h"
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "runtime/device.h"
+#include "runtime/graph_pool.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
 
 namespace graphward {
 

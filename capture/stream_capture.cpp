@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "engine/deferred_release.h"
-#include "engine/memory.h"
-#include "engine/ptr_index.h"
+#include "tape/deferred_release.h"
+#include "runtime/memory.h"
+#include "runtime/ptr_index.h"
 
 namespace graphward::capture {
 

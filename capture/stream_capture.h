@@ -8,8 +8,8 @@
 #include "base/config.h"
 #include "capture/graph_topology.h"
 
-#include "engine/device.h"
-#include "engine/tensor.h"
+#include "runtime/device.h"
+#include "runtime/tensor.h"
 #include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_CUDA
@@ -22,7 +22,7 @@ namespace graphward::capture {
 // graph destroyed and the exception passed on: no capture is left open. If ending the capture
 // fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>". Either way,
 // eager tensors dropped inside the capture are released once it has ended (Note [Frees during a
-// capture], engine/memory.cpp).
+// capture], runtime/memory.cpp).
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body);
 

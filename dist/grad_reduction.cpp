@@ -8,10 +8,10 @@
 
 #include "base/error.h"
 #include "dist/nccl_detail.h"
-#include "engine/capture_mode.h"
-#include "engine/memory.h"
+#include "runtime/capture_mode.h"
+#include "runtime/memory.h"
 
-// ProcessGroup as the backward's GradientReducer (Note [Gradient reduction], engine/backward.h):
+// ProcessGroup as the backward's GradientReducer (Note [Gradient reduction], backward/backward.h):
 // its buckets, their placement in flat buffers, and their reduction.
 
 namespace graphward::dist {

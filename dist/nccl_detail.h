@@ -7,7 +7,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
-#include "engine/cuda.h"
+#include "runtime/cuda.h"
 #include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL

@@ -17,8 +17,8 @@
 
 #include "base/error.h"
 #include "dist/nccl_detail.h"
-#include "engine/capture_mode.h"
-#include "engine/memory.h"
+#include "runtime/capture_mode.h"
+#include "runtime/memory.h"
 #include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL

@@ -1,6 +1,6 @@
 #pragma once
 // Data parallelism: one process per GPU, the leaf gradients averaged across the processes inside
-// the backward (Note [Gradient reduction], engine/backward.h), with NCCL.
+// the backward (Note [Gradient reduction], backward/backward.h), with NCCL.
 //
 //   gw::dist::ProcessGroup pg({.rank = r, .world_size = n, .device = gw::Device::cuda(r),
 //                              .id_file = "/tmp/run-42.ncclid"});
@@ -29,10 +29,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "engine/backward.h"
-#include "engine/memory.h"
-#include "engine/stream.h"
-#include "engine/tensor.h"
+#include "backward/backward.h"
+#include "runtime/memory.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
 
 namespace graphward::dist {
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "capture/backward_graph.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 #include "examples/args.h"
 
 namespace gw = graphward;

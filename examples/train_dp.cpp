@@ -38,7 +38,7 @@
 #include "capture/backward_graph.h"
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 #include "examples/args.h"
 #include "examples/example_main.h"
 

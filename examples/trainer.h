@@ -10,7 +10,7 @@
 //                   passed to run() (copied into the graph's slots, Note [Step inputs]);
 //   kStepGraphInBackward  the same with the optimizer stepped inside the backward, each layer's
 //                   parameters once their gradients are final (StepInBackward, Note [Optimizer
-//                   steps in the backward] in engine/optim.h).
+//                   steps in the backward] in backward/optim.h).
 // Every mode hands the model each step's own batch tensor, as a training loop does (the batches
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
 // slots] in capture/backward_graph.h).
@@ -22,7 +22,7 @@
 
 #include "capture/backward_graph.h"
 #include "capture/step_graph.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 
 namespace graphward::examples {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Whether this build's kernels can run on the current CUDA device (Note [Code for the device],
-// engine/device.cpp).
+// runtime/device.cpp).
 #include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA

@@ -1,4 +1,4 @@
-// The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, engine/dnn.h):
+// The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, runtime/dnn.h):
 // db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; and the bias and ReLU
 // of a conv2d_relu in one pass after the convolution.
 #include <algorithm>

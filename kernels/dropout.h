@@ -1,5 +1,5 @@
 #pragma once
-// Dropout with a device-held Philox generator state (engine/generator.h), with its CPU reference.
+// Dropout with a device-held Philox generator state (runtime/generator.h), with its CPU reference.
 // Same launcher contract as elementwise.h.
 #include <cstdint>
 #include "base/config.h"

@@ -229,7 +229,7 @@ void LtGemm::find_candidates(unsigned alignment, std::int64_t k) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   }
-  // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/blas.cpp,
+  // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], runtime/blas.cpp,
   // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
   // that, and dropped where it does not; the first left is the heuristic's choice.
   constexpr int kHeuristicResults = 8;

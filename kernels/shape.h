@@ -1,5 +1,5 @@
 #pragma once
-// Data movement for the shape ops (engine/ops_shape.cpp): windows of a matrix's columns (narrow,
+// Data movement for the shape ops (ops/ops_shape.cpp): windows of a matrix's columns (narrow,
 // concat) and a swap of two dimensions (transpose). Contract of elementwise.h: outputs first, never
 // allocate, never synchronize; `accumulate` adds (+=) instead of writing (=).
 #include <cstddef>

@@ -41,6 +41,7 @@ if ! grep -q '^CMAKE_BUILD_TYPE:STRING=$' "$WORK/fetch/CMakeCache.txt"; then
   exit 1
 fi
 headers=$(find "$WORK/prefix/include/graphward" -name '*.h' | wc -l)
-[ -f "$WORK/prefix/include/graphward/engine/graphward.h" ] && [ "$headers" -gt 30 ] ||
-  { say "package: FAILED: the installed headers ($headers) lack engine/graphward.h"; exit 1; }
+[ -f "$WORK/prefix/include/graphward/graphward.h" ] &&
+  [ -f "$WORK/prefix/include/graphward/backward/backward.h" ] && [ "$headers" -gt 30 ] ||
+  { say "package: FAILED: the installed headers ($headers) lack graphward.h or backward/backward.h"; exit 1; }
 say "package: ok (find_package on the installed tree, and FetchContent)"

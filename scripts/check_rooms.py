@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks that every #include between the library's rooms points down the data flow.
 
-The rooms, lowest first (docs/DESIGN.md): base/ <- kernels/ <- engine/ <- capture/ <- dist/. A file
-of a room may include its own room's headers and those of the rooms below it, never above. The
-build refuses the same (each room compiles with only the rooms below it on its include path); this
+The rooms, lowest first (docs/DESIGN.md): base/ <- kernels/ <- runtime/ <- tape/ <- ops/ <-
+backward/ <- capture/ <- dist/. A file of a room may include its own room's headers and those of
+the rooms below it, never above. The build refuses the same (each room compiles with only the rooms below it on its include path); this
 check names every offending line at once, and runs in CI as a test.
 
     python3 scripts/check_rooms.py [ROOT]     exit 0: all down; 1: each wrong-way include printed
@@ -14,7 +14,7 @@ import re
 import sys
 import tempfile
 
-ROOMS = ["base", "kernels", "engine", "capture", "dist"]
+ROOMS = ["base", "kernels", "runtime", "tape", "ops", "backward", "capture", "dist"]
 SUFFIXES = {".h", ".cuh", ".cpp", ".cu"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/[^"]+"')
 
@@ -36,9 +36,9 @@ def self_test() -> int:
     files = {
         "base/a.h": '#include <string>\n',
         "kernels/k.h": '#include "base/a.h"\n#include "kernels/k2.h"\n',
-        "kernels/k2.h": '#include "engine/e.h"  // up\n',
-        "engine/e.h": '#include "kernels/k.h"\n#include "base/a.h"\n',
-        "capture/c.cpp": '#include "engine/e.h"\n  #  include "dist/d.h"\n',
+        "kernels/k2.h": '#include "runtime/e.h"  // up\n',
+        "runtime/e.h": '#include "kernels/k.h"\n#include "base/a.h"\n',
+        "capture/c.cpp": '#include "runtime/e.h"\n  #  include "dist/d.h"\n',
         "dist/d.h": '#include "capture/c.h"\n#include "tests/t.h"\n',
     }
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/graphward.h"
+#include "graphward.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/graphward.h"
+#include "graphward.h"
 
 #define GW_REQUIRE_GPU()                                                                   \
   do {                                                                                     \

@@ -5,7 +5,7 @@
 // stream handles: nothing is launched.
 #include "capture/signature.h"
 #include "capture/graph_cache.h"
-#include "engine/tape_log.h"
+#include "tape/tape_log.h"
 #include "test_util.h"
 
 #include <algorithm>

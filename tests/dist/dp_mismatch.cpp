@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 
 namespace gw = graphward;
 

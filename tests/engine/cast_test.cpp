@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/autograd.h"
-#include "engine/optim.h"
+#include "tape/autograd.h"
+#include "backward/optim.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/autograd.h"
+#include "tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -6,7 +6,7 @@
 #include <functional>
 #include <thread>
 
-#include "engine/deferred_release.h"
+#include "tape/deferred_release.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "capture/stream_capture.h"
-#include "engine/blas.h"
+#include "runtime/blas.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "test_util.h"

@@ -9,8 +9,8 @@
 #include <limits>
 #include <thread>
 
-#include "engine/blas.h"
-#include "engine/dnn.h"
+#include "runtime/blas.h"
+#include "runtime/dnn.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "capture/stream_capture.h"

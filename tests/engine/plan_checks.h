@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/backward_plan.h"
+#include "backward/backward_plan.h"
 
 namespace graphward::testing {
 

@@ -1,6 +1,6 @@
 // reshape, transpose, concat and bmm on the CPU backend: values against hand-written results,
 // gradients against finite differences, slot semantics (share, accumulate) and the errors.
-#include "engine/autograd.h"
+#include "tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {

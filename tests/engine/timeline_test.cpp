@@ -4,8 +4,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/graphward.h"
-#include "engine/nvtx.h"
+#include "graphward.h"
+#include "runtime/nvtx.h"
 #include "json_check.h"
 #include "test_util.h"
 

@@ -1,5 +1,5 @@
 // Reliability on the GPU: a non-finite loss is refused before anything is written
-// (Note [Non-finite loss], engine/backward.h), and the localizing backward (Note [Kernel faults],
+// (Note [Non-finite loss], backward/backward.h), and the localizing backward (Note [Kernel faults],
 // base/error.h) gives the gradients of the plain one; nothing of a model outlives it (no
 // thread-local keeps its tensors). The out-of-memory and fault tests run alone:
 // faults/serial_cuda_test.cpp.

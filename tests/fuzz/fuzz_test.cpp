@@ -8,7 +8,7 @@
 
 #include "capture/signature.h"
 #include "engine/plan_checks.h"
-#include "engine/tape_log.h"
+#include "tape/tape_log.h"
 #include "fuzz/random_program.h"
 #include "test_util.h"
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "capture/backward_graph.h"
-#include "engine/graphward.h"
+#include "graphward.h"
 
 namespace graphward::fuzz {
 

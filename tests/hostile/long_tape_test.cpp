@@ -6,7 +6,7 @@
 #include <exception>
 #include <functional>
 
-#include "engine/rnn.h"
+#include "ops/rnn.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/random.h"
+#include "runtime/random.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"

@@ -1,0 +1,370 @@
+#include "backward/optim.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "tape/autograd.h"
+#include "runtime/memory.h"
+#include "runtime/nvtx.h"
+#include "ops/ops_common.h"
+#include "kernels/elementwise.h"
+
+namespace graphward {
+using namespace ops_detail;
+namespace k = kernels;
+
+namespace {
+
+void check_params(const char* what, const std::vector<Tensor>& params) {
+  GW_CHECK(!params.empty(), what, ": expected at least one parameter, got none");
+  const Tensor& first = params.front();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    GW_CHECK(p.defined() && p.numel() > 0, what, ": parameter ", i,
+             " is undefined or empty; expected a tensor with elements");
+    GW_CHECK(p.device() == first.device() && p.dtype() == first.dtype(), what, ": parameter ", i,
+             " is ", p.str(), " and parameter 0 is ", first.str(),
+             "; expected one device and one dtype");
+    GW_CHECK(is_floating(p.dtype()) && p.dtype() != DType::kBFloat16, what, ": parameter ", i,
+             " is ", p.str(), "; expected a float32 or float64 tensor (bfloat16 parameters: keep "
+             "a float32 copy to update, and cast() it)");
+    if (p.is_cuda()) {
+      GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
+               "; CUDA parameters are float32");
+    }
+    const Tensor& g = p.grad();
+    if (g.defined()) {
+      GW_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(), what,
+               ": parameter ", i, "'s .grad is ", g.str(), "; expected the parameter's shape, "
+               "dtype and device (", p.str(), ")");
+    }
+  }
+}
+
+// A hyperparameter, finite also as the parameters' type: the kernels read it in float32 unless
+// the parameters are float64 (1e39 is a finite double and an infinite float).
+void check_hyper(const char* what, const char* name, double v, double low, bool low_open,
+                 DType dtype, double high = INFINITY) {
+  const bool ok = std::isfinite(v) && (low_open ? v > low : v >= low) && v <= high;
+  GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ", low_open ? ">" : ">=",
+           " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
+  GW_CHECK(finite_as(v, dtype), what, ": ",
+           name, " is ", v, ", which is infinite as ", dtype_name(dtype),
+           " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
+}
+
+// Once, when an optimizer is made: every parameter a leaf, none given twice (two handles on one
+// storage update it twice a step).
+void check_distinct_leaves(const char* what, const std::vector<Tensor>& params) {
+  std::unordered_map<const Storage*, std::size_t> seen;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    GW_CHECK(p.is_leaf(), what, ": parameter ", i, " (", p.str(),
+             ") is the result of a recorded "
+             "op (",
+             p.grad_fn()->label(),
+             "); expected a leaf: a tensor made by the user, not "
+             "computed from one (pass the tensor it came from, or detach() it)");
+    const auto [it, fresh] = seen.emplace(p.storage().get(), i);
+    GW_CHECK(fresh, what, ": parameters ", it->second, " and ", i, " are the same tensor (",
+             p.str(), ", one storage); expected each parameter once");
+  }
+}
+
+#if GRAPHWARD_HAS_CUDA
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.raw_data());
+}
+#endif
+
+}  // namespace
+
+Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
+    : name_(name), params_(std::move(params)), lr_value_(lr) {
+  check_params(name_, params_);
+  check_distinct_leaves(name_, params_);
+  dtype_ = params_.front().dtype();
+  check_hyper(name_, "lr", lr, 0, false, dtype_);
+  device_ = params_.front().device();
+  const TensorOptions opt{dtype_, device_};
+  lr_ = full({1}, lr, opt);
+  step_ = zeros({static_cast<std::int64_t>(params_.size())}, opt);
+  if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
+}
+
+void Optimizer::set_lr(double lr) {
+  check_hyper(name_, "lr", lr, 0, false, dtype_);
+  Tensor target = lr_;
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    target.storage()->sync_for_write(scope.stream());
+    k::fill(f32(target), static_cast<float>(lr), 1, scope.stream());
+#endif
+  } else {
+    dispatch_cpu(target.dtype(), [&]<class T>() { ptr<T>(target)[0] = static_cast<T>(lr); });
+  }
+  target.bump_version();
+  lr_value_ = lr;
+}
+
+namespace {
+std::vector<double> counts_of(const Tensor& step) {
+  if (step.dtype() == DType::kFloat64) return step.to_vector<double>();
+  const std::vector<float> f = step.to_vector<float>();
+  return std::vector<double>(f.begin(), f.end());
+}
+}  // namespace
+
+std::int64_t Optimizer::steps() const {
+  const std::vector<double> counts = counts_of(step_);
+  return static_cast<std::int64_t>(*std::max_element(counts.begin(), counts.end()));
+}
+
+std::int64_t Optimizer::steps(std::size_t param) const {
+  GW_CHECK(param < params_.size(), name_, "::steps: parameter ", param, " of ", params_.size(),
+           "; expected an index below ", params_.size());
+  return static_cast<std::int64_t>(counts_of(step_)[param]);
+}
+
+void Optimizer::step_params(const std::vector<std::size_t>& which) {
+  std::vector<bool> seen(params_.size(), false);
+  for (std::size_t i : which) {
+    GW_CHECK(i < params_.size() && !seen[i], name_, "::step_params: parameter ", i,
+             i < params_.size() ? " is listed twice" : " does not exist", "; expected indices of ",
+             "params() (", params_.size(), " parameters), each at most once");
+    seen[i] = true;
+  }
+  run_step(name_, &which);
+}
+
+// ---- Note [Optimizer steps in the backward] (optim.h) -------------------------------------------
+
+StepInBackward::StepInBackward(Optimizer& optimizer, std::size_t bucket_bytes)
+    : optimizer_(optimizer), bucket_bytes_(bucket_bytes) {
+  GW_CHECK(bucket_bytes > 0, "StepInBackward: bucket_bytes is 0; expected the gradient bytes a ",
+           "bucket collects before its parameters are stepped (e.g. 1 MiB)");
+  const std::vector<Tensor>& params = optimizer.params();
+  if (!params.empty() && params.front().is_cuda()) stream_.emplace(params.front().device());
+}
+
+cudaStream_t StepInBackward::stream() const {
+  return stream_ ? stream_->get() : nullptr;
+}
+
+void StepInBackward::reduce(const std::vector<Tensor>& grads) {
+  const std::vector<Tensor>& params = optimizer_.params();
+  std::vector<std::size_t> which;
+  for (const Tensor& g : grads) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor& pg = params[i].grad();
+      if (pg.defined() && pg.storage() == g.storage() && pg.raw_data() == g.raw_data()) {
+        which.push_back(i);
+        break;
+      }
+    }
+  }
+  if (which.empty()) return;
+  PlannedSyncScope unplanned(false);  // the plan did not order these writes: they order themselves
+  std::optional<StreamGuard> on;
+  if (stream_) on.emplace(*stream_);
+  optimizer_.step_params(which);
+}
+
+void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which) {
+  detail::NvtxRange range(what);
+  check_params(name_, params_);
+  const std::size_t count = which ? which->size() : params_.size();
+  auto index = [&](std::size_t k) { return which ? (*which)[k] : k; };
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    const cudaStream_t s = scope.stream();
+    lr_.storage()->sync_for_read(s);
+    step_.storage()->sync_for_write(s);
+    done_.storage()->sync_for_write(s);
+    slices_.clear();
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t i = index(k);
+      const Tensor& p = params_[i];
+      const Tensor& g = p.grad();
+      if (!g.defined()) continue;  // skipped
+      g.storage()->sync_for_read(s);
+      p.storage()->sync_for_write(s);
+      p.bump_version();
+      kernels::ParamSlice slice{f32(p), f32(g), nullptr, nullptr, f32(step_) + i, p.numel()};
+      float** state[2] = {&slice.s1, &slice.s2};
+      for (int j = 0; j < 2; ++j) {
+        if (state_[j].empty() || !state_[j][i].defined()) continue;
+        const Tensor& st = state_[j][i];
+        st.storage()->sync_for_write(s);
+        st.bump_version();
+        *state[j] = f32(st);
+      }
+      slices_.push_back(slice);
+    }
+    launch_cuda(slices_, static_cast<unsigned*>(done_.raw_data()), s);  // and counts the steps
+    step_.bump_version();
+    return;
+#endif
+  }
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t i = index(k);
+    const Tensor& p = params_[i];
+    if (!p.grad().defined()) continue;
+    p.bump_version();
+    for (const auto& state : state_) {
+      if (!state.empty() && state[i].defined()) state[i].bump_version();
+    }
+    update_cpu(i);
+    dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[i] += T(1); });
+  }
+  step_.bump_version();
+}
+
+void Optimizer::zero_grad() {
+  detail::NvtxRange range("zero_grad");
+  check_params(name_, params_);  // a .grad of another shape or dtype is refused, nothing written
+  for (const Tensor& p : params_) {
+    const Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+      CudaScope scope(device_);
+      g.storage()->sync_for_write(scope.stream());
+      GW_CUDA_CHECK(cudaMemsetAsync(g.raw_data(), 0, g.nbytes(), scope.stream()));
+#endif
+    } else {
+      dispatch_cpu(g.dtype(), [&]<class T>() {
+        T* d = ptr<T>(g);
+        for (std::int64_t j = 0; j < g.numel(); ++j) d[j] = T(0);
+      });
+    }
+    g.bump_version();
+  }
+}
+
+Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
+    : Optimizer("Sgd", std::move(params), o.lr) {
+  check_hyper(name_, "momentum", o.momentum, 0, false, dtype_);
+  check_hyper(name_, "dampening", o.dampening, 0, false, dtype_, 1);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
+  GW_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), name_,
+           ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
+           ", dampening ", o.dampening);
+  hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov};
+  if (o.momentum != 0) {
+    for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
+  }
+}
+
+void Sgd::step() {
+  run_step("Sgd::step");
+}
+
+#if GRAPHWARD_HAS_CUDA
+void Sgd::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) {
+  k::sgd_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
+}
+#endif
+
+void Sgd::update_cpu(std::size_t i) {
+  const Tensor& p = params_[i];
+  const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
+  dispatch_cpu(p.dtype(), [&]<class T>() {
+    k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
+                        ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
+  });
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
+    : Optimizer("AdamW", std::move(params), o.lr) {
+  check_hyper(name_, "beta1", o.beta1, 0, false, dtype_, 1);
+  check_hyper(name_, "beta2", o.beta2, 0, false, dtype_, 1);
+  GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
+  check_hyper(name_, "eps", o.eps, 0, true, dtype_);
+  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
+  hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
+  for (const Tensor& p : params_) {
+    state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
+    state_[1].push_back(zeros(p.shape(), {p.dtype(), device_}));
+  }
+}
+
+void AdamW::step() {
+  run_step("AdamW::step");
+}
+
+#if GRAPHWARD_HAS_CUDA
+void AdamW::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) {
+  k::adamw_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
+}
+#endif
+
+void AdamW::update_cpu(std::size_t i) {
+  const Tensor& p = params_[i];
+  const Tensor& m = state_[0][i];
+  const Tensor& v = state_[1][i];
+  dispatch_cpu(p.dtype(), [&]<class T>() {
+    k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
+                          ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
+  });
+}
+
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  const char* what = "clip_grad_norm";
+  detail::NvtxRange range(what);
+  check_params(what, params);
+  check_hyper(what, "max_norm", max_norm, 0, true, params.front().dtype());
+  std::vector<const Tensor*> grads;
+  for (const Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(&p.grad());
+  }
+  const Device device = params.front().device();
+  const TensorOptions opt{params.front().dtype(), device};
+  if (grads.empty()) return zeros({}, opt);
+  Tensor norm = Tensor::empty({}, opt);
+  if (device.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device);
+    const cudaStream_t s = scope.stream();
+    Tensor parts = Tensor::empty({static_cast<std::int64_t>(grads.size())}, opt);
+    Tensor scale = Tensor::empty({1}, opt);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      grads[i]->storage()->sync_for_read(s);
+      k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
+    }
+    k::clip_coefficient(f32(norm), f32(scale), f32(parts),
+                        static_cast<std::int64_t>(grads.size()), static_cast<float>(max_norm), s);
+    for (const Tensor* g : grads) {
+      g->storage()->sync_for_write(s);
+      k::scale_by(f32(*g), f32(scale), g->numel(), s);
+      g->bump_version();
+    }
+    return norm;
+#endif
+  }
+  dispatch_cpu(norm.dtype(), [&]<class T>() {
+    double total = 0;
+    for (const Tensor* g : grads) total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
+    const double nrm = std::sqrt(total);
+    ptr<T>(norm)[0] = static_cast<T>(nrm);
+    // A NaN norm makes every gradient NaN (torch.nn.utils.clip_grad_norm_), not none.
+    const double ratio = max_norm / (nrm + 1e-6);
+    const double c = std::isnan(ratio) ? ratio : std::min(1.0, ratio);
+    for (const Tensor* g : grads) {
+      T* d = ptr<T>(*g);
+      for (std::int64_t j = 0; j < g->numel(); ++j) d[j] *= static_cast<T>(c);
+      g->bump_version();
+    }
+  });
+  return norm;
+}
+
+}  // namespace graphward

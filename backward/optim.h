@@ -1,0 +1,169 @@
+#pragma once
+// Optimizers whose whole state lives with the parameters, on their device — the step count and the
+// learning rate included — so that an optimizer step can be captured into a CUDA graph and
+// replayed: nothing is read back to the host, nothing is allocated after construction, and every
+// replay advances the device step count (bias corrections and momentum's first step follow it).
+// Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay).
+//
+// A step runs on the current stream of the parameters' device (rule [current stream]), after the
+// streams that wrote the .grads and used the parameters (rule [read after write]); it updates the
+// parameters in place, bumping their versions (a tape that saved a parameter refuses its backward
+// afterwards, as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step
+// the set must stay the same (make the .grads first: zero_grad() never undefines them). Parameters
+// are distinct leaves (checked when the optimizer is made).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+#include "base/config.h"
+
+#include "backward/backward.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+#include "kernels/optim.h"
+
+namespace graphward {
+
+struct SgdOptions {
+  double lr = 0.01;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// What SGD and AdamW share: the parameters, the device scalars (lr, step) and zero_grad.
+class Optimizer {
+ public:
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  virtual ~Optimizer() = default;
+
+  virtual void step() = 0;
+  // One step over the parameters `which` (indices into params(), each at most once) alone: each
+  // updated and counted as step() would (a parameter's update is its own, Note [Multi-tensor
+  // step]). What StepInBackward runs for a bucket of gradients.
+  void step_params(const std::vector<std::size_t>& which);
+  // Writes zeros into every defined .grad, in place (addresses kept: a captured backward writes
+  // the same buffers). On the current stream, ordered after the .grads' other users. A .grad of
+  // another shape, dtype or device than its parameter is refused by name, nothing written.
+  void zero_grad();
+  // The learning rate for the next steps: a stream-ordered write of the device scalar that every
+  // step reads (a captured step replayed after it uses the new rate).
+  void set_lr(double lr);
+  double lr() const { return lr_value_; }
+  // Step counts are per parameter, as in PyTorch: a step counts for the parameters it updated
+  // (those with a .grad), and AdamW's bias correction follows each parameter's own count, so a
+  // parameter that had no gradient for a while (a frozen layer) starts where it left off. Read
+  // from the device (synchronizes; not inside a capture): parameter `param`'s count, or the most
+  // any parameter took (the number of steps when every step had every gradient).
+  std::int64_t steps(std::size_t param) const;
+  std::int64_t steps() const;
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  Optimizer(const char* name, std::vector<Tensor> params, double lr);
+  // One step over the parameters (Note [Multi-tensor step], kernels/optim.h): each parameter with
+  // a .grad is ordered after its .grad's, its own and its state's users on the current stream of
+  // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
+  // counted in one launch_cuda (or update_cpu each, then the count).
+  void run_step(const char* what, const std::vector<std::size_t>* which = nullptr);
+  // state_[0][i], state_[1][i]: parameter i's state (undefined where an optimizer keeps none).
+  std::vector<Tensor> state_[2];
+
+  const char* name_;
+  std::vector<Tensor> params_;
+  Tensor lr_;                      // [1], on the parameters' device
+  Tensor step_;                    // [number of parameters]: each parameter's step count
+  DType dtype_ = DType::kFloat32;  // the parameters' dtype
+  double lr_value_;
+  Device device_;
+
+ private:
+#if GRAPHWARD_HAS_CUDA
+  virtual void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) = 0;
+#endif
+  virtual void update_cpu(std::size_t i) = 0;
+
+  Tensor done_;  // CUDA: int32 [1], the blocks of a step that finished (Note [Multi-tensor step])
+  std::vector<kernels::ParamSlice> slices_;  // the step's, reused
+};
+
+class Sgd : public Optimizer {
+ public:
+  explicit Sgd(std::vector<Tensor> params, SgdOptions options = {});
+  void step() override;
+
+ private:
+#if GRAPHWARD_HAS_CUDA
+  void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) override;
+#endif
+  void update_cpu(std::size_t i) override;
+  kernels::SgdParams hp_;  // state_[0]: the momentum buffers (undefined without momentum)
+};
+
+class AdamW : public Optimizer {
+ public:
+  explicit AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  void step() override;
+
+ private:
+#if GRAPHWARD_HAS_CUDA
+  void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
+                   cudaStream_t stream) override;
+#endif
+  void update_cpu(std::size_t i) override;
+  kernels::AdamWParams hp_;  // state_[0], state_[1]: the first and second moments
+};
+
+// Note [Optimizer steps in the backward]
+// An optimizer step after the backward waits for the last gradient, though most were final long
+// before (the last layers' first). StepInBackward is a GradientReducer (backward/backward.h) handed
+// to backward() instead of calling opt.step() after it:
+//   backward(loss, {.grad_write = GradWrite::kOverwrite, .reduce_gradients = &in_backward});
+// The backward hands it its leaves' gradients in buckets, each as soon as the backward has written
+// them all, and it steps those gradients' parameters then, on a stream of its own, while the
+// backward goes on: in a captured step (StepGraph) the updates run beside the rest of the backward
+// (memory-bound updates under the backward's GEMMs). The parameters come out bitwise as backward()
+// then opt.step() leaves them: a parameter's update is its own (Note [Multi-tensor step],
+// kernels/optim.h). The backward's plan orders its own work with events (Note [Planned
+// synchronization], runtime/memory.h) but not these writes: each step orders itself as any write
+// does, after the parameter's readers so far — its layer's input gradient reads it, and that was
+// issued before the bucket. A gradient whose parameter is not the optimizer's is left as it is.
+// Not with what needs every gradient first (clip_grad_norm), nor with data parallelism (a backward
+// has one reducer); and every backward is then a step (accumulate micro-batches without it).
+class StepInBackward final : public GradientReducer {
+ public:
+  // `optimizer` must outlive this. `bucket_bytes`: the gradient bytes a bucket collects before its
+  // parameters are stepped (small: about a layer at a time).
+  explicit StepInBackward(Optimizer& optimizer, std::size_t bucket_bytes = std::size_t{1} << 20);
+  std::size_t bucket_bytes() const override { return bucket_bytes_; }
+  cudaStream_t stream() const override;
+  // One process: every bucket layout agrees with itself.
+  void agree(std::uint64_t, const std::string&, bool) override {}
+  // Steps the parameters of `grads` (Optimizer::step_params) on stream().
+  void reduce(const std::vector<Tensor>& grads) override;
+
+ private:
+  Optimizer& optimizer_;
+  std::size_t bucket_bytes_;
+  std::optional<Stream> stream_;  // on the parameters' CUDA device; none on the CPU
+};
+
+// Scales the .grads of `params` (the defined ones) in place so that their global L2 norm is at
+// most max_norm (torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at
+// 1). The norm is computed and applied on the device, deterministically, with no host read;
+// returns it (before clipping) as a 0-d tensor on the parameters' device.
+Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace graphward

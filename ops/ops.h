@@ -1,0 +1,246 @@
+#pragma once
+// Differentiable ops on tensors: each op's forward and backward are declared together.
+//
+// Forward: inputs must share one device and one dtype; CUDA ops are float32 only, the CPU backend
+// also runs float64 (for finite-difference checks). int32 tensors are indices, taken only where
+// an op says so (cross_entropy's targets, embedding's ids) and never differentiated. A CUDA op
+// runs on the calling thread's current stream for its device (rule [current stream]) after waiting
+// for inputs produced on other streams (rule [read after write]). Every check happens before any
+// memory is allocated or written: a bad call throws a graphward::Error naming the op, what it got
+// and what it expected, and changes nothing.
+//
+// Backward: gradients go into GradSlots (one per input). A slot with a null `tensor` is not
+// wanted and skipped. A slot whose tensor is undefined receives a new tensor, written (=). A slot
+// holding a tensor must match the input's shape, dtype and device; it is overwritten (=) or, with
+// `accumulate`, added to (+=), and its version is bumped. An undefined slot with `may_share` may
+// receive grad_out itself instead of a copy where the gradient equals it (add's, sub's first
+// operand): the caller promises that nothing writes the slot's tensor in place afterwards. An
+// activation's backward given such a slot and a grad_out that is the only handle on its storage
+// (Tensor::is_unique) computes its gradient in place, into grad_out's memory, and stores that.
+//
+// Broadcasting (add, sub, mul): the operands have the same shape, or one of them is a row — shape
+// [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.
+// The result has the larger shape; a row operand's gradient is summed over the rows.
+
+#include <span>
+#include <vector>
+
+#include "tape/grad_slot.h"
+#include "runtime/tensor.h"
+
+namespace graphward {
+
+// ---- linear algebra -----------------------------------------------------------------------------
+// a [m, k] · b [k, n] -> [m, n]
+Tensor matmul(const Tensor& a, const Tensor& b);
+void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                     GradSlot grad_b);
+
+// Batched: a [B, m, k] and b [B, k, n] -> [B, m, n], c[i] = op(a[i]) · op(b[i]), where op
+// transposes the last two dimensions when asked (trans_a: a is [B, k, m]; trans_b: b is [B, n, k]),
+// without moving data: one batched GEMM (attention's Q·Kᵀ is bmm(q, k, false, true)).
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool trans_a,
+                  bool trans_b, GradSlot grad_a, GradSlot grad_b);
+
+// x [batch, in] · weightᵀ (weight [out, in]) + bias [out] -> [batch, out]; bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
+                     GradSlot grad_weight, GradSlot grad_bias = {});
+
+// A linear layer with its activation fused (linear(x, weight, bias, act)). On CUDA the GEMM, the
+// bias and the activation are one cuBLASLt kernel (its epilogue) where cuBLASLt offers one for the
+// shape — GELU needs `out` to be a multiple of 8 — else the same three steps as separate kernels.
+// GELU is the tanh approximation (gelu() below).
+// (Activation: tape/grad_slot.h.)
+// act(x · weightᵀ + bias); bias may be undefined. Recorded as one node — "linear" (kNone),
+// "linear_relu" or "linear_gelu" — saving x, weight and, for its backward, the output (ReLU) or
+// the pre-activation x · weightᵀ + bias (GELU).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act);
+// Note [Backward epilogue fusion]
+// A linear+activation layer P (linear(x, W, b, kRelu | kGelu)) whose output feeds one linear
+// layer C alone gets its activation backward from C: C's input-gradient GEMM dy·W_C applies
+// act'(·) in its epilogue (cuBLASLt's DRELU / DGELU), and P's own backward starts from the
+// pre-activation gradient — its weight-gradient GEMM still writes its bias gradient (BGRADB), so
+// no temporary and no activation kernel of graphward's own remain. The backward plan decides
+// (PlanOptions::fuse_activation_epilogues, on by default: both layers on one stream, P's output
+// gradient C's alone) and hands C the epilogue (GradSlot::epilogue). ReLU's derivative is read
+// from the bit mask cuBLASLt wrote in P's forward (RELU_AUX), GELU's from its pre-activation.
+// Where cuBLASLt declines a shape (or on the CPU) C runs the same arithmetic as two kernels, so
+// the result never depends on it. cuBLASLt itself runs these epilogues as two kernels (a split-K
+// GEMM and its reduction, or a GEMM, then an epilogue kernel), so the kernel count does not drop;
+// what it saves, and the variants measured and rejected (the bias gradient in the same epilogue,
+// the split removed from these GEMMs): docs/DECISIONS.md, "a linear+activation layer's gradient
+// rides in the next layer's GEMM".
+// (GradEpilogue, what C is handed: tape/grad_slot.h.)
+
+// `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's
+// gradient dz = grad_out · act'(·) is formed once per call, then as linear_backward(dz, ...).
+void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& saved, Activation act, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias = {});
+
+// ---- elementwise --------------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+void add_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+void sub_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+void mul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                  GradSlot grad_b);
+
+// With a scalar (which must be finite): a + s, a - s, a * s.
+Tensor add(const Tensor& a, double scalar);
+Tensor sub(const Tensor& a, double scalar);
+Tensor mul(const Tensor& a, double scalar);
+// Gradient of y = scale * a + shift: grad_a = scale * grad_out (add/sub: scale = 1; mul: s).
+void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a);
+
+// In place: a += alpha * b (same shape). Bumps a's version. Not recorded: a tensor that requires
+// grad may be updated only inside a NoGradGuard scope (an optimizer step).
+void add_(const Tensor& a, const Tensor& b, double alpha = 1.0);
+// In place: dst = src (same shape, dtype and device), e.g. a data loader's batch into a static
+// input slot whose address a captured graph keeps. Bumps dst's version. Not recorded.
+void copy_(const Tensor& dst, const Tensor& src);
+
+// Activations; their backward reads the forward's output y (GELU's: its input).
+Tensor relu(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+void relu_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void tanh_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void sigmoid_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+// GELU, tanh approximation (PyTorch's gelu(approximate="tanh"), cuBLASLt's GELU epilogue):
+// x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³))). Its backward reads the input x.
+Tensor gelu(const Tensor& x);
+void gelu_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
+
+// ---- reductions and losses (results are 0-d tensors, shape []) ---------------------------------
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
+void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x);
+
+// mean((pred - target)²) over all elements; pred and target have the same shape.
+Tensor mse_loss(const Tensor& pred, const Tensor& target);
+void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor& target,
+                       GradSlot grad_pred, GradSlot grad_target = {});
+
+// ---- softmax and classification losses (over the last dimension) -----------------------------
+// softmax(x) / log_softmax(x) per row of the last dimension; their backward reads the output.
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
+
+// mean over rows of −log softmax(logits)[target]: logits [B, C] (float), targets int32 [B] with
+// values in [0, C), on the same device. Fused and numerically stable: one pass saves each row's
+// log-sum-exp; the backward is (softmax − one-hot) · dloss / B. An out-of-range target is refused
+// by name on the CPU; on CUDA (no host read) it makes the loss NaN.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, GradSlot grad_logits);
+
+// ---- normalization and lookup -----------------------------------------------------------------
+// Layer normalization over the last dimension: (x − mean) / √(var + eps) · weight + bias, the
+// biased variance; weight and bias [D] (bias may be undefined). Saves x, weight and each row's
+// mean and rstd = 1/√(var + eps); deterministic on CUDA.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& mean, const Tensor& rstd, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias = {});
+
+// The rows of `table` [V, D] picked by int32 `ids` (any shape, on the table's device): shape
+// ids.shape + [D]. The table's gradient is added row by row (on CUDA with atomics: for repeated
+// ids the order of the additions, hence the last bits, may vary run to run). An id outside [0, V)
+// is refused by name on the CPU; on CUDA (no host read) it reads a row of NaN.
+Tensor embedding(const Tensor& table, const Tensor& ids);
+void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tensor& ids,
+                        GradSlot grad_table);
+
+// ---- shapes -----------------------------------------------------------------------------------
+// The same elements in another shape (same count; one dimension may be -1: inferred). A view: no
+// copy, the result shares x's storage (and its version counter), like Tensor::view. Its gradient
+// is grad_out in x's shape (shared where the slot allows, else copied or added).
+Tensor reshape(const Tensor& x, const Shape& shape);
+void reshape_backward(const Tensor& grad_out, const Shape& input_shape, GradSlot grad_x);
+
+// x with dimensions d0 and d1 exchanged (negative counts from the end), as a new tensor (a copy:
+// tensors are contiguous). Its backward is the same exchange.
+Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1);
+void transpose_backward(const Tensor& grad_out, std::int64_t d0, std::int64_t d1, GradSlot grad_x);
+
+// The tensors joined along dimension `dim` (negative counts from the end): every other dimension
+// equal. A new tensor; input i's gradient is its window of grad_out.
+Tensor concat(const std::vector<Tensor>& xs, std::int64_t dim);
+void concat_backward(const Tensor& grad_out, const std::vector<Shape>& input_shapes,
+                     std::int64_t dim, std::span<GradSlot> grads);
+
+// Columns [start, start + length) of the last dimension, as a new tensor (a copy); its backward
+// puts the gradient in that window (zeros elsewhere, or added there when accumulating).
+Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length);
+void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t start,
+                     std::int64_t length, GradSlot grad_x);
+
+// ---- convolution and pooling (NCHW; cuDNN on CUDA) ---------------------------------------------
+// Square kernels, strides and padding; dilation 1, one group. Arithmetic is fp32 (no TF32).
+struct Conv2dOptions {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  // CUDA: only deterministic cuDNN algorithms (the default: a replayed step equals the eager one
+  // bitwise, run after run). false allows the fastest, some of which add with atomics (PyTorch's
+  // default, torch.backends.cudnn.deterministic = False), at a cost measured in docs/DECISIONS.md,
+  // "convolutions deterministic by default".
+  bool deterministic = true;
+  // kRelu: relu(conv2d(...)) as one op — on CUDA the bias and the ReLU in one pass after cuDNN's
+  // convolution instead of cuDNN's bias add and a ReLU apart (bitwise the same), the output saved
+  // for the backward. kGelu is refused.
+  Activation activation = Activation::kNone;
+};
+// x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with
+// OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d. On CUDA, cuDNN with its
+// algorithms chosen once per shape (Note [cuDNN plans] in runtime/dnn.h); saves x and weight (and
+// its output with an activation).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Conv2dOptions options = {});
+// The convolution's own backward (options.activation must be kNone: a conv2d_relu node applies
+// ReLU's backward to grad_out first).
+void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
+                     GradSlot grad_bias = {});
+
+struct Pool2dOptions {
+  std::int64_t kernel = 2;
+  std::int64_t stride = 0;  // 0: the kernel size
+  std::int64_t padding = 0;  // at most kernel / 2
+};
+// The maximum of each window (padding never wins); saves x and the output. Its gradient goes to
+// each window's maximum (the first one on the CPU; cuDNN's deterministic choice on CUDA: ties, as
+// in ReLU-ed inputs, may go to another element of equal value).
+Tensor max_pool2d(const Tensor& x, Pool2dOptions options = {});
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y,
+                         Pool2dOptions options, GradSlot grad_x);
+// The mean of each window, padding counted as zeros (PyTorch's count_include_pad=True); saves
+// nothing.
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions options = {});
+void avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, Pool2dOptions options,
+                         GradSlot grad_x);
+
+// ---- element types ------------------------------------------------------------------------------
+// x converted to `dtype` (float32, float64, bfloat16; on CUDA between float32 and bfloat16): a new
+// tensor, or x itself when it already has that type. To bfloat16: rounded to nearest, ties to even
+// (from float64 through float32). Its gradient is grad_out converted back to x's type.
+Tensor cast(const Tensor& x, DType dtype);
+void cast_backward(const Tensor& grad_out, DType input_dtype, GradSlot grad_x);
+
+// ---- dropout ----------------------------------------------------------------------------------
+// y = x · mask, mask = 1/(1 − p) where a Philox number of `gen` (runtime/generator.h: seed and
+// offset on the device, advanced by each call, also inside a replayed CUDA graph) keeps the
+// element, else 0. 0 <= p < 1. Saves the mask; its backward is dy · mask.
+class Generator;
+Tensor dropout(const Tensor& x, double p, Generator& gen);
+void dropout_backward(const Tensor& grad_out, const Tensor& mask, GradSlot grad_x);
+
+}  // namespace graphward

@@ -1,0 +1,354 @@
+// conv2d, max_pool2d and avg_pool2d: cuDNN on CUDA (runtime/dnn.h), the references on the CPU
+// (kernels/conv.h).
+#include <initializer_list>
+
+#include "tape/autograd.h"
+#include "runtime/dnn.h"
+#include "runtime/nvtx.h"
+#include "ops/ops_common.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+
+namespace graphward {
+using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
+namespace k = kernels;
+
+namespace {
+void check_cudnn(const char* op, const Tensor& x) {
+  (void)op;
+  (void)x;
+#if !GRAPHWARD_HAS_CUDNN
+  GW_CHECK(!x.is_cuda(), op, ": graphward was built without cuDNN, which CUDA convolution and "
+                             "pooling use; expected a CPU tensor (or a build that finds cuDNN)");
+#endif
+}
+
+// Note [Checked sizes] (base/dtype.h): every size, stride and padding of a convolution or a
+// pooling, and its output's, is below 2^31 — cuDNN's int parameters, and small enough that no
+// size arithmetic here can overflow int64 — on both backends alike.
+constexpr std::int64_t kMaxGeom = (std::int64_t{1} << 31) - 1;
+void check_geom(const char* op, std::initializer_list<std::int64_t> sizes) {
+  for (std::int64_t v : sizes) {
+    GW_CHECK(v >= 1 && v <= kMaxGeom, op, ": a size of ", v,
+             " in the input, the kernel or the output; expected sizes from 1 to 2^31 - 1");
+  }
+}
+
+k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const Conv2dOptions& o) {
+  if (bias.defined()) {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+  } else {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+  }
+  check_dim(op, {"x", &x}, 4);
+  check_dim(op, {"weight", &weight}, 4);
+  check_cudnn(op, x);
+  GW_CHECK(o.activation == Activation::kNone || o.activation == Activation::kRelu, op,
+           ": options.activation is ", o.activation == Activation::kGelu ? "kGelu" : "out of range",
+           "; expected Activation::kNone or Activation::kRelu (the activations a convolution "
+           "applies)");
+  GW_CHECK(o.stride >= 1 && o.padding >= 0 && o.stride <= kMaxGeom && o.padding <= kMaxGeom, op,
+           ": stride ", o.stride, " and padding ", o.padding,
+           "; expected 1 <= stride and 0 <= padding, both below 2^31");
+  const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
+                      weight.size(2), weight.size(3), o.padding, o.stride, o.deterministic};
+  GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
+           " channels and weight is ", shape_str(weight.shape()),
+           "; expected weight [K, C, R, S] with C == x.shape[1]");
+  check_geom(op, {g.n, g.c, g.h, g.w, g.k, g.r, g.s});
+  GW_CHECK(g.h + 2 * g.pad >= g.r && g.w + 2 * g.pad >= g.s, op, ": the ", g.r, "x", g.s,
+           " kernel does not fit the padded ", g.h, "x", g.w, " input (padding ", g.pad,
+           "); expected a kernel no larger than the padded input");
+  check_geom(op, {g.out_h(), g.out_w()});
+  if (bias.defined()) {
+    GW_CHECK(bias.shape() == Shape({g.k}), op, ": bias is ", shape_str(bias.shape()),
+             "; expected [", g.k, "] (one per filter)");
+  }
+  return g;
+}
+Shape conv_out(const k::ConvGeom& g) {
+  return {g.n, g.k, g.out_h(), g.out_w()};
+}
+}  // namespace
+
+namespace {
+// A conv2d_relu node's backward: dz = grad_out where the output y is positive, then the
+// convolution's backward of dz.
+void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                          const Tensor& y, Conv2dOptions options, GradSlot grad_x,
+                          GradSlot grad_weight, GradSlot grad_bias) {
+  const char* op = "conv2d_relu_backward";
+  options.activation = Activation::kNone;
+  const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
+  check_inputs(op, {{"grad_out", &grad_out}, {"output", &y}});
+  GW_CHECK(grad_out.shape() == conv_out(g) && y.shape() == conv_out(g), op, ": grad_out ",
+           shape_str(grad_out.shape()), " and output ", shape_str(y.shape()),
+           "; expected both the output's shape ", shape_str(conv_out(g)));
+  const std::int64_t n = y.numel();
+  Tensor dz;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &y});
+    dz = new_output(conv_out(g), x);
+    k::relu_backward(dz.data<float>(), grad_out.data<float>(), y.data<float>(), n, false,
+                     scope.stream());
+#endif
+  } else {
+    dz = new_output(conv_out(g), x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(y), n, false);
+    });
+  }
+  conv2d_backward(dz, x, weight, options, grad_x, grad_weight, grad_bias);
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  const bool relu = options.activation == Activation::kRelu;
+  const char* op = relu ? "conv2d_relu" : "conv2d";
+  detail::NvtxRange range(op);
+  const k::ConvGeom g = check_conv(op, x, weight, bias, options);
+  Tensor y;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    if (bias.defined()) {
+      scope.read({&x, &weight, &bias});
+    } else {
+      scope.read({&x, &weight});
+    }
+    y = new_output(conv_out(g), x);
+    const float* b = bias.defined() ? bias.data<float>() : nullptr;
+    dnn::conv2d_forward(x.device(), scope.stream(), g, y.data<float>(), x.data<float>(),
+                        weight.data<float>(), relu ? nullptr : b);
+    if (relu) k::conv2d_bias_act(y.data<float>(), b, g, /*relu=*/true, scope.stream());
+#endif
+  } else {
+    y = new_output(conv_out(g), x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      k::cpu::conv2d_forward<T>(ptr<T>(y), ptr<T>(x), ptr<T>(weight),
+                                bias.defined() ? ptr<T>(bias) : nullptr, g);
+      if (relu) k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(y), y.numel());
+    });
+  }
+  if (needs_grad({&x, &weight, &bias})) {
+    auto backward = [options](const Tensor& gr, const std::vector<Tensor>& s,
+                              std::span<GradSlot> grads) {
+      const GradSlot gb = grads.size() > 2 ? grads[2] : GradSlot{};
+      if (options.activation == Activation::kRelu) {
+        conv2d_relu_backward(gr, s[0], s[1], s[2], options, grads[0], grads[1], gb);
+      } else {
+        conv2d_backward(gr, s[0], s[1], options, grads[0], grads[1], gb);
+      }
+    };
+    std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    if (relu) saved.push_back(save("output", y));
+    // Note [Node attributes]: what the backward's convolutions are made of besides the shapes.
+    const std::initializer_list<NodeAttribute> attributes{
+        NodeAttribute::integer(options.stride), NodeAttribute::integer(options.padding),
+        NodeAttribute::integer(options.deterministic),
+        NodeAttribute::integer(static_cast<std::int64_t>(options.activation))};
+    if (bias.defined()) {
+      record(op, y, {&x, &weight, &bias}, std::move(saved), backward, attributes);
+    } else {
+      record(op, y, {&x, &weight}, std::move(saved), backward, attributes);
+    }
+    // Per output element, a multiply-add per weight of its output channel; two products back.
+    y.grad_fn()->set_backward_flops(4.0 * static_cast<double>(y.numel()) *
+                                    static_cast<double>(weight.numel() / weight.size(0)));
+  }
+  return y;
+}
+
+void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                     Conv2dOptions options, GradSlot grad_x, GradSlot grad_weight,
+                     GradSlot grad_bias) {
+  const char* op = "conv2d_backward";
+  GW_CHECK(options.activation == Activation::kNone, op, ": options.activation is set; expected ",
+           "Activation::kNone (this is the convolution's own backward: apply the activation's ",
+           "backward to grad_out first)");
+  const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
+  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
+  GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str(conv_out(g)));
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {g.k}, weight);
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &weight});
+    const cudaStream_t s = scope.stream();
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, s);
+      dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->data<float>(),
+                                grad_out.data<float>(), weight.data<float>(), acc);
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, s);
+      dnn::conv2d_backward_filter(x.device(), s, g, grad_weight.tensor->data<float>(),
+                                  grad_out.data<float>(), x.data<float>(), acc);
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {g.k}, weight, s);
+      dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->data<float>(),
+                                grad_out.data<float>(), acc);
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, nullptr);
+      k::cpu::conv2d_backward_data<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(weight), g,
+                                      acc);
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, nullptr);
+      k::cpu::conv2d_backward_filter<T>(slot_ptr<T>(grad_weight), ptr<T>(grad_out), ptr<T>(x), g,
+                                        acc);
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {g.k}, weight, nullptr);
+      k::cpu::conv2d_backward_bias<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), g, acc);
+    }
+  });
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+namespace {
+const char* pool_name(k::PoolMode mode, bool backward) {
+  if (mode == k::PoolMode::kMax) return backward ? "max_pool2d_backward" : "max_pool2d";
+  return backward ? "avg_pool2d_backward" : "avg_pool2d";
+}
+k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
+  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x), "; expected a 4-d tensor [N, C, H, W]");
+  const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
+  GW_CHECK(o.kernel >= 1 && o.kernel <= kMaxGeom && o.stride >= 0 && o.stride <= kMaxGeom &&
+               o.padding >= 0 && o.padding <= o.kernel / 2,
+           op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
+           "; expected 1 <= kernel < 2^31, 0 <= stride < 2^31 (0: the kernel) and "
+           "0 <= padding <= kernel / 2");
+  const k::PoolGeom g{x[0], x[1], x[2], x[3], o.kernel, o.padding, stride};
+  check_geom(op, {g.n, g.c, g.h, g.w});
+  GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window,
+           "x", g.window, " window does not fit the padded ", g.h, "x", g.w,
+           " input; expected a window no larger than the padded input");
+  check_geom(op, {g.out_h(), g.out_w()});
+  return g;
+}
+Shape pool_out(const k::PoolGeom& g) {
+  return {g.n, g.c, g.out_h(), g.out_w()};
+}
+
+Tensor pool_forward(k::PoolMode mode, const Tensor& x, const Pool2dOptions& o) {
+  const char* op = pool_name(mode, false);
+  detail::NvtxRange range(op);
+  check_inputs(op, {{"x", &x}});
+  check_cudnn(op, x);
+  const k::PoolGeom g = check_pool(op, x.shape(), o);
+  Tensor y;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(x.device());
+    scope.read({&x});
+    y = new_output(pool_out(g), x);
+    dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.data<float>(), x.data<float>());
+#endif
+  } else {
+    y = new_output(pool_out(g), x);
+    dispatch_cpu(x.dtype(),
+                 [&]<class T>() { k::cpu::pool2d_forward<T>(mode, ptr<T>(y), ptr<T>(x), g); });
+  }
+  return y;
+}
+
+// The shared backward: max pooling passes x and y, average pooling neither.
+void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_shape,
+                   const Tensor& x, const Tensor& y, const Pool2dOptions& o, GradSlot grad_x) {
+  const char* op = pool_name(mode, true);
+  if (mode == k::PoolMode::kMax) {
+    check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"y", &y}});
+  } else {
+    check_inputs(op, {{"grad_out", &grad_out}});
+  }
+  check_cudnn(op, grad_out);
+  const k::PoolGeom g = check_pool(op, input_shape, o);
+  GW_CHECK(grad_out.shape() == pool_out(g), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(pool_out(g)));
+  if (mode == k::PoolMode::kMax) {
+    GW_CHECK(x.shape() == input_shape && y.shape() == pool_out(g), op, ": x ",
+             shape_str(x.shape()), " and y ", shape_str(y.shape()), "; expected ",
+             shape_str(input_shape), " and ", shape_str(pool_out(g)));
+  }
+  if (!check_slot(op, "grad_x", grad_x, input_shape, grad_out)) return;
+  const bool max = mode == k::PoolMode::kMax;
+  if (grad_out.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+    CudaScope scope(grad_out.device());
+    if (max) {
+      scope.read({&grad_out, &x, &y});
+    } else {
+      scope.read({&grad_out});
+    }
+    const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
+    dnn::pool2d_backward(grad_out.device(), scope.stream(), mode, g, grad_x.tensor->data<float>(),
+                         grad_out.data<float>(), max ? x.data<float>() : nullptr,
+                         max ? y.data<float>() : nullptr, acc);
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
+  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
+    k::cpu::pool2d_backward<T>(mode, slot_ptr<T>(grad_x), ptr<T>(grad_out),
+                               max ? ptr<T>(x) : nullptr, max ? ptr<T>(y) : nullptr, g, acc);
+  });
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
+  Tensor y = pool_forward(k::PoolMode::kMax, x, options);
+  if (needs_grad({&x})) {
+    record("max_pool2d", y, {&x}, {save("x", x), save("output", y)},
+           [options](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             max_pool2d_backward(g, s[0], s[1], options, grads[0]);
+           },
+           {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
+            NodeAttribute::integer(options.padding)});
+  }
+  return y;
+}
+
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y,
+                         Pool2dOptions options, GradSlot grad_x) {
+  pool_backward(k::PoolMode::kMax, grad_out, x.defined() ? x.shape() : Shape{}, x, y, options,
+                grad_x);
+}
+
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions options) {
+  Tensor y = pool_forward(k::PoolMode::kAverage, x, options);
+  if (needs_grad({&x})) {
+    const Shape in_shape = x.shape();
+    record("avg_pool2d", y, {&x}, {},
+           [in_shape, options](const Tensor& g, const std::vector<Tensor>&,
+                               std::span<GradSlot> grads) {
+             avg_pool2d_backward(g, in_shape, options, grads[0]);
+           },
+           {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
+            NodeAttribute::integer(options.padding)});
+  }
+  return y;
+}
+
+void avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, Pool2dOptions options,
+                         GradSlot grad_x) {
+  pool_backward(k::PoolMode::kAverage, grad_out, input_shape, Tensor(), Tensor(), options, grad_x);
+}
+
+}  // namespace graphward

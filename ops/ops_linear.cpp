@@ -1,0 +1,475 @@
+// matmul and linear: GEMMs through cuBLAS on CUDA (kernels/gemm.h), the reference on the CPU.
+#include "tape/autograd.h"
+#include "runtime/blas.h"
+#include "runtime/nvtx.h"
+#include "ops/ops_common.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/reduce.h"
+
+namespace graphward {
+using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
+namespace k = kernels;
+
+namespace {
+
+// One GEMM C[m,n] (=|+=) op(A)·op(B) on the op's device (see kernels/gemm.h for the layout).
+template <class T>
+void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& a,
+              const Tensor& b, bool accumulate, T* c) {
+  k::cpu::gemm<T>(ta, tb, m, n, kk, T(1), ptr<T>(a), ptr<T>(b), accumulate ? T(1) : T(0), c);
+}
+
+#if GRAPHWARD_HAS_CUDA
+// T: float, or bf16 (bfloat16 storage, float32 arithmetic).
+template <class T = float>
+void gemm_cuda(const CudaScope& scope, Device device, bool ta, bool tb, std::int64_t m,
+               std::int64_t n, std::int64_t kk, const Tensor& a, const Tensor& b, bool accumulate,
+               T* c) {
+  graphward::gemm(device, scope.stream(), ta, tb, m, n, kk, 1.f, ptr<T>(a), ptr<T>(b),
+                  accumulate ? 1.f : 0.f, c);
+}
+#endif
+
+}  // namespace
+
+namespace {
+struct MatmulDims {
+  std::int64_t m, k, n;
+};
+MatmulDims check_matmul(const char* op, const Tensor& a, const Tensor& b) {
+  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_dim(op, {"a", &a}, 2);
+  check_dim(op, {"b", &b}, 2);
+  GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
+           ", b is ", shape_str(b.shape()), "; expected a.shape[1] == b.shape[0]");
+  return {a.size(0), a.size(1), b.size(1)};
+}
+}  // namespace
+
+namespace {
+Tensor matmul_impl(const Tensor& a, const Tensor& b);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  detail::NvtxRange range("matmul");
+  Tensor c = matmul_impl(a, b);
+  if (needs_grad({&a, &b})) {
+    record("matmul", c, {&a, &b}, {save("a", a), save("b", b)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             matmul_backward(g, s[0], s[1], grads[0], grads[1]);
+           });
+    c.grad_fn()->set_backward_flops(4.0 * static_cast<double>(a.numel()) *
+                                    static_cast<double>(b.size(1)));
+  }
+  return c;
+}
+
+namespace {
+Tensor matmul_impl(const Tensor& a, const Tensor& b) {
+  const auto [m, kk, n] = check_matmul("matmul", a, b);
+  if (a.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(a.device());
+    scope.read({&a, &b});
+    Tensor c = new_output({m, n}, a);
+    gemm_cuda(scope, a.device(), false, false, m, n, kk, a, b, false, c.data<float>());
+    return c;
+#endif
+  }
+  Tensor c = new_output({m, n}, a);
+  dispatch_cpu(a.dtype(),
+               [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
+  return c;
+}
+}  // namespace
+
+void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
+                     GradSlot grad_b) {
+  const char* op = "matmul_backward";
+  const auto [m, kk, n] = check_matmul(op, a, b);
+  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}});
+  GW_CHECK(grad_out.shape() == Shape({m, n}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str({m, n}));
+  const bool want_a = check_slot(op, "grad_a", grad_a, a);
+  const bool want_b = check_slot(op, "grad_b", grad_b, b);
+  // dA [m,k] = dC [m,n] · Bᵀ ;  dB [k,n] = Aᵀ · dC
+  if (a.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(a.device());
+    scope.read({&grad_out, &a, &b});
+    if (want_a) {
+      const bool acc = open_slot(grad_a, a, scope.stream());
+      gemm_cuda(scope, a.device(), false, true, m, kk, n, grad_out, b, acc,
+                grad_a.tensor->data<float>());
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_b, b, scope.stream());
+      gemm_cuda(scope, a.device(), true, false, kk, n, m, a, grad_out, acc,
+                grad_b.tensor->data<float>());
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(a.dtype(), [&]<class T>() {
+    if (want_a) {
+      const bool acc = open_slot(grad_a, a, nullptr);
+      gemm_cpu<T>(false, true, m, kk, n, grad_out, b, acc, slot_ptr<T>(grad_a));
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_b, b, nullptr);
+      gemm_cpu<T>(true, false, kk, n, m, a, grad_out, acc, slot_ptr<T>(grad_b));
+    }
+  });
+}
+
+namespace {
+struct LinearDims {
+  std::int64_t batch, in, out;
+};
+
+LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  // bfloat16 on CUDA: storage only, the GEMMs and epilogues accumulate in float32.
+  if (bias.defined()) {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, /*cuda_bf16=*/true);
+  } else {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, /*cuda_bf16=*/true);
+  }
+  check_dim(op, {"x", &x}, 2);
+  check_dim(op, {"weight", &weight}, 2);
+  GW_CHECK(x.size(1) == weight.size(1), op, ": x is ", shape_str(x.shape()), " and weight is ",
+           shape_str(weight.shape()), "; expected weight [out, in] with in == x.shape[1] (",
+           x.size(1), ")");
+  if (bias.defined()) {
+    GW_CHECK(bias.shape() == Shape({weight.size(0)}), op, ": bias is ", shape_str(bias.shape()),
+             "; expected [", weight.size(0), "] (weight's out dimension)");
+  }
+  return {x.size(0), x.size(1), weight.size(0)};
+}
+}  // namespace
+
+namespace {
+const char* linear_name(Activation act) {
+  switch (act) {
+    case Activation::kRelu:
+      return "linear_relu";
+    case Activation::kGelu:
+      return "linear_gelu";
+    case Activation::kNone:
+      break;
+  }
+  return "linear";
+}
+
+struct LinearOut {
+  Tensor y;
+  Tensor z;     // the pre-activation x · Wᵀ + b (GELU only: its backward reads it)
+  Tensor mask;  // ReLU's bit mask from cuBLASLt's RELU_AUX epilogue (CUDA, when asked and made)
+};
+// relu_mask: ask for ReLU's bit mask (for a backward epilogue; Note [Backward epilogue fusion]).
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      bool relu_mask);
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear(x, weight, bias, Activation::kNone);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  const char* name = linear_name(act);
+  detail::NvtxRange range(name);
+  const bool grad = needs_grad({&x, &weight, &bias});
+  LinearOut out = linear_impl(x, weight, bias, act, grad);
+  if (grad) {
+    auto backward = [act](const Tensor& g, const std::vector<Tensor>& s,
+                          std::span<GradSlot> grads) {
+      linear_act_backward(g, s[0], s[1], s.size() > 2 ? s[2] : Tensor(), act, grads[0], grads[1],
+                          grads.size() > 2 ? grads[2] : GradSlot{});
+    };
+    std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
+    if (act == Activation::kRelu) saved.push_back(save("output", out.y));
+    if (act == Activation::kGelu) saved.push_back(save("preactivation", out.z));
+    if (out.mask.defined()) saved.push_back(save("relu_mask", out.mask));
+    if (bias.defined()) {
+      record(name, out.y, {&x, &weight, &bias}, std::move(saved), backward);
+    } else {
+      record(name, out.y, {&x, &weight}, std::move(saved), backward);
+    }
+    // Note [Backward epilogue fusion]: any linear layer takes an epilogue on its input gradient;
+    // a linear+activation layer may hand its activation backward to its consumer — on the CPU
+    // (the same arithmetic as separate steps), and on CUDA where cuBLASLt can read what it needs:
+    // the ReLU mask (made above when it could be), GELU's pre-activation (width a multiple of 8).
+    Node& node = *out.y.grad_fn();
+    node.set_takes_input_epilogue();
+    // Two products of the input's rows by the weight's (rows × out × in multiply-adds each).
+    node.set_backward_flops(4.0 * static_cast<double>(x.numel()) *
+                            static_cast<double>(weight.size(0)));
+    const bool cpu = !x.is_cuda();
+    const bool fusable = (act == Activation::kRelu && (cpu || out.mask.defined())) ||
+                         (act == Activation::kGelu && (cpu || weight.size(0) % 8 == 0));
+    if (fusable) {
+      node.set_activation_fusion(
+          {.act = act,
+           .act_input_saved = 2,
+           .relu_mask_saved = out.mask.defined() ? 3 : -1,
+           .from_preactivation = [](const Tensor& g, const std::vector<Tensor>& s,
+                                    std::span<GradSlot> grads) {
+             linear_backward(g, s[0], s[1], grads[0], grads[1],
+                             grads.size() > 2 ? grads[2] : GradSlot{});
+           }});
+    }
+  }
+  return out.y;
+}
+
+namespace {
+LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                      bool relu_mask) {
+  const char* op = linear_name(act);
+  const LinearDims d = check_linear(op, x, weight, bias);
+  const std::int64_t n = d.batch * d.out;
+  LinearOut o;
+  // y [B,out] = act(x [B,in] · Wᵀ + bias): the bias a row broadcast; GELU's input kept in z.
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    if (bias.defined()) {
+      scope.read({&x, &weight, &bias});
+    } else {
+      scope.read({&x, &weight});
+    }
+    o.y = new_output({d.batch, d.out}, x);
+    if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      T* out = ptr<T>(o.y);
+      T* pre = act == Activation::kGelu ? ptr<T>(o.z) : out;
+      const T* b = bias.defined() ? ptr<T>(bias) : nullptr;
+      const bool has_bias = bias.defined();
+      k::Epilogue ep = has_bias ? k::Epilogue::kBias : k::Epilogue::kNone;
+      if (act == Activation::kRelu) ep = has_bias ? k::Epilogue::kBiasRelu : k::Epilogue::kRelu;
+      if (act == Activation::kGelu) {
+        ep = has_bias ? k::Epilogue::kBiasGeluAux : k::Epilogue::kGeluAux;
+      }
+      // One kernel where cuBLASLt has the epilogue; else the GEMM, the bias and the activation.
+      // ReLU's bit mask for a fused backward, where asked for and cuBLASLt writes one.
+      bool fused = false;
+      if (act == Activation::kRelu && relu_mask) {
+        const std::int64_t words = k::relu_mask_bytes(d.batch, d.out) / 4;
+        o.mask = Tensor::empty({words}, {DType::kFloat32, x.device()});
+        fused = graphward::gemm_epilogue(
+            x.device(), scope.stream(), false, true, d.batch, d.out, d.in, ptr<T>(x),
+            ptr<T>(weight), out, has_bias ? k::Epilogue::kBiasReluAux : k::Epilogue::kReluAux, b,
+            o.mask.raw_data());
+        if (!fused) o.mask = Tensor();
+      }
+      fused = fused || (ep != k::Epilogue::kNone &&
+                        graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
+                                                 d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep,
+                                                 b, o.z.defined() ? pre : nullptr));
+      if (!fused) {
+        gemm_cuda<T>(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
+        if (has_bias) {
+          k::binary_forward(k::BinaryOp::kAdd, pre, pre, n, b, d.out, n, scope.stream());
+        }
+        if (act == Activation::kRelu) k::relu_forward(out, out, n, scope.stream());
+        if (act == Activation::kGelu) k::gelu_forward(out, pre, n, scope.stream());
+      }
+    });
+    return o;
+#endif
+  }
+  (void)relu_mask;  // the CPU backend needs no mask: its fused backward reads the output
+  o.y = new_output({d.batch, d.out}, x);
+  if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    T* out = ptr<T>(o.y);
+    T* pre = act == Activation::kGelu ? ptr<T>(o.z) : out;
+    gemm_cpu<T>(false, true, d.batch, d.out, d.in, x, weight, false, pre);
+    if (bias.defined()) {
+      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, pre, pre, n, ptr<T>(bias), d.out, n);
+    }
+    if (act == Activation::kRelu) k::cpu::relu_forward<T>(out, out, n);
+    if (act == Activation::kGelu) k::cpu::gelu_forward<T>(out, pre, n);
+  });
+  return o;
+}
+}  // namespace
+
+void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& saved, Activation act, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias) {
+  if (act == Activation::kNone) {
+    linear_backward(grad_out, x, weight, grad_x, grad_weight, grad_bias);
+    return;
+  }
+  const char* op = act == Activation::kRelu ? "linear_relu_backward" : "linear_gelu_backward";
+  const char* saved_name = act == Activation::kRelu ? "output" : "preactivation";
+  // Every check before anything is allocated or written (Note [Check, then write]).
+  const LinearDims d = check_linear(op, x, weight, Tensor());
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}},
+               /*cuda_bf16=*/true);
+  GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str({d.batch, d.out}));
+  check_same_shape(op, {"grad_out", &grad_out}, {saved_name, &saved});
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  if (!want_x && !want_w && !want_b) return;
+  // dz = dy · act'(·), a temporary; then the linear layer's backward of dz.
+  Tensor dz;
+  const std::int64_t n = d.batch * d.out;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &saved});
+    dz = new_output({d.batch, d.out}, x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (act == Activation::kRelu) {
+        k::relu_backward(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false, scope.stream());
+      } else {
+        k::gelu_backward(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false, scope.stream());
+      }
+    });
+#endif
+  } else {
+    dz = new_output({d.batch, d.out}, x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      if (act == Activation::kRelu) {
+        k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+      } else {
+        k::cpu::gelu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+      }
+    });
+  }
+  linear_backward(dz, x, weight, grad_x, grad_weight, grad_bias);
+}
+
+namespace {
+// Note [Backward epilogue fusion]: the checks of grad_x's epilogue (before anything is written).
+void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d, const Tensor& x) {
+  GW_CHECK(ep.act == Activation::kRelu || ep.act == Activation::kGelu, op,
+           ": grad_x's epilogue has no activation; expected ReLU or GELU");
+  GW_CHECK(ep.act_input.defined() && ep.act_input.shape() == Shape({d.batch, d.in}) &&
+               ep.act_input.dtype() == x.dtype() && ep.act_input.device() == x.device(),
+           op, ": grad_x's epilogue reads ", ep.act_input.str(), "; expected the [", d.batch, ", ",
+           d.in, "] ", dtype_name(x.dtype()), " activation input on ", x.device().str());
+  GW_CHECK(!ep.relu_mask.defined() ||
+               (ep.act == Activation::kRelu && x.is_cuda() &&
+                ep.relu_mask.nbytes() == static_cast<std::size_t>(
+                                             kernels::relu_mask_bytes(d.batch, d.in))),
+           op, ": grad_x's epilogue has a ReLU mask of ", ep.relu_mask.nbytes(),
+           " bytes; expected ", kernels::relu_mask_bytes(d.batch, d.in), " (CUDA, ReLU only)");
+}
+}  // namespace
+
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
+                     GradSlot grad_weight, GradSlot grad_bias) {
+  const char* op = "linear_backward";
+  const LinearDims d = check_linear(op, x, weight, Tensor());
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, /*cuda_bf16=*/true);
+  GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected the output's shape ",
+           shape_str({d.batch, d.out}));
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  // Note [Backward epilogue fusion]: grad_x is then the pre-activation gradient of the layer
+  // that made x.
+  const GradEpilogue* ep = want_x ? grad_x.epilogue : nullptr;
+  if (ep) {
+    check_epilogue(op, *ep, d, x);
+    GW_CHECK(!grad_x.accumulate, op, ": grad_x has an epilogue and accumulates; an epilogue "
+                                     "writes the sole gradient of its layer");
+  }
+  const std::int64_t nx = d.batch * d.in;
+  // dx [B,in] = dy [B,out] · W [out,in];  dW [out,in] = dyᵀ · x;  db [out] = Σ_rows dy
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &weight});
+    if (ep) {
+      if (ep->relu_mask.defined()) {
+        scope.read({&ep->act_input, &ep->relu_mask});
+      } else {
+        scope.read({&ep->act_input});
+      }
+    }
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (want_x && ep) {
+        (void)open_slot(grad_x, x, scope.stream());
+        T* dz = slot_ptr<T>(grad_x);
+        const bool relu = ep->act == Activation::kRelu;
+        const void* aux = relu ? (ep->relu_mask.defined() ? ep->relu_mask.raw_data() : nullptr)
+                               : ep->act_input.raw_data();
+        const bool fused =
+            aux != nullptr &&
+            graphward::gemm_act_grad(x.device(), scope.stream(), false, false, d.batch, d.in,
+                                     d.out, ptr<T>(grad_out), ptr<T>(weight), dz,
+                                     relu ? k::Epilogue::kDRelu : k::Epilogue::kDGelu, aux);
+        if (!fused) {  // the same arithmetic in two kernels
+          gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight,
+                       false, dz);
+          if (relu) {
+            k::relu_backward(dz, dz, ptr<T>(ep->act_input), nx, false, scope.stream());
+          } else {
+            k::gelu_backward(dz, dz, ptr<T>(ep->act_input), nx, false, scope.stream());
+          }
+        }
+      } else if (want_x) {
+        const bool acc = open_slot(grad_x, x, scope.stream());
+        gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
+                     slot_ptr<T>(grad_x));
+      }
+      const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
+      const bool acc_b = want_b && open_slot(grad_bias, {d.out}, x, scope.stream());
+      // The bias gradient rides in the weight-gradient GEMM's epilogue when it is written (the
+      // epilogue cannot accumulate): one launch fewer per layer.
+      bool bias_done = false;
+      if (want_w && want_b && !acc_b) {
+        bias_done = graphward::gemm_bias_grad(x.device(), scope.stream(), true, false, d.out,
+                                              d.in, d.batch, 1.f, ptr<T>(grad_out), ptr<T>(x),
+                                              acc_w ? 1.f : 0.f, slot_ptr<T>(grad_weight),
+                                              slot_ptr<T>(grad_bias));
+      }
+      if (want_w && !bias_done) {
+        gemm_cuda<T>(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
+                     slot_ptr<T>(grad_weight));
+      }
+      if (want_b && !bias_done) {
+        k::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, 1.f, d.batch, d.out,
+                         acc_b, scope.stream());
+      }
+    });
+    return;
+#endif
+  }
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, nullptr);
+      gemm_cpu<T>(false, false, d.batch, d.in, d.out, grad_out, weight, acc, slot_ptr<T>(grad_x));
+      if (ep) {  // the pre-activation gradient of x's layer
+        T* dz = slot_ptr<T>(grad_x);
+        if (ep->act == Activation::kRelu) {
+          k::cpu::relu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+        } else {
+          k::cpu::gelu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+        }
+      }
+    }
+    if (want_w) {
+      const bool acc = open_slot(grad_weight, weight, nullptr);
+      gemm_cpu<T>(true, false, d.out, d.in, d.batch, grad_out, x, acc, slot_ptr<T>(grad_weight));
+    }
+    if (want_b) {
+      const bool acc = open_slot(grad_bias, {d.out}, x, nullptr);
+      k::cpu::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, T(1), d.batch, d.out,
+                            acc);
+    }
+  });
+}
+
+}  // namespace graphward

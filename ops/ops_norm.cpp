@@ -1,0 +1,219 @@
+// layer_norm and embedding (kernels/norm.h).
+#include <cmath>
+
+#include "tape/autograd.h"
+#include "runtime/nvtx.h"
+#include "ops/ops_common.h"
+#include "kernels/norm.h"
+
+namespace graphward {
+using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
+namespace k = kernels;
+
+namespace {
+struct NormDims {
+  std::int64_t rows, cols;
+};
+NormDims check_layer_norm(const char* op, const Tensor& x, const Tensor& weight,
+                          const Tensor& bias) {
+  if (bias.defined()) {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+  } else {
+    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+  }
+  GW_CHECK(x.dim() >= 1, op, ": x has shape ", shape_str(x.shape()),
+           "; expected at least one dimension (normalized over the last)");
+  const std::int64_t cols = x.size(-1);
+  GW_CHECK(weight.shape() == Shape({cols}), op, ": weight has shape ", shape_str(weight.shape()),
+           "; expected [", cols, "] (x's last dimension)");
+  if (bias.defined()) {
+    GW_CHECK(bias.shape() == Shape({cols}), op, ": bias has shape ", shape_str(bias.shape()),
+             "; expected [", cols, "] (x's last dimension)");
+  }
+  return {x.numel() / cols, cols};
+}
+
+struct LayerNormOut {
+  Tensor y, mean, rstd;
+};
+LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  const char* op = "layer_norm";
+  const NormDims d = check_layer_norm(op, x, w, b);
+  GW_CHECK(std::isfinite(eps) && eps > 0, op, ": eps is ", eps, "; expected a finite eps > 0");
+  check_finite_scalar(op, eps, x);
+  LayerNormOut o;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    if (b.defined()) {
+      scope.read({&x, &w, &b});
+    } else {
+      scope.read({&x, &w});
+    }
+    o.y = new_output(x.shape(), x);
+    o.mean = new_output({d.rows}, x);
+    o.rstd = new_output({d.rows}, x);
+    k::layer_norm_forward(o.y.data<float>(), o.mean.data<float>(), o.rstd.data<float>(),
+                          x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
+                          d.rows, d.cols, static_cast<float>(eps), scope.stream());
+    return o;
+#endif
+  }
+  o.y = new_output(x.shape(), x);
+  o.mean = new_output({d.rows}, x);
+  o.rstd = new_output({d.rows}, x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    k::cpu::layer_norm_forward<T>(ptr<T>(o.y), ptr<T>(o.mean), ptr<T>(o.rstd), ptr<T>(x),
+                                  ptr<T>(w), b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
+                                  static_cast<T>(eps));
+  });
+  return o;
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::NvtxRange range("layer_norm");
+  LayerNormOut o = layer_norm_impl(x, weight, bias, eps);
+  if (needs_grad({&x, &weight, &bias})) {
+    auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+      layer_norm_backward(g, s[0], s[1], s[2], s[3], grads[0], grads[1],
+                          grads.size() > 2 ? grads[2] : GradSlot{});
+    };
+    std::vector<SavedTensor> saved{save("x", x), save("weight", weight), save("mean", o.mean),
+                                   save("rstd", o.rstd)};
+    if (bias.defined()) {
+      record("layer_norm", o.y, {&x, &weight, &bias}, std::move(saved), backward);
+    } else {
+      record("layer_norm", o.y, {&x, &weight}, std::move(saved), backward);
+    }
+  }
+  return o.y;
+}
+
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                         const Tensor& mean, const Tensor& rstd, GradSlot grad_x,
+                         GradSlot grad_weight, GradSlot grad_bias) {
+  const char* op = "layer_norm_backward";
+  const NormDims d = check_layer_norm(op, x, weight, Tensor());
+  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"mean", &mean}, {"rstd", &rstd}});
+  check_same_shape(op, {"grad_out", &grad_out}, {"x", &x});
+  GW_CHECK(mean.shape() == Shape({d.rows}) && rstd.shape() == Shape({d.rows}), op,
+           ": mean and rstd have shapes ", shape_str(mean.shape()), " and ",
+           shape_str(rstd.shape()), "; expected [", d.rows, "] (one per row of x)");
+  const bool want_x = check_slot(op, "grad_x", grad_x, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, weight.shape(), weight);
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &weight, &mean, &rstd});
+    if (want_x) {
+      const bool acc = open_slot(grad_x, x, scope.stream());
+      k::layer_norm_backward_input(grad_x.tensor->data<float>(), grad_out.data<float>(),
+                                   x.data<float>(), mean.data<float>(), rstd.data<float>(),
+                                   weight.data<float>(), d.rows, d.cols, acc, scope.stream());
+    }
+    if (want_w || want_b) {
+      const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
+      const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, scope.stream());
+      const std::int64_t ws = k::layer_norm_params_workspace(d.rows, d.cols);
+      const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
+      k::layer_norm_backward_params(want_w ? grad_weight.tensor->data<float>() : nullptr,
+                                    want_b ? grad_bias.tensor->data<float>() : nullptr,
+                                    grad_out.data<float>(), x.data<float>(), mean.data<float>(),
+                                    rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
+                                    ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+    }
+    return;
+#endif
+  }
+  const bool acc_x = want_x && open_slot(grad_x, x, nullptr);
+  const bool acc_w = want_w && open_slot(grad_weight, weight, nullptr);
+  const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, nullptr);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    k::cpu::layer_norm_backward<T>(want_x ? slot_ptr<T>(grad_x) : nullptr,
+                                   want_w ? slot_ptr<T>(grad_weight) : nullptr,
+                                   want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out),
+                                   ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<T>(weight), d.rows,
+                                   d.cols, acc_x, acc_w, acc_b);
+  });
+}
+
+namespace {
+void check_embedding(const char* op, const Tensor& table, const Tensor& ids) {
+  check_inputs(op, {{"table", &table}});
+  check_dim(op, {"table", &table}, 2);
+  GW_CHECK(ids.defined() && ids.dtype() == DType::kInt32 && ids.device() == table.device() &&
+               ids.numel() > 0,
+           op, ": ids are ", ids.defined() ? ids.str() : std::string("undefined"),
+           "; expected a non-empty int32 tensor on ", table.device().str());
+}
+Shape embedding_shape(const Tensor& table, const Tensor& ids) {
+  Shape s = ids.shape();
+  s.push_back(table.size(1));
+  return s;
+}
+}  // namespace
+
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  const char* op = "embedding";
+  detail::NvtxRange range(op);
+  check_embedding(op, table, ids);
+  const std::int64_t n = ids.numel(), vocab = table.size(0), dim = table.size(1);
+  Tensor y;
+  if (table.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(table.device());
+    scope.read({&table, &ids});
+    y = new_output(embedding_shape(table, ids), table);
+    k::embedding_forward(y.data<float>(), table.data<float>(), ids.data<std::int32_t>(), n, vocab,
+                         dim, scope.stream());
+#endif
+  } else {
+    check_index_values(op, "id", ids, vocab, "a row of the table");
+    const std::int32_t* id = ids.data<std::int32_t>();
+    y = new_output(embedding_shape(table, ids), table);
+    dispatch_cpu(table.dtype(), [&]<class T>() {
+      k::cpu::embedding_forward<T>(ptr<T>(y), ptr<T>(table), id, n, vocab, dim);
+    });
+  }
+  if (needs_grad({&table})) {
+    record(op, y, {&table, &ids}, {save("table", table), save("ids", ids)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             embedding_backward(g, s[0], s[1], grads[0]);
+           });
+  }
+  return y;
+}
+
+void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tensor& ids,
+                        GradSlot grad_table) {
+  const char* op = "embedding_backward";
+  check_embedding(op, table, ids);
+  check_inputs(op, {{"grad_out", &grad_out}, {"table", &table}});
+  GW_CHECK(grad_out.shape() == embedding_shape(table, ids), op, ": grad_out has shape ",
+           shape_str(grad_out.shape()), "; expected ", shape_str(embedding_shape(table, ids)));
+  const std::int64_t n = ids.numel(), vocab = table.size(0), dim = table.size(1);
+  check_index_values(op, "id", ids, vocab, "a row of the table");
+  if (!check_slot(op, "grad_table", grad_table, table)) return;
+  if (table.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(table.device());
+    scope.read({&grad_out, &ids});
+    const bool acc = open_slot(grad_table, table, scope.stream());
+    k::embedding_backward(grad_table.tensor->data<float>(), grad_out.data<float>(),
+                          ids.data<std::int32_t>(), n, vocab, dim, acc, scope.stream());
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_table, table, nullptr);
+  dispatch_cpu(table.dtype(), [&]<class T>() {
+    k::cpu::embedding_backward<T>(slot_ptr<T>(grad_table), ptr<T>(grad_out),
+                                  ids.data<std::int32_t>(), n, vocab, dim, acc);
+  });
+}
+
+}  // namespace graphward

@@ -1,0 +1,196 @@
+// softmax, log_softmax and cross_entropy over the last dimension (kernels/softmax.h).
+#include <algorithm>
+
+#include "tape/autograd.h"
+#include "runtime/nvtx.h"
+#include "ops/ops_common.h"
+#include "kernels/softmax.h"
+
+namespace graphward {
+using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
+namespace k = kernels;
+
+namespace {
+
+struct Rows {
+  std::int64_t rows, cols;
+};
+Rows rows_of(const char* op, const Tensor& x) {
+  GW_CHECK(x.dim() >= 1, op, ": x has shape ", shape_str(x.shape()),
+           "; expected at least one dimension (the classes are the last)");
+  const std::int64_t cols = x.size(-1);
+  return {x.numel() / cols, cols};
+}
+
+Tensor softmax_impl(const char* op, const Tensor& x, bool log) {
+  check_inputs(op, {{"x", &x}});
+  const Rows r = rows_of(op, x);
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&x});
+    Tensor y = new_output(x.shape(), x);
+    if (log) {
+      k::log_softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
+    } else {
+      k::softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
+    }
+    return y;
+#endif
+  }
+  Tensor y = new_output(x.shape(), x);
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    k::cpu::softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, log);
+  });
+  return y;
+}
+
+void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor& y,
+                           GradSlot grad_x, bool log) {
+  check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}});
+  check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
+  const Rows r = rows_of(op, y);
+  if (!check_slot(op, "grad_x", grad_x, y)) return;
+  if (y.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(y.device());
+    scope.read({&grad_out, &y});
+    const bool acc = open_slot(grad_x, y, scope.stream());
+    float* dx = grad_x.tensor->data<float>();
+    if (log) {
+      k::log_softmax_backward(dx, grad_out.data<float>(), y.data<float>(), r.rows, r.cols, acc,
+                              scope.stream());
+    } else {
+      k::softmax_backward(dx, grad_out.data<float>(), y.data<float>(), r.rows, r.cols, acc,
+                          scope.stream());
+    }
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_x, y, nullptr);
+  dispatch_cpu(y.dtype(), [&]<class T>() {
+    k::cpu::softmax_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(y), r.rows, r.cols,
+                                log, acc);
+  });
+}
+
+Tensor recorded_softmax(const char* op, bool log, const Tensor& x) {
+  detail::NvtxRange range(op);
+  Tensor y = softmax_impl(op, x, log);
+  if (needs_grad({&x})) {
+    record(op, y, {&x}, {save("output", y)},
+           [log](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             if (log) {
+               log_softmax_backward(g, s[0], grads[0]);
+             } else {
+               softmax_backward(g, s[0], grads[0]);
+             }
+           },
+           {NodeAttribute::integer(log)});
+  }
+  return y;
+}
+
+void check_targets(const char* op, const Tensor& logits, const Tensor& targets) {
+  check_inputs(op, {{"logits", &logits}});
+  check_dim(op, {"logits", &logits}, 2);
+  GW_CHECK(targets.defined() && targets.dtype() == DType::kInt32 &&
+               targets.shape() == Shape({logits.size(0)}) && targets.device() == logits.device(),
+           op, ": targets are ", targets.defined() ? targets.str() : std::string("undefined"),
+           "; expected int32[", logits.size(0), "] on ", logits.device().str(),
+           " (a class index per row of logits ", shape_str(logits.shape()), ")");
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x) {
+  return recorded_softmax("softmax", false, x);
+}
+Tensor log_softmax(const Tensor& x) {
+  return recorded_softmax("log_softmax", true, x);
+}
+void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
+  softmax_backward_impl("softmax_backward", grad_out, y, grad_x, false);
+}
+void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
+  softmax_backward_impl("log_softmax_backward", grad_out, y, grad_x, true);
+}
+
+namespace {
+struct CrossEntropyOut {
+  Tensor loss, lse;
+};
+CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) {
+  const char* op = "cross_entropy";
+  check_targets(op, logits, targets);
+  const std::int64_t rows = logits.size(0), cols = logits.size(1);
+  CrossEntropyOut o;
+  if (logits.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(logits.device());
+    scope.read({&logits, &targets});
+    o.loss = new_output({}, logits);
+    o.lse = new_output({rows}, logits);
+    k::cross_entropy_forward(o.loss.data<float>(), o.lse.data<float>(), logits.data<float>(),
+                             targets.data<std::int32_t>(), rows, cols, scope.stream());
+    return o;
+#endif
+  }
+  check_index_values(op, "target", targets, cols, "a class");
+  const std::int32_t* t = targets.data<std::int32_t>();
+  o.loss = new_output({}, logits);
+  o.lse = new_output({rows}, logits);
+  dispatch_cpu(logits.dtype(), [&]<class T>() {
+    k::cpu::cross_entropy_forward<T>(ptr<T>(o.loss), ptr<T>(o.lse), ptr<T>(logits), t, rows, cols);
+  });
+  return o;
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  detail::NvtxRange range("cross_entropy");
+  CrossEntropyOut o = cross_entropy_impl(logits, targets);
+  if (needs_grad({&logits})) {
+    record("cross_entropy", o.loss, {&logits, &targets},
+           {save("logits", logits), save("logsumexp", o.lse), save("targets", targets)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             cross_entropy_backward(g, s[0], s[1], s[2], grads[0]);
+           });
+  }
+  return o.loss;
+}
+
+void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, GradSlot grad_logits) {
+  const char* op = "cross_entropy_backward";
+  check_targets(op, logits, targets);
+  check_inputs(op, {{"grad_out", &grad_out}, {"logits", &logits}, {"logsumexp", &lse}});
+  GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
+           "; expected one element (the gradient of the loss)");
+  GW_CHECK(lse.shape() == Shape({logits.size(0)}), op, ": logsumexp has shape ",
+           shape_str(lse.shape()), "; expected [", logits.size(0), "]");
+  const std::int64_t rows = logits.size(0), cols = logits.size(1);
+  check_index_values(op, "target", targets, cols, "a class");
+  if (!check_slot(op, "grad_logits", grad_logits, logits)) return;
+  if (logits.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(logits.device());
+    scope.read({&grad_out, &logits, &lse, &targets});
+    const bool acc = open_slot(grad_logits, logits, scope.stream());
+    k::cross_entropy_backward(grad_logits.tensor->data<float>(), grad_out.data<float>(),
+                              logits.data<float>(), lse.data<float>(),
+                              targets.data<std::int32_t>(), rows, cols, acc, scope.stream());
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_logits, logits, nullptr);
+  dispatch_cpu(logits.dtype(), [&]<class T>() {
+    k::cpu::cross_entropy_backward<T>(slot_ptr<T>(grad_logits), ptr<T>(grad_out), ptr<T>(logits),
+                                      ptr<T>(lse), targets.data<std::int32_t>(), rows, cols, acc);
+  });
+}
+
+}  // namespace graphward

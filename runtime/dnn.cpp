@@ -1,0 +1,370 @@
+#include "runtime/dnn.h"
+
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+#include <cudnn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "base/error.h"
+#include "runtime/capture_mode.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace graphward::dnn {
+namespace {
+using kernels::ConvGeom;
+using kernels::PoolGeom;
+using kernels::PoolMode;
+
+// An owned cuDNN object: created by `create`, destroyed by `destroy` (a failure to destroy is
+// logged, never thrown).
+template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class Owned {
+ public:
+  Owned() { GW_CUDNN_CHECK(Create(&v_)); }
+  ~Owned() {
+    if (v_ && Destroy(v_) != CUDNN_STATUS_SUCCESS) {
+      detail::log_error(__FILE__, __LINE__, "destroying a cuDNN descriptor failed");
+    }
+  }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  T get() const { return v_; }
+
+ private:
+  T v_ = nullptr;
+};
+using TensorDesc =
+    Owned<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    Owned<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Owned<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                       cudnnDestroyConvolutionDescriptor>;
+using PoolDesc =
+    Owned<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
+
+int as_int(std::int64_t v, const char* what) {
+  GW_CHECK(v >= 0 && v <= INT32_MAX, "cuDNN: ", what, " is ", v, "; expected at most ", INT32_MAX);
+  return static_cast<int>(v);
+}
+void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h,
+              std::int64_t w) {
+  GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                            as_int(n, "N"), as_int(c, "C"), as_int(h, "H"),
+                                            as_int(w, "W")));
+}
+
+// Picks the first (the fastest, or the heuristic's first) of the results that succeeded, fits the
+// workspace limit, computes in fp32 and — when asked and where one does — is deterministic.
+template <class Perf>
+Perf pick(const std::vector<Perf>& results, int found, bool deterministic, const char* what) {
+  const Perf* any = nullptr;
+  for (int i = 0; i < found; ++i) {
+    const Perf& p = results[static_cast<std::size_t>(i)];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kDnnWorkspaceLimit) continue;
+    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+      continue;  // fp32 stays fp32 (no TF32)
+    }
+    if (!deterministic || p.determinism == CUDNN_DETERMINISTIC) return p;
+    if (!any) any = &p;
+  }
+  GW_CHECK(any, "conv2d: cuDNN offers no ", what, " algorithm for this shape within ",
+           kDnnWorkspaceLimit >> 20, " MiB of workspace");
+  return *any;
+}
+
+struct ConvKey {
+  std::int64_t n, c, h, w, k, r, s, pad, stride;
+  bool deterministic;
+  bool operator==(const ConvKey&) const = default;
+};
+struct ConvKeyHash {
+  std::size_t operator()(const ConvKey& g) const noexcept {
+    std::size_t h = 0;
+    for (std::int64_t v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride}) {
+      h = h * 1000003u ^ std::hash<std::int64_t>()(v);
+    }
+    return h * 2 + g.deterministic;
+  }
+};
+
+struct ConvPlan {
+  TensorDesc x, y, bias;
+  FilterDesc w;
+  ConvDesc conv;
+  cudnnConvolutionFwdAlgoPerf_t fwd{};
+  cudnnConvolutionBwdDataAlgoPerf_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter{};
+  bool timed = false;  // chosen by timing (cudnnFind*) rather than by the heuristic
+};
+
+struct PoolKey {
+  PoolMode mode;
+  std::int64_t n, c, h, w, window, pad, stride;
+  bool operator==(const PoolKey&) const = default;
+};
+struct PoolKeyHash {
+  std::size_t operator()(const PoolKey& g) const noexcept {
+    std::size_t h = static_cast<std::size_t>(g.mode);
+    for (std::int64_t v : {g.n, g.c, g.h, g.w, g.window, g.pad, g.stride}) {
+      h = h * 1000003u ^ std::hash<std::int64_t>()(v);
+    }
+    return h;
+  }
+};
+struct PoolPlan {
+  TensorDesc x, y;
+  PoolDesc pool;
+};
+
+class Handle {
+ public:
+  explicit Handle(Device device) : device_(device) {
+    DeviceGuard guard(device);
+    GW_CUDNN_CHECK(cudnnCreate(&h_));
+  }
+  ~Handle() {
+    try {
+      DeviceGuard guard(device_);
+      if (cudnnDestroy(h_) != CUDNN_STATUS_SUCCESS) {
+        detail::log_error(__FILE__, __LINE__, "cudnnDestroy failed while releasing a handle");
+      }
+    } catch (...) {
+      detail::log_error(__FILE__, __LINE__, "cudnnDestroy failed while releasing a handle");
+    }
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  cudnnHandle_t get() const { return h_; }
+
+ private:
+  Device device_;
+  cudnnHandle_t h_ = nullptr;
+};
+
+struct DeviceDnn {
+  std::unique_ptr<Handle> handle;
+  cudaStream_t bound = nullptr;
+  std::unordered_map<ConvKey, std::unique_ptr<ConvPlan>, ConvKeyHash> convs;
+  std::unordered_map<PoolKey, std::unique_ptr<PoolPlan>, PoolKeyHash> pools;
+};
+// Per thread, one entry per device touched; destroyed at thread exit.
+thread_local std::vector<std::unique_ptr<DeviceDnn>> t_dnn;
+
+DeviceDnn& device_dnn(Device device) {
+  check_cuda_device(device, "cuDNN");
+  if (t_dnn.size() <= static_cast<std::size_t>(device.index)) t_dnn.resize(device.index + 1);
+  auto& slot = t_dnn[device.index];
+  if (!slot) slot = std::make_unique<DeviceDnn>();
+  return *slot;
+}
+
+// The thread's handle for `device`, pointed at `stream`.
+cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
+  if (!d.handle) {
+    GW_CHECK(!capturing() && !stream_is_capturing(stream),
+             "conv2d/pooling: the first cuDNN call of this thread on ", device.str(),
+             " is inside a stream capture, where cuDNN cannot be initialized; expected one eager "
+             "step (or any conv2d or pooling call) on this thread before capturing");
+    d.handle = std::make_unique<Handle>(device);
+  }
+  if (d.bound != stream) {
+    GW_CUDNN_CHECK(cudnnSetStream(d.handle->get(), stream));
+    d.bound = stream;
+  }
+  return d.handle->get();
+}
+
+// GRAPHWARD_CUDNN_FIND=0 ranks by the heuristic even outside a capture (Note [cuDNN plans]).
+bool timing_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("GRAPHWARD_CUDNN_FIND");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return allowed;
+}
+
+ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
+  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic};
+  auto it = d.convs.find(key);
+  if (it != d.convs.end()) return *it->second;
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  auto p = std::make_unique<ConvPlan>();
+  set_nchw(p->x, g.n, g.c, g.h, g.w);
+  set_nchw(p->y, g.n, g.k, g.out_h(), g.out_w());
+  set_nchw(p->bias, 1, g.k, 1, 1);
+  GW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                            as_int(g.k, "K"), as_int(g.c, "C"), as_int(g.r, "R"),
+                                            as_int(g.s, "S")));
+  const int pad = as_int(g.pad, "padding"), stride = as_int(g.stride, "stride");
+  GW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv.get(), pad, pad, stride, stride, 1, 1,
+                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), CUDNN_FMA_MATH));  // no TF32
+  // Outside a capture the algorithms are timed (cudnnFind*: each candidate run once on scratch
+  // memory cuDNN allocates, then a synchronization — once per shape); inside one, where nothing
+  // may run or allocate, the heuristic ranks them.
+  p->timed = !capturing() && !stream_is_capturing(stream) && timing_allowed();
+  int found = 0, count = 0;
+  GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &count));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<std::size_t>(count));
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x.get(), p->w.get(), p->conv.get(),
+                                                        p->y.get(), count, &found, fwd.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        h, p->x.get(), p->w.get(), p->conv.get(), p->y.get(), count, &found, fwd.data()));
+  }
+  p->fwd = pick(fwd, found, g.deterministic, "forward");
+  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+  }
+  p->bwd_data = pick(bd, found, g.deterministic, "backward-data");
+  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
+  if (p->timed) {
+    GW_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+  } else {
+    GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+  }
+  p->bwd_filter = pick(bf, found, g.deterministic, "backward-filter");
+  // The heuristic's figure is an estimate: ask for the exact workspace of each choice.
+  GW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x.get(), p->w.get(), p->conv.get(),
+                                                         p->y.get(), p->fwd.algo,
+                                                         &p->fwd.memory));
+  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+      h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), p->bwd_data.algo,
+      &p->bwd_data.memory));
+  GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+      h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), p->bwd_filter.algo,
+      &p->bwd_filter.memory));
+  return *d.convs.emplace(key, std::move(p)).first->second;
+}
+
+// Scratch memory for one cuDNN call, from the caching allocator on the op's stream (graph memory
+// inside a capture); empty for none.
+Tensor workspace(Device device, std::size_t bytes) {
+  if (bytes == 0) return Tensor();
+  return Tensor::empty({static_cast<std::int64_t>((bytes + 3) / 4)}, {DType::kFloat32, device});
+}
+void* data_of(const Tensor& t) {
+  return t.defined() ? t.raw_data() : nullptr;
+}
+
+const float kOne = 1.f, kZero = 0.f;
+const float* beta_of(bool accumulate) {
+  return accumulate ? &kOne : &kZero;
+}
+
+}  // namespace
+
+void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float* y,
+                    const float* x, const float* w, const float* bias) {
+  DeviceDnn& d = device_dnn(device);
+  ConvPlan& p = conv_plan(d, device, stream, g);
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  const Tensor ws = workspace(device, p.fwd.memory);
+  GW_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.x.get(), x, p.w.get(), w, p.conv.get(),
+                                         p.fwd.algo, data_of(ws), p.fwd.memory, &kZero, p.y.get(),
+                                         y));
+  if (bias) GW_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.bias.get(), bias, &kOne, p.y.get(), y));
+}
+
+void conv2d_backward_data(Device device, cudaStream_t stream, const ConvGeom& g, float* dx,
+                          const float* dy, const float* w, bool accumulate) {
+  DeviceDnn& d = device_dnn(device);
+  ConvPlan& p = conv_plan(d, device, stream, g);
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  const Tensor ws = workspace(device, p.bwd_data.memory);
+  GW_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.w.get(), w, p.y.get(), dy, p.conv.get(),
+                                              p.bwd_data.algo, data_of(ws), p.bwd_data.memory,
+                                              beta_of(accumulate), p.x.get(), dx));
+}
+
+void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& g, float* dw,
+                            const float* dy, const float* x, bool accumulate) {
+  DeviceDnn& d = device_dnn(device);
+  ConvPlan& p = conv_plan(d, device, stream, g);
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  const Tensor ws = workspace(device, p.bwd_filter.memory);
+  GW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      h, &kOne, p.x.get(), x, p.y.get(), dy, p.conv.get(), p.bwd_filter.algo, data_of(ws),
+      p.bwd_filter.memory, beta_of(accumulate), p.w.get(), dw));
+}
+
+void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, float* db,
+                          const float* dy, bool accumulate) {
+  const std::int64_t ws = kernels::conv2d_bias_grad_workspace(g);
+  const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, device}) : Tensor();
+  kernels::conv2d_bias_grad(db, dy, g, accumulate, ws > 0 ? partial.data<float>() : nullptr,
+                            stream);
+}
+
+std::string conv2d_plan_description(Device device, const ConvGeom& g) {
+  DeviceDnn& d = device_dnn(device);
+  const ConvPlan& p = conv_plan(d, device, current_stream(device), g);
+  std::ostringstream os;
+  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory << " B), bwd data algo "
+     << p.bwd_data.algo << " (" << p.bwd_data.memory << " B, "
+     << (p.bwd_data.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
+     << "), bwd filter algo " << p.bwd_filter.algo << " (" << p.bwd_filter.memory << " B, "
+     << (p.bwd_filter.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
+     << ")";
+  return os.str();
+}
+
+namespace {
+PoolPlan& pool_plan(DeviceDnn& d, PoolMode mode, const PoolGeom& g) {
+  const PoolKey key{mode, g.n, g.c, g.h, g.w, g.window, g.pad, g.stride};
+  auto it = d.pools.find(key);
+  if (it != d.pools.end()) return *it->second;
+  auto p = std::make_unique<PoolPlan>();
+  set_nchw(p->x, g.n, g.c, g.h, g.w);
+  set_nchw(p->y, g.n, g.c, g.out_h(), g.out_w());
+  const int window = as_int(g.window, "window"), pad = as_int(g.pad, "padding"),
+            stride = as_int(g.stride, "stride");
+  GW_CUDNN_CHECK(cudnnSetPooling2dDescriptor(
+      p->pool.get(),
+      mode == PoolMode::kMax ? CUDNN_POOLING_MAX_DETERMINISTIC
+                             : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
+      CUDNN_PROPAGATE_NAN, window, window, pad, pad, stride, stride));
+  return *d.pools.emplace(key, std::move(p)).first->second;
+}
+}  // namespace
+
+void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g,
+                    float* y, const float* x) {
+  DeviceDnn& d = device_dnn(device);
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  PoolPlan& p = pool_plan(d, mode, g);
+  GW_CUDNN_CHECK(
+      cudnnPoolingForward(h, p.pool.get(), &kOne, p.x.get(), x, &kZero, p.y.get(), y));
+}
+
+void pool2d_backward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g,
+                     float* dx, const float* dy, const float* x, const float* y,
+                     bool accumulate) {
+  DeviceDnn& d = device_dnn(device);
+  const cudnnHandle_t h = handle_on(d, device, stream);
+  PoolPlan& p = pool_plan(d, mode, g);
+  // Average pooling reads neither x nor y; cuDNN's signature still takes them: dy stands for y
+  // (same shape) and dx for x.
+  GW_CUDNN_CHECK(cudnnPoolingBackward(h, p.pool.get(), &kOne, p.y.get(), y ? y : dy, p.y.get(),
+                                      dy, p.x.get(), x ? x : dx, beta_of(accumulate), p.x.get(),
+                                      dx));
+}
+
+}  // namespace graphward::dnn
+#endif

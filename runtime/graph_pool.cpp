@@ -1,0 +1,90 @@
+#include "runtime/graph_pool.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "runtime/memory_detail.h"
+
+namespace graphward {
+
+#if GRAPHWARD_HAS_CUDA
+// A block of `bytes` for an allocation on `stream` (being captured) from the pool: a reusable one,
+// or a new one made with cudaMalloc under a relaxed capture mode.
+void* detail::graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.free.find({stream, bytes});
+  if (it != st.free.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  auto un = st.unused.find(bytes);  // a block an earlier capture with this pool used
+  if (un != st.unused.end() && !un->second.empty()) {
+    void* p = un->second.back();
+    un->second.pop_back();
+    return p;
+  }
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  GW_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  // Note [Out of memory]: nothing to return inside a capture.
+  if (err == cudaErrorMemoryAllocation) {
+    detail::out_of_memory(st.device, bytes,
+                          "a block of the graph's memory pool (its intermediates)");
+  }
+  GW_CUDA_CHECK(err);
+  try {
+    st.blocks.emplace_back(p, bytes);
+  } catch (...) {
+    GW_CUDA_CHECK_NOTHROW(cudaFree(p));
+    throw;
+  }
+  st.bytes += bytes;
+  return p;
+}
+
+#endif
+
+GraphMemoryPool::GraphMemoryPool(Device device)
+    : state_(std::make_shared<detail::GraphPoolState>(device)) {
+  GW_CHECK(device.is_cuda(), "GraphMemoryPool: expected a CUDA device, got ", device.str());
+  check_cuda_device(device, "GraphMemoryPool");
+}
+
+GraphMemoryPool::~GraphMemoryPool() = default;  // blocks go with the last storage holding them
+
+std::size_t GraphMemoryPool::bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->bytes;
+}
+
+std::size_t GraphMemoryPool::blocks() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->blocks.size();
+}
+
+GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : state_(pool.state_) {
+  GW_CHECK(!detail::thread_graph_pool(),
+           "GraphPoolScope: a graph memory pool is already in use on this thread");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->scoped = true;
+  state_->unused.clear();  // a new capture: every block is free for it
+  for (const auto& [p, n] : state_->blocks) state_->unused[n].push_back(p);
+  detail::thread_graph_pool() = state_;
+}
+
+GraphPoolScope::~GraphPoolScope() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->scoped = false;
+  state_->free.clear();  // the graph is made: nothing is reused any more
+  state_->unused.clear();
+  detail::thread_graph_pool().reset();
+}
+
+}  // namespace graphward

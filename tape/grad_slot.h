@@ -1,0 +1,33 @@
+#pragma once
+// Where a backward writes an input's gradient (GradSlot; the contract: ops/ops.h, "Backward"),
+// and what the backward executor hands a linear layer's input gradient under Note [Backward
+// epilogue fusion] (ops/ops.h). Apart from the ops so that the tape (tape/autograd.h) can
+// name them without the ops.
+#include <cstdint>
+
+#include "runtime/tensor.h"
+
+namespace graphward {
+
+// A linear layer's fused activation (linear(x, weight, bias, act), ops/ops.h).
+enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
+
+// Note [Backward epilogue fusion]: the activation of the layer P whose output is this linear
+// layer's input, applied to the input gradient in the GEMM's epilogue.
+struct GradEpilogue {
+  Activation act = Activation::kNone;
+  Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
+  Tensor relu_mask;  // ReLU on CUDA: the bit mask of P's forward (undefined: none was written)
+};
+
+struct GradSlot {
+  Tensor* tensor = nullptr;
+  bool accumulate = false;
+  bool may_share = false;
+  // Note [Backward epilogue fusion]: set by the backward executor on the input gradient of a
+  // linear layer (linear_backward's grad_x) whose input is the output of a linear+activation
+  // layer: what to write into the slot is then that layer's pre-activation gradient.
+  const GradEpilogue* epilogue = nullptr;
+};
+
+}  // namespace graphward
