@@ -3,7 +3,7 @@
 // message says what was wrong and what was expected, followed by where it was detected.
 //
 // This header is the leaf of the runtime: it includes nothing else of graphward, which is why
-// kernels/ (below engine/ in the dependency order) may include it for its launch checks.
+// kernels/ (below runtime/ in the dependency order) may include it for its launch checks.
 //
 //   GW_CHECK(cond, parts...)  precondition; the parts are streamed into the message.
 //   GW_CUDA_CHECK(expr)       a CUDA runtime call; throws CudaError naming the expression.

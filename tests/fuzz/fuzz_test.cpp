@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "capture/signature.h"
-#include "engine/plan_checks.h"
+#include "backward/plan_checks.h"
 #include "tape/tape_log.h"
 #include "fuzz/random_program.h"
 #include "test_util.h"

@@ -5,7 +5,7 @@
 // Seeded and reproducible.
 #include <random>
 
-#include "engine/plan_checks.h"
+#include "backward/plan_checks.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "engine/dlpack_abi.h"
+#include "runtime/dlpack_abi.h"
 #include "test_util.h"
 
 namespace graphward {

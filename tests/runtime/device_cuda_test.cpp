@@ -8,7 +8,7 @@
 
 namespace graphward {
 namespace testing {
-int sm80_only_probe();  // tests/engine/no_code_probe.cu
+int sm80_only_probe();  // tests/runtime/no_code_probe.cu
 }  // namespace testing
 namespace {
 

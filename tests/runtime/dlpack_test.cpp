@@ -1,4 +1,4 @@
-// Note [DLPack] on the CPU: capsules made by hand (tests/engine/dlpack_abi.h) read without a copy
+// Note [DLPack] on the CPU: capsules made by hand (tests/runtime/dlpack_abi.h) read without a copy
 // and released once; tensors exported and kept alive until their deleter; every dtype both ways;
 // an imported parameter trained and its gradient read back; every malformed capsule refused by
 // name with nothing taken.
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/dlpack_abi.h"
+#include "runtime/dlpack_abi.h"
 #include "test_util.h"
 
 namespace graphward {
