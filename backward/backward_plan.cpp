@@ -526,8 +526,9 @@ std::vector<GradBucket> plan_grad_buckets(const BackwardPlan& plan, std::size_t 
     bucket.issue_after = std::max(bucket.issue_after, f.step);
     // Where the write happens: the step's stream, or its side stream (its leaf gradients).
     const bool side = f.step >= 0 && plan.steps[f.step].side_stream >= 0;
-    const int stream = f.step < 0 ? 0 : side ? plan.steps[f.step].side_stream
-                                             : plan.steps[f.step].stream;
+    const int stream = f.step < 0 ? 0
+                       : side     ? plan.steps[f.step].side_stream
+                                  : plan.steps[f.step].stream;
     auto same_stream = [&](const GradBucket::Ready& r) {
       if (r.step < 0) return stream == 0;  // the seeds are written on the caller's stream
       const BackwardPlan::Step& st = plan.steps[r.step];

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "tape/autograd.h"
 #include "runtime/device.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 
@@ -140,8 +140,8 @@ struct PlanOptions {
 // way. Where the GPU finishes each kernel before the host has issued the next, nothing can overlap
 // and the streams are all cost (the review's sweep at small N: docs/DECISIONS.md, "a short eager
 // backward runs on the caller's stream alone"). So an eager backward (EagerStreams::kAuto,
-// backward/backward.h) estimates its device work from the tape — each node's backward_flops() at the
-// device's float32 rate, plus the bytes of its inputs, output and saved tensors at the memory's
+// backward/backward.h) estimates its device work from the tape — each node's backward_flops() at
+// the device's float32 rate, plus the bytes of its inputs, output and saved tensors at the memory's
 // bandwidth (device_throughput, runtime/device.h: both rates low, so the estimate errs long) — and
 // where the whole of it is under kHostFloorUs a step (the least host time a step costs), runs every
 // step on the caller's stream (run_on_caller_stream). Only the streams change: the plan's buffers,
@@ -167,10 +167,10 @@ bool host_bound(const BackwardPlan& plan, DeviceThroughput throughput);
 void run_on_caller_stream(BackwardPlan& plan);
 
 // Note [Gradient buckets]
-// For data parallelism (a GradientReducer, backward/backward.h) the leaf gradients a plan writes are
-// reduced across processes in buckets, while the rest of the backward runs. A leaf's gradient is
-// final after the last step that writes it (its buffer's last_use), on that step's stream — or on
-// its side stream when the step is split (split_weight_grads puts leaf gradients there); a leaf
+// For data parallelism (a GradientReducer, backward/backward.h) the leaf gradients a plan writes
+// are reduced across processes in buckets, while the rest of the backward runs. A leaf's gradient
+// is final after the last step that writes it (its buffer's last_use), on that step's stream — or
+// on its side stream when the step is split (split_weight_grads puts leaf gradients there); a leaf
 // written only by a seed is final before the first step. Buckets take the leaves in the order
 // their gradients become final — estimated by running the plan with one unit of time a step, so
 // that across streams the leaves of parallel branches that are ready together go together (plan

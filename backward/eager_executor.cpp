@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "base/error.h"
-#include "runtime/blas.h"
 #include "ops/ops.h"
+#include "runtime/blas.h"
 
 namespace graphward {
 

@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "base/error.h"
 #include "backward/backward.h"
+#include "base/error.h"
 
 namespace graphward {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <unordered_map>
 
-#include "tape/autograd.h"
+#include "kernels/elementwise.h"
+#include "ops/ops_common.h"
 #include "runtime/memory.h"
 #include "runtime/nvtx.h"
-#include "ops/ops_common.h"
-#include "kernels/elementwise.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -30,7 +30,8 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
              " is ", p.str(), " and parameter 0 is ", first.str(),
              "; expected one device and one dtype");
     GW_CHECK(is_floating(p.dtype()) && p.dtype() != DType::kBFloat16, what, ": parameter ", i,
-             " is ", p.str(), "; expected a float32 or float64 tensor (bfloat16 parameters: keep "
+             " is ", p.str(),
+             "; expected a float32 or float64 tensor (bfloat16 parameters: keep "
              "a float32 copy to update, and cast() it)");
     if (p.is_cuda()) {
       GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
@@ -39,8 +40,10 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
     const Tensor& g = p.grad();
     if (g.defined()) {
       GW_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype() && g.device() == p.device(), what,
-               ": parameter ", i, "'s .grad is ", g.str(), "; expected the parameter's shape, "
-               "dtype and device (", p.str(), ")");
+               ": parameter ", i, "'s .grad is ", g.str(),
+               "; expected the parameter's shape, "
+               "dtype and device (",
+               p.str(), ")");
     }
   }
 }
@@ -50,11 +53,11 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
 void check_hyper(const char* what, const char* name, double v, double low, bool low_open,
                  DType dtype, double high = INFINITY) {
   const bool ok = std::isfinite(v) && (low_open ? v > low : v >= low) && v <= high;
-  GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ", low_open ? ">" : ">=",
-           " ", low, high < INFINITY ? " and <= " + std::to_string(high) : std::string());
-  GW_CHECK(finite_as(v, dtype), what, ": ",
-           name, " is ", v, ", which is infinite as ", dtype_name(dtype),
-           " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
+  GW_CHECK(ok, what, ": ", name, " is ", v, "; expected a finite value ",
+           low_open ? ">" : ">=", " ", low,
+           high < INFINITY ? " and <= " + std::to_string(high) : std::string());
+  GW_CHECK(finite_as(v, dtype), what, ": ", name, " is ", v, ", which is infinite as ",
+           dtype_name(dtype), " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
 }
 
 // Once, when an optimizer is made: every parameter a leaf, none given twice (two handles on one
@@ -248,8 +251,7 @@ void Optimizer::zero_grad() {
   }
 }
 
-Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
-    : Optimizer("Sgd", std::move(params), o.lr) {
+Sgd::Sgd(std::vector<Tensor> params, SgdOptions o) : Optimizer("Sgd", std::move(params), o.lr) {
   check_hyper(name_, "momentum", o.momentum, 0, false, dtype_);
   check_hyper(name_, "dampening", o.dampening, 0, false, dtype_, 1);
   check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
@@ -268,7 +270,7 @@ void Sgd::step() {
 
 #if GRAPHWARD_HAS_CUDA
 void Sgd::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
-                   cudaStream_t stream) {
+                      cudaStream_t stream) {
   k::sgd_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
 }
 #endif
@@ -302,7 +304,7 @@ void AdamW::step() {
 
 #if GRAPHWARD_HAS_CUDA
 void AdamW::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
-                   cudaStream_t stream) {
+                        cudaStream_t stream) {
   k::adamw_step(slices.data(), slices.size(), f32(lr_), done, hp_, stream);
 }
 #endif
@@ -340,8 +342,8 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
       grads[i]->storage()->sync_for_read(s);
       k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
     }
-    k::clip_coefficient(f32(norm), f32(scale), f32(parts),
-                        static_cast<std::int64_t>(grads.size()), static_cast<float>(max_norm), s);
+    k::clip_coefficient(f32(norm), f32(scale), f32(parts), static_cast<std::int64_t>(grads.size()),
+                        static_cast<float>(max_norm), s);
     for (const Tensor* g : grads) {
       g->storage()->sync_for_write(s);
       k::scale_by(f32(*g), f32(scale), g->numel(), s);
@@ -352,7 +354,8 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   }
   dispatch_cpu(norm.dtype(), [&]<class T>() {
     double total = 0;
-    for (const Tensor* g : grads) total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
+    for (const Tensor* g : grads)
+      total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
     const double nrm = std::sqrt(total);
     ptr<T>(norm)[0] = static_cast<T>(nrm);
     // A NaN norm makes every gradient NaN (torch.nn.utils.clip_grad_norm_), not none.

@@ -18,9 +18,9 @@
 #include "base/config.h"
 
 #include "backward/backward.h"
+#include "kernels/optim.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
-#include "kernels/optim.h"
 
 namespace graphward {
 
@@ -90,7 +90,7 @@ class Optimizer {
  private:
 #if GRAPHWARD_HAS_CUDA
   virtual void launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* done,
-                   cudaStream_t stream) = 0;
+                           cudaStream_t stream) = 0;
 #endif
   virtual void update_cpu(std::size_t i) = 0;
 

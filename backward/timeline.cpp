@@ -13,10 +13,18 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (const char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -71,9 +79,9 @@ std::string chrome_trace(const std::vector<StepTiming>& steps,
                    double host_us) {
     o << ",\n  {\"name\": " << json_string(name)
       << ", \"cat\": \"backward\", \"ph\": \"X\", \"pid\": 1, \"tid\": " << tid
-      << ", \"ts\": " << number(1e3 * start_ms) << ", \"dur\": "
-      << number(1e3 * (end_ms > start_ms ? end_ms - start_ms : 0.f)) << ", \"args\": {\"step\": "
-      << step << ", \"host_us\": " << number(host_us) << "}}";
+      << ", \"ts\": " << number(1e3 * start_ms)
+      << ", \"dur\": " << number(1e3 * (end_ms > start_ms ? end_ms - start_ms : 0.f))
+      << ", \"args\": {\"step\": " << step << ", \"host_us\": " << number(host_us) << "}}";
   };
   for (const StepTiming& t : steps) {
     GW_CHECK(t.stream >= 0 && static_cast<std::size_t>(t.stream) < stream_names.size(),
@@ -81,9 +89,9 @@ std::string chrome_trace(const std::vector<StepTiming>& steps,
              stream_names.size(), " named streams");
     event(t.label, t.stream, t.start_ms, t.end_ms, t.step, t.host_us);
     if (t.side_stream >= 0) {
-      GW_CHECK(static_cast<std::size_t>(t.side_stream) < stream_names.size(),
-               "chrome_trace: step ", t.step, "'s side part is on stream ", t.side_stream,
-               "; expected one of the ", stream_names.size(), " named streams");
+      GW_CHECK(static_cast<std::size_t>(t.side_stream) < stream_names.size(), "chrome_trace: step ",
+               t.step, "'s side part is on stream ", t.side_stream, "; expected one of the ",
+               stream_names.size(), " named streams");
       event(t.label + " (weight grads)", t.side_stream, t.side_start_ms, t.side_end_ms, t.step, 0);
     }
   }

@@ -10,10 +10,10 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/blas.h"
 #include "graphward.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "runtime/blas.h"
 
 namespace graphward::bench {
 

@@ -15,9 +15,9 @@
 #include <optional>
 
 #include "capture/backward_graph.h"
-#include "runtime/blas.h"
 #include "graphward.h"
 #include "kernels/gemm.h"
+#include "runtime/blas.h"
 
 namespace gw = graphward;
 
@@ -81,8 +81,8 @@ struct LinearInputs {
   gw::Tensor x, w, b, dy, dx, dw, db;
 };
 
-// Inputs are drawn once per size: random tensors are generated on the host (runtime/random.h), which
-// for 4096² takes seconds, and Google Benchmark calls a benchmark several times.
+// Inputs are drawn once per size: random tensors are generated on the host (runtime/random.h),
+// which for 4096² takes seconds, and Google Benchmark calls a benchmark several times.
 LinearInputs& linear_inputs(std::int64_t n) {
   static std::map<std::int64_t, LinearInputs> cache;
   auto it = cache.find(n);

@@ -83,14 +83,14 @@
 #include <vector>
 #include "base/config.h"
 
+#include "backward/backward.h"
+#include "backward/timeline.h"
 #include "capture/graph_cache.h"
 #include "capture/graph_topology.h"
 #include "capture/signature.h"
-#include "backward/backward.h"
-#include "tape/deferred_release.h"
 #include "runtime/graph_pool.h"
 #include "runtime/stream.h"
-#include "backward/timeline.h"
+#include "tape/deferred_release.h"
 
 namespace graphward {
 

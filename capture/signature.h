@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "tape/autograd.h"
 #include "backward/backward_plan.h"
+#include "tape/autograd.h"
 #include "tape/tape_log.h"
 
 namespace graphward::capture {

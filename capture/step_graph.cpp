@@ -4,9 +4,9 @@
 #include <optional>
 #include <unordered_set>
 
-#include "tape/autograd.h"
 #include "runtime/capture_mode.h"
 #include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 

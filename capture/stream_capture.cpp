@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "base/error.h"
-#include "tape/deferred_release.h"
 #include "runtime/memory.h"
 #include "runtime/ptr_index.h"
+#include "tape/deferred_release.h"
 
 namespace graphward::capture {
 

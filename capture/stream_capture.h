@@ -8,9 +8,9 @@
 #include "base/config.h"
 #include "capture/graph_topology.h"
 
+#include "kernels/shape.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
-#include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime.h>

@@ -7,8 +7,8 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
-#include "runtime/cuda.h"
 #include "kernels/shape.h"
+#include "runtime/cuda.h"
 
 #if GRAPHWARD_HAS_NCCL
 #include <nccl.h>

@@ -17,9 +17,9 @@
 
 #include "base/error.h"
 #include "dist/nccl_detail.h"
+#include "kernels/shape.h"
 #include "runtime/capture_mode.h"
 #include "runtime/memory.h"
-#include "kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL
 #include <nccl.h>

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "capture/backward_graph.h"
-#include "graphward.h"
 #include "examples/args.h"
+#include "graphward.h"
 
 namespace gw = graphward;
 

@@ -38,9 +38,9 @@
 #include "capture/backward_graph.h"
 #include "capture/step_graph.h"
 #include "dist/process_group.h"
-#include "graphward.h"
 #include "examples/args.h"
 #include "examples/example_main.h"
+#include "graphward.h"
 
 namespace gw = graphward;
 

@@ -25,8 +25,8 @@
 #include <span>
 #include <vector>
 
-#include "tape/grad_slot.h"
 #include "runtime/tensor.h"
+#include "tape/grad_slot.h"
 
 namespace graphward {
 
@@ -77,8 +77,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's
 // gradient dz = grad_out · act'(·) is formed once per call, then as linear_backward(dz, ...).
 void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                         const Tensor& saved, Activation act, GradSlot grad_x,
-                         GradSlot grad_weight, GradSlot grad_bias = {});
+                         const Tensor& saved, Activation act, GradSlot grad_x, GradSlot grad_weight,
+                         GradSlot grad_bias = {});
 
 // ---- elementwise --------------------------------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b);
@@ -213,7 +213,7 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
 
 struct Pool2dOptions {
   std::int64_t kernel = 2;
-  std::int64_t stride = 0;  // 0: the kernel size
+  std::int64_t stride = 0;   // 0: the kernel size
   std::int64_t padding = 0;  // at most kernel / 2
 };
 // The maximum of each window (padding never wins); saves x and the output. Its gradient goes to

@@ -2,11 +2,11 @@
 // reference on the CPU.
 #include <optional>
 
-#include "tape/autograd.h"
+#include "kernels/gemm.h"
+#include "ops/ops_common.h"
 #include "runtime/blas.h"
 #include "runtime/nvtx.h"
-#include "ops/ops_common.h"
-#include "kernels/gemm.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -35,13 +35,13 @@ BmmDims check_bmm(const char* op, const Tensor& a, const Tensor& b, bool ta, boo
 
 // c[i] (=|+=) op(x[i])·op(y[i]) for every matrix i of the batch; `stream`: the CUDA op's (unused
 // on the CPU).
-void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_t batch, std::int64_t m,
-             std::int64_t n, std::int64_t kk, const Tensor& x, const Tensor& y, bool accumulate,
-             const Tensor& c) {
+void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_t batch,
+             std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& x, const Tensor& y,
+             bool accumulate, const Tensor& c) {
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-    gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, 1.f, x.data<float>(),
-                 y.data<float>(), accumulate ? 1.f : 0.f, c.data<float>());
+    gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, 1.f, x.data<float>(), y.data<float>(),
+                 accumulate ? 1.f : 0.f, c.data<float>());
     return;
 #endif
   }

@@ -1,10 +1,11 @@
-// cast: conversions between floating-point element types (kernels/cast.h on CUDA; loops on the CPU).
+// cast: conversions between floating-point element types (kernels/cast.h on CUDA; loops on the
+// CPU).
 #include <optional>
 
-#include "tape/autograd.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/cast.h"
+#include "ops/ops_common.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -21,9 +22,8 @@ void check_cast(const char* op, const Tensor& x, DType from, DType to) {
            dtype_name(to), "; expected floating-point types (float32, float64, bfloat16)");
   if (x.is_cuda()) {
     auto on_cuda = [](DType d) { return d == DType::kFloat32 || d == DType::kBFloat16; };
-    GW_CHECK(on_cuda(from) && on_cuda(to), op, ": from ", dtype_name(from), " to ",
-             dtype_name(to), " on ", x.device().str(),
-             "; CUDA converts between float32 and bfloat16");
+    GW_CHECK(on_cuda(from) && on_cuda(to), op, ": from ", dtype_name(from), " to ", dtype_name(to),
+             " on ", x.device().str(), "; CUDA converts between float32 and bfloat16");
   }
 }
 
@@ -79,8 +79,8 @@ void convert(const Tensor& y, const Tensor& x, bool accumulate,
       kernels::float_to_bf16(static_cast<std::uint16_t*>(y.raw_data()), x.data<float>(), n,
                              accumulate, stream);
     } else {
-      kernels::bf16_to_float(y.data<float>(), static_cast<const std::uint16_t*>(x.raw_data()),
-                             n, accumulate, stream);
+      kernels::bf16_to_float(y.data<float>(), static_cast<const std::uint16_t*>(x.raw_data()), n,
+                             accumulate, stream);
     }
     return;
 #endif

@@ -15,8 +15,8 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda
     const Tensor& t = *in.tensor;
     GW_CHECK(is_floating(t.dtype()), op, ": input '", in.name, "' is ", t.str(),
              "; expected a floating-point tensor");
-    GW_CHECK(t.dtype() != DType::kBFloat16 || (cuda_bf16 && t.is_cuda()), op, ": input '",
-             in.name, "' is ", t.str(), "; ",
+    GW_CHECK(t.dtype() != DType::kBFloat16 || (cuda_bf16 && t.is_cuda()), op, ": input '", in.name,
+             "' is ", t.str(), "; ",
              cuda_bf16 ? "bfloat16 runs on CUDA only (on the CPU it is storage only): expected "
                          "float32 or float64 (convert with cast(x, DType::kFloat32))"
                        : "this op does not take bfloat16 yet: expected float32 (convert with "
@@ -25,8 +25,8 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda
              "); expected at least one element");
     if (t.is_cuda()) {
       GW_CHECK(t.dtype() == DType::kFloat32 || t.dtype() == DType::kBFloat16, op, ": input '",
-               in.name, "' is ", t.str(), cuda_bf16 ? "; CUDA ops take float32 or bfloat16"
-                                                    : "; CUDA ops take float32");
+               in.name, "' is ", t.str(),
+               cuda_bf16 ? "; CUDA ops take float32 or bfloat16" : "; CUDA ops take float32");
     }
     if (!first) {
       first = &in;
@@ -48,8 +48,8 @@ void check_same_shape(const char* op, Named a, Named b) {
            "; expected equal shapes");
 }
 
-void check_index_values(const char* op, const char* what, const Tensor& indices,
-                        std::int64_t bound, const char* expected) {
+void check_index_values(const char* op, const char* what, const Tensor& indices, std::int64_t bound,
+                        const char* expected) {
   if (indices.is_cuda()) return;
   const std::int32_t* v = indices.data<std::int32_t>();
   for (std::int64_t i = 0; i < indices.numel(); ++i) {
@@ -68,8 +68,8 @@ void check_finite_scalar(const char* op, double scalar, const Tensor& like) {
            "; expected a finite number (it would make every element non-finite)");
   // Note [Checked sizes]'s sibling for values: a scalar the kernels take in float32 must be
   // finite there too (1e39 is a finite double and an infinite float).
-  GW_CHECK(!like.defined() || finite_as(scalar, like.dtype()), op, ": the scalar is ",
-           scalar, ", which is infinite as ", dtype_name(like.dtype()),
+  GW_CHECK(!like.defined() || finite_as(scalar, like.dtype()), op, ": the scalar is ", scalar,
+           ", which is infinite as ", dtype_name(like.dtype()),
            " (the type the op computes in); expected a magnitude of at most ", FLT_MAX);
 }
 

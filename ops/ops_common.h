@@ -30,8 +30,8 @@ void check_dim(const char* op, Named t, std::int64_t dim);
 // Every int32 value of `indices` (ids, targets) in [0, bound), checked on the CPU backend — in an
 // op's forward and in its op-level backward alike — and refused by name ("id 3 is 7; expected a
 // row of the table in [0, 5)"). CUDA indices are not read back (each op says what happens there).
-void check_index_values(const char* op, const char* what, const Tensor& indices,
-                        std::int64_t bound, const char* expected);
+void check_index_values(const char* op, const char* what, const Tensor& indices, std::int64_t bound,
+                        const char* expected);
 // `scalar` is finite, also in the type `like` computes in (float32 unless `like` is float64).
 void check_finite_scalar(const char* op, double scalar, const Tensor& like);
 

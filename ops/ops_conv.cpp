@@ -2,12 +2,12 @@
 // (kernels/conv.h).
 #include <initializer_list>
 
-#include "tape/autograd.h"
-#include "runtime/dnn.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
+#include "ops/ops_common.h"
+#include "runtime/dnn.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -21,8 +21,9 @@ void check_cudnn(const char* op, const Tensor& x) {
   (void)op;
   (void)x;
 #if !GRAPHWARD_HAS_CUDNN
-  GW_CHECK(!x.is_cuda(), op, ": graphward was built without cuDNN, which CUDA convolution and "
-                             "pooling use; expected a CPU tensor (or a build that finds cuDNN)");
+  GW_CHECK(!x.is_cuda(), op,
+           ": graphward was built without cuDNN, which CUDA convolution and "
+           "pooling use; expected a CPU tensor (or a build that finds cuDNN)");
 #endif
 }
 
@@ -55,7 +56,7 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
            ": stride ", o.stride, " and padding ", o.padding,
            "; expected 1 <= stride and 0 <= padding, both below 2^31");
   const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
-                      weight.size(2), weight.size(3), o.padding, o.stride, o.deterministic};
+                      weight.size(2), weight.size(3), o.padding, o.stride,  o.deterministic};
   GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
            " channels and weight is ", shape_str(weight.shape()),
            "; expected weight [K, C, R, S] with C == x.shape[1]");
@@ -175,8 +176,7 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
   check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
   GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",
-           shape_str(grad_out.shape()), "; expected the output's shape ",
-           shape_str(conv_out(g)));
+           shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(conv_out(g)));
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
   const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
   const bool want_b = check_slot(op, "grad_bias", grad_bias, {g.k}, weight);
@@ -228,7 +228,8 @@ const char* pool_name(k::PoolMode mode, bool backward) {
   return backward ? "avg_pool2d_backward" : "avg_pool2d";
 }
 k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
-  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x), "; expected a 4-d tensor [N, C, H, W]");
+  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x),
+           "; expected a 4-d tensor [N, C, H, W]");
   const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
   GW_CHECK(o.kernel >= 1 && o.kernel <= kMaxGeom && o.stride >= 0 && o.stride <= kMaxGeom &&
                o.padding >= 0 && o.padding <= o.kernel / 2,
@@ -237,8 +238,8 @@ k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
            "0 <= padding <= kernel / 2");
   const k::PoolGeom g{x[0], x[1], x[2], x[3], o.kernel, o.padding, stride};
   check_geom(op, {g.n, g.c, g.h, g.w});
-  GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window,
-           "x", g.window, " window does not fit the padded ", g.h, "x", g.w,
+  GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window, "x",
+           g.window, " window does not fit the padded ", g.h, "x", g.w,
            " input; expected a window no larger than the padded input");
   check_geom(op, {g.out_h(), g.out_w()});
   return g;
@@ -283,9 +284,9 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
   GW_CHECK(grad_out.shape() == pool_out(g), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(pool_out(g)));
   if (mode == k::PoolMode::kMax) {
-    GW_CHECK(x.shape() == input_shape && y.shape() == pool_out(g), op, ": x ",
-             shape_str(x.shape()), " and y ", shape_str(y.shape()), "; expected ",
-             shape_str(input_shape), " and ", shape_str(pool_out(g)));
+    GW_CHECK(x.shape() == input_shape && y.shape() == pool_out(g), op, ": x ", shape_str(x.shape()),
+             " and y ", shape_str(y.shape()), "; expected ", shape_str(input_shape), " and ",
+             shape_str(pool_out(g)));
   }
   if (!check_slot(op, "grad_x", grad_x, input_shape, grad_out)) return;
   const bool max = mode == k::PoolMode::kMax;

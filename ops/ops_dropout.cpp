@@ -1,12 +1,12 @@
 // dropout with a device-held generator (runtime/generator.h, kernels/dropout.h).
 #include <cmath>
 
-#include "tape/autograd.h"
-#include "runtime/generator.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "ops/ops_common.h"
+#include "runtime/generator.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -16,9 +16,9 @@ using autograd_detail::save;
 namespace k = kernels;
 
 Generator::Generator(Device device, std::uint64_t seed) : seed_(seed) {
-  const std::vector<std::int32_t> words{static_cast<std::int32_t>(static_cast<std::uint32_t>(seed)),
-                                        static_cast<std::int32_t>(static_cast<std::uint32_t>(seed >> 32)),
-                                        0, 0};
+  const std::vector<std::int32_t> words{
+      static_cast<std::int32_t>(static_cast<std::uint32_t>(seed)),
+      static_cast<std::int32_t>(static_cast<std::uint32_t>(seed >> 32)), 0, 0};
   state_ = from_vector(words, {4}, device);
 }
 

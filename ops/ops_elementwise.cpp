@@ -1,11 +1,11 @@
 // Elementwise ops: add, sub, mul (tensor and scalar forms) and the activations.
 #include <cstring>
 
-#include "tape/autograd.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "ops/ops_common.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;

@@ -1,11 +1,11 @@
 // matmul and linear: GEMMs through cuBLAS on CUDA (kernels/gemm.h), the reference on the CPU.
-#include "tape/autograd.h"
-#include "runtime/blas.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "ops/ops_common.h"
+#include "runtime/blas.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -267,8 +267,8 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
       }
       fused = fused || (ep != k::Epilogue::kNone &&
                         graphward::gemm_epilogue(x.device(), scope.stream(), false, true, d.batch,
-                                                 d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep,
-                                                 b, o.z.defined() ? pre : nullptr));
+                                                 d.out, d.in, ptr<T>(x), ptr<T>(weight), out, ep, b,
+                                                 o.z.defined() ? pre : nullptr));
       if (!fused) {
         gemm_cuda<T>(scope, x.device(), false, true, d.batch, d.out, d.in, x, weight, false, pre);
         if (has_bias) {
@@ -299,8 +299,8 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
 }  // namespace
 
 void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                         const Tensor& saved, Activation act, GradSlot grad_x,
-                         GradSlot grad_weight, GradSlot grad_bias) {
+                         const Tensor& saved, Activation act, GradSlot grad_x, GradSlot grad_weight,
+                         GradSlot grad_bias) {
   if (act == Activation::kNone) {
     linear_backward(grad_out, x, weight, grad_x, grad_weight, grad_bias);
     return;
@@ -359,8 +359,8 @@ void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d,
            d.in, "] ", dtype_name(x.dtype()), " activation input on ", x.device().str());
   GW_CHECK(!ep.relu_mask.defined() ||
                (ep.act == Activation::kRelu && x.is_cuda() &&
-                ep.relu_mask.nbytes() == static_cast<std::size_t>(
-                                             kernels::relu_mask_bytes(d.batch, d.in))),
+                ep.relu_mask.nbytes() ==
+                    static_cast<std::size_t>(kernels::relu_mask_bytes(d.batch, d.in))),
            op, ": grad_x's epilogue has a ReLU mask of ", ep.relu_mask.nbytes(),
            " bytes; expected ", kernels::relu_mask_bytes(d.batch, d.in), " (CUDA, ReLU only)");
 }
@@ -382,8 +382,9 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   const GradEpilogue* ep = want_x ? grad_x.epilogue : nullptr;
   if (ep) {
     check_epilogue(op, *ep, d, x);
-    GW_CHECK(!grad_x.accumulate, op, ": grad_x has an epilogue and accumulates; an epilogue "
-                                     "writes the sole gradient of its layer");
+    GW_CHECK(!grad_x.accumulate, op,
+             ": grad_x has an epilogue and accumulates; an epilogue "
+             "writes the sole gradient of its layer");
   }
   const std::int64_t nx = d.batch * d.in;
   // dx [B,in] = dy [B,out] · W [out,in];  dW [out,in] = dyᵀ · x;  db [out] = Σ_rows dy
@@ -407,8 +408,8 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                                : ep->act_input.raw_data();
         const bool fused =
             aux != nullptr &&
-            graphward::gemm_act_grad(x.device(), scope.stream(), false, false, d.batch, d.in,
-                                     d.out, ptr<T>(grad_out), ptr<T>(weight), dz,
+            graphward::gemm_act_grad(x.device(), scope.stream(), false, false, d.batch, d.in, d.out,
+                                     ptr<T>(grad_out), ptr<T>(weight), dz,
                                      relu ? k::Epilogue::kDRelu : k::Epilogue::kDGelu, aux);
         if (!fused) {  // the same arithmetic in two kernels
           gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight,
@@ -430,10 +431,9 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       // epilogue cannot accumulate): one launch fewer per layer.
       bool bias_done = false;
       if (want_w && want_b && !acc_b) {
-        bias_done = graphward::gemm_bias_grad(x.device(), scope.stream(), true, false, d.out,
-                                              d.in, d.batch, 1.f, ptr<T>(grad_out), ptr<T>(x),
-                                              acc_w ? 1.f : 0.f, slot_ptr<T>(grad_weight),
-                                              slot_ptr<T>(grad_bias));
+        bias_done = graphward::gemm_bias_grad(
+            x.device(), scope.stream(), true, false, d.out, d.in, d.batch, 1.f, ptr<T>(grad_out),
+            ptr<T>(x), acc_w ? 1.f : 0.f, slot_ptr<T>(grad_weight), slot_ptr<T>(grad_bias));
       }
       if (want_w && !bias_done) {
         gemm_cuda<T>(scope, x.device(), true, false, d.out, d.in, d.batch, grad_out, x, acc_w,

@@ -1,10 +1,10 @@
 // layer_norm and embedding (kernels/norm.h).
 #include <cmath>
 
-#include "tape/autograd.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/norm.h"
+#include "ops/ops_common.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -66,8 +66,8 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
   o.mean = new_output({d.rows}, x);
   o.rstd = new_output({d.rows}, x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::layer_norm_forward<T>(ptr<T>(o.y), ptr<T>(o.mean), ptr<T>(o.rstd), ptr<T>(x),
-                                  ptr<T>(w), b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
+    k::cpu::layer_norm_forward<T>(ptr<T>(o.y), ptr<T>(o.mean), ptr<T>(o.rstd), ptr<T>(x), ptr<T>(w),
+                                  b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
                                   static_cast<T>(eps));
   });
   return o;
@@ -134,11 +134,10 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   const bool acc_w = want_w && open_slot(grad_weight, weight, nullptr);
   const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, nullptr);
   dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::layer_norm_backward<T>(want_x ? slot_ptr<T>(grad_x) : nullptr,
-                                   want_w ? slot_ptr<T>(grad_weight) : nullptr,
-                                   want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out),
-                                   ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<T>(weight), d.rows,
-                                   d.cols, acc_x, acc_w, acc_b);
+    k::cpu::layer_norm_backward<T>(
+        want_x ? slot_ptr<T>(grad_x) : nullptr, want_w ? slot_ptr<T>(grad_weight) : nullptr,
+        want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out), ptr<T>(x), ptr<T>(mean),
+        ptr<T>(rstd), ptr<T>(weight), d.rows, d.cols, acc_x, acc_w, acc_b);
   });
 }
 

@@ -1,8 +1,8 @@
 // Reductions and losses: sum, mean, mse_loss. Results are 0-d tensors that stay on the device.
-#include "tape/autograd.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/reduce.h"
+#include "ops/ops_common.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;

@@ -3,12 +3,12 @@
 #include <string>
 #include <utility>
 
-#include "tape/autograd.h"
-#include "runtime/checked.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/elementwise.h"
 #include "kernels/shape.h"
+#include "ops/ops_common.h"
+#include "runtime/checked.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -90,8 +90,8 @@ void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int6
   }
   const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
   dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::narrow_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w.rows, w.cols, start,
-                               length, acc);
+    k::cpu::narrow_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w.rows, w.cols, start, length,
+                               acc);
   });
 }
 
@@ -216,8 +216,7 @@ Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
   return y;
 }
 
-void transpose_backward(const Tensor& grad_out, std::int64_t d0, std::int64_t d1,
-                        GradSlot grad_x) {
+void transpose_backward(const Tensor& grad_out, std::int64_t d0, std::int64_t d1, GradSlot grad_x) {
   const char* op = "transpose_backward";
   check_inputs(op, {{"grad_out", &grad_out}});
   const k::SwapDims s = swap_of(op, grad_out.shape(), d0, d1);

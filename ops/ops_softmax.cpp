@@ -1,10 +1,10 @@
 // softmax, log_softmax and cross_entropy over the last dimension (kernels/softmax.h).
 #include <algorithm>
 
-#include "tape/autograd.h"
-#include "runtime/nvtx.h"
-#include "ops/ops_common.h"
 #include "kernels/softmax.h"
+#include "ops/ops_common.h"
+#include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -48,8 +48,8 @@ Tensor softmax_impl(const char* op, const Tensor& x, bool log) {
   return y;
 }
 
-void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor& y,
-                           GradSlot grad_x, bool log) {
+void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor& y, GradSlot grad_x,
+                           bool log) {
   check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}});
   check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
   const Rows r = rows_of(op, y);
@@ -181,8 +181,8 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
     scope.read({&grad_out, &logits, &lse, &targets});
     const bool acc = open_slot(grad_logits, logits, scope.stream());
     k::cross_entropy_backward(grad_logits.tensor->data<float>(), grad_out.data<float>(),
-                              logits.data<float>(), lse.data<float>(),
-                              targets.data<std::int32_t>(), rows, cols, acc, scope.stream());
+                              logits.data<float>(), lse.data<float>(), targets.data<std::int32_t>(),
+                              rows, cols, acc, scope.stream());
     return;
 #endif
   }

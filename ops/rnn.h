@@ -1,7 +1,8 @@
 #pragma once
 // Recurrent cells, written with the ops of ops/ops.h (their gradients follow from the tape):
 // PyTorch's LSTMCell and GRUCell. Each cell is two GEMMs (input and hidden projections of all the
-// gates at once) and pointwise ops on windows of them; in a captured step their launch cost is gone.
+// gates at once) and pointwise ops on windows of them; in a captured step their launch cost is
+// gone.
 #include "ops/ops.h"
 
 namespace graphward {
@@ -16,7 +17,8 @@ inline LstmState lstm_cell(const Tensor& x, const LstmState& s, const Tensor& w_
                            const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
   const std::int64_t hidden = s.h.size(-1);
   GW_CHECK(w_ih.dim() == 2 && w_ih.size(0) == 4 * hidden, "lstm_cell: W_ih is ",
-           shape_str(w_ih.shape()), "; expected [4·H, in] with H = ", hidden, " (h's last dimension)");
+           shape_str(w_ih.shape()), "; expected [4·H, in] with H = ", hidden,
+           " (h's last dimension)");
   const Tensor gates = add(linear(x, w_ih, b_ih), linear(s.h, w_hh, b_hh));
   const Tensor i = sigmoid(narrow(gates, 0, hidden));
   const Tensor f = sigmoid(narrow(gates, hidden, hidden));
@@ -33,11 +35,13 @@ inline Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, con
                        const Tensor& b_ih, const Tensor& b_hh) {
   const std::int64_t hidden = h.size(-1);
   GW_CHECK(w_ih.dim() == 2 && w_ih.size(0) == 3 * hidden, "gru_cell: W_ih is ",
-           shape_str(w_ih.shape()), "; expected [3·H, in] with H = ", hidden, " (h's last dimension)");
+           shape_str(w_ih.shape()), "; expected [3·H, in] with H = ", hidden,
+           " (h's last dimension)");
   const Tensor gx = linear(x, w_ih, b_ih), gh = linear(h, w_hh, b_hh);
   const Tensor r = sigmoid(add(narrow(gx, 0, hidden), narrow(gh, 0, hidden)));
   const Tensor z = sigmoid(add(narrow(gx, hidden, hidden), narrow(gh, hidden, hidden)));
-  const Tensor n = tanh(add(narrow(gx, 2 * hidden, hidden), mul(r, narrow(gh, 2 * hidden, hidden))));
+  const Tensor n =
+      tanh(add(narrow(gx, 2 * hidden, hidden), mul(r, narrow(gh, 2 * hidden, hidden))));
   return add(sub(n, mul(z, n)), mul(z, h));  // (1 − z)·n + z·h
 }
 

@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/capture_mode.h"
 #include "base/error.h"
+#include "kernels/reduce.h"
+#include "runtime/capture_mode.h"
 #include "runtime/gemm_choice.h"
 #include "runtime/memory.h"
-#include "kernels/reduce.h"
 
 namespace graphward {
 
@@ -181,13 +181,13 @@ struct FirstUse {
 // outside a stream capture times the heuristic's candidates (up to 8, each one kernel where split-K
 // is off, then one-kernel splits of k, and the heuristic's splits with their reduction kernel,
 // charged the host time of that second launch) on the caller's stream, with the caller's inputs
-// and scratch outputs, and keeps the fastest by GPU time (LtGemm::tune). Then it times what would run without
-// the plan: for a plain GEMM cuBLAS's own (cublasSgemm picks kernels by other rules, and for the
-// k-heavy weight gradients of small layers faster ones), for a fused bias gradient its GEMM and a
-// column sum apart; where that is more than 10% faster the plan is declined and the callers'
-// fallback runs instead. cuDNN's benchmark mode and torch.compile's max-autotune choose their
-// kernels the same way. This costs the first step a synchronization and a few milliseconds per
-// shape, once per process.
+// and scratch outputs, and keeps the fastest by GPU time (LtGemm::tune). Then it times what would
+// run without the plan: for a plain GEMM cuBLAS's own (cublasSgemm picks kernels by other rules,
+// and for the k-heavy weight gradients of small layers faster ones), for a fused bias gradient its
+// GEMM and a column sum apart; where that is more than 10% faster the plan is declined and the
+// callers' fallback runs instead. cuDNN's benchmark mode and torch.compile's max-autotune choose
+// their kernels the same way. This costs the first step a synchronization and a few milliseconds
+// per shape, once per process.
 //
 // The choice is made once per (shape, options, alignment) and device for the whole process, under
 // a lock, and never changes: every thread's plan runs it, and an eager backward and the replay of
@@ -490,7 +490,12 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
   // Backward epilogues (Note [Backward epilogue fusion]) keep the heuristic's split as the
   // forward ones do: removing it was measured slower and saved no kernel (docs/DECISIONS.md,
   // "a linear+activation layer's gradient rides in the next layer's GEMM").
-  const GemmKey key{m, n, k, trans_a, trans_b, alignment,
+  const GemmKey key{m,
+                    n,
+                    k,
+                    trans_a,
+                    trans_b,
+                    alignment,
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),
                                        .epilogue = epilogue,

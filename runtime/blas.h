@@ -10,9 +10,9 @@
 #include <cstdint>
 #include "base/config.h"
 
+#include "base/dtype.h"
 #include "runtime/cuda.h"
 #include "runtime/device.h"
-#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include "kernels/gemm.h"

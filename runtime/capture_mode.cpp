@@ -1,7 +1,7 @@
 #include "runtime/capture_mode.h"
 
-#include "runtime/cuda.h"
 #include "base/error.h"
+#include "runtime/cuda.h"
 
 namespace graphward {
 

@@ -8,10 +8,10 @@
 #include <cfloat>
 #include <cmath>
 
-#include "runtime/checked.h"
-#include "runtime/cuda.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "runtime/checked.h"
+#include "runtime/cuda.h"
 #if GRAPHWARD_HAS_CUDA
 #include "kernels/code_probe.h"
 #endif
@@ -187,8 +187,8 @@ std::string ask_device_code(Device device, int (*probe)(), const char* built, bo
             : device.str();
   const std::string cause = detail::concat(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
   if (!*permanent) {
-    return detail::concat(which, " could not be asked whether it runs graphward's kernels (",
-                          cause, ")");
+    return detail::concat(which, " could not be asked whether it runs graphward's kernels (", cause,
+                          ")");
   }
   const std::string arch = named ? detail::concat(prop.major, prop.minor) : std::string("native");
   const bool ptx = err == cudaErrorUnsupportedPtxVersion || err == cudaErrorInvalidPtx ||
@@ -246,8 +246,8 @@ void check_cuda_device(Device device, const char* what) {
       refusal = g_code_refusal[device.index];
     } else {
       bool permanent = false;
-      refusal = ask_device_code(device, library_code_probe, GRAPHWARD_CUDA_ARCHITECTURES,
-                                &permanent);
+      refusal =
+          ask_device_code(device, library_code_probe, GRAPHWARD_CUDA_ARCHITECTURES, &permanent);
       if (kept && refusal.empty()) {
         g_code_state[device.index].store(kCodeRuns, std::memory_order_release);
       } else if (kept && permanent) {

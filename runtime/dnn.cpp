@@ -52,8 +52,7 @@ int as_int(std::int64_t v, const char* what) {
   GW_CHECK(v >= 0 && v <= INT32_MAX, "cuDNN: ", what, " is ", v, "; expected at most ", INT32_MAX);
   return static_cast<int>(v);
 }
-void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h,
-              std::int64_t w) {
+void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
   GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
                                             as_int(n, "N"), as_int(c, "C"), as_int(h, "H"),
                                             as_int(w, "W")));
@@ -216,8 +215,8 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, p->x.get(), p->w.get(), p->conv.get(),
                                                         p->y.get(), count, &found, fwd.data()));
   } else {
-    GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-        h, p->x.get(), p->w.get(), p->conv.get(), p->y.get(), count, &found, fwd.data()));
+    GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.get(), p->w.get(), p->conv.get(),
+                                                          p->y.get(), count, &found, fwd.data()));
   }
   p->fwd = pick(fwd, found, g.deterministic, "forward");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
@@ -242,11 +241,9 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
   p->bwd_filter = pick(bf, found, g.deterministic, "backward-filter");
   // The heuristic's figure is an estimate: ask for the exact workspace of each choice.
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x.get(), p->w.get(), p->conv.get(),
-                                                         p->y.get(), p->fwd.algo,
-                                                         &p->fwd.memory));
+                                                         p->y.get(), p->fwd.algo, &p->fwd.memory));
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
-      h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), p->bwd_data.algo,
-      &p->bwd_data.memory));
+      h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), p->bwd_data.algo, &p->bwd_data.memory));
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
       h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), p->bwd_filter.algo,
       &p->bwd_filter.memory));
@@ -270,8 +267,8 @@ const float* beta_of(bool accumulate) {
 
 }  // namespace
 
-void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float* y,
-                    const float* x, const float* w, const float* bias) {
+void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float* y, const float* x,
+                    const float* w, const float* bias) {
   DeviceDnn& d = device_dnn(device);
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -299,9 +296,9 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
   const Tensor ws = workspace(device, p.bwd_filter.memory);
-  GW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      h, &kOne, p.x.get(), x, p.y.get(), dy, p.conv.get(), p.bwd_filter.algo, data_of(ws),
-      p.bwd_filter.memory, beta_of(accumulate), p.w.get(), dw));
+  GW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.x.get(), x, p.y.get(), dy, p.conv.get(),
+                                                p.bwd_filter.algo, data_of(ws), p.bwd_filter.memory,
+                                                beta_of(accumulate), p.w.get(), dw));
 }
 
 void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, float* db,
@@ -316,8 +313,8 @@ std::string conv2d_plan_description(Device device, const ConvGeom& g) {
   DeviceDnn& d = device_dnn(device);
   const ConvPlan& p = conv_plan(d, device, current_stream(device), g);
   std::ostringstream os;
-  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory << " B), bwd data algo "
-     << p.bwd_data.algo << " (" << p.bwd_data.memory << " B, "
+  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory
+     << " B), bwd data algo " << p.bwd_data.algo << " (" << p.bwd_data.memory << " B, "
      << (p.bwd_data.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
      << "), bwd filter algo " << p.bwd_filter.algo << " (" << p.bwd_filter.memory << " B, "
      << (p.bwd_filter.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
@@ -344,26 +341,23 @@ PoolPlan& pool_plan(DeviceDnn& d, PoolMode mode, const PoolGeom& g) {
 }
 }  // namespace
 
-void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g,
-                    float* y, const float* x) {
+void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g, float* y,
+                    const float* x) {
   DeviceDnn& d = device_dnn(device);
   const cudnnHandle_t h = handle_on(d, device, stream);
   PoolPlan& p = pool_plan(d, mode, g);
-  GW_CUDNN_CHECK(
-      cudnnPoolingForward(h, p.pool.get(), &kOne, p.x.get(), x, &kZero, p.y.get(), y));
+  GW_CUDNN_CHECK(cudnnPoolingForward(h, p.pool.get(), &kOne, p.x.get(), x, &kZero, p.y.get(), y));
 }
 
 void pool2d_backward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g,
-                     float* dx, const float* dy, const float* x, const float* y,
-                     bool accumulate) {
+                     float* dx, const float* dy, const float* x, const float* y, bool accumulate) {
   DeviceDnn& d = device_dnn(device);
   const cudnnHandle_t h = handle_on(d, device, stream);
   PoolPlan& p = pool_plan(d, mode, g);
   // Average pooling reads neither x nor y; cuDNN's signature still takes them: dy stands for y
   // (same shape) and dx for x.
-  GW_CUDNN_CHECK(cudnnPoolingBackward(h, p.pool.get(), &kOne, p.y.get(), y ? y : dy, p.y.get(),
-                                      dy, p.x.get(), x ? x : dx, beta_of(accumulate), p.x.get(),
-                                      dx));
+  GW_CUDNN_CHECK(cudnnPoolingBackward(h, p.pool.get(), &kOne, p.y.get(), y ? y : dy, p.y.get(), dy,
+                                      p.x.get(), x ? x : dx, beta_of(accumulate), p.x.get(), dx));
 }
 
 }  // namespace graphward::dnn

@@ -20,9 +20,9 @@
 #include <string>
 #include "base/config.h"
 
+#include "kernels/conv.h"
 #include "runtime/cuda.h"
 #include "runtime/device.h"
-#include "kernels/conv.h"
 
 namespace graphward::dnn {
 
@@ -33,12 +33,12 @@ inline constexpr std::size_t kDnnWorkspaceLimit = std::size_t{256} << 20;
 void conv2d_forward(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* y,
                     const float* x, const float* w, const float* bias);
 // dx, dw, db (=|+=) their gradients for dy.
-void conv2d_backward_data(Device device, cudaStream_t stream, const kernels::ConvGeom& g,
-                          float* dx, const float* dy, const float* w, bool accumulate);
+void conv2d_backward_data(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* dx,
+                          const float* dy, const float* w, bool accumulate);
 void conv2d_backward_filter(Device device, cudaStream_t stream, const kernels::ConvGeom& g,
                             float* dw, const float* dy, const float* x, bool accumulate);
-void conv2d_backward_bias(Device device, cudaStream_t stream, const kernels::ConvGeom& g,
-                          float* db, const float* dy, bool accumulate);
+void conv2d_backward_bias(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* db,
+                          const float* dy, bool accumulate);
 // The plan's algorithms and workspace sizes, readable (tests, benchmarks).
 std::string conv2d_plan_description(Device device, const kernels::ConvGeom& g);
 

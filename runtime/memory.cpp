@@ -359,8 +359,9 @@ Storage::~Storage() {
     settle();  // Note [Reads of a replayed step]: the free waits for the graph's read too
   } catch (const std::exception& e) {
     // Out of host memory: the free cannot be ordered after the read; keep the memory.
-    detail::log_error(__FILE__, __LINE__, std::string("Storage: ") + e.what() +
-                                              " (a block read by a replayed graph is kept)");
+    detail::log_error(
+        __FILE__, __LINE__,
+        std::string("Storage: ") + e.what() + " (a block read by a replayed graph is kept)");
     return;
   }
   // Note [Frees during a capture]
@@ -387,7 +388,7 @@ Storage::~Storage() {
     return;
   }
   if (slot_ && release_to_arena()) return;  // the arena keeps the memory (Note [Step arena])
-  if (graph_pool_) {  // the pool keeps the memory (Note [Graph memory pool])
+  if (graph_pool_) {                        // the pool keeps the memory (Note [Graph memory pool])
     try {
       std::lock_guard<std::mutex> lock(graph_pool_->mutex);
       if (graph_pool_->scoped && other_streams_.empty() && fences_.empty()) {
@@ -453,7 +454,8 @@ bool Storage::order_after_users() noexcept {
     if (!ev) {
       // Cannot order the free after those streams' work: keep the memory rather than risk reuse
       // (after a kernel fault the context is lost anyway: reported once, Note [Kernel faults]).
-      detail::log_error(__FILE__, __LINE__, "Storage: no event to order a free by (a block is kept)");
+      detail::log_error(__FILE__, __LINE__,
+                        "Storage: no event to order a free by (a block is kept)");
       return false;
     }
     for (cudaStream_t s : other_streams_) {
@@ -504,7 +506,7 @@ void Storage::settle_step_reads() const {
   // is bookkeeping the const queries apply before they answer.
   Storage& self = const_cast<Storage&>(*this);
   const detail::StepReads& step = *step_reads_;
-  if (step.fence) self.add_read(step.stream, step.fence);  // may throw: nothing changed then
+  if (step.fence) self.add_read(step.stream, step.fence);    // may throw: nothing changed then
   saves_.fetch_sub(step_saves_, std::memory_order_relaxed);  // the step's nodes are released
   step_saves_ = 0;
   step_reads_.reset();

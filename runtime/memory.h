@@ -71,9 +71,9 @@ class JoinedFrees;
 // of a later step saved before this step was replayed (`lost`: it can keep track of one step), a
 // node the backward does not reach, a signature walked instead of logged.
 struct StepReads {
-  std::atomic<bool> replayed{false};  // set once, after the fields below
-  cudaStream_t stream = nullptr;        // the replay's (caller's) stream
-  std::shared_ptr<const Event> fence;   // recorded on `stream` by the replay, or none
+  std::atomic<bool> replayed{false};   // set once, after the fields below
+  cudaStream_t stream = nullptr;       // the replay's (caller's) stream
+  std::shared_ptr<const Event> fence;  // recorded on `stream` by the replay, or none
   // Written on the thread that records the step's nodes, read by its replay (the same thread).
   bool partial = false;
   bool lost = false;
@@ -175,9 +175,9 @@ class Storage : public std::enable_shared_from_this<Storage> {
   void bump_version();
   // A node saved (+1) or released (-1) a tensor of this storage.
   void note_saved(int delta) const { saves_.fetch_add(delta, std::memory_order_relaxed); }
-  // Note [Leaves shared across threads] (backward/eager_executor.cpp): a backward holds the claim on
-  // each leaf it writes the .grad of (this storage is the leaf's) while it runs. try_claim takes it
-  // if free; claim waits for it; release gives it back and wakes a waiter.
+  // Note [Leaves shared across threads] (backward/eager_executor.cpp): a backward holds the claim
+  // on each leaf it writes the .grad of (this storage is the leaf's) while it runs. try_claim takes
+  // it if free; claim waits for it; release gives it back and wakes a waiter.
   bool try_claim_grad() const { return !grad_claim_.exchange(true, std::memory_order_acquire); }
   void claim_grad() const {
     while (grad_claim_.exchange(true, std::memory_order_acquire)) {
@@ -228,8 +228,8 @@ class Storage : public std::enable_shared_from_this<Storage> {
   void record_use(cudaStream_t stream, bool wrote);
   // The same, for a read by work that `done` (an event recorded on `stream` after that work)
   // completes: later writers on other streams and the free wait for `done` instead of recording an
-  // event of their own on `stream` (no CUDA call here; one event can cover a whole step's storages).
-  // A newer fence on the same stream replaces an older one. CUDA only.
+  // event of their own on `stream` (no CUDA call here; one event can cover a whole step's
+  // storages). A newer fence on the same stream replaces an older one. CUDA only.
   void record_read(cudaStream_t stream, std::shared_ptr<const Event> done) {
     settle();
     add_read(stream, std::move(done));
@@ -281,8 +281,8 @@ class Storage : public std::enable_shared_from_this<Storage> {
   Device device_;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
-  std::size_t block_bytes_ = 0;  // the block's size (bytes_ rounded up)
-  bool cacheable_ = false;       // may go to the block cache when freed (Note [Block cache])
+  std::size_t block_bytes_ = 0;    // the block's size (bytes_ rounded up)
+  bool cacheable_ = false;         // may go to the block cache when freed (Note [Block cache])
   bool graph_allocation_ = false;  // allocated inside a capture (an allocation node's memory)
   std::shared_ptr<detail::ArenaSlot> slot_;    // the step-arena slot it was served from, if any
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
@@ -294,7 +294,7 @@ class Storage : public std::enable_shared_from_this<Storage> {
   // memory (on the current device); false, with the reason logged, if it could not.
   bool order_after_users() noexcept;
   std::uint64_t version_ = 0;
-  mutable std::atomic<int> saves_{0};  // live nodes that saved a tensor of this storage
+  mutable std::atomic<int> saves_{0};            // live nodes that saved a tensor of this storage
   mutable std::atomic<bool> grad_claim_{false};  // try_claim_grad()
   // Note [Reads of a replayed step]: the step whose nodes saved it last, and how many of its
   // saves_ are theirs (given back when the step's read is settled).
@@ -308,15 +308,15 @@ class Storage : public std::enable_shared_from_this<Storage> {
   void add_read(cudaStream_t stream, std::shared_ptr<const Event> done);
   cudaStream_t alloc_stream_ = nullptr;
   cudaStream_t producer_ = nullptr;
-  Event producer_event_;                        // created on the first cross-stream read
-  std::uint64_t writes_ = 0;                    // number of writes so far
-  std::uint64_t event_for_write_ = UINT64_MAX;  // the write the event was recorded after
-  std::vector<cudaStream_t> waited_for_write_;  // streams that waited on that event (no capture)
-  std::vector<cudaStream_t> other_streams_;     // streams other than alloc_stream_ that used it
+  Event producer_event_;                         // created on the first cross-stream read
+  std::uint64_t writes_ = 0;                     // number of writes so far
+  std::uint64_t event_for_write_ = UINT64_MAX;   // the write the event was recorded after
+  std::vector<cudaStream_t> waited_for_write_;   // streams that waited on that event (no capture)
+  std::vector<cudaStream_t> other_streams_;      // streams other than alloc_stream_ that used it
   std::vector<cudaStream_t> reads_since_write_;  // streams other than producer_ that read it since
-  bool watched_ = false;                          // watch()
-  bool recorded_ = false;                         // mark_recorded()
-  void new_hazard() const;                        // bumps the epoch if watched
+  bool watched_ = false;                         // watch()
+  bool recorded_ = false;                        // mark_recorded()
+  void new_hazard() const;                       // bumps the epoch if watched
   // Reads by work that an event completes (record_read): (the event's stream, the event).
   std::vector<std::pair<cudaStream_t, std::shared_ptr<const Event>>> fences_;
 };
@@ -363,7 +363,7 @@ class JoinedFrees {
   void give_back() noexcept;
   Device device_;
   cudaStream_t caller_ = nullptr;
-  std::vector<cudaStream_t> joined_;  // the caller's stream first
+  std::vector<cudaStream_t> joined_;                  // the caller's stream first
   const std::vector<cudaStream_t>* moved_ = nullptr;  // the caller's (outlives the scope)
   struct Block {
     void* data;

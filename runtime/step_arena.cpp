@@ -1,5 +1,6 @@
 #include "runtime/step_arena.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <utility>

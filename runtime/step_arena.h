@@ -15,8 +15,8 @@
 // S only after S waited for the event recorded by record_step_end() (the end of the previous
 // step's backward) and for every other stream that used the slot's memory before it was released
 // (events recorded at release; an event that many slots share, such as a replayed backward's
-// fence, is waited on once a stream and step). Allocations on a stream that is being captured into a CUDA graph
-// bypass the arena: graph memory belongs to the graph.
+// fence, is waited on once a stream and step). Allocations on a stream that is being captured into
+// a CUDA graph bypass the arena: graph memory belongs to the graph.
 //
 // CPU tensors are served too (no streams, no events): the arena's matching logic is the same, and
 // it is what CI tests.

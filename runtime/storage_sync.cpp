@@ -76,9 +76,8 @@ bool Storage::wait_logged_outside(cudaStream_t stream, cudaStream_t other) const
 }
 
 void Storage::note_use(cudaStream_t stream) {
-  if (stream != producer_ &&
-      std::find(reads_since_write_.begin(), reads_since_write_.end(), stream) ==
-          reads_since_write_.end()) {
+  if (stream != producer_ && std::find(reads_since_write_.begin(), reads_since_write_.end(),
+                                       stream) == reads_since_write_.end()) {
     reads_since_write_.push_back(stream);
     new_hazard();
   }
@@ -126,7 +125,8 @@ void Storage::sync_for_read(cudaStream_t stream) {
   // recorded outside cannot be waited on inside: while graphward captures (a StepGraph's forward
   // reads across streams here), the event is recorded for this read alone and not kept.
   const bool in_capture = capturing();
-  if (in_capture && wait_logged_outside(stream, producer_)) {  // Note [Memory from outside a capture]
+  if (in_capture &&
+      wait_logged_outside(stream, producer_)) {  // Note [Memory from outside a capture]
     note_use(stream);
     return;
   }

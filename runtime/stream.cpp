@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/capture_mode.h"
 #include "base/error.h"
+#include "runtime/capture_mode.h"
 
 namespace graphward {
 

@@ -286,8 +286,9 @@ namespace {
 // A finite value that the tensor's type would make infinite (1e39 as float32) is refused; NaN and
 // the infinities are taken as given.
 void check_representable(const char* what, double value, DType dtype) {
-  GW_CHECK(!std::isfinite(value) || finite_as(value, dtype), what, ": ", value, " is finite but infinite as ", dtype_name(dtype),
-           "; expected a magnitude of at most ", FLT_MAX, " (or a float64 tensor)");
+  GW_CHECK(!std::isfinite(value) || finite_as(value, dtype), what, ": ", value,
+           " is finite but infinite as ", dtype_name(dtype), "; expected a magnitude of at most ",
+           FLT_MAX, " (or a float64 tensor)");
 }
 }  // namespace
 

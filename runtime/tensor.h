@@ -12,10 +12,10 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/cuda.h"
-#include "runtime/device.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "runtime/cuda.h"
+#include "runtime/device.h"
 #include "runtime/memory.h"
 
 namespace graphward {

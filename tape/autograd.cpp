@@ -144,7 +144,7 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
     if (st) st->note_saved(+1);
   }
   detail::tape_log_append(*this);  // Note [Tape log]
-  if (log_epoch != 0) {  // Note [Reads of a replayed step]
+  if (log_epoch != 0) {            // Note [Reads of a replayed step]
     step_reads_ = detail::tape_log().reads;
     if (step_reads_) {
       for (const Storage* st : saved_storages_) {
@@ -228,7 +228,8 @@ void Node::set_activation_fusion(ActivationFusion fusion) {
                fusion.act_input_saved >= 0 &&
                fusion.act_input_saved < static_cast<int>(saved_.size()) &&
                fusion.relu_mask_saved < static_cast<int>(saved_.size()),
-           "node ", label(), ": an activation fusion needs an activation, its saved input and a "
+           "node ", label(),
+           ": an activation fusion needs an activation, its saved input and a "
            "backward from the pre-activation");
   fusion_ = std::make_unique<ActivationFusion>(std::move(fusion));
 }
@@ -267,8 +268,7 @@ void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation
 
 void Node::substitute_saved(std::size_t j, const Tensor& copy) {
   GW_CHECK(!released() && j < saved_.size() && saved_[j].tensor.defined() && copy.defined() &&
-               copy.shape() == saved_[j].tensor.shape() &&
-               copy.dtype() == saved_[j].tensor.dtype(),
+               copy.shape() == saved_[j].tensor.shape() && copy.dtype() == saved_[j].tensor.dtype(),
            "Node::substitute_saved: ", label(), " has no saved tensor ", j, " like ",
            copy.defined() ? copy.str() : std::string("an undefined tensor"));
   if (saved_storages_[j]) {

@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "tape/grad_slot.h"
 #include "runtime/tensor.h"
+#include "tape/grad_slot.h"
 
 namespace graphward {
 
@@ -170,8 +170,8 @@ class Node {
   // Note [Backward epilogue fusion] (ops/ops.h): set by linear() on the nodes it records.
   struct ActivationFusion {
     Activation act = Activation::kNone;
-    int act_input_saved = -1;  // saved index: the output (ReLU) or the pre-activation (GELU)
-    int relu_mask_saved = -1;  // saved index of ReLU's bit mask, or -1 (none was written)
+    int act_input_saved = -1;       // saved index: the output (ReLU) or the pre-activation (GELU)
+    int relu_mask_saved = -1;       // saved index of ReLU's bit mask, or -1 (none was written)
     BackwardFn from_preactivation;  // the backward given the pre-activation's gradient
   };
   // Set on a linear+activation layer, which may leave its activation backward to the layer that

@@ -160,8 +160,9 @@ void ReleaseWorker::hand(std::vector<SavedTensor>& saved, std::vector<Node*>& no
     try {
       st.thread = std::thread([state = state_] { state->run(); });
     } catch (const std::exception& e) {
-      log_error(__FILE__, __LINE__, std::string("ReleaseWorker: no thread (") + e.what() +
-                                        "); the saved tensors are released on the caller's thread");
+      log_error(__FILE__, __LINE__,
+                std::string("ReleaseWorker: no thread (") + e.what() +
+                    "); the saved tensors are released on the caller's thread");
       if (before) before();
       for (Node* n : nodes) n->drop_saved_of_replayed_step();
       nodes.clear();

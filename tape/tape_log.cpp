@@ -129,9 +129,9 @@ void tape_log_append(Node& node) {
   }
   if (log.on_track) {  // the running comparison with the last replayed signature
     const std::size_t n = log.words.size() - at;
-    log.on_track = at + n <= log.expect->size() &&
-                   std::memcmp(log.expect->data() + at, log.words.data() + at,
-                               n * sizeof(std::uint64_t)) == 0;
+    log.on_track =
+        at + n <= log.expect->size() &&
+        std::memcmp(log.expect->data() + at, log.words.data() + at, n * sizeof(std::uint64_t)) == 0;
   }
 }
 

@@ -69,15 +69,19 @@ struct UninitAllocator : std::allocator<T> {
 using Words = std::vector<std::uint64_t, UninitAllocator<std::uint64_t>>;
 
 // Who owns an address of a signature (for readable reasons): kind, index (node or leaf), j.
-enum AddressOwnerKind : std::uint32_t { kOwnerSaved = 1, kOwnerLeafData = 2, kOwnerLeafGrad = 3,
-                                        kOwnerSeed = 4 };
+enum AddressOwnerKind : std::uint32_t {
+  kOwnerSaved = 1,
+  kOwnerLeafData = 2,
+  kOwnerLeafGrad = 3,
+  kOwnerSeed = 4
+};
 inline std::uint32_t address_owner(AddressOwnerKind kind, std::uint32_t index, std::uint32_t j) {
   return (static_cast<std::uint32_t>(kind) << 28) | ((index & 0xFFFFF) << 8) | (j & 0xFF);
 }
 
 // The first word of a signature: how it was made (a log's and a walk's numberings differ, so the
 // two kinds never compare equal).
-inline constexpr std::uint64_t kLogSignatureTag = 0x4c4f47;    // "LOG"
+inline constexpr std::uint64_t kLogSignatureTag = 0x4c4f47;     // "LOG"
 inline constexpr std::uint64_t kWalkSignatureTag = 0x57414c4b;  // "WALK"
 // Opens a leaf's record: its dtype and shape (in the log: after the record of the node that first
 // used it; in a walk's signature: after all the nodes).
@@ -90,15 +94,15 @@ struct TapeLog {
   const char* unusable = nullptr;  // why the log cannot stand for the tape (nullptr: it can)
   std::uint64_t mutations_at_reset = 0;
   Words words;  // kLogSignatureTag, then the nodes' records, patched, in creation order
-  std::vector<std::uint32_t> node_offsets;       // where each node's record starts in `words`
-  std::vector<const std::string*> ops;           // each node's interned op name
+  std::vector<std::uint32_t> node_offsets;  // where each node's record starts in `words`
+  std::vector<const std::string*> ops;      // each node's interned op name
   // Saved tensors' data pointers, node by node, and each leaf's after the node that first used it.
   std::vector<std::uintptr_t> addresses;
-  std::vector<std::uint32_t> address_owners;     // address_owner(kOwnerSaved, node, j), ...
-  std::vector<Node*> nodes;                      // creation order
-  std::vector<cudaStream_t> streams;             // numbered by first appearance
-  std::vector<Tensor> leaves;                    // numbered by first appearance
-  PtrIndex leaf_index{16};                       // a leaf's .grad slot -> its number
+  std::vector<std::uint32_t> address_owners;  // address_owner(kOwnerSaved, node, j), ...
+  std::vector<Node*> nodes;                   // creation order
+  std::vector<cudaStream_t> streams;          // numbered by first appearance
+  std::vector<Tensor> leaves;                 // numbered by first appearance
+  PtrIndex leaf_index{16};                    // a leaf's .grad slot -> its number
   // The running comparison: the nodes' part of the signature the last backward on this thread
   // replayed (set by tape_log_expect), and whether every node logged since the reset matched it
   // word for word. Then the check before a replay compares only the small rest (leaves, seeds,

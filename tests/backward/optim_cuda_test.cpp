@@ -55,7 +55,8 @@ TEST_F(CudaOptim, SgdAndAdamWMatchTheCpuReference) {
 
 // Note [Multi-tensor step]: more parameters than one launch takes (three launches), of sizes from
 // one element to more than the blocks a parameter gets can cover without striding, some without a
-// .grad (skipped: unchanged): every parameter as the CPU reference, and the step counted once a step.
+// .grad (skipped: unchanged): every parameter as the CPU reference, and the step counted once a
+// step.
 TEST_F(CudaOptim, AStepOverMoreParametersThanOneLaunchTakesMatchesTheCpuReference) {
   auto make = [](Device d) {
     std::vector<Tensor> p;

@@ -56,7 +56,8 @@ TEST(OptimCpu, SgdFollowsTorchOptimSgdForEveryOption) {
     }
     const std::vector<double> got = values(p);
     for (std::size_t i = 0; i < 7; ++i) {
-      EXPECT_NEAR(got[i], want[i], 1e-12) << "momentum " << o.momentum << " nesterov " << o.nesterov;
+      EXPECT_NEAR(got[i], want[i], 1e-12)
+          << "momentum " << o.momentum << " nesterov " << o.nesterov;
     }
     EXPECT_EQ(opt.steps(), 4);
   }
@@ -266,7 +267,8 @@ TEST(OptimCpu, AnMlpWithFusedGeluLayersTrainsWithSgdAndWithAdamW) {
     }
     double first = 0;
     const double last = train_mlp(*opt, w, 200, &first);
-    EXPECT_LT(last, 0.1 * first) << (which == 0 ? "Sgd" : "AdamW") << ": " << first << " -> " << last;
+    EXPECT_LT(last, 0.1 * first) << (which == 0 ? "Sgd" : "AdamW") << ": " << first << " -> "
+                                 << last;
   }
 }
 

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "graphward.h"
-#include "runtime/nvtx.h"
 #include "json_check.h"
+#include "runtime/nvtx.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -10,9 +10,9 @@
 
 #include "capture/backward_graph.h"
 #include "capture/stream_capture.h"
+#include "json_check.h"
 #include "tape/deferred_release.h"
 #include "tape/tape_log.h"
-#include "json_check.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -6,10 +6,10 @@
 // from which seed.
 #include <cstdio>
 
-#include "capture/signature.h"
 #include "backward/plan_checks.h"
-#include "tape/tape_log.h"
+#include "capture/signature.h"
 #include "fuzz/random_program.h"
+#include "tape/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/random.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "runtime/random.h"
 
 namespace graphward::kernels::cpu {
 namespace {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "tape/autograd.h"
 #include "backward/optim.h"
+#include "tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -23,8 +23,8 @@ TEST(BFloat16, RoundsToNearestTiesToEvenAndKeepsSpecialValues) {
   EXPECT_EQ(bits_of(1.0f), 0x3F80);
   EXPECT_EQ(bits_of(-2.0f), 0xC000);
   EXPECT_EQ(bits_of(-0.0f), 0x8000);
-  EXPECT_EQ(bits_of(1.0f + 0x1p-8f), 0x3F80);      // halfway, the even neighbour is below
-  EXPECT_EQ(bits_of(1.0f + 3 * 0x1p-8f), 0x3F82);  // halfway, the even neighbour is above
+  EXPECT_EQ(bits_of(1.0f + 0x1p-8f), 0x3F80);             // halfway, the even neighbour is below
+  EXPECT_EQ(bits_of(1.0f + 3 * 0x1p-8f), 0x3F82);         // halfway, the even neighbour is above
   EXPECT_EQ(bits_of(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);  // past halfway
   EXPECT_EQ(bits_of(std::numeric_limits<float>::infinity()), 0x7F80);
   EXPECT_EQ(bits_of(-std::numeric_limits<float>::infinity()), 0xFF80);
@@ -86,9 +86,10 @@ TEST(BFloat16, TheCpuBackendTheOpsWithoutItAndTheOptimizersRefuseIt) {
   GW_EXPECT_ERROR(add(h, h), "add", "bfloat16", "CUDA only");
   GW_EXPECT_ERROR(sum(h), "sum", "bfloat16", "does not take bfloat16 yet");
   GW_EXPECT_ERROR(linear(h, h), "linear", "bfloat16", "CUDA only");
-  GW_EXPECT_ERROR(matmul(h, transpose(h, 0, 1)), "transpose", "bfloat16", "does not take bfloat16 yet");
-  GW_EXPECT_ERROR(cast(from_vector(std::vector<std::int32_t>{1, 2}, {2}), DType::kFloat32),
-                  "cast", "int32", "floating-point");
+  GW_EXPECT_ERROR(matmul(h, transpose(h, 0, 1)), "transpose", "bfloat16",
+                  "does not take bfloat16 yet");
+  GW_EXPECT_ERROR(cast(from_vector(std::vector<std::int32_t>{1, 2}, {2}), DType::kFloat32), "cast",
+                  "int32", "floating-point");
   const Tensor p = cast(randn({3}, 5), DType::kBFloat16).detach().set_requires_grad(true);
   GW_EXPECT_ERROR(Sgd({p}), "Sgd", "bfloat16", "float32 copy");
 }

@@ -61,23 +61,22 @@ TEST(ConvGradcheckCpu, Conv2dForEveryInputWithPaddingAndStride) {
 TEST(ConvGradcheckCpu, MaxAndAveragePooling) {
   for (auto [kernel, stride, padding] : {std::tuple{2, 0, 0}, {3, 2, 1}, {2, 1, 1}}) {
     const Pool2dOptions o{.kernel = kernel, .stride = stride, .padding = padding};
-    const double max_err = gradcheck_error(
-        [o](const Inputs& in) { return max_pool2d(in[0], o); },
-        [o](const Tensor& g, const Inputs& in) {
-          Tensor gx;
-          max_pool2d_backward(g, in[0], max_pool2d(in[0], o), o, {&gx});
-          return Inputs{gx};
-        },
-        {randn({2, 2, 5, 6}, 7, f64())});  // random values: no ties
+    const double max_err =
+        gradcheck_error([o](const Inputs& in) { return max_pool2d(in[0], o); },
+                        [o](const Tensor& g, const Inputs& in) {
+                          Tensor gx;
+                          max_pool2d_backward(g, in[0], max_pool2d(in[0], o), o, {&gx});
+                          return Inputs{gx};
+                        },
+                        {randn({2, 2, 5, 6}, 7, f64())});  // random values: no ties
     EXPECT_LT(max_err, 1e-7) << "max, kernel " << kernel;
-    const double avg_err = gradcheck_error(
-        [o](const Inputs& in) { return avg_pool2d(in[0], o); },
-        [o](const Tensor& g, const Inputs& in) {
-          Tensor gx;
-          avg_pool2d_backward(g, in[0].shape(), o, {&gx});
-          return Inputs{gx};
-        },
-        {randn({2, 2, 5, 6}, 8, f64())});
+    const double avg_err = gradcheck_error([o](const Inputs& in) { return avg_pool2d(in[0], o); },
+                                           [o](const Tensor& g, const Inputs& in) {
+                                             Tensor gx;
+                                             avg_pool2d_backward(g, in[0].shape(), o, {&gx});
+                                             return Inputs{gx};
+                                           },
+                                           {randn({2, 2, 5, 6}, 8, f64())});
     EXPECT_LT(avg_err, 1e-7) << "avg, kernel " << kernel;
   }
 }

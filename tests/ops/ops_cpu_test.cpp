@@ -200,7 +200,8 @@ TEST(OpsGradcheckCpu, Gelu) {
 }
 
 TEST(OpsForwardCpu, LinearWithAnActivationIsTheActivationOfTheLinear) {
-  const Tensor x = randn({5, 6}, 31, f64()), w = randn({4, 6}, 32, f64()), b = randn({4}, 33, f64());
+  const Tensor x = randn({5, 6}, 31, f64()), w = randn({4, 6}, 32, f64()),
+               b = randn({4}, 33, f64());
   EXPECT_EQ(vals(linear(x, w, b, Activation::kNone)), vals(linear(x, w, b)));
   EXPECT_EQ(vals(linear(x, w, b, Activation::kRelu)), vals(relu(linear(x, w, b))));
   EXPECT_EQ(vals(linear(x, w, b, Activation::kGelu)), vals(gelu(linear(x, w, b))));
@@ -225,17 +226,17 @@ TEST(OpsGradcheckCpu, LinearWithAFusedActivation) {
       const Tensor z = linear(x[0], x[1], x.size() > 2 ? x[2] : Tensor());
       return act == Activation::kRelu ? relu(z) : z;
     };
-    const double err = gradcheck_error(forward,
-                                       [&](const Tensor& g, const Inputs& x) {
-                                         Tensor gx, gw, gb;
-                                         linear_act_backward(g, x[0], x[1], saved(x), act, {&gx},
-                                                             {&gw}, x.size() > 2 ? GradSlot{&gb}
-                                                                                 : GradSlot{});
-                                         Inputs out{gx, gw};
-                                         if (x.size() > 2) out.push_back(gb);
-                                         return out;
-                                       },
-                                       in);
+    const double err = gradcheck_error(
+        forward,
+        [&](const Tensor& g, const Inputs& x) {
+          Tensor gx, gw, gb;
+          linear_act_backward(g, x[0], x[1], saved(x), act, {&gx}, {&gw},
+                              x.size() > 2 ? GradSlot{&gb} : GradSlot{});
+          Inputs out{gx, gw};
+          if (x.size() > 2) out.push_back(gb);
+          return out;
+        },
+        in);
     EXPECT_LT(err, 1e-7) << "act " << static_cast<int>(act) << " bias " << c.bias;
   }
 }
@@ -339,8 +340,8 @@ TEST(OpsGradcheckCpu, LayerNormWithAndWithoutBias) {
             r[i] = 1 / std::sqrt(v / 6 + 1e-5);
           }
           Tensor gx, gw, gb;
-          layer_norm_backward(g, x[0], x[1], from_vector(m, {6}), from_vector(r, {6}), {&gx},
-                              {&gw}, x.size() > 2 ? GradSlot{&gb} : GradSlot{});
+          layer_norm_backward(g, x[0], x[1], from_vector(m, {6}), from_vector(r, {6}), {&gx}, {&gw},
+                              x.size() > 2 ? GradSlot{&gb} : GradSlot{});
           Inputs out{gx, gw};
           if (x.size() > 2) out.push_back(gb);
           return out;

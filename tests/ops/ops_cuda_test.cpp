@@ -9,11 +9,11 @@
 #include <limits>
 #include <thread>
 
-#include "runtime/blas.h"
-#include "runtime/dnn.h"
+#include "capture/stream_capture.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
-#include "capture/stream_capture.h"
+#include "runtime/blas.h"
+#include "runtime/dnn.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -216,7 +216,8 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
 
 TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
   // Up to 1024 columns a warp per row, beyond a block per row.
-  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {128, 50257}, {3, 4, 5}, {19, 1024}, {9, 1025}};
+  const Shape shapes[] = {{1, 1},    {7, 13},    {33, 1000}, {128, 50257},
+                          {3, 4, 5}, {19, 1024}, {9, 1025}};
   for (const Shape& s : shapes) {
     const Tensor x = mul(rand(s), 4.0), dy = rand(s);
     for (bool log : {false, true}) {
@@ -227,12 +228,16 @@ TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
       expect_backward_matches<1>(
           log ? "log_softmax" : "softmax", {s}, kElementwiseTol,
           [&](std::array<Tensor, 1>& g, bool acc) {
-            if (log) log_softmax_backward(dy, y, {&g[0], acc});
-            else softmax_backward(dy, y, {&g[0], acc});
+            if (log)
+              log_softmax_backward(dy, y, {&g[0], acc});
+            else
+              softmax_backward(dy, y, {&g[0], acc});
           },
           [&](std::array<Tensor, 1>& g, bool acc) {
-            if (log) log_softmax_backward(gdy, gy, {&g[0], acc});
-            else softmax_backward(gdy, gy, {&g[0], acc});
+            if (log)
+              log_softmax_backward(gdy, gy, {&g[0], acc});
+            else
+              softmax_backward(gdy, gy, {&g[0], acc});
           });
     }
     if (s.size() != 2) continue;
@@ -262,7 +267,8 @@ TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
 
 TEST_F(CudaOps, LayerNormForwardAndBackward) {
   // Rows beyond 128 take the two-pass parameter gradient (partial sums per slice of rows).
-  const Shape shapes[] = {{1, 1}, {7, 13}, {33, 1000}, {64, 4096}, {2, 3, 257}, {1000, 96}, {4, 75, 33}};
+  const Shape shapes[] = {{1, 1},      {7, 13},    {33, 1000}, {64, 4096},
+                          {2, 3, 257}, {1000, 96}, {4, 75, 33}};
   for (const Shape& s : shapes) {
     const std::int64_t d = s.back();
     const Tensor x = add(mul(rand(s), 3.0), 1.0), w = rand({d}), b = rand({d}), dy = rand(s);
@@ -301,17 +307,24 @@ TEST_F(CudaOps, LayerNormForwardAndBackward) {
 
 TEST_F(CudaOps, EmbeddingForwardAndBackward) {
   for (const auto& [vocab, dim, n] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
-                                      {50, 33, 200}, {1000, 256, 4096}}) {
+                                      {50, 33, 200},
+                                      {1000, 256, 4096}}) {
     const Tensor table = rand({vocab, dim}), dy = rand({n, dim});
     std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 31) % vocab);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<std::int32_t>((i * 31) % vocab);
     const Tensor cid = from_vector(ids, {n}), gid = cid.to(kGpu);
-    EXPECT_EQ(embedding(gpu(table), gid).to_vector<float>(), embedding(table, cid).to_vector<float>());
+    EXPECT_EQ(embedding(gpu(table), gid).to_vector<float>(),
+              embedding(table, cid).to_vector<float>());
     const Tensor gt = gpu(table), gdy = gpu(dy);
     expect_backward_matches<1>(
         "embedding_backward", {table.shape()}, kElementwiseTol,
-        [&](std::array<Tensor, 1>& g, bool acc) { embedding_backward(dy, table, cid, {&g[0], acc}); },
-        [&](std::array<Tensor, 1>& g, bool acc) { embedding_backward(gdy, gt, gid, {&g[0], acc}); });
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          embedding_backward(dy, table, cid, {&g[0], acc});
+        },
+        [&](std::array<Tensor, 1>& g, bool acc) {
+          embedding_backward(gdy, gt, gid, {&g[0], acc});
+        });
   }
 }
 
@@ -483,10 +496,9 @@ TEST_F(CudaOps, LinearWithAFusedActivationForwardAndBackward) {
   for (const GemmShape& s : shapes) {
     for (const Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu}) {
       for (const bool with_bias : {true, false}) {
-        const std::string what = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" +
-                                 std::to_string(s.n) + " act " +
-                                 std::to_string(static_cast<int>(act)) + " bias " +
-                                 std::to_string(with_bias);
+        const std::string what =
+            std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n) + " act " +
+            std::to_string(static_cast<int>(act)) + " bias " + std::to_string(with_bias);
         const Tensor x = rand({s.m, s.k}), w = rand({s.n, s.k}), dy = rand({s.m, s.n});
         const Tensor b = with_bias ? rand({s.n}) : Tensor();
         const Tensor gb = with_bias ? gpu(b) : Tensor();
@@ -499,8 +511,7 @@ TEST_F(CudaOps, LinearWithAFusedActivationForwardAndBackward) {
         auto make = [act, with_bias](const Tensor& dy_, const Tensor& x_, const Tensor& w_,
                                      const Tensor& s_) {
           return [&dy_, &x_, &w_, &s_, act, with_bias](std::array<Tensor, 3>& g, bool acc) {
-            linear_act_backward(dy_, x_, w_, s_, act, {&g[0], acc}, {&g[1], acc},
-                                {&g[2], acc});
+            linear_act_backward(dy_, x_, w_, s_, act, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
             (void)with_bias;
           };
         };
@@ -547,7 +558,8 @@ TEST(CudaLinearEpilogue, ALinearLayerWithItsBiasAndActivationIsOneCublasLtCall) 
   const TensorOptions f32{DType::kFloat32, kGpu};
   Stream s(kGpu);
   StreamGuard on(s);  // the inputs are made on s
-  const Tensor x = randn({64, 256}, 1, f32), w = randn({256, 256}, 2, f32), b = randn({256}, 3, f32);
+  const Tensor x = randn({64, 256}, 1, f32), w = randn({256, 256}, 2, f32),
+               b = randn({256}, 3, f32);
   const Tensor w13 = randn({13, 256}, 4, f32), b13 = randn({13}, 5, f32);
   EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, b); }), 1u);
   EXPECT_EQ(kernels_in(s, [&] { return linear(x, w, b, Activation::kRelu); }), 1u);
@@ -671,9 +683,9 @@ TEST(CudaLinearEpilogue, AFusedActivationBackwardCostsNoMoreKernels) {
     const std::size_t unfused = kernels_in(s, step(false)), fused = kernels_in(s, step(true));
     const kernels::Epilogue ep =
         act == Activation::kRelu ? kernels::Epilogue::kDRelu : kernels::Epilogue::kDGelu;
-    EXPECT_LE(fused, unfused) << (act == Activation::kRelu ? "ReLU" : "GELU") << ": fused "
-                                  << fused << ", unfused " << unfused << "; cuBLASLt: "
-                                  << lt_backward_choice(128, 256, 256, ep);
+    EXPECT_LE(fused, unfused) << (act == Activation::kRelu ? "ReLU" : "GELU") << ": fused " << fused
+                              << ", unfused " << unfused
+                              << "; cuBLASLt: " << lt_backward_choice(128, 256, 256, ep);
   }
 }
 
@@ -695,8 +707,8 @@ TEST_F(CudaOps, ALinearInputGradientEpilogueWithoutCublasLtMatchesTheCpu) {
   const Tensor x = gpu(rand({33, 13})), w = gpu(rand({20, 13})), dy = gpu(rand({33, 20}));
   const GradEpilogue bad{Activation::kRelu, relu(x), gpu(rand({3}))};
   Tensor dx;
-  GW_EXPECT_ERROR(linear_backward(dy, x, w, {&dx, false, false, &bad}, {}, {}),
-                  "linear_backward", "has a ReLU mask of 12 bytes; expected 528");
+  GW_EXPECT_ERROR(linear_backward(dy, x, w, {&dx, false, false, &bad}, {}, {}), "linear_backward",
+                  "has a ReLU mask of 12 bytes; expected 528");
   EXPECT_FALSE(dx.defined());
 }
 
@@ -787,16 +799,16 @@ TEST_F(CudaOps, ReshapeTransposeAndConcatForwardAndBackward) {
       concat_backward(dy_, {{4, 2, 33}, {4, 5, 33}, {4, 1, 33}}, 1, slots);
     };
   };
-  expect_backward_matches<3>("concat_backward", {a.shape(), b.shape(), c.shape()},
-                             kElementwiseTol, make(dy), make(gdy));
+  expect_backward_matches<3>("concat_backward", {a.shape(), b.shape(), c.shape()}, kElementwiseTol,
+                             make(dy), make(gdy));
 }
 
 TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
   struct Case {
     std::int64_t batch, m, k, n;
   };
-  for (const Case& s : {Case{1, 1, 1, 1}, Case{3, 7, 13, 5}, Case{8, 33, 64, 31},
-                        Case{16, 128, 32, 128}}) {
+  for (const Case& s :
+       {Case{1, 1, 1, 1}, Case{3, 7, 13, 5}, Case{8, 33, 64, 31}, Case{16, 128, 32, 128}}) {
     for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
       const Tensor a = rand(ta ? Shape{s.batch, s.k, s.m} : Shape{s.batch, s.m, s.k});
       const Tensor b = rand(tb ? Shape{s.batch, s.n, s.k} : Shape{s.batch, s.k, s.n});
@@ -809,8 +821,8 @@ TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
           bmm_backward(dy_, a_, b_, ta, tb, {&g[0], acc}, {&g[1], acc});
         };
       };
-      expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol,
-                                 make(dy, a, b), make(gdy, ga, gb));
+      expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol, make(dy, a, b),
+                                 make(gdy, ga, gb));
     }
   }
 }
@@ -820,9 +832,12 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
     Shape x, w;
     Conv2dOptions o;
   };
-  const Case cases[] = {{{2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}},   {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 1}},
-                        {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}},   {{4, 16, 16, 16}, {32, 16, 3, 3}, {1, 1}},
-                        {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}}, {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}},
+  const Case cases[] = {{{2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}},
+                        {{3, 5, 9, 7}, {6, 5, 3, 3}, {2, 1}},
+                        {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}},
+                        {{4, 16, 16, 16}, {32, 16, 3, 3}, {1, 1}},
+                        {{2, 3, 11, 13}, {5, 3, 5, 5}, {2, 2}},
+                        {{8, 32, 8, 8}, {64, 32, 3, 3}, {1, 1}},
                         // big images: the bias gradient sums slices of images in a second pass
                         {{3, 2, 150, 160}, {2, 2, 3, 3}, {1, 1}},
                         // the fastest algorithms, atomics allowed
@@ -831,8 +846,8 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
     const Tensor x = rand(c.x), w = rand(c.w), b = rand({c.w[0]});
     const Tensor y = conv2d(x, w, b, c.o);
     EXPECT_LT(rel_error(conv2d(gpu(x), gpu(w), gpu(b), c.o), y), kGemmTol)
-        << shape_str(c.x) << " " << shape_str(c.w) << " ("
-        << dnn_plan_for_test(c.x, c.w, c.o) << ")";
+        << shape_str(c.x) << " " << shape_str(c.w) << " (" << dnn_plan_for_test(c.x, c.w, c.o)
+        << ")";
     EXPECT_LT(rel_error(conv2d(gpu(x), gpu(w), Tensor(), c.o), conv2d(x, w, Tensor(), c.o)),
               kGemmTol);
     const Tensor dy = rand(y.shape()), gx = gpu(x), gw = gpu(w), gdy = gpu(dy);
@@ -921,7 +936,8 @@ TEST(CudaConv, TheFirstCudnnCallOfAThreadInsideACaptureIsRefusedAndTheCaptureAba
     // Outside the capture the same thread can use cuDNN.
     EXPECT_EQ(conv2d(x, w).shape(), Shape({1, 1, 2, 2}));
     EXPECT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
-  }).join();
+  })
+      .join();
   EXPECT_NE(message.find("inside a stream capture"), std::string::npos) << message;
   EXPECT_NE(message.find("eager step"), std::string::npos) << message;
 }
@@ -930,10 +946,10 @@ TEST(CudaConv, TheFirstCudnnCallOfAThreadInsideACaptureIsRefusedAndTheCaptureAba
 
 TEST_F(CudaOps, CastToAndFromBFloat16IsBitwiseTheCpusAndSoIsItsGradient) {
   std::vector<float> v = mul(rand({4099}), 300.0).to_vector<float>();
-  for (float special : {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1e-40f, -1e-39f,
-                        std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
-                        -std::numeric_limits<float>::infinity(),
-                        std::numeric_limits<float>::quiet_NaN()}) {
+  for (float special :
+       {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1e-40f, -1e-39f,
+        std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     v.push_back(special);
   }
   const Shape shape{static_cast<std::int64_t>(v.size())};
@@ -1018,10 +1034,10 @@ TEST_F(CudaOps, ElementwiseOpsOnBFloat16MatchTheFloat32ReferenceAtBFloat16Tolera
     void (*backward)(const Tensor&, const Tensor&, GradSlot);
     bool reads_input;  // GELU's backward reads x, the others y
   };
-  for (const Unary& op : {Unary{"relu", relu, relu_backward, false},
-                          Unary{"tanh", tanh, tanh_backward, false},
-                          Unary{"sigmoid", sigmoid, sigmoid_backward, false},
-                          Unary{"gelu", gelu, gelu_backward, true}}) {
+  for (const Unary& op :
+       {Unary{"relu", relu, relu_backward, false}, Unary{"tanh", tanh, tanh_backward, false},
+        Unary{"sigmoid", sigmoid, sigmoid_backward, false},
+        Unary{"gelu", gelu, gelu_backward, true}}) {
     const Tensor y = op.forward(bf(a)), ref = op.forward(a);
     ASSERT_EQ(y.dtype(), DType::kBFloat16) << op.name;
     EXPECT_LT(rel_error(f32(y), ref), kBf16Tol) << op.name;

@@ -60,12 +60,12 @@ TEST(OpsErrors, LinearWithAnActivationNamesItselfAndItsSavedTensor) {
   const Tensor x = randn({2, 3}, 1), w = randn({4, 3}, 2), dy = randn({2, 4}, 3);
   Tensor gx = randn({2, 3}, 4), gw = randn({4, 3}, 5);
   const std::vector<float> gx0 = gx.to_vector<float>(), gw0 = gw.to_vector<float>();
-  GW_EXPECT_ERROR(linear_act_backward(dy, x, w, zeros({2, 5}), Activation::kGelu, {&gx, true},
-                                      {&gw, true}),
-                  "linear_gelu_backward", "preactivation", "[2, 5]", "[2, 4]");
-  GW_EXPECT_ERROR(linear_act_backward(dy, x, w, Tensor(), Activation::kRelu, {&gx, true},
-                                      {&gw, true}),
-                  "linear_relu_backward", "output", "undefined");
+  GW_EXPECT_ERROR(
+      linear_act_backward(dy, x, w, zeros({2, 5}), Activation::kGelu, {&gx, true}, {&gw, true}),
+      "linear_gelu_backward", "preactivation", "[2, 5]", "[2, 4]");
+  GW_EXPECT_ERROR(
+      linear_act_backward(dy, x, w, Tensor(), Activation::kRelu, {&gx, true}, {&gw, true}),
+      "linear_relu_backward", "output", "undefined");
   EXPECT_EQ(gx.to_vector<float>(), gx0);
   EXPECT_EQ(gw.to_vector<float>(), gw0);
 }

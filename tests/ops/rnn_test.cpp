@@ -34,10 +34,16 @@ struct Cell {
 };
 Cell make_cell(int gates, std::uint64_t seed) {
   const std::int64_t b = 3, in = 4, hid = 5;
-  auto p = [&](const Shape& s) { return mul(randn(s, seed++, f64()), 0.5).detach().set_requires_grad(true); };
-  return {randn({b, in}, seed + 100, f64()), randn({b, hid}, seed + 101, f64()),
-          randn({b, hid}, seed + 102, f64()), p({gates * hid, in}), p({gates * hid, hid}),
-          p({gates * hid}), p({gates * hid})};
+  auto p = [&](const Shape& s) {
+    return mul(randn(s, seed++, f64()), 0.5).detach().set_requires_grad(true);
+  };
+  return {randn({b, in}, seed + 100, f64()),
+          randn({b, hid}, seed + 101, f64()),
+          randn({b, hid}, seed + 102, f64()),
+          p({gates * hid, in}),
+          p({gates * hid, hid}),
+          p({gates * hid}),
+          p({gates * hid})};
 }
 
 // x·Wᵀ + b for row r, gate unit k (double, from the tensors' values).
@@ -109,10 +115,22 @@ TEST(RnnCpu, TwoStepsOfEachCellHaveTheGradientsOfFiniteDifferences) {
   backward(lstm_loss());
   backward(gru_loss());
   for (const Tensor& p : {l.w_ih, l.w_hh, l.b_ih, l.b_hh}) {
-    EXPECT_LT(testing::rel_error(values(p.grad()), numeric([&] { NoGradGuard n; return lstm_loss().item(); }, p)), 1e-7);
+    EXPECT_LT(testing::rel_error(values(p.grad()), numeric(
+                                                       [&] {
+                                                         NoGradGuard n;
+                                                         return lstm_loss().item();
+                                                       },
+                                                       p)),
+              1e-7);
   }
   for (const Tensor& p : {g.w_ih, g.w_hh, g.b_ih, g.b_hh}) {
-    EXPECT_LT(testing::rel_error(values(p.grad()), numeric([&] { NoGradGuard n; return gru_loss().item(); }, p)), 1e-7);
+    EXPECT_LT(testing::rel_error(values(p.grad()), numeric(
+                                                       [&] {
+                                                         NoGradGuard n;
+                                                         return gru_loss().item();
+                                                       },
+                                                       p)),
+              1e-7);
   }
 }
 

@@ -76,8 +76,7 @@ TEST(ShapesCpu, TransposeSwapsTwoDimensions) {
 
 TEST(ShapesCpu, ConcatJoinsAlongAnyDimension) {
   const Tensor a = iota({2, 2}), b = add(iota({2, 3}), 10.0);
-  EXPECT_EQ(values(concat({a, b}, 1)),
-            (std::vector<double>{0, 1, 10, 11, 12, 2, 3, 13, 14, 15}));
+  EXPECT_EQ(values(concat({a, b}, 1)), (std::vector<double>{0, 1, 10, 11, 12, 2, 3, 13, 14, 15}));
   const Tensor c = add(iota({1, 2}), 20.0);
   EXPECT_EQ(values(concat({a, c}, 0)), (std::vector<double>{0, 1, 2, 3, 20, 21}));
   EXPECT_EQ(concat({iota({2, 3, 4}), iota({2, 1, 4})}, -2).shape(), Shape({2, 4, 4}));
@@ -120,7 +119,9 @@ TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
                                    {randn({2, 3, 4}, 11, f64())});
   EXPECT_LT(t, 1e-7);
   const double c = gradcheck_error(
-      [](const Inputs& in) { return concat({in[0], in[1], in[2]}, 1); },
+      [](const Inputs& in) {
+        return concat({in[0], in[1], in[2]}, 1);
+      },
       [](const Tensor& g, const Inputs& in) {
         Inputs gs(3);
         GradSlot slots[3] = {{&gs[0]}, {&gs[1]}, {&gs[2]}};
@@ -130,15 +131,15 @@ TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
       {randn({2, 1, 3}, 12, f64()), randn({2, 2, 3}, 13, f64()), randn({2, 3, 3}, 14, f64())});
   EXPECT_LT(c, 1e-7);
   for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
-    const double e = gradcheck_error(
-        [ta, tb](const Inputs& in) { return bmm(in[0], in[1], ta, tb); },
-        [ta, tb](const Tensor& g, const Inputs& in) {
-          Tensor ga, gb;
-          bmm_backward(g, in[0], in[1], ta, tb, {&ga}, {&gb});
-          return Inputs{ga, gb};
-        },
-        {randn(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, 15, f64()),
-         randn(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}, 16, f64())});
+    const double e =
+        gradcheck_error([ta, tb](const Inputs& in) { return bmm(in[0], in[1], ta, tb); },
+                        [ta, tb](const Tensor& g, const Inputs& in) {
+                          Tensor ga, gb;
+                          bmm_backward(g, in[0], in[1], ta, tb, {&ga}, {&gb});
+                          return Inputs{ga, gb};
+                        },
+                        {randn(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, 15, f64()),
+                         randn(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}, 16, f64())});
     EXPECT_LT(e, 1e-7) << "trans_a " << ta << " trans_b " << tb;
   }
 }

@@ -19,9 +19,8 @@ TEST(CudaDevice, TheBuildHasCodeForThisGpu) {
   EXPECT_NO_THROW(check_cuda_device(kGpu, "test"));
   EXPECT_NE(std::string(GRAPHWARD_CUDA_ARCHITECTURES), "");
   // Asked again, not from what check_cuda_device kept.
-  EXPECT_NO_THROW(detail::check_device_code(kGpu, "test", [] {
-    return static_cast<int>(cudaSuccess);
-  }, GRAPHWARD_CUDA_ARCHITECTURES));
+  EXPECT_NO_THROW(detail::check_device_code(
+      kGpu, "test", [] { return static_cast<int>(cudaSuccess); }, GRAPHWARD_CUDA_ARCHITECTURES));
 }
 
 TEST(CudaDevice, AGpuWithoutCodeInTheBuildIsRefusedByNameWithTheFix) {
@@ -31,8 +30,8 @@ TEST(CudaDevice, AGpuWithoutCodeInTheBuildIsRefusedByNameWithTheFix) {
   if (prop.major == 8) GTEST_SKIP() << "this GPU (compute capability 8.x) runs code built for 8.0";
   const std::string capability =
       "compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor);
-  const std::string fix = "-DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(prop.major) +
-                          std::to_string(prop.minor);
+  const std::string fix =
+      "-DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(prop.major) + std::to_string(prop.minor);
   GW_EXPECT_ERROR(
       detail::check_device_code(kGpu, "Storage::allocate", testing::sm80_only_probe, "80-real"),
       "Storage::allocate: cuda:0 (", prop.name, capability,
@@ -45,11 +44,11 @@ TEST(CudaDevice, AGpuWithoutCodeInTheBuildIsRefusedByNameWithTheFix) {
 
 TEST(CudaDevice, AProbeThatCannotBeAnsweredNowIsReportedAsSuch) {
   GW_REQUIRE_GPU();
-  GW_EXPECT_ERROR(detail::check_device_code(kGpu, "test", [] {
-    return static_cast<int>(cudaErrorDevicesUnavailable);
-  }, "90"),
-                  "test: cuda:0", "could not be asked whether it runs graphward's kernels",
-                  "cudaErrorDevicesUnavailable");
+  GW_EXPECT_ERROR(
+      detail::check_device_code(
+          kGpu, "test", [] { return static_cast<int>(cudaErrorDevicesUnavailable); }, "90"),
+      "test: cuda:0", "could not be asked whether it runs graphward's kernels",
+      "cudaErrorDevicesUnavailable");
 }
 
 }  // namespace

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "capture/stream_capture.h"
-#include "runtime/blas.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "runtime/blas.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -448,9 +448,8 @@ TEST_F(CudaStreams, ATensorDroppedInsideACaptureIsReleasedAfterItAndAddsNoNode) 
 TEST_F(CudaStreams, ATensorMadeAndDroppedInsideACaptureIsAnAllocationAndAFreeNode) {
   Stream s(kGpu);
   StreamGuard g(s);
-  cudaGraph_t graph = capture::capture_stream(s.get(), "test", "", [&] {
-    const Tensor inside = full({1000}, 1.0, kF32Gpu);
-  });
+  cudaGraph_t graph = capture::capture_stream(
+      s.get(), "test", "", [&] { const Tensor inside = full({1000}, 1.0, kF32Gpu); });
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   const capture::NodeCounts counts = capture::count_nodes(graph);
   EXPECT_EQ(counts.memory, 2u) << "expected one allocation and one free node";

@@ -227,8 +227,8 @@ TEST(AutogradCpu, SplitWeightGradientsGiveTheSameGradients) {
 // fused layers (ReLU into GELU into a plain linear), in both write modes, with a bias that is a
 // leaf and one that a node made.
 TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
-  const Tensor w1 = param({7, 5}, 1), b1 = param({7}, 2), w2 = param({6, 7}, 3),
-               b2 = param({6}, 4), w3 = param({3, 6}, 5), b3 = param({3}, 6);
+  const Tensor w1 = param({7, 5}, 1), b1 = param({7}, 2), w2 = param({6, 7}, 3), b2 = param({6}, 4),
+               w3 = param({3, 6}, 5), b3 = param({3}, 6);
   const Tensor x = param({4, 5}, 7), target = randn({4, 3}, 8, f64());
   auto loss = [&] {
     const Tensor h1 = linear(x, w1, b1, Activation::kRelu);
@@ -249,8 +249,8 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
   }
   EXPECT_EQ(fusing, 2) << fused.dump();
   EXPECT_EQ(from_pre, 2) << fused.dump();
-  const BackwardPlan plain = plan_for({planned}, GradWrite::kAccumulate,
-                                      {.fuse_activation_epilogues = false});
+  const BackwardPlan plain =
+      plan_for({planned}, GradWrite::kAccumulate, {.fuse_activation_epilogues = false});
   for (const auto& st : plain.steps) {
     EXPECT_EQ(st.fuses_activation_of, -1);
     EXPECT_FALSE(st.preactivation_grad);
@@ -275,8 +275,7 @@ TEST(AutogradCpu, FusedActivationEpiloguesGiveTheUnfusedGradientsBitwise) {
 // What the plan must not fuse: an activation output read by another op too, a consumer that is
 // not a linear layer; what it may: a layer without a bias, a bias shared by two layers.
 TEST(AutogradCpu, ActivationEpiloguesAreFusedOnlyWhereNothingElseSeesTheDifference) {
-  const Tensor w1 = param({5, 5}, 1), b1 = param({5}, 2), w2 = param({5, 5}, 3),
-               b2 = param({5}, 4);
+  const Tensor w1 = param({5, 5}, 1), b1 = param({5}, 2), w2 = param({5, 5}, 3), b2 = param({5}, 4);
   const Tensor x = param({3, 5}, 5);
   auto fused_steps = [](const Tensor& loss) {
     int n = 0;

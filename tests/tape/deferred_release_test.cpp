@@ -79,7 +79,7 @@ TEST(DeferredRelease, TheSavedTensorsAreDroppedOnTheWorkerAndTheNextStepWaitsFor
     storages = hand_off(loss, m.w, saved);
     ASSERT_FALSE(saved.empty());
     worker.release(saved, std::move(loss), slow(&where));
-    EXPECT_TRUE(saved.empty());  // handed over: the caller's buffer is an empty one
+    EXPECT_TRUE(saved.empty());      // handed over: the caller's buffer is an empty one
     EXPECT_GT(alive(storages), 0u);  // the worker sleeps before dropping them
   }
   const StepArena::Stats before = arena.stats();
