@@ -1,6 +1,7 @@
 // The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, runtime/dnn.h):
-// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; and the bias and ReLU
-// of a conv2d_relu in one pass after the convolution.
+// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; the bias and ReLU
+// of a conv2d_relu in one pass after the convolution; and pooling's backward through the ReLU
+// before it.
 #include <algorithm>
 
 #include "kernels/block_reduce.cuh"
@@ -79,6 +80,79 @@ void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
   if (n == 0) return;
   bias_act_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane, g.k,
                                                                         relu);
+  GW_LAUNCH_CHECK();
+}
+
+namespace {
+// Thread per input element (plane p, row ih, column iw): the windows that hold it, in row-major
+// order. Max: a window sends it its gradient when it is the window's first element equal to the
+// maximum; average: every window sends its gradient over its area.
+__device__ __forceinline__ std::int64_t imax(std::int64_t a, std::int64_t b) {
+  return a > b ? a : b;
+}
+__device__ __forceinline__ std::int64_t imin(std::int64_t a, std::int64_t b) {
+  return a < b ? a : b;
+}
+
+template <PoolMode kMode>
+__global__ void pool_backward_relu_kernel(float* dx, const float* dy, const float* x,
+                                          const float* y, std::int64_t n, PoolGeom g,
+                                          std::int64_t oh_n, std::int64_t ow_n, bool accumulate) {
+  const float area = static_cast<float>(g.window * g.window);
+  GW_GRID_STRIDE(i, n) {
+    const std::int64_t iw = i % g.w, ih = (i / g.w) % g.h, p = i / (g.w * g.h);
+    const float v = x[i];
+    float acc = 0.f;
+    if (v > 0.f) {
+      // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
+      const std::int64_t oh0 = imax(0, (ih + g.pad - g.window + g.stride) / g.stride);
+      const std::int64_t ow0 = imax(0, (iw + g.pad - g.window + g.stride) / g.stride);
+      const std::int64_t oh1 = imin(oh_n - 1, (ih + g.pad) / g.stride);
+      const std::int64_t ow1 = imin(ow_n - 1, (iw + g.pad) / g.stride);
+      const float* plane = x + p * g.h * g.w;
+      for (std::int64_t oh = oh0; oh <= oh1; ++oh) {
+        for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
+          const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
+          if constexpr (kMode == PoolMode::kAverage) {
+            acc += dy[o] / area;
+          } else {
+            const float m = y[o];
+            // Whether no element before this one in the window (row-major, inside the image)
+            // equals m.
+            const std::int64_t h0 = imax(0, oh * g.stride - g.pad);
+            const std::int64_t w0 = imax(0, ow * g.stride - g.pad);
+            const std::int64_t w_end = imin(g.w, ow * g.stride - g.pad + g.window);
+            bool first = v == m;
+            for (std::int64_t h = h0; h <= ih && first; ++h) {
+              for (std::int64_t w = w0; w < (h < ih ? w_end : iw); ++w) {
+                if (plane[h * g.w + w] == m) {
+                  first = false;
+                  break;
+                }
+              }
+            }
+            if (first) acc += dy[o];
+          }
+        }
+      }
+    }
+    store(dx, i, acc, accumulate);
+  }
+}
+}  // namespace
+
+void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float* x, const float* y,
+                          const PoolGeom& g, bool accumulate, cudaStream_t stream) {
+  const std::int64_t n = g.n * g.c * g.h * g.w;
+  if (n == 0) return;
+  if (mode == PoolMode::kMax) {
+    pool_backward_relu_kernel<PoolMode::kMax><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
+        dx, dy, x, y, n, g, g.out_h(), g.out_w(), accumulate);
+  } else {
+    pool_backward_relu_kernel<PoolMode::kAverage>
+        <<<detail::grid_for(n), detail::kThreads, 0, stream>>>(dx, dy, x, y, n, g, g.out_h(),
+                                                               g.out_w(), accumulate);
+  }
   GW_LAUNCH_CHECK();
 }
 

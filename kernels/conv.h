@@ -43,6 +43,17 @@ void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
                      cudaStream_t stream);
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
                       float* workspace, cudaStream_t stream);
+// Pooling's backward through the ReLU that made its input x [N, C, H, W] (Note [Backward
+// epilogue fusion], ops/ops.h): where x is positive, dx (=|+=) the sum over the windows that
+// hold the element, in row-major order, of dy [N, C, OH, OW] — max: the windows whose first
+// maximum (row-major) it is; average: dy / window area each — and 0 elsewhere. y: the pooling's
+// output (max only; may be null for average). One thread per input element: no atomics,
+// deterministic. Bitwise cuDNN's pooling backward then relu_backward where windows do not
+// overlap, a window's positive maximum is unique (cuDNN may pick another of equal positive
+// maxima; a zero maximum sends nothing through the ReLU either way) and, for average pooling,
+// the window's area is a power of two (cuDNN's scaling is then exact too).
+void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float* x, const float* y,
+                          const PoolGeom& g, bool accumulate, cudaStream_t stream);
 #endif
 
 namespace cpu {
@@ -60,9 +71,12 @@ void conv2d_backward_bias(T* db, const T* dy, const ConvGeom& g, bool accumulate
 template <class T>
 void pool2d_forward(PoolMode mode, T* y, const T* x, const PoolGeom& g);
 // Max: each window's gradient goes to its first maximum (x and y read); average: spread evenly.
+// relu_input (may be null): the gradient also passes the ReLU that made the pooling's input —
+// zero where relu_input is not positive, as relu_backward would make it (Note [Backward epilogue
+// fusion], ops/ops.h); with max pooling relu_input is x itself.
 template <class T>
 void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, const PoolGeom& g,
-                     bool accumulate);
+                     bool accumulate, const T* relu_input = nullptr);
 }  // namespace cpu
 
 }  // namespace graphward::kernels

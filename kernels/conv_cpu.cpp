@@ -124,7 +124,7 @@ void pool2d_forward(PoolMode mode, T* y, const T* x, const PoolGeom& g) {
 
 template <class T>
 void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, const PoolGeom& g,
-                     bool accumulate) {
+                     bool accumulate, const T* relu_input) {
   std::vector<double> acc(static_cast<std::size_t>(g.n * g.c * g.h * g.w), 0.0);
   const double area = static_cast<double>(g.window * g.window);
   std::vector<bool> taken(static_cast<std::size_t>(g.n * g.c * g.out_h() * g.out_w()), false);
@@ -136,17 +136,22 @@ void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, 
       taken[o] = true;
     }
   });
+  if (relu_input) {
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      if (!(relu_input[i] > T(0))) acc[i] = 0.0;
+    }
+  }
   store_all(dx, acc, accumulate);
 }
 
-#define GW_INSTANTIATE(T)                                                                    \
-  template void conv2d_forward<T>(T*, const T*, const T*, const T*, const ConvGeom&);        \
-  template void conv2d_backward_data<T>(T*, const T*, const T*, const ConvGeom&, bool);      \
-  template void conv2d_backward_filter<T>(T*, const T*, const T*, const ConvGeom&, bool);    \
-  template void conv2d_backward_bias<T>(T*, const T*, const ConvGeom&, bool);                \
-  template void pool2d_forward<T>(PoolMode, T*, const T*, const PoolGeom&);                  \
+#define GW_INSTANTIATE(T)                                                                       \
+  template void conv2d_forward<T>(T*, const T*, const T*, const T*, const ConvGeom&);           \
+  template void conv2d_backward_data<T>(T*, const T*, const T*, const ConvGeom&, bool);         \
+  template void conv2d_backward_filter<T>(T*, const T*, const T*, const ConvGeom&, bool);       \
+  template void conv2d_backward_bias<T>(T*, const T*, const ConvGeom&, bool);                   \
+  template void pool2d_forward<T>(PoolMode, T*, const T*, const PoolGeom&);                     \
   template void pool2d_backward<T>(PoolMode, T*, const T*, const T*, const T*, const PoolGeom&, \
-                                   bool);
+                                   bool, const T*);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)
 #undef GW_INSTANTIATE

@@ -72,6 +72,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // what it saves, and the variants measured and rejected (the bias gradient in the same epilogue,
 // the split removed from these GEMMs): docs/DECISIONS.md, "a linear+activation layer's gradient
 // rides in the next layer's GEMM".
+// The same machinery serves convolutions: a conv2d_relu whose output feeds one max_pool2d or
+// avg_pool2d alone leaves its ReLU's backward to the pooling, whose backward then passes a
+// gradient only where the ReLU's output is positive — on CUDA one kernel of graphward's own
+// (kernels::pool2d_backward_relu) in place of cuDNN's pooling backward and a ReLU kernel;
+// bitwise those two but for a window's equal positive maxima (cuDNN may pick another), the order
+// of the sums where windows overlap, and average windows whose area is not a power of two.
+// DECISIONS: "a convolution's ReLU backward in the pooling's".
 // (GradEpilogue, what C is handed: tape/grad_slot.h.)
 
 // `saved`: the output (kRelu) or the pre-activation (kGelu); ignored for kNone. The activation's
@@ -218,7 +225,9 @@ struct Pool2dOptions {
 };
 // The maximum of each window (padding never wins); saves x and the output. Its gradient goes to
 // each window's maximum (the first one on the CPU; cuDNN's deterministic choice on CUDA: ties, as
-// in ReLU-ed inputs, may go to another element of equal value).
+// in ReLU-ed inputs, may go to another element of equal value). After a conv2d_relu whose output
+// it alone reads, its backward applies the ReLU's too, as avg_pool2d's does (Note [Backward
+// epilogue fusion]): grad_x may then carry an epilogue, the ReLU whose output is x.
 Tensor max_pool2d(const Tensor& x, Pool2dOptions options = {});
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y,
                          Pool2dOptions options, GradSlot grad_x);

@@ -77,8 +77,8 @@ Shape conv_out(const k::ConvGeom& g) {
 }  // namespace
 
 namespace {
-// A conv2d_relu node's backward: dz = grad_out where the output y is positive, then the
-// convolution's backward of dz.
+// A conv2d_relu node's backward: dz = grad_out where the output y is positive (relu_backward),
+// then the convolution's backward of dz.
 void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                           const Tensor& y, Conv2dOptions options, GradSlot grad_x,
                           GradSlot grad_weight, GradSlot grad_bias) {
@@ -89,22 +89,8 @@ void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   GW_CHECK(grad_out.shape() == conv_out(g) && y.shape() == conv_out(g), op, ": grad_out ",
            shape_str(grad_out.shape()), " and output ", shape_str(y.shape()),
            "; expected both the output's shape ", shape_str(conv_out(g)));
-  const std::int64_t n = y.numel();
   Tensor dz;
-  if (x.is_cuda()) {
-#if GRAPHWARD_HAS_CUDA
-    CudaScope scope(x.device());
-    scope.read({&grad_out, &y});
-    dz = new_output(conv_out(g), x);
-    k::relu_backward(dz.data<float>(), grad_out.data<float>(), y.data<float>(), n, false,
-                     scope.stream());
-#endif
-  } else {
-    dz = new_output(conv_out(g), x);
-    dispatch_cpu(x.dtype(), [&]<class T>() {
-      k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(y), n, false);
-    });
-  }
+  relu_backward(grad_out, y, {&dz});
   conv2d_backward(dz, x, weight, options, grad_x, grad_weight, grad_bias);
 }
 }  // namespace
@@ -160,8 +146,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
       record(op, y, {&x, &weight}, std::move(saved), backward, attributes);
     }
     // Per output element, a multiply-add per weight of its output channel; two products back.
-    y.grad_fn()->set_backward_flops(4.0 * static_cast<double>(y.numel()) *
-                                    static_cast<double>(weight.numel() / weight.size(0)));
+    Node& node = *y.grad_fn();
+    node.set_backward_flops(4.0 * static_cast<double>(y.numel()) *
+                            static_cast<double>(weight.numel() / weight.size(0)));
+    // Note [Backward epilogue fusion] (ops/ops.h): a conv2d_relu whose output feeds one pooling
+    // alone leaves its ReLU's backward to the pooling's (one kernel fewer per layer).
+    if (relu) {
+      node.set_activation_fusion(
+          {.act = Activation::kRelu,
+           .act_input_saved = 2,
+           .from_preactivation = [options](const Tensor& gr, const std::vector<Tensor>& s,
+                                           std::span<GradSlot> grads) {
+             Conv2dOptions plain = options;
+             plain.activation = Activation::kNone;
+             conv2d_backward(gr, s[0], s[1], plain, grads[0], grads[1],
+                             grads.size() > 2 ? grads[2] : GradSlot{});
+           }});
+    }
   }
   return y;
 }
@@ -270,6 +271,32 @@ Tensor pool_forward(k::PoolMode mode, const Tensor& x, const Pool2dOptions& o) {
   return y;
 }
 
+// Note [Backward epilogue fusion]: the checks of grad_x's epilogue (before anything is written):
+// a plain ReLU (no mask) whose output is the pooling's input — for max pooling x itself; average
+// pooling saves no x, so a tensor of its shape, dtype and device.
+void check_pool_epilogue(const char* op, const GradEpilogue& ep, const Shape& input_shape,
+                         const Tensor& x, const Tensor& grad_out, const GradSlot& grad_x) {
+  GW_CHECK(ep.act == Activation::kRelu && !ep.relu_mask.defined(), op,
+           ": grad_x's epilogue is not a plain ReLU; expected the ReLU of the convolution whose "
+           "output the pooling read");
+  const bool is_input = ep.act_input.defined() &&
+                        (x.defined() ? ep.act_input.storage() == x.storage() &&
+                                           ep.act_input.raw_data() == x.raw_data() &&
+                                           ep.act_input.shape() == x.shape()
+                                     : ep.act_input.shape() == input_shape) &&
+                        ep.act_input.dtype() == grad_out.dtype() &&
+                        ep.act_input.device() == grad_out.device();
+  GW_CHECK(is_input, op, ": grad_x's epilogue reads ",
+           ep.act_input.defined() ? ep.act_input.str() : std::string("an undefined tensor"),
+           "; expected the pooling's input (the ReLU's output), ",
+           x.defined() ? x.str()
+                       : shape_str(input_shape) + " " + dtype_name(grad_out.dtype()) + " on " +
+                             grad_out.device().str());
+  GW_CHECK(!grad_x.accumulate, op,
+           ": grad_x has an epilogue and accumulates; an epilogue writes the sole gradient of "
+           "its layer");
+}
+
 // The shared backward: max pooling passes x and y, average pooling neither.
 void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_shape,
                    const Tensor& x, const Tensor& y, const Pool2dOptions& o, GradSlot grad_x) {
@@ -290,6 +317,10 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
   }
   if (!check_slot(op, "grad_x", grad_x, input_shape, grad_out)) return;
   const bool max = mode == k::PoolMode::kMax;
+  // Note [Backward epilogue fusion] (ops/ops.h): grad_x is then the pre-activation gradient of
+  // the conv2d_relu whose output is the pooling's input: the ReLU's backward, from that output.
+  const GradEpilogue* ep = grad_x.epilogue;
+  if (ep) check_pool_epilogue(op, *ep, input_shape, x, grad_out, grad_x);
   if (grad_out.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
     CudaScope scope(grad_out.device());
@@ -298,7 +329,14 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
     } else {
       scope.read({&grad_out});
     }
+    if (ep) scope.read({&ep->act_input});
     const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
+    if (ep) {
+      k::pool2d_backward_relu(mode, grad_x.tensor->data<float>(), grad_out.data<float>(),
+                              ep->act_input.data<float>(), max ? y.data<float>() : nullptr, g, acc,
+                              scope.stream());
+      return;
+    }
     dnn::pool2d_backward(grad_out.device(), scope.stream(), mode, g, grad_x.tensor->data<float>(),
                          grad_out.data<float>(), max ? x.data<float>() : nullptr,
                          max ? y.data<float>() : nullptr, acc);
@@ -308,7 +346,8 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
   const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
   dispatch_cpu(grad_out.dtype(), [&]<class T>() {
     k::cpu::pool2d_backward<T>(mode, slot_ptr<T>(grad_x), ptr<T>(grad_out),
-                               max ? ptr<T>(x) : nullptr, max ? ptr<T>(y) : nullptr, g, acc);
+                               max ? ptr<T>(x) : nullptr, max ? ptr<T>(y) : nullptr, g, acc,
+                               ep ? ptr<T>(ep->act_input) : nullptr);
   });
 }
 }  // namespace
@@ -322,6 +361,8 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
            },
            {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
             NodeAttribute::integer(options.padding)});
+    // Note [Backward epilogue fusion]: takes the ReLU of a conv2d_relu before it.
+    y.grad_fn()->set_takes_input_epilogue();
   }
   return y;
 }
@@ -343,6 +384,8 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions options) {
            },
            {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
             NodeAttribute::integer(options.padding)});
+    // Note [Backward epilogue fusion]: takes the ReLU of a conv2d_relu before it.
+    y.grad_fn()->set_takes_input_epilogue();
   }
   return y;
 }

@@ -261,7 +261,10 @@ class Storage : public std::enable_shared_from_this<Storage> {
 
  private:
   Storage(Device device, void* data, std::size_t bytes, cudaStream_t stream);
+  // The bookkeeping of a use on `stream` (no wait): the streams that used the memory and read it
+  // since its last write; note_write also makes `stream` the producer of a new write.
   void note_use(cudaStream_t stream);
+  void note_write(cudaStream_t stream);
   // Note [Memory from outside a capture]: inside a CaptureUsesScope, logs this use (`wrote`:
   // a write) unless the capture allocated this memory.
   void log_capture_use(bool wrote);

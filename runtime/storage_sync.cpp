@@ -87,15 +87,21 @@ void Storage::note_use(cudaStream_t stream) {
   }
 }
 
+void Storage::note_write(cudaStream_t stream) {
+  note_use(stream);
+  if (producer_ != stream) new_hazard();
+  producer_ = stream;
+  ++writes_;
+  reads_since_write_.clear();
+}
+
 void Storage::record_use(cudaStream_t stream, bool wrote) {
   if (device_.is_cpu()) return;
   settle();
-  note_use(stream);
   if (wrote) {
-    if (producer_ != stream) new_hazard();
-    producer_ = stream;
-    ++writes_;
-    reads_since_write_.clear();
+    note_write(stream);
+  } else {
+    note_use(stream);
   }
 }
 
@@ -157,11 +163,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
   settle();
   if (t_capture_uses) log_capture_use(/*wrote=*/true);
   if (t_planned_sync) {  // Note [Planned synchronization]
-    note_use(stream);
-    if (producer_ != stream) new_hazard();
-    producer_ = stream;
-    ++writes_;
-    reads_since_write_.clear();
+    note_write(stream);
     return;
   }
   // Read-after-write and write-after-write with the producer, and write-after-read with the
@@ -200,11 +202,7 @@ void Storage::sync_for_write(cudaStream_t stream) {
   }
   // The allocating stream is not waited for: it was the first producer (the first write waited
   // for it, and every write since waited for the one before).
-  note_use(stream);
-  if (producer_ != stream) new_hazard();
-  producer_ = stream;
-  ++writes_;
-  reads_since_write_.clear();
+  note_write(stream);
 #else
   (void)stream;
 #endif

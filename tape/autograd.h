@@ -167,18 +167,19 @@ class Node {
   bool saved_from_outside(std::size_t j) const { return j < 64 && (from_outside_ >> j) & 1u; }
   void set_saved_from_outside(std::uint64_t mask) { from_outside_ = mask; }
 
-  // Note [Backward epilogue fusion] (ops/ops.h): set by linear() on the nodes it records.
+  // Note [Backward epilogue fusion] (ops/ops.h): set by linear() and conv2d() on the nodes they
+  // record.
   struct ActivationFusion {
     Activation act = Activation::kNone;
     int act_input_saved = -1;       // saved index: the output (ReLU) or the pre-activation (GELU)
     int relu_mask_saved = -1;       // saved index of ReLU's bit mask, or -1 (none was written)
     BackwardFn from_preactivation;  // the backward given the pre-activation's gradient
   };
-  // Set on a linear+activation layer, which may leave its activation backward to the layer that
-  // consumes its output; null otherwise.
+  // Set on a linear+activation layer (and a conv2d_relu), which may leave its activation
+  // backward to the layer that consumes its output; null otherwise.
   const ActivationFusion* activation_fusion() const { return fusion_.get(); }
   void set_activation_fusion(ActivationFusion fusion);
-  // Set on a linear layer, whose backward takes GradSlot::epilogue on input 0.
+  // Set on a linear layer and a pooling, whose backward takes GradSlot::epilogue on input 0.
   bool takes_input_epilogue() const { return input_epilogue_; }
   void set_takes_input_epilogue() { input_epilogue_ = true; }
   // apply() for a fused layer: grad_out is the pre-activation's gradient.

@@ -12,12 +12,13 @@ namespace graphward {
 // A linear layer's fused activation (linear(x, weight, bias, act), ops/ops.h).
 enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
 
-// Note [Backward epilogue fusion]: the activation of the layer P whose output is this linear
-// layer's input, applied to the input gradient in the GEMM's epilogue.
+// Note [Backward epilogue fusion]: the activation of the layer P whose output is this layer's
+// input, applied to the input gradient (a linear layer's: in the GEMM's epilogue; a pooling's: in
+// its backward kernel).
 struct GradEpilogue {
   Activation act = Activation::kNone;
-  Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both [batch, out])
-  Tensor relu_mask;  // ReLU on CUDA: the bit mask of P's forward (undefined: none was written)
+  Tensor act_input;  // ReLU: P's output; GELU: its pre-activation (both P's output's shape)
+  Tensor relu_mask;  // ReLU of a linear layer on CUDA: the bit mask of P's forward, if written
 };
 
 struct GradSlot {
@@ -26,7 +27,8 @@ struct GradSlot {
   bool may_share = false;
   // Note [Backward epilogue fusion]: set by the backward executor on the input gradient of a
   // linear layer (linear_backward's grad_x) whose input is the output of a linear+activation
-  // layer: what to write into the slot is then that layer's pre-activation gradient.
+  // layer, or of a pooling whose input is a conv2d_relu's output: what to write into the slot is
+  // then that layer's pre-activation gradient.
   const GradEpilogue* epilogue = nullptr;
 };
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "backward/backward.h"
 #include "tape/autograd.h"
 #include "test_util.h"
 
@@ -129,6 +130,108 @@ TEST(ConvCpu, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
           EXPECT_EQ(values(b1.grad()), values(b2.grad())) << what;
         }
       }
+    }
+  }
+}
+
+// Note [Backward epilogue fusion] (ops/ops.h): a conv2d_relu whose output feeds one pooling
+// alone leaves its ReLU's backward to the pooling's. The plan fuses exactly that step, and the
+// gradients are bitwise the unfused plan's — max and average pooling, float and double,
+// non-overlapping and overlapping padded windows, both write modes; some windows are all zero
+// (the ReLU's mask decides there), and a ReLU output read twice is not fused.
+TEST(ConvCpu, APoolingTakesTheReluOfTheConvolutionBeforeItBitwise) {
+  for (DType dt : {DType::kFloat64, DType::kFloat32}) {
+    const TensorOptions opt{dt, Device::cpu()};
+    auto leaf = [&](const Shape& shape, std::uint64_t seed) {
+      return randn(shape, seed, opt).set_requires_grad(true);
+    };
+    const Tensor x = leaf({2, 3, 8, 7}, 41), w = leaf({4, 3, 3, 3}, 42), b = leaf({4}, 43);
+    const Conv2dOptions conv_relu{.padding = 1, .activation = Activation::kRelu};
+    for (const bool max : {true, false}) {
+      for (const Pool2dOptions pool : {Pool2dOptions{2, 2, 0}, Pool2dOptions{3, 1, 1}}) {
+        const std::string what = std::string(dtype_name(dt)) + (max ? " max" : " average") +
+                                 " pool " + std::to_string(pool.kernel);
+        auto pool_of = [&](const Tensor& h) {
+          return max ? max_pool2d(h, pool) : avg_pool2d(h, pool);
+        };
+        const Tensor y = pool_of(conv2d(x, w, b, conv_relu));
+        const std::vector<double> out = values(y);
+        if (max) {
+          EXPECT_GT(std::count(out.begin(), out.end(), 0.0), 0) << what << ": no zero window";
+        }
+        const Tensor r = randn(y.shape(), 44, opt);
+        auto loss = [&] { return sum(mul(pool_of(conv2d(x, w, b, conv_relu)), r)); };
+        const Tensor planned = sum(mul(y, r));
+        const BackwardPlan plan = plan_for({planned});
+        int fusing = 0;
+        for (const auto& st : plan.steps) fusing += st.fuses_activation_of >= 0;
+        EXPECT_EQ(fusing, 1) << what << "\n" << plan.dump();
+        const Tensor h = conv2d(x, w, b, conv_relu);
+        int twice = 0;
+        for (const auto& st : plan_for({add(sum(mul(pool_of(h), r)), sum(h))}).steps) {
+          twice += st.fuses_activation_of >= 0;
+        }
+        EXPECT_EQ(twice, 0) << what << ": the ReLU's output is read twice";
+        for (const GradWrite mode : {GradWrite::kOverwrite, GradWrite::kAccumulate}) {
+          std::vector<std::vector<double>> expected;
+          for (const Tensor* t : {&x, &w, &b}) t->grad() = Tensor();
+          for (int i = 0; i < 2; ++i) {
+            backward(loss(), {.grad_write = mode, .fuse_activation_epilogues = false});
+          }
+          for (const Tensor* t : {&x, &w, &b}) {
+            expected.push_back(values(t->grad()));
+            t->grad() = Tensor();
+          }
+          for (int i = 0; i < 2; ++i) backward(loss(), {.grad_write = mode});
+          int i = 0;
+          for (const Tensor* t : {&x, &w, &b}) {
+            EXPECT_EQ(values(t->grad()), expected[i]) << what << " parameter " << i;
+            ++i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A pooling's backward with an epilogue it cannot apply — not a plain ReLU, not of its input,
+// accumulating — is refused by name, and nothing is written.
+TEST(ConvCpu, APoolingBackwardRefusesAnEpilogueNotOfItsInput) {
+  const Tensor x = relu(randn({1, 2, 4, 4}, 51, f64()));
+  const Pool2dOptions o{.kernel = 2};
+  const Tensor y = max_pool2d(x, o), dy = randn(y.shape(), 52, f64());
+  const Tensor other = relu(randn({1, 2, 4, 4}, 53, f64()));
+  for (const bool max : {true, false}) {
+    const char* op = max ? "max_pool2d_backward" : "avg_pool2d_backward";
+    auto expect_refused = [&](Activation act, const Tensor& act_input, bool accumulate,
+                              const char* what) {
+      GradEpilogue ep;
+      ep.act = act;
+      ep.act_input = act_input;
+      Tensor gx = accumulate ? randn(x.shape(), 54, f64()) : Tensor();
+      const std::vector<double> before = accumulate ? values(gx) : std::vector<double>{};
+      GradSlot slot{&gx, accumulate};
+      slot.epilogue = &ep;
+      if (max) {
+        GW_EXPECT_ERROR(max_pool2d_backward(dy, x, y, o, slot), op, what);
+      } else {
+        GW_EXPECT_ERROR(avg_pool2d_backward(dy, x.shape(), o, slot), op, what);
+      }
+      if (accumulate) {
+        EXPECT_EQ(values(gx), before) << op;
+      } else {
+        EXPECT_FALSE(gx.defined()) << op;
+      }
+    };
+    expect_refused(Activation::kGelu, x, false, "not a plain ReLU");
+    expect_refused(Activation::kNone, x, false, "not a plain ReLU");
+    expect_refused(Activation::kRelu, Tensor(), false, "an undefined tensor");
+    expect_refused(Activation::kRelu, x.view({1, 2, 16}), false, "the pooling's input");
+    expect_refused(Activation::kRelu, relu(randn({1, 2, 4, 4}, 55)), false,
+                   "the pooling's input");  // float32, not float64
+    expect_refused(Activation::kRelu, x, true, "accumulates");
+    if (max) {  // average pooling saves no x: any tensor of its shape stands for it
+      expect_refused(Activation::kRelu, other, false, "the pooling's input");
     }
   }
 }

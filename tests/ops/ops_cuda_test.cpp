@@ -889,6 +889,93 @@ TEST_F(CudaOps, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
   }
 }
 
+// Note [Backward epilogue fusion]: pooling's backward through the ReLU of the conv2d_relu before
+// it, one kernel of ours. The op alone, max and average, at every pooling geometry: against the
+// CPU reference, and bitwise cuDNN's pooling backward then relu_backward where windows do not
+// overlap (average: areas 4 and 9). Through the tape: a conv2d_relu into a pooling fuses one
+// step, and its gradients are bitwise the unfused plan's (2x2 windows) or within float rounding
+// (overlapping windows).
+TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
+  const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}, {3, 1, 1}};
+  for (const bool max : {true, false}) {
+    for (const Pool2dOptions& o : options) {
+      const std::string what = std::string(max ? "max" : "average") + " kernel " +
+                               std::to_string(o.kernel) + " stride " + std::to_string(o.stride) +
+                               " padding " + std::to_string(o.padding);
+      const Tensor x = relu(rand({3, 4, 13, 10})), gx = gpu(x);  // a ReLU's output: many zeros
+      auto pool = [&](const Tensor& t) { return max ? max_pool2d(t, o) : avg_pool2d(t, o); };
+      const Tensor y = pool(x), gy = pool(gx);
+      const Tensor dy = rand(y.shape()), gdy = gpu(dy);
+      auto backward_of = [&](const Tensor& dy_, const Tensor& x_, const Tensor& y_,
+                             const GradEpilogue* ep) {
+        Tensor g;
+        GradSlot slot{&g};
+        slot.epilogue = ep;
+        if (max) {
+          max_pool2d_backward(dy_, x_, y_, o, slot);
+        } else {
+          avg_pool2d_backward(dy_, x_.shape(), o, slot);
+        }
+        return g;
+      };
+      GradEpilogue cpu_ep, gpu_ep;
+      cpu_ep.act = gpu_ep.act = Activation::kRelu;
+      cpu_ep.act_input = x;
+      gpu_ep.act_input = gx;
+      const Tensor cpu_fused = backward_of(dy, x, y, &cpu_ep);
+      const Tensor gpu_fused = backward_of(gdy, gx, gy, &gpu_ep);
+      EXPECT_LT(rel_error(gpu_fused, cpu_fused), kElementwiseTol) << what;
+      Tensor apart;
+      relu_backward(backward_of(gdy, gx, gy, nullptr), gx, {&apart});
+      const bool overlap = (o.stride == 0 ? o.kernel : o.stride) < o.kernel;
+      if (!overlap && (max || o.kernel == 2)) {
+        EXPECT_EQ(gpu_fused.to_vector<float>(), apart.to_vector<float>()) << what;
+      } else {
+        EXPECT_LT(rel_error(gpu_fused, apart), kElementwiseTol) << what;
+      }
+    }
+  }
+  auto leaf = [](const Shape& shape, std::uint64_t seed) {
+    return randn(shape, seed, TensorOptions{DType::kFloat32, kGpu}).set_requires_grad(true);
+  };
+  const Tensor x = leaf({8, 16, 16, 16}, 61), w = leaf({32, 16, 3, 3}, 62), b = leaf({32}, 63);
+  const Conv2dOptions conv_relu{.padding = 1, .activation = Activation::kRelu};
+  for (const bool max : {true, false}) {
+    for (const Pool2dOptions& o : {Pool2dOptions{2, 2, 0}, Pool2dOptions{3, 1, 1}}) {
+      auto pooled = [&] {
+        const Tensor h = conv2d(x, w, b, conv_relu);
+        return max ? max_pool2d(h, o) : avg_pool2d(h, o);
+      };
+      const Tensor y = pooled();
+      const Tensor r = randn(y.shape(), 64, TensorOptions{DType::kFloat32, kGpu});
+      const Tensor planned = sum(mul(y, r));
+      int fusing = 0;
+      const BackwardPlan plan = plan_for({planned});
+      for (const auto& st : plan.steps) fusing += st.fuses_activation_of >= 0;
+      ASSERT_EQ(fusing, 1) << plan.dump();
+      std::vector<std::vector<float>> plain;
+      for (const Tensor* t : {&x, &w, &b}) t->grad() = Tensor();
+      backward(sum(mul(pooled(), r)), {.fuse_activation_epilogues = false});
+      for (const Tensor* t : {&x, &w, &b}) {
+        plain.push_back(t->grad().to_vector<float>());
+        t->grad() = Tensor();
+      }
+      backward(sum(mul(pooled(), r)));
+      int i = 0;
+      for (const Tensor* t : {&x, &w, &b}) {
+        const std::string what = std::string(max ? "max" : "average") + " kernel " +
+                                 std::to_string(o.kernel) + " parameter " + std::to_string(i);
+        if (o.kernel == 2) {
+          EXPECT_EQ(t->grad().to_vector<float>(), plain[i]) << what;
+        } else {
+          EXPECT_LT(rel_error(t->grad(), from_vector(plain[i], t->shape())), kGemmTol) << what;
+        }
+        ++i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOps, MaxAndAveragePoolingThroughCudnn) {
   const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}};
   for (const Pool2dOptions& o : options) {
