@@ -84,59 +84,119 @@ void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
 }
 
 namespace {
-// Thread per input element (plane p, row ih, column iw): the windows that hold it, in row-major
-// order. Max: a window sends it its gradient when it is the window's first element equal to the
-// maximum; average: every window sends its gradient over its area.
-__device__ __forceinline__ std::int64_t imax(std::int64_t a, std::int64_t b) {
+// The geometry of a pooling in the kernel's index type I (int where every index fits).
+template <class I>
+struct PoolDims {
+  I h, w, window, pad, stride, oh_n, ow_n;
+};
+
+template <class I>
+__device__ __forceinline__ I imax(I a, I b) {
   return a > b ? a : b;
 }
-__device__ __forceinline__ std::int64_t imin(std::int64_t a, std::int64_t b) {
+template <class I>
+__device__ __forceinline__ I imin(I a, I b) {
   return a < b ? a : b;
 }
 
-template <PoolMode kMode>
+// Thread per input element (plane p, row ih, column iw; blocks of a plane along x, planes along
+// y): the windows that hold it, in row-major order. Max: a window sends it its gradient when it
+// is the window's first element equal to the maximum; average: every window sends its gradient
+// over its area. kDisjoint: windows of stride = size and no padding (at most one window holds an
+// element), of size kWindow (0: d.window).
+template <PoolMode kMode, bool kDisjoint, int kWindow, class I>
 __global__ void pool_backward_relu_kernel(float* dx, const float* dy, const float* x,
-                                          const float* y, std::int64_t n, PoolGeom g,
-                                          std::int64_t oh_n, std::int64_t ow_n, bool accumulate) {
-  const float area = static_cast<float>(g.window * g.window);
-  GW_GRID_STRIDE(i, n) {
-    const std::int64_t iw = i % g.w, ih = (i / g.w) % g.h, p = i / (g.w * g.h);
-    const float v = x[i];
-    float acc = 0.f;
-    if (v > 0.f) {
-      // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
-      const std::int64_t oh0 = imax(0, (ih + g.pad - g.window + g.stride) / g.stride);
-      const std::int64_t ow0 = imax(0, (iw + g.pad - g.window + g.stride) / g.stride);
-      const std::int64_t oh1 = imin(oh_n - 1, (ih + g.pad) / g.stride);
-      const std::int64_t ow1 = imin(ow_n - 1, (iw + g.pad) / g.stride);
-      const float* plane = x + p * g.h * g.w;
-      for (std::int64_t oh = oh0; oh <= oh1; ++oh) {
-        for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
-          const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
-          if constexpr (kMode == PoolMode::kAverage) {
-            acc += dy[o] / area;
-          } else {
-            const float m = y[o];
-            // Whether no element before this one in the window (row-major, inside the image)
-            // equals m.
-            const std::int64_t h0 = imax(0, oh * g.stride - g.pad);
-            const std::int64_t w0 = imax(0, ow * g.stride - g.pad);
-            const std::int64_t w_end = imin(g.w, ow * g.stride - g.pad + g.window);
-            bool first = v == m;
-            for (std::int64_t h = h0; h <= ih && first; ++h) {
-              for (std::int64_t w = w0; w < (h < ih ? w_end : iw); ++w) {
-                if (plane[h * g.w + w] == m) {
-                  first = false;
-                  break;
+                                          const float* y, I planes, PoolDims<I> d,
+                                          bool accumulate) {
+  const I window = kWindow > 0 ? I{kWindow} : d.window;
+  const float area = static_cast<float>(window * window);
+  const I plane_n = d.h * d.w;
+  for (I p = blockIdx.y; p < planes; p += gridDim.y) {
+    const float* plane = x + p * plane_n;
+    for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < plane_n;
+         j += static_cast<I>(gridDim.x) * blockDim.x) {
+      const I ih = j / d.w, iw = j - ih * d.w, i = p * plane_n + j;
+      const float v = x[i];
+      float acc = 0.f;
+      if (v > 0.f) {
+        // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
+        I oh0, ow0, oh1, ow1;
+        if constexpr (kDisjoint) {
+          oh0 = oh1 = ih / window;
+          ow0 = ow1 = iw / window;
+          if (oh0 >= d.oh_n || ow0 >= d.ow_n) oh1 = oh0 - 1;  // in no window
+        } else {
+          oh0 = imax<I>(0, (ih + d.pad - window + d.stride) / d.stride);
+          ow0 = imax<I>(0, (iw + d.pad - window + d.stride) / d.stride);
+          oh1 = imin<I>(d.oh_n - 1, (ih + d.pad) / d.stride);
+          ow1 = imin<I>(d.ow_n - 1, (iw + d.pad) / d.stride);
+        }
+        for (I oh = oh0; oh <= oh1; ++oh) {
+          for (I ow = ow0; ow <= ow1; ++ow) {
+            const I o = (p * d.oh_n + oh) * d.ow_n + ow;
+            if constexpr (kMode == PoolMode::kAverage) {
+              acc += dy[o] / area;
+            } else {
+              const float m = y[o];
+              // Whether no element before this one in the window (row-major, inside the image)
+              // equals m.
+              const I h0 = imax<I>(0, oh * d.stride - d.pad);
+              const I w0 = imax<I>(0, ow * d.stride - d.pad);
+              const I w_end = imin<I>(d.w, ow * d.stride - d.pad + window);
+              bool first = v == m;
+              for (I h = h0; h <= ih && first; ++h) {
+                for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
+                  if (plane[h * d.w + w] == m) {
+                    first = false;
+                    break;
+                  }
                 }
               }
+              if (first) acc += dy[o];
             }
-            if (first) acc += dy[o];
           }
         }
       }
+      store(dx, i, acc, accumulate);
     }
-    store(dx, i, acc, accumulate);
+  }
+}
+
+template <PoolMode kMode, class I>
+void launch_pool_backward_relu(float* dx, const float* dy, const float* x, const float* y,
+                               const PoolGeom& g, bool accumulate, cudaStream_t stream) {
+  const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
+                      static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
+                      static_cast<I>(g.out_w())};
+  const I planes = static_cast<I>(g.n * g.c);
+  const std::int64_t plane_blocks = (g.h * g.w + detail::kThreads - 1) / detail::kThreads;
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(plane_blocks, 1024)),
+                  static_cast<unsigned>(std::min<std::int64_t>(g.n * g.c, 65535)));
+  if (g.stride == g.window && g.pad == 0 && g.window == 2) {
+    pool_backward_relu_kernel<kMode, true, 2, I>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
+  } else if (g.stride == g.window && g.pad == 0) {
+    pool_backward_relu_kernel<kMode, true, 0, I>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
+  } else {
+    pool_backward_relu_kernel<kMode, false, 0, I>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
+  }
+  GW_LAUNCH_CHECK();
+}
+
+template <PoolMode kMode>
+void launch_pool_backward_relu(float* dx, const float* dy, const float* x, const float* y,
+                               std::int64_t n, const PoolGeom& g, bool accumulate,
+                               cudaStream_t stream) {
+  // 32-bit indices (several times fewer instructions for the divisions) where every index and
+  // every sum of sizes (a window's end: at most four times the input's or the output's count)
+  // fits with room to spare.
+  const std::int64_t outputs = g.n * g.c * g.out_h() * g.out_w();
+  if (std::max(n, outputs) < (std::int64_t{1} << 28)) {
+    launch_pool_backward_relu<kMode, int>(dx, dy, x, y, g, accumulate, stream);
+  } else {
+    launch_pool_backward_relu<kMode, std::int64_t>(dx, dy, x, y, g, accumulate, stream);
   }
 }
 }  // namespace
@@ -146,14 +206,10 @@ void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float
   const std::int64_t n = g.n * g.c * g.h * g.w;
   if (n == 0) return;
   if (mode == PoolMode::kMax) {
-    pool_backward_relu_kernel<PoolMode::kMax><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
-        dx, dy, x, y, n, g, g.out_h(), g.out_w(), accumulate);
+    launch_pool_backward_relu<PoolMode::kMax>(dx, dy, x, y, n, g, accumulate, stream);
   } else {
-    pool_backward_relu_kernel<PoolMode::kAverage>
-        <<<detail::grid_for(n), detail::kThreads, 0, stream>>>(dx, dy, x, y, n, g, g.out_h(),
-                                                               g.out_w(), accumulate);
+    launch_pool_backward_relu<PoolMode::kAverage>(dx, dy, x, y, n, g, accumulate, stream);
   }
-  GW_LAUNCH_CHECK();
 }
 
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
