@@ -166,8 +166,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     return own;
   }() : rendezvous(rank_, options.id_file, options.timeout_s);
   ncclComm_t comm = nullptr;
-  // Note [NCCL graph mixing]: NCCL reads the variable once, at its first communicator.
-  if (!options.nccl_graph_mixing) (void)::setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", 0);
+  // Note [NCCL graph mixing]: NCCL reads the variable once, at its first communicator; the
+  // launcher sets it, never the library.
   nccl_graph_mixing_ = env_str("NCCL_GRAPH_MIXING_SUPPORT") != "0";
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   if (options.nccl_max_ctas > 0) config.maxCTAs = options.nccl_max_ctas;

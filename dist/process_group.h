@@ -69,9 +69,6 @@ struct ProcessGroupOptions {
   // The reductions' stream at the device's highest priority (they gate the step), else at the
   // normal one.
   bool high_priority_stream = true;
-  // Note [NCCL graph mixing]: false (the default) sets NCCL_GRAPH_MIXING_SUPPORT=0 for the
-  // process unless it is set already; true leaves NCCL's default (1).
-  bool nccl_graph_mixing = false;
   // Note [Summed reductions]: in a backward that overwrites the gradients, the seeds are divided
   // by the world size and the buckets summed (ncclSum) rather than averaged (ncclAvg).
   bool summed_reductions = true;
@@ -123,7 +120,10 @@ struct ProcessGroupOptions {
 // Note [NCCL graph mixing]
 // NCCL supports, by default, collectives of captured graphs and uncaptured ones outstanding at
 // once on a communicator, at a cost in every replay (docs/DECISIONS.md, "data parallelism: what
-// the defaults are and why"; NCCL_GRAPH_MIXING_SUPPORT=0 turns it off). Without it, NCCL is correct
+// the defaults are and why"); NCCL_GRAPH_MIXING_SUPPORT=0 in the process's environment turns it
+// off. graphward never changes the process's environment: the launcher sets the variable
+// (scripts/run_dp.sh sets it to 0 unless it is set), and the group reads it, says what it found
+// (nccl_graph_mixing()) and keeps NCCL's conditions when it is off. Without it, NCCL is correct
 // only when (1) no two graphs holding the communicator's collectives run at once on unordered
 // streams, and (2) no uncaptured collective follows a graph launch that may still be running —
 // whatever the stream order. graphward keeps both: its graphs (BackwardGraph, StepGraph) launch on
@@ -157,6 +157,9 @@ class ProcessGroup final : public GradientReducer {
   std::vector<std::uint64_t> all_gather(std::uint64_t value);
   // Note [NCCL graph mixing]: how many times an uncaptured collective waited for the device.
   std::uint64_t device_waits() const { return device_waits_; }
+  // Note [NCCL graph mixing]: whether NCCL's graph mixing support is on for this group — its
+  // environment's NCCL_GRAPH_MIXING_SUPPORT is not "0" (the faster replays want it "0").
+  bool nccl_graph_mixing() const { return nccl_graph_mixing_; }
 
   // GradientReducer (Note [Gradient reduction]).
   std::size_t bucket_bytes() const override { return bucket_bytes_; }

@@ -7,6 +7,10 @@ GW_JOBS=${GW_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 say() { printf '[graphward] %s\n' "$*"; }
 
+# NCCL's graph mixing support off unless the caller set it: the faster replays of data-parallel
+# graphs (Note [NCCL graph mixing], dist/process_group.h). The library reads it, never sets it.
+export NCCL_GRAPH_MIXING_SUPPORT=${NCCL_GRAPH_MIXING_SUPPORT:-0}
+
 # The one-screen summary of a check script (gpu_check.sh, dp_check.sh): record STEP STATUS DETAIL
 # adds a line; a FAIL status makes the run fail (FAILED=1).
 SUMMARY=()

@@ -30,6 +30,9 @@ fi
 # NVLink multicast (NCCL's NVLS) stays off unless asked for: on shared hosts a program using it
 # can put the GPUs out of service.
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+# NCCL's graph mixing support off unless asked for: the faster replays (Note [NCCL graph mixing],
+# dist/process_group.h); graphward reads the variable and never sets it.
+export NCCL_GRAPH_MIXING_SUPPORT=${NCCL_GRAPH_MIXING_SUPPORT:-0}
 dir=$(mktemp -d /tmp/graphward_dp.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 pids=()
