@@ -27,15 +27,18 @@ struct BlockRow {
     return block_reduce<kRowThreads>(v, op);
   }
 };
-struct WarpRow {
+// A warp's lanes; WarpRow adds its row, a caller that picks its own rows uses them alone.
+struct WarpLanes {
   static constexpr int kSize = 32;
-  __device__ static std::int64_t row() {
-    return static_cast<std::int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32;
-  }
   __device__ static int lane() { return threadIdx.x % 32; }
   template <class Op>
   __device__ static float reduce(float v, Op op) {
     return detail::warp_all_reduce(v, op);
+  }
+};
+struct WarpRow : WarpLanes {
+  __device__ static std::int64_t row() {
+    return static_cast<std::int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32;
   }
 };
 
@@ -127,16 +130,6 @@ __global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const f
                                           std::int64_t cols) {
   cross_entropy_mean(loss, lse, x, target, rows, cols);
 }
-
-// A warp's lanes, as WarpRow has them, for a row the caller picks.
-struct WarpLanes {
-  static constexpr int kSize = 32;
-  __device__ static int lane() { return threadIdx.x % 32; }
-  template <class Op>
-  __device__ static float reduce(float v, Op op) {
-    return detail::warp_all_reduce(v, op);
-  }
-};
 
 // The forward in one launch (small logits): the block's warps take the rows in turn, each row's
 // log-sum-exp the same arithmetic as row_lse_kernel<WarpRow>'s; then, the lse written and seen

@@ -329,7 +329,7 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
     } else {
       scope.read({&grad_out});
     }
-    if (ep) scope.read({&ep->act_input});
+    if (ep && !max) scope.read({&ep->act_input});  // max pooling's is x, read above
     const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
     if (ep) {
       k::pool2d_backward_relu(mode, grad_x.tensor->data<float>(), grad_out.data<float>(),
