@@ -27,18 +27,15 @@ struct BlockRow {
     return block_reduce<kRowThreads>(v, op);
   }
 };
-// A warp's lanes; WarpRow adds its row, a caller that picks its own rows uses them alone.
-struct WarpLanes {
+struct WarpRow {
   static constexpr int kSize = 32;
+  __device__ static std::int64_t row() {
+    return static_cast<std::int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32;
+  }
   __device__ static int lane() { return threadIdx.x % 32; }
   template <class Op>
   __device__ static float reduce(float v, Op op) {
     return detail::warp_all_reduce(v, op);
-  }
-};
-struct WarpRow : WarpLanes {
-  __device__ static std::int64_t row() {
-    return static_cast<std::int64_t>(blockIdx.x) * (kRowThreads / 32) + threadIdx.x / 32;
   }
 };
 
@@ -106,15 +103,10 @@ void by_rows(std::int64_t rows, std::int64_t cols, Launch launch) {
 }
 
 constexpr int kMeanThreads = 1024;
-// Logits of at most this many elements (and rows a warp takes) are the cross-entropy's forward in
-// one launch: one block computes every row's log-sum-exp, then the mean.
-constexpr std::int64_t kOneLaunchMaxElements = std::int64_t{1} << 16;
 
-// loss[0] = mean_i (lse[i] − x[i, target[i]]), by one block of kMeanThreads threads: each thread
-// sums its rows in double, the block's sum in a fixed order (deterministic).
-__device__ void cross_entropy_mean(float* loss, const float* lse, const float* x,
-                                   const std::int32_t* target, std::int64_t rows,
-                                   std::int64_t cols) {
+__global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const float* x,
+                                          const std::int32_t* target, std::int64_t rows,
+                                          std::int64_t cols) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < rows; i += kMeanThreads) {
     const std::int32_t t = target[i];
@@ -123,26 +115,6 @@ __device__ void cross_entropy_mean(float* loss, const float* lse, const float* x
   }
   acc = block_reduce<kMeanThreads>(acc);
   if (threadIdx.x == 0) loss[0] = static_cast<float>(acc / static_cast<double>(rows));
-}
-
-__global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const float* x,
-                                          const std::int32_t* target, std::int64_t rows,
-                                          std::int64_t cols) {
-  cross_entropy_mean(loss, lse, x, target, rows, cols);
-}
-
-// The forward in one launch (small logits): the block's warps take the rows in turn, each row's
-// log-sum-exp the same arithmetic as row_lse_kernel<WarpRow>'s; then, the lse written and seen
-// by the whole block, the same mean as cross_entropy_mean_kernel's: bitwise the two launches.
-__global__ void cross_entropy_one_launch_kernel(float* loss, float* lse, const float* x,
-                                                const std::int32_t* target, std::int64_t rows,
-                                                std::int64_t cols) {
-  for (std::int64_t row = threadIdx.x / 32; row < rows; row += kMeanThreads / 32) {
-    const float v = row_lse<WarpLanes>(x + row * cols, cols);
-    if (WarpLanes::lane() == 0) lse[row] = v;
-  }
-  __syncthreads();
-  cross_entropy_mean(loss, lse, x, target, rows, cols);
 }
 
 __global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, const float* x,
@@ -186,14 +158,7 @@ void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64
   });
 }
 void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols, cudaStream_t stream,
-                           bool one_launch) {
-  if (one_launch && cols <= kWarpRowMaxCols && rows * cols <= kOneLaunchMaxElements) {
-    cross_entropy_one_launch_kernel<<<1, kMeanThreads, 0, stream>>>(loss, lse, x, target, rows,
-                                                                    cols);
-    GW_LAUNCH_CHECK();
-    return;
-  }
+                           std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
     row_lse_kernel<G><<<blocks, kRowThreads, 0, stream>>>(lse, x, rows, cols);
   });

@@ -25,12 +25,9 @@ void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t r
 void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                           std::int64_t cols, bool accumulate, cudaStream_t stream);
 // lse[i] = log Σ_j exp(x[i, j]); loss[0] = mean_i (lse[i] − x[i, target[i]]). A target outside
-// [0, cols) makes the loss NaN (no host read to refuse it). Small logits (at most 2^16 elements,
-// rows of at most 1024) in one launch where `one_launch`, else two (every row's lse, then the
-// mean); bitwise the same either way.
+// [0, cols) makes the loss NaN (no host read to refuse it).
 void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols, cudaStream_t stream,
-                           bool one_launch = true);
+                           std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 // dx[i, j] = (exp(x[i, j] − lse[i]) − [j == target[i]]) · dloss[0] / rows
 void cross_entropy_backward(float* dx, const float* dloss, const float* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,

@@ -12,7 +12,6 @@
 #include "capture/stream_capture.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
-#include "kernels/softmax.h"
 #include "runtime/blas.h"
 #include "runtime/dnn.h"
 #include "test_util.h"
@@ -552,45 +551,6 @@ std::string lt_choice(std::int64_t m, std::int64_t n, std::int64_t k, kernels::E
   }
   cublasLtDestroy(handle);
   return s;
-}
-
-// The cross-entropy's forward of small logits (at most 2^16 elements, rows up to 1024) is one
-// launch — every row's log-sum-exp, then the mean — bitwise the two launches it replaces (lse and
-// loss), at shapes on both sides of the limits; and the op launches one kernel there, two above.
-TEST(CudaCrossEntropy, SmallLogitsTakeOneLaunchBitwiseTheTwo) {
-  GW_REQUIRE_GPU();  // no poisoning here: it would add a fill kernel per allocation
-  const TensorOptions f32{DType::kFloat32, kGpu};
-  Stream s(kGpu);
-  StreamGuard on(s);
-  const Shape shapes[] = {{1, 1},     {64, 10},  {128, 10},  {33, 1000}, {64, 1024},
-                          {512, 128}, {1000, 3}, {16, 1025}, {65, 1024}};
-  for (const Shape& shape : shapes) {
-    const std::int64_t rows = shape[0], cols = shape[1];
-    const Tensor x = mul(randn(shape, 71, f32), 3.0);
-    std::vector<std::int32_t> t(static_cast<std::size_t>(rows));
-    for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int32_t>((i * 7919) % cols);
-    const Tensor target = from_vector(t, {rows}).to(kGpu);
-    Tensor loss[2], lse[2];
-    for (int one = 0; one < 2; ++one) {
-      loss[one] = Tensor::empty({}, f32);
-      lse[one] = Tensor::empty({rows}, f32);
-      kernels::cross_entropy_forward(loss[one].data<float>(), lse[one].data<float>(),
-                                     x.data<float>(), target.data<std::int32_t>(), rows, cols,
-                                     s.get(), one == 1);
-    }
-    ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
-    EXPECT_EQ(lse[1].to_vector<float>(), lse[0].to_vector<float>()) << shape_str(shape);
-    EXPECT_EQ(loss[1].to_vector<float>(), loss[0].to_vector<float>()) << shape_str(shape);
-  }
-  auto logits = [&](std::int64_t rows, std::int64_t cols) {
-    return std::pair{
-        randn({rows, cols}, 72, f32),
-        from_vector(std::vector<std::int32_t>(static_cast<std::size_t>(rows), 0), {rows}).to(kGpu)};
-  };
-  const auto [small, small_t] = logits(64, 10);
-  const auto [large, large_t] = logits(128, 1024);
-  EXPECT_EQ(kernels_in(s, [&] { return cross_entropy(small, small_t); }), 1u);
-  EXPECT_EQ(kernels_in(s, [&] { return cross_entropy(large, large_t); }), 2u);
 }
 
 TEST(CudaLinearEpilogue, ALinearLayerWithItsBiasAndActivationIsOneCublasLtCall) {
