@@ -1,7 +1,7 @@
 // The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, runtime/dnn.h):
-// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; the bias and ReLU
-// of a conv2d_relu in one pass after the convolution; and pooling's backward through the ReLU
-// before it.
+// db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] — deterministic, in one or two passes; the weight and bias
+// gradients of a convolution with few taps a filter; the bias and ReLU of a conv2d_relu in one
+// pass after the convolution; and pooling's backward through the ReLU before it.
 #include <algorithm>
 
 #include "kernels/block_reduce.cuh"
@@ -60,6 +60,148 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
   const std::int64_t per = images_per_slice(g.n, g.k);
   const std::int64_t slices = (g.n + per - 1) / per;
   return slices > 1 ? slices * g.k : 0;
+}
+
+namespace {
+constexpr int kWgradThreads = 256;
+constexpr int kWgradMaxTaps = 32;                                  // C·R·S of a filter
+constexpr std::int64_t kWgradMaxWork = std::int64_t{1} << 25;      // N·OH·OW·K·taps
+constexpr std::int64_t kInt32Limit = std::int64_t{1} << 31;
+
+// Block (filter ch, slice): for each tap j = (c, r, s) of the filter, Σ over the slice's output
+// positions (image, oy, ox) of dy · x at the tap (padding skipped), and Σ dy (the bias); each
+// thread its own positions in order, then per value a fixed tree (warp shuffles, then the warps
+// in order): deterministic. Into partial[(slice · K + ch) · (taps + 1) + j] (the bias last), or,
+// with one slice (partial null), into dw [K, taps] and db [K] (may be null). kR: the filter's
+// size, so that every tap's place is known at compile time (no table, no spilled registers).
+template <int kR>
+__global__ void __launch_bounds__(kWgradThreads)
+    weight_grad_small_kernel(float* partial, float* dw, float* db, const float* dy,
+                             const float* x, int c, int h, int w, int k, int pad, int stride,
+                             int oh, int ow, int n, int per, bool accumulate_w,
+                             bool accumulate_b) {
+  constexpr int kArea = kR * kR, kMaxC = kWgradMaxTaps / kArea, kBias = kMaxC * kArea;
+  __shared__ float warp_sums[kBias + 1][kWgradThreads / 32];
+  const int taps = c * kArea, ch = blockIdx.x, slice = blockIdx.y;
+  const int plane = oh * ow, hw = h * w, n0 = slice * per, n1 = n0 + per < n ? n0 + per : n;
+  const int count = (n1 - n0) * plane;
+  float acc[kBias + 1];
+#pragma unroll
+  for (int j = 0; j <= kBias; ++j) acc[j] = 0.f;
+  for (int t = threadIdx.x; t < count; t += kWgradThreads) {
+    const int img = n0 + t / plane, pos = t % plane;
+    const int iy0 = pos / ow * stride - pad, ix0 = pos % ow * stride - pad;
+    const float g = dy[(img * k + ch) * plane + pos];
+    const float* xi = x + static_cast<std::int64_t>(img) * c * hw;
+    bool row_in[kR], col_in[kR];
+#pragma unroll
+    for (int q = 0; q < kR; ++q) {
+      row_in[q] = static_cast<unsigned>(iy0 + q) < static_cast<unsigned>(h);
+      col_in[q] = static_cast<unsigned>(ix0 + q) < static_cast<unsigned>(w);
+    }
+    const int at = iy0 * w + ix0;  // x's index in the image at tap (0, 0, 0); may be outside
+#pragma unroll
+    for (int cc = 0; cc < kMaxC; ++cc) {
+      if (cc < c) {
+#pragma unroll
+        for (int rr = 0; rr < kR; ++rr) {
+#pragma unroll
+          for (int ss = 0; ss < kR; ++ss) {
+            if (row_in[rr] && col_in[ss]) {
+              acc[(cc * kR + rr) * kR + ss] += g * xi[cc * hw + at + rr * w + ss];
+            }
+          }
+        }
+      }
+    }
+    acc[kBias] += g;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j <= kBias; ++j) {
+    if (j < taps || j == kBias) {
+      float v = acc[j];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+      if (lane == 0) warp_sums[j][warp] = v;
+    }
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) > taps) return;
+  const int j = static_cast<int>(threadIdx.x) == taps ? kBias : threadIdx.x;  // `taps`: the bias
+  float v = 0.f;
+  for (int i = 0; i < kWgradThreads / 32; ++i) v += warp_sums[j][i];
+  if (partial) {
+    partial[(static_cast<std::int64_t>(slice) * k + ch) * (taps + 1) + threadIdx.x] = v;
+  } else if (static_cast<int>(threadIdx.x) < taps) {
+    store(dw, static_cast<std::int64_t>(ch) * taps + threadIdx.x, v, accumulate_w);
+  } else if (db) {
+    store(db, ch, v, accumulate_b);
+  }
+}
+
+// Thread per (filter, tap or bias): the slices' partial sums in order.
+__global__ void weight_grad_small_sum_kernel(float* dw, float* db, const float* partial,
+                                             std::int64_t slices, std::int64_t k, int taps,
+                                             bool accumulate_w, bool accumulate_b) {
+  const std::int64_t per_slice = k * (taps + 1);
+  GW_GRID_STRIDE(i, per_slice) {
+    float v = 0.f;
+    for (std::int64_t s = 0; s < slices; ++s) v += partial[s * per_slice + i];
+    const std::int64_t ch = i / (taps + 1), j = i % (taps + 1);
+    if (j < taps) {
+      store(dw, ch * taps + j, v, accumulate_w);
+    } else if (db) {
+      store(db, ch, v, accumulate_b);
+    }
+  }
+}
+}  // namespace
+
+bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
+  const std::int64_t taps = g.c * g.r * g.s;
+  const std::int64_t positions = g.n * g.out_h() * g.out_w();
+  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
+         positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w < kInt32Limit &&
+         positions * g.k < kInt32Limit;
+}
+
+std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g) {
+  const std::int64_t per = images_per_slice(g.n, g.k);
+  const std::int64_t slices = (g.n + per - 1) / per;
+  return slices > 1 ? slices * g.k * (g.c * g.r * g.s + 1) : 0;
+}
+
+void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
+                              const float* dy, const float* x, const ConvGeom& g,
+                              float* workspace, cudaStream_t stream) {
+  GW_CHECK(conv2d_weight_grad_small_fits(g), "conv2d_weight_grad_small: the geometry (",
+           g.c, "x", g.r, "x", g.s, " taps, ", g.n, " images, ", g.k,
+           " filters) is outside its range; expected conv2d_weight_grad_small_fits");
+  const std::int64_t per = images_per_slice(g.n, g.k);
+  const std::int64_t slices = (g.n + per - 1) / per;
+  const int taps = static_cast<int>(g.c * g.r * g.s);
+  const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));
+  auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
+  float* out = slices > 1 ? workspace : nullptr;
+  auto launch = [&]<int kR>() {
+    weight_grad_small_kernel<kR><<<grid, kWgradThreads, 0, stream>>>(
+        out, dw, db, dy, x, i32(g.c), i32(g.h), i32(g.w), i32(g.k), i32(g.pad), i32(g.stride),
+        i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(per), accumulate_w, accumulate_b);
+  };
+  switch (g.r) {  // r · r ≤ 32
+    case 1: launch.template operator()<1>(); break;
+    case 2: launch.template operator()<2>(); break;
+    case 3: launch.template operator()<3>(); break;
+    case 4: launch.template operator()<4>(); break;
+    default: launch.template operator()<5>(); break;
+  }
+  GW_LAUNCH_CHECK();
+  if (slices > 1) {
+    const std::int64_t outputs = g.k * (taps + 1);
+    weight_grad_small_sum_kernel<<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+        dw, db, workspace, slices, g.k, taps, accumulate_w, accumulate_b);
+    GW_LAUNCH_CHECK();
+  }
 }
 
 namespace {

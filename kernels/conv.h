@@ -36,6 +36,18 @@ struct PoolGeom {
 // conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (Our own reduction:
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
+// The weight gradient of a convolution with few taps a filter and little work — C·R·S ≤ 32 (a
+// first convolution on images: 3·3·3 = 27) and N·OH·OW·K·C·R·S ≤ 2^25 — and its bias gradient
+// with it: dw [K, C, R, S] (=|+=) Σ over images and output positions of dy · x at each tap
+// (padding skipped); db [K] (=|+=) Σ dy (db may be null: dw alone). Deterministic (fixed-order
+// sums, no atomics); `workspace` holds conv2d_weight_grad_small_workspace(g) floats (none needed
+// when that is 0). Our own where cuDNN's fastest algorithm leaves the GPU nearly idle (docs/
+// DECISIONS.md, "a first convolution's weight gradient by a kernel of our own").
+bool conv2d_weight_grad_small_fits(const ConvGeom& g);
+std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g);
+void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
+                              const float* dy, const float* x, const ConvGeom& g,
+                              float* workspace, cudaStream_t stream);
 // y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.

@@ -179,8 +179,8 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
   GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(conv_out(g)));
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
-  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
-  const bool want_b = check_slot(op, "grad_bias", grad_bias, {g.k}, weight);
+  bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
+  bool want_b = check_slot(op, "grad_bias", grad_bias, {g.k}, weight);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
     CudaScope scope(x.device());
@@ -190,6 +190,20 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       const bool acc = open_slot(grad_x, x, s);
       dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->data<float>(),
                                 grad_out.data<float>(), weight.data<float>(), acc);
+    }
+    if (want_w && k::conv2d_weight_grad_small_fits(g)) {
+      // Few taps a filter (a first convolution on images): the weight and bias gradients by our
+      // own kernels (kernels/conv.h says why).
+      const bool acc_w = open_slot(grad_weight, weight, s);
+      const bool acc_b = want_b && open_slot(grad_bias, {g.k}, weight, s);
+      const std::int64_t ws = k::conv2d_weight_grad_small_workspace(g);
+      const Tensor partial =
+          ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
+      k::conv2d_weight_grad_small(grad_weight.tensor->data<float>(), acc_w,
+                                  want_b ? grad_bias.tensor->data<float>() : nullptr, acc_b,
+                                  grad_out.data<float>(), x.data<float>(), g,
+                                  ws > 0 ? partial.data<float>() : nullptr, s);
+      want_w = want_b = false;
     }
     if (want_w) {
       const bool acc = open_slot(grad_weight, weight, s);

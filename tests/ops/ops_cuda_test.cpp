@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "capture/stream_capture.h"
+#include "kernels/conv.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "runtime/blas.h"
@@ -859,6 +860,85 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
     expect_backward_matches<3>("conv2d_backward", {x.shape(), w.shape(), b.shape()}, kGemmTol,
                                make(dy, x, w), make(gdy, gx, gw));
   }
+}
+
+// A convolution with few taps a filter and little work (C·R·S ≤ 32: a first convolution on
+// images) takes its weight and bias gradients from kernels of ours (kernels/conv.h): against the
+// CPU's (double sums) and cuDNN's deterministic algorithm, at every filter size it takes (1 to 5),
+// strides 1 to 3, padding 0 to 2, one slice of images and several, with the bias and without,
+// written and accumulated; the same bits on a second run. Just outside its range (33 taps, too
+// much work) it is not taken.
+TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
+  struct Case {
+    Shape x, w;
+    Conv2dOptions o;
+    bool ours;
+  };
+  const Case cases[] = {{{64, 3, 16, 16}, {16, 3, 3, 3}, {1, 1}, true},  // the example convnet's
+                        {{1, 1, 5, 5}, {1, 1, 1, 1}, {1, 0}, true},
+                        {{2, 32, 7, 9}, {5, 32, 1, 1}, {1, 0}, true},  // 32 taps: the limit
+                        {{3, 8, 9, 9}, {4, 8, 2, 2}, {2, 1}, true},
+                        {{5, 2, 12, 10}, {7, 2, 4, 4}, {3, 2}, true},
+                        {{4, 1, 13, 11}, {3, 1, 5, 5}, {2, 2}, true},
+                        {{300, 3, 8, 8}, {2, 3, 3, 3}, {1, 1}, true},  // many images a slice
+                        {{3, 3, 40, 50}, {8, 3, 3, 3}, {1, 0}, true},
+                        {{2, 33, 7, 9}, {5, 33, 1, 1}, {1, 0}, false},      // 33 taps
+                        {{256, 3, 32, 32}, {64, 3, 3, 3}, {1, 1}, false}};  // 2^28 products
+  for (const Case& c : cases) {
+    const std::string what = shape_str(c.x) + " " + shape_str(c.w) + " stride " +
+                             std::to_string(c.o.stride) + " padding " + std::to_string(c.o.padding);
+    const kernels::ConvGeom g{c.x[0], c.x[1], c.x[2],    c.x[3],     c.w[0],
+                              c.w[2], c.w[3], c.o.padding, c.o.stride, true};
+    EXPECT_EQ(kernels::conv2d_weight_grad_small_fits(g), c.ours) << what;
+    if (!c.ours) continue;  // cuDNN's: Conv2dForwardAndBackwardThroughCudnn
+    const Tensor x = rand(c.x), w = rand(c.w), dy = rand({g.n, g.k, g.out_h(), g.out_w()});
+    const Tensor gx = gpu(x), gw = gpu(w), gdy = gpu(dy);
+    auto make_wb = [&c](const Tensor& dy_, const Tensor& x_, const Tensor& w_) {
+      return [&dy_, &x_, &w_, &c](std::array<Tensor, 2>& g2, bool acc) {
+        conv2d_backward(dy_, x_, w_, c.o, {}, {&g2[0], acc}, {&g2[1], acc});
+      };
+    };
+    expect_backward_matches<2>("conv2d_backward (weight and bias)", {c.w, Shape{c.w[0]}},
+                               kGemmTol, make_wb(dy, x, w), make_wb(gdy, gx, gw));
+    auto make_w = [&c](const Tensor& dy_, const Tensor& x_, const Tensor& w_) {
+      return [&dy_, &x_, &w_, &c](std::array<Tensor, 1>& g1, bool acc) {
+        conv2d_backward(dy_, x_, w_, c.o, {}, {&g1[0], acc}, {});
+      };
+    };
+    expect_backward_matches<1>("conv2d_backward (weight alone)", {c.w}, kGemmTol,
+                               make_w(dy, x, w), make_w(gdy, gx, gw));
+    // the same bits twice, and cuDNN's deterministic algorithm
+    Tensor first, second, bias;
+    conv2d_backward(gdy, gx, gw, c.o, {}, {&first}, {&bias});
+    conv2d_backward(gdy, gx, gw, c.o, {}, {&second}, {});
+    EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << what;
+#if GRAPHWARD_HAS_CUDNN
+    Stream stream(kGpu);
+    const Tensor by_cudnn = Tensor::empty(c.w, {DType::kFloat32, kGpu});
+    dnn::conv2d_backward_filter(kGpu, stream.get(), g, by_cudnn.data<float>(), gdy.data<float>(),
+                                gx.data<float>(), false);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    EXPECT_LT(rel_error(first, by_cudnn), kGemmTol) << what;
+#endif
+  }
+}
+
+// The example convnet's first convolution: its weight and bias gradients are two kernels (the
+// slices' partial sums, then their sum), not cuDNN's filter gradient and a bias reduction.
+TEST(CudaConvWeightGrad, AFirstConvolutionsWeightAndBiasGradientsAreTwoKernels) {
+  GW_REQUIRE_GPU();  // no poisoning here: it would add a fill kernel per allocation
+  Stream s(kGpu);
+  StreamGuard on(s);  // the inputs are made on s
+  const TensorOptions f32{DType::kFloat32, kGpu};
+  const Tensor x = randn({64, 3, 16, 16}, 81, f32), w = randn({16, 3, 3, 3}, 82, f32);
+  const Tensor dy = randn({64, 16, 16, 16}, 83, f32);
+  EXPECT_EQ(kernels_in(s,
+                       [&] {
+                         Tensor dw, db;
+                         conv2d_backward(dy, x, w, {1, 1}, {}, {&dw}, {&db});
+                         return dw;
+                       }),
+            2u);
 }
 
 // Conv2dOptions::activation on CUDA: cuDNN's convolution, then the bias and the ReLU in one
