@@ -913,7 +913,10 @@ TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
     conv2d_backward(gdy, gx, gw, c.o, {}, {&second}, {});
     EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << what;
 #if GRAPHWARD_HAS_CUDNN
+    // on one stream: the output's allocation (and its poison fill) ordered before cuDNN's call
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     Stream stream(kGpu);
+    StreamGuard on(stream);
     const Tensor by_cudnn = Tensor::empty(c.w, {DType::kFloat32, kGpu});
     dnn::conv2d_backward_filter(kGpu, stream.get(), g, by_cudnn.data<float>(), gdy.data<float>(),
                                 gx.data<float>(), false);
