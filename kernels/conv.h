@@ -1,6 +1,6 @@
 #pragma once
 // Convolution and pooling geometry, and the CPU references. The CUDA versions are cuDNN's
-// (runtime/dnn.h). Layout NCHW, row-major; weights [K, C, R, S] (PyTorch's). Square kernels,
+// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major; weights [K, C, R, S] (PyTorch's). Square kernels,
 // strides and padding (the same in both spatial dimensions), dilation 1, one group.
 #include <cstdint>
 #include "base/config.h"
