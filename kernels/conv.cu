@@ -64,8 +64,8 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
 
 namespace {
 constexpr int kWgradThreads = 256;
-constexpr int kWgradMaxTaps = 32;                                  // C·R·S of a filter
-constexpr std::int64_t kWgradMaxWork = std::int64_t{1} << 25;      // N·OH·OW·K·taps
+constexpr int kWgradMaxTaps = 32;                              // C·R·S of a filter
+constexpr std::int64_t kWgradMaxWork = std::int64_t{1} << 25;  // N·OH·OW·K·taps
 constexpr std::int64_t kInt32Limit = std::int64_t{1} << 31;
 
 // Block (filter ch, slice): for each tap j = (c, r, s) of the filter, Σ over the slice's output
@@ -76,10 +76,9 @@ constexpr std::int64_t kInt32Limit = std::int64_t{1} << 31;
 // size, so that every tap's place is known at compile time (no table, no spilled registers).
 template <int kR>
 __global__ void __launch_bounds__(kWgradThreads)
-    weight_grad_small_kernel(float* partial, float* dw, float* db, const float* dy,
-                             const float* x, int c, int h, int w, int k, int pad, int stride,
-                             int oh, int ow, int n, int per, bool accumulate_w,
-                             bool accumulate_b) {
+    weight_grad_small_kernel(float* partial, float* dw, float* db, const float* dy, const float* x,
+                             int c, int h, int w, int k, int pad, int stride, int oh, int ow, int n,
+                             int per, bool accumulate_w, bool accumulate_b) {
   constexpr int kArea = kR * kR, kMaxC = kWgradMaxTaps / kArea, kBias = kMaxC * kArea;
   __shared__ float warp_sums[kBias + 1][kWgradThreads / 32];
   const int taps = c * kArea, ch = blockIdx.x, slice = blockIdx.y;
@@ -172,10 +171,10 @@ std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g) {
 }
 
 void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
-                              const float* dy, const float* x, const ConvGeom& g,
-                              float* workspace, cudaStream_t stream) {
-  GW_CHECK(conv2d_weight_grad_small_fits(g), "conv2d_weight_grad_small: the geometry (",
-           g.c, "x", g.r, "x", g.s, " taps, ", g.n, " images, ", g.k,
+                              const float* dy, const float* x, const ConvGeom& g, float* workspace,
+                              cudaStream_t stream) {
+  GW_CHECK(conv2d_weight_grad_small_fits(g), "conv2d_weight_grad_small: the geometry (", g.c, "x",
+           g.r, "x", g.s, " taps, ", g.n, " images, ", g.k,
            " filters) is outside its range; expected conv2d_weight_grad_small_fits");
   const std::int64_t per = images_per_slice(g.n, g.k);
   const std::int64_t slices = (g.n + per - 1) / per;
@@ -189,11 +188,21 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
         i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(per), accumulate_w, accumulate_b);
   };
   switch (g.r) {  // r · r ≤ 32
-    case 1: launch.template operator()<1>(); break;
-    case 2: launch.template operator()<2>(); break;
-    case 3: launch.template operator()<3>(); break;
-    case 4: launch.template operator()<4>(); break;
-    default: launch.template operator()<5>(); break;
+    case 1:
+      launch.template operator()<1>();
+      break;
+    case 2:
+      launch.template operator()<2>();
+      break;
+    case 3:
+      launch.template operator()<3>();
+      break;
+    case 4:
+      launch.template operator()<4>();
+      break;
+    default:
+      launch.template operator()<5>();
+      break;
   }
   GW_LAUNCH_CHECK();
   if (slices > 1) {

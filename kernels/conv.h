@@ -1,7 +1,8 @@
 #pragma once
 // Convolution and pooling geometry, and the CPU references. The CUDA versions are cuDNN's
-// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major; weights [K, C, R, S] (PyTorch's). Square kernels,
-// strides and padding (the same in both spatial dimensions), dilation 1, one group.
+// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major; weights [K,
+// C, R, S] (PyTorch's). Square kernels, strides and padding (the same in both spatial dimensions),
+// dilation 1, one group.
 #include <cstdint>
 #include "base/config.h"
 
@@ -46,8 +47,8 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 bool conv2d_weight_grad_small_fits(const ConvGeom& g);
 std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g);
 void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
-                              const float* dy, const float* x, const ConvGeom& g,
-                              float* workspace, cudaStream_t stream);
+                              const float* dy, const float* x, const ConvGeom& g, float* workspace,
+                              cudaStream_t stream);
 // y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.

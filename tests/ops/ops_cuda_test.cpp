@@ -887,7 +887,7 @@ TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
   for (const Case& c : cases) {
     const std::string what = shape_str(c.x) + " " + shape_str(c.w) + " stride " +
                              std::to_string(c.o.stride) + " padding " + std::to_string(c.o.padding);
-    const kernels::ConvGeom g{c.x[0], c.x[1], c.x[2],    c.x[3],     c.w[0],
+    const kernels::ConvGeom g{c.x[0], c.x[1], c.x[2],      c.x[3],     c.w[0],
                               c.w[2], c.w[3], c.o.padding, c.o.stride, true};
     EXPECT_EQ(kernels::conv2d_weight_grad_small_fits(g), c.ours) << what;
     if (!c.ours) continue;  // cuDNN's: Conv2dForwardAndBackwardThroughCudnn
@@ -898,15 +898,15 @@ TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
         conv2d_backward(dy_, x_, w_, c.o, {}, {&g2[0], acc}, {&g2[1], acc});
       };
     };
-    expect_backward_matches<2>("conv2d_backward (weight and bias)", {c.w, Shape{c.w[0]}},
-                               kGemmTol, make_wb(dy, x, w), make_wb(gdy, gx, gw));
+    expect_backward_matches<2>("conv2d_backward (weight and bias)", {c.w, Shape{c.w[0]}}, kGemmTol,
+                               make_wb(dy, x, w), make_wb(gdy, gx, gw));
     auto make_w = [&c](const Tensor& dy_, const Tensor& x_, const Tensor& w_) {
       return [&dy_, &x_, &w_, &c](std::array<Tensor, 1>& g1, bool acc) {
         conv2d_backward(dy_, x_, w_, c.o, {}, {&g1[0], acc}, {});
       };
     };
-    expect_backward_matches<1>("conv2d_backward (weight alone)", {c.w}, kGemmTol,
-                               make_w(dy, x, w), make_w(gdy, gx, gw));
+    expect_backward_matches<1>("conv2d_backward (weight alone)", {c.w}, kGemmTol, make_w(dy, x, w),
+                               make_w(gdy, gx, gw));
     // the same bits twice, and cuDNN's deterministic algorithm
     Tensor first, second, bias;
     conv2d_backward(gdy, gx, gw, c.o, {}, {&first}, {&bias});
