@@ -6,6 +6,7 @@
 //
 //   Mlp/hidden:H/layers:L/batch:B/mode:M
 //   MlpUnfusedEpilogues/...                       (the same, Note [Backward epilogue fusion] off)
+//   MlpWeightGradsOnOneStream/...                 (the same, weight-gradient parallelism off)
 //   Convnet/batch:B/image:S/channels:C/mode:M     (3xSxS images, convs of C and 2C channels;
 //                                                  cuDNN's fastest algorithms, as PyTorch's
 //                                                  default)
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -50,8 +52,8 @@ namespace {
 
 template <class Model>
 void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode,
-               bool fuse_epilogues = true) {
-  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode, fuse_epilogues);
+               bool fuse_epilogues = true, std::optional<bool> split_weight_grads = std::nullopt) {
+  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode, fuse_epilogues, split_weight_grads);
   int i = 0;
   for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
@@ -109,12 +111,13 @@ ex::Mode mode_arg(const benchmark::State& state, int i) {
   return static_cast<ex::Mode>(state.range(i));
 }
 
-void run_mlp(benchmark::State& state, bool fuse_epilogues) {
+void run_mlp(benchmark::State& state, bool fuse_epilogues,
+             std::optional<bool> split_weight_grads = std::nullopt) {
   if (gw::bench::skip_without_gpu(state)) return;
   run_model<ex::MlpModel>(state,
                           {.in = 256, .hidden = state.range(0), .classes = 10,
                            .batch = state.range(2), .layers = static_cast<int>(state.range(1))},
-                          mode_arg(state, 3), fuse_epilogues);
+                          mode_arg(state, 3), fuse_epilogues, split_weight_grads);
 }
 void mlp(benchmark::State& state) {
   run_mlp(state, true);
@@ -123,6 +126,11 @@ void mlp(benchmark::State& state) {
 // (the plan before the fusion).
 void mlp_unfused(benchmark::State& state) {
   run_mlp(state, false);
+}
+// The same MLP with weight-gradient parallelism off (BackwardOptions::split_weight_grads = false):
+// every gradient on the caller's stream, one GEMM at a time (ablation of the default).
+void mlp_one_stream(benchmark::State& state) {
+  run_mlp(state, true, false);
 }
 
 void convnet(benchmark::State& state) {
@@ -159,6 +167,7 @@ static void mlp_rows(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(mlp)->Name("Mlp")->Apply(mlp_rows);
 BENCHMARK(mlp_unfused)->Name("MlpUnfusedEpilogues")->Apply(mlp_rows);
+BENCHMARK(mlp_one_stream)->Name("MlpWeightGradsOnOneStream")->Apply(mlp_rows);
 
 // Launch-bound (the examples' sizes) and compute-bound convnets and transformers.
 BENCHMARK(convnet)

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "capture/backward_graph.h"
@@ -59,15 +60,19 @@ template <class Model>
 class Trainer {
  public:
   using Config = typename Model::Config;
-  // fuse_epilogues: BackwardOptions::fuse_activation_epilogues in every mode (comparisons).
-  Trainer(const Config& c, Device device, Mode mode, bool fuse_epilogues = true)
-      : config_(c), device_(device), mode_(mode), fuse_(fuse_epilogues), model_(c, device),
+  // fuse_epilogues: BackwardOptions::fuse_activation_epilogues in every mode; split_weight_grads:
+  // BackwardOptions::split_weight_grads (unset: the default where it runs). For comparisons.
+  Trainer(const Config& c, Device device, Mode mode, bool fuse_epilogues = true,
+          std::optional<bool> split_weight_grads = std::nullopt)
+      : config_(c), device_(device), mode_(mode), fuse_(fuse_epilogues),
+        split_(split_weight_grads), model_(c, device),
         data_(Model::data(c, device)),
         opt_(model_.params(), AdamWOptions{.lr = c.lr, .weight_decay = 0.0}) {
     if (mode == Mode::kBackwardGraph) {
       arena_ = std::make_unique<StepArena>(device);
       bw_ = std::make_unique<BackwardGraph>(
-          device, BackwardGraphOptions{.backward = {.fuse_activation_epilogues = fuse_epilogues}});
+          device, BackwardGraphOptions{.backward = {.split_weight_grads = split_,
+                                                    .fuse_activation_epilogues = fuse_epilogues}});
     }
     if (mode == Mode::kStepGraph || mode == Mode::kStepGraphInBackward) {
       step_graph_ = std::make_unique<StepGraph>(device);
@@ -82,7 +87,9 @@ class Trainer {
     switch (mode_) {
       case Mode::kEager: {
         const Tensor loss = model_.loss(x, t);
-        backward(loss, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse_});
+        backward(loss, {.grad_write = GradWrite::kOverwrite,
+                        .split_weight_grads = split_,
+                        .fuse_activation_epilogues = fuse_});
         opt_.step();
         return loss;
       }
@@ -100,7 +107,9 @@ class Trainer {
       case Mode::kStepGraph: {
         return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
           const Tensor loss = model_.loss(in[0], in[1]);
-          backward(loss, {.grad_write = GradWrite::kOverwrite, .fuse_activation_epilogues = fuse_});
+          backward(loss, {.grad_write = GradWrite::kOverwrite,
+                        .split_weight_grads = split_,
+                        .fuse_activation_epilogues = fuse_});
           opt_.step();
           return loss;
         });
@@ -109,6 +118,7 @@ class Trainer {
         return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
           const Tensor loss = model_.loss(in[0], in[1]);
           backward(loss, {.grad_write = GradWrite::kOverwrite,
+                          .split_weight_grads = split_,
                           .fuse_activation_epilogues = fuse_,
                           .reduce_gradients = in_backward_.get()});
           return loss;
@@ -133,6 +143,7 @@ class Trainer {
   Device device_;
   Mode mode_;
   bool fuse_ = true;
+  std::optional<bool> split_;
   Model model_;
   Batches data_;
   AdamW opt_;
