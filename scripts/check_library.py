@@ -13,9 +13,8 @@ and string literals are not calls.
 import pathlib
 import re
 import sys
-import tempfile
 
-from check_rooms import ROOMS, SUFFIXES, rooms_root
+from check_rooms import ROOMS, SUFFIXES, made_up_tree, rooms_root
 
 CALLS = ["setenv", "putenv", "unsetenv", "clearenv", "exit", "_Exit", "quick_exit", "abort",
          "terminate", "system", "popen"]
@@ -71,11 +70,7 @@ def self_test() -> int:
         "dist/d.cpp": "const char* v = std::getenv(\"NCCL\");\n",
         "graphward.h": "#include <cstdlib>\n",
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        root = pathlib.Path(tmp)
-        for name, text in files_in.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(text)
+    with made_up_tree(files_in) as root:
         found = sorted(":".join(line.split(":")[:2]) for line in process_wide_calls(root))
     expected = sorted(["base/a.h:1", "kernels/k.cu:2", "ops/o.cpp:1", "capture/c.cpp:1"])
     if found != expected:

@@ -9,6 +9,7 @@ check names every offending line at once, and runs in CI as a test.
     python3 scripts/check_rooms.py [ROOT]     exit 0: all down; 1: each wrong-way include printed
     python3 scripts/check_rooms.py --self-test   the check on a made-up tree: finds what it must
 """
+import contextlib
 import pathlib
 import re
 import sys
@@ -31,6 +32,17 @@ def wrong_way(root: pathlib.Path):
                     yield f"{path.relative_to(root)}:{n}: {room}/ includes {m.group(1)}/, a room above it: {line.strip()}"
 
 
+@contextlib.contextmanager
+def made_up_tree(files: dict):
+    """A temporary tree of `files` ({relative path: text}) for a check's self-test: its root."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        yield root
+
+
 def self_test() -> int:
     """A tree with one include of each kind: the check must name the two upward ones, only them."""
     files = {
@@ -41,11 +53,7 @@ def self_test() -> int:
         "capture/c.cpp": '#include "runtime/e.h"\n  #  include "dist/d.h"\n',
         "dist/d.h": '#include "capture/c.h"\n#include "tests/t.h"\n',
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        root = pathlib.Path(tmp)
-        for name, text in files.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(text)
+    with made_up_tree(files) as root:
         found = [line.split(":")[0] + ":" + line.split(":")[1] for line in wrong_way(root)]
     expected = ["kernels/k2.h:1", "capture/c.cpp:2"]
     if sorted(found) != sorted(expected):

@@ -14,9 +14,8 @@ list, so the list only shrinks. Runs in CI as a test.
 import pathlib
 import re
 import sys
-import tempfile
 
-from check_rooms import ROOMS, SUFFIXES, rooms_root  # the rooms, and where they are
+from check_rooms import ROOMS, SUFFIXES, made_up_tree, rooms_root  # the rooms, and where they are
 MAX_FILE_LINES = 700
 MAX_FUNCTION_LINES = 120
 # (file, function): its length now, the most it may have until it is split.
@@ -88,11 +87,7 @@ def self_test() -> int:
     }
     listed = {("capture/listed.cpp", "f"): 130, ("dist/grew.cpp", "f"): 130,
               ("dist/split.cpp", "f"): 200}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = pathlib.Path(tmp)
-        for name, text in files.items():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(text)
+    with made_up_tree(files) as root:
         found = sorted(o.split(":")[0] for o in offenders(root, listed))
     expected = sorted(["kernels/long.cpp", "runtime/big.h", "dist/grew.cpp", "dist/split.cpp"])
     if found != expected:
