@@ -16,10 +16,16 @@ using detail::store;
 constexpr int kBiasThreads = 256;
 constexpr std::int64_t kTargetBlocks = 264;  // two waves of a 132-SM GPU
 
-// Images per slice: enough slices that channels x slices fills the GPU.
-std::int64_t images_per_slice(std::int64_t n, std::int64_t k) {
-  const std::int64_t slices = std::min(n, std::max<std::int64_t>(1, (kTargetBlocks + k - 1) / k));
-  return (n + slices - 1) / slices;
+// The images split into slices (a block per channel and slice): enough slices that channels x
+// slices fills the GPU; `per` images each, the last maybe fewer.
+struct Slices {
+  std::int64_t per, count;
+};
+Slices image_slices(const ConvGeom& g) {
+  const std::int64_t wanted =
+      std::min(g.n, std::max<std::int64_t>(1, (kTargetBlocks + g.k - 1) / g.k));
+  const std::int64_t per = (g.n + wanted - 1) / wanted;
+  return {per, (g.n + per - 1) / per};
 }
 
 // Block (channel k, slice s): the sum of dy over the slice's images for channel k (a flat loop
@@ -45,20 +51,29 @@ __global__ void bias_grad_partial_kernel(float* partial, float* db, const float*
   }
 }
 
-__global__ void bias_grad_sum_kernel(float* db, const float* partial, std::int64_t slices,
-                                     std::int64_t k, bool accumulate) {
-  GW_GRID_STRIDE(ch, k) {
-    float acc = 0.f;
-    for (std::int64_t s = 0; s < slices; ++s) acc += partial[s * k + ch];
-    store(db, ch, acc, accumulate);
+// Thread per (channel, value): the slices' partial sums in order — partial[(s · K + ch) · values
+// + j], the last value of a channel its bias gradient (db, may be null), the others its weight
+// gradient's taps (dw [K, values − 1]). values = 1: the bias gradient alone.
+__global__ void slices_sum_kernel(float* dw, float* db, const float* partial, std::int64_t slices,
+                                  std::int64_t k, int values, bool accumulate_w,
+                                  bool accumulate_b) {
+  const std::int64_t per_slice = k * values;
+  GW_GRID_STRIDE(i, per_slice) {
+    float v = 0.f;
+    for (std::int64_t s = 0; s < slices; ++s) v += partial[s * per_slice + i];
+    const std::int64_t ch = i / values, j = i % values;
+    if (j < values - 1) {
+      store(dw, ch * (values - 1) + j, v, accumulate_w);
+    } else if (db) {
+      store(db, ch, v, accumulate_b);
+    }
   }
 }
 
 }  // namespace
 
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
-  const std::int64_t per = images_per_slice(g.n, g.k);
-  const std::int64_t slices = (g.n + per - 1) / per;
+  const std::int64_t slices = image_slices(g).count;
   return slices > 1 ? slices * g.k : 0;
 }
 
@@ -138,22 +153,6 @@ __global__ void __launch_bounds__(kWgradThreads)
   }
 }
 
-// Thread per (filter, tap or bias): the slices' partial sums in order.
-__global__ void weight_grad_small_sum_kernel(float* dw, float* db, const float* partial,
-                                             std::int64_t slices, std::int64_t k, int taps,
-                                             bool accumulate_w, bool accumulate_b) {
-  const std::int64_t per_slice = k * (taps + 1);
-  GW_GRID_STRIDE(i, per_slice) {
-    float v = 0.f;
-    for (std::int64_t s = 0; s < slices; ++s) v += partial[s * per_slice + i];
-    const std::int64_t ch = i / (taps + 1), j = i % (taps + 1);
-    if (j < taps) {
-      store(dw, ch * taps + j, v, accumulate_w);
-    } else if (db) {
-      store(db, ch, v, accumulate_b);
-    }
-  }
-}
 }  // namespace
 
 bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
@@ -165,8 +164,7 @@ bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
 }
 
 std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g) {
-  const std::int64_t per = images_per_slice(g.n, g.k);
-  const std::int64_t slices = (g.n + per - 1) / per;
+  const std::int64_t slices = image_slices(g).count;
   return slices > 1 ? slices * g.k * (g.c * g.r * g.s + 1) : 0;
 }
 
@@ -176,16 +174,15 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
   GW_CHECK(conv2d_weight_grad_small_fits(g), "conv2d_weight_grad_small: the geometry (", g.c, "x",
            g.r, "x", g.s, " taps, ", g.n, " images, ", g.k,
            " filters) is outside its range; expected conv2d_weight_grad_small_fits");
-  const std::int64_t per = images_per_slice(g.n, g.k);
-  const std::int64_t slices = (g.n + per - 1) / per;
+  const Slices slices = image_slices(g);
   const int taps = static_cast<int>(g.c * g.r * g.s);
-  const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));
+  const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices.count));
   auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
-  float* out = slices > 1 ? workspace : nullptr;
+  float* out = slices.count > 1 ? workspace : nullptr;
   auto launch = [&]<int kR>() {
     weight_grad_small_kernel<kR><<<grid, kWgradThreads, 0, stream>>>(
         out, dw, db, dy, x, i32(g.c), i32(g.h), i32(g.w), i32(g.k), i32(g.pad), i32(g.stride),
-        i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(per), accumulate_w, accumulate_b);
+        i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(slices.per), accumulate_w, accumulate_b);
   };
   switch (g.r) {  // r · r ≤ 32
     case 1:
@@ -205,10 +202,10 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
       break;
   }
   GW_LAUNCH_CHECK();
-  if (slices > 1) {
+  if (slices.count > 1) {
     const std::int64_t outputs = g.k * (taps + 1);
-    weight_grad_small_sum_kernel<<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
-        dw, db, workspace, slices, g.k, taps, accumulate_w, accumulate_b);
+    slices_sum_kernel<<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+        dw, db, workspace, slices.count, g.k, taps + 1, accumulate_w, accumulate_b);
     GW_LAUNCH_CHECK();
   }
 }
@@ -366,15 +363,14 @@ void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float
 void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
                       float* workspace, cudaStream_t stream) {
   const std::int64_t plane = g.out_h() * g.out_w();
-  const std::int64_t per = images_per_slice(g.n, g.k);
-  const std::int64_t slices = (g.n + per - 1) / per;
+  const auto [per, slices] = image_slices(g);
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));
   bias_grad_partial_kernel<<<grid, kBiasThreads, 0, stream>>>(
       slices > 1 ? workspace : nullptr, db, dy, g.n, g.k, plane, per, accumulate);
   GW_LAUNCH_CHECK();
   if (slices > 1) {
-    bias_grad_sum_kernel<<<detail::grid_for(g.k), detail::kThreads, 0, stream>>>(
-        db, workspace, slices, g.k, accumulate);
+    slices_sum_kernel<<<detail::grid_for(g.k), detail::kThreads, 0, stream>>>(
+        nullptr, db, workspace, slices, g.k, 1, false, accumulate);
     GW_LAUNCH_CHECK();
   }
 }
