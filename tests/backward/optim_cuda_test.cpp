@@ -1,5 +1,8 @@
 // Optimizers on the GPU: against the CPU reference, and captured into a CUDA graph — a replayed
 // step equals an eager one bitwise, advances the device step count, and sees a new learning rate.
+#include <cuda_runtime_api.h>
+
+#include "runtime/dlpack_abi.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -61,7 +64,7 @@ TEST_F(CudaOptim, AStepOverMoreParametersThanOneLaunchTakesMatchesTheCpuReferenc
   auto make = [](Device d) {
     std::vector<Tensor> p;
     for (std::int64_t i = 0; i < 150; ++i) {
-      const std::int64_t n = i == 7 ? 300000 : i == 70 ? 1 : 1 + (i * 37) % 900;
+      const std::int64_t n = i == 7 ? 1100003 : i == 70 ? 1 : 1 + (i * 37) % 900;
       p.push_back(randn({n}, 1000 + static_cast<std::uint64_t>(i)).to(d).set_requires_grad(true));
     }
     return p;
@@ -97,6 +100,67 @@ TEST_F(CudaOptim, AStepOverMoreParametersThanOneLaunchTakesMatchesTheCpuReferenc
       } else {
         EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << (which == 0 ? "sgd" : "adamw") << " " << i;
       }
+    }
+  }
+}
+
+// A float32 array 4 bytes past a cudaMalloc'd (256-byte aligned) address, handed over by DLPack
+// with that byte_offset: memory graphward did not allocate, not 16-byte aligned.
+struct OffsetArray {
+  testing::dl::ManagedTensor m{};
+  std::int64_t shape[1];
+  float* base = nullptr;
+  explicit OffsetArray(const std::vector<float>& values)
+      : shape{static_cast<std::int64_t>(values.size())} {
+    GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base), (values.size() + 1) * sizeof(float)));
+    GW_CUDA_CHECK(cudaMemcpy(base + 1, values.data(), values.size() * sizeof(float),
+                             cudaMemcpyHostToDevice));
+    GW_CUDA_CHECK(cudaDeviceSynchronize());
+    m.dl_tensor = {base, {testing::dl::kCUDA, 0}, 1, {2, 32, 1}, shape, nullptr, sizeof(float)};
+    m.deleter = [](testing::dl::ManagedTensor*) {};
+  }
+  ~OffsetArray() {
+    GW_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+    GW_CUDA_CHECK_NOTHROW(cudaFree(base));
+  }
+  OffsetArray(const OffsetArray&) = delete;
+  OffsetArray& operator=(const OffsetArray&) = delete;
+};
+
+// Note [Multi-tensor step]: AdamW reads four elements a load only where a parameter's four arrays
+// are 16-byte aligned; a parameter, or a gradient, that is not takes the one-element path, with
+// the same values. Sizes around a multiple of four, the parameter misaligned in one and the
+// gradient in the other, beside an aligned parameter.
+TEST_F(CudaOptim, AdamWOnArraysNotSixteenByteAlignedMatchesTheCpuReference) {
+  for (const std::int64_t n : {1, 4, 1031, 4096}) {
+    const std::vector<Tensor> cpu = {randn({n}, 61).set_requires_grad(true),
+                                     randn({n}, 62).set_requires_grad(true),
+                                     randn({n}, 63).set_requires_grad(true)};
+    OffsetArray p0(cpu[0].to_vector<float>()), g1(std::vector<float>(n, 0.f));
+    const Tensor gp0 = from_dlpack(&p0.m);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(gp0.raw_data()) % 16, 4u) << "not misaligned";
+    const std::vector<Tensor> gpu = {gp0.set_requires_grad(true),
+                                     cpu[1].to(kGpu).set_requires_grad(true),
+                                     cpu[2].to(kGpu).set_requires_grad(true)};
+    gpu[1].grad() = from_dlpack(&g1.m);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(gpu[1].grad().raw_data()) % 16, 4u);
+    AdamW a(cpu, {.lr = 0.01, .weight_decay = 0.1}), b(gpu, {.lr = 0.01, .weight_decay = 0.1});
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < cpu.size(); ++i) {
+        const Tensor g = randn({n}, 700 + 10 * static_cast<std::uint64_t>(step) + i);
+        cpu[i].grad() = g;
+        NoGradGuard no_grad;
+        if (i == 1) {
+          copy_(gpu[1].grad(), g.to(kGpu));  // in the misaligned array
+        } else {
+          gpu[i].grad() = g.to(kGpu);
+        }
+      }
+      a.step();
+      b.step();
+    }
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << "n " << n << " parameter " << i;
     }
   }
 }
