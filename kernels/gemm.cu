@@ -286,33 +286,6 @@ void LtGemm::find_candidates(unsigned alignment, std::int64_t k) {
   if (n_candidates_ == 0 && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
     candidates_[n_candidates_++] = results[0].algo;
   }
-  // The GEMMs large enough to split k (their GPU time is the step's): each candidate with every
-  // other tile its algorithm has, the rest of its configuration kept. The heuristic's tile is not
-  // always its algorithm's fastest: for [1024,2048]·[2048,2048] it offered 128×64 and 128×128,
-  // where 256×128 is 4% faster (docs/DECISIONS.md, "a large GEMM's tile is chosen by timing").
-  first_variant_ = n_candidates_;
-  if (options_.split_k) {
-    const int base = n_candidates_;
-    for (int i = 0; i < base; ++i) {
-      std::uint32_t tiles[128];
-      std::size_t bytes = 0;
-      if (cublasLtMatmulAlgoCapGetAttribute(&candidates_[i], CUBLASLT_ALGO_CAP_TILE_IDS, tiles,
-                                            sizeof(tiles), &bytes) != CUBLAS_STATUS_SUCCESS) {
-        continue;
-      }
-      for (std::size_t t = 0; t < bytes / sizeof(tiles[0]) && n_candidates_ < kMaxCandidates; ++t) {
-        cublasLtMatmulAlgo_t other = candidates_[i];
-        cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoConfigSetAttribute(&other, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[t],
-                                                 sizeof(tiles[t])) == CUBLAS_STATUS_SUCCESS &&
-            cublasLtMatmulAlgoCheck(handle_, desc_, a_, b_, c_, c_, &other, &check) ==
-                CUBLAS_STATUS_SUCCESS &&
-            check.workspaceSize <= workspace_bytes_) {
-          add(other);
-        }
-      }
-    }
-  }
   if (n_candidates_ > 0) {
     algo_ = candidates_[0];
     usable_ = true;
@@ -471,18 +444,18 @@ void LaunchTimer::set(unsigned v) {
   *static_cast<volatile unsigned*>(flag_) = v;
 }
 
-double LaunchTimer::time_us(cudaStream_t stream, const std::function<bool()>& launch,
-                            int trials, int runs) {
+double LaunchTimer::time_us(cudaStream_t stream, const std::function<bool()>& launch) {
+  constexpr int kTrials = 3, kRuns = 3;
   constexpr unsigned long long kHoldTimeoutNs = 2'000'000;  // 2 ms: a slow host times gaps too
   double best = std::numeric_limits<double>::infinity();
-  for (int trial = 0; trial < trials; ++trial) {
+  for (int trial = 0; trial < kTrials; ++trial) {
     set(0);
     hold_until_set<<<1, 1, 0, stream>>>(device_flag_, kHoldTimeoutNs);
     GW_CUDA_CHECK(cudaGetLastError());
     GW_CUDA_CHECK(cudaEventRecord(start_, stream));
     bool ok = true;
     try {
-      for (int r = 0; r < runs && ok; ++r) ok = launch();
+      for (int r = 0; r < kRuns && ok; ++r) ok = launch();
     } catch (...) {
       set(1);
       throw;
@@ -493,7 +466,7 @@ double LaunchTimer::time_us(cudaStream_t stream, const std::function<bool()>& la
     if (!ok) return std::numeric_limits<double>::infinity();
     float ms = 0;
     GW_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, end_));
-    best = std::min(best, 1e3 * static_cast<double>(ms) / runs);
+    best = std::min(best, 1e3 * static_cast<double>(ms) / kRuns);
   }
   return best;
 }
@@ -504,26 +477,11 @@ LtGemm::Timing LtGemm::tune(LaunchTimer& timer, float alpha, const void* a, cons
   GW_CHECK(usable_, "LtGemm::tune: no cuBLASLt algorithm for this shape");
   double best[kMaxCandidates];
   for (double& t : best) t = std::numeric_limits<double>::infinity();
-  auto time = [&](int i, int trials, int runs) {
-    return timer.time_us(
-        stream,
-        [&] {
-          return launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
-                        bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
-        },
-        trials, runs);
-  };
-  double fastest = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < first_variant_; ++i) {
-    best[i] = time(i, 3, 3);
-    fastest = std::min(fastest, best[i]);
-  }
-  // The other tiles, many of them far slower: one launch first, timed in full only where that
-  // comes within 3% of the fastest so far.
-  for (int i = first_variant_; i < n_candidates_; ++i) {
-    if (time(i, 1, 1) > 1.03 * fastest) continue;
-    best[i] = time(i, 3, 3);
-    fastest = std::min(fastest, best[i]);
+  for (int i = 0; i < n_candidates_; ++i) {
+    best[i] = timer.time_us(stream, [&] {
+      return launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
+                    bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
+    });
   }
   // The heuristic's choice stays unless another is faster by more than 3% (timing noise). Where
   // the split of k is off (small GEMMs, whose steps are bound by the host's launches), a

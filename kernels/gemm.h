@@ -109,8 +109,8 @@ struct LtOptions {
 };
 
 // Times GPU work: time_us(stream, launch) is the GPU time of one `launch()` on `stream`, µs —
-// `runs` launches queued behind a kernel that holds the stream until all are enqueued (so the
-// host's enqueue gaps are not timed), the best of `trials` trials; infinite where `launch` returns
+// three launches queued behind a kernel that holds the stream until all are enqueued (so the
+// host's enqueue gaps are not timed), the best of three trials; infinite where `launch` returns
 // false. Synchronizes `stream`; not inside a capture. Owns the hold's flag (mapped pinned host
 // memory) and two timing events, made once for all the timings of a GEMM's first use.
 class LaunchTimer {
@@ -119,8 +119,7 @@ class LaunchTimer {
   ~LaunchTimer();
   LaunchTimer(const LaunchTimer&) = delete;
   LaunchTimer& operator=(const LaunchTimer&) = delete;
-  double time_us(cudaStream_t stream, const std::function<bool()>& launch, int trials = 3,
-                 int runs = 3);
+  double time_us(cudaStream_t stream, const std::function<bool()>& launch);
 
  private:
   void set(unsigned v);
@@ -158,12 +157,9 @@ class LtGemm {
 
   // The heuristic's candidates (up to 8, its order; the first is its choice and the plan's until
   // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off; and there,
-  // after them, one-kernel splits of k and the heuristic's splits with their reduction kernel;
-  // where split_k is on, after them, each with the other tiles of its algorithm (up to 64 in
-  // all).
+  // after them, one-kernel splits of k and the heuristic's splits with their reduction kernel
+  // (up to 24 in all).
   int candidates() const { return n_candidates_; }
-  // How many of them are other tiles (the last ones).
-  int other_tiles() const { return n_candidates_ - first_variant_; }
   // Runs candidate i from now on.
   void use(int candidate);
   // The algorithm run() launches, and another plan's choice for the same GEMM to launch instead.
@@ -172,8 +168,8 @@ class LtGemm {
   // From now on not usable(): the caller's separate kernels run instead (they were timed faster).
   void decline() { usable_ = false; }
   // Times every candidate on `stream` with run()'s arguments (`timer`) and runs the fastest from
-  // now on: the heuristic's choice unless another is more than 3% faster. The other tiles are
-  // timed by one launch first, and in full only where that is within 3% of the fastest so far. Every candidate writes c (and
+  // now on:
+  // the heuristic's choice unless another is more than 3% faster. Every candidate writes c (and
   // bias_grad, and a forward epilogue's aux): pass scratch memory for them, with the values beta
   // reads. Synchronizes `stream`; not inside a stream capture.
   struct Timing {
@@ -208,13 +204,12 @@ class LtGemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  static constexpr int kMaxCandidates = 64;
+  static constexpr int kMaxCandidates = 24;
   // What tune() adds to the time of a candidate with a reduction kernel apart: the host time of
   // its second launch in an eager step, µs (docs/DECISIONS.md, "small GEMMs may split k").
   static constexpr double kReduceApartUs = 1.5;
   cublasLtMatmulAlgo_t candidates_[kMaxCandidates]{};  // (a std::vector of them trips nvcc 13.0)
   int n_candidates_ = 0;
-  int first_variant_ = 0;  // candidates from here on are other tiles of the ones before
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_
   void* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
   bool usable_ = false;

@@ -57,32 +57,27 @@ struct LtHandleOwner {
 TEST_F(CudaGemmChoice, EveryCandidateOfEveryShapeAndEpilogueComputesTheSameGemm) {
   // Whatever the timing picks must be right: each of the heuristic's candidates, run on its own,
   // against the CPU reference — GEMMs (both transposes, the classifier's narrow shapes, odd and
-  // one-element ones, beta 0 and 1, and a GEMM large enough to split k, with the other tiles of
-  // its candidates' algorithms), the fused bias gradient, and a forward bias + ReLU epilogue.
+  // one-element ones, beta 0 and 1), the fused bias gradient, and a forward bias + ReLU epilogue.
   LtHandleOwner lt;
   DeviceBuffer workspace(kGpu, kBlasWorkspaceBytes);
   const cudaStream_t stream = current_stream(kGpu);
   struct Shape3 {
     std::int64_t m, n, k;
-    bool split_k = false;  // large enough to split k: the other tiles are candidates too
   };
   std::uint64_t seed = 9100;
-  int candidates_run = 0, other_tiles = 0;
-  for (const Shape3 s :
-       {Shape3{128, 10, 256}, Shape3{10, 256, 128}, Shape3{33, 65, 31}, Shape3{1, 1, 1},
-        Shape3{512, 64, 64}, Shape3{64, 10, 512}, Shape3{256, 520, 264, true}}) {
+  int candidates_run = 0;
+  for (const Shape3 s : {Shape3{128, 10, 256}, Shape3{10, 256, 128}, Shape3{33, 65, 31},
+                         Shape3{1, 1, 1}, Shape3{512, 64, 64}, Shape3{64, 10, 512}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         for (int kind = 0; kind < 3; ++kind) {  // 0: gemm, 1: bias gradient, 2: bias + ReLU
           if (kind > 0 && !(ta == (kind == 1) && tb == (kind == 2))) continue;
           kernels::LtOptions options;
           options.bias_grad_a = kind == 1;
-          options.split_k = s.split_k;
+          options.split_k = false;
           if (kind == 2) options.epilogue = kernels::Epilogue::kBiasRelu;
           kernels::LtGemm plan(lt.handle, ta, tb, s.m, s.n, s.k, workspace.bytes(), 256, options);
           if (!plan.usable()) continue;
-          EXPECT_TRUE(s.split_k || plan.other_tiles() == 0) << "only a GEMM that splits k";
-          other_tiles += plan.other_tiles();
           const float beta = kind == 2 ? 0.f : 1.f;
           const Tensor a = randn({s.m * s.k}, seed++), b = randn({s.k * s.n}, seed++),
                        c0 = randn({s.m * s.n}, seed++), bias = randn({s.n}, seed++);
@@ -127,8 +122,6 @@ TEST_F(CudaGemmChoice, EveryCandidateOfEveryShapeAndEpilogueComputesTheSameGemm)
   }
   // The classifier's shapes are why the choice exists: the heuristic must offer alternatives.
   EXPECT_GT(candidates_run, 40);
-  // And a large GEMM's other tiles are among them.
-  EXPECT_GT(other_tiles, 0);
 }
 
 TEST_F(CudaGemmChoice, AFirstUseThatAccumulatesAccumulatesOnceAndWritesTheBiasGradientOnce) {
