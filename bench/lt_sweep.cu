@@ -258,7 +258,8 @@ std::vector<std::pair<double, std::string>> exhaustive(Sweep& w) {
                 continue;
               }
               if (w.run(one) != CUBLAS_STATUS_SUCCESS) continue;
-              const double once = w.median_us(1, [&] { w.run(one); }, false, 1);
+              const double once = w.median_us(
+                  1, [&] { w.run(one); }, false, 1);
               if (once > 1.5 * fastest) continue;
               const double us = w.graph_us([&] { return w.run(one); }, 4, true);
               if (us <= 0) continue;
@@ -274,7 +275,8 @@ std::vector<std::pair<double, std::string>> exhaustive(Sweep& w) {
             [](const Timed& x, const Timed& y) { return x.us < y.us; });
   std::vector<std::pair<double, std::string>> out;
   for (std::size_t i = 0; i < std::min<std::size_t>(screened.size(), 10); ++i) {
-    out.emplace_back(w.graph_us([&] { return w.run(screened[i].algo); }), describe(screened[i].algo));
+    out.emplace_back(w.graph_us([&] { return w.run(screened[i].algo); }),
+                     describe(screened[i].algo));
   }
   std::sort(out.begin(), out.end());
   std::printf("  every configuration: %d algorithms, %d configurations tried, %zu timed\n", n_ids,

@@ -89,8 +89,7 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
 
 // One element of AdamW (optim.h): the same expression on both of the kernel's paths.
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v,
-                                              const AdamWF& hp, float lr, float c1,
-                                              float sqrt_c2) {
+                                              const AdamWF& hp, float lr, float c1, float sqrt_c2) {
   float w = p * (1.f - lr * hp.weight_decay);
   const float mi = hp.beta1 * m + (1.f - hp.beta1) * g;
   const float vi = hp.beta2 * v + (1.f - hp.beta2) * g * g;

@@ -113,8 +113,8 @@ struct OffsetArray {
   explicit OffsetArray(const std::vector<float>& values)
       : shape{static_cast<std::int64_t>(values.size())} {
     GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base), (values.size() + 1) * sizeof(float)));
-    GW_CUDA_CHECK(cudaMemcpy(base + 1, values.data(), values.size() * sizeof(float),
-                             cudaMemcpyHostToDevice));
+    GW_CUDA_CHECK(
+        cudaMemcpy(base + 1, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice));
     GW_CUDA_CHECK(cudaDeviceSynchronize());
     m.dl_tensor = {base, {testing::dl::kCUDA, 0}, 1, {2, 32, 1}, shape, nullptr, sizeof(float)};
     m.deleter = [](testing::dl::ManagedTensor*) {};
