@@ -15,7 +15,9 @@
 # shards of each tool, run in parallel; default 3 for memcheck and synccheck, 4 for racecheck, 12
 # for initcheck), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
-# "memcheck initcheck"; default all four; "" none), GW_FUZZ_PROGRAMS (random programs of step 2b,
+# "memcheck initcheck"; default all four; "" none), GW_SANITIZER_FILTER (a GTest filter for the
+# tools' runs alone; GTEST_FILTER in the environment would also narrow the tests ctest discovers
+# at build time, and with them the suite), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
 # step 5b; default 100, 0 none), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
 # every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540).
@@ -259,7 +261,8 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
       GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i GRAPHWARD_CUDNN_FIND=$find \
         GRAPHWARD_GEMM_TUNING=0 \
         timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" \
-        --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" >"$LOG_DIR/sanitizer_$tool.$i.log" 2>&1
+        --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" ${GW_SANITIZER_FILTER:+"--gtest_filter=$GW_SANITIZER_FILTER"} \
+        >"$LOG_DIR/sanitizer_$tool.$i.log" 2>&1
       echo $? >"$LOG_DIR/sanitizer_$tool.$i.rc"
     ) &
   done
