@@ -3,6 +3,7 @@
 // gradients of a convolution with few taps a filter; the bias and ReLU of a conv2d_relu in one
 // pass after the convolution; and pooling's backward through the ReLU before it.
 #include <algorithm>
+#include <climits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/conv.h"
@@ -81,7 +82,6 @@ namespace {
 constexpr int kWgradThreads = 256;
 constexpr int kWgradMaxTaps = 32;                              // C·R·S of a filter
 constexpr std::int64_t kWgradMaxWork = std::int64_t{1} << 25;  // N·OH·OW·K·taps
-constexpr std::int64_t kInt32Limit = std::int64_t{1} << 31;
 
 // Block (filter ch, slice): for each tap j = (c, r, s) of the filter, Σ over the slice's output
 // positions (image, oy, ox) of dy · x at the tap (padding skipped), and Σ dy (the bias); each
@@ -159,8 +159,8 @@ bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
   const std::int64_t taps = g.c * g.r * g.s;
   const std::int64_t positions = g.n * g.out_h() * g.out_w();
   return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
-         positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w < kInt32Limit &&
-         positions * g.k < kInt32Limit;
+         positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w <= INT_MAX &&
+         positions * g.k <= INT_MAX;
 }
 
 std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g) {
@@ -179,28 +179,13 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices.count));
   auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
   float* out = slices.count > 1 ? workspace : nullptr;
-  auto launch = [&]<int kR>() {
-    weight_grad_small_kernel<kR><<<grid, kWgradThreads, 0, stream>>>(
-        out, dw, db, dy, x, i32(g.c), i32(g.h), i32(g.w), i32(g.k), i32(g.pad), i32(g.stride),
-        i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(slices.per), accumulate_w, accumulate_b);
-  };
-  switch (g.r) {  // r · r ≤ 32
-    case 1:
-      launch.template operator()<1>();
-      break;
-    case 2:
-      launch.template operator()<2>();
-      break;
-    case 3:
-      launch.template operator()<3>();
-      break;
-    case 4:
-      launch.template operator()<4>();
-      break;
-    default:
-      launch.template operator()<5>();
-      break;
-  }
+  // The filter's size as a template argument: r · r ≤ 32, so r ≤ 5.
+  constexpr decltype(&weight_grad_small_kernel<1>) kKernels[] = {
+      weight_grad_small_kernel<1>, weight_grad_small_kernel<2>, weight_grad_small_kernel<3>,
+      weight_grad_small_kernel<4>, weight_grad_small_kernel<5>};
+  kKernels[g.r - 1]<<<grid, kWgradThreads, 0, stream>>>(
+      out, dw, db, dy, x, i32(g.c), i32(g.h), i32(g.w), i32(g.k), i32(g.pad), i32(g.stride),
+      i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(slices.per), accumulate_w, accumulate_b);
   GW_LAUNCH_CHECK();
   if (slices.count > 1) {
     const std::int64_t outputs = g.k * (taps + 1);
