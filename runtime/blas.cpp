@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "runtime/capture_mode.h"
 #include "runtime/gemm_choice.h"
@@ -185,7 +186,8 @@ struct FirstUse {
 // run without the plan: for a plain GEMM cuBLAS's own (cublasSgemm picks kernels by other rules,
 // and for the k-heavy weight gradients of small layers faster ones), for a fused bias gradient its
 // GEMM and a column sum apart; where that is more than 10% faster the plan is declined and the
-// callers' fallback runs instead. cuDNN's benchmark mode and torch.compile's max-autotune choose
+// callers' fallback runs instead. A GELU derivative's plan is declined the same way where its GEMM
+// and graphward's GELU backward are more than 3% faster (both ways are two kernels). cuDNN's benchmark mode and torch.compile's max-autotune choose
 // their kernels the same way. This costs the first step a synchronization and a few milliseconds
 // per shape, once per process.
 //
@@ -309,6 +311,34 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
   return gemm_us + sum_us < 0.9 * fused_us;
 }
 
+// A GELU-derivative plan just timed (`fused_us`): whether its GEMM without the epilogue and
+// graphward's GELU backward over the product, in place, timed now, are faster by more than 3% (then
+// the caller runs those two kernels, linear_backward's own). cuBLASLt runs this epilogue in a
+// kernel after its GEMM (or in its split's reduction), so both ways launch two kernels, and the
+// margin is the candidates' (timing noise). Writes the time apart into `info`.
+bool act_grad_apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
+                              cudaStream_t stream, const FirstUse& use,
+                              kernels::LaunchTimer& timer, char* c_scratch, double fused_us,
+                              debug::GemmChoice& info) {
+  if (key.options.epilogue != kernels::Epilogue::kDGelu || key.options.batch != 1) return false;
+  GemmKey plain = key;
+  plain.options.epilogue = kernels::Epilogue::kNone;
+  kernels::LtGemm& gemm_plan = lt_plan(blas, device, plain, sb, stream, use);
+  const std::int64_t n = key.m * key.n;
+  info.alternative_us = timer.time_us(stream, [&] {
+    run_plain(gemm_plan, plain, sb, stream, use, c_scratch);
+    if (key.options.bf16) {
+      auto* c = reinterpret_cast<bf16*>(c_scratch);
+      kernels::gelu_backward<bf16>(c, c, static_cast<const bf16*>(use.aux), n, false, stream);
+    } else {
+      auto* c = reinterpret_cast<float*>(c_scratch);
+      kernels::gelu_backward<float>(c, c, static_cast<const float*>(use.aux), n, false, stream);
+    }
+    return true;
+  });
+  return info.alternative_us < 0.97 * fused_us;
+}
+
 // Makes the plan's choice: the process's, or one timed now, or the heuristic's.
 void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm& plan,
             StreamBlas& sb, cudaStream_t stream, const FirstUse& use) {
@@ -369,6 +399,9 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
       if (key.options.bias_grad_a) {
         declined = apart_is_faster(blas, device, key, sb, stream, use, timer, scratch.data(),
                                    scratch.data() + g_off, t.chosen_us, info);
+      } else if (key.options.epilogue == kernels::Epilogue::kDGelu) {
+        declined = act_grad_apart_is_faster(blas, device, key, sb, stream, use, timer,
+                                            scratch.data(), t.chosen_us, info);
       } else if (key.options.epilogue == kernels::Epilogue::kNone) {
         // cuBLAS's own GEMM picks its kernels by other rules (for the k-heavy weight gradients
         // of small layers, faster ones): declined where it is more than 10% faster.
