@@ -187,9 +187,9 @@ struct FirstUse {
 // and for the k-heavy weight gradients of small layers faster ones), for a fused bias gradient its
 // GEMM and a column sum apart; where that is more than 10% faster the plan is declined and the
 // callers' fallback runs instead. A GELU derivative's plan is declined the same way where its GEMM
-// and graphward's GELU backward are more than 3% faster (both ways are two kernels). cuDNN's benchmark mode and torch.compile's max-autotune choose
-// their kernels the same way. This costs the first step a synchronization and a few milliseconds
-// per shape, once per process.
+// and graphward's GELU backward are more than 3% faster (both ways are two kernels). cuDNN's
+// benchmark mode and torch.compile's max-autotune choose their kernels the same way. This costs the
+// first step a synchronization and a few milliseconds per shape, once per process.
 //
 // The choice is made once per (shape, options, alignment) and device for the whole process, under
 // a lock, and never changes: every thread's plan runs it, and an eager backward and the replay of
@@ -317,9 +317,8 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
 // kernel after its GEMM (or in its split's reduction), so both ways launch two kernels, and the
 // margin is the candidates' (timing noise). Writes the time apart into `info`.
 bool act_grad_apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
-                              cudaStream_t stream, const FirstUse& use,
-                              kernels::LaunchTimer& timer, char* c_scratch, double fused_us,
-                              debug::GemmChoice& info) {
+                              cudaStream_t stream, const FirstUse& use, kernels::LaunchTimer& timer,
+                              char* c_scratch, double fused_us, debug::GemmChoice& info) {
   if (key.options.epilogue != kernels::Epilogue::kDGelu || key.options.batch != 1) return false;
   GemmKey plain = key;
   plain.options.epilogue = kernels::Epilogue::kNone;
