@@ -6,11 +6,14 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <thread>
 
 #include "capture/stream_capture.h"
 #include "kernels/conv.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 #include "runtime/blas.h"
@@ -211,6 +214,55 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
           [&](std::array<Tensor, 1>& g, bool acc) {
             act.backward(gdy, gy, {&g[0], acc});
           });
+    }
+  }
+}
+
+// gelu_backward reads four float32 elements a load where dx, dy and x are all 16-byte aligned, and
+// one at a time where any is not and past the last multiple of four. Each of the three arrays 4
+// bytes off the boundary in turn, sizes around a multiple of four, both slot modes: the same bits
+// as the aligned run, which is within the elementwise tolerance of the CPU kernel.
+TEST_F(CudaOps, GeluBackwardGivesTheSameBitsWhetherOrNotItsArraysAreSixteenByteAligned) {
+  auto device_array = [](std::size_t n) {
+    float* p = nullptr;
+    GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
+    return std::unique_ptr<float, void (*)(float*)>(
+        p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); });
+  };
+  for (const std::int64_t n : {1, 3, 4, 5, 1031, 4096}) {
+    const auto size = static_cast<std::size_t>(n);
+    const std::vector<float> x = mul(rand({n}), 3.0).to_vector<float>(),
+                             dy = rand({n}).to_vector<float>(), old = rand({n}).to_vector<float>();
+    auto dx_mem = device_array(size), dy_mem = device_array(size), x_mem = device_array(size);
+    for (const bool acc : {false, true}) {
+      std::vector<float> want = old;
+      kernels::cpu::gelu_backward(want.data(), dy.data(), x.data(), n, acc);
+      std::vector<float> aligned;
+      for (int off = 0; off < 4; ++off) {  // 0: all aligned; 1, 2, 3: dx, dy, x misaligned
+        float* d_dx = dx_mem.get() + (off == 1);
+        float* d_dy = dy_mem.get() + (off == 2);
+        float* d_x = x_mem.get() + (off == 3);
+        const std::size_t bytes = size * sizeof(float);
+        GW_CUDA_CHECK(cudaMemcpy(d_dx, old.data(), bytes, cudaMemcpyHostToDevice));
+        GW_CUDA_CHECK(cudaMemcpy(d_dy, dy.data(), bytes, cudaMemcpyHostToDevice));
+        GW_CUDA_CHECK(cudaMemcpy(d_x, x.data(), bytes, cudaMemcpyHostToDevice));
+        kernels::gelu_backward(d_dx, d_dy, d_x, n, acc, cudaStreamLegacy);
+        GW_CUDA_CHECK(cudaGetLastError());
+        std::vector<float> got(size);
+        GW_CUDA_CHECK(cudaMemcpy(got.data(), d_dx, bytes, cudaMemcpyDeviceToHost));
+        if (off == 0) {
+          aligned = got;
+          double err = 0, ref = 0;
+          for (std::size_t i = 0; i < size; ++i) {
+            err += (got[i] - want[i]) * double(got[i] - want[i]);
+            ref += want[i] * double(want[i]);
+          }
+          EXPECT_LE(std::sqrt(err), kElementwiseTol * std::sqrt(ref)) << "n " << n;
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), aligned.data(), bytes), 0)
+              << "n " << n << " accumulate " << acc << " misaligned array " << off;
+        }
+      }
     }
   }
 }
