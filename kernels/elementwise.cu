@@ -83,7 +83,9 @@ __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_
     return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
   };
   // float32 arrays that are all 16-byte aligned: four elements a load (a linear layer's
-  // pre-activation gradient is bound by the memory's bandwidth), the last few one at a time.
+  // pre-activation gradient is bound by the memory's bandwidth), the last few one at a time. The
+  // product is rounded on its own (__fmul_rn) in both paths: contracted into an FMA with the
+  // accumulated value in one path and not the other, the bits would depend on alignment.
   std::int64_t first = 0;
   if constexpr (std::is_same_v<T, float>) {
     const auto bits = reinterpret_cast<std::uintptr_t>(dx) | reinterpret_cast<std::uintptr_t>(dy) |
@@ -93,8 +95,8 @@ __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_
       GW_GRID_STRIDE(i, n4) {
         const float4 v = reinterpret_cast<const float4*>(x)[i];
         const float4 g = reinterpret_cast<const float4*>(dy)[i];
-        float4 out = make_float4(g.x * derivative(v.x), g.y * derivative(v.y),
-                                 g.z * derivative(v.z), g.w * derivative(v.w));
+        float4 out = make_float4(__fmul_rn(g.x, derivative(v.x)), __fmul_rn(g.y, derivative(v.y)),
+                                 __fmul_rn(g.z, derivative(v.z)), __fmul_rn(g.w, derivative(v.w)));
         if (accumulate) {
           const float4 old = reinterpret_cast<const float4*>(dx)[i];
           out = make_float4(old.x + out.x, old.y + out.y, old.z + out.z, old.w + out.w);
@@ -106,7 +108,7 @@ __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_
   }
   GW_GRID_STRIDE(j, n - first) {
     const std::int64_t i = first + j;
-    put(dx, i, load(dy, i) * derivative(load(x, i)), accumulate);
+    put(dx, i, __fmul_rn(load(dy, i), derivative(load(x, i))), accumulate);
   }
 }
 

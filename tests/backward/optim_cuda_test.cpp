@@ -129,8 +129,8 @@ struct OffsetArray {
 
 // Note [Multi-tensor step]: AdamW reads four elements a load only where a parameter's four arrays
 // are 16-byte aligned; a parameter, or a gradient, that is not takes the one-element path, with
-// the same values. Sizes around a multiple of four, the parameter misaligned in one and the
-// gradient in the other, beside an aligned parameter.
+// the same values, bit for bit. Sizes around a multiple of four, the parameter misaligned in one
+// and the gradient in the other, beside aligned parameters, one the misaligned one's twin.
 TEST_F(CudaOptim, AdamWOnArraysNotSixteenByteAlignedMatchesTheCpuReference) {
   for (const std::int64_t n : {1, 4, 1031, 4096}) {
     const std::vector<Tensor> cpu = {randn({n}, 61).set_requires_grad(true),
@@ -141,7 +141,8 @@ TEST_F(CudaOptim, AdamWOnArraysNotSixteenByteAlignedMatchesTheCpuReference) {
     ASSERT_EQ(reinterpret_cast<std::uintptr_t>(gp0.raw_data()) % 16, 4u) << "not misaligned";
     const std::vector<Tensor> gpu = {gp0.set_requires_grad(true),
                                      cpu[1].to(kGpu).set_requires_grad(true),
-                                     cpu[2].to(kGpu).set_requires_grad(true)};
+                                     cpu[2].to(kGpu).set_requires_grad(true),
+                                     cpu[0].to(kGpu).set_requires_grad(true)};  // 0's aligned twin
     gpu[1].grad() = from_dlpack(&g1.m);
     ASSERT_EQ(reinterpret_cast<std::uintptr_t>(gpu[1].grad().raw_data()) % 16, 4u);
     AdamW a(cpu, {.lr = 0.01, .weight_decay = 0.1}), b(gpu, {.lr = 0.01, .weight_decay = 0.1});
@@ -155,6 +156,7 @@ TEST_F(CudaOptim, AdamWOnArraysNotSixteenByteAlignedMatchesTheCpuReference) {
         } else {
           gpu[i].grad() = g.to(kGpu);
         }
+        if (i == 0) gpu[3].grad() = g.to(kGpu);
       }
       a.step();
       b.step();
@@ -162,6 +164,10 @@ TEST_F(CudaOptim, AdamWOnArraysNotSixteenByteAlignedMatchesTheCpuReference) {
     for (std::size_t i = 0; i < cpu.size(); ++i) {
       EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << "n " << n << " parameter " << i;
     }
+    // The one-element path and the four-element path give the same bits.
+    EXPECT_EQ(gpu[0].to(Device::cpu()).to_vector<float>(),
+              gpu[3].to(Device::cpu()).to_vector<float>())
+        << "n " << n;
   }
 }
 
