@@ -87,15 +87,21 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
   count_steps(b, done);
 }
 
-// One element of AdamW (optim.h): the same expression on both of the kernel's paths.
+// One element of AdamW (optim.h), in the CPU kernel's order with every product and sum rounded on
+// its own (__fmul_rn, __fadd_rn: never contracted into an FMA). Both of the kernel's paths call
+// it, and contraction chosen by the compiler differed between them: a parameter's bits depended
+// on its alignment. The step is bound by the memory's bandwidth; the few more instructions cost
+// nothing measurable.
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v,
                                               const AdamWF& hp, float lr, float c1, float sqrt_c2) {
-  float w = p * (1.f - lr * hp.weight_decay);
-  const float mi = hp.beta1 * m + (1.f - hp.beta1) * g;
-  const float vi = hp.beta2 * v + (1.f - hp.beta2) * g * g;
+  float w = __fmul_rn(p, __fsub_rn(1.f, __fmul_rn(lr, hp.weight_decay)));
+  const float mi = __fadd_rn(__fmul_rn(hp.beta1, m), __fmul_rn(__fsub_rn(1.f, hp.beta1), g));
+  const float vi =
+      __fadd_rn(__fmul_rn(hp.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.f, hp.beta2), g), g));
   m = mi;
   v = vi;
-  w -= lr * (mi / c1) / (sqrtf(vi) / sqrt_c2 + hp.eps);
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), sqrt_c2), hp.eps);
+  w = __fsub_rn(w, __fdiv_rn(__fmul_rn(lr, __fdiv_rn(mi, c1)), denom));
   p = w;
 }
 
