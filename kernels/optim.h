@@ -44,12 +44,15 @@ constexpr std::size_t kMultiTensorMax = 64;
 // Note [Multi-tensor step]
 // An optimizer step updates every parameter in ceil(count / kMultiTensorMax) launches, not one a
 // parameter: each parameter gets its own range of blocks, and each element is computed by the same
-// arithmetic whatever the grouping (a parameter's result does not depend on the others). The step
-// counts need no launch of their own either: each block reads its parameter's count, does its
-// work and counts itself done in done[0]; the block of a launch that counts last adds 1 to the
-// count of every parameter of the launch (every other block has read them by then) and resets
-// done[0] to 0 for the next launch. Only the parameters updated are counted: a parameter without a
-// gradient keeps its count, as in PyTorch, so a layer unfrozen late starts at step 1.
+// arithmetic whatever the grouping (a parameter's result does not depend on the others) and
+// whatever its alignment (AdamW reads four elements a load where a parameter's arrays are 16-byte
+// aligned, one otherwise; every product and sum is rounded on its own, so both give the same
+// bits). The step counts need no launch of their own either: each block reads its parameter's
+// count, does its work and counts itself done in done[0]; the block of a launch that counts last
+// adds 1 to the count of every parameter of the launch (every other block has read them by then)
+// and resets done[0] to 0 for the next launch. Only the parameters updated are counted: a
+// parameter without a gradient keeps its count, as in PyTorch, so a layer unfrozen late starts at
+// step 1.
 //
 // Per parameter, SGD: g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf +
 // (1 − dampening)·g), g = nesterov ? g + momentum·buf : buf; then p −= lr·g.
