@@ -90,8 +90,8 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
 // One element of AdamW (optim.h), in the CPU kernel's order with every product and sum rounded on
 // its own (__fmul_rn, __fadd_rn: never contracted into an FMA). Both of the kernel's paths call
 // it, and contraction chosen by the compiler differed between them: a parameter's bits depended
-// on its alignment. The step is bound by the memory's bandwidth; the few more instructions cost
-// nothing measurable.
+// on its alignment. The step is bound by the memory's bandwidth; what the few more instructions
+// cost the whole step is in docs/DECISIONS.md.
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v,
                                               const AdamWF& hp, float lr, float c1, float sqrt_c2) {
   float w = __fmul_rn(p, __fsub_rn(1.f, __fmul_rn(lr, hp.weight_decay)));
