@@ -10,6 +10,7 @@
 namespace graphward::kernels {
 namespace {
 using detail::grid_for;
+using detail::all_16_byte_aligned;
 using detail::kThreads;
 using detail::load;
 using detail::put;
@@ -88,9 +89,7 @@ __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_
   // accumulated value in one path and not the other, the bits would depend on alignment.
   std::int64_t first = 0;
   if constexpr (std::is_same_v<T, float>) {
-    const auto bits = reinterpret_cast<std::uintptr_t>(dx) | reinterpret_cast<std::uintptr_t>(dy) |
-                      reinterpret_cast<std::uintptr_t>(x);
-    if (bits % sizeof(float4) == 0) {
+    if (all_16_byte_aligned(dx, dy, x)) {
       const std::int64_t n4 = n / 4;
       GW_GRID_STRIDE(i, n4) {
         const float4 v = reinterpret_cast<const float4*>(x)[i];

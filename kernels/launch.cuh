@@ -14,6 +14,13 @@ inline unsigned grid_for(std::int64_t n) {
   return static_cast<unsigned>(blocks < 132 * 32 ? blocks : 132 * 32);
 }
 
+// Whether every pointer is 16-byte aligned: where a kernel may read and write them a float4 (or
+// uint4) at a time.
+template <class... P>
+__host__ __device__ __forceinline__ bool all_16_byte_aligned(const P*... p) {
+  return ((reinterpret_cast<std::uintptr_t>(p) | ...) % 16) == 0;
+}
+
 __device__ __forceinline__ void store(float* dst, std::int64_t i, float v, bool accumulate) {
   dst[i] = accumulate ? dst[i] + v : v;
 }

@@ -9,6 +9,7 @@
 namespace graphward::kernels {
 namespace {
 using detail::grid_for;
+using detail::all_16_byte_aligned;
 using detail::kThreads;
 
 struct SgdF {
@@ -122,9 +123,7 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   float* m = s.s1;
   float* v = s.s2;
   std::int64_t first_scalar = 0;
-  const auto bits = reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(grad) |
-                    reinterpret_cast<std::uintptr_t>(m) | reinterpret_cast<std::uintptr_t>(v);
-  if (bits % sizeof(float4) == 0) {
+  if (all_16_byte_aligned(p, grad, m, v)) {
     const std::int64_t n4 = s.n / 4;
     auto* p4 = reinterpret_cast<float4*>(p);
     auto* m4 = reinterpret_cast<float4*>(m);

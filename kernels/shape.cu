@@ -51,7 +51,7 @@ __global__ void copy_segments_kernel(SegmentList<N> s) {
   auto* dst = static_cast<unsigned char*>(s.dst[k]);
   const std::int64_t bytes = s.bytes[k];
   std::int64_t done = 0;
-  if ((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) % 16 == 0) {
+  if (detail::all_16_byte_aligned(src, dst)) {
     const std::int64_t vectors = bytes / 16;
     GW_GRID_STRIDE(i, vectors) {
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];

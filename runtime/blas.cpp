@@ -320,7 +320,7 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
 bool act_grad_apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, StreamBlas& sb,
                               cudaStream_t stream, const FirstUse& use, kernels::LaunchTimer& timer,
                               char* c_scratch, double fused_us, debug::GemmChoice& info) {
-  if (key.options.epilogue != kernels::Epilogue::kDGelu || key.options.batch != 1) return false;
+  if (key.options.batch != 1) return false;
   GemmKey plain = key;
   plain.options.epilogue = kernels::Epilogue::kNone;
   kernels::LtGemm& gemm_plan = lt_plan(blas, device, plain, sb, stream, use);

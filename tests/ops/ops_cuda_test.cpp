@@ -252,12 +252,8 @@ TEST_F(CudaOps, GeluBackwardGivesTheSameBitsWhetherOrNotItsArraysAreSixteenByteA
         GW_CUDA_CHECK(cudaMemcpy(got.data(), d_dx, bytes, cudaMemcpyDeviceToHost));
         if (off == 0) {
           aligned = got;
-          double err = 0, ref = 0;
-          for (std::size_t i = 0; i < size; ++i) {
-            err += (got[i] - want[i]) * double(got[i] - want[i]);
-            ref += want[i] * double(want[i]);
-          }
-          EXPECT_LE(std::sqrt(err), kElementwiseTol * std::sqrt(ref)) << "n " << n;
+          EXPECT_LE(rel_error(from_vector(got, {n}), from_vector(want, {n})), kElementwiseTol)
+              << "n " << n;
         } else {
           EXPECT_EQ(std::memcmp(got.data(), aligned.data(), bytes), 0)
               << "n " << n << " accumulate " << acc << " misaligned array " << off;
