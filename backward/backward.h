@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -191,10 +192,16 @@ class EagerExecutor {
   bool side_streams_ready(const BackwardPlan& plan, Device device) const;
 
  private:
+  // kEager: run(), also what a capture records; kEagerReleasing: run() freeing each node's saved
+  // tensors after its step; kInCapture: run_timed_in_capture (its timing events nodes of the
+  // graph; no leaf claimed, nothing cached at the join, nothing undone).
+  enum class RunKind : std::uint8_t { kEager, kEagerReleasing, kInCapture };
+  struct Run;       // one run's state, and how it runs each instruction (eager_executor.cpp)
+  class Observer;   // what a run adds around its instructions: its timing, its fault checks
+  class Timing;
+  class Localize;
   void run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                bool timed, bool in_capture, bool release_saved, bool localize = false,
-                GradientReducer* reducer = nullptr);
-  struct Run;  // one run's state and parts (eager_executor.cpp)
+                RunKind kind, GradientReducer* reducer, std::span<Observer* const> observers);
   // Note [A failed backward]: called from a catch block; joins, undoes, rethrows with an account.
   [[noreturn]] static void fail_backward(const BackwardPlan& plan, int reached, bool release_saved,
                                          const std::vector<std::pair<int, bool>>& leaf_had_grad,

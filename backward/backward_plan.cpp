@@ -1,5 +1,7 @@
 #include "backward/backward_plan.h"
 
+#include "backward/backward_program.h"
+
 #include "runtime/ptr_index.h"
 
 #include <algorithm>
@@ -625,6 +627,9 @@ std::string BackwardPlan::dump() const {
     }
     os << "], uses " << buf.first_use << ".." << buf.last_use << "\n";
   }
+  // What a run issues (Note [The backward program]): a CUDA plan's events, a CPU plan's without.
+  const bool cuda = !steps.empty() && steps.front().node->device().is_cuda();
+  os << lower_plan(*this, {}, cuda).dump(*this);
   return os.str();
 }
 

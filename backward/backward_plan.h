@@ -119,7 +119,8 @@ struct BackwardPlan {
   // plan kept after its loss is gone still points at live nodes (dump(), a run).
   std::vector<std::shared_ptr<Node>> owners;
 
-  // A readable dump: streams, forks, joins, every step with its waits and writes, every buffer.
+  // A readable dump: streams, forks, joins, every step with its waits and writes, every buffer;
+  // then the program a run issues, instruction by instruction (backward_program.h).
   std::string dump() const;
   int num_cross_stream_waits() const { return static_cast<int>(waits.size()); }
 };

@@ -3,9 +3,12 @@
 #include "runtime/capture_mode.h"
 #include "runtime/nvtx.h"
 
+#include "backward/backward_program.h"
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,29 +58,6 @@ Event& EagerExecutor::timing_event(Device device, int i) {
   event(device, 0);  // resets both pools when the device changes
   while (static_cast<int>(timing_events_.size()) <= i) timing_events_.emplace_back(device, true);
   return timing_events_[i];
-}
-
-void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
-                        std::vector<StepTiming>* timings, bool release_saved, bool localize,
-                        GradientReducer* reducer) {
-  const bool timed = device.is_cuda() && timings != nullptr;
-  if (timed) check_capturable("backward() with timings");  // its trace synchronizes
-  localize = localize && device.is_cuda();
-  if (localize) check_capturable("backward() with localize_faults");  // it synchronizes
-  run_impl(plan, seeds, device, timed, /*in_capture=*/false, release_saved, localize, reducer);
-#if GRAPHWARD_HAS_CUDA
-  if (timed) {  // read the trace: everything was joined into the caller's stream
-    GW_CUDA_CHECK(cudaStreamSynchronize(plan.streams[0]));
-    *timings = read_timings(plan, device);
-  }
-#endif
-}
-
-void EagerExecutor::run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
-                                         Device device, GradientReducer* reducer) {
-  GW_CHECK(device.is_cuda(), "EagerExecutor::run_timed_in_capture: a CUDA plan only");
-  run_impl(plan, seeds, device, /*timed=*/true, /*in_capture=*/true, /*release_saved=*/false,
-           /*localize=*/false, reducer);
 }
 
 std::uint64_t detail::fnv1a(const void* data, std::size_t n, std::uint64_t h) {
@@ -230,46 +210,50 @@ class LeafClaims {
   std::vector<const Storage*> held_;
 };
 
-// One run of a plan: what it holds while it runs, and its parts in the order run_impl takes them
-// (checks, buckets, streams, seeds, the fork, each step, the join).
+// What a run adds around its instructions (Note [The backward program]).
+class EagerExecutor::Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void start(Run&) {}
+  virtual void before(Run&, const BackwardInstr&) {}
+  virtual void after(Run&, const BackwardInstr&) {}
+};
+
+// One run of a plan: what it holds while it runs, and how it runs each instruction of the plan's
+// program (Note [The backward program], backward_program.h).
 struct EagerExecutor::Run {
   using Kind = BackwardPlan::BufferKind;
-  Run(EagerExecutor& executor, const BackwardPlan& p, Device d, bool timed_run, bool capture,
-      bool release, bool localize_faults, GradientReducer* r)
+  using Op = BackwardInstr::Op;
+  Run(EagerExecutor& executor, const BackwardPlan& p, Device d, RunKind k, GradientReducer* r)
       : ex(executor),
         plan(p),
         device(d),
         gpu(d.is_cuda()),
-        timed(timed_run),
-        in_capture(capture),
-        release_saved(release),
-        localize(localize_faults),
+        in_capture(k == RunKind::kInCapture),
+        release_saved(k == RunKind::kEagerReleasing),
         reducer(r),
-        num_steps(static_cast<int>(p.steps.size())),
-        fork_event(p.num_events),
-        comm_join_event(p.num_events + 1 + static_cast<int>(p.joins.size())) {}
+        num_steps(static_cast<int>(p.steps.size())) {}
 
   EagerExecutor& ex;
   const BackwardPlan& plan;
   const Device device;
   const bool gpu;
-  bool timed;
-  const bool in_capture, release_saved, localize;
+  const bool in_capture, release_saved;
   GradientReducer* const reducer;
   const int num_steps;
-  const int fork_event;               // the fork's event; the joins' follow it
-  const int comm_join_event;          // the reducer's stream joined (and the seeds' bucket waits)
-  std::vector<cudaStream_t> streams;  // the plan's, with this executor's own side streams
+  BackwardProgram program;
+  // The plan's streams with this executor's own side streams, then the reducer's.
+  std::vector<cudaStream_t> streams;
   cudaStream_t caller = nullptr;
-  // Note [Gradient reduction]: the buckets, and an event after each step part a bucket waits for.
-  std::vector<GradBucket> buckets;
-  std::vector<int> ready_main, ready_side;  // per step; empty without a reducer (no allocation)
-  cudaStream_t comm = nullptr;
-  std::size_t next_bucket = 0;
   std::vector<Tensor> scaled_seeds;
   const std::vector<Tensor>* seeds = nullptr;
   std::vector<Tensor> buffers;  // the plan's gradient buffers
+  // The step being run: its gradient, its slots (the side part's apart), its epilogue.
+  Tensor* grad = nullptr;
   std::vector<GradSlot> slots, side_slots;
+  GradEpilogue epilogue;
+  std::optional<detail::NvtxRange> nvtx_step;
+  std::optional<StreamGuard> step_guard;
 
   // Note [Check, then write]: refuses before launching anything.
   void check_inputs() const {
@@ -284,25 +268,16 @@ struct EagerExecutor::Run {
     }
   }
 
-  // Note [Gradient reduction]: the buckets, the layout every process must share (agreed before
-  // anything is written), and the events past the fork's and the joins' that buckets wait for.
-  void plan_buckets() {
-    if (!reducer) return;
-    buckets = plan_grad_buckets(plan, reducer->bucket_bytes(), reducer->first_bucket_bytes());
-    reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets), capturing());
-    comm = gpu ? reducer->stream() : nullptr;
-    GW_CHECK(!gpu || comm, "backward: the gradient reducer has no stream for ", device.str());
-    if (!gpu) return;
-    ready_main.assign(plan.steps.size(), -1);
-    ready_side.assign(plan.steps.size(), -1);
-    int next_event = comm_join_event + 1;
-    for (const GradBucket& b : buckets) {
-      for (const GradBucket::Ready& r : b.ready) {
-        if (r.step < 0) continue;
-        int& e = r.side ? ready_side[r.step] : ready_main[r.step];
-        if (e < 0) e = next_event++;
-      }
+  // The program; with a reducer, its buckets: the layout every process must share is agreed
+  // before anything is written (Note [Gradient reduction]).
+  void lower() {
+    std::vector<GradBucket> buckets;
+    if (reducer) {
+      buckets = plan_grad_buckets(plan, reducer->bucket_bytes(), reducer->first_bucket_bytes());
+      reducer->agree(bucket_layout_hash(plan, buckets), describe_buckets(plan, buckets),
+                     capturing());
     }
+    program = lower_plan(plan, std::move(buckets), gpu);
   }
 
   void open_streams() {
@@ -313,13 +288,10 @@ struct EagerExecutor::Run {
       }
     }
     caller = streams[0];
-    timed = timed && gpu;
-  }
-
-  // Timing events: in a capture, nodes of the graph (recorded by every replay).
-  void mark(int i, cudaStream_t s) {
-    Event& e = ex.timing_event(device, i);
-    in_capture ? e.record_external(s) : e.record(s);
+    cudaStream_t comm = reducer && gpu ? reducer->stream() : nullptr;
+    GW_CHECK(!reducer || !gpu || comm, "backward: the gradient reducer has no stream for ",
+             device.str());
+    streams.push_back(comm);  // reduce_stream(plan)
   }
 
   // Seeds made elsewhere are read on the caller's stream (rule [read after write]). Note [Summed
@@ -340,53 +312,126 @@ struct EagerExecutor::Run {
     seeds = scaled_seeds.empty() ? &seeds_in : &scaled_seeds;
   }
 
-  // The seeds that are leaf gradients, the waits of a moved plan, and the fork (rule [fork and
-  // join]: every other stream waits on the caller's).
-  void begin() {
-    for (const BackwardPlan::LeafSeed& ls : plan.leaf_seeds) {
-      std::optional<StreamGuard> guard;
-      if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
-      scale_backward((*seeds)[ls.root], 1.0, {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
-    }
-    // Note [Streams of an eager backward]: a root made on a stream whose steps moved here.
-    for (cudaStream_t s : plan.caller_waits) stream_wait_stream(device, caller, s);
-    if (gpu && !plan.forks.empty()) {
-      Event& e = ex.event(device, fork_event);
-      e.record(caller);
-      for (int f : plan.forks) e.block(streams[f]);
-    }
-  }
-
   // Note [Frees at the join] (runtime/memory.h): memory used on several of the joined streams is
   // cached on the caller's stream after the join, not ordered free by free.
   void open_joined_frees(std::optional<detail::JoinedFrees>& joined_frees) const {
     if (!gpu || in_capture || (plan.joins.empty() && plan.moved_streams.empty())) return;
     std::vector<cudaStream_t> joined;
     for (int j : plan.joins) joined.push_back(streams[j]);
-    if (!buckets.empty()) joined.push_back(comm);
+    if (!program.buckets.empty()) joined.push_back(streams.back());
     joined_frees.emplace(device, caller, joined, plan.moved_streams);
   }
 
-  // Issues every bucket whose last gradient is written by step `after` (-1: by the seeds).
-  void issue_buckets(int after) {
-    for (; next_bucket < buckets.size() && buckets[next_bucket].issue_after == after;
-         ++next_bucket) {
-      issue_bucket(buckets[next_bucket]);
+  void exec(const BackwardInstr& in) {
+    const BackwardPlan::Step* step =
+        in.step >= 0 ? &plan.steps[static_cast<std::size_t>(in.step)] : nullptr;
+    switch (in.op) {
+      case Op::kSeedLeaf: {
+        const BackwardPlan::LeafSeed& ls = plan.leaf_seeds[in.index];
+        std::optional<StreamGuard> guard;
+        if (gpu) guard.emplace(device, caller, StreamGuard::Recorded{});
+        scale_backward((*seeds)[ls.root], 1.0,
+                       {&plan.buffers[ls.buffer].leaf.grad(), ls.accumulate});
+        break;
+      }
+      case Op::kWaitStream:
+        stream_wait_stream(device, caller, plan.caller_waits[in.index]);
+        break;
+      case Op::kRecord: ex.event(device, in.event).record(streams[in.stream]); break;
+      case Op::kWait: ex.event(device, in.event).block(streams[in.stream]); break;
+      case Op::kGather: gather(*step); break;
+      case Op::kRunSide: run_side(*step); break;
+      case Op::kRun: run_node(*step, slots); break;
+      // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
+      // that the activations' memory is back in the pool for the rest of the backward (rule
+      // [reuse after use] orders each free after the streams that read it; Note [A failed
+      // backward] says why not at the end).
+      case Op::kRelease:
+        if (release_saved) step->node->release_saved();
+        break;
+      case Op::kDrop:  // last use: rule [reuse after use] keeps it until every stream is done
+        *grad = Tensor();
+        grad = nullptr;
+        epilogue = GradEpilogue{};
+        break;
+      case Op::kReduce: reduce(program.buckets[static_cast<std::size_t>(in.index)]); break;
     }
   }
 
-  void issue_bucket(const GradBucket& b) {
-    if (gpu) {
-      for (const GradBucket::Ready& r : b.ready) {
-        if (r.step < 0) {
-          Event& e = ex.event(device, comm_join_event);  // the seeds: written on the caller's
-          e.record(caller);
-          e.block(comm);
-        } else {
-          ex.event(device, r.side ? ready_side[r.step] : ready_main[r.step]).block(comm);
-        }
+  // The gradient of the step's node's output (direct writes so far, plus seeds and staged
+  // buffers), on the step's stream; then where the step writes each input's gradient.
+  void gather(const BackwardPlan::Step& step) {
+    Tensor& g = buffers[step.grad_buffer];
+    const std::size_t pending = step.seeds.size() + step.staged.size();
+    auto add_in = [&](const Tensor& part, bool owned) {
+      if (!g.defined() && (owned || pending == 1)) {
+        g = part;  // take it (a lone seed is only read)
+      } else {
+        scale_backward(part, 1.0, {&g, g.defined()});  // copy or add, on this stream
       }
+    };
+    for (int r : step.seeds) add_in((*seeds)[r], false);
+    for (int b : step.staged) {
+      add_in(buffers[b], true);
+      buffers[b] = Tensor();
     }
+    GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
+             " (an internal error of the plan)");
+    grad = &g;
+    fill_slots(step);
+  }
+
+  void fill_slots(const BackwardPlan::Step& step) {
+    slots.assign(step.writes.size(), GradSlot{});
+    for (std::size_t i = 0; i < step.writes.size(); ++i) {
+      const BackwardPlan::Write& w = step.writes[i];
+      if (w.buffer < 0) continue;
+      const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
+      // A gradient buffer written by this step alone is only read after it: an op may store a
+      // gradient equal to its grad_out there without a copy (GradSlot::may_share). Never a leaf's
+      // .grad (persistent, accumulated by later backwards) or a staged buffer (added into its
+      // target in place).
+      const bool share = b.kind == Kind::kGrad && b.contributors.size() == 1 && !w.accumulate;
+      slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate, share};
+    }
+    // Note [Backward epilogue fusion] (ops/ops.h): the input gradient of this step is the
+    // pre-activation gradient of the layer that made its input.
+    if (step.fuses_activation_of >= 0) {
+      const Node& made = *plan.steps[step.fuses_activation_of].node;
+      const Node::ActivationFusion& f = *made.activation_fusion();
+      epilogue = GradEpilogue{};
+      epilogue.act = f.act;
+      epilogue.act_input = made.saved()[f.act_input_saved].tensor;
+      if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
+      slots[0].epilogue = &epilogue;
+    }
+  }
+
+  void run_node(const BackwardPlan::Step& step, std::span<GradSlot> part) {
+    if (step.preactivation_grad) {
+      step.node->apply_from_preactivation(*grad, part);
+    } else {
+      step.node->apply(*grad, part);
+    }
+  }
+
+  // Weight-gradient parallelism: the node's leaf gradients on the step's side stream (the slots
+  // of leaves move there); kRun then computes the rest on the step's stream.
+  void run_side(const BackwardPlan::Step& step) {
+    side_slots.assign(slots.size(), GradSlot{});
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const int b = step.writes[i].buffer;
+      if (b >= 0 && plan.buffers[b].kind == Kind::kLeaf) std::swap(side_slots[i], slots[i]);
+    }
+    std::optional<StreamGuard> on_side;
+    if (gpu) on_side.emplace(device, streams[step.side_stream], StreamGuard::Recorded{});
+    run_node(step, side_slots);
+  }
+
+  // Note [Gradient reduction]: the bucket's gradients reduced on the reducer's stream, which has
+  // waited for their writers (the instructions before this one).
+  void reduce(const GradBucket& b) {
+    const cudaStream_t comm = streams.back();
     for (int i : b.buffers) {
       const Tensor& g = plan.buffers[i].leaf.grad();
       GW_CHECK(g.defined(), "backward: the gradient of leaf ", plan.buffers[i].leaf.str(),
@@ -404,175 +449,118 @@ struct EagerExecutor::Run {
     grads.reserve(b.buffers.size());
     for (int i : b.buffers) grads.push_back(plan.buffers[i].leaf.grad());
     detail::NvtxRange nvtx_reduce("reduce gradients");
-    const int timing = 1 + 4 * num_steps + 2 * static_cast<int>(next_bucket);
-    if (timed) mark(timing, comm);
     reducer->reduce(grads);
-    if (timed) mark(timing + 1, comm);
-#if GRAPHWARD_HAS_CUDA
-    if (localize) {
-      check_finished({comm}, detail::concat("the reduction of gradient bucket ", next_bucket + 1,
-                                            " of ", buckets.size()));
-    }
-#endif
   }
 
-  // The gradient of the step's node's output: direct writes so far, plus seeds and staged buffers.
-  Tensor& gather_grad(const BackwardPlan::Step& step) {
-    Tensor& g = buffers[step.grad_buffer];
-    const std::size_t pending = step.seeds.size() + step.staged.size();
-    auto add_in = [&](const Tensor& part, bool owned) {
-      if (!g.defined() && (owned || pending == 1)) {
-        g = part;  // take it (a lone seed is only read)
-      } else {
-        scale_backward(part, 1.0, {&g, g.defined()});  // copy or add, on this stream
+  // Runs instructions [begin, end), each between its observers' calls. A step's instructions run
+  // with its stream current (the node's backward, its gradient's sums and frees) and inside its
+  // NVTX range, from its first instruction to its kDrop.
+  void exec_range(int begin, int end, std::span<Observer* const> observers, int* reached) {
+    for (int i = begin; i < end; ++i) {
+      const BackwardInstr& in = program.instrs[static_cast<std::size_t>(i)];
+      if (in.step >= 0 && !nvtx_step) {
+        if (reached) *reached = in.step;
+        const BackwardPlan::Step& step = plan.steps[static_cast<std::size_t>(in.step)];
+        nvtx_step.emplace(step.node->name().c_str());
+        if (gpu) step_guard.emplace(device, streams[step.stream], StreamGuard::Recorded{});
       }
-    };
-    for (int r : step.seeds) add_in((*seeds)[r], false);
-    for (int b : step.staged) {
-      add_in(buffers[b], true);
-      buffers[b] = Tensor();
-    }
-    GW_CHECK(g.defined(), "backward: no gradient reached ", step.node->label(),
-             " (an internal error of the plan)");
-    return g;
-  }
-
-  // Where the step writes each input's gradient.
-  void fill_slots(const BackwardPlan::Step& step) {
-    slots.assign(step.writes.size(), GradSlot{});
-    for (std::size_t i = 0; i < step.writes.size(); ++i) {
-      const BackwardPlan::Write& w = step.writes[i];
-      if (w.buffer < 0) continue;
-      const BackwardPlan::Buffer& b = plan.buffers[w.buffer];
-      // A gradient buffer written by this step alone is only read after it: an op may store a
-      // gradient equal to its grad_out there without a copy (GradSlot::may_share). Never a leaf's
-      // .grad (persistent, accumulated by later backwards) or a staged buffer (added into its
-      // target in place).
-      const bool share = b.kind == Kind::kGrad && b.contributors.size() == 1 && !w.accumulate;
-      slots[i] = {b.kind == Kind::kLeaf ? &b.leaf.grad() : &buffers[w.buffer], w.accumulate, share};
+      for (Observer* o : observers) o->before(*this, in);
+      exec(in);
+      for (Observer* o : observers) o->after(*this, in);
+      if (in.op == Op::kDrop) end_step();
     }
   }
 
-  // The node's backward into `slots`; with a side stream, the leaf gradients there, from this
-  // point of the step's stream (weight-gradient parallelism), and the rest on the step's stream.
-  void apply(const BackwardPlan::Step& step, int index, const Tensor& g, cudaStream_t s) {
-    // Note [Backward epilogue fusion] (ops/ops.h): the input gradient of this step is the
-    // pre-activation gradient of the layer that made its input.
-    GradEpilogue epilogue;
-    if (step.fuses_activation_of >= 0) {
-      const Node& made = *plan.steps[step.fuses_activation_of].node;
-      const Node::ActivationFusion& f = *made.activation_fusion();
-      epilogue.act = f.act;
-      epilogue.act_input = made.saved()[f.act_input_saved].tensor;
-      if (f.relu_mask_saved >= 0) epilogue.relu_mask = made.saved()[f.relu_mask_saved].tensor;
-      slots[0].epilogue = &epilogue;
-    }
-    auto run_node = [&](std::span<GradSlot> part) {
-      if (step.preactivation_grad) {
-        step.node->apply_from_preactivation(g, part);
-      } else {
-        step.node->apply(g, part);
-      }
-    };
-    if (step.side_stream < 0) {
-      run_node(slots);
-      return;
-    }
-    const cudaStream_t side = streams[step.side_stream];
-    if (gpu) {
-      Event& fork = ex.event(device, step.side_fork_event);
-      fork.record(s);
-      fork.block(side);
-      for (int w : step.side_waits) ex.event(device, plan.waits[w].event).block(side);
-    }
-    if (timed) mark(1 + 2 * num_steps + 2 * index, side);
-    side_slots.assign(slots.size(), GradSlot{});
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const int b = step.writes[i].buffer;
-      if (b >= 0 && plan.buffers[b].kind == Kind::kLeaf) std::swap(side_slots[i], slots[i]);
-    }
-    {
-      std::optional<StreamGuard> on_side;
-      if (gpu) on_side.emplace(device, side, StreamGuard::Recorded{});
-      run_node(side_slots);
-    }
-    if (timed) mark(2 + 2 * num_steps + 2 * index, side);
-    if (gpu && step.side_event >= 0) ex.event(device, step.side_event).record(side);
-    if (!ready_side.empty() && ready_side[index] >= 0) {
-      ex.event(device, ready_side[index]).record(side);
-    }
-    run_node(slots);
+  void end_step() {
+    step_guard.reset();
+    nvtx_step.reset();
   }
+};
 
-  void run_step(const BackwardPlan::Step& step, int index) {
-    const auto host_start =
-        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    const cudaStream_t s = streams[step.stream];
-    detail::NvtxRange nvtx_step(step.node->name().c_str());
-    std::optional<StreamGuard> guard;
-    if (gpu) guard.emplace(device, s, StreamGuard::Recorded{});
-    if (gpu) {
-      for (int w : step.waits) ex.event(device, plan.waits[w].event).block(s);
-    }
-    Tensor& g = gather_grad(step);
-    if (timed) mark(1 + 2 * index, s);
-    fill_slots(step);
-    apply(step, index, g, s);
-#if GRAPHWARD_HAS_CUDA
-    if (localize) {
-      const std::string what =
-          detail::concat("the backward of ", step.node->label(), " (step ", index + 1, " of ",
-                         num_steps, " of the plan, on stream ", step.stream, ")");
-      if (step.side_stream >= 0) {
-        check_finished({s, streams[step.side_stream]}, what);
-      } else {
-        check_finished({s}, what);
-      }
-    }
-#endif
-    // Nothing reads a node's saved tensors after its step: free them now, as PyTorch does, so
-    // that the activations' memory is back in the pool for the rest of the backward (rule [reuse
-    // after use] orders each free after the streams that read it; Note [A failed backward] says why
-    // not at the end).
-    if (release_saved) step.node->release_saved();
-    if (timed) mark(2 + 2 * index, s);
-    if (gpu && step.event >= 0) ex.event(device, step.event).record(s);
-    if (!ready_main.empty() && ready_main[index] >= 0) {
-      ex.event(device, ready_main[index]).record(s);
-    }
-    if (reducer) issue_buckets(index);
-    // Last use: rule [reuse after use] keeps the memory until every stream is done with it.
-    g = Tensor();
-    if (timed) {
-      ex.host_us_[index] =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start)
-              .count();
+// A timed run: timing events around each step, its side part and each bucket's reduction (in a
+// capture, nodes of the graph, recorded by every replay), and the host time of each step.
+// Event 0 is the trace's origin; 1 + 2k and 2 + 2k step k's; 1 + 2n + 2k and 2 + 2n + 2k its side
+// part's; 1 + 4n + 2b and 2 + 4n + 2b bucket b's reduction.
+class EagerExecutor::Timing final : public Observer {
+  using Op = BackwardInstr::Op;
+  using Clock = std::chrono::steady_clock;
+  void mark(Run& r, int i, int stream) {
+    Event& e = r.ex.timing_event(r.device, i);
+    r.in_capture ? e.record_external(r.streams[stream]) : e.record(r.streams[stream]);
+  }
+  int step_ = -1;
+  Clock::time_point host_start_;
+
+ public:
+  void start(Run& r) override {
+    mark(r, 0, 0);
+    r.ex.host_us_.assign(r.plan.steps.size(), 0.0);
+    for (const GradBucket& b : r.program.buckets) {
+      r.ex.timed_buckets_.push_back({b.buffers.size(), b.bytes});
     }
   }
-
-  // Rule [fork and join]: the caller's stream waits on every stream the backward used, the
-  // reducer's too.
-  void join() {
-    if (!gpu) return;
-    for (std::size_t j = 0; j < plan.joins.size(); ++j) {
-      Event& e = ex.event(device, fork_event + 1 + static_cast<int>(j));
-      e.record(streams[plan.joins[j]]);
-      e.block(caller);
+  void before(Run& r, const BackwardInstr& in) override {
+    if (in.step >= 0 && in.step != step_) {
+      step_ = in.step;
+      host_start_ = Clock::now();
     }
-    if (!buckets.empty()) {
-      Event& e = ex.event(device, comm_join_event);
-      e.record(comm);
-      e.block(caller);
+    const int n = r.num_steps;
+    if (in.op == Op::kRunSide) mark(r, 1 + 2 * n + 2 * in.step, in.stream);
+    if (in.op == Op::kReduce) mark(r, 1 + 4 * n + 2 * in.index, in.stream);
+  }
+  void after(Run& r, const BackwardInstr& in) override {
+    const int n = r.num_steps;
+    switch (in.op) {
+      case Op::kGather: mark(r, 1 + 2 * in.step, in.stream); break;
+      case Op::kRunSide: mark(r, 2 + 2 * n + 2 * in.step, in.stream); break;
+      case Op::kRelease: mark(r, 2 + 2 * in.step, in.stream); break;
+      case Op::kReduce: mark(r, 2 + 4 * n + 2 * in.index, in.stream); break;
+      case Op::kDrop:
+        r.ex.host_us_[static_cast<std::size_t>(in.step)] =
+            std::chrono::duration<double, std::micro>(Clock::now() - host_start_).count();
+        break;
+      default: break;
     }
   }
 };
 
+#if GRAPHWARD_HAS_CUDA
+// Note [Kernel faults]: a run with localize_faults synchronizes after each step and each bucket's
+// reduction, and names the one whose work failed.
+class EagerExecutor::Localize final : public Observer {
+  using Op = BackwardInstr::Op;
+
+ public:
+  void start(Run& r) override {
+    check_finished({r.caller}, "work enqueued before the backward (not the backward)");
+  }
+  void after(Run& r, const BackwardInstr& in) override {
+    if (in.op == Op::kRun) {
+      const BackwardPlan::Step& step = r.plan.steps[static_cast<std::size_t>(in.step)];
+      const std::string what =
+          detail::concat("the backward of ", step.node->label(), " (step ", in.step + 1, " of ",
+                         r.num_steps, " of the plan, on stream ", step.stream, ")");
+      if (step.side_stream >= 0) {
+        check_finished({r.streams[step.stream], r.streams[step.side_stream]}, what);
+      } else {
+        check_finished({r.streams[step.stream]}, what);
+      }
+    } else if (in.op == Op::kReduce) {
+      check_finished({r.streams.back()},
+                     detail::concat("the reduction of gradient bucket ", in.index + 1, " of ",
+                                    r.program.buckets.size()));
+    }
+  }
+};
+#endif
+
 void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>& seeds_in,
-                             Device device, bool timed, bool in_capture, bool release_saved,
-                             bool localize, GradientReducer* reducer) {
+                             Device device, RunKind kind, GradientReducer* reducer,
+                             std::span<Observer* const> observers) {
   detail::NvtxRange nvtx_backward("backward");
-  Run run(*this, plan, device, timed, in_capture, release_saved, localize, reducer);
+  Run run(*this, plan, device, kind, reducer);
   run.check_inputs();
+  const bool in_capture = kind == RunKind::kInCapture;
   // Note [Leaves shared across threads]: from before the first write to after the last.
   std::optional<LeafClaims> claims;
   if (!in_capture) claims.emplace(plan);
@@ -587,51 +575,72 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
     }
   }
   int reached = -2;  // -2: nothing written; -1: the seeds; k >= 0: step k began
-  run.plan_buckets();
+  run.lower();
   run.open_streams();
-  if (run.timed) run.mark(0, run.caller);  // the origin of the trace
-#if GRAPHWARD_HAS_CUDA
-  if (localize)
-    check_finished({run.caller}, "work enqueued before the backward (not the backward)");
-#else
-  (void)localize;  // no kernel faults to localize on the CPU
-#endif
+  host_us_.clear();  // a timed run's observer fills them
+  timed_buckets_.clear();
+  for (Observer* o : observers) o->start(run);
   run.take_seeds(seeds_in);
+  const int join_begin = run.program.join_begin;
+  const int end = static_cast<int>(run.program.instrs.size());
   // Note [A failed backward]: from here on, a failure undoes what can be undone and says the rest.
   // The joined frees are declared before the buffers: their last frees come after the join too.
   std::optional<detail::JoinedFrees> joined_frees;
   try {
     reached = -1;
-    run.begin();
     run.open_joined_frees(joined_frees);
     run.buffers.assign(plan.buffers.size(), Tensor());
-    host_us_.clear();
-    timed_buckets_.clear();
-    if (run.timed) {
-      for (const GradBucket& b : run.buckets) timed_buckets_.push_back({b.buffers.size(), b.bytes});
-      host_us_.assign(plan.steps.size(), 0.0);
-    }
     PlannedSyncScope planned;  // Note [Planned synchronization]: the plan's events order everything
-    if (reducer) run.issue_buckets(-1);  // gradients only a seed writes
-    for (int k = 0; k < run.num_steps; ++k) {
-      reached = k;
-      run.run_step(plan.steps[static_cast<std::size_t>(k)], k);
-    }
+    run.exec_range(0, join_begin, observers, &reached);
     run.buffers.clear();  // inside the joined frees' scope
   } catch (...) {
+    run.end_step();
     run.buffers.clear();
     if (!undoable) throw;  // inside a capture: the capture is abandoned with everything in it
-    fail_backward(plan, reached, release_saved, leaf_had_grad, [&] {
+    fail_backward(plan, reached, kind == RunKind::kEagerReleasing, leaf_had_grad, [&] {
       try {
-        run.join();
+        run.exec_range(join_begin, end, {}, nullptr);
         if (joined_frees) joined_frees->joined();
       } catch (const std::exception& e) {
         detail::log_error(__FILE__, __LINE__, e.what());
       }
     });
   }
-  run.join();
+  run.exec_range(join_begin, end, {}, nullptr);
   if (joined_frees) joined_frees->joined();
+}
+
+void EagerExecutor::run(const BackwardPlan& plan, const std::vector<Tensor>& seeds, Device device,
+                        std::vector<StepTiming>* timings, bool release_saved, bool localize,
+                        GradientReducer* reducer) {
+  const bool timed = device.is_cuda() && timings != nullptr;
+  if (timed) check_capturable("backward() with timings");  // its trace synchronizes
+  localize = localize && device.is_cuda();
+  if (localize) check_capturable("backward() with localize_faults");  // it synchronizes
+  Timing timing;
+  Observer* observers[2] = {};
+  std::size_t count = 0;
+  if (timed) observers[count++] = &timing;
+#if GRAPHWARD_HAS_CUDA
+  Localize localizer;
+  if (localize) observers[count++] = &localizer;
+#endif
+  run_impl(plan, seeds, device, release_saved ? RunKind::kEagerReleasing : RunKind::kEager,
+           reducer, std::span<Observer* const>(observers, count));
+#if GRAPHWARD_HAS_CUDA
+  if (timed) {  // read the trace: everything was joined into the caller's stream
+    GW_CUDA_CHECK(cudaStreamSynchronize(plan.streams[0]));
+    *timings = read_timings(plan, device);
+  }
+#endif
+}
+
+void EagerExecutor::run_timed_in_capture(const BackwardPlan& plan, const std::vector<Tensor>& seeds,
+                                         Device device, GradientReducer* reducer) {
+  GW_CHECK(device.is_cuda(), "EagerExecutor::run_timed_in_capture: a CUDA plan only");
+  Timing timing;
+  Observer* observers[1] = {&timing};
+  run_impl(plan, seeds, device, RunKind::kInCapture, reducer, observers);
 }
 
 }  // namespace graphward

@@ -1,10 +1,12 @@
 // Properties of BackwardPlan on random multistream tapes (hand-built, nothing launched): every
 // gradient contribution and every pair of writers of one leaf .grad is ordered by stream order and
 // the plan's waits (happens-before), no wait is redundant, every stream used is joined, and forked
-// unless a wait already orders it after the caller's stream.
-// Seeded and reproducible.
+// unless a wait already orders it after the caller's stream; and the same of the program each plan
+// is lowered to. Seeded and reproducible.
+#include <algorithm>
 #include <random>
 
+#include "backward/backward_program.h"
 #include "backward/plan_checks.h"
 #include "test_util.h"
 
@@ -226,6 +228,182 @@ TEST(BackwardPlanProperties, SplitPlansOfRandomTapesAreOrderedJoinedAndMinimal) 
   }
   EXPECT_GT(split_steps, 100) << "the random tapes should exercise split steps";
   EXPECT_GT(side_waits, 5) << "and leaf writers across side streams";
+}
+
+// ---- the plan's program (Note [The backward program]) -------------------------------------------
+// The program run as the GPU orders it: a vector clock a stream (how many instructions of each
+// stream it has seen), one tick an instruction on its stream, kRecord keeps its stream's clock in
+// the event, kWait merges the event's into its stream's. The caller's stream starts at 1: the work
+// enqueued before the backward (the seeds).
+struct ProgramClocks {
+  std::vector<std::vector<int>> at;  // per instruction: its stream's clock after it
+  std::vector<std::vector<int>> end;  // per stream, after the whole program
+  // Whether instruction a is ordered before instruction b.
+  bool before(const BackwardProgram& prog, int a, int b) const {
+    const int s = prog.instrs[a].stream;
+    return at[b][s] >= at[a][s];
+  }
+};
+
+ProgramClocks run_clocks(const BackwardPlan& p, const BackwardProgram& prog) {
+  using Op = BackwardInstr::Op;
+  const std::size_t streams = p.streams.size() + 1;  // and the reducer's
+  std::vector<std::vector<int>> clock(streams, std::vector<int>(streams, 0));
+  std::vector<std::vector<int>> event(static_cast<std::size_t>(prog.num_events));
+  clock[0][0] = 1;
+  ProgramClocks out;
+  for (std::size_t i = 0; i < prog.instrs.size(); ++i) {
+    const BackwardInstr& in = prog.instrs[i];
+    EXPECT_GE(in.stream, 0) << "instruction " << i;
+    EXPECT_LT(static_cast<std::size_t>(in.stream), streams) << "instruction " << i;
+    std::vector<int>& c = clock[static_cast<std::size_t>(in.stream)];
+    if (in.op == Op::kWait) {
+      EXPECT_FALSE(event[in.event].empty()) << "instruction " << i << " waits on e" << in.event
+                                            << " before any instruction records it";
+      for (std::size_t k = 0; k < streams && !event[in.event].empty(); ++k) {
+        c[k] = std::max(c[k], event[in.event][k]);
+      }
+    } else if (in.stream != 0) {
+      EXPECT_GE(c[0], 1) << "instruction " << i << " runs on s" << in.stream
+                         << " before that stream waited on the caller's (rule [fork and join])";
+    }
+    ++c[static_cast<std::size_t>(in.stream)];
+    if (in.op == Op::kRecord) {
+      EXPECT_LT(in.event, prog.num_events);
+      event[in.event] = c;
+    }
+    out.at.push_back(c);
+  }
+  out.end = clock;
+  return out;
+}
+
+// Every property of a plan's program that the executor relies on: each step's instructions in
+// order on the right streams, every gradient contribution and leaf write ordered before its
+// reader (or next writer), every bucket reduced once, in order, after its gradients' writers,
+// every stream forked before it runs and joined into the caller's at the end.
+void check_program(const BackwardPlan& p, const BackwardProgram& prog, std::size_t buckets) {
+  using Op = BackwardInstr::Op;
+  const int n = static_cast<int>(p.steps.size());
+  std::vector<int> part(3 * static_cast<std::size_t>(n), -1);  // as happens_before_parts numbers
+  std::vector<int> reduced;
+  int last_step = -1;
+  for (int i = 0; i < static_cast<int>(prog.instrs.size()); ++i) {
+    const BackwardInstr& in = prog.instrs[i];
+    if (i >= prog.join_begin) {
+      EXPECT_TRUE(in.op == Op::kRecord || in.op == Op::kWait) << "instruction " << i;
+    }
+    if (in.op == Op::kReduce) reduced.push_back(in.index);
+    if (in.step < 0) continue;
+    ASSERT_LT(in.step, n);
+    ASSERT_GE(in.step, last_step) << "instruction " << i << ": the steps in plan order";
+    last_step = in.step;
+    const auto& st = p.steps[static_cast<std::size_t>(in.step)];
+    const std::size_t base = 3 * static_cast<std::size_t>(in.step);
+    switch (in.op) {
+      case Op::kGather:
+        EXPECT_EQ(part[base], -1);
+        part[base] = i;
+        break;
+      case Op::kRun:
+        EXPECT_EQ(part[base + 1], -1);
+        EXPECT_EQ(st.side_stream >= 0, part[base + 2] >= 0) << "the side part before the rest";
+        part[base + 1] = i;
+        break;
+      case Op::kRunSide:
+        EXPECT_EQ(in.stream, st.side_stream);
+        EXPECT_EQ(part[base + 2], -1);
+        part[base + 2] = i;
+        break;
+      case Op::kRelease:
+      case Op::kDrop:
+        EXPECT_GE(part[base + 1], 0) << "instruction " << i << " before the step's kRun";
+        break;
+      default: break;
+    }
+    if (in.op == Op::kGather || in.op == Op::kRun || in.op == Op::kRelease || in.op == Op::kDrop) {
+      EXPECT_EQ(in.stream, st.stream) << "instruction " << i;
+    }
+  }
+  for (int k = 0; k < n; ++k) {
+    EXPECT_GE(part[3 * k], 0) << "step " << k << " gathered";
+    EXPECT_GE(part[3 * k + 1], 0) << "step " << k << " run";
+    if (p.steps[k].side_stream < 0) part[3 * k + 2] = part[3 * k + 1];  // one part
+  }
+  std::vector<int> all(buckets);
+  for (std::size_t b = 0; b < buckets; ++b) all[b] = static_cast<int>(b);
+  EXPECT_EQ(reduced, all) << "every bucket reduced once, in order";
+  const ProgramClocks clocks = run_clocks(p, prog);
+  for (const auto& [a, b] : required_parts(p)) {
+    EXPECT_TRUE(clocks.before(prog, part[a], part[b])) << "part " << a << " -> part " << b;
+  }
+  for (int i = 0; i < static_cast<int>(prog.instrs.size()); ++i) {
+    if (prog.instrs[i].op != Op::kReduce) continue;
+    for (int buf : prog.buckets[prog.instrs[i].index].buffers) {
+      for (int c : p.buffers[buf].contributors) {
+        if (c < 0) continue;
+        EXPECT_TRUE(clocks.before(prog, part[3 * c + 2], i))
+            << "bucket " << prog.instrs[i].index << " reduced before step " << c << " wrote b"
+            << buf;
+      }
+    }
+  }
+  for (std::size_t s = 0; s < clocks.end.size(); ++s) {
+    EXPECT_EQ(clocks.end[0][s], clocks.end[s][s]) << "s" << s << " not joined into the caller's";
+  }
+}
+
+TEST(BackwardProgram, RandomPlansLowerToProgramsThatOrderGradientsBucketsForksAndJoins) {
+  std::mt19937 rng(20261203);
+  int reductions = 0, side_parts = 0, waits = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int num_nodes = std::uniform_int_distribution<int>(1, 30)(rng);
+    const int num_streams = std::uniform_int_distribution<int>(1, 4)(rng);
+    const int caller = std::uniform_int_distribution<int>(0, num_streams)(rng);
+    RandomTape t = make_tape(rng, num_nodes, num_streams, 3);
+    const bool split = trial % 2 == 1;
+    const BackwardPlan p = plan_backward(t.roots, fake_stream(caller), GradWrite::kOverwrite,
+                                         {.split_weight_grads = split});
+    // No reducer, or buckets of one to three 8-byte gradients.
+    std::vector<GradBucket> buckets;
+    if (trial % 3 != 0) buckets = plan_grad_buckets(p, 8 * (1 + trial % 3), 8);
+    const std::size_t count = buckets.size();
+    const BackwardProgram prog = lower_plan(p, std::move(buckets));
+    SCOPED_TRACE("trial " + std::to_string(trial) + "\n" + p.dump() + prog.dump(p));
+    check_program(p, prog, count);
+    reductions += static_cast<int>(count);
+    for (const auto& in : prog.instrs) {
+      side_parts += in.op == BackwardInstr::Op::kRunSide;
+      waits += in.op == BackwardInstr::Op::kWait;
+    }
+  }
+  EXPECT_GT(reductions, 100) << "the random plans should reduce buckets";
+  EXPECT_GT(side_parts, 100) << "and split steps";
+  EXPECT_GT(waits, 300) << "and wait across streams";
+}
+
+// A CPU plan's program (events off) is the same program without its events: the executor runs the
+// same steps, side parts and reductions in the same order.
+TEST(BackwardProgram, WithoutEventsTheProgramIsTheSameLessItsRecordsAndWaits) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    RandomTape t = make_tape(rng, 20, 3, 3);
+    const BackwardPlan p = plan_backward(t.roots, fake_stream(0), GradWrite::kOverwrite,
+                                         {.split_weight_grads = trial % 2 == 1});
+    const BackwardProgram with = lower_plan(p, plan_grad_buckets(p, 16)),
+                          without = lower_plan(p, plan_grad_buckets(p, 16), false);
+    std::vector<std::pair<BackwardInstr::Op, int>> a, b;
+    for (const auto& in : with.instrs) {
+      if (in.op != BackwardInstr::Op::kRecord && in.op != BackwardInstr::Op::kWait)
+        a.push_back({in.op, in.step});
+    }
+    for (const auto& in : without.instrs) {
+      EXPECT_NE(in.op, BackwardInstr::Op::kRecord);
+      EXPECT_NE(in.op, BackwardInstr::Op::kWait);
+      b.push_back({in.op, in.step});
+    }
+    EXPECT_EQ(a, b) << "trial " << trial;
+  }
 }
 
 }  // namespace
