@@ -360,5 +360,24 @@ TEST(EagerStreams, APlanWithSideStreamsKeepsThem) {
   GW_EXPECT_ERROR(run_on_caller_stream(q), "side streams");
 }
 
+// A plan's dump ends with its program (Note [The backward program]): here a chain on another
+// stream, forked from the caller's, its steps, then its join.
+TEST(BackwardProgram, APlansDumpEndsWithTheProgramItRuns) {
+  const Tensor w = leaf();
+  const BackwardPlan p = plan_backward({{chain(kA, 2, w), {}}}, kCaller);
+  const std::string d = p.dump();
+  const std::size_t program = d.find("BackwardProgram: ");
+  ASSERT_NE(program, std::string::npos) << d;
+  const std::string expected_order[] = {"record on s0 e",  "wait on s1 e", "gather on s1 step 0",
+                                        "run on s1 step 0", "drop on s1 step 1", "-- join",
+                                        "record on s1 e",   "wait on s0 e"};
+  std::size_t at = program;
+  for (const std::string& line : expected_order) {
+    const std::size_t next = d.find(line, at);
+    ASSERT_NE(next, std::string::npos) << "no \"" << line << "\" after the last match\n" << d;
+    at = next + line.size();
+  }
+}
+
 }  // namespace
 }  // namespace graphward
