@@ -17,8 +17,7 @@
 namespace graphward::dist {
 
 double ProcessGroup::begin_backward(GradWrite grad_write) {
-  sum_ = comm_ != nullptr && world_size_ > 1 && summed_reductions_ &&
-         grad_write == GradWrite::kOverwrite;
+  sum_ = comm_ != nullptr && world_size_ > 1 && grad_write == GradWrite::kOverwrite;
   return sum_ ? 1.0 / world_size_ : 1.0;
 }
 
@@ -31,7 +30,7 @@ std::shared_ptr<void> ProcessGroup::symmetric_memory(std::size_t bytes, void** w
   *window = nullptr;
 #if GRAPHWARD_HAS_NCCL  // (nested: without nccl.h, NCCL_VERSION is no macro to call)
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  if (!symmetric_buckets_ || !comm_ || world_size_ < 2) return nullptr;
+  if (!comm_ || world_size_ < 2) return nullptr;
   // Note [Symmetric buckets]: a window covers whole pages; every rank registers the same sizes.
   const std::size_t size = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT *
                            NCCL_WIN_REQUIRED_ALIGNMENT;
@@ -149,13 +148,12 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   // The executor ordered the stream after the writers and recorded the uses (planned).
 #if GRAPHWARD_HAS_NCCL
   if (reduce_placed(grads)) return;  // Note [Gradients in buckets]
-  const bool stage_all = staging_mode_ != ProcessGroupOptions::Staging::kSmall;
-  if (!comm_ || (grads.size() < 2 && !stage_all)) {
+  if (!comm_ || grads.size() < 2) {
     return reduce_on_stream(grads, /*average=*/true, 0, sum_);
   }
   check_usable("reduce");
   // Note [Flat buckets]: the gradients to stage, by dtype, in rank order; each dtype's run is a
-  // flat chunk when it has two or more (or always, staging every gradient). Parts start 16-byte
+  // flat chunk when it has two or more. Parts start 16-byte
   // aligned in the chunk; the padding between them is zero on every rank and reduced too.
   constexpr std::size_t kSmall = std::size_t{1} << 20, kAlign = 16;
   auto padded = [](const Tensor& t) { return (t.nbytes() + kAlign - 1) / kAlign * kAlign; };
@@ -166,7 +164,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
              g.defined() ? g.device().str() : std::string("no device"), "; expected ",
              device_.str(), " (this rank's device)");
     if (g.numel() == 0) continue;
-    if (!stage_all && g.nbytes() >= kSmall) {
+    if (g.nbytes() >= kSmall) {
       in_place.push_back(g);
       continue;
     }
@@ -177,7 +175,7 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   }
   std::size_t need = 0;
   for (auto& [dtype, parts] : runs) {
-    if (parts.size() < 2 && !stage_all) {
+    if (parts.size() < 2) {
       in_place.insert(in_place.end(), parts.begin(), parts.end());
       parts.clear();
       continue;

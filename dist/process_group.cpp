@@ -130,10 +130,7 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
     : bucket_bytes_(options.bucket_bytes),
       first_bucket_bytes_(options.first_bucket_bytes),
       collective_timeout_s_(options.collective_timeout_s),
-      staging_mode_(options.staging),
-      gradients_in_buckets_(options.gradients_in_buckets),
-      summed_reductions_(options.summed_reductions),
-      symmetric_buckets_(options.symmetric_buckets) {
+      gradients_in_buckets_(options.gradients_in_buckets) {
   GW_CHECK(collective_timeout_s_ > 0, "ProcessGroup: collective_timeout_s is ",
            collective_timeout_s_, "; expected seconds above 0");
   rank_ = options.rank >= 0 ? options.rank : env_int("GRAPHWARD_RANK", 0);
@@ -156,8 +153,8 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options)
   DeviceGuard guard(device_);
   int least = 0, greatest = 0;
   GW_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  // Reductions first (by default): they gate the step.
-  stream_ = std::make_unique<Stream>(device_, options.high_priority_stream ? greatest : least);
+  // Reductions first: they gate the step.
+  stream_ = std::make_unique<Stream>(device_, greatest);
   gather_ = DeviceBuffer(device_, sizeof(std::uint64_t) * static_cast<std::size_t>(world_size_));
 #if GRAPHWARD_HAS_NCCL
   const ncclUniqueId id = world_size_ == 1 ? [] {

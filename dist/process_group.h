@@ -52,33 +52,22 @@ struct ProcessGroupOptions {
   // as the others).
   std::size_t bucket_bytes = std::size_t{25} << 20;
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
-  // Note [Flat buckets]: which gradients of a bucket are copied into a flat buffer and reduced
-  // there (the rest in place).
-  // (kAll was slower than kSmall for the larger MLP: the copies of its gradients cost more than
-  // they save; docs/DECISIONS.md, "data parallelism: what the defaults are and why".)
-  enum class Staging : std::uint8_t {
-    kSmall,  // those under 1 MiB (NCCL's fixed cost a tensor outweighs the copies)
-    kAll,    // every gradient: one all-reduce a bucket (and dtype)
-  };
-  Staging staging = Staging::kSmall;
   // Note [Gradients in buckets]: the gradients live in their bucket's flat buffer from the first
   // eager backward on (their .grad tensors replaced once), so that a bucket is reduced where the
   // backward wrote it, with no copies (PyTorch's gradient_as_bucket_view). false: they stay
-  // where the backward made them, and are staged (above) or reduced in place.
+  // where the backward made them, the small ones staged (Note [Flat buckets]), the others reduced
+  // in place — for a caller that keeps .grad handles across the first backward.
   bool gradients_in_buckets = true;
-  // The reductions' stream at the device's highest priority (they gate the step), else at the
-  // normal one.
-  bool high_priority_stream = true;
-  // Note [Summed reductions]: in a backward that overwrites the gradients, the seeds are divided
-  // by the world size and the buckets summed (ncclSum) rather than averaged (ncclAvg).
-  bool summed_reductions = true;
-  // Note [Symmetric buckets]: the placed buckets' buffers come from ncclMemAlloc, each registered
-  // as a symmetric NCCL window (when NCCL can: else plain device memory), for NCCL's symmetric
-  // kernels.
-  bool symmetric_buckets = true;
   // The most CTAs NCCL's kernels on this group's communicator may take (ncclConfig_t::maxCTAs:
-  // the SMs the reductions hold while the backward computes); 0: NCCL's choice.
+  // the SMs the reductions hold while the backward computes); 0: NCCL's choice. The best cap
+  // depends on the model: one whose GEMMs fill the GPU in one wave keeps them whole with a small
+  // one.
   int nccl_max_ctas = 0;
+  // Not options, each measured against its alternative (docs/DECISIONS.md, "data parallelism:
+  // what the defaults are and why"): the reductions' stream is at the device's highest priority
+  // (they gate the step); a backward that overwrites the gradients sums its buckets (Note [Summed
+  // reductions]); placed buckets are symmetric NCCL windows where NCCL can (Note [Symmetric
+  // buckets]); only gradients under 1 MiB are staged (Note [Flat buckets]).
 };
 
 // Note [Gradients in buckets]
@@ -166,11 +155,10 @@ class ProcessGroup final : public GradientReducer {
   std::size_t first_bucket_bytes() const override { return first_bucket_bytes_; }
   cudaStream_t stream() const override;
   void agree(std::uint64_t layout, const std::string& description, bool in_capture) override;
-  // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype; every
-  // gradient with Staging::kAll) are copied into one contiguous buffer, averaged by one
-  // all-reduce and copied back (two kernels); the others are averaged in place. NCCL pays a fixed
-  // cost for every tensor it reduces, which for a bucket of many small gradients (biases, a
-  // branch model's layers) costs more than the copies.
+  // Note [Flat buckets]: the small gradients of a bucket (under 1 MiB, the same dtype) are copied
+  // into one contiguous buffer, averaged by one all-reduce and copied back (two kernels); the
+  // others are averaged in place. NCCL pays a fixed cost for every tensor it reduces, which for a
+  // bucket of many small gradients (biases, a branch model's layers) costs more than the copies.
   void reduce(const std::vector<Tensor>& grads) override;
   // Note [Gradients in buckets]: moves a bucket's gradients into a flat buffer of their own.
   void place(const std::vector<Tensor*>& grads) override;
@@ -219,7 +207,6 @@ class ProcessGroup final : public GradientReducer {
   // in, the last the largest; none freed while the group lives (captured graphs keep their
   // addresses).
   void add_staging(std::size_t bytes);  // zeroed, on the group's stream
-  ProcessGroupOptions::Staging staging_mode_;
   std::vector<DeviceBuffer> staging_;
   // Note [Gradients in buckets]: per placed bucket, keyed by its buffer's address: the buffer, the
   // parts' addresses in bucket order, its dtype and its bytes (padding included).
@@ -232,13 +219,11 @@ class ProcessGroup final : public GradientReducer {
     void* window = nullptr;
   };
   bool gradients_in_buckets_ = true;
-  bool summed_reductions_ = true;
-  bool symmetric_buckets_ = true;
   bool sum_ = false;  // this backward's buckets are summed (Note [Summed reductions])
   std::vector<void*> windows_;  // ncclWindow_t, in the order they were registered
   std::unordered_map<const void*, FlatBucket> flat_;
   // Note [Symmetric buckets]: `bytes` of ncclMemAlloc memory registered as a symmetric window
-  // (*window), or nullptr when that is off or NCCL cannot (the caller takes plain memory).
+  // (*window), or nullptr when NCCL cannot (the caller takes plain memory).
   std::shared_ptr<void> symmetric_memory(std::size_t bytes, void** window);
   // Reduces `grads` with one all-reduce when they are a placed bucket, in order; false otherwise.
   bool reduce_placed(const std::vector<Tensor>& grads);

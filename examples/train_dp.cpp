@@ -6,11 +6,9 @@
 //
 //   train_dp [--steps N] [--mode eager|backward|step|all] [--width W] [--layers L] [--branches K]
 //            [--batch B]
-//            [--bucket-mib M] [--first-bucket-mib M] [--staging small|all]
-//            [--grads-in-buckets on|off] [--summed on|off] [--symmetric on|off]
+//            [--bucket-mib M] [--first-bucket-mib M] [--grads-in-buckets on|off]
 //            [--nccl-max-ctas N] [--grad-write overwrite|accumulate]
-//            [--comm-priority high|normal] [--check] [--bench] [--with-reducer] [--trace FILE]
-//            [--dot PREFIX]
+//            [--check] [--bench] [--with-reducer] [--trace FILE] [--dot PREFIX]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -20,10 +18,11 @@
 // loader would) and each step is timed with CUDA events on its stream; the median after the first
 // fifth of the steps is printed, and the host's (the loop's wall clock a step); one rank alone
 // then trains with no reducer (the single-GPU baseline) unless --with-reducer (a group of one:
-// NCCL's kernels and the copies on its own GPU, no other GPU to wait for). With --trace (backward-graph mode), every rank replays one more
-// step traced (Note [Timeline]) and rank 0 writes its timeline, the bucket reductions on a track
-// of their own beside the backward's streams. With --dot (step-graph mode), every rank writes its
-// captured step graph as Graphviz DOT, every node's parameters included, to PREFIX.r<rank>.dot.
+// NCCL's kernels and the copies on its own GPU, no other GPU to wait for). With --trace
+// (backward-graph mode), every rank replays one more step traced (Note [Timeline]) and rank 0
+// writes its timeline, the bucket reductions on a track of their own beside the backward's streams.
+// With --dot (step-graph mode), every rank writes its captured step graph as Graphviz DOT, every
+// node's parameters included, to PREFIX.r<rank>.dot.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,8 +50,7 @@ struct Config {
   std::int64_t width = 256, layers = 4, batch = 64, out = 16, branches = 1;
   double bucket_mib = 25, first_bucket_mib = 1;  // as PyTorch's DistributedDataParallel
   // ProcessGroupOptions
-  std::string staging = "small", comm_priority = "high", grads_in_buckets = "on", summed = "on",
-              symmetric = "on";
+  std::string grads_in_buckets = "on";
   int nccl_max_ctas = 0;
   gw::GradWrite grad_write = gw::GradWrite::kOverwrite;  // each step's backward
   bool check = false;
@@ -285,11 +283,7 @@ int main(int argc, char** argv) {
          [&](const char* v) { c.bucket_mib = ex::parse_number("--bucket-mib", v, 0); }},
         {"--first-bucket-mib",
          [&](const char* v) { c.first_bucket_mib = ex::parse_number("--first-bucket-mib", v, 0); }},
-        {"--staging", [&](const char* v) { c.staging = v; }},
-        {"--comm-priority", [&](const char* v) { c.comm_priority = v; }},
         {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
-        {"--summed", [&](const char* v) { c.summed = v; }},
-        {"--symmetric", [&](const char* v) { c.symmetric = v; }},
         {"--nccl-max-ctas",
          [&](const char* v) {
            c.nccl_max_ctas = static_cast<int>(ex::parse_int("--nccl-max-ctas", v, 0));
@@ -305,8 +299,8 @@ int main(int argc, char** argv) {
     for (const auto& [flag, _] : values) known += (known.empty() ? "" : ", ") + flag + " V";
     for (const auto& [flag, _] : switches) known += ", " + flag;
     known +=
-        " (--mode eager|backward|step|all, --staging small|all, --comm-priority high|normal, "
-        "--grads-in-buckets, --summed and --symmetric on|off; --flag V and --flag=V alike)";
+        " (--mode eager|backward|step|all, --grads-in-buckets on|off; --flag V and --flag=V "
+        "alike)";
     while (args.next()) {
       if (args.wants_help()) {
         std::printf("usage: train_dp %s\n", known.c_str());
@@ -340,25 +334,10 @@ int main(int argc, char** argv) {
     po.bucket_bytes = static_cast<std::size_t>(c.bucket_mib * (1 << 20));
     po.first_bucket_bytes = static_cast<std::size_t>(c.first_bucket_mib * (1 << 20));
     if (!gpu) po.device = gw::Device::cpu();
-    using Staging = gw::dist::ProcessGroupOptions::Staging;
-    if (c.staging != "small" && c.staging != "all") {
-      throw gw::Error("--staging " + c.staging + "; expected small or all");
-    }
-    po.staging = c.staging == "small" ? Staging::kSmall : Staging::kAll;
-    if (c.comm_priority != "high" && c.comm_priority != "normal") {
-      throw gw::Error("--comm-priority " + c.comm_priority + "; expected high or normal");
-    }
-    po.high_priority_stream = c.comm_priority == "high";
-    for (const auto& [flag, value] : {std::pair{"--grads-in-buckets", &c.grads_in_buckets},
-                                      std::pair{"--summed", &c.summed},
-                                      std::pair{"--symmetric", &c.symmetric}}) {
-      if (*value != "on" && *value != "off") {
-        throw gw::Error(std::string(flag) + " " + *value + "; expected on or off");
-      }
+    if (c.grads_in_buckets != "on" && c.grads_in_buckets != "off") {
+      throw gw::Error("--grads-in-buckets " + c.grads_in_buckets + "; expected on or off");
     }
     po.gradients_in_buckets = c.grads_in_buckets == "on";
-    po.summed_reductions = c.summed == "on";
-    po.symmetric_buckets = c.symmetric == "on";
     if (c.nccl_max_ctas < 0) throw gw::Error("expected --nccl-max-ctas >= 0 (0: NCCL's choice)");
     po.nccl_max_ctas = c.nccl_max_ctas;
     if (grad_write != "overwrite" && grad_write != "accumulate") {
@@ -370,18 +349,18 @@ int main(int argc, char** argv) {
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
     if (rank == 0) {
-      std::printf("train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in all), "
-                  "buckets of %.1f MiB (the first %.1f, staging %s, gradients in buckets %s, summed %s, "
-                  "symmetric %s, NCCL CTAs %s, %s-priority reductions), %d steps%s\n",
-                  world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
-                  static_cast<long long>(c.branches), static_cast<long long>(c.layers),
-                  static_cast<long long>(c.width),
-                  static_cast<long long>(c.batch), static_cast<long long>(c.batch * world),
-                  c.bucket_mib, c.first_bucket_mib, c.staging.c_str(), c.grads_in_buckets.c_str(),
-                  c.summed.c_str(), c.symmetric.c_str(),
-                  c.nccl_max_ctas > 0 ? std::to_string(c.nccl_max_ctas).c_str() : "NCCL's choice",
-                  c.comm_priority.c_str(),
-                  c.steps, c.check ? ", checked" : "");
+      std::printf(
+          "train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in "
+          "all), "
+          "buckets of %.1f MiB (the first %.1f, gradients in buckets %s, NCCL CTAs %s), "
+          "%d steps%s\n",
+          world, gpu ? "CUDA" : ("the CPU backend (" + gw::cuda_unavailable_reason() + ")").c_str(),
+          static_cast<long long>(c.branches), static_cast<long long>(c.layers),
+          static_cast<long long>(c.width), static_cast<long long>(c.batch),
+          static_cast<long long>(c.batch * world), c.bucket_mib, c.first_bucket_mib,
+          c.grads_in_buckets.c_str(),
+          c.nccl_max_ctas > 0 ? std::to_string(c.nccl_max_ctas).c_str() : "NCCL's choice", c.steps,
+          c.check ? ", checked" : "");
     }
     bool ok = true;
     for (Mode m : modes) {

@@ -142,15 +142,11 @@ bench branches-1024 $WIDE
 bench deep $DEEP
 reducer_alone mlp-large $LARGE
 reducer_alone branches $BRANCHES
-# Note [Summed reductions] and Note [Symmetric buckets] (dist/process_group.h) off: the buckets
-# averaged (ncclAvg) in plain device memory, an earlier path; and summed in plain
-# memory. (The gradients outside their buckets, NCCL's graph mixing, its CTA policies, NCCL_PROTO,
-# NCCL_NTHREADS, CUDA_DEVICE_MAX_CONNECTIONS, normal-priority reductions and cuBLASLt's SM-count
-# target were slower or made no difference: docs/RESULTS.md, the data-parallelism studies.)
-bench branches-2mib-averaged $BRANCHES --bucket-mib 2 --summed off --symmetric off
-bench branches-2mib-summed-plain $BRANCHES --bucket-mib 2 --symmetric off
-bench mlp-large-c4-16mib-averaged $LARGE --nccl-max-ctas 4 --bucket-mib 16 --summed off \
-  --symmetric off
+# (The alternatives that were slower or made no difference — buckets averaged rather than summed,
+# in plain rather than symmetric memory, every gradient staged, the gradients outside their buckets,
+# NCCL's graph mixing, its CTA policies, NCCL_PROTO, NCCL_NTHREADS, CUDA_DEVICE_MAX_CONNECTIONS,
+# normal-priority reductions, cuBLASLt's SM-count target: docs/DECISIONS.md and docs/RESULTS.md,
+# the data-parallelism studies.)
 
 pack
 # 4. traced replays on two ranks: how much of the reductions ran under the backward's steps, and

@@ -200,14 +200,15 @@ TEST(CudaDataParallel, BranchesOnTheirStreamsAreBucketedLayerByLayerAcrossTheStr
 // fp32 and bf16, odd byte counts) and a large one, reduced by a group of one, comes back bit for
 // bit — every part copied into the flat buffer and back to its own tensor — in place, on the
 // group's stream; the next reduction that needs more room allocates more and keeps the old.
-void expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging staging) {
-  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .staging = staging});
+TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu});
   std::vector<Tensor> grads;
   for (int i = 0; i < 70; ++i) {
     const Tensor f = randn({1 + 37 * i}, 100 + i, kF32Gpu);
     grads.push_back(i % 3 == 2 ? cast(f, DType::kBFloat16) : f);
   }
-  grads.push_back(randn({512, 1024}, 7, kF32Gpu));  // 2 MiB: in place (kSmall) or staged
+  grads.push_back(randn({512, 1024}, 7, kF32Gpu));  // 2 MiB: in place
   auto bytes_of = [](const std::vector<Tensor>& ts) {
     std::vector<std::vector<float>> out;
     for (const Tensor& t : ts) {
@@ -231,23 +232,13 @@ void expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging staging) {
   pg.reduce(more);
   ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
   EXPECT_EQ(bytes_of(more), more_before);
-  // One large gradient alone (staged too with kAll).
+  // One large gradient alone.
   const std::vector<Tensor> one = {randn({1024, 1024}, 9, kF32Gpu)};
   const std::vector<std::vector<float>> one_before = bytes_of(one);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   pg.reduce(one);
   ASSERT_EQ(cudaStreamSynchronize(pg.stream()), cudaSuccess);
   EXPECT_EQ(bytes_of(one), one_before);
-}
-
-TEST(CudaDataParallel, AFlatBucketOfManySmallGradientsComesBackBitForBit) {
-  GW_REQUIRE_GPU();
-  expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kSmall);
-}
-
-TEST(CudaDataParallel, StagingEveryGradientComesBackBitForBit) {
-  GW_REQUIRE_GPU();
-  expect_flat_buckets_come_back(dist::ProcessGroupOptions::Staging::kAll);
 }
 
 // Note [Gradients in buckets]: place() moves a bucket's gradients (more than one launch of copies)
