@@ -559,11 +559,17 @@ void EagerExecutor::run_impl(const BackwardPlan& plan, const std::vector<Tensor>
                              std::span<Observer* const> observers) {
   detail::NvtxRange nvtx_backward("backward");
   Run run(*this, plan, device, kind, reducer);
-  run.check_inputs();
+  // Note [Backwards sharing a tape] (tape/autograd.cpp): before any of the nodes is read.
+  NodeClaims node_claims(kind == RunKind::kEagerReleasing);
+  if (!NodeClaims::held_by_this_thread()) {
+    for (const BackwardPlan::Step& s : plan.steps) node_claims.add(*s.node);
+  }
   const bool in_capture = kind == RunKind::kInCapture;
-  // Note [Leaves shared across threads]: from before the first write to after the last.
+  // Note [Leaves shared across threads]: from before the first read of a .grad to after the last
+  // write.
   std::optional<LeafClaims> claims;
   if (!in_capture) claims.emplace(plan);
+  run.check_inputs();
   // Note [A failed backward]: which leaves had a .grad before, and how far the backward got.
   const bool undoable = !in_capture && !capturing();
   std::vector<std::pair<int, bool>> leaf_had_grad;  // (leaf buffer, .grad defined before)

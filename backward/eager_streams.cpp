@@ -23,9 +23,7 @@ double estimate_device_us(const BackwardPlan& plan, DeviceThroughput throughput)
       bytes +=
           static_cast<double>(shape_numel(in.shape)) * static_cast<double>(dtype_size(in.dtype));
     }
-    for (const SavedTensor& st : n.saved()) {
-      if (st.tensor.defined()) bytes += static_cast<double>(st.tensor.nbytes());
-    }
+    bytes += static_cast<double>(n.saved_bytes());
     us += n.backward_flops() / throughput.flops_per_us + bytes / throughput.bytes_per_us;
   }
   return us;

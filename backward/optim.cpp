@@ -9,6 +9,7 @@
 
 #include "kernels/elementwise.h"
 #include "ops/ops_common.h"
+#include "runtime/capture_mode.h"
 #include "runtime/memory.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
@@ -58,6 +59,12 @@ void check_hyper(const char* what, const char* name, double v, double low, bool 
            high < INFINITY ? " and <= " + std::to_string(high) : std::string());
   GW_CHECK(finite_as(v, dtype), what, ": ", name, " is ", v, ", which is infinite as ",
            dtype_name(dtype), " (the parameters' type); expected a magnitude of at most ", FLT_MAX);
+  // A value that must be positive must stay positive as the kernels read it: eps = 1e-50 is 0 as
+  // a float32, and every update would divide by zero.
+  const bool as_float = dtype != DType::kFloat64;
+  GW_CHECK(!low_open || low != 0 || !as_float || static_cast<float>(v) > 0.f, what, ": ", name,
+           " is ", v, ", which is 0 as ", dtype_name(dtype),
+           " (the parameters' type); expected at least ", FLT_TRUE_MIN);
 }
 
 // Once, when an optimizer is made: every parameter a leaf, none given twice (two handles on one
@@ -95,11 +102,13 @@ Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
   device_ = params_.front().device();
   const TensorOptions opt{dtype_, device_};
   lr_ = full({1}, lr, opt);
-  step_ = zeros({static_cast<std::int64_t>(params_.size())}, opt);
+  // float64 counts: exact far past what float32 holds (2^24 steps, hours of replays).
+  step_ = zeros({static_cast<std::int64_t>(params_.size())}, {DType::kFloat64, device_});
   if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
 }
 
 void Optimizer::set_lr(double lr) {
+  std::lock_guard<std::mutex> lock(mutex_);
   check_hyper(name_, "lr", lr, 0, false, dtype_);
   Tensor target = lr_;
   if (device_.is_cuda()) {
@@ -115,23 +124,40 @@ void Optimizer::set_lr(double lr) {
   lr_value_ = lr;
 }
 
-namespace {
-std::vector<double> counts_of(const Tensor& step) {
-  if (step.dtype() == DType::kFloat64) return step.to_vector<double>();
-  const std::vector<float> f = step.to_vector<float>();
-  return std::vector<double>(f.begin(), f.end());
-}
-}  // namespace
-
 std::int64_t Optimizer::steps() const {
-  const std::vector<double> counts = counts_of(step_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::vector<double> counts = step_.to_vector<double>();
   return static_cast<std::int64_t>(*std::max_element(counts.begin(), counts.end()));
 }
 
 std::int64_t Optimizer::steps(std::size_t param) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   GW_CHECK(param < params_.size(), name_, "::steps: parameter ", param, " of ", params_.size(),
            "; expected an index below ", params_.size());
-  return static_cast<std::int64_t>(counts_of(step_)[param]);
+  return static_cast<std::int64_t>(step_.to_vector<double>()[param]);
+}
+
+void Optimizer::set_steps(std::size_t param, std::int64_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  GW_CHECK(param < params_.size(), name_, "::set_steps: parameter ", param, " of ", params_.size(),
+           "; expected an index below ", params_.size());
+  constexpr std::int64_t kExact = std::int64_t{1} << 53;
+  GW_CHECK(count >= 0 && count <= kExact, name_, "::set_steps: a count of ", count,
+           "; expected 0 to 2^53 (", kExact, ")");
+  check_capturable("Optimizer::set_steps (an upload from the host)");
+  const double value = static_cast<double>(count);
+  if (device_.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(device_);
+    step_.storage()->sync_for_write(scope.stream());
+    GW_CUDA_CHECK(cudaMemcpyAsync(static_cast<double*>(step_.raw_data()) + param, &value,
+                                  sizeof value, cudaMemcpyHostToDevice, scope.stream()));
+    GW_CUDA_CHECK(cudaStreamSynchronize(scope.stream()));  // `value` is on this stack
+#endif
+  } else {
+    static_cast<double*>(step_.raw_data())[param] = value;
+  }
+  step_.bump_version();
 }
 
 void Optimizer::step_params(const std::vector<std::size_t>& which) {
@@ -179,6 +205,7 @@ void StepInBackward::reduce(const std::vector<Tensor>& grads) {
 }
 
 void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which) {
+  std::lock_guard<std::mutex> lock(mutex_);
   detail::NvtxRange range(what);
   check_params(name_, params_);
   const std::size_t count = which ? which->size() : params_.size();
@@ -199,7 +226,8 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
       g.storage()->sync_for_read(s);
       p.storage()->sync_for_write(s);
       p.bump_version();
-      kernels::ParamSlice slice{f32(p), f32(g), nullptr, nullptr, f32(step_) + i, p.numel()};
+      kernels::ParamSlice slice{
+          f32(p), f32(g), nullptr, nullptr, static_cast<double*>(step_.raw_data()) + i, p.numel()};
       float** state[2] = {&slice.s1, &slice.s2};
       for (int j = 0; j < 2; ++j) {
         if (state_[j].empty() || !state_[j][i].defined()) continue;
@@ -224,12 +252,13 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
       if (!state.empty() && state[i].defined()) state[i].bump_version();
     }
     update_cpu(i);
-    dispatch_cpu(step_.dtype(), [&]<class T>() { ptr<T>(step_)[i] += T(1); });
+    static_cast<double*>(step_.raw_data())[i] += 1.0;
   }
   step_.bump_version();
 }
 
 void Optimizer::zero_grad() {
+  std::lock_guard<std::mutex> lock(mutex_);
   detail::NvtxRange range("zero_grad");
   check_params(name_, params_);  // a .grad of another shape or dtype is refused, nothing written
   for (const Tensor& p : params_) {
@@ -280,7 +309,7 @@ void Sgd::update_cpu(std::size_t i) {
   const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
-                        ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
+                        ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp_);
   });
 }
 
@@ -315,7 +344,7 @@ void AdamW::update_cpu(std::size_t i) {
   const Tensor& v = state_[1][i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
-                          ptr<T>(lr_)[0], ptr<T>(step_)[i], hp_);
+                          ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp_);
   });
 }
 

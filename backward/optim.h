@@ -10,8 +10,11 @@
 // parameters in place, bumping their versions (a tape that saved a parameter refuses its backward
 // afterwards, as in PyTorch). Parameters whose .grad is undefined are skipped — in a captured step
 // the set must stay the same (make the .grads first: zero_grad() never undefines them). Parameters
-// are distinct leaves (checked when the optimizer is made).
+// are distinct leaves (checked when the optimizer is made). Calls from several threads run one at
+// a time (each takes the optimizer's lock); what a step reads and writes is ordered on the calling
+// thread's current stream as above.
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,6 +70,9 @@ class Optimizer {
   // any parameter took (the number of steps when every step had every gradient).
   std::int64_t steps(std::size_t param) const;
   std::int64_t steps() const;
+  // Sets parameter `param`'s step count (resuming from a checkpoint); a stream-ordered write of
+  // the device count, as set_lr(). Counts are exact to 2^53.
+  void set_steps(std::size_t param, std::int64_t count);
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
@@ -81,8 +87,8 @@ class Optimizer {
 
   const char* name_;
   std::vector<Tensor> params_;
-  Tensor lr_;                      // [1], on the parameters' device
-  Tensor step_;                    // [number of parameters]: each parameter's step count
+  Tensor lr_;    // [1], on the parameters' device
+  Tensor step_;  // float64 [number of parameters]: each parameter's step count (exact to 2^53)
   DType dtype_ = DType::kFloat32;  // the parameters' dtype
   double lr_value_;
   Device device_;
@@ -95,6 +101,7 @@ class Optimizer {
   virtual void update_cpu(std::size_t i) = 0;
 
   Tensor done_;  // CUDA: int32 [1], the blocks of a step that finished (Note [Multi-tensor step])
+  mutable std::mutex mutex_;
   std::vector<kernels::ParamSlice> slices_;  // the step's, reused
 };
 

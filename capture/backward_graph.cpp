@@ -200,7 +200,20 @@ bool BackwardGraph::make_missing_grads(const std::vector<Tensor>& leaves) {
   return made;
 }
 
+std::uint64_t& BackwardGraph::calls_on_this_thread() {
+  const std::thread::id me = std::this_thread::get_id();
+  for (auto& [id, calls] : thread_calls_) {
+    if (id == me) return calls;
+  }
+  return thread_calls_.emplace_back(me, 0).second;
+}
+
 void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  backward_locked(loss, grad_write);
+}
+
+void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
   check_loss(loss, "BackwardGraph::backward");
   // Whatever happens, the next step's tape is logged from here (Note [Tape log]).
   struct ResetLog {
@@ -208,8 +221,9 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
   } reset_log;
   if (options_.backward.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
   ++calls_;
+  const std::uint64_t thread_calls = ++calls_on_this_thread();
   if (device_.is_cpu() || options_.force_eager || localize_ ||
-      calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
+      thread_calls <= static_cast<std::uint64_t>(options_.warmup)) {
 #if GRAPHWARD_HAS_CUDA
     // Note [Input slots]: what the warm-up's tape read, for the first capture to compare with.
     if (device_.is_cuda() && !options_.force_eager && !localize_) {
@@ -235,6 +249,11 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
     detail::NvtxRange nvtx("BackwardGraph::signature");
     capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
   }
+  // Note [Backwards sharing a tape] (tape/autograd.cpp): the replay frees the step's saved
+  // tensors; a capture on the way runs under these claims.
+  NodeClaims claims(/*exclusive=*/true);
+  for (const Node* n : sig.nodes) claims.add(*n);
+  const NodeClaims::ThreadScope claims_held;
   // Note [Writes of a replayed graph]: once the memo's .grads changed, the .grads that follow
   // grad_writes_ may not be this step's (even when a later step finds them unchanged again).
   if (!sig.grads_unchanged) grad_writes_leaves_.clear();
@@ -496,14 +515,16 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
 #endif
 
 std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_write) {
+  std::lock_guard<std::mutex> lock(mutex_);
   check_loss(loss, "BackwardGraph::trace");
   GW_CHECK(device_.is_cuda(), "BackwardGraph::trace: times a replay of a CUDA graph; this "
                               "BackwardGraph is for ", device_.str(),
            " (the eager backward's trace: backward(loss, {.timings = &steps}))");
   check_capturable("BackwardGraph::trace");  // it synchronizes
-  GW_CHECK(calls_ >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
+  const std::uint64_t thread_calls = calls_on_this_thread();
+  GW_CHECK(thread_calls >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
            "BackwardGraph::trace: call it after the warm-up (", options_.warmup,
-           " backward() call(s); so far ", calls_,
+           " backward() call(s) on this thread; so far ", thread_calls,
            ") so that library initialization happens outside the capture, and not with "
            "force_eager (there is no graph to trace; time the eager backward with "
            "backward(loss, {.timings = &steps}))");
@@ -521,6 +542,9 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
                 .fuse_activation_epilogues = options_.backward.fuse_activation_epilogues});
   // As backward() does: the .grads the graph writes exist before the capture; the caller waits
   // where rule [read after write] needs it (the whole scan: trace() is not a hot path).
+  NodeClaims claims(/*exclusive=*/true);  // Note [Backwards sharing a tape]: it frees them
+  for (const BackwardPlan::Step& s : plan.steps) claims.add(*s.node);
+  const NodeClaims::ThreadScope claims_held;
   std::vector<Tensor> leaves;
   for (const BackwardPlan::Buffer& b : plan.buffers) {
     if (b.kind == BackwardPlan::BufferKind::kLeaf) leaves.push_back(b.leaf);
@@ -550,6 +574,7 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
 }
 
 BackwardGraphStats BackwardGraph::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   BackwardGraphStats st;
   st.counters = cache_.counters();
   st.eager_backwards = eager_;
@@ -565,6 +590,7 @@ BackwardGraphStats BackwardGraph::stats() const {
 }
 
 void BackwardGraph::write_dot(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mutex_);
 #if GRAPHWARD_HAS_CUDA
   GW_CHECK(last_captured_ && last_captured_->graph,
            "BackwardGraph::write_dot: no graph has been captured yet");

@@ -42,6 +42,12 @@
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
 //
+// Threads: one BackwardGraph may serve several threads (each with its own model and stream, say):
+// its calls take a lock, so they run one at a time, and the warm-up is counted per thread (a
+// thread's cuBLAS and cuDNN handles are its own, made in its eager steps, never in a capture).
+// A thread other than the one that made it has its tape walked for the signature (the tape log
+// is the making thread's).
+//
 // Note [Input slots]
 // A training loop hands the model a new batch tensor every step, at another address, and the
 // graph's kernels point at the batch the capture saw (the first linear layer saves its input for
@@ -78,8 +84,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #include "base/config.h"
 
@@ -245,6 +253,11 @@ class BackwardGraph {
 #endif
   // Gives each leaf without a .grad a zero one; whether it made any.
   bool make_missing_grads(const std::vector<Tensor>& leaves);
+  void backward_locked(const Tensor& loss, GradWrite grad_write);
+  // backward() calls made on the calling thread so far (its warm-up is its own).
+  std::uint64_t& calls_on_this_thread();
+  mutable std::mutex mutex_;  // every public call holds it (see Threads above)
+  std::vector<std::pair<std::thread::id, std::uint64_t>> thread_calls_;
   Device device_;
   BackwardGraphOptions options_;
   bool localize_ = false;  // options_.backward.localize_faults or GRAPHWARD_LOCALIZE_FAULTS

@@ -73,6 +73,7 @@ StepGraph::StepGraph(Device device, std::vector<Tensor> inputs, StepGraphOptions
 StepGraph::~StepGraph() = default;
 
 void StepGraph::recapture() {
+  std::lock_guard<std::mutex> lock(mutex_);
   exec_.reset();
 }
 
@@ -146,6 +147,8 @@ void check_loss(const Tensor& loss, Device device) {
 
 Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& step) {
   static const std::vector<Tensor> kNoBatch;
+  std::lock_guard<std::mutex> lock(mutex_);
+  [[maybe_unused]] const std::thread::id me = std::this_thread::get_id();
   ++calls_;
   bool eager = device_.is_cpu() || options_.force_eager ||
                calls_ <= static_cast<std::uint64_t>(options_.warmup);
@@ -154,12 +157,14 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
   std::string why;
   if (!eager) {
     caller = current_stream(device_);
-    why = exec_                     ? check_signature(batch)
-          : pending_reason_.empty() ? "first capture"
-                                    : pending_reason_;
-    // A capture on a stream no step of this graph ran on would make the stream's library handles
-    // inside the capture, which cuBLAS refuses: one eager step there first, the capture next call.
-    if (!why.empty() && caller != warmed_stream_) {
+    why = !exec_                   ? (pending_reason_.empty() ? "first capture" : pending_reason_)
+          : captured_thread_ != me ? "run() on another thread than the one that captured the "
+                                     "graph (a graph serves its capturing thread)"
+                                   : check_signature(batch);
+    // A capture on a stream (or a thread) no step of this graph ran on would make the stream's
+    // library handles inside the capture, which cuBLAS refuses: one eager step there first, the
+    // capture next call.
+    if (!why.empty() && (caller != warmed_stream_ || warmed_thread_ != me)) {
       exec_.reset();
       pending_reason_ = why;
       eager = true;
@@ -175,7 +180,10 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
     Tensor loss = step(batch ? *batch : kNoBatch);
     check_loss(loss, device_);
 #if GRAPHWARD_HAS_CUDA
-    if (whole) warmed_stream_ = current_stream(device_);
+    if (whole) {
+      warmed_stream_ = current_stream(device_);
+      warmed_thread_ = me;
+    }
 #endif
     return loss;
   }
@@ -186,6 +194,7 @@ Tensor StepGraph::run_impl(const std::vector<Tensor>* batch, const BatchStep& st
     last_reason_ = why;
     pending_reason_.clear();
     (void)capture(batch, step, caller);
+    captured_thread_ = me;
   }
   launch(batch, caller);
   return exec_->loss;
@@ -386,8 +395,10 @@ void StepGraph::launch(const std::vector<Tensor>* batch, cudaStream_t caller) {
 #endif
 
 void StepGraph::write_dot(const std::string& path, bool verbose) const {
-  GW_CHECK(exec_, "StepGraph::write_dot: no graph has been captured yet (the first run() that "
-                  "captures is the warm-up's next)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  GW_CHECK(exec_,
+           "StepGraph::write_dot: no graph has been captured yet (the first run() that "
+           "captures is the warm-up's next)");
 #if GRAPHWARD_HAS_CUDA
   const unsigned flags = verbose ? static_cast<unsigned>(cudaGraphDebugDotFlagsVerbose) : 0u;
   exec_->graph.write_dot(path, flags);

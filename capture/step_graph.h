@@ -65,10 +65,18 @@
 // .grads. The warm-up steps split too, so that the side streams' cuBLAS handles exist before the
 // capture (a capture cannot make them; a capture that finds them missing runs its backward
 // unsplit). The CPU backend and `force_eager` run `step` every call, unsplit.
+//
+// Threads: run() takes a lock, so calls from several threads run one at a time. A graph serves the
+// thread that captured it: the step function is not part of the signature, and another thread's
+// step (its own model, its own stream) would replay the first thread's graph. So a run() on
+// another thread than the capture's is captured again on that thread (after an eager step of
+// its own there, which makes its library handles), with the reason.
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capture/graph_topology.h"
@@ -142,7 +150,9 @@ class StepGraph {
   // The stream the last eager step ran on (its library handles exist), and why the graph must be
   // captured when an eager step on a new stream came first.
   cudaStream_t warmed_stream_ = nullptr;
+  std::thread::id warmed_thread_, captured_thread_;
   std::string pending_reason_;
+  mutable std::mutex mutex_;  // run(), recapture(), write_dot() (see Threads above)
   std::unique_ptr<Executable> exec_;
   std::size_t kernel_nodes_ = 0, graph_nodes_ = 0;
   capture::Topology topology_;

@@ -8,8 +8,8 @@
 
 namespace graphward::kernels {
 namespace {
-using detail::grid_for;
 using detail::all_16_byte_aligned;
+using detail::grid_for;
 using detail::kThreads;
 
 struct SgdF {
@@ -56,7 +56,7 @@ __device__ __forceinline__ void count_steps(const Batch& b, unsigned* done) {
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
-      for (int i = 0; i < b.count; ++i) *b.t[i].step += 1.f;
+      for (int i = 0; i < b.count; ++i) *b.t[i].step += 1.0;
       *done = 0u;
     }
   }
@@ -71,7 +71,7 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
   const float lr = *lr_ptr;
   unsigned block = 0, blocks = 0;
   const ParamSlice& t = my_slice(b, block, blocks);
-  const bool first = *t.step == 0.f;
+  const bool first = *t.step == 0.0;
   float* p = t.p;
   const float* grad = t.grad;
   float* buf = t.s1;
@@ -114,7 +114,7 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   const float lr = *lr_ptr;
   unsigned block = 0, blocks = 0;
   const ParamSlice& s = my_slice(b, block, blocks);
-  const double t = static_cast<double>(*s.step) + 1.0;
+  const double t = *s.step + 1.0;
   const float c1 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta1), t));
   const float c2 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta2), t));
   const float sqrt_c2 = sqrtf(c2);

@@ -27,13 +27,13 @@ struct AdamWParams {
 
 // One parameter of a multi-tensor step: the parameter, its gradient, up to two state tensors of
 // its size (SGD: the momentum buffer, or null without momentum; AdamW: m and v) and its step
-// count (one float, counted by the step).
+// count (a double, exact to 2^53, counted by the step).
 struct ParamSlice {
   float* p = nullptr;
   const float* grad = nullptr;
   float* s1 = nullptr;
   float* s2 = nullptr;
-  float* step = nullptr;
+  double* step = nullptr;
   std::int64_t n = 0;
 };
 // Parameters one launch takes: the kernel's parameter block (a slice, its first block) stays under
@@ -74,9 +74,9 @@ void scale_by(float* x, const float* scale, std::int64_t n, cudaStream_t stream)
 
 namespace cpu {
 template <class T>
-void sgd_step(T* p, const T* grad, T* buf, std::int64_t n, T lr, T step, SgdParams hp);
+void sgd_step(T* p, const T* grad, T* buf, std::int64_t n, T lr, double step, SgdParams hp);
 template <class T>
-void adamw_step(T* p, const T* grad, T* m, T* v, std::int64_t n, T lr, T step, AdamWParams hp);
+void adamw_step(T* p, const T* grad, T* m, T* v, std::int64_t n, T lr, double step, AdamWParams hp);
 template <class T>
 T sum_squares(const T* x, std::int64_t n);
 }  // namespace cpu

@@ -63,6 +63,7 @@ Node::Node(std::string name, Device device, cudaStream_t stream, std::vector<Inp
   for (const SavedTensor& st : saved_) {
     n += 3 + (st.tensor.defined() ? st.tensor.shape().size() : 0);
     defined_saved += st.tensor.defined() ? 1 : 0;
+    saved_bytes_ += st.tensor.defined() ? st.tensor.nbytes() : 0;
   }
   const std::size_t max_patches =
       1 + 2 * inputs_.size();  // the node's stream; per input its edge, stream
@@ -188,7 +189,7 @@ Node::~Node() {
 // (its storage's version moved on), the gradient would be silently wrong; instead the backward
 // fails and names the op, the tensor and both versions, as PyTorch does.
 std::string Node::released_message() const {
-  if (released_by_failure_) {
+  if (released_by_failure_.load(std::memory_order_acquire)) {
     return detail::concat("backward through ", label(),
                           " a second time: its saved tensors were "
                           "freed by a backward that then failed part-way (its error said where); "
@@ -249,7 +250,7 @@ void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation
   if (step_reads_) step_reads_->partial = true;  // released on its own
   // A logged tape changed under the log (Note [Tape log]); a backward's own release is followed by
   // a reset of the log.
-  if (count_mutation && log_epoch != 0 && !released_) {
+  if (count_mutation && log_epoch != 0 && !released_.load(std::memory_order_relaxed)) {
     detail::tape_mutations().fetch_add(1, std::memory_order_acq_rel);
   }
   for (const Storage* st : saved_storages_) {
@@ -263,7 +264,79 @@ void Node::release_saved(std::vector<SavedTensor>* hand_off, bool count_mutation
     saved_.clear();
     saved_.shrink_to_fit();
   }
-  released_ = true;
+  released_.store(true, std::memory_order_release);
+}
+
+// Note [Backwards sharing a tape]
+// Two threads may backpropagate through one graph: a prefix shared by two losses (the same
+// activations feeding two heads), or a tape handed to another thread. A backward without
+// retain_graph frees each node's saved tensors right after its step, so a second backward running
+// through the same nodes at the same time would read what the first frees. So a backward claims
+// every node of its plan before it reads any of them (its checks of the saved tensors come after
+// the claims): a backward that frees them (no retain_graph; a replay, which releases its step)
+// claims each node alone, one that keeps them (retain_graph; a capture) shares its claims with
+// others that keep them. A claim that cannot be had is refused at once, before anything is
+// written, by an error naming the node — never waited for: a backward that waits on another while
+// holding claims of its own could wait forever (Note [Leaves shared across threads] makes
+// backwards wait on each other's leaves). So of two backwards through one graph that overlap in
+// time, at least one of which frees it, the one that claims second fails with nothing written,
+// as the second would fail run after the first ("a second time"); two that keep the graph run
+// side by side. Which thread wins is the threads' race; that no backward reads freed memory is
+// not. Uncontended, a claim costs one atomic exchange and one store a node.
+bool Node::try_claim(bool exclusive) const noexcept {
+  std::uint32_t cur = claims_.load(std::memory_order_relaxed);
+  if (exclusive) {
+    return cur == 0 &&
+           claims_.compare_exchange_strong(cur, kExclusiveClaim, std::memory_order_acq_rel);
+  }
+  while ((cur & kExclusiveClaim) == 0) {
+    if (claims_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
+}
+
+void Node::release_claim(bool exclusive) const noexcept {
+  if (exclusive) {
+    claims_.store(0, std::memory_order_release);
+  } else {
+    claims_.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+void NodeClaims::add(const Node& node) {
+  if (!node.try_claim(exclusive_)) {
+    release_all();
+    GW_CHECK(false, "backward through ", node.label(),
+             " while another backward runs through it (on another thread): ",
+             exclusive_ ? "this backward" : "that backward",
+             " frees the graph's saved tensors (no retain_graph), so the two cannot overlap; run "
+             "them one after the other, or pass retain_graph = true to both. Nothing was written");
+  }
+  held_.push_back(&node);
+  if (node.released()) {
+    const std::string message = node.released_message();
+    release_all();
+    GW_CHECK(false, message);
+  }
+}
+
+namespace {
+thread_local bool t_claims_held = false;
+}  // namespace
+
+NodeClaims::ThreadScope::ThreadScope() : previous_(t_claims_held) {
+  t_claims_held = true;
+}
+NodeClaims::ThreadScope::~ThreadScope() {
+  t_claims_held = previous_;
+}
+bool NodeClaims::held_by_this_thread() {
+  return t_claims_held;
+}
+
+void NodeClaims::release_all() noexcept {
+  for (const Node* n : held_) n->release_claim(exclusive_);
+  held_.clear();
 }
 
 void Node::substitute_saved(std::size_t j, const Tensor& copy) {

@@ -14,6 +14,7 @@
 //
 // Recording happens when grad mode is on (the default; NoGradGuard turns it off for a scope) and
 // some input requires grad.
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -122,7 +123,8 @@ class Node {
   // [Reads of a replayed step]; its saved tensors are then dropped on the release worker's thread,
   // so saved() may still list them for a while).
   bool released() const {
-    return released_ || (step_reads_ && step_reads_->replayed.load(std::memory_order_acquire));
+    return released_.load(std::memory_order_acquire) ||
+           (step_reads_ && step_reads_->replayed.load(std::memory_order_acquire));
   }
   // "linear#17"
   std::string label() const { return name_ + "#" + std::to_string(sequence_nr_); }
@@ -130,7 +132,17 @@ class Node {
   // naming a backward that failed part-way after freeing it (Note [A failed backward]).
   std::string released_message() const;
   // Note [A failed backward]: this node's saved tensors were freed by a backward that then failed.
-  void note_released_by_failed_backward() { released_by_failure_ = true; }
+  void note_released_by_failed_backward() {
+    released_by_failure_.store(true, std::memory_order_release);
+  }
+  // Note [Backwards sharing a tape]: a backward's claim on this node while it runs through it,
+  // alone (`exclusive`: it frees the saved tensors) or shared with other backwards that keep them.
+  // try_claim fails, taking nothing, where the node is claimed otherwise; NodeClaims holds them.
+  bool try_claim(bool exclusive) const noexcept;
+  void release_claim(bool exclusive) const noexcept;
+  // The bytes of the saved tensors as recorded (not affected by release_saved()): what a cost
+  // estimate may read while another thread's backward frees them.
+  std::size_t saved_bytes() const { return saved_bytes_; }
 
   // Runs the backward. Throws if the saved tensors were released (second backward without
   // retain_graph) or one of them was modified in place since it was saved.
@@ -208,8 +220,11 @@ class Node {
   Shape output_shape_;
   BackwardFn backward_;
   std::uint64_t sequence_nr_;
-  bool released_ = false;
-  bool released_by_failure_ = false;
+  std::atomic<bool> released_{false};
+  std::atomic<bool> released_by_failure_{false};
+  static constexpr std::uint32_t kExclusiveClaim = 0x80000000u;
+  mutable std::atomic<std::uint32_t> claims_{0};  // kExclusiveClaim, or the shared claims' count
+  std::size_t saved_bytes_ = 0;
   // Note [Node record]: the record's arrays and saved_storages_, in one allocation.
   std::unique_ptr<std::byte[]> record_memory_;
   NodeRecord record_;
@@ -231,6 +246,37 @@ class Node {
   // The tape log (Note [Tape log]) this node was appended to, and its number there (0, -1: none).
   std::uint64_t log_epoch = 0;
   int log_index = -1;
+};
+
+// Note [Backwards sharing a tape]: the claims of one backward on the nodes it runs, given back
+// when it is destroyed. add() claims one more node, or throws a graphward::Error naming it (and
+// what holds it) and gives back every claim taken so far; it also refuses a node already released.
+class NodeClaims {
+ public:
+  explicit NodeClaims(bool exclusive) : exclusive_(exclusive) {}
+  ~NodeClaims() { release_all(); }
+  NodeClaims(const NodeClaims&) = delete;
+  NodeClaims& operator=(const NodeClaims&) = delete;
+  void add(const Node& node);
+  void release_all() noexcept;
+  bool exclusive() const { return exclusive_; }
+  // While a ThreadScope lives, the backwards this thread runs take no claims of their own: the
+  // scope's owner (a replay that captures on its way) holds them already.
+  class ThreadScope {
+   public:
+    ThreadScope();
+    ~ThreadScope();
+    ThreadScope(const ThreadScope&) = delete;
+    ThreadScope& operator=(const ThreadScope&) = delete;
+
+   private:
+    bool previous_;
+  };
+  static bool held_by_this_thread();
+
+ private:
+  bool exclusive_;
+  std::vector<const Node*> held_;
 };
 
 namespace debug {
