@@ -33,14 +33,14 @@ class ConvnetModel {
     const TensorOptions opt{DType::kFloat32, device};
     std::uint64_t seed = c.seed * 1000;
     auto conv_weight = [&](std::int64_t out, std::int64_t in) {
-      const double s = 1.0 / std::sqrt(static_cast<double>(in * 9));
+      const double s = 1.0 / std::sqrt(static_cast<double>(in) * 9.0);
       return uniform({out, in, 3, 3}, -s, s, seed++, opt).set_requires_grad(true);
     };
     w1_ = conv_weight(c.c1, c.channels);
     b1_ = zeros({c.c1}, opt).set_requires_grad(true);
     w2_ = conv_weight(c.c2, c.c1);
     b2_ = zeros({c.c2}, opt).set_requires_grad(true);
-    const std::int64_t flat = c.c2 * (c.image / 4) * (c.image / 4);
+    const std::int64_t flat = shape_numel({c.c2, c.image / 4, c.image / 4});  // refuses overflow
     const double s = 1.0 / std::sqrt(static_cast<double>(flat));
     w3_ = uniform({c.classes, flat}, -s, s, seed++, opt).set_requires_grad(true);
     b3_ = zeros({c.classes}, opt).set_requires_grad(true);

@@ -41,7 +41,7 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
         args.no_value();
         force_cpu = true;
       } else if (args.is("--steps")) {
-        steps = static_cast<int>(parse_int("--steps", args.value(), 2));
+        steps = parse_count("--steps", args.value(), 2);
       } else if (args.is("--mode")) {
         mode = args.value();
       } else if (auto f = flags.find(args.name()); f != flags.end()) {

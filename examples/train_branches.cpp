@@ -65,9 +65,9 @@ Options parse(int argc, char** argv, bool* help) {
       args.no_value();
       o.eager = true;
     } else if (args.is("--steps")) {
-      o.steps = static_cast<int>(ex::parse_int("--steps", args.value(), 1));
+      o.steps = ex::parse_count("--steps", args.value(), 1);
     } else if (args.is("--branches")) {
-      o.branches = static_cast<int>(ex::parse_int("--branches", args.value(), 1));
+      o.branches = ex::parse_count("--branches", args.value(), 1);
     } else if (args.is("--width")) {
       o.width = ex::parse_int("--width", args.value(), 1);
     } else if (args.is("--batch")) {

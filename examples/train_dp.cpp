@@ -272,22 +272,21 @@ int main(int argc, char** argv) {
     std::string mode = "all", grad_write = "overwrite";
     // Flags with a value, and switches (the examples' Flags, examples/example_main.h).
     const gw::examples::Flags values = {
-        {"--steps",
-         [&](const char* v) { c.steps = static_cast<int>(ex::parse_int("--steps", v, 2)); }},
+        {"--steps", [&](const char* v) { c.steps = ex::parse_count("--steps", v, 2); }},
         {"--mode", [&](const char* v) { mode = v; }},
         {"--width", [&](const char* v) { c.width = ex::parse_int("--width", v, 1); }},
         {"--layers", [&](const char* v) { c.layers = ex::parse_int("--layers", v, 1); }},
         {"--branches", [&](const char* v) { c.branches = ex::parse_int("--branches", v, 1); }},
         {"--batch", [&](const char* v) { c.batch = ex::parse_int("--batch", v, 1); }},
         {"--bucket-mib",
-         [&](const char* v) { c.bucket_mib = ex::parse_number("--bucket-mib", v, 0); }},
+         [&](const char* v) { c.bucket_mib = ex::parse_number("--bucket-mib", v, 0, 1 << 20); }},
         {"--first-bucket-mib",
-         [&](const char* v) { c.first_bucket_mib = ex::parse_number("--first-bucket-mib", v, 0); }},
+         [&](const char* v) {
+           c.first_bucket_mib = ex::parse_number("--first-bucket-mib", v, 0, 1 << 20);
+         }},
         {"--grads-in-buckets", [&](const char* v) { c.grads_in_buckets = v; }},
         {"--nccl-max-ctas",
-         [&](const char* v) {
-           c.nccl_max_ctas = static_cast<int>(ex::parse_int("--nccl-max-ctas", v, 0));
-         }},
+         [&](const char* v) { c.nccl_max_ctas = ex::parse_count("--nccl-max-ctas", v, 0); }},
         {"--grad-write", [&](const char* v) { grad_write = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
         {"--dot", [&](const char* v) { c.dot = v; }},

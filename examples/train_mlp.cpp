@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   ex::MlpConfig c;
   const ex::Flags flags{
       {"--hidden", [&](const char* v) { c.hidden = ex::positive("--hidden", v); }},
-      {"--layers", [&](const char* v) { c.layers = static_cast<int>(ex::positive("--layers", v)); }},
+      {"--layers", [&](const char* v) { c.layers = ex::parse_count("--layers", v); }},
       {"--batch", [&](const char* v) { c.batch = ex::positive("--batch", v); }},
       {"--bf16", [&](const char* v) { c.bf16 = ex::parse_int("--bf16", v, 0) != 0; }}};
   return ex::example_main<ex::MlpModel>(argc, argv, "train_mlp", c, flags, [&] {

@@ -31,13 +31,13 @@ int main(int argc, char** argv) {
         args.no_value();
         force_cpu = true;
       } else if (args.is("--steps")) {
-        steps = static_cast<int>(ex::parse_int("--steps", args.value(), 2));
+        steps = ex::parse_count("--steps", args.value(), 2);
       } else if (args.is("--layers")) {
-        c.layers = static_cast<int>(ex::parse_int("--layers", args.value(), 1));
+        c.layers = ex::parse_count("--layers", args.value(), 1);
       } else if (args.is("--hidden")) {
         c.hidden = ex::parse_int("--hidden", args.value(), 1);
       } else if (args.is("--time")) {
-        c.steps_in_time = static_cast<int>(ex::parse_int("--time", args.value(), 1));
+        c.steps_in_time = ex::parse_count("--time", args.value(), 1);
       } else {
         throw gw::Error("train_rnn: unknown argument " + args.name() + "; " + usage);
       }

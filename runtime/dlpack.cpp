@@ -1,6 +1,8 @@
 #include "runtime/dlpack.h"
 
+#include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include "runtime/capture_mode.h"
 #include "runtime/checked.h"
@@ -162,6 +164,29 @@ DLPackImport check_dlpack(const DLPackFields& f, cudaStream_t stream) {
   return im;
 }
 
+namespace {
+// The managed tensors imported and not yet deleted (Note [DLPack]): one imported twice would have
+// its deleter run twice.
+std::mutex g_imported_mutex;
+std::unordered_set<const void*>& imported() {
+  static auto* set = new std::unordered_set<const void*>();  // never freed: deleters run late
+  return *set;
+}
+}  // namespace
+
+void claim_dlpack(const void* managed) {
+  std::lock_guard<std::mutex> lock(g_imported_mutex);
+  GW_CHECK(imported().insert(managed).second,
+           "from_dlpack: this managed tensor was imported already and its tensor is still alive; "
+           "a DLPack tensor is consumed once (its deleter runs once): import it once and share "
+           "the graphward tensor, or export a new one");
+}
+
+void forget_dlpack(const void* managed) noexcept {
+  std::lock_guard<std::mutex> lock(g_imported_mutex);
+  imported().erase(managed);
+}
+
 Tensor adopt_dlpack(const DLPackImport& im, std::shared_ptr<const void> owner) {
   if (im.bytes == 0) return Tensor::empty(im.shape, {im.dtype, im.device});  // owner goes now
   return Tensor::from_storage(
@@ -191,9 +216,16 @@ std::unique_ptr<DLPackExport> export_dlpack(const Tensor& tensor, cudaStream_t s
   ex->device_type = device.is_cpu() ? kDLCPU : kDLCUDA;
   ex->device_id = device.is_cpu() ? 0 : device.index;
   ex->shape = tensor.shape();
+  // Contiguous row-major strides, each the product of the sizes after it: of a tensor with no
+  // elements those need not fit in int64 ([0, 2^62, 2^62]), and a wrapped stride is refused here,
+  // not exported.
   ex->strides.assign(ex->shape.size(), 1);
   for (std::size_t d = ex->shape.size(); d-- > 1;) {
-    ex->strides[d - 1] = ex->strides[d] * ex->shape[d];
+    GW_CHECK(checked::mul(ex->strides[d], ex->shape[d], &ex->strides[d - 1]),
+             "to_dlpack: ", tensor.str(), " has strides that do not fit in int64 (dimension ",
+             d - 1,
+             "'s is the product of the sizes after it); expected a shape whose strides fit, as "
+             "a DLPack tensor carries them");
   }
   ex->data = tensor.raw_data();
 #if GRAPHWARD_HAS_CUDA

@@ -16,7 +16,8 @@
 // field and what was expected; then nothing was taken: the managed tensor is still the caller's,
 // its deleter not called. Once accepted it is graphward's: the deleter runs when the last tensor
 // over the memory goes (at once for a tensor of no elements, which keeps no memory), also if
-// making the tensor fails after the checks (out of host memory).
+// making the tensor fails after the checks (out of host memory). A managed tensor is consumed once:
+// one imported again while the tensor of its first import lives is refused by name.
 // Streams (CUDA): `stream` is the one whose work wrote the data and on which its owner reuses the
 // memory once released — for PyTorch, its current stream (at::cuda::getCurrentCUDAStream());
 // by default graphward's current stream of the device. Work on other streams waits for it before
@@ -97,6 +98,10 @@ struct DLPackExport {
   std::int32_t device_type = kDLCPU, device_id = 0;
   std::uint8_t code = kDLFloat, bits = 32;
 };
+// A managed tensor taken by from_dlpack until its deleter runs: claim_dlpack refuses one taken
+// already (its deleter would run twice).
+void claim_dlpack(const void* managed);
+void forget_dlpack(const void* managed) noexcept;
 // Checks the tensor, orders the consumer's stream (Note [DLPack]) and fills the export.
 std::unique_ptr<DLPackExport> export_dlpack(const Tensor& tensor, cudaStream_t stream);
 }  // namespace detail
@@ -127,10 +132,12 @@ Tensor from_dlpack(Managed* managed, const FromDLPackOptions& options = {}) {
     f.flags = static_cast<std::uint64_t>(managed->flags);
   }
   const detail::DLPackImport import = detail::check_dlpack(f, options.stream);
+  detail::claim_dlpack(managed);  // refused if it was imported already and not yet deleted
   // Accepted: from here on the managed tensor is graphward's, and whatever happens its deleter
   // runs once.
   std::shared_ptr<const void> owner(managed, [](const void* p) {
     auto* m = static_cast<Managed*>(const_cast<void*>(p));
+    detail::forget_dlpack(m);
     if (m->deleter) m->deleter(m);
   });
   return detail::adopt_dlpack(import, std::move(owner));

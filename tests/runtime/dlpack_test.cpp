@@ -2,6 +2,7 @@
 // and released once; tensors exported and kept alive until their deleter; every dtype both ways;
 // an imported parameter trained and its gradient read back; every malformed capsule refused by
 // name with nothing taken.
+#include <climits>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -295,6 +296,61 @@ TEST(DLPack, NeitherWayInsideACapture) {
   GW_EXPECT_ERROR(to_dlpack<dl::ManagedTensor>(t), "to_dlpack", "a test's graph");
   GW_EXPECT_ERROR(to_dlpack<dl::ManagedTensor>(Tensor()), "to_dlpack");
   EXPECT_EQ(h.deletes, 0);
+}
+
+// A managed tensor is consumed once: imported again while its first tensor lives, it is refused
+// by name and its deleter still runs once (it ran twice: a double free of the producer's memory);
+// once that tensor is gone the same struct (its producer reused it) imports again.
+template <class Managed>
+void imported_twice_is_refused() {
+  HandMade<Managed> h({4}, {1, 2, 3, 4});
+  {
+    const Tensor a = from_dlpack(&h.m);
+    GW_EXPECT_ERROR(from_dlpack(&h.m), "from_dlpack", "imported already", "consumed once");
+    EXPECT_EQ(h.deletes, 0);
+    EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));
+  }
+  EXPECT_EQ(h.deletes, 1);
+  { const Tensor again = from_dlpack(&h.m); }
+  EXPECT_EQ(h.deletes, 2);
+}
+
+TEST(DLPack, ACapsuleImportedTwiceIsRefusedAndItsDeleterRunsOnce) {
+  imported_twice_is_refused<dl::ManagedTensor>();
+  imported_twice_is_refused<dl::ManagedTensorVersioned>();
+}
+
+// The strides of an export are the products of the sizes after each dimension: of a tensor with
+// no elements they need not fit in int64, and then the export is refused by name (it exported
+// wrapped strides: a signed overflow); every other shape exports its exact strides.
+TEST(DLPack, AnExportWhoseStridesDoNotFitInInt64IsRefusedNotWrapped) {
+  const std::int64_t kMax = INT64_MAX;
+  for (const Shape& shape : std::vector<Shape>{{0, kMax, kMax},
+                                               {0, kMax, 2},
+                                               {0, std::int64_t{1} << 32, std::int64_t{1} << 32},
+                                               {kMax, kMax, 0},
+                                               {0, kMax},
+                                               {0, 1, kMax},
+                                               {2, 0, 3}}) {
+    const Tensor t = zeros(shape);
+    __int128 stride = 1;
+    bool fits = true;
+    std::vector<std::int64_t> expect(shape.size(), 1);
+    for (std::size_t d = shape.size(); d-- > 1;) {
+      stride *= shape[d];
+      if (stride > kMax) fits = false;
+      expect[d - 1] = static_cast<std::int64_t>(stride);
+    }
+    if (!fits) {
+      GW_EXPECT_ERROR(to_dlpack<dl::ManagedTensor>(t), "to_dlpack", "strides", "int64");
+      continue;
+    }
+    dl::ManagedTensor* m = to_dlpack<dl::ManagedTensor>(t);
+    EXPECT_EQ(std::vector<std::int64_t>(m->dl_tensor.strides, m->dl_tensor.strides + shape.size()),
+              expect)
+        << shape_str(shape);
+    m->deleter(m);
+  }
 }
 
 }  // namespace
