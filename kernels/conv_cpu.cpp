@@ -1,4 +1,5 @@
 // CPU references of convolution and pooling (conv.h): direct loops, accumulating in double.
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -113,8 +114,15 @@ void pool2d_forward(PoolMode mode, T* y, const T* x, const PoolGeom& g) {
   const std::size_t outs = static_cast<std::size_t>(g.n * g.c * g.out_h() * g.out_w());
   std::vector<double> acc(outs, mode == PoolMode::kMax ? -std::numeric_limits<double>::infinity()
                                                        : 0.0);
+  // A NaN in a window makes its maximum NaN (as cuDNN's CUDNN_PROPAGATE_NAN and PyTorch give;
+  // std::max dropped it).
   for_each_window(g, [&](std::int64_t o, std::int64_t i) {
-    acc[o] = mode == PoolMode::kMax ? std::max(acc[o], double(x[i])) : acc[o] + double(x[i]);
+    const double v = double(x[i]);
+    if (mode == PoolMode::kAverage) {
+      acc[o] += v;
+    } else if (!std::isnan(acc[o]) && (std::isnan(v) || v > acc[o])) {
+      acc[o] = v;
+    }
   });
   const double area = static_cast<double>(g.window * g.window);
   for (std::size_t o = 0; o < outs; ++o) {
@@ -131,7 +139,8 @@ void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, 
   for_each_window(g, [&](std::int64_t o, std::int64_t i) {
     if (mode == PoolMode::kAverage) {
       acc[i] += double(dy[o]) / area;
-    } else if (!taken[o] && x[i] == y[o]) {
+    } else if (!taken[o] && (x[i] == y[o] || (std::isnan(y[o]) && std::isnan(x[i])))) {
+      // The window's first maximum takes the gradient; of a NaN maximum, its first NaN.
       acc[i] += double(dy[o]);
       taken[o] = true;
     }

@@ -42,6 +42,8 @@ void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids,
 #endif
 
 namespace cpu {
+// The backward recomputes each row's mean from x in double, as the forward computed it (`mean`,
+// the forward's rounded output, is not read): x̂ is then the forward's at any magnitude.
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b,
                         std::int64_t rows, std::int64_t cols, T eps);

@@ -39,16 +39,20 @@ struct WarpRow {
   }
 };
 
-// log Σ exp(x_j) of one row, in every thread of the group.
+// log Σ exp(x_j) of one row in two parts, its maximum and log Σ exp(x_j − max), in every thread of
+// the group (softmax.h: each output is (x − max) − log Σ, never x − (max + log Σ)).
+struct RowLse {
+  float max, log_sum;
+};
 template <class G>
-__device__ float row_lse(const float* x, std::int64_t cols) {
+__device__ RowLse row_lse(const float* x, std::int64_t cols) {
   float m = -INFINITY;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) m = fmaxf(m, x[j]);
   m = G::reduce(m, detail::MaxOp{});
   float s = 0.f;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) s += expf(x[j] - m);
   s = G::reduce(s, detail::SumOp{});
-  return m + logf(s);
+  return {m, logf(s)};
 }
 
 template <class G, bool kLog>
@@ -58,9 +62,9 @@ __global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t ro
   if (row >= rows) return;  // a whole warp (WarpRow) or never (BlockRow)
   const float* xr = x + row * cols;
   float* yr = y + row * cols;
-  const float lse = row_lse<G>(xr, cols);
+  const RowLse r = row_lse<G>(xr, cols);
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
-    const float v = xr[j] - lse;
+    const float v = (xr[j] - r.max) - r.log_sum;
     yr[j] = kLog ? v : expf(v);
   }
 }
@@ -87,8 +91,11 @@ template <class G>
 __global__ void row_lse_kernel(float* lse, const float* x, std::int64_t rows, std::int64_t cols) {
   const std::int64_t row = G::row();
   if (row >= rows) return;
-  const float v = row_lse<G>(x + row * cols, cols);
-  if (G::lane() == 0) lse[row] = v;
+  const RowLse r = row_lse<G>(x + row * cols, cols);
+  if (G::lane() == 0) {
+    lse[2 * row] = r.max;
+    lse[2 * row + 1] = r.log_sum;
+  }
 }
 
 // Runs kernel<WarpRow> or kernel<BlockRow> over `rows` rows of `cols` columns.
@@ -110,7 +117,8 @@ __global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const f
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < rows; i += kMeanThreads) {
     const std::int32_t t = target[i];
-    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[i]) - static_cast<double>(x[i * cols + t])
+    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[2 * i] - x[i * cols + t]) +
+                                      static_cast<double>(lse[2 * i + 1])
                                 : static_cast<double>(NAN);
   }
   acc = block_reduce<kMeanThreads>(acc);
@@ -124,7 +132,7 @@ __global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, con
   const float scale = dloss[0] / static_cast<float>(rows);
   GW_GRID_STRIDE(i, rows * cols) {
     const std::int64_t r = i / cols, j = i % cols;
-    const float p = expf(x[i] - lse[r]);
+    const float p = expf((x[i] - lse[2 * r]) - lse[2 * r + 1]);
     store(dx, i, (p - (j == target[r] ? 1.f : 0.f)) * scale, accumulate);
   }
 }

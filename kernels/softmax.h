@@ -1,8 +1,10 @@
 #pragma once
 // Softmax, log-softmax and cross-entropy over the last dimension of a [rows, cols] matrix, forward
 // and backward, with CPU references. Same launcher contract as elementwise.h. Numerically stable
-// (the row's maximum is subtracted before exponentiating); row sums in a fixed order, so results
-// are deterministic.
+// at any magnitude: a row's log Σ exp is kept in two parts, its maximum m and log Σ exp(x − m),
+// and every output is (x − m) − log Σ exp(x − m) — x − m is exact where it matters, near the
+// maximum — never x minus their rounded sum; row sums in a fixed order, so results are
+// deterministic.
 #include <cstdint>
 #include "base/config.h"
 
@@ -24,11 +26,12 @@ void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t r
 // dx = dy − exp(y) · Σ_j dy_j  (y: log_softmax's output)
 void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                           std::int64_t cols, bool accumulate, cudaStream_t stream);
-// lse[i] = log Σ_j exp(x[i, j]); loss[0] = mean_i (lse[i] − x[i, target[i]]). A target outside
-// [0, cols) makes the loss NaN (no host read to refuse it).
+// lse[2i] = m_i = max_j x[i, j], lse[2i + 1] = log Σ_j exp(x[i, j] − m_i) (lse: [rows, 2]);
+// loss[0] = mean_i ((m_i − x[i, target[i]]) + lse[2i + 1]). A target outside [0, cols) makes the
+// loss NaN (no host read to refuse it).
 void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
                            std::int64_t rows, std::int64_t cols, cudaStream_t stream);
-// dx[i, j] = (exp(x[i, j] − lse[i]) − [j == target[i]]) · dloss[0] / rows
+// dx[i, j] = (exp((x[i, j] − lse[2i]) − lse[2i + 1]) − [j == target[i]]) · dloss[0] / rows
 void cross_entropy_backward(float* dx, const float* dloss, const float* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
                             bool accumulate, cudaStream_t stream);

@@ -9,22 +9,29 @@ namespace graphward::kernels::cpu {
 using detail::store;
 
 namespace {
+// A row's log Σ exp in two parts (softmax.h): its maximum m and log Σ exp(x − m). Each output is
+// (x − m) − log Σ: m + log Σ rounded to T and subtracted afterwards loses x's low digits at large
+// magnitudes (logits 1e7 + [0, 1, 2, 3] gave a softmax summing to 1.55).
 template <class T>
-T row_lse(const T* x, std::int64_t cols) {
+struct RowLse {
+  T max, log_sum;
+};
+template <class T>
+RowLse<T> row_lse(const T* x, std::int64_t cols) {
   T m = x[0];
   for (std::int64_t j = 1; j < cols; ++j) m = x[j] > m ? x[j] : m;
   double s = 0;
   for (std::int64_t j = 0; j < cols; ++j) s += std::exp(static_cast<double>(x[j] - m));
-  return m + static_cast<T>(std::log(s));
+  return {m, static_cast<T>(std::log(s))};
 }
 }  // namespace
 
 template <class T>
 void softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
   for (std::int64_t i = 0; i < rows; ++i) {
-    const T lse = row_lse(x + i * cols, cols);
+    const RowLse<T> r = row_lse(x + i * cols, cols);
     for (std::int64_t j = 0; j < cols; ++j) {
-      const T v = x[i * cols + j] - lse;
+      const T v = (x[i * cols + j] - r.max) - r.log_sum;
       y[i * cols + j] = log ? v : std::exp(v);
     }
   }
@@ -51,10 +58,13 @@ void cross_entropy_forward(T* loss, T* lse, const T* x, const std::int32_t* targ
                            std::int64_t rows, std::int64_t cols) {
   double total = 0;
   for (std::int64_t i = 0; i < rows; ++i) {
-    lse[i] = row_lse(x + i * cols, cols);
+    const RowLse<T> r = row_lse(x + i * cols, cols);
+    lse[2 * i] = r.max;
+    lse[2 * i + 1] = r.log_sum;
     const std::int32_t t = target[i];
-    total += (t >= 0 && t < cols) ? static_cast<double>(lse[i] - x[i * cols + t])
-                                  : std::numeric_limits<double>::quiet_NaN();
+    total += (t >= 0 && t < cols)
+                 ? static_cast<double>(r.max - x[i * cols + t]) + static_cast<double>(r.log_sum)
+                 : std::numeric_limits<double>::quiet_NaN();
   }
   loss[0] = static_cast<T>(total / static_cast<double>(rows));
 }
@@ -66,7 +76,7 @@ void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
   const T scale = dloss[0] / static_cast<T>(rows);
   for (std::int64_t i = 0; i < rows; ++i) {
     for (std::int64_t j = 0; j < cols; ++j) {
-      const T p = std::exp(x[i * cols + j] - lse[i]);
+      const T p = std::exp((x[i * cols + j] - lse[2 * i]) - lse[2 * i + 1]);
       store(dx, i * cols + j, (p - (j == target[i] ? T(1) : T(0))) * scale, accumulate);
     }
   }

@@ -143,9 +143,10 @@ void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 
 // mean over rows of −log softmax(logits)[target]: logits [B, C] (float), targets int32 [B] with
-// values in [0, C), on the same device. Fused and numerically stable: one pass saves each row's
-// log-sum-exp; the backward is (softmax − one-hot) · dloss / B. An out-of-range target is refused
-// by name on the CPU; on CUDA (no host read) it makes the loss NaN.
+// values in [0, C), on the same device. Fused and numerically stable at any magnitude: one pass
+// saves each row's log-sum-exp in two parts, `lse` [B, 2]: the row's maximum m and log Σ exp(x −
+// m) (kernels/softmax.h); the backward is (softmax − one-hot) · dloss / B. An out-of-range target
+// is refused by name on the CPU; on CUDA (no host read) it makes the loss NaN.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
                             const Tensor& targets, GradSlot grad_logits);

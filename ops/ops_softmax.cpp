@@ -133,7 +133,7 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
     CudaScope scope(logits.device());
     scope.read({&logits, &targets});
     o.loss = new_output({}, logits);
-    o.lse = new_output({rows}, logits);
+    o.lse = new_output({rows, 2}, logits);
     k::cross_entropy_forward(o.loss.data<float>(), o.lse.data<float>(), logits.data<float>(),
                              targets.data<std::int32_t>(), rows, cols, scope.stream());
     return o;
@@ -142,7 +142,7 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
   check_index_values(op, "target", targets, cols, "a class");
   const std::int32_t* t = targets.data<std::int32_t>();
   o.loss = new_output({}, logits);
-  o.lse = new_output({rows}, logits);
+  o.lse = new_output({rows, 2}, logits);
   dispatch_cpu(logits.dtype(), [&]<class T>() {
     k::cpu::cross_entropy_forward<T>(ptr<T>(o.loss), ptr<T>(o.lse), ptr<T>(logits), t, rows, cols);
   });
@@ -170,8 +170,9 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
   check_inputs(op, {{"grad_out", &grad_out}, {"logits", &logits}, {"logsumexp", &lse}});
   GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
            "; expected one element (the gradient of the loss)");
-  GW_CHECK(lse.shape() == Shape({logits.size(0)}), op, ": logsumexp has shape ",
-           shape_str(lse.shape()), "; expected [", logits.size(0), "]");
+  GW_CHECK(lse.shape() == Shape({logits.size(0), 2}), op, ": logsumexp has shape ",
+           shape_str(lse.shape()), "; expected [", logits.size(0),
+           ", 2] (each row's maximum and the log of its sum of exp(x − maximum))");
   const std::int64_t rows = logits.size(0), cols = logits.size(1);
   check_index_values(op, "target", targets, cols, "a class");
   if (!check_slot(op, "grad_logits", grad_logits, logits)) return;

@@ -86,12 +86,13 @@ std::vector<Case> cases() {
                  mse_loss_backward(a[0], a[1], a[2], {&gp}, {&gt});
                  return V{gp, gt};
                }});
-  c.push_back(
-      {"cross_entropy_backward", {r({}, 1), r({2, 3}, 2), r({2}, 3), ids({0, 2})}, [](const V& a) {
-         Tensor gl;
-         cross_entropy_backward(a[0], a[1], a[2], a[3], {&gl});
-         return V{gl};
-       }});
+  c.push_back({"cross_entropy_backward",
+               {r({}, 1), r({2, 3}, 2), r({2, 2}, 3), ids({0, 2})},
+               [](const V& a) {
+                 Tensor gl;
+                 cross_entropy_backward(a[0], a[1], a[2], a[3], {&gl});
+                 return V{gl};
+               }});
   c.push_back({"layer_norm_backward",
                {r({2, 3}, 1), r({2, 3}, 2), r({3}, 3), r({2}, 4), ones({2})},
                [](const V& a) {

@@ -259,7 +259,7 @@ TEST(FloatRange, ScalarsThatOverflowTheTensorsTypeAreRefused) {
 // ------------------------------------------
 
 TEST(OpLevelBackward, TargetsAndIdsOutOfRangeAreRefusedAsInTheForward) {
-  const Tensor logits = randn({2, 3}, 10), lse = ones({2}), g = ones({});
+  const Tensor logits = randn({2, 3}, 10), lse = ones({2, 2}), g = ones({});
   for (std::int32_t bad : {-1, 3, INT32_MAX, INT32_MIN}) {
     const Tensor targets = from_vector(std::vector<std::int32_t>{0, bad}, {2});
     GW_EXPECT_ERROR(cross_entropy(logits, targets), "cross_entropy", "target 1");
