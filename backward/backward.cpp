@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "ops/ops.h"
 
@@ -107,11 +108,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds
                options.localize_faults || localize_faults_from_env(), options.reduce_gradients);
 }
 
-bool localize_faults_from_env() noexcept {
-  static const bool on = [] {
-    const char* env = std::getenv("GRAPHWARD_LOCALIZE_FAULTS");
-    return env && *env != '\0' && std::strcmp(env, "0") != 0;
-  }();
+bool localize_faults_from_env() {
+  static const bool on = detail::env_switch("GRAPHWARD_LOCALIZE_FAULTS", false);
   return on;
 }
 

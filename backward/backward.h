@@ -138,8 +138,9 @@ struct BackwardOptions {
   GradientReducer* reduce_gradients = nullptr;
 };
 
-// Whether GRAPHWARD_LOCALIZE_FAULTS is set to something other than "" or "0" (read once).
-bool localize_faults_from_env() noexcept;
+// Whether GRAPHWARD_LOCALIZE_FAULTS turns fault localization on (base/env.h: 1, true, on or yes;
+// read once; a value that is no switch is an Error naming the variable).
+bool localize_faults_from_env();
 // Note [Non-finite loss]: throws a graphward::Error naming `what` (e.g. "backward") and the
 // root when a root holds a NaN or an infinity. Reads the roots on the host (a synchronize);
 // refused inside a capture.

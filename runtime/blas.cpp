@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
@@ -610,8 +611,7 @@ void set_gemm_tuning(bool on) {
 bool gemm_tuning() {
   int v = g_gemm_tuning.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("GRAPHWARD_GEMM_TUNING");
-    const int from_env = (env && std::string_view(env) == "0") ? 0 : 1;
+    const int from_env = detail::env_switch("GRAPHWARD_GEMM_TUNING", true) ? 1 : 0;
     g_gemm_tuning.compare_exchange_strong(v, from_env, std::memory_order_relaxed);
     v = g_gemm_tuning.load(std::memory_order_relaxed);
   }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "runtime/capture_mode.h"
 #include "runtime/stream.h"
@@ -181,10 +182,7 @@ cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
 
 // GRAPHWARD_CUDNN_FIND=0 ranks by the heuristic even outside a capture (Note [cuDNN plans]).
 bool timing_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("GRAPHWARD_CUDNN_FIND");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static const bool allowed = detail::env_switch("GRAPHWARD_CUDNN_FIND", true);
   return allowed;
 }
 

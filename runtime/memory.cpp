@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "runtime/graph_pool.h"
 #include "runtime/memory_detail.h"
@@ -27,10 +28,7 @@ namespace graphward {
 namespace debug {
 namespace {
 std::atomic<bool>& poison_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("GRAPHWARD_POISON");
-    return env && std::strcmp(env, "0") != 0 && *env != '\0';
-  }()};
+  static std::atomic<bool> flag{detail::env_switch("GRAPHWARD_POISON", false)};
   return flag;
 }
 }  // namespace

@@ -3,8 +3,10 @@
 // their forwards refuse, scalars that overflow float32, two threads on one leaf, a plan that
 // outlives its loss, and the inconsistencies PyTorch users would trip on.
 #include <cfloat>
+#include <optional>
 #include <thread>
 
+#include "base/env.h"
 #include "capture/step_graph.h"
 #include "test_util.h"
 
@@ -382,6 +384,26 @@ TEST(Consistency, UndefinedRootsAndLossesAreRefusedByName) {
   StepGraph graph(Device::cpu());
   GW_EXPECT_ERROR(graph.run([] { return Tensor(); }), "StepGraph", "nothing", "loss");
   EXPECT_FALSE(x.grad().defined());
+}
+
+// ---- switches from the environment ----------------------------------------------------------
+
+// One parser for every switch graphward reads from the environment (base/env.h): the usual words
+// for on and off in any case, unset or empty for the default, anything else an error naming the
+// variable ("false", "off" and "no" turned GRAPHWARD_LOCALIZE_FAULTS, GRAPHWARD_POISON and
+// GRAPHWARD_GEMM_TUNING on).
+TEST(EnvironmentSwitches, EveryWordForOnAndOffIsReadAndAnythingElseIsRefusedByName) {
+  for (const char* on : {"1", "true", "on", "yes", "TRUE", "On", "Yes"}) {
+    EXPECT_EQ(detail::parse_env_switch("GRAPHWARD_X", on), std::optional<bool>(true)) << on;
+  }
+  for (const char* off : {"0", "false", "off", "no", "FALSE", "Off", "NO"}) {
+    EXPECT_EQ(detail::parse_env_switch("GRAPHWARD_X", off), std::optional<bool>(false)) << off;
+  }
+  EXPECT_EQ(detail::parse_env_switch("GRAPHWARD_X", ""), std::nullopt);
+  for (const char* bad : {"2", "maybe", "truee", " 1", "1 ", "-1", "y", "enable"}) {
+    GW_EXPECT_ERROR(detail::parse_env_switch("GRAPHWARD_POISON", bad), "GRAPHWARD_POISON",
+                    std::string("'") + bad + "'", "expected 1, true, on or yes");
+  }
 }
 
 }  // namespace
