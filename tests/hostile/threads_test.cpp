@@ -201,20 +201,25 @@ TEST(ThreadsSharingAStepGraph, EachThreadsModelTrainsAsItWouldAlone) {
 // parameter is where 2 · rounds steps leave it, and each counted).
 TEST(ThreadsSharingAnOptimizer, StepsFromTwoThreadsAreEachTakenOnce) {
   const Tensor p = full({16}, 1.0).set_requires_grad(true);
+  const Tensor q = full({16}, 1.0).set_requires_grad(true);
   p.grad() = full({16}, 0.5);
-  Sgd opt({p}, {.lr = 1e-3});
-  AdamW adamw({p}, {.lr = 0.0, .weight_decay = 0.0});  // lr 0: counts steps, moves nothing
+  q.grad() = full({16}, 0.5);
+  Sgd sgd({p}, {.lr = 1e-3});
+  AdamW adamw({q}, {.lr = 0.0, .weight_decay = 0.0});  // lr 0: counts steps, moves nothing
   two_threads([&](int me, int) {
-    opt.step();
+    sgd.step();
     adamw.step();
-    if (me == 1) (void)opt.steps();
+    adamw.zero_grad();
+    if (me == 1) (void)sgd.steps();
   });
   double expect = 1.0;
-  for (int i = 0; i < 2 * rounds(); ++i)
+  for (int i = 0; i < 2 * rounds(); ++i) {
     expect = static_cast<double>(static_cast<float>(expect) - static_cast<float>(1e-3) * 0.5f);
-  EXPECT_EQ(opt.steps(0), 2 * rounds());
+  }
+  EXPECT_EQ(sgd.steps(0), 2 * rounds());
   EXPECT_EQ(adamw.steps(0), 2 * rounds());
   EXPECT_EQ(values(p), std::vector<double>(16, expect));
+  EXPECT_EQ(values(q), std::vector<double>(16, 1.0));
 }
 
 }  // namespace
