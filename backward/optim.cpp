@@ -13,6 +13,7 @@
 #include "runtime/memory.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
+#include "tape/host_state.h"
 
 namespace graphward {
 using namespace ops_detail;
@@ -210,6 +211,10 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
   check_params(name_, params_);
   const std::size_t count = which ? which->size() : params_.size();
   auto index = [&](std::size_t k) { return which ? (*which)[k] : k; };
+  // Note [Host state of a captured step] (tape/host_state.h): which parameters have a .grad.
+  if (HostStateLog* log = detail::host_state_log()) {
+    for (std::size_t k = 0; k < count; ++k) detail::note_grad(*log, params_[index(k)]);
+  }
   if (device_.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(device_);
@@ -261,6 +266,9 @@ void Optimizer::zero_grad() {
   std::lock_guard<std::mutex> lock(mutex_);
   detail::NvtxRange range("zero_grad");
   check_params(name_, params_);  // a .grad of another shape or dtype is refused, nothing written
+  if (HostStateLog* log = detail::host_state_log()) {  // Note [Host state of a captured step]
+    for (const Tensor& p : params_) detail::note_grad(*log, p);
+  }
   for (const Tensor& p : params_) {
     const Tensor& g = p.grad();
     if (!g.defined()) continue;
@@ -354,7 +362,9 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   check_params(what, params);
   check_hyper(what, "max_norm", max_norm, 0, true, params.front().dtype());
   std::vector<const Tensor*> grads;
+  HostStateLog* log = detail::host_state_log();  // Note [Host state of a captured step]
   for (const Tensor& p : params) {
+    if (log) detail::note_grad(*log, p);
     if (p.grad().defined()) grads.push_back(&p.grad());
   }
   const Device device = params.front().device();

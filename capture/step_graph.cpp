@@ -7,6 +7,7 @@
 #include "runtime/capture_mode.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
+#include "tape/host_state.h"
 
 namespace graphward {
 
@@ -41,6 +42,8 @@ struct StepGraph::Executable {
   // Note [Memory from outside a capture]: the memory the step used that its graph did not
   // allocate, and whether it wrote it.
   std::vector<CaptureUseLog::Use> uses;
+  // Note [Host state of a captured step]: what the step's decisions read.
+  HostStateLog host_state;
   // What a kernel fault after a launch names (Note [Kernel faults], base/error.h).
   std::shared_ptr<const std::string> description;
   Executable() = default;
@@ -50,6 +53,7 @@ struct StepGraph::Executable {
     loss = Tensor();
     leaves.clear();
     grads.clear();
+    host_state = HostStateLog();
 #if GRAPHWARD_HAS_CUDA
     graph = capture::Graph();
 #endif
@@ -118,7 +122,7 @@ std::string StepGraph::check_signature(const std::vector<Tensor>* batch) const {
              " (the graph writes the one it captured, in place)";
     }
   }
-  return "";
+  return e.host_state.change();  // Note [Host state of a captured step]
 }
 
 Tensor StepGraph::run(const std::function<Tensor()>& step) {
@@ -304,6 +308,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
         CaptureModeScope scope("a whole training step (StepGraph)");
         CaptureUsesScope uses(log);  // Note [Memory from outside a capture]
         WholeStepScope whole;
+        HostStateScope host_state(fresh->host_state);
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
         check_loss(loss, device_);

@@ -28,6 +28,9 @@
 //   * the static inputs: same storage (address), shape, dtype and device;
 //   * every leaf the step's backward reaches (the parameters) and its .grad: same addresses, and
 //     the .grad defined (the graph writes it in place);
+//   * what the step's host code decided from state the user may change: each leaf input's
+//     requires_grad (a layer frozen or unfrozen) and which parameters the optimizers found with
+//     a .grad, and which (Note [Host state of a captured step], tape/host_state.h);
 //   * the launch stream's device.
 // Otherwise the step is captured again (counted, with the reason in last_reason()): never a
 // stale replay. A capture is made on a stream a step of this graph ran on before (the warm-up's,

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "runtime/memory.h"
+#include "tape/host_state.h"
 #include "tape/tape_log.h"
 
 namespace graphward {
@@ -387,6 +388,12 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
 
 bool needs_grad(std::span<const Tensor* const> inputs) {
   if (!t_grad_mode) return false;
+  // Note [Host state of a captured step]: a capture notes every leaf whose requires_grad decides.
+  if (HostStateLog* log = detail::host_state_log()) [[unlikely]] {
+    for (const Tensor* t : inputs) {
+      if (t && t->defined() && t->is_leaf()) detail::note_requires_grad(*log, *t);
+    }
+  }
   for (const Tensor* t : inputs) {
     if (t && t->defined() && t->requires_grad()) return true;
   }

@@ -307,6 +307,51 @@ TEST_F(CudaStepGraph, AReplacedInputOrGradIsCapturedAgainNeverReplayedStale) {
   EXPECT_EQ(step.counters().captures, 3u);
 }
 
+// Note [Host state of a captured step]: a layer frozen with its .grad kept (as PyTorch users
+// freeze), that .grad dropped, the layer unfrozen again, a parameter the backward no longer
+// reaches stepped by the optimizer: each change between replays is captured again, with the
+// reason, and the parameters stay bitwise those of the same eager steps (the replay kept training
+// the frozen layer with fresh gradients, read the dropped .grad, and never trained the unfrozen
+// one).
+TEST_F(CudaStepGraph, AFrozenOrUnfrozenLayerOrADroppedGradIsCapturedAgainAndStepsAsEager) {
+  const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
+  Mlp eager, graphed;
+  AdamW opt_e(eager.w, {.lr = 0.01}), opt_g(graphed.w, {.lr = 0.01});
+  StepGraph step(kGpu, {x, t});
+  auto change = [](Mlp& m, int s) {
+    if (s == 4) m.w[0].set_requires_grad(false);  // frozen; its .grad kept
+    if (s == 6) m.w[0].grad() = Tensor();         // and its .grad dropped
+    if (s == 8) m.w[0].set_requires_grad(true);   // unfrozen
+  };
+  std::vector<std::string> reasons;
+  for (int s = 0; s < 11; ++s) {
+    fill_batch(x, t, s);
+    change(eager, s);
+    change(graphed, s);
+    {
+      const Tensor l = eager.loss(x, t);
+      backward(l, {.grad_write = GradWrite::kOverwrite});
+      opt_e.step();
+    }
+    const std::uint64_t before = step.counters().captures;
+    (void)step.run([&] {
+      const Tensor loss = graphed.loss(x, t);
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt_g.step();
+      return loss;
+    });
+    if (step.counters().captures != before) reasons.push_back(step.last_reason());
+  }
+  ASSERT_EQ(reasons.size(), 4u) << "a capture, then one a change";
+  EXPECT_NE(reasons[1].find("no longer requires grad"), std::string::npos) << reasons[1];
+  EXPECT_NE(reasons[2].find(".grad of parameter"), std::string::npos) << reasons[2];
+  EXPECT_NE(reasons[2].find("dropped"), std::string::npos) << reasons[2];
+  EXPECT_NE(reasons[3].find("requires grad"), std::string::npos) << reasons[3];
+  for (std::size_t i = 0; i < eager.w.size(); ++i) {
+    EXPECT_EQ(eager.w[i].to_vector<float>(), graphed.w[i].to_vector<float>()) << "parameter " << i;
+  }
+}
+
 TEST_F(CudaStepGraph, AStepWhoseForwardUsesSeveralStreamsIsCapturedAndMatchesEager) {
   const Tensor x = zeros({32, 32}, kF32Gpu), t = zeros({32, 16}, kF32Gpu);
   Mlp eager(true), graphed(true);
