@@ -28,6 +28,10 @@ std::vector<PlanRoot> plan_roots(const std::vector<Tensor>& roots) {
              ") does not require grad and has no grad_fn; expected a result of recorded ops on "
              "tensors that require grad");
     if (t.grad_fn()) {
+      GW_CHECK(t.grad_fn()->output_shape() == t.shape(), "backward: root ", r, " is ", t.str(),
+               " but its grad_fn ", t.grad_fn()->label(), " outputs ",
+               shape_str(t.grad_fn()->output_shape()),
+               "; expected a grad_fn of the root's own shape (Tensor::set_grad_fn)");
       out.push_back({t.grad_fn(), Tensor()});
     } else {
       out.push_back({nullptr, t});
@@ -61,6 +65,12 @@ BackwardPlan plan_for(const std::vector<Tensor>& roots, GradWrite grad_write, Pl
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds_in,
               BackwardOptions options) {
+  GW_CHECK(options.streams == EagerStreams::kAuto || options.streams == EagerStreams::kForward,
+           "backward: options.streams is EagerStreams(", static_cast<int>(options.streams),
+           "); expected EagerStreams::kAuto or kForward");
+  GW_CHECK(is_valid(options.grad_write), "backward: options.grad_write is GradWrite(",
+           static_cast<int>(options.grad_write),
+           "); expected GradWrite::kAccumulate or kOverwrite");
   const Device device = roots_device(roots);
   const std::vector<PlanRoot> proots = plan_roots(roots);
   GW_CHECK(seeds_in.empty() || seeds_in.size() == roots.size(), "backward: got ", seeds_in.size(),

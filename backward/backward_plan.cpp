@@ -123,6 +123,13 @@ void Planner::discover() {
     std::vector<int> owners;
     owners.reserve(n->inputs().size());
     for (const InputMeta& in : n->inputs()) {
+      // A gradient flows in its producer's output shape: a grad_fn of another shape (set by
+      // hand, Tensor::set_grad_fn) would hand that shape on to the leaves' .grads.
+      GW_CHECK(!in.edge.node || in.edge.node->output_shape() == in.shape, "backward: ", n->label(),
+               " read a tensor of shape ", shape_str(in.shape), " whose grad_fn ",
+               in.edge.node ? in.edge.node->label() : "", " outputs ",
+               in.edge.node ? shape_str(in.edge.node->output_shape()) : "",
+               "; expected a grad_fn of the tensor's own shape (Tensor::set_grad_fn)");
       const int o = in.edge.node ? discover_node(in.edge.node.get()) : -1;
       if (o >= 0) ++pending_[o];
       owners.push_back(o);
@@ -420,6 +427,8 @@ void Planner::fork_and_join() {
 
 BackwardPlan plan_backward(const std::vector<PlanRoot>& roots, cudaStream_t caller_stream,
                            GradWrite grad_write, PlanOptions options) {
+  GW_CHECK(is_valid(grad_write), "backward: grad_write is GradWrite(", static_cast<int>(grad_write),
+           "); expected GradWrite::kAccumulate or kOverwrite");
   Planner planner(roots, caller_stream, grad_write);
   planner.discover();
   planner.order();

@@ -27,6 +27,10 @@ namespace graphward {
 // How a backward writes parameter (leaf) gradients: added to .grad, or the first contribution of
 // this backward overwrites .grad (then later ones add).
 enum class GradWrite : std::uint8_t { kAccumulate, kOverwrite };
+// Whether `g` is one of GradWrite's names (an enum can hold any value of its type).
+constexpr bool is_valid(GradWrite g) {
+  return static_cast<std::uint8_t>(g) <= static_cast<std::uint8_t>(GradWrite::kOverwrite);
+}
 
 // A root of a backward: the node that produced the root tensor, or the root itself when it is a
 // leaf.

@@ -182,6 +182,15 @@ StepInBackward::StepInBackward(Optimizer& optimizer, std::size_t bucket_bytes)
   if (!params.empty() && params.front().is_cuda()) stream_.emplace(params.front().device());
 }
 
+double StepInBackward::begin_backward(GradWrite grad_write) {
+  GW_CHECK(grad_write == GradWrite::kOverwrite,
+           "StepInBackward: a backward with GradWrite::kAccumulate; expected kOverwrite (each "
+           "backward steps the parameters as its gradients are final, so one that adds to earlier "
+           "gradients would step with their sum: accumulate micro-batches without StepInBackward, "
+           "then step)");
+  return 1.0;
+}
+
 cudaStream_t StepInBackward::stream() const {
   return stream_ ? stream_->get() : nullptr;
 }

@@ -160,6 +160,9 @@ class StepInBackward final : public GradientReducer {
   void agree(std::uint64_t, const std::string&, bool) override {}
   // Steps the parameters of `grads` (Optimizer::step_params) on stream().
   void reduce(const std::vector<Tensor>& grads) override;
+  // Refuses a backward that accumulates (see above: each backward is then a step, and the .grads
+  // it steps would hold more than this backward's gradients).
+  double begin_backward(GradWrite grad_write) override;
 
  private:
   Optimizer& optimizer_;

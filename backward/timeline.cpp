@@ -1,5 +1,6 @@
 #include "backward/timeline.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,7 +10,43 @@
 namespace graphward {
 
 namespace {
-std::string json_string(const std::string& s) {
+// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF), or 0.
+std::size_t utf8_length(const std::string& s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const auto cont = [&](std::size_t k) { return i + k < s.size() && (b(k) & 0xC0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xE0 && b(1) < 0xA0) return 0;   // overlong
+    if (c == 0xED && b(1) >= 0xA0) return 0;  // a surrogate
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if (c == 0xF0 && b(1) < 0x90) return 0;   // overlong
+    if (c == 0xF4 && b(1) >= 0x90) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+// A JSON string of `s`: escaped, and any byte that is not part of well-formed UTF-8 replaced by
+// U+FFFD (a label is a node's name or the caller's title, any bytes at all).
+std::string json_string(const std::string& raw) {
+  std::string s;
+  for (std::size_t i = 0; i < raw.size();) {
+    const std::size_t n = utf8_length(raw, i);
+    if (n == 0) {
+      s += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      s.append(raw, i, n);
+      i += n;
+    }
+  }
   std::string out = "\"";
   for (const char c : s) {
     switch (c) {
@@ -38,9 +75,12 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// A JSON number (null where there is none: NaN and infinities are no JSON), whole at any size:
+// three decimals, or an exponent past 1e15.
 std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", v);
+  if (!std::isfinite(v)) return "null";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, std::abs(v) < 1e15 ? "%.3f" : "%.17g", v);
   return buf;
 }
 }  // namespace
@@ -101,6 +141,7 @@ std::string chrome_trace(const std::vector<StepTiming>& steps,
 
 void write_chrome_trace(const std::string& path, const std::vector<StepTiming>& steps,
                         const std::vector<std::string>& stream_names, const std::string& title) {
+  detail::check_output_path("write_chrome_trace", path);
   const std::string text = chrome_trace(steps, stream_names, title);
   std::ofstream f(path, std::ios::binary);
   GW_CHECK(f.good(), "write_chrome_trace: cannot open ", path, " for writing");

@@ -19,9 +19,15 @@ enum class DType : std::uint8_t { kFloat32, kFloat64, kInt32, kBFloat16 };
 constexpr bool is_floating(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kBFloat16;
 }
+// Whether `d` is one of the names above (an enum can hold any value of its type).
+constexpr bool is_valid(DType d) {
+  return static_cast<std::uint8_t>(d) <= static_cast<std::uint8_t>(DType::kBFloat16);
+}
 
+// Throws a graphward::Error naming a value that is none of DType's names ("DType(17)").
 std::size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);  // "float32", "float64", "int32", "bfloat16"
+// "float32", "float64", "int32", "bfloat16"; "DType(17)" for a value that is none of them.
+const char* dtype_name(DType dtype);
 
 // A bfloat16 value as stored (the upper half of a float32: 1 sign, 8 exponent, 7 mantissa bits),
 // bit-compatible with CUDA's __nv_bfloat16. from_float rounds to nearest, ties to even, as

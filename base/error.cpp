@@ -171,5 +171,14 @@ void log_cuda_failure(const char* file, int line, const char* expression, int co
   log_error(file, line, cuda_message(expression, code));
 }
 
+void check_output_path(const char* what, const std::string& path) {
+  GW_CHECK(!path.empty(), what, ": the path is empty; expected a file to write");
+  const std::size_t nul = path.find('\0');
+  GW_CHECK(nul == std::string::npos, what, ": the path holds a NUL byte at ", nul, " (after \"",
+           path.substr(0, nul),
+           "\"); expected a path without one (the file of the part before it "
+           "would be written instead)");
+}
+
 }  // namespace detail
 }  // namespace graphward

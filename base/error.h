@@ -74,6 +74,9 @@ std::string concat(const Parts&... parts) {
 [[noreturn]] void throw_cublas_failure(const char* file, int line, const char* expression,
                                        int code);
 [[noreturn]] void throw_cudnn_failure(const char* file, int line, const char* expression, int code);
+// Refuses a path a file cannot be written at as given: empty, or holding a NUL byte (the file of
+// its prefix would be written instead).
+void check_output_path(const char* what, const std::string& path);
 // For destructors and other places that must not throw.
 void log_error(const char* file, int line, const std::string& message) noexcept;
 void log_cuda_failure(const char* file, int line, const char* expression, int code) noexcept;

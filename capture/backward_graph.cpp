@@ -215,6 +215,14 @@ void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
 
 void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
   check_loss(loss, "BackwardGraph::backward");
+  GW_CHECK(is_valid(grad_write), "BackwardGraph::backward: grad_write is GradWrite(",
+           static_cast<int>(grad_write), "); expected GradWrite::kAccumulate or kOverwrite");
+  // A BackwardGraph captures graphs of its own, which cannot nest in another capture (the CUDA
+  // runtime refused it with a bare cudaErrorStreamCaptureIsolation).
+  GW_CHECK(!capturing(), "BackwardGraph::backward inside a capture (",
+           capture_name() ? *capture_name() : std::string("unnamed"),
+           "); a BackwardGraph captures and replays graphs of its own: inside a StepGraph's step "
+           "call graphward::backward(loss), which the step's graph captures");
   // Whatever happens, the next step's tape is logged from here (Note [Tape log]).
   struct ResetLog {
     ~ResetLog() { detail::tape_log_reset(); }

@@ -127,6 +127,7 @@ void Graph::launch(cudaStream_t stream) const {
 }
 
 void Graph::write_dot(const std::string& path, unsigned flags) const {
+  detail::check_output_path("write_dot", path);
   GW_CUDA_CHECK(cudaGraphDebugDotPrint(graph_, path.c_str(), flags));
 }
 

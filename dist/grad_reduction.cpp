@@ -160,9 +160,12 @@ void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
   std::vector<Tensor> in_place;
   std::vector<std::pair<DType, std::vector<Tensor>>> runs;
   for (const Tensor& g : grads) {
-    GW_CHECK(g.defined() && g.device() == device_, "ProcessGroup: a tensor on ",
-             g.defined() ? g.device().str() : std::string("no device"), "; expected ",
+    GW_CHECK(g.defined(),
+             "ProcessGroup: a gradient to reduce is undefined (default-constructed or "
+             "moved from); expected a tensor on ",
              device_.str(), " (this rank's device)");
+    GW_CHECK(g.device() == device_, "ProcessGroup: a gradient to reduce is ", g.str(),
+             "; expected a tensor on ", device_.str(), " (this rank's device)");
     if (g.numel() == 0) continue;
     if (g.nbytes() >= kSmall) {
       in_place.push_back(g);

@@ -95,6 +95,7 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
              "expected ", 2 * kIdBytes, " hex digits (ProcessGroup::new_unique_id_hex())");
     return id;
   }
+  detail::check_output_path("ProcessGroup: the NCCL id file", file);
   if (rank == 0) {
     nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     const std::string tmp = file + ".tmp." + std::to_string(::getpid());
@@ -111,9 +112,30 @@ ncclUniqueId rendezvous(int rank, const std::string& id_file_option, double time
   }
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    std::ifstream in(file);
-    std::string hex;
-    if (in && (in >> hex) && from_hex(hex, &id)) return id;
+    // Rank 0 renames the whole file into place: a file there is all it will ever hold, so one that
+    // is not an id (garbage, a directory, another program's file) is refused at once, not waited
+    // out.
+    std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(file, ec);
+    if (!ec && std::filesystem::exists(st)) {
+      GW_CHECK(std::filesystem::is_regular_file(st), "ProcessGroup: rank ", rank,
+               "'s NCCL id file ", file,
+               " is not a regular file (a directory or a device); expected the file rank 0 "
+               "writes its id to");
+      const std::uintmax_t size = std::filesystem::file_size(file, ec);
+      constexpr std::uintmax_t kMost = 4 * kIdBytes;
+      GW_CHECK(!ec && size <= kMost, "ProcessGroup: rank ", rank, "'s NCCL id file ", file,
+               " holds ", ec ? std::string("an unknown number of") : std::to_string(size),
+               " bytes; an id file holds ", 2 * kIdBytes, " hex digits (is it another file?)");
+      std::ifstream in(file);
+      std::string hex;
+      if (in && (in >> hex)) {
+        GW_CHECK(from_hex(hex, &id), "ProcessGroup: rank ", rank, "'s NCCL id file ", file,
+                 " does not hold an NCCL id (", hex.size(), " characters; expected ", 2 * kIdBytes,
+                 " hex digits, as rank 0 writes them): remove it and start rank 0");
+        return id;
+      }
+    }
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     GW_CHECK(waited < timeout_s, "ProcessGroup: rank ", rank, " waited ", timeout_s,
@@ -358,9 +380,14 @@ std::string ProcessGroup::new_unique_id_hex() {
 void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root,
                                     bool sum) {
   check_usable(average ? "average" : "broadcast");
-  for (const Tensor& t : tensors) {
-    GW_CHECK(t.defined() && t.device() == device_, "ProcessGroup: a tensor on ",
-             t.defined() ? t.device().str() : std::string("no device"), "; expected ",
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    GW_CHECK(t.defined(), "ProcessGroup: tensor ", i, " of ", tensors.size(),
+             " is undefined (default-constructed or moved from); expected a tensor on ",
+             device_.str(), " (this rank's device)");
+    GW_CHECK(t.device() == device_, "ProcessGroup: tensor ", i, " is ", t.str(),
+             "; expected a "
+             "tensor on ",
              device_.str(), " (this rank's device)");
   }
   if (!comm_) return;  // a group of one: the average is the tensor itself

@@ -179,6 +179,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  GW_CHECK(is_valid(act), "linear: the activation is Activation(", static_cast<int>(act),
+           "); expected Activation::kNone, kRelu or kGelu");
   const char* name = linear_name(act);
   detail::NvtxRange range(name);
   const bool grad = needs_grad({&x, &weight, &bias});

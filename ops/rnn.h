@@ -15,6 +15,12 @@ struct LstmState {
 // c' = σ(f)·c + σ(i)·tanh(g), h' = σ(o)·tanh(c'). W_ih [4H, in], W_hh [4H, H], biases [4H].
 inline LstmState lstm_cell(const Tensor& x, const LstmState& s, const Tensor& w_ih,
                            const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+  // The state's batch is x's: an h or c of another batch would broadcast in the sums.
+  GW_CHECK(x.defined() && s.h.defined() && s.c.defined() && x.dim() == 2 && s.h.dim() == 2 &&
+               s.h.size(0) == x.size(0) && s.c.shape() == s.h.shape(),
+           "lstm_cell: x is ", x.defined() ? x.str() : "undefined", ", h ",
+           s.h.defined() ? s.h.str() : "undefined", ", c ", s.c.defined() ? s.c.str() : "undefined",
+           "; expected x [B, in] and h, c [B, H] of the same batch B");
   const std::int64_t hidden = s.h.size(-1);
   GW_CHECK(w_ih.dim() == 2 && w_ih.size(0) == 4 * hidden, "lstm_cell: W_ih is ",
            shape_str(w_ih.shape()), "; expected [4·H, in] with H = ", hidden,
@@ -33,6 +39,12 @@ inline LstmState lstm_cell(const Tensor& x, const LstmState& s, const Tensor& w_
 // W_ih [3H, in], W_hh [3H, H], biases [3H] (the order r, z, n).
 inline Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
                        const Tensor& b_ih, const Tensor& b_hh) {
+  // The state's batch is x's: an h of another batch would broadcast in the sums.
+  GW_CHECK(x.defined() && h.defined() && x.dim() == 2 && h.dim() == 2 && h.size(0) == x.size(0),
+           "gru_cell: x is ", x.defined() ? x.str() : "undefined", ", h ",
+           h.defined() ? h.str() : "undefined",
+           "; expected x [B, in] and h [B, H] of the same "
+           "batch B");
   const std::int64_t hidden = h.size(-1);
   GW_CHECK(w_ih.dim() == 2 && w_ih.size(0) == 3 * hidden, "gru_cell: W_ih is ",
            shape_str(w_ih.shape()), "; expected [3·H, in] with H = ", hidden,

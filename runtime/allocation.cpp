@@ -362,6 +362,9 @@ void empty_cache(Device device) {
 #if GRAPHWARD_HAS_CUDA
   if (!device.is_cuda()) return;
   check_cuda_device(device, "empty_cache");
+  // Freeing memory synchronizes with the device: refused by name inside a capture (it surfaced
+  // later as an invalid value in the next kernel's launch check).
+  check_capturable("empty_cache (it frees device memory, which synchronizes)");
   if (device.index >= kCacheDevices) return;
   detail::release_deferred_storage();  // Note [Frees during a capture]: those whose time has come
   release_cached_blocks(device.index, block_cache().devices[device.index]);

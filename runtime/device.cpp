@@ -26,9 +26,11 @@ std::size_t dtype_size(DType dtype) {
       return 2;
     case DType::kFloat32:
     case DType::kInt32:
-      break;
+      return 4;
   }
-  return 4;
+  GW_CHECK(false, "dtype ", dtype_name(dtype),
+           " is none of float32, float64, int32 and bfloat16 (a value cast to DType)");
+  return 0;
 }
 
 const char* dtype_name(DType dtype) {
@@ -40,9 +42,15 @@ const char* dtype_name(DType dtype) {
     case DType::kBFloat16:
       return "bfloat16";
     case DType::kFloat32:
-      break;
+      return "float32";
   }
-  return "float32";
+  // A value that is no name: "DType(17)" (made once for every value the type holds).
+  static const auto* names = [] {
+    auto* n = new std::array<std::string, 256>();
+    for (std::size_t i = 0; i < n->size(); ++i) (*n)[i] = "DType(" + std::to_string(i) + ")";
+    return n;
+  }();
+  return (*names)[static_cast<std::uint8_t>(dtype)].c_str();
 }
 
 std::string shape_str(const Shape& shape) {

@@ -19,12 +19,14 @@ void* detail::graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, s
   auto it = st.free.find({stream, bytes});
   if (it != st.free.end() && !it->second.empty()) {
     void* p = it->second.back();
+    st.held.insert(p);
     it->second.pop_back();
     return p;
   }
   auto un = st.unused.find(bytes);  // a block an earlier capture with this pool used
   if (un != st.unused.end() && !un->second.empty()) {
     void* p = un->second.back();
+    st.held.insert(p);
     un->second.pop_back();
     return p;
   }
@@ -40,6 +42,7 @@ void* detail::graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, s
   }
   GW_CUDA_CHECK(err);
   try {
+    st.held.insert(p);
     st.blocks.emplace_back(p, bytes);
   } catch (...) {
     GW_CUDA_CHECK_NOTHROW(cudaFree(p));
@@ -51,13 +54,47 @@ void* detail::graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, s
 
 #endif
 
+void detail::GraphPoolState::free_blocks(
+    const std::vector<std::pair<void*, std::size_t>>& which) noexcept {
+#if GRAPHWARD_HAS_CUDA
+  if (which.empty()) return;
+  int saved = -1;
+  if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
+  if (saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device.index));
+  for (const auto& [p, n] : which) GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
+  if (saved >= 0 && saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
+#else
+  (void)which;
+#endif
+}
+
+void detail::GraphPoolState::free_unheld() {
+  std::vector<std::pair<void*, std::size_t>> now, kept;
+  for (const auto& b : blocks) (held.count(b.first) ? kept : now).push_back(b);
+  for (const auto& [p, n] : now) bytes -= n;
+  blocks = std::move(kept);
+  free.clear();
+  unused.clear();
+  free_blocks(now);
+}
+
 GraphMemoryPool::GraphMemoryPool(Device device)
     : state_(std::make_shared<detail::GraphPoolState>(device)) {
   GW_CHECK(device.is_cuda(), "GraphMemoryPool: expected a CUDA device, got ", device.str());
   check_cuda_device(device, "GraphMemoryPool");
 }
 
-GraphMemoryPool::~GraphMemoryPool() = default;  // blocks go with the last storage holding them
+// Note [Graph memory pool]: the executable is gone; what its tensors still hold stays until they
+// go, the rest is given back now.
+GraphMemoryPool::~GraphMemoryPool() {
+  try {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->owner_gone = true;
+    state_->free_unheld();
+  } catch (const std::exception& e) {
+    detail::log_error(__FILE__, __LINE__, e.what());  // the blocks go with the last storage
+  }
+}
 
 std::size_t GraphMemoryPool::bytes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -75,7 +112,9 @@ GraphPoolScope::GraphPoolScope(GraphMemoryPool& pool) : state_(pool.state_) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->scoped = true;
   state_->unused.clear();  // a new capture: every block is free for it
-  for (const auto& [p, n] : state_->blocks) state_->unused[n].push_back(p);
+  for (const auto& [p, n] : state_->blocks) {
+    if (!state_->held.count(p)) state_->unused[n].push_back(p);  // a live tensor's stays its own
+  }
   detail::thread_graph_pool() = state_;
 }
 

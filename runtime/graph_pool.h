@@ -14,8 +14,10 @@
 // to update its executable) takes the pool's blocks first, so an update keeps the graph's memory.
 // The caller must order the launches of graphs that share a pool (BackwardGraph launches them on
 // one stream, or waits for the last launch's). The pool belongs to the executable that was
-// captured with it and frees its blocks when it dies (cudaFree waits for the device). Its size is
-// the graph's memory (GraphStats::memory_bytes).
+// captured with it and frees its blocks when it dies (cudaFree waits for the device) — all but
+// those a tensor made in the capture still holds (a StepGraph's loss, kept by the caller), each
+// freed when its last tensor goes, as PyTorch's private pools keep only the blocks of live
+// outputs. Its size is the graph's memory (GraphStats::memory_bytes).
 #include <cstddef>
 #include <memory>
 

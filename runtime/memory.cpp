@@ -172,6 +172,15 @@ std::shared_ptr<Storage> Storage::borrow(Device device, void* data, std::size_t 
   return storage;
 }
 
+std::shared_ptr<Storage> Storage::borrow(Device device, void* data, std::size_t bytes,
+                                         cudaStream_t stream, std::shared_ptr<Storage> owner) {
+  Storage* const raw = owner.get();
+  std::shared_ptr<Storage> storage =
+      borrow(device, data, bytes, stream, std::shared_ptr<const void>(std::move(owner)));
+  storage->owner_storage_ = raw;
+  return storage;
+}
+
 std::shared_ptr<Storage> Storage::adopt(Device device, void* data, std::size_t bytes,
                                         cudaStream_t stream, std::shared_ptr<const void> owner) {
   GW_CHECK(data && owner && (device.is_cpu() || stream),
@@ -371,13 +380,24 @@ Storage::~Storage() {
 #if GRAPHWARD_HAS_CUDA
     // Note [Adopted storage]: once its stream is ordered after every user; if it cannot be, the
     // owner is kept (never let go) rather than risk reuse under work still running.
-    if (release_in_order_ && !device_.is_cpu() && data_) {
+    // Note [Borrowed storage]: a view into a Storage orders its owner's free after its own uses
+    // (it went back to the cache under a read on another stream that had not run yet).
+    if ((release_in_order_ || owner_storage_) && !device_.is_cpu() && data_) {
       const int saved_device = [] {
         int d = 0;
         return cudaGetDevice(&d) == cudaSuccess ? d : -1;
       }();
       if (saved_device != device_.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device_.index));
-      if (!order_after_users()) new std::shared_ptr<const void>(std::move(owner_));
+      if (!order_after_users()) {
+        new std::shared_ptr<const void>(std::move(owner_));
+      } else if (owner_storage_) {
+        try {
+          owner_storage_->record_use(alloc_stream_, false);
+        } catch (const std::exception& e) {
+          detail::log_error(__FILE__, __LINE__, e.what());
+          new std::shared_ptr<const void>(std::move(owner_));  // kept rather than reused early
+        }
+      }
       if (saved_device >= 0 && saved_device != device_.index) {
         GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved_device));
       }
@@ -389,7 +409,10 @@ Storage::~Storage() {
   if (graph_pool_) {                        // the pool keeps the memory (Note [Graph memory pool])
     try {
       std::lock_guard<std::mutex> lock(graph_pool_->mutex);
-      if (graph_pool_->scoped && other_streams_.empty() && fences_.empty()) {
+      graph_pool_->held.erase(data_);
+      if (graph_pool_->owner_gone && !capturing_a_user()) {
+        graph_pool_->free_unheld();  // its executable is gone: the block goes now
+      } else if (graph_pool_->scoped && other_streams_.empty() && fences_.empty()) {
         graph_pool_->free[{alloc_stream_, block_bytes_}].push_back(data_);
       }
     } catch (...) {

@@ -151,8 +151,14 @@ class Storage : public std::enable_shared_from_this<Storage> {
   // stream bookkeeping is a storage's like any other; `stream` is the allocating stream and the
   // first producer (the one that wrote `data` last). Data-parallel gradients live in their
   // bucket's flat buffer this way (Note [Gradients in buckets], dist/process_group.h).
+  // When the last handle goes, `stream` first waits for every other stream that used the memory
+  // and — an owner that is a Storage itself (a view at an offset into a tensor's memory) — the
+  // owner records a use on `stream`: the owner's own free is then ordered after every use made
+  // through the borrowed storage (rule [reuse after use]).
   static std::shared_ptr<Storage> borrow(Device device, void* data, std::size_t bytes,
                                          cudaStream_t stream, std::shared_ptr<const void> owner);
+  static std::shared_ptr<Storage> borrow(Device device, void* data, std::size_t bytes,
+                                         cudaStream_t stream, std::shared_ptr<Storage> owner);
   // Note [Adopted storage]: `bytes` at `data` that another library owns and reuses in stream
   // order on `stream` once released (a DLPack tensor, runtime/dlpack.h): as borrow(), and when the
   // last handle goes, `stream` first waits for every other stream that used the memory (rule [reuse
@@ -291,6 +297,7 @@ class Storage : public std::enable_shared_from_this<Storage> {
   std::shared_ptr<detail::ArenaState> arena_;  // that slot's arena (Note [Step arena])
   std::shared_ptr<detail::GraphPoolState> graph_pool_;  // Note [Graph memory pool]: its owner
   std::shared_ptr<const void> owner_;  // Note [Borrowed storage]: what owns the memory
+  Storage* owner_storage_ = nullptr;   // owner_, when it is a Storage (borrow's second form)
   bool release_in_order_ =
       false;  // Note [Adopted storage]: owner_ goes after rule [reuse after use]'s waits
   // Rule [reuse after use] for the free: alloc_stream_ waits for every other stream that used the

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -106,16 +107,16 @@ struct GraphPoolState {
   std::size_t bytes = 0;
   std::map<std::pair<cudaStream_t, std::size_t>, std::vector<void*>> free;  // reusable now
   std::map<std::size_t, std::vector<void*>> unused;  // not yet used by the capture in scope
-  ~GraphPoolState() {
-#if GRAPHWARD_HAS_CUDA
-    if (blocks.empty()) return;
-    int saved = -1;
-    if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
-    if (saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device.index));
-    for (const auto& [p, n] : blocks) GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
-    if (saved >= 0 && saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
-#endif
-  }
+  // Blocks a live storage holds (a tensor the graph made that outlived the capture: its loss),
+  // and whether the pool's owner (the executable) is gone: then each block is freed once no
+  // storage holds it — at once for the others — not when the last of them goes.
+  std::unordered_set<void*> held;
+  bool owner_gone = false;
+  // Frees the blocks no storage holds (the owner is gone); the caller holds `mutex`.
+  void free_unheld();
+  ~GraphPoolState() { free_blocks(blocks); }
+  // cudaFree each (it waits for the device), on the pool's device.
+  void free_blocks(const std::vector<std::pair<void*, std::size_t>>& which) noexcept;
 };
 
 // The calling thread's pool (set by a GraphPoolScope), or null.

@@ -139,7 +139,15 @@ void Event::record(cudaStream_t stream) {
 }
 void Event::record_external(cudaStream_t stream) {
   GW_CHECK(event_, "Event::record_external: the event was moved from or never created");
-  GW_CUDA_CHECK(cudaEventRecordWithFlags(event_, stream, cudaEventRecordExternal));
+  // cudaEventRecordExternal is for stream capture only (outside one the runtime refuses it with
+  // cudaErrorIllegalState): outside a capture it is a plain record.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GW_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status == cudaStreamCaptureStatusActive) {
+    GW_CUDA_CHECK(cudaEventRecordWithFlags(event_, stream, cudaEventRecordExternal));
+  } else {
+    GW_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
 }
 void Event::block(cudaStream_t stream) const {
   GW_CHECK(event_, "Event::block: the event was moved from or never created");

@@ -51,6 +51,8 @@ std::string Tensor::str() const {
 }
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
+  GW_CHECK(is_valid(options.dtype), "Tensor::empty: the dtype is ", dtype_name(options.dtype),
+           "; expected float32, float64, int32 or bfloat16");
   const std::int64_t n = shape_numel(shape);
   const std::size_t bytes = shape_nbytes(shape, options.dtype);
   std::shared_ptr<Storage> storage;

@@ -11,6 +11,10 @@ namespace graphward {
 
 // A linear layer's fused activation (linear(x, weight, bias, act), ops/ops.h).
 enum class Activation : std::uint8_t { kNone, kRelu, kGelu };
+// Whether `a` is one of Activation's names (an enum can hold any value of its type).
+constexpr bool is_valid(Activation a) {
+  return static_cast<std::uint8_t>(a) <= static_cast<std::uint8_t>(Activation::kGelu);
+}
 
 // Note [Backward epilogue fusion]: the activation of the layer P whose output is this layer's
 // input, applied to the input gradient (a linear layer's: in the GEMM's epilogue; a pooling's: in
