@@ -135,7 +135,8 @@ void BackwardGraph::use_capture_streams(BackwardPlan& plan) {
 }
 
 cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t caller,
-                                        GraphMemoryPool& pool, bool timed) {
+                                        GraphMemoryPool& pool, bool timed,
+                                        std::vector<std::shared_ptr<ReplayWatcher>>* watchers) {
   detail::NvtxRange nvtx("BackwardGraph::capture");
   return capture::capture_stream(
       caller, "BackwardGraph", "some work in the backward was not capturable or used a stream "
@@ -149,7 +150,8 @@ cudaGraph_t BackwardGraph::capture_plan(const BackwardPlan& plan, cudaStream_t c
           executor_.run(plan, {seed_}, device_, nullptr, /*release_saved=*/false,
                         /*localize=*/false, options_.backward.reduce_gradients);
         }
-      });
+      },
+      watchers);
 }
 
 void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,
@@ -391,12 +393,14 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
   // Note [Input slots]: the saved tensors this graph reads from copies of its own.
   fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
   fill_slots(*fresh, caller);
-  fresh->graph = capture::Graph(capture_plan(plan, caller, *pool, /*timed=*/false));
+  std::vector<std::shared_ptr<ReplayWatcher>> watchers;  // Note [Watched replays]
+  fresh->graph = capture::Graph(capture_plan(plan, caller, *pool, /*timed=*/false, &watchers));
   fresh->stats = stats_of(fresh->graph.graph(), plan);  // the backward's nodes, not the fence
   fresh->fence = decision.action == Action::kUpdate ? decision.entry->exec->fence
                                                     : std::make_shared<Event>(device_);
   capture::append_event_record(fresh->graph.graph(), fresh->fence->get());
   fresh->description = std::make_shared<const std::string>(describe(plan, calls_, fresh->stats));
+  fresh->graph.watch(watchers, fresh->description);
   fresh->stats.tape_nodes = fresh->nodes.size();
   fresh->stats.memory_bytes = pool->bytes();
   std::vector<capture::Unbound> unbound;
@@ -416,6 +420,7 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
     if (!refused) {
       old.stats = fresh->stats;
       old.description = fresh->description;
+      old.graph.watch(std::move(watchers), old.description);
       old.slots = std::move(fresh->slots);
       exec = decision.entry->exec;
       updated = true;
@@ -561,7 +566,10 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
   order_before_launch(loss, caller, leaves, /*scan_grads=*/true);
   use_capture_streams(plan);
   GraphMemoryPool pool(device_);
-  capture::Graph owned(capture_plan(plan, caller, pool, /*timed=*/true));
+  std::vector<std::shared_ptr<ReplayWatcher>> watchers;  // Note [Watched replays]
+  capture::Graph owned(capture_plan(plan, caller, pool, /*timed=*/true, &watchers));
+  owned.watch(std::move(watchers),
+              std::make_shared<const std::string>("the traced backward graph (trace())"));
   owned.instantiate();
   {
     detail::NvtxRange launch("BackwardGraph::replay (traced)");

@@ -228,7 +228,7 @@ class BackwardGraph {
   // Runs `plan` under a thread-local stream capture of `caller`, intermediates from `pool`
   // (timed: with timing-event nodes, EagerExecutor::run_timed_in_capture); returns the graph.
   cudaGraph_t capture_plan(const BackwardPlan& plan, cudaStream_t caller, GraphMemoryPool& pool,
-                           bool timed);
+                           bool timed, std::vector<std::shared_ptr<ReplayWatcher>>* watchers);
   // Rule [read after write] before a launch on `caller`: waits for the loss's stream, the last
   // launch's stream and (scan_grads) every other user of the leaves' .grads since their last write.
   void order_before_launch(const Tensor& loss, cudaStream_t caller,

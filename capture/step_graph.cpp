@@ -300,6 +300,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   }
   Tensor loss;
   CaptureUseLog log;
+  std::vector<std::shared_ptr<ReplayWatcher>> watchers;  // Note [Watched replays]
   capture::Graph graph(capture::capture_stream(
       caller, "StepGraph",
       "some work in the step was not capturable, used a stream outside the "
@@ -312,7 +313,8 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
         GraphPoolScope pool_scope(*fresh->pool);
         loss = step(fresh->slots);
         check_loss(loss, device_);
-      }));
+      },
+      &watchers));
   if (batch) {
     const std::string misread = batch_read_in_place(loss, *batch);
     if (!misread.empty()) {
@@ -333,6 +335,7 @@ Tensor StepGraph::capture(const std::vector<Tensor>* batch, const BatchStep& ste
   fresh->description = std::make_shared<const std::string>(
       detail::concat("the whole-step graph of a StepGraph captured at run() call ", calls_, " (",
                      kernel_nodes_, " kernel nodes)"));
+  fresh->graph.watch(std::move(watchers), fresh->description);
   fresh->loss = loss;
   for (const Tensor& t : inputs_) fresh->inputs.push_back(bake(t));
   for (const Tensor& leaf : reached_leaves(loss)) {

@@ -16,7 +16,9 @@
 namespace graphward::capture {
 
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
-                           const std::function<void()>& body) {
+                           const std::function<void()>& body,
+                           std::vector<std::shared_ptr<ReplayWatcher>>* watchers) {
+  CaptureWatchers collected;  // Note [Watched replays]
   // Note [Deferred release]: a release worker's frees and events enqueue on the streams the
   // tensors used; none may land on a stream while this thread captures it.
   detail::wait_for_releases();
@@ -39,6 +41,7 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
     GW_CHECK(false, what, ": capturing failed (", cudaGetErrorName(ended), ": ",
              cudaGetErrorString(ended), "); ", hint);
   }
+  if (watchers) *watchers = collected.take();
   return graph;
 }
 
@@ -55,7 +58,11 @@ cudaGraphExec_t instantiate(cudaGraph_t graph) {
   return exec;
 }
 
-Graph::Graph(Graph&& other) noexcept : graph_(other.graph_), exec_(other.exec_) {
+Graph::Graph(Graph&& other) noexcept
+    : graph_(other.graph_),
+      exec_(other.exec_),
+      watchers_(std::move(other.watchers_)),
+      name_(std::move(other.name_)) {
   other.graph_ = nullptr;
   other.exec_ = nullptr;
 }
@@ -65,8 +72,16 @@ Graph& Graph::operator=(Graph&& other) noexcept {
     reset();
     std::swap(graph_, other.graph_);
     std::swap(exec_, other.exec_);
+    watchers_ = std::move(other.watchers_);
+    name_ = std::move(other.name_);
   }
   return *this;
+}
+
+void Graph::watch(std::vector<std::shared_ptr<ReplayWatcher>> watchers,
+                  std::shared_ptr<const std::string> name) {
+  watchers_ = std::move(watchers);
+  name_ = std::move(name);
 }
 
 Graph::~Graph() {
@@ -123,7 +138,15 @@ const char* Graph::update_to(Graph& fresh) {
 }
 
 void Graph::launch(cudaStream_t stream) const {
+  if (watchers_.empty()) {
+    GW_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+    return;
+  }
+  static const std::string kUnnamed = "a captured graph";
+  const std::string& name = name_ ? *name_ : kUnnamed;
+  for (const auto& w : watchers_) w->before_launch(name);  // Note [Watched replays]
   GW_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+  for (const auto& w : watchers_) w->after_launch(stream, name);
 }
 
 void Graph::write_dot(const std::string& path, unsigned flags) const {

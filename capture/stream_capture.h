@@ -2,6 +2,7 @@
 // Stream capture with the error handling every graph in graphward needs, written once.
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "capture/graph_topology.h"
 
 #include "kernels/shape.h"
+#include "runtime/capture_mode.h"
 #include "runtime/device.h"
 #include "runtime/tensor.h"
 
@@ -22,9 +24,11 @@ namespace graphward::capture {
 // graph destroyed and the exception passed on: no capture is left open. If ending the capture
 // fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>". Either way,
 // eager tensors dropped inside the capture are released once it has ended (Note [Frees during a
-// capture], runtime/memory.cpp).
+// capture], runtime/memory.cpp). Note [Watched replays] (runtime/capture_mode.h): the watchers
+// registered while `body` ran go to `watchers`, when given, for the Graph made of it.
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
-                           const std::function<void()>& body);
+                           const std::function<void()>& body,
+                           std::vector<std::shared_ptr<ReplayWatcher>>* watchers = nullptr);
 
 // Note [Node priorities]
 // Instantiates `graph` as every graph of graphward is: where some kernel node has a priority of
@@ -74,7 +78,13 @@ class Graph {
   // keeps the graph that matches the executable, `fresh` the one it had, and nullptr is returned;
   // if CUDA refuses, nothing changes and the refusal is named.
   const char* update_to(Graph& fresh);
+  // Launches the executable; Note [Watched replays]: between its watchers' calls, which name the
+  // graph by `name`.
   void launch(cudaStream_t stream) const;
+  // Note [Watched replays]: the watchers of this graph's capture, and what they call it.
+  void watch(std::vector<std::shared_ptr<ReplayWatcher>> watchers,
+             std::shared_ptr<const std::string> name);
+  bool watched() const { return !watchers_.empty(); }
   // The graph as Graphviz DOT (cudaGraphDebugDotPrint with `flags`).
   void write_dot(const std::string& path, unsigned flags = 0) const;
 
@@ -82,6 +92,8 @@ class Graph {
   void reset() noexcept;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  std::vector<std::shared_ptr<ReplayWatcher>> watchers_;
+  std::shared_ptr<const std::string> name_;
 };
 
 struct NodeCounts {

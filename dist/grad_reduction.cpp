@@ -17,6 +17,7 @@
 namespace graphward::dist {
 
 double ProcessGroup::begin_backward(GradWrite grad_write) {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
   sum_ = comm_ != nullptr && world_size_ > 1 && grad_write == GradWrite::kOverwrite;
   return sum_ ? 1.0 / world_size_ : 1.0;
 }
@@ -65,6 +66,7 @@ std::shared_ptr<void> ProcessGroup::symmetric_memory(std::size_t bytes, void** w
 }
 
 void ProcessGroup::place(const std::vector<Tensor*>& grads) {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);  // Note [Replay watchdog]
 #if GRAPHWARD_HAS_CUDA
   if (!gradients_in_buckets_ || grads.empty() || !device_.is_cuda() || capturing()) return;
   // Only a bucket of one dtype whose gradients are all the leaves' own (none placed already).
@@ -145,6 +147,7 @@ bool ProcessGroup::reduce_placed(const std::vector<Tensor>& grads) {
 }
 
 void ProcessGroup::reduce(const std::vector<Tensor>& grads) {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);  // Note [Replay watchdog]
   // The executor ordered the stream after the writers and recorded the uses (planned).
 #if GRAPHWARD_HAS_NCCL
   if (reduce_placed(grads)) return;  // Note [Gradients in buckets]

@@ -228,7 +228,11 @@ bool finishes_within(double seconds, Call call) {
 #endif
 
 ProcessGroup::~ProcessGroup() {
+  // Note [Replay watchdog]: its thread stops before the group's state goes; graphs that outlive
+  // the group refuse to launch.
+  if (watchdog_) watchdog_->detach();
 #if GRAPHWARD_HAS_NCCL
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
   if (comm_) {
     try {
       DeviceGuard guard(device_);
@@ -266,8 +270,60 @@ ProcessGroup::~ProcessGroup() {
 }
 
 void ProcessGroup::check_usable(const char* what) const {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
   GW_CHECK(aborted_.empty(), "ProcessGroup::", what, ": the group was aborted (", aborted_,
            "); expected a new ProcessGroup on every rank");
+}
+
+std::string ProcessGroup::aborted() const {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
+  return aborted_;
+}
+
+void ProcessGroup::abort_group(const std::string& why) {
+  void* comm = nullptr;
+  {
+    std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
+    if (!aborted_.empty()) return;
+    aborted_ = why;  // first: a launch or a call from now on is refused with it
+    comm = comm_;
+    comm_ = nullptr;
+  }
+#if GRAPHWARD_HAS_NCCL
+  if (!comm) return;
+  auto c = static_cast<ncclComm_t>(comm);
+  if (!finishes_within(kAbortWaitS, [c] { (void)ncclCommAbort(c); })) {
+    std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
+    aborted_ += detail::concat("; NCCL's abort had not returned after ", kAbortWaitS,
+                               " s (it waits for the other ranks on this machine): the "
+                               "communicator's resources stay with this process until it ends");
+  }
+#else
+  (void)comm;
+#endif
+}
+
+std::shared_ptr<ReplayWatchdog> ProcessGroup::watchdog() {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
+  if (!watchdog_) {
+    ReplayWatchdog::Group group;
+    group.abort = [this](const std::string& why) { abort_group(why); };
+    group.aborted = [this] { return aborted(); };
+    group.async_error = [this]() -> std::string {
+#if GRAPHWARD_HAS_NCCL
+      std::unique_lock<std::recursive_mutex> lock(nccl_mutex_, std::try_to_lock);
+      if (!lock.owns_lock() || !comm_) return "";  // busy: the next look
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t got = ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &async);
+      if (got != ncclSuccess) return ncclGetErrorString(got);
+      if (async != ncclSuccess && async != ncclInProgress) return ncclGetErrorString(async);
+#endif
+      return "";
+    };
+    watchdog_ = std::make_shared<ReplayWatchdog>(rank_, device_, collective_timeout_s_,
+                                                 std::move(group));
+  }
+  return watchdog_;
 }
 
 void ProcessGroup::wait_for_stream(const std::string& what) {
@@ -328,15 +384,9 @@ void ProcessGroup::wait_until(const std::function<bool()>& done, const std::stri
                            " s for the other ranks");
     }
     if (!why.empty()) {
-      comm_ = nullptr;
-      aborted_ = detail::concat(why, " in ", what);
-      if (!finishes_within(kAbortWaitS, [comm] { (void)ncclCommAbort(comm); })) {
-        aborted_ += detail::concat("; NCCL's abort had not returned after ", kAbortWaitS,
-                                   " s (it waits for the other ranks on this machine): the "
-                                   "communicator's resources stay with this process until it ends");
-      }
+      abort_group(detail::concat(why, " in ", what));
       throw Error(detail::concat(
-          "ProcessGroup: ", aborted_, "; expected every rank to reach the same collectives (a "
+          "ProcessGroup: ", aborted(), "; expected every rank to reach the same collectives (a "
           "rank that stopped, failed or runs another model leaves the others waiting). The group "
           "is aborted: make a new one on every rank"));
     }
@@ -354,6 +404,7 @@ void ProcessGroup::before_collective(cudaStream_t s, const char* what) {
   GW_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
   if (status == cudaStreamCaptureStatusActive) {
     captured_ = true;
+    watch_this_capture(watchdog());  // Note [Replay watchdog]: the graph made of it is watched
   } else if (captured_ && !nccl_graph_mixing_) {
     wait_for_device(detail::concat("waiting for the device before an uncaptured ", what,
                                    " (a graph holding this group's collectives may be running)"));
@@ -379,6 +430,7 @@ std::string ProcessGroup::new_unique_id_hex() {
 
 void ProcessGroup::reduce_on_stream(const std::vector<Tensor>& tensors, bool average, int root,
                                     bool sum) {
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
   check_usable(average ? "average" : "broadcast");
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -460,6 +512,7 @@ void ProcessGroup::broadcast(const std::vector<Tensor>& tensors, int root) {
 
 std::vector<std::uint64_t> ProcessGroup::all_gather(std::uint64_t value) {
   check_capturable("ProcessGroup::all_gather");  // it synchronizes
+  std::lock_guard<std::recursive_mutex> lock(nccl_mutex_);
   check_usable("all_gather");
   if (!comm_) return {value};
   std::vector<std::uint64_t> out(static_cast<std::size_t>(world_size_));

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "backward/backward.h"
+#include "dist/watchdog.h"
 #include "runtime/memory.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -174,6 +176,10 @@ class ProcessGroup final : public GradientReducer {
 
   // A fresh NCCL unique id in hex, for a launcher to hand every process as GRAPHWARD_NCCL_ID.
   static std::string new_unique_id_hex();
+  // Why the group was aborted — a collective that did not finish within collective_timeout_s, in
+  // a wait of the group's or in a replay (Note [Replay watchdog], dist/watchdog.h), or an error
+  // NCCL reported — or "" while it works. Any thread.
+  std::string aborted() const;
 
  private:
   // `sum`: with average_not_broadcast, sum instead (Note [Summed reductions]).
@@ -189,6 +195,14 @@ class ProcessGroup final : public GradientReducer {
   // uncaptured one once one was captured (NCCL's mixing support off).
   void before_collective(cudaStream_t stream, const char* what);
   void check_usable(const char* what) const;  // throws once the group was aborted
+  // Marks the group aborted with `why` (the first reason stays) and then aborts the communicator,
+  // waiting for NCCL's abort a bounded time. Any thread (Note [Replay watchdog]).
+  void abort_group(const std::string& why);
+  // Note [Replay watchdog]: this group's, made at its first captured collective.
+  std::shared_ptr<ReplayWatchdog> watchdog();
+  // Host calls into NCCL, and comm_ and aborted_, under this lock (the watchdog's thread aborts).
+  mutable std::recursive_mutex nccl_mutex_;
+  std::shared_ptr<ReplayWatchdog> watchdog_;
   int rank_ = 0;
   int world_size_ = 1;
   Device device_ = Device::cpu();

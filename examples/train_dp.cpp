@@ -9,6 +9,7 @@
 //            [--bucket-mib M] [--first-bucket-mib M] [--grads-in-buckets on|off]
 //            [--nccl-max-ctas N] [--grad-write overwrite|accumulate]
 //            [--check] [--bench] [--with-reducer] [--trace FILE] [--dot PREFIX]
+//            [--collective-timeout S] [--die-at-step N]
 //
 // --batch is each rank's part; the global batch is B × world size. Every rank starts from rank
 // 0's parameters (broadcast). With --check, after each mode every rank must hold the same
@@ -23,6 +24,11 @@
 // writes its timeline, the bucket reductions on a track of their own beside the backward's streams.
 // With --dot (step-graph mode), every rank writes its captured step graph as Graphviz DOT, every
 // node's parameters included, to PREFIX.r<rank>.dot.
+// --collective-timeout S: the group's collective_timeout_s (default 300). --die-at-step N: the last
+// rank ends its process right after it launched step N of the first mode (a peer that dies
+// mid-replay), and the other ranks read their loss every step: Note [Replay watchdog]
+// (dist/watchdog.h) turns their wait into an error naming the rank, the graph and the replay
+// within the timeout, instead of a hang.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -57,6 +63,9 @@ struct Config {
   bool bench = false;
   bool with_reducer = false;
   std::string trace, dot;
+  double collective_timeout_s = 300;
+  int die_at_step = -1;  // the last rank exits right after launching this step (-1: never)
+  bool last_rank = false;
 };
 
 enum class Mode { kEager, kBackwardGraph, kStepGraph };
@@ -203,7 +212,16 @@ Result train(const Config& c, gw::Device dev, Mode mode, Mlp& model, const std::
         break;
     }
     if (timed) end_events[static_cast<std::size_t>(s)].record(gw::current_stream(dev));
-    if (s == 0) r.first_loss = static_cast<float>(loss.item());
+    if (s == c.die_at_step && c.last_rank) {
+      std::fprintf(stderr, "train_dp: the last rank ends its process after launching step %d\n", s);
+      std::fflush(stderr);
+      std::_Exit(3);  // a peer that dies mid-replay: no teardown, no goodbye
+    }
+    if (s == 0) {
+      r.first_loss = static_cast<float>(loss.item());
+    } else if (c.die_at_step >= 0) {
+      (void)loss.item();  // the survivors wait for every step (Note [Replay watchdog])
+    }
     if (s == c.steps - 1) r.last_loss = static_cast<float>(loss.item());
     wall_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                                 wall_start).count());
@@ -289,6 +307,11 @@ int main(int argc, char** argv) {
          [&](const char* v) { c.nccl_max_ctas = ex::parse_count("--nccl-max-ctas", v, 0); }},
         {"--grad-write", [&](const char* v) { grad_write = v; }},
         {"--trace", [&](const char* v) { c.trace = v; }},
+        {"--collective-timeout",
+         [&](const char* v) {
+           c.collective_timeout_s = ex::parse_number("--collective-timeout", v, 0, 1e6);
+         }},
+        {"--die-at-step", [&](const char* v) { c.die_at_step = ex::parse_count("--die-at-step", v, 0); }},
         {"--dot", [&](const char* v) { c.dot = v; }},
     };
     const std::map<std::string, bool*> switches = {
@@ -339,6 +362,7 @@ int main(int argc, char** argv) {
     po.gradients_in_buckets = c.grads_in_buckets == "on";
     if (c.nccl_max_ctas < 0) throw gw::Error("expected --nccl-max-ctas >= 0 (0: NCCL's choice)");
     po.nccl_max_ctas = c.nccl_max_ctas;
+    po.collective_timeout_s = c.collective_timeout_s;
     if (grad_write != "overwrite" && grad_write != "accumulate") {
       throw gw::Error("--grad-write " + grad_write + "; expected overwrite or accumulate");
     }
@@ -347,6 +371,7 @@ int main(int argc, char** argv) {
     gw::dist::ProcessGroup pg(po);
     const gw::Device dev = pg.device();
     const int rank = pg.rank(), world = pg.world_size();
+    c.last_rank = world > 1 && rank == world - 1;
     if (rank == 0) {
       std::printf(
           "train_dp: %d rank(s) on %s; %lld branch(es) of %lld x %lld, batch %lld a rank (%lld in "

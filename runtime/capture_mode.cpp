@@ -8,7 +8,22 @@ namespace graphward {
 namespace {
 thread_local const std::string* t_capturing = nullptr;  // what the innermost scope captures
 thread_local bool t_whole_step = false;
+thread_local CaptureWatchers* t_watchers = nullptr;  // Note [Watched replays]
 }  // namespace
+
+CaptureWatchers::CaptureWatchers() : previous_(t_watchers) {
+  t_watchers = this;
+}
+CaptureWatchers::~CaptureWatchers() {
+  t_watchers = previous_;
+}
+void watch_this_capture(const std::shared_ptr<ReplayWatcher>& watcher) {
+  if (!t_watchers || !watcher) return;
+  for (const auto& w : t_watchers->watchers_) {
+    if (w == watcher) return;
+  }
+  t_watchers->watchers_.push_back(watcher);
+}
 
 WholeStepScope::WholeStepScope() noexcept : previous_(t_whole_step) {
   t_whole_step = true;

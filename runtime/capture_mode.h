@@ -11,7 +11,9 @@
 // Ops that check: Tensor::item, Tensor::to_vector, Tensor::to (host <-> device and across
 // devices), Stream::synchronize, Event::synchronize, Event::query, and a timed backward() (its
 // trace synchronizes).
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace graphward {
 
@@ -62,5 +64,41 @@ void check_capturable(const char* op);
 // one cudaStreamIsCapturing inside. Not checked: factories with no input (zeros, randn), whose
 // output, read on a captured stream, makes the capture fail instead.
 void check_launch_stream(const void* stream);
+
+// Note [Watched replays]
+// Work a graph captures may wait on the GPU for something outside the process — a collective
+// waits for the other ranks — and a replay of it would then hang forever when a peer died. So
+// what enqueues such work inside a capture registers a ReplayWatcher for the graph being made
+// (watch_this_capture); the graph keeps its capture's watchers (capture::Graph) and calls them
+// around every launch: before it, a watcher that knows the work can never finish (its group was
+// aborted, or is gone) refuses the launch with an error naming the graph; after it, the watcher
+// records the launch and sees that it finishes in time (dist's ReplayWatchdog). A graph no
+// watcher registered with (every single-process graph) pays nothing.
+class ReplayWatcher {
+ public:
+  virtual ~ReplayWatcher() = default;
+  // Throws a graphward::Error naming `graph` where the launch must not happen.
+  virtual void before_launch(const std::string& graph) = 0;
+  // Right after a launch on `stream` (a cudaStream_t: this header stays CUDA-free).
+  virtual void after_launch(void* stream, const std::string& graph) = 0;
+};
+// Registers `watcher` (once) with the graph being captured on this thread: with the innermost
+// CaptureWatchers; nothing where none is open.
+void watch_this_capture(const std::shared_ptr<ReplayWatcher>& watcher);
+// Collects the watchers registered on this thread while it lives (capture_stream opens one around
+// each capture). Scopes nest; the innermost collects.
+class CaptureWatchers {
+ public:
+  CaptureWatchers();
+  ~CaptureWatchers();
+  CaptureWatchers(const CaptureWatchers&) = delete;
+  CaptureWatchers& operator=(const CaptureWatchers&) = delete;
+  std::vector<std::shared_ptr<ReplayWatcher>> take() { return std::move(watchers_); }
+
+ private:
+  friend void watch_this_capture(const std::shared_ptr<ReplayWatcher>& watcher);
+  CaptureWatchers* previous_;
+  std::vector<std::shared_ptr<ReplayWatcher>> watchers_;
+};
 
 }  // namespace graphward

@@ -5,6 +5,9 @@
 // reduction on its own track, starting after the step that finished its last gradient; a bucket
 // of many small gradients goes through the flat buffer and back unchanged; gradients placed in
 // their bucket's buffer stay there, hold the plain values, and are written there afterwards.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <cstdint>
 #include <cstdlib>
 
@@ -327,6 +330,45 @@ TEST(CudaDataParallel, AfterTheFirstBackwardTheGradientsLiveInTheirBuckets) {
   Model once;
   backward(once.loss(x, t));
   EXPECT_EQ(kept.grads(), once.grads());
+}
+
+// The rendezvous of a rank other than 0 refuses, at once and naming the file, an id file that is
+// a directory, holds garbage or is large (each waited out the timeout and said "expected rank 0
+// to start and write it"); a path with a NUL byte is refused before anything is written.
+TEST(CudaProcessGroup, AnIdFileThatIsNoIdIsRefusedAtOnceByName) {
+  GW_REQUIRE_GPU();
+#if !GRAPHWARD_HAS_NCCL
+  GTEST_SKIP() << "graphward was built without NCCL";
+#else
+  const std::string dir = ::testing::TempDir() + "gw_id_files";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/a_directory");
+  {
+    std::ofstream(dir + "/garbage") << "not an id at all\n";
+    std::ofstream big(dir + "/big", std::ios::binary);
+    const std::string mib(1 << 20, 'a');
+    for (int i = 0; i < 64; ++i) big << mib;
+  }
+  const struct {
+    const char* file;
+    const char* says;
+  } cases[] = {{"/a_directory", "not a regular file"},
+               {"/garbage", "does not hold an NCCL id"},
+               {"/big", "holds 67108864 bytes"}};
+  for (const auto& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    GW_EXPECT_ERROR(dist::ProcessGroup({.rank = 1, .world_size = 2, .device = kGpu,
+                                        .id_file = dir + c.file, .timeout_s = 60}),
+                    "rank 1", c.file, c.says);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(s, 5.0) << c.file << ": waited instead of refusing";
+  }
+  GW_EXPECT_ERROR(dist::ProcessGroup({.rank = 0, .world_size = 2, .device = kGpu,
+                                      .id_file = dir + std::string("/x\0y", 4)}),
+                  "NCCL id file", "NUL");
+  std::filesystem::remove_all(dir);
+#endif
 }
 
 }  // namespace

@@ -434,6 +434,10 @@ TEST(ProcessGroupCpu, AGroupOfOneChangesNothingAndBadGroupsAreRefusedByName) {
   GW_EXPECT_ERROR(dist::ProcessGroup({.world_size = 1, .device = Device::cpu(), .bucket_bytes = 0}),
                   "bucket_bytes is 0");
   GW_EXPECT_ERROR(pg.broadcast(reduced.params(), 1), "root 1", "below 1");
+  // An undefined tensor is named as such (it was "a tensor on no device").
+  GW_EXPECT_ERROR(pg.all_reduce_average({reduced.params()[0], Tensor()}), "tensor 1 of 2",
+                  "undefined");
+  GW_EXPECT_ERROR(pg.broadcast({Tensor()}), "tensor 0 of 1", "undefined");
   GW_EXPECT_ERROR(
       dist::ProcessGroup({.world_size = 1, .device = Device::cpu(), .collective_timeout_s = 0}),
       "collective_timeout_s is 0", "expected seconds above 0");

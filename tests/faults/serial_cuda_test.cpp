@@ -7,13 +7,22 @@
 //     written) and the next steps capture, replay and give the eager gradients;
 //   * a fault in a replayed backward is reported with the graph that ran and the loss of the
 //     context, and the process exits cleanly; with GRAPHWARD_LOCALIZE_FAULTS=1 the backward runs
-//     eagerly and the failing node is named.
+//     eagerly and the failing node is named;
+//   * a replay whose collectives never finish (a kernel spinning on host memory stands in for the
+//     dead peer) aborts its group within the collective timeout, naming the rank, the graph and
+//     the replay, and the next launch is refused by name; a graph that outlives its group refuses
+//     to launch (Note [Replay watchdog], dist/watchdog.h).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include <chrono>
+#include <optional>
+#include <thread>
+
 #include "capture/backward_graph.h"
 #include "faults/fault_kernels.h"
+#include "graphward_dist.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -230,6 +239,81 @@ TEST(CudaFaults, WithLocalizeFaultsTheBackwardRunsEagerlyAndNamesTheFailingNode)
       "of [0-9]+ of the plan, on stream 0\\) failed: CUDA error cudaError.*context of this "
       "process is lost");
 }
+
+// ---- Note [Replay watchdog] (dist/watchdog.h) ---------------------------------------------------
+
+// A step whose graph holds a group's all-reduce, after a kernel that spins while `flag` is set.
+struct WatchedStep {
+  Tensor x = randn({16, 32}, 1, kF32Gpu);
+  Tensor w = mul(randn({8, 32}, 2, kF32Gpu), 0.1).detach().set_requires_grad(true);
+  Sgd opt{{w}, {.lr = 0.01}};
+  std::optional<StepGraph> graph{std::in_place, kGpu, std::vector<Tensor>{x}};
+  volatile int* flag = nullptr;  // mapped host memory
+  const volatile int* device_flag = nullptr;
+  WatchedStep() {
+    int* host = nullptr;
+    GW_CUDA_CHECK(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped));
+    *host = 0;
+    flag = host;
+    int* dev = nullptr;
+    GW_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    device_flag = dev;
+  }
+  Tensor run(dist::ProcessGroup* pg) {
+    return graph->run([this, pg] {
+      testing::launch_spin_while_set(device_flag, current_stream(kGpu));
+      const Tensor loss = mean(linear(x, w));
+      backward(loss, {.grad_write = GradWrite::kOverwrite, .reduce_gradients = pg});
+      opt.step();
+      return loss;
+    });
+  }
+};
+
+#if GRAPHWARD_HAS_NCCL
+TEST(CudaReplayWatchdog, AReplayThatDoesNotFinishAbortsItsGroupByNameAndTheNextLaunchIsRefused) {
+  GW_REQUIRE_GPU();
+  dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu, .collective_timeout_s = 1});
+  WatchedStep step;
+  for (int s = 0; s < 3; ++s) (void)step.run(&pg).item();  // warm-up, capture, a replay
+  EXPECT_EQ(step.graph->counters().captures, 1u);
+  EXPECT_EQ(pg.aborted(), "");
+  *step.flag = 1;            // the next replay's kernel never finishes: a dead peer
+  (void)step.run(&pg);       // launched; nothing on the host waits for it
+  const auto start = std::chrono::steady_clock::now();
+  while (pg.aborted().empty() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string why = pg.aborted();
+  // The capturing step's launch was replay 1, the next step's 2: the stuck one is 3.
+  EXPECT_NE(why.find("rank 0: replay 3 of the whole-step graph of a StepGraph"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("did not finish within 1 s"), std::string::npos) << why;
+  EXPECT_LT(waited, 5.0) << "the group was marked aborted late: " << why;
+  // The next launch is refused by name, before anything is launched; so is the group's next call.
+  GW_EXPECT_ERROR((void)step.run(&pg), "rank 0: replay 4 of the whole-step graph", "refused",
+                  "the group was aborted", "did not finish within 1 s");
+  GW_EXPECT_ERROR(pg.all_reduce_average({step.w}), "the group was aborted");
+  *step.flag = 0;  // let the spinning kernel end (the process exits cleanly)
+}
+
+TEST(CudaReplayWatchdog, AGraphThatOutlivesItsGroupRefusesToLaunch) {
+  GW_REQUIRE_GPU();
+  WatchedStep step;
+  {
+    dist::ProcessGroup pg({.rank = 0, .world_size = 1, .device = kGpu});
+    for (int s = 0; s < 3; ++s) (void)step.run(&pg).item();
+    EXPECT_EQ(step.graph->counters().replays, 2u);
+  }
+  GW_EXPECT_ERROR((void)step.run(nullptr), "holds collectives of a ProcessGroup that is gone");
+  // A graph captured without a group is not watched: the same step captured again runs.
+  step.graph->recapture();
+  for (int s = 0; s < 2; ++s) (void)step.run(nullptr).item();
+}
+#endif
 
 }  // namespace
 }  // namespace graphward

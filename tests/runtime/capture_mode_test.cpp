@@ -61,5 +61,32 @@ TEST(CaptureMode, ABackwardThatReadsAValueOnTheHostIsRefusedAndAPlainOneRuns) {
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(4, 3.0f));
 }
 
+// Note [Watched replays]: a watcher registered inside a CaptureWatchers scope is collected once
+// (a group's collectives register it for every one), by the innermost scope; outside any scope a
+// registration does nothing.
+TEST(CaptureMode, WatchersRegisteredDuringACaptureAreCollectedOnceByTheInnermostScope) {
+  struct Counting final : ReplayWatcher {
+    void before_launch(const std::string&) override {}
+    void after_launch(void*, const std::string&) override {}
+  };
+  const auto a = std::make_shared<Counting>(), b = std::make_shared<Counting>();
+  watch_this_capture(a);  // no scope: nothing holds it
+  EXPECT_EQ(a.use_count(), 1);
+  CaptureWatchers outer;
+  watch_this_capture(a);
+  watch_this_capture(a);
+  {
+    CaptureWatchers inner;
+    watch_this_capture(b);
+    const auto got = inner.take();
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0], b);
+  }
+  watch_this_capture(nullptr);
+  const auto got = outer.take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], a);
+}
+
 }  // namespace
 }  // namespace graphward

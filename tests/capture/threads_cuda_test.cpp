@@ -1,0 +1,143 @@
+// Graph owners shared across threads on the GPU: one BackwardGraph and one StepGraph serving two
+// threads, each with its own model on its own stream (a shared BackwardGraph crashed in the first
+// steps); and what a captured step refuses by name (empty_cache, a BackwardGraph inside it).
+#include <barrier>
+#include <thread>
+
+#include "capture/step_graph.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+
+constexpr Device kGpu = Device::cuda(0);
+const TensorOptions kF32Gpu{DType::kFloat32, kGpu};
+
+class CudaThreads : public testing::PoisonedCudaTest {};
+
+struct Model {
+  Tensor w1, w2;
+  explicit Model(std::uint64_t seed)
+      : w1(mul(randn({64, 32}, seed, kF32Gpu), 0.2).detach().set_requires_grad(true)),
+        w2(mul(randn({16, 64}, seed + 1, kF32Gpu), 0.2).detach().set_requires_grad(true)) {}
+  // This step's batch (made on the host and uploaded: outside any capture).
+  static std::vector<Tensor> batch(std::uint64_t step) {
+    return {randn({32, 32}, 100 + step, kF32Gpu), randn({32, 16}, 200 + step, kF32Gpu)};
+  }
+  Tensor loss(const std::vector<Tensor>& b) const {
+    return mse_loss(linear(linear(b[0], w1, Tensor(), Activation::kGelu), w2), b[1]);
+  }
+  Tensor loss(std::uint64_t step) const { return loss(batch(step)); }
+};
+
+// One BackwardGraph, two threads, each its own model and stream, 200 steps each: every step's
+// .grads are those of the eager backward of the same step, bitwise; the graph captured (at least)
+// once per thread and replayed.
+TEST_F(CudaThreads, OneBackwardGraphServesTwoThreadsEachWithItsOwnModelAndStream) {
+  constexpr int kSteps = 200;
+  BackwardGraph bw(kGpu);
+  Model models[2] = {Model(1), Model(5)}, refs[2] = {Model(1), Model(5)};
+  std::vector<std::vector<float>> want[2];
+  for (int t = 0; t < 2; ++t) {
+    for (int s = 0; s < kSteps; ++s) {
+      backward(refs[t].loss(s), {.grad_write = GradWrite::kOverwrite});
+      want[t].push_back(refs[t].w1.grad().to_vector<float>());
+    }
+  }
+  std::atomic<int> wrong[2] = {0, 0};
+  std::barrier<> start(2);
+  auto run = [&](int me) {
+    Stream own(kGpu);
+    StreamGuard on(own);
+    for (int s = 0; s < kSteps; ++s) {
+      if (s % 20 == 0) start.arrive_and_wait();
+      bw.backward(models[me].loss(s), GradWrite::kOverwrite);
+      if (models[me].w1.grad().to_vector<float>() != want[me][s]) ++wrong[me];
+    }
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  EXPECT_EQ(wrong[0].load(), 0);
+  EXPECT_EQ(wrong[1].load(), 0);
+  const BackwardGraphStats st = bw.stats();
+  EXPECT_GE(st.counters.captures, 2u);
+  EXPECT_GT(st.counters.replays, 0u);
+}
+
+// One StepGraph, two threads, each stepping its own model with its own optimizer on its own
+// stream: each model ends where the same steps taken alone leave it, bitwise (the graph is
+// captured again whenever the other thread's step came last: it serves its capturing thread).
+TEST_F(CudaThreads, OneStepGraphServesTwoThreadsAndEachModelTrainsAsAlone) {
+  constexpr int kSteps = 30;
+  auto train_alone = [](std::uint64_t seed) {
+    Model m(seed);
+    Sgd opt({m.w1, m.w2}, {.lr = 0.05});
+    for (int s = 0; s < kSteps; ++s) {
+      backward(m.loss(s), {.grad_write = GradWrite::kOverwrite});
+      opt.step();
+    }
+    return m.w1.to_vector<float>();
+  };
+  const std::vector<float> want[2] = {train_alone(1), train_alone(5)};
+  StepGraph graph(kGpu);
+  Model models[2] = {Model(1), Model(5)};
+  Sgd opt0({models[0].w1, models[0].w2}, {.lr = 0.05}), opt1({models[1].w1, models[1].w2}, {.lr = 0.05});
+  Sgd* opts[2] = {&opt0, &opt1};
+  auto run = [&](int me) {
+    Stream own(kGpu);
+    StreamGuard on(own);
+    for (int s = 0; s < kSteps; ++s) {
+      (void)graph.run(Model::batch(s), [&](const std::vector<Tensor>& b) {
+        const Tensor loss = models[me].loss(b);
+        backward(loss, {.grad_write = GradWrite::kOverwrite});
+        opts[me]->step();
+        return loss;
+      });
+    }
+    GW_CUDA_CHECK(cudaStreamSynchronize(own.get()));
+  };
+  std::thread other(run, 1);
+  run(0);
+  other.join();
+  EXPECT_EQ(models[0].w1.to_vector<float>(), want[0]);
+  EXPECT_EQ(models[1].w1.to_vector<float>(), want[1]);
+}
+
+// Inside a captured step, empty_cache (it surfaced later as an invalid value in a kernel's launch
+// check) and a BackwardGraph (a bare cudaErrorStreamCaptureIsolation) are refused by name; no
+// capture is left open and the next steps capture and replay.
+TEST_F(CudaThreads, EmptyCacheAndABackwardGraphInsideACapturedStepAreRefusedByName) {
+  Model m(9);
+  Sgd opt({m.w1, m.w2}, {.lr = 0.05});
+  BackwardGraph inner(kGpu);
+  for (int which = 0; which < 2; ++which) {
+    StepGraph step(kGpu);
+    const std::vector<Tensor> batch = Model::batch(0);
+    auto body = [&](bool misuse) {
+      return [&, misuse](const std::vector<Tensor>& b) {
+        const Tensor loss = m.loss(b);
+        if (misuse && which == 0) empty_cache(kGpu);
+        if (misuse && which == 1) {
+          inner.backward(loss, GradWrite::kOverwrite);
+        } else {
+          backward(loss, {.grad_write = GradWrite::kOverwrite});
+        }
+        opt.step();
+        return loss;
+      };
+    };
+    (void)step.run(batch, body(false));  // the warm-up
+    GW_EXPECT_ERROR((void)step.run(batch, body(true)),
+                    which == 0 ? "empty_cache" : "BackwardGraph::backward inside a capture");
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    GW_CUDA_CHECK(cudaStreamIsCapturing(current_stream(kGpu), &status));
+    EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+    (void)step.run(batch, body(false));
+    (void)step.run(batch, body(false));
+    EXPECT_GE(step.counters().replays, 2u);
+  }
+}
+
+}  // namespace
+}  // namespace graphward
