@@ -96,6 +96,7 @@
 #include "capture/graph_cache.h"
 #include "capture/graph_topology.h"
 #include "capture/signature.h"
+#include "runtime/capture_mode.h"
 #include "runtime/graph_pool.h"
 #include "runtime/stream.h"
 #include "tape/deferred_release.h"

@@ -251,13 +251,13 @@ struct WatchedStep {
   volatile int* flag = nullptr;  // mapped host memory
   const volatile int* device_flag = nullptr;
   WatchedStep() {
-    int* host = nullptr;
+    void* host = nullptr;
     GW_CUDA_CHECK(cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped));
-    *host = 0;
-    flag = host;
-    int* dev = nullptr;
+    flag = static_cast<volatile int*>(host);
+    *flag = 0;
+    void* dev = nullptr;
     GW_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-    device_flag = dev;
+    device_flag = static_cast<const volatile int*>(dev);
   }
   Tensor run(dist::ProcessGroup* pg) {
     return graph->run([this, pg] {
