@@ -259,11 +259,6 @@ void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
     detail::NvtxRange nvtx("BackwardGraph::signature");
     capture::tape_signature(sig, roots_, seeds_, caller, grad_write);
   }
-  // Note [Backwards sharing a tape] (tape/autograd.cpp): the replay frees the step's saved
-  // tensors; a capture on the way runs under these claims.
-  NodeClaims claims(/*exclusive=*/true);
-  for (const Node* n : sig.nodes) claims.add(*n);
-  const NodeClaims::ThreadScope claims_held;
   // Note [Writes of a replayed graph]: once the memo's .grads changed, the .grads that follow
   // grad_writes_ may not be this step's (even when a later step finds them unchanged again).
   if (!sig.grads_unchanged) grad_writes_leaves_.clear();
@@ -284,6 +279,11 @@ void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
 
   Cache::Decision decision = decide(caller, grad_write);
   const bool replay = decision.action == Cache::Action::kReplay;
+  // Note [Backwards sharing a tape] (tape/autograd.cpp): the replay frees the step's saved
+  // tensors; a capture on the way runs under these claims.
+  NodeClaims claims(/*exclusive=*/true);
+  claim_reached(claims, decision);
+  const NodeClaims::ThreadScope claims_held;
   const std::shared_ptr<Executable> exec =
       replay ? decision.entry->exec : capture_or_update(decision, loss, caller, grad_write);
   const auto t_decided = Clock::now();
@@ -343,6 +343,26 @@ BackwardGraph::Cache::Decision BackwardGraph::decide(cudaStream_t caller, GradWr
     }
   }
   return decision;
+}
+
+void BackwardGraph::claim_reached(NodeClaims& claims, const Cache::Decision& decision) {
+  const capture::TapeSignature& sig = signature_;
+  if (decision.action != Cache::Action::kReplay) {
+    for (const Node* n : walk_.nodes) claims.add(*n);  // what decide() walked: the reached nodes
+    return;
+  }
+  const Executable& e = *decision.entry->exec;
+  // The whole step the tape log recorded, every node of it reached (as record_and_release
+  // releases it): one claim; else (or where another backward holds a node of it) node by node.
+  const std::shared_ptr<detail::StepReads>& step = detail::tape_log().reads;
+  if (sig.source == capture::TapeSignature::Source::kLog && step &&
+      e.nodes.size() == sig.nodes.size() && !sig.nodes.empty() &&
+      sig.nodes.front()->step_reads() == step && sig.nodes.back()->step_reads() == step &&
+      claims.claim_step(*step)) {
+    if (!step->partial && !step->replayed.load(std::memory_order_acquire)) return;
+    claims.release_all();  // a node of it released on its own: each is checked by its claim
+  }
+  for (std::uint32_t i : e.nodes) claims.add(*sig.nodes[i]);
 }
 
 std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(

@@ -245,6 +245,9 @@ class BackwardGraph {
   // backward()'s parts, in order. Whether this step's signature replays a cached graph, or what
   // must be captured or updated (the reached leaves given their .grads first).
   Cache::Decision decide(cudaStream_t caller, GradWrite grad_write);
+  // Note [Backwards sharing a tape] (tape/autograd.cpp): claims the nodes the backward of
+  // `decision` reaches, before anything reads them.
+  void claim_reached(NodeClaims& claims, const Cache::Decision& decision);
   // The capture or update `decision` asks for: the executable to launch.
   std::shared_ptr<Executable> capture_or_update(Cache::Decision& decision, const Tensor& loss,
                                                 cudaStream_t caller, GradWrite grad_write);

@@ -201,7 +201,7 @@ __global__ void bias_act_kernel(float* y, const float* bias, std::int64_t n, std
   GW_GRID_STRIDE(i, n) {
     float v = y[i];
     if (bias) v = v + bias[(i / plane) % k];
-    y[i] = relu ? (v > 0.f ? v : 0.f) : v;
+    y[i] = relu ? (v > 0.f || isnan(v) ? v : 0.f) : v;  // NaN stays NaN, as relu_forward
   }
 }
 }  // namespace

@@ -26,7 +26,7 @@ template <class T>
 __global__ void relu_forward_kernel(T* y, const T* x, std::int64_t n) {
   GW_GRID_STRIDE(i, n) {
     const float v = load(x, i);
-    put(y, i, v > 0.f ? v : 0.f);
+    put(y, i, v > 0.f || isnan(v) ? v : 0.f);  // NaN stays NaN (elementwise.h)
   }
 }
 template <class T>

@@ -28,6 +28,7 @@ enum class BinaryOp : std::uint8_t { kAdd, kSub, kMul };
 template <class T>
 void fill(T* y, float value, std::int64_t n, cudaStream_t stream);  // y = value
 
+// y = x > 0 ? x : 0, and NaN where x is NaN (cuBLASLt's ReLU epilogue and PyTorch keep it).
 template <class T>
 void relu_forward(T* y, const T* x, std::int64_t n, cudaStream_t stream);
 template <class T>

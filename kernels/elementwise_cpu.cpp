@@ -13,7 +13,8 @@ void fill(T* y, T value, std::int64_t n) {
 }
 template <class T>
 void relu_forward(T* y, const T* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+  // NaN stays NaN, as cuBLASLt's ReLU epilogue and PyTorch give (x > 0 dropped it).
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) || std::isnan(x[i]) ? x[i] : T(0);
 }
 template <class T>
 void relu_backward(T* dx, const T* dy, const T* y, std::int64_t n, bool accumulate) {

@@ -1,5 +1,6 @@
 #include "runtime/graph_pool.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,14 @@
 #include "runtime/memory_detail.h"
 
 namespace graphward {
+
+namespace {
+std::atomic<std::size_t> g_pool_bytes{0};  // debug::graph_pool_bytes()
+}  // namespace
+
+std::size_t debug::graph_pool_bytes() {
+  return g_pool_bytes.load(std::memory_order_relaxed);
+}
 
 #if GRAPHWARD_HAS_CUDA
 // A block of `bytes` for an allocation on `stream` (being captured) from the pool: a reusable one,
@@ -49,6 +58,7 @@ void* detail::graph_pool_take(detail::GraphPoolState& st, cudaStream_t stream, s
     throw;
   }
   st.bytes += bytes;
+  g_pool_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return p;
 }
 
@@ -61,7 +71,10 @@ void detail::GraphPoolState::free_blocks(
   int saved = -1;
   if (cudaGetDevice(&saved) != cudaSuccess) saved = -1;
   if (saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(device.index));
-  for (const auto& [p, n] : which) GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
+  for (const auto& [p, n] : which) {
+    GW_CUDA_CHECK_NOTHROW(cudaFree(p));  // waits for the device
+    g_pool_bytes.fetch_sub(n, std::memory_order_relaxed);
+  }
   if (saved >= 0 && saved != device.index) GW_CUDA_CHECK_NOTHROW(cudaSetDevice(saved));
 #else
   (void)which;

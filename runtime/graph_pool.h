@@ -44,6 +44,11 @@ class GraphMemoryPool {
   std::shared_ptr<detail::GraphPoolState> state_;
 };
 
+namespace debug {
+// The bytes every graph memory pool of the process holds now (blocks made and not yet freed).
+std::size_t graph_pool_bytes();
+}  // namespace debug
+
 // For the scope, allocations of the calling thread on streams being captured are served by the
 // pool (and nothing else of the thread's allocations). Scopes do not nest.
 class GraphPoolScope {

@@ -80,6 +80,10 @@ struct StepReads {
   bool any_saved = false;
   bool mixed_streams = false;           // saved storages allocated on more than one stream
   cudaStream_t alloc_stream = nullptr;  // the one they were allocated on, if not mixed
+  // Note [Backwards sharing a tape] (tape/autograd.cpp): a replay of the whole step claims it at
+  // once (`claimed`); a backward claiming nodes of the step one by one counts them here.
+  std::atomic<bool> claimed{false};
+  std::atomic<int> node_claims{0};
 };
 
 // Note [Writes of a replayed graph]

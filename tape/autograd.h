@@ -258,6 +258,9 @@ class NodeClaims {
   NodeClaims(const NodeClaims&) = delete;
   NodeClaims& operator=(const NodeClaims&) = delete;
   void add(const Node& node);
+  // Claims every node of `step` at once (exclusive claims only): false, holding nothing of it,
+  // where a node of the step is claimed by another backward (then claim them one by one).
+  bool claim_step(detail::StepReads& step);
   void release_all() noexcept;
   bool exclusive() const { return exclusive_; }
   // While a ThreadScope lives, the backwards this thread runs take no claims of their own: the
@@ -277,6 +280,7 @@ class NodeClaims {
  private:
   bool exclusive_;
   std::vector<const Node*> held_;
+  detail::StepReads* step_ = nullptr;
 };
 
 namespace debug {

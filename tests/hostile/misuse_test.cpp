@@ -3,6 +3,7 @@
 // library writes, for any labels, numbers and paths; an optimizer stepped inside a backward that
 // accumulates.
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -150,6 +151,7 @@ TEST(FilesTheLibraryWrites, TheTimelineIsValidJsonForAnyInputAndPathsAreChecked)
   text << in.rdbuf();
   EXPECT_TRUE(testing::JsonCheck(text.str()).valid());
   const std::string with_nul = dir + std::string("prefix\0.json", 12);
+  std::filesystem::remove(dir + "prefix");  // left by an earlier run
   GW_EXPECT_ERROR(write_chrome_trace(with_nul, steps, {"a", "b"}, "t"), "write_chrome_trace",
                   "NUL");
   EXPECT_FALSE(std::ifstream(dir + "prefix").good()) << "the prefix's file was written";

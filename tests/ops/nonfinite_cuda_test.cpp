@@ -122,7 +122,9 @@ TEST_F(CudaNonFinite, LinearLayersAndTheirFusedActivationsAgreeOnNaNAndInfinitie
 
 // max_pool2d: a window holding a NaN pools to NaN on both (the CPU dropped it: [NaN, 1, 2, 3]
 // pooled to 3), a window of NaNs to NaN (the CPU gave −inf), and the gradient goes where CUDA
-// sends it; avg_pool2d and conv2d with its ReLU likewise.
+// sends it; avg_pool2d likewise. Not convolutions: cuDNN's transform algorithms (FFT, Winograd)
+// spread a non-finite input over outputs whose windows do not hold it (seen on the H200: −FLT_MAX
+// in a finite output's place), as in PyTorch on the GPU; where they go is cuDNN's, not promised.
 TEST_F(CudaNonFinite, PoolingAndConvolutionAgreeOnNaNAndInfinities) {
   using V = std::vector<Tensor>;
   std::vector<float> v = {NAN, 1, 2, 3, 5, 6, 7, 8, NAN, NAN, NAN, NAN, 1, INFINITY, -INFINITY, 0};
@@ -136,12 +138,11 @@ TEST_F(CudaNonFinite, PoolingAndConvolutionAgreeOnNaNAndInfinities) {
                [](const V& a) { return max_pool2d(a[0], {.kernel = 2, .stride = 2}); });
   expect_agree("avg_pool2d", {x},
                [](const V& a) { return avg_pool2d(a[0], {.kernel = 2, .stride = 2}); });
-  const Tensor img = with_nonfinite({2, 3, 6, 6}, 9, 17), w = randn({4, 3, 3, 3}, 10),
-               b = randn({4}, 11);
-  expect_agree("conv2d", {img, w, b}, [](const V& a) {
-    return conv2d(a[0], a[1], a[2], {.padding = 1, .deterministic = true});
-  });
-  expect_agree("conv2d + relu", {img, w, b}, [](const V& a) {
+  // conv2d's own ReLU (after cuDNN's convolution) keeps a NaN as relu does: a NaN bias gives
+  // NaN outputs, a finite image finite ones.
+  const Tensor img = randn({2, 3, 6, 6}, 9), w = randn({4, 3, 3, 3}, 10);
+  const Tensor b = from_vector(std::vector<float>{NAN, 0.5f, -INFINITY, 1.f}, {4});
+  expect_agree("conv2d + relu, a NaN bias", {img, w, b}, [](const V& a) {
     return conv2d(a[0], a[1], a[2],
                   {.padding = 1, .deterministic = true, .activation = Activation::kRelu});
   });
