@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 
@@ -202,15 +203,19 @@ bool BackwardGraph::make_missing_grads(const std::vector<Tensor>& leaves) {
   return made;
 }
 
-std::uint64_t& BackwardGraph::calls_on_this_thread() {
+void BackwardGraph::check_thread(const char* what) const {
   const std::thread::id me = std::this_thread::get_id();
-  for (auto& [id, calls] : thread_calls_) {
-    if (id == me) return calls;
-  }
-  return thread_calls_.emplace_back(me, 0).second;
+  if (me == owner_) return;
+  std::ostringstream os;
+  os << what << " on thread " << me << "; this BackwardGraph serves thread " << owner_
+     << ", which made it (its tape log, the library handles its captures use and its graphs' "
+        "inputs are that thread's). Expected a BackwardGraph on each thread (they may share "
+        "parameters: their backwards take turns on a shared .grad)";
+  GW_CHECK(false, os.str());
 }
 
 void BackwardGraph::backward(const Tensor& loss, GradWrite grad_write) {
+  check_thread("BackwardGraph::backward");
   std::lock_guard<std::mutex> lock(mutex_);
   backward_locked(loss, grad_write);
 }
@@ -231,9 +236,8 @@ void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
   } reset_log;
   if (options_.backward.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
   ++calls_;
-  const std::uint64_t thread_calls = ++calls_on_this_thread();
   if (device_.is_cpu() || options_.force_eager || localize_ ||
-      thread_calls <= static_cast<std::uint64_t>(options_.warmup)) {
+      calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
 #if GRAPHWARD_HAS_CUDA
     // Note [Input slots]: what the warm-up's tape read, for the first capture to compare with.
     if (device_.is_cuda() && !options_.force_eager && !localize_) {
@@ -548,16 +552,16 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
 #endif
 
 std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_write) {
+  check_thread("BackwardGraph::trace");
   std::lock_guard<std::mutex> lock(mutex_);
   check_loss(loss, "BackwardGraph::trace");
   GW_CHECK(device_.is_cuda(), "BackwardGraph::trace: times a replay of a CUDA graph; this "
                               "BackwardGraph is for ", device_.str(),
            " (the eager backward's trace: backward(loss, {.timings = &steps}))");
   check_capturable("BackwardGraph::trace");  // it synchronizes
-  const std::uint64_t thread_calls = calls_on_this_thread();
-  GW_CHECK(thread_calls >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
+  GW_CHECK(calls_ >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
            "BackwardGraph::trace: call it after the warm-up (", options_.warmup,
-           " backward() call(s) on this thread; so far ", thread_calls,
+           " backward() call(s); so far ", calls_,
            ") so that library initialization happens outside the capture, and not with "
            "force_eager (there is no graph to trace; time the eager backward with "
            "backward(loss, {.timings = &steps}))");

@@ -42,11 +42,13 @@
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
 //
-// Threads: one BackwardGraph may serve several threads (each with its own model and stream, say):
-// its calls take a lock, so they run one at a time, and the warm-up is counted per thread (a
-// thread's cuBLAS and cuDNN handles are its own, made in its eager steps, never in a capture).
-// A thread other than the one that made it has its tape walked for the signature (the tape log
-// is the making thread's).
+// Threads: a BackwardGraph serves the thread that made it. Its tape log is that thread's, the
+// cuBLAS and cuDNN handles its captures use are made in that thread's eager steps, and its seed,
+// input slots and warm-up walk stand for that thread's steps: backward() or trace() from another
+// thread is refused with an error naming both threads (it crashed), and one BackwardGraph a thread
+// is the way to train on several (they may share parameters; Note [Leaves shared across threads],
+// backward/eager_executor.cpp). stats() and write_dot() may be called from any thread (every call
+// takes a lock).
 //
 // Note [Input slots]
 // A training loop hands the model a new batch tensor every step, at another address, and the
@@ -258,10 +260,10 @@ class BackwardGraph {
   // Gives each leaf without a .grad a zero one; whether it made any.
   bool make_missing_grads(const std::vector<Tensor>& leaves);
   void backward_locked(const Tensor& loss, GradWrite grad_write);
-  // backward() calls made on the calling thread so far (its warm-up is its own).
-  std::uint64_t& calls_on_this_thread();
+  // Throws naming both threads unless called on owner_ (see Threads above).
+  void check_thread(const char* what) const;
   mutable std::mutex mutex_;  // every public call holds it (see Threads above)
-  std::vector<std::pair<std::thread::id, std::uint64_t>> thread_calls_;
+  std::thread::id owner_ = std::this_thread::get_id();  // the thread that made it
   Device device_;
   BackwardGraphOptions options_;
   bool localize_ = false;  // options_.backward.localize_faults or GRAPHWARD_LOCALIZE_FAULTS

@@ -138,10 +138,11 @@ TEST(ThreadsSharingATape, BackwardsThatKeepTheGraphRunTogetherAndAFreeingOneNeve
   EXPECT_EQ(mismatches, 0);
 }
 
-// One BackwardGraph serving two threads, each with its own model: every backward writes the
-// gradient its own model gives alone (on the CPU the eager backward; the calls run one at a time).
-TEST(ThreadsSharingABackwardGraph, EachThreadGetsItsOwnModelsGradients) {
-  BackwardGraph bw(Device::cpu());
+// A BackwardGraph serves the thread that made it: another thread's backward is refused by name
+// (on the GPU it crashed), while one BackwardGraph a thread, over the threads' own models, gives
+// every backward its own model's gradients.
+TEST(ThreadsSharingABackwardGraph, AnotherThreadIsRefusedByNameAndOneAThreadWorks) {
+  BackwardGraph shared(Device::cpu());
   Tensor w[2] = {uniform({6, 6}, -0.5, 0.5, 3).set_requires_grad(true),
                  uniform({6, 6}, -0.5, 0.5, 4).set_requires_grad(true)};
   std::vector<double> ref[2];
@@ -149,13 +150,27 @@ TEST(ThreadsSharingABackwardGraph, EachThreadGetsItsOwnModelsGradients) {
     backward(sum(relu(linear(randn({3, 6}, 10 + t), w[t]))), {.grad_write = GradWrite::kOverwrite});
     ref[t] = values(w[t].grad());
   }
+  std::string refused;
+  std::thread([&] {
+    try {
+      shared.backward(sum(relu(linear(randn({3, 6}, 11), w[1]))), GradWrite::kOverwrite);
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+  }).join();
+  EXPECT_NE(refused.find("BackwardGraph::backward on thread"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("serves thread"), std::string::npos) << refused;
+  shared.backward(sum(relu(linear(randn({3, 6}, 10), w[0]))), GradWrite::kOverwrite);
+  EXPECT_EQ(values(w[0].grad()), ref[0]);
   std::atomic<int> wrong{0};
-  two_threads([&](int me, int) {
-    bw.backward(sum(relu(linear(randn({3, 6}, 10 + me), w[me]))), GradWrite::kOverwrite);
+  BackwardGraph* own[2] = {nullptr, nullptr};
+  std::unique_ptr<BackwardGraph> made[2];
+  two_threads([&](int me, int round) {
+    if (round == 0) own[me] = (made[me] = std::make_unique<BackwardGraph>(Device::cpu())).get();
+    own[me]->backward(sum(relu(linear(randn({3, 6}, 10 + me), w[me]))), GradWrite::kOverwrite);
     if (values(w[me].grad()) != ref[me]) ++wrong;
   });
   EXPECT_EQ(wrong.load(), 0);
-  EXPECT_EQ(bw.stats().eager_backwards, 2u * static_cast<std::uint64_t>(rounds()));
 }
 
 // One StepGraph serving two threads, each stepping its own model with its own optimizer: after
