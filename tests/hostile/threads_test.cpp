@@ -40,11 +40,23 @@ void two_threads(const std::function<void(int, int)>& body,
   other.join();
 }
 
+// The graph two threads backpropagate through, h = gelu(x wᵀ), made anew (and w's .grad dropped)
+// by make().
+struct SharedPrefix {
+  Tensor w = uniform({8, 8}, -0.5, 0.5, 1).set_requires_grad(true);
+  Tensor h;
+  SharedPrefix() { make(); }
+  void make() {
+    w.grad() = Tensor();
+    h = gelu(linear(randn({4, 8}, 2), w));
+  }
+};
+
 // The gradient of sum(k · gelu(x wᵀ)) for w, computed alone (the reference).
 std::vector<double> reference_grad(double k) {
-  const Tensor w = uniform({8, 8}, -0.5, 0.5, 1).set_requires_grad(true);
-  backward(sum(mul(gelu(linear(randn({4, 8}, 2), w)), k)));
-  return values(w.grad());
+  SharedPrefix p;
+  backward(sum(mul(p.h, k)));
+  return values(p.w.grad());
 }
 
 // Two backwards without retain_graph through one graph (a prefix shared by two losses): exactly
@@ -54,22 +66,16 @@ std::vector<double> reference_grad(double k) {
 // (heap-use-after-free under AddressSanitizer, a crash in the release build).
 TEST(ThreadsSharingATape, TwoBackwardsThatFreeTheGraphRunOneAndRefuseTheOther) {
   const std::vector<double> g1 = reference_grad(1), g2 = reference_grad(2);
-  const Tensor w = uniform({8, 8}, -0.5, 0.5, 1).set_requires_grad(true);
-  Tensor h;
+  SharedPrefix p;
   std::atomic<int> ran[2] = {0, 0};
   std::atomic<int> refused_running{0}, refused_again{0}, other_errors{0};
   std::string odd;
   std::mutex odd_mutex;
-  auto make = [&] {
-    w.grad() = Tensor();
-    h = gelu(linear(randn({4, 8}, 2), w));
-  };
-  make();
   int mismatches = 0;
   two_threads(
       [&](int me, int) {
         try {
-          backward(sum(mul(h, me == 0 ? 1.0 : 2.0)));
+          backward(sum(mul(p.h, me == 0 ? 1.0 : 2.0)));
           ++ran[me];
         } catch (const Error& e) {
           const std::string m = e.what();
@@ -87,9 +93,9 @@ TEST(ThreadsSharingATape, TwoBackwardsThatFreeTheGraphRunOneAndRefuseTheOther) {
       [&](int r) {
         // Exactly one ran this round, and the .grad is its gradient alone.
         const int a = ran[0].exchange(0), b = ran[1].exchange(0);
-        if (a + b != 1 || values(w.grad()) != (a ? g1 : g2)) ++mismatches;
+        if (a + b != 1 || values(p.w.grad()) != (a ? g1 : g2)) ++mismatches;
         (void)r;
-        make();
+        p.make();
       });
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(other_errors.load(), 0) << odd;
@@ -103,21 +109,15 @@ TEST(ThreadsSharingATape, BackwardsThatKeepTheGraphRunTogetherAndAFreeingOneNeve
   const std::vector<double> g1 = reference_grad(1), g2 = reference_grad(2);
   std::vector<double> g3(g1.size());
   for (std::size_t i = 0; i < g1.size(); ++i) g3[i] = g1[i] + g2[i];
-  const Tensor w = uniform({8, 8}, -0.5, 0.5, 1).set_requires_grad(true);
-  Tensor h;
+  SharedPrefix p;
   std::atomic<int> ran[2] = {0, 0};
   std::atomic<int> errors{0};
   bool mixed = false;  // the second half of the rounds: thread 1 frees the graph
-  auto make = [&] {
-    w.grad() = Tensor();
-    h = gelu(linear(randn({4, 8}, 2), w));
-  };
-  make();
   int mismatches = 0;
   two_threads(
       [&](int me, int) {
         try {
-          backward(sum(mul(h, me == 0 ? 1.0 : 2.0)), {.retain_graph = !(mixed && me == 1)});
+          backward(sum(mul(p.h, me == 0 ? 1.0 : 2.0)), {.retain_graph = !(mixed && me == 1)});
           ++ran[me];
         } catch (const Error&) {
           ++errors;
@@ -125,7 +125,7 @@ TEST(ThreadsSharingATape, BackwardsThatKeepTheGraphRunTogetherAndAFreeingOneNeve
       },
       [&](int r) {
         const int a = ran[0].exchange(0), b = ran[1].exchange(0);
-        const std::vector<double> g = values(w.grad());
+        const std::vector<double> g = values(p.w.grad());
         if (!mixed) {
           if (a + b != 2 || rel_error(g, g3) > 1e-6) ++mismatches;
         } else if (a + b == 0 || (a && b && rel_error(g, g3) > 1e-6) ||
@@ -133,7 +133,7 @@ TEST(ThreadsSharingATape, BackwardsThatKeepTheGraphRunTogetherAndAFreeingOneNeve
           ++mismatches;
         }
         mixed = r >= rounds() / 2;
-        make();
+        p.make();
       });
   EXPECT_EQ(mismatches, 0);
 }
