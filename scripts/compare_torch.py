@@ -41,6 +41,7 @@ Needs only PyTorch with CUDA; graphward's own tests never need it.
 """
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -94,8 +95,11 @@ SWEEP = [(2, 1, 1 << e, 1 << e) for e in range(6, 14)]  # the review's: N = 2^6 
 
 
 def overlap_configs():
+    """(k, d, n, b, graph, multi): graph 0 the eager backward, 1 the captured backward with every
+    .grad None before the capture, 2 (the studies only) the capture with the warm-up's .grads
+    left defined, so that it accumulates into them."""
     for k, d, n, b in OVERLAP_STUDIES + SWEEP:
-        for graph in (0, 1):
+        for graph in ((0, 1, 2) if (k, d, n, b) in OVERLAP_STUDIES else (0, 1)):
             for multi in ((0, 1) if k > 1 else (0,)):
                 yield k, d, n, b, graph, multi
 
@@ -147,46 +151,64 @@ def timed(torch, iters, warmup, prepare, op, events=False):
     return statistics.median(wall), statistics.median(host)
 
 
-def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False):
+def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False, accumulate=False):
     """PyTorch's own CUDA graph of the same backward: one forward, the backward (retain_graph)
-    captured once with torch.cuda.graph and replayed; t0; replay(); t1; synchronize; t2."""
-    _, loss_fn = make_model(torch, k, d, n, b, multi)
+    captured once with torch.cuda.graph and replayed; t0; replay(); t1; synchronize; t2.
+
+    As a user who wants speed captures it, every parameter's .grad is None before the warm-up and
+    before the capture, so the captured backward writes each gradient (the graph's pool holds it)
+    rather than adding it to one left by the warm-up. With `accumulate`, the .grads the warm-up
+    left stay defined through the capture: the graph holds one extra `grad += new` kernel a
+    parameter (the labelled second row)."""
+    params, loss_fn = make_model(torch, k, d, n, b, multi)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # forward, warm-up and capture off the default stream
         loss = loss_fn()
         for _ in range(3):
+            if not accumulate:
+                for p in params:
+                    p.grad = None
             loss.backward(retain_graph=True)
+        if not accumulate:
+            for p in params:
+                p.grad = None
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             loss.backward(retain_graph=True)
+    torch.cuda.current_stream().wait_stream(side)
     return timed(torch, iters, warmup, lambda: None, graph.replay, events)
 
 
 def run_event_rows(torch, args, jobs, width):
     """Runs each (name, run) of `jobs` whose name contains --only; run() returns (event_us, wall_us,
-    host_us). Prints a row each and writes it to the CSV (--csv) at once, so that a run cut short
-    keeps the rows it finished. A row that cannot run gives NaN and a note saying why (in the
-    table and the CSV's note column); the others go on."""
+    host_us[, loop_us]). Prints a row each and writes it to the CSV (--csv) at once, so that a run
+    cut short keeps the rows it finished. A row that cannot run gives NaN and a note saying why (in
+    the table and the CSV's note column); the others go on."""
     out = open(args.csv, "w", newline="") if args.csv else None
     writer = csv.writer(out) if out else None
     if writer:
-        writer.writerow(["config", "event_us", "wall_us", "host_us", "note"])
-    print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s}  note")
+        writer.writerow(["config", "event_us", "wall_us", "host_us", "loop_us", "note"])
+    print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s} {'loop_us':>9s}"
+          f"  note", flush=True)
+    nan = float("nan")
     for name, run_one in jobs:
         if args.only not in name:
             continue
         note = ""
+        start = time.perf_counter()
         try:
-            ev, wall, host = run_one()
+            ev, wall, host, *rest = run_one()
+            loop = rest[0] if rest else nan
         except Exception as e:  # e.g. a capture or a compile PyTorch refuses: say so, go on
-            note = " ".join(f"cannot run: {type(e).__name__}: {e}".split())[:200]
+            note = " ".join(f"cannot run: {type(e).__name__}: {e}".split())[:300]
             print(f"{name}: failed: {e}", file=sys.stderr)
-            ev = wall = host = float("nan")
+            ev = wall = host = loop = nan
         if writer:
-            writer.writerow((name, ev, wall, host, note))
+            writer.writerow((name, ev, wall, host, loop, note))
             out.flush()
-        print(f"{name:{width}s} {ev:9.1f} {wall:9.1f} {host:9.1f}  {note}", flush=True)
+        print(f"{name:{width}s} {ev:9.1f} {wall:9.1f} {host:9.1f} {loop:9.1f}  {note}"
+              f"  [{time.perf_counter() - start:.0f} s]", flush=True)
         torch.cuda.empty_cache()
     if out:
         out.close()
@@ -196,8 +218,10 @@ def run_event_rows(torch, args, jobs, width):
 def main_overlap(torch, args):
     def job(k, d, n, b, graph, multi):
         iters = iters_for(n, args.iters)
-        return lambda: (run_graph if graph else run)(
-            torch, k, d, n, b, multi, iters, warmup=min(20, iters), events=True)
+        if graph == 0:
+            return lambda: run(torch, k, d, n, b, multi, iters, warmup=min(20, iters), events=True)
+        return lambda: run_graph(torch, k, d, n, b, multi, iters, warmup=min(20, iters),
+                                 events=True, accumulate=graph == 2)
     jobs = ((f"torch_overlap/branches:{k}/depth:{d}/width:{n}/batch:{b}/graph:{graph}/"
              f"multistream:{multi}", job(k, d, n, b, graph, multi))
             for k, d, n, b, graph, multi in overlap_configs())
@@ -230,7 +254,9 @@ def make_mlp(torch, hidden, layers, batch):
     return model, list(model.parameters()), xs, ts
 
 
-def make_convnet(torch, batch, image, channels):
+def make_convnet(torch, batch, image, channels, channels_last=False):
+    """The convnet; with `channels_last`, its weights and every batch in NHWC (cuDNN's preferred
+    layout for many of its kernels)."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     nn = torch.nn
@@ -238,11 +264,17 @@ def make_convnet(torch, batch, image, channels):
         nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
         nn.Flatten(), nn.Linear(2 * channels * (image // 4) ** 2, 10)).to(dev)
-    xs, ts = batches(torch, lambda: torch.randn(batch, 3, image, image, device=dev), 10, (batch,))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    xs, ts = batches(torch, lambda: torch.randn(batch, 3, image, image, device=dev)
+                     .contiguous(memory_format=fmt), 10, (batch,))
     return model, list(model.parameters()), xs, ts
 
 
-def make_transformer(torch, batch, seq, dim):
+def make_transformer(torch, batch, seq, dim, sdpa=False):
+    """The transformer block; with `sdpa`, its attention one F.scaled_dot_product_attention
+    (PyTorch picks the fused kernel) instead of bmm, softmax, bmm written out."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     F = torch.nn.functional
@@ -266,12 +298,15 @@ def make_transformer(torch, batch, seq, dim):
         b = ids.shape[0]
         x = (F.embedding(ids, tok) + pos).reshape(b * seq, dim)
         qkv = F.linear(F.layer_norm(x, (dim,), *ln[0]), wqkv, bqkv)
-
-        def split_heads(t):
-            return t.reshape(b, seq, heads, dh).transpose(1, 2).reshape(b * heads, seq, dh)
-        q, k, v = (split_heads(t) for t in qkv.split(dim, dim=1))
-        p = F.softmax(torch.bmm(q, k.transpose(1, 2)) * dh ** -0.5, dim=-1)
-        o = torch.bmm(p, v).reshape(b, heads, seq, dh).transpose(1, 2).reshape(b * seq, dim)
+        if sdpa:
+            q, k, v = (t.reshape(b, seq, heads, dh).transpose(1, 2) for t in qkv.split(dim, dim=1))
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b * seq, dim)
+        else:
+            def split_heads(t):
+                return t.reshape(b, seq, heads, dh).transpose(1, 2).reshape(b * heads, seq, dh)
+            q, k, v = (split_heads(t) for t in qkv.split(dim, dim=1))
+            p = F.softmax(torch.bmm(q, k.transpose(1, 2)) * dh ** -0.5, dim=-1)
+            o = torch.bmm(p, v).reshape(b, heads, seq, dh).transpose(1, 2).reshape(b * seq, dim)
         x = x + F.linear(o, wo, bo)
         h = F.gelu(F.linear(F.layer_norm(x, (dim,), *ln[1]), w1, b1), approximate="tanh")
         x = x + F.linear(h, w2, b2)
@@ -281,83 +316,195 @@ def make_transformer(torch, batch, seq, dim):
     return model, params, xs, ts
 
 
-MODEL_MODES = ("eager", "graph", "eager_fused", "graph_fused", "compile", "compile_graph")
+# How a PyTorch user runs the step: a variant is a name and its options —
+#   graph      the whole step captured once in a torch.cuda.graph and replayed (static input
+#              slots copied into first; every .grad None before the warm-up and the capture)
+#   fused      AdamW(fused=True) (else PyTorch's default, foreach); capturable where graphed
+#   compile    None; "model": torch.compile(model, mode=compile_mode); "step": the step's forward
+#              and loss as one function, torch.compile(fullgraph=True, mode=compile_mode) (the
+#              backward is compiled with it by AOTAutograd; the fused AdamW, one kernel, after it)
+#   tunable    TunableOp on, tuning every GEMM shape during the warm-up, its results kept
+#   layout     "channels_last" (the convnet's weights and batches NHWC) or "sdpa" (the
+#              transformer's attention one F.scaled_dot_product_attention)
+MODEL_MODES = {
+    "eager": {},
+    "graph": {"graph": True},
+    "eager_fused": {"fused": True},
+    "graph_fused": {"graph": True, "fused": True},
+    "compile": {"fused": True, "compile": "model", "compile_mode": "reduce-overhead"},
+    "compile_graph": {"graph": True, "fused": True, "compile": "model",
+                      "compile_mode": "max-autotune-no-cudagraphs"},
+}
+
+# The strongest preset: every way a strong PyTorch user makes a fixed-shape step fast, with
+# cudnn.benchmark on in every row. Inside the whole-step graph, max-autotune runs as
+# "max-autotune-no-cudagraphs" (the same autotuning; the whole-step graph replaces its CUDA graphs);
+# compile_max_autotune is mode="max-autotune" with its own CUDA graphs, the step outside a graph.
+STRONGEST = {
+    "eager_fused": {"fused": True},
+    "graph_fused": {"graph": True, "fused": True},
+    "graph_fused_tunable": {"graph": True, "fused": True, "tunable": True},
+    "compile_step_graph": {"graph": True, "fused": True, "compile": "step",
+                           "compile_mode": "default"},
+    "compile_step_max_autotune_graph": {"graph": True, "fused": True, "compile": "step",
+                                        "compile_mode": "max-autotune-no-cudagraphs"},
+    "compile_step_max_autotune": {"fused": True, "compile": "step",
+                                  "compile_mode": "max-autotune"},
+}
+LAYOUTS = {"mlp": ("",), "convnet": ("", "channels_last"), "transformer": ("", "sdpa")}
 
 
-def run_model(torch, made, mode, iters):
-    """One whole training step per iteration of `made` = (model, params, inputs, targets) in
-    `mode` (MODEL_MODES, the module's docstring): eager (zero_grad, forward, backward, AdamW step)
-    or the whole step captured once and replayed, with the foreach or the fused AdamW, the model
-    as written or compiled."""
+def variant_name(base, layout):
+    return base + (f"+{layout}" if layout else "")
+
+
+def loop_us(torch, step, blocks=5, per_block=20):
+    """The loop a user writes: `per_block` steps back to back with nothing synchronized between
+    them (the host's next step overlaps the GPU's last), CUDA events around each block; the median
+    of `blocks` blocks, µs a step (graphward's loop_us counter)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(blocks):
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(per_block):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / per_block)
+    return statistics.median(out)
+
+
+class TunableOp:
+    """TunableOp on for one variant: every GEMM shape tuned while the warm-up runs (`tuning`),
+    its results kept in `filename` (read back by the next run), off again on exit."""
+
+    def __init__(self, torch, on, filename):
+        self.torch, self.on, self.filename = torch, on, filename
+
+    def __enter__(self):
+        if self.on:
+            t = self.torch.cuda.tunable
+            t.enable(True)
+            t.tuning_enable(True)
+            if self.filename:
+                t.set_filename(self.filename)
+                try:
+                    t.read_file(self.filename)
+                except Exception:  # no results yet: tuned in this run
+                    pass
+        return self
+
+    def tuning(self, on):
+        if self.on:
+            self.torch.cuda.tunable.tuning_enable(on)
+
+    def __exit__(self, *exc):
+        if self.on:
+            t = self.torch.cuda.tunable
+            try:
+                t.write_file(self.filename) if self.filename else None
+            finally:
+                t.tuning_enable(False)
+                t.enable(False)
+        return False
+
+
+def run_model(torch, made, opts, iters, tunable_file=None):
+    """One whole training step per iteration of `made` = (model, params, inputs, targets), run as
+    the variant `opts` says (MODEL_MODES' comment): (event_us, wall_us, host_us, loop_us)."""
     F = torch.nn.functional
     model, params, xs, ts = made
-    graph = mode in ("graph", "graph_fused", "compile_graph")
-    fused = mode != "eager" and mode != "graph"
-    if mode == "compile":
-        model = torch.compile(model, mode="reduce-overhead")
-    elif mode == "compile_graph":
-        model = torch.compile(model, mode="max-autotune-no-cudagraphs")
+    graph, fused = opts.get("graph", False), opts.get("fused", False)
+    compile_kind, compile_mode = opts.get("compile"), opts.get("compile_mode", "default")
+    if compile_kind:
+        torch._dynamo.reset()  # a fresh compile of this model (the disk caches still serve)
+    if compile_kind == "model":
+        model = torch.compile(model, mode=compile_mode)
+
+    def forward_loss(x, t):
+        return F.cross_entropy(model(x), t)
+    if compile_kind == "step":
+        forward_loss = torch.compile(forward_loss, fullgraph=True, mode=compile_mode)
+    own_graphs = compile_kind and compile_mode in ("reduce-overhead", "max-autotune")
     kwargs = {"fused": True} if fused else {}
     opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0, capturable=bool(graph), **kwargs)
     state = {"i": 0}
-    if not graph:
-        mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+    with TunableOp(torch, opts.get("tunable", False), tunable_file) as tunable:
+        if not graph:
+            mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
 
-        def step():
+            def step():
+                i = state["i"]
+                state["i"] += 1
+                if own_graphs and mark_step:
+                    mark_step()  # a new iteration of the compiled model's CUDA graphs
+                opt.zero_grad(set_to_none=True)
+                forward_loss(xs[i % 4], ts[i % 4]).backward()
+                opt.step()
+            for _ in range(10):
+                step()
+            tunable.tuning(False)
+            return timed(torch, iters, 10, lambda: None, step, events=True) + (loop_us(torch, step),)
+        # PyTorch's whole-network capture recipe: warm up on a side stream, grads set to None so
+        # the capture allocates them from the graph's pool, then capture forward, backward and step.
+        static_x, static_t = xs[0].clone(), ts[0].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                forward_loss(static_x, static_t).backward()
+                opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        tunable.tuning(False)  # the capture uses what the warm-up tuned
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            forward_loss(static_x, static_t).backward()
+            opt.step()
+
+        def replay():
             i = state["i"]
             state["i"] += 1
-            if mode == "compile" and mark_step:
-                mark_step()  # a new iteration of the compiled model's CUDA graphs
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xs[i % 4]), ts[i % 4])
-            loss.backward()
-            opt.step()
-        return timed(torch, iters, 10, lambda: None, step, events=True)
-    # PyTorch's whole-network capture recipe: warm up on a side stream, grads set to None so the
-    # capture allocates them from the graph's pool, then capture forward, backward and step.
-    static_x, static_t = xs[0].clone(), ts[0].clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(static_x), static_t).backward()
-            opt.step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(g):
-        static_loss = F.cross_entropy(model(static_x), static_t)
-        static_loss.backward()
-        opt.step()
+            static_x.copy_(xs[i % 4])
+            static_t.copy_(ts[i % 4])
+            g.replay()
+        return timed(torch, iters, 10, lambda: None, replay, events=True) + (loop_us(torch, replay),)
 
-    def replay():
-        i = state["i"]
-        state["i"] += 1
-        static_x.copy_(xs[i % 4])
-        static_t.copy_(ts[i % 4])
-        g.replay()
-    return timed(torch, iters, 10, lambda: None, replay, events=True)
+
+MODELS = ([("mlp", f"hidden:{h}/layers:{l}/batch:{b}", make_mlp, (h, l, b)) for h, l, b in MLPS]
+          + [("convnet", f"batch:{b}/image:{s}/channels:{c}", make_convnet, (b, s, c))
+             for b, s, c in CONVNETS]
+          + [("transformer", f"batch:{b}/seq:{t}/dim:{d}", make_transformer, (b, t, d))
+             for b, t, d in TRANSFORMERS])
 
 
 def main_models(torch, args):
-    models = ([("mlp", f"hidden:{h}/layers:{l}/batch:{b}", make_mlp, (h, l, b)) for h, l, b in MLPS]
-              + [("convnet", f"batch:{b}/image:{s}/channels:{c}", make_convnet, (b, s, c))
-                 for b, s, c in CONVNETS]
-              + [("transformer", f"batch:{b}/seq:{t}/dim:{d}", make_transformer, (b, t, d))
-                 for b, t, d in TRANSFORMERS])
-
-    def job(make, config, mode):
-        return lambda: run_model(torch, make(torch, *config), mode, args.iters)
-    modes = [m for m in args.modes.split(",") if m] if args.modes else list(MODEL_MODES)
-    unknown = [m for m in modes if m not in MODEL_MODES]
+    """--models: the MODEL_MODES named by --modes (all by default); --strongest: every variant of
+    STRONGEST in every layout of LAYOUTS (those named by --modes, when given)."""
+    table = STRONGEST if args.strongest else MODEL_MODES
+    modes = [m for m in args.modes.split(",") if m] if args.modes else None
+    known = {variant_name(v, l) for v in table for ls in LAYOUTS.values() for l in ls} | set(table)
+    unknown = [m for m in modes or () if m not in known]
     if unknown:
         print(f"compare_torch: unknown --modes {','.join(unknown)}; expected some of "
-              f"{','.join(MODEL_MODES)}", file=sys.stderr)
+              f"{','.join(sorted(known))}", file=sys.stderr)
         return 2
-    jobs = ((f"torch_{kind}/{name}/mode:{mode}", job(make, config, mode))
-            for kind, name, make, config in models for mode in modes)
-    return run_event_rows(torch, args, jobs, 66)
+    tunable_file = os.path.join(args.cache_dir, "tunableop_results.csv") if args.cache_dir else None
+
+    def job(make, config, opts, layout):
+        layout_kw = {layout: True} if layout else {}
+        return lambda: run_model(torch, make(torch, *config, **layout_kw), opts, args.iters,
+                                 tunable_file)
+    jobs = []  # variant by variant, so that a run cut short has the quick variants of every model
+    for base, opts in table.items():
+        for kind, name, make, config in MODELS:
+            for layout in (LAYOUTS[kind] if args.strongest else ("",)):
+                mode = variant_name(base, layout)
+                if modes is None or mode in modes or base in modes:
+                    jobs.append((f"torch_{kind}/{name}/mode:{mode}", job(make, config, opts, layout)))
+    return run_event_rows(torch, args, jobs, 80)
 
 
 def main():
@@ -372,9 +519,23 @@ def main():
                     help="the overlap studies and the sweep, eager and graph, 1 and K streams")
     ap.add_argument("--models", action="store_true",
                     help="the real-model training steps (MLP, convnet, transformer) in every mode")
+    ap.add_argument("--strongest", action="store_true",
+                    help="the real-model training steps in every variant of the strongest preset "
+                         "(cudnn.benchmark on)")
     ap.add_argument("--modes", default="",
-                    help="--models: a comma-separated subset of " + ",".join(MODEL_MODES))
+                    help="--models / --strongest: a comma-separated subset of their variants")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark = True (implied by --strongest)")
+    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/graphward-compare"),
+                    help="inductor's caches and TunableOp's results, kept between runs so a "
+                         "compile or a tuning is paid once ('' for PyTorch's defaults)")
     args = ap.parse_args()
+    if args.cache_dir:
+        os.makedirs(args.cache_dir, exist_ok=True)
+        # Read by inductor when it is imported: its FX graph, AOTAutograd and autotuning caches.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(args.cache_dir, "inductor"))
+        os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+        os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
     try:
         import torch
     except ImportError:
@@ -385,26 +546,32 @@ def main():
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark or args.strongest)
     rows = []
-    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} (TF32 off), "
-          f"medians of {args.iters} iterations")
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} (TF32 off, "
+          f"cudnn.benchmark {'on' if torch.backends.cudnn.benchmark else 'off'}), medians of "
+          f"{args.iters} iterations; caches in {os.environ.get('TORCHINDUCTOR_CACHE_DIR', '-')}",
+          flush=True)
     if args.overlap:
         return main_overlap(torch, args)
-    if args.models:
+    if args.models or args.strongest:
         return main_models(torch, args)
-    print(f"{'config':44s} {'wall_us':>9s} {'host_us':>9s}")
+    print(f"{'config':56s} {'wall_us':>9s} {'host_us':>9s}")
     for k, d, n, b, multi in CONFIGS:
-        prefix = "torch_graph" if args.graph else "torch"
-        name = f"{prefix}/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
-        if args.only not in name:
-            continue
-        try:
-            wall, host = (run_graph if args.graph else run)(torch, k, d, n, b, multi, args.iters)
-        except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
-            print(f"{name}: failed: {e}", file=sys.stderr)
-            wall, host = float("nan"), float("nan")
-        rows.append((name, wall, host))
-        print(f"{name:44s} {wall:9.1f} {host:9.1f}")
+        for accumulate in ((False, True) if args.graph else (False,)):
+            prefix = ("torch_graph_accumulate" if accumulate else "torch_graph") if args.graph \
+                else "torch"
+            name = f"{prefix}/branches:{k}/depth:{d}/width:{n}/batch:{b}/multistream:{multi}"
+            if args.only not in name:
+                continue
+            try:
+                wall, host = (run_graph(torch, k, d, n, b, multi, args.iters, accumulate=accumulate)
+                              if args.graph else run(torch, k, d, n, b, multi, args.iters))
+            except Exception as e:  # e.g. a capture PyTorch refuses: say so, go on
+                print(f"{name}: failed: {e}", file=sys.stderr)
+                wall, host = float("nan"), float("nan")
+            rows.append((name, wall, host))
+            print(f"{name:56s} {wall:9.1f} {host:9.1f}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)

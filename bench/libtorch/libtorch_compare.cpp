@@ -1,0 +1,514 @@
+// graphward's benchmark models and studies in PyTorch's C++ library (libtorch), as a C++ user
+// writes them: the comparison that leaves Python out. Google Benchmark, one CUDA device, fp32 with
+// TF32 off, cudnn.benchmark on.
+//
+//   Libtorch/<model>/<config>/mode:M     one whole training step (zero_grad to None, forward,
+//                                        cross-entropy, backward, AdamW) of the models of
+//                                        bench/models_bench.cpp:
+//       eager        torch::optim::AdamW (libtorch's own: a loop of ops over the parameters)
+//       eager_fused  at::_fused_adamw_ (PyTorch's fused multi-tensor AdamW, as Python's
+//                    AdamW(fused=True) calls it)
+//       graph_fused  the whole step captured once in an at::cuda::CUDAGraph (every .grad None
+//                    before the warm-up and the capture, the fused AdamW's step counts on the
+//                    device) and replayed, the batch copied into static inputs first
+//     the transformer also as <...>/sdpa:1 (attention by at::scaled_dot_product_attention) and
+//     the convnet as <...>/channels_last:1 (weights and batches NHWC).
+//   LibtorchStudy/<study>/graph:G       the backward of docs/DESIGN.md's K-branch x D-layer
+//                                        studies and of the review's sweep: G = 0 eager
+//                                        (loss.backward()), 1 captured with every .grad None,
+//                                        2 captured with the warm-up's .grads defined
+//                                        (accumulating).
+//
+// The manual time is CUDA events on the caller's stream around the step (or the backward),
+// synchronized every iteration, as graphward's rows; counters: host_us (the call's host time) and,
+// for the models, loop_us (steps back to back with nothing synchronized between them, the loop a
+// user writes: CUDA events around blocks of 20, the median of 5 blocks). Every step hands the model
+// one of four batches, a different one every step. scripts/compare_libtorch.sh builds and runs it;
+// scripts/strongest_table.py puts it beside graphward's rows.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <benchmark/benchmark.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using torch::Tensor;
+using Clock = std::chrono::steady_clock;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Two CUDA events, owned.
+class Events {
+ public:
+  Events() {
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&end_), "cudaEventCreate");
+  }
+  ~Events() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(end_);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  void start(cudaStream_t s) { check(cudaEventRecord(start_, s), "cudaEventRecord"); }
+  // Records the end, waits for it, and returns the µs between the two.
+  double end_us(cudaStream_t s) {
+    check(cudaEventRecord(end_, s), "cudaEventRecord");
+    check(cudaEventSynchronize(end_), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start_, end_), "cudaEventElapsedTime");
+    return 1e3 * ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, end_ = nullptr;
+};
+
+cudaStream_t current() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+torch::TensorOptions f32() { return torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA); }
+
+Tensor param(Tensor t) { return t.requires_grad_(true); }
+Tensor uniform(std::vector<std::int64_t> shape, double bound) {
+  return (torch::rand(shape, f32()) * 2 - 1) * bound;
+}
+
+// A model: its parameters, its forward (batch -> logits) and four batches with their targets.
+struct Model {
+  std::vector<Tensor> params;
+  std::function<Tensor(const Tensor&)> forward;
+  std::vector<Tensor> xs, ts;
+};
+
+void batches(Model& m, const std::function<Tensor()>& make_x, std::int64_t classes,
+             std::vector<std::int64_t> target_shape) {
+  for (int i = 0; i < 4; ++i) {
+    m.xs.push_back(make_x());
+    m.ts.push_back(torch::randint(0, classes, target_shape, f32().dtype(torch::kLong)));
+  }
+}
+
+struct Linear {
+  Tensor w, b;
+  Linear(std::int64_t in, std::int64_t out, std::vector<Tensor>& params) {
+    const double s = 1.0 / std::sqrt(static_cast<double>(in));
+    w = param(uniform({out, in}, s));
+    b = param(uniform({out}, s));
+    params.push_back(w);
+    params.push_back(b);
+  }
+  Tensor operator()(const Tensor& x) const { return torch::linear(x, w, b); }
+};
+
+// examples/mlp.h: input 256, hidden layers of linear + GELU (tanh), 10 classes.
+Model make_mlp(std::int64_t hidden, int layers, std::int64_t batch) {
+  torch::manual_seed(0);
+  Model m;
+  auto lin = std::make_shared<std::vector<Linear>>();
+  std::int64_t fan = 256;
+  for (int i = 0; i < layers; ++i) {
+    lin->emplace_back(fan, hidden, m.params);
+    fan = hidden;
+  }
+  lin->emplace_back(fan, 10, m.params);
+  m.forward = [lin](const Tensor& x) {
+    Tensor h = x;
+    for (std::size_t i = 0; i + 1 < lin->size(); ++i) h = torch::gelu((*lin)[i](h), "tanh");
+    return lin->back()(h);
+  };
+  batches(m, [&] { return torch::randn({batch, 256}, f32()); }, 10, {batch});
+  return m;
+}
+
+// examples/convnet.h: conv 3x3 + ReLU, max pool, conv 3x3 + ReLU, average pool, linear.
+Model make_convnet(std::int64_t batch, std::int64_t image, std::int64_t c, bool channels_last) {
+  torch::manual_seed(0);
+  Model m;
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  auto conv = [&](std::int64_t in, std::int64_t out) {
+    const double s = 1.0 / std::sqrt(static_cast<double>(in * 9));
+    Tensor w = param(uniform({out, in, 3, 3}, s).contiguous(fmt));
+    Tensor b = param(uniform({out}, s));
+    m.params.push_back(w);
+    m.params.push_back(b);
+    return std::make_pair(w, b);
+  };
+  const auto c1 = conv(3, c), c2 = conv(c, 2 * c);
+  const auto fc = std::make_shared<Linear>(2 * c * (image / 4) * (image / 4), 10, m.params);
+  m.forward = [c1, c2, fc](const Tensor& x) {
+    Tensor h = torch::relu(torch::conv2d(x, c1.first, c1.second, {1, 1}, {1, 1}));
+    h = torch::max_pool2d(h, {2, 2});
+    h = torch::relu(torch::conv2d(h, c2.first, c2.second, {1, 1}, {1, 1}));
+    h = torch::avg_pool2d(h, {2, 2});
+    return (*fc)(h.flatten(1));
+  };
+  batches(m, [&] { return torch::randn({batch, 3, image, image}, f32()).contiguous(fmt); }, 10,
+          {batch});
+  return m;
+}
+
+constexpr std::int64_t kVocab = 64;
+
+// examples/transformer.h: a pre-norm block, dim/16 heads, MLP 4·dim; attention written out (bmm,
+// softmax, bmm) or one at::scaled_dot_product_attention.
+Model make_transformer(std::int64_t batch, std::int64_t seq, std::int64_t dim, bool sdpa) {
+  torch::manual_seed(0);
+  Model m;
+  const std::int64_t heads = dim / 16, dh = dim / heads;
+  auto p = [&](Tensor t) {
+    param(t);
+    m.params.push_back(t);
+    return t;
+  };
+  const Tensor tok = p(torch::randn({kVocab, dim}, f32()) * 0.5);
+  const Tensor pos = p(torch::randn({seq, dim}, f32()) * 0.5);
+  std::vector<std::pair<Tensor, Tensor>> ln;
+  for (int i = 0; i < 3; ++i) ln.emplace_back(p(torch::ones({dim}, f32())), p(torch::zeros({dim}, f32())));
+  auto lin = [&](std::int64_t in, std::int64_t out) {
+    return std::make_shared<Linear>(in, out, m.params);
+  };
+  const auto qkv = lin(dim, 3 * dim), proj = lin(dim, dim), fc1 = lin(dim, 4 * dim),
+             fc2 = lin(4 * dim, dim), out = lin(dim, kVocab);
+  m.forward = [=](const Tensor& ids) {
+    const std::int64_t b = ids.size(0);
+    auto norm = [&](const Tensor& x, int i) {
+      return torch::layer_norm(x, {dim}, ln[static_cast<std::size_t>(i)].first,
+                               ln[static_cast<std::size_t>(i)].second);
+    };
+    Tensor x = (torch::embedding(tok, ids) + pos).reshape({b * seq, dim});
+    const auto parts = (*qkv)(norm(x, 0)).split(dim, 1);
+    Tensor o;
+    if (sdpa) {
+      auto heads_of = [&](const Tensor& t) { return t.reshape({b, seq, heads, dh}).transpose(1, 2); };
+      o = at::scaled_dot_product_attention(heads_of(parts[0]), heads_of(parts[1]),
+                                           heads_of(parts[2]))
+              .transpose(1, 2)
+              .reshape({b * seq, dim});
+    } else {
+      auto heads_of = [&](const Tensor& t) {
+        return t.reshape({b, seq, heads, dh}).transpose(1, 2).reshape({b * heads, seq, dh});
+      };
+      const Tensor q = heads_of(parts[0]), k = heads_of(parts[1]), v = heads_of(parts[2]);
+      const Tensor s = torch::softmax(torch::bmm(q, k.transpose(1, 2)) * std::pow(double(dh), -0.5), -1);
+      o = torch::bmm(s, v).reshape({b, heads, seq, dh}).transpose(1, 2).reshape({b * seq, dim});
+    }
+    x = x + (*proj)(o);
+    x = x + (*fc2)(torch::gelu((*fc1)(norm(x, 1)), "tanh"));
+    return (*out)(norm(x, 2));
+  };
+  batches(m, [&] { return torch::randint(0, kVocab, {batch, seq}, f32().dtype(torch::kLong)); },
+          kVocab, {batch * seq});
+  return m;
+}
+
+// AdamW, lr 2e-3, no weight decay, as the models bench. Fused: PyTorch's multi-tensor kernel with
+// its step counts on the device (what Python's AdamW(fused=True, capturable=True) runs).
+class FusedAdamW {
+ public:
+  explicit FusedAdamW(const std::vector<Tensor>& params) : params_(params) {
+    for (const Tensor& p : params) {
+      m_.push_back(torch::zeros_like(p));
+      v_.push_back(torch::zeros_like(p));
+      steps_.push_back(torch::zeros({}, f32()));
+    }
+  }
+  void step() {
+    torch::NoGradGuard no_grad;
+    std::vector<Tensor> grads;
+    for (const Tensor& p : params_) grads.push_back(p.grad());
+    at::_foreach_add_(steps_, 1);
+    at::_fused_adamw_(params_, grads, m_, v_, {}, steps_, 2e-3, 0.9, 0.999, 0.0, 1e-8, false,
+                      false);
+  }
+
+ private:
+  std::vector<Tensor> params_, m_, v_, steps_;
+};
+
+void grads_to_none(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) p.mutable_grad().reset();
+}
+
+enum class Mode { kEager, kEagerFused, kGraphFused };
+
+// Times `step` (one training step a call) as the models bench does: CUDA events around each step,
+// synchronized; then the loop a user writes.
+void time_steps(benchmark::State& state, const std::function<void()>& step) {
+  for (int i = 0; i < 10; ++i) step();
+  Events ev;
+  double host = 0;
+  for (auto _ : state) {
+    ev.start(current());
+    const auto t0 = Clock::now();
+    step();
+    host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    state.SetIterationTime(ev.end_us(current()) * 1e-6);
+  }
+  std::vector<double> blocks;
+  for (int b = 0; b < 5; ++b) {
+    ev.start(current());
+    for (int k = 0; k < 20; ++k) step();
+    blocks.push_back(ev.end_us(current()) / 20);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  state.counters["loop_us"] = blocks[2];
+  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+}
+
+void run_model(benchmark::State& state, Model m, Mode mode) {
+  int i = 0;
+  auto loss_of = [&m](const Tensor& x, const Tensor& t) {
+    return torch::cross_entropy_loss(m.forward(x), t);
+  };
+  if (mode == Mode::kEager) {
+    torch::optim::AdamW opt(m.params, torch::optim::AdamWOptions(2e-3).weight_decay(0.0));
+    time_steps(state, [&] {
+      grads_to_none(m.params);
+      loss_of(m.xs[i % 4], m.ts[i % 4]).backward();
+      opt.step();
+      ++i;
+    });
+    return;
+  }
+  FusedAdamW opt(m.params);
+  if (mode == Mode::kEagerFused) {
+    time_steps(state, [&] {
+      grads_to_none(m.params);
+      loss_of(m.xs[i % 4], m.ts[i % 4]).backward();
+      opt.step();
+      ++i;
+    });
+    return;
+  }
+  // PyTorch's whole-network capture recipe: warm up on a side stream, every .grad None, capture
+  // forward, backward and step.
+  Tensor x = m.xs[0].clone(), t = m.ts[0].clone();
+  at::cuda::CUDAGraph graph;
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  {
+    c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+    for (int w = 0; w < 3; ++w) {
+      grads_to_none(m.params);
+      loss_of(x, t).backward();
+      opt.step();
+    }
+    grads_to_none(m.params);
+    graph.capture_begin();
+    loss_of(x, t).backward();
+    opt.step();
+    graph.capture_end();
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  time_steps(state, [&] {
+    x.copy_(m.xs[i % 4]);
+    t.copy_(m.ts[i % 4]);
+    graph.replay();
+    ++i;
+  });
+}
+
+// K branches of D x (linear N + relu) on one input, outputs summed, mse loss; with multistream,
+// branch i's forward on a stream of its own (bench/bench_models.h's BranchModel).
+struct Branches {
+  std::vector<std::vector<Tensor>> w, b;
+  std::vector<Tensor> params;
+  Tensor x, target;
+  std::vector<c10::cuda::CUDAStream> streams;
+
+  Branches(int k, int d, std::int64_t n, std::int64_t batch, bool multistream) {
+    torch::manual_seed(0);
+    const double s = 1.0 / std::sqrt(static_cast<double>(n));
+    w.resize(static_cast<std::size_t>(k));
+    b.resize(static_cast<std::size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      for (int j = 0; j < d; ++j) {
+        w[i].push_back(param(uniform({n, n}, s)));
+        b[i].push_back(param(uniform({n}, 0.1)));
+        params.push_back(w[i].back());
+        params.push_back(b[i].back());
+      }
+      if (multistream) streams.push_back(c10::cuda::getStreamFromPool());
+    }
+    x = torch::randn({batch, n}, f32());
+    target = torch::randn({batch, n}, f32());
+  }
+  Tensor loss() const {
+    const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream();
+    Tensor total;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      std::unique_ptr<c10::cuda::CUDAStreamGuard> g;
+      if (!streams.empty()) {
+        at::cuda::CUDAEvent fork;
+        fork.record(main);
+        fork.block(streams[i]);
+        g = std::make_unique<c10::cuda::CUDAStreamGuard>(streams[i]);
+      }
+      Tensor h = x;
+      for (std::size_t j = 0; j < w[i].size(); ++j) h = torch::relu(torch::linear(h, w[i][j], b[i][j]));
+      if (g) {
+        g.reset();
+        at::cuda::CUDAEvent join;
+        join.record(streams[i]);
+        join.block(main);
+      }
+      total = total.defined() ? total + h : h;
+    }
+    return torch::mse_loss(total, target);
+  }
+};
+
+void run_study(benchmark::State& state) {
+  const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
+  const int graph = static_cast<int>(state.range(5));
+  Branches m(k, d, state.range(2), state.range(3), state.range(4) != 0);
+  Events ev;
+  double host = 0;
+  if (graph == 0) {
+    for (int i = 0; i < 10; ++i) {
+      grads_to_none(m.params);
+      m.loss().backward();
+    }
+    for (auto _ : state) {
+      grads_to_none(m.params);
+      const Tensor loss = m.loss();
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      ev.start(current());
+      const auto t0 = Clock::now();
+      loss.backward();
+      host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      state.SetIterationTime(ev.end_us(current()) * 1e-6);
+    }
+  } else {
+    at::cuda::CUDAGraph g;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    Tensor loss;
+    {
+      c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+      loss = m.loss();
+      for (int i = 0; i < 3; ++i) {
+        if (graph == 1) grads_to_none(m.params);
+        loss.backward({}, /*retain_graph=*/true);
+      }
+      if (graph == 1) grads_to_none(m.params);
+      g.capture_begin();
+      loss.backward({}, /*retain_graph=*/true);
+      g.capture_end();
+    }
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (int i = 0; i < 10; ++i) g.replay();
+    for (auto _ : state) {
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      ev.start(current());
+      const auto t0 = Clock::now();
+      g.replay();
+      host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      state.SetIterationTime(ev.end_us(current()) * 1e-6);
+    }
+  }
+  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+}
+
+// A row that cannot run says why (Google Benchmark's error) rather than ending the run.
+template <class F>
+void guarded(benchmark::State& state, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    state.SkipWithError(("cannot run: " + what.substr(0, what.find('\n'))).c_str());
+  }
+}
+
+Mode mode_of(std::int64_t v) { return static_cast<Mode>(v); }
+const char* mode_name(Mode m) {
+  return m == Mode::kEager ? "eager" : m == Mode::kEagerFused ? "eager_fused" : "graph_fused";
+}
+
+void register_all() {
+  auto add = [](const std::string& name, std::function<void(benchmark::State&)> fn) {
+    benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& s) { guarded(s, [&] { fn(s); }); })
+        ->UseManualTime()
+        ->MinTime(0.3)
+        ->Unit(benchmark::kMicrosecond);
+  };
+  for (const Mode mode : {Mode::kEager, Mode::kEagerFused, Mode::kGraphFused}) {
+    const std::string suffix = std::string("/mode:") + mode_name(mode);
+    for (const auto& [h, l, b] : {std::tuple<int, int, int>{256, 4, 128}, {2048, 4, 1024}}) {
+      add("Libtorch/mlp/hidden:" + std::to_string(h) + "/layers:" + std::to_string(l) +
+              "/batch:" + std::to_string(b) + suffix,
+          [=](benchmark::State& s) { run_model(s, make_mlp(h, l, b), mode); });
+    }
+    for (const auto& [b, img, c] : {std::tuple<int, int, int>{64, 16, 16}, {256, 32, 64}}) {
+      for (const bool cl : {false, true}) {
+        add("Libtorch/convnet/batch:" + std::to_string(b) + "/image:" + std::to_string(img) +
+                "/channels:" + std::to_string(c) + suffix + (cl ? "+channels_last" : ""),
+            [=](benchmark::State& s) { run_model(s, make_convnet(b, img, c, cl), mode); });
+      }
+    }
+    for (const auto& [b, t, dim] : {std::tuple<int, int, int>{16, 32, 64}, {32, 128, 256}}) {
+      for (const bool sdpa : {false, true}) {
+        add("Libtorch/transformer/batch:" + std::to_string(b) + "/seq:" + std::to_string(t) +
+                "/dim:" + std::to_string(dim) + suffix + (sdpa ? "+sdpa" : ""),
+            [=](benchmark::State& s) { run_model(s, make_transformer(b, t, dim, sdpa), mode); });
+      }
+    }
+  }
+  // The studies (branches, depth, width, batch, multistream) and the review's sweep (two
+  // parallel linears on an N x N input), eager and captured.
+  std::vector<std::vector<std::int64_t>> studies = {
+      {4, 8, 256, 64, 0}, {4, 8, 256, 64, 1}, {1, 32, 256, 64, 0}, {4, 4, 1024, 256, 0},
+      {4, 4, 1024, 256, 1}};
+  for (std::int64_t n = 64; n <= 8192; n *= 2) {
+    studies.push_back({2, 1, n, n, 0});
+    studies.push_back({2, 1, n, n, 1});
+  }
+  for (const auto& s : studies) {
+    for (int graph = 0; graph <= 2; ++graph) {
+      if (graph == 2 && s[0] == 2 && s[1] == 1) continue;  // accumulating: the studies alone
+      benchmark::RegisterBenchmark("LibtorchStudy",
+                                   [](benchmark::State& st) { guarded(st, [&] { run_study(st); }); })
+          ->ArgNames({"branches", "depth", "width", "batch", "multistream", "graph"})
+          ->Args({s[0], s[1], s[2], s[3], s[4], graph})
+          ->UseManualTime()
+          ->Iterations(s[2] <= 2048 ? 100 : 10)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr, "graphward_libtorch_compare: libtorch sees no CUDA device\n");
+    return 2;
+  }
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setBenchmarkCuDNN(true);
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
