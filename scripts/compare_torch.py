@@ -377,7 +377,8 @@ def loop_us(torch, step, blocks=5, per_block=20):
 
 class TunableOp:
     """TunableOp on for one variant: every GEMM shape tuned while the warm-up runs (`tuning`),
-    its results kept in `filename` (read back by the next run), off again on exit."""
+    its results kept in `filename` (PyTorch writes it when the process exits; the next run reads
+    it back), off again on exit."""
 
     def __init__(self, torch, on, filename):
         self.torch, self.on, self.filename = torch, on, filename
@@ -401,12 +402,9 @@ class TunableOp:
 
     def __exit__(self, *exc):
         if self.on:
-            t = self.torch.cuda.tunable
-            try:
-                t.write_file(self.filename) if self.filename else None
-            finally:
-                t.tuning_enable(False)
-                t.enable(False)
+            t = self.torch.cuda.tunable  # its results are written to the file at exit
+            t.tuning_enable(False)
+            t.enable(False)
         return False
 
 

@@ -45,7 +45,7 @@ if has gw; then
 fi
 if has libtorch; then
   say "libtorch: the same models and studies"
-  bash "$GW_ROOT/scripts/compare_libtorch.sh" "$dir/libtorch.json" >"$dir/libtorch.txt" 2>&1 || rc=1
+  bash "$GW_ROOT/scripts/compare_libtorch.sh" "$dir" >"$dir/libtorch.txt" 2>&1 || rc=1
   grep -m1 'skipped' "$dir/libtorch.txt"
 fi
 cache=${GW_COMPARE_CACHE:-$HOME/.cache/graphward-compare}

@@ -8,7 +8,7 @@ each ratio against its target.
 
 DIR holds what scripts/strongest.sh wrote: models.json and overlap.json (graphward, Google
 Benchmark), torch_models.csv and torch_overlap.csv (scripts/compare_torch.py --strongest /
---overlap), libtorch.json (bench/libtorch). A file missing leaves its columns empty.
+--overlap), libtorch_<family>.json (bench/libtorch). A file missing leaves its columns empty.
 """
 import csv
 import json
@@ -121,8 +121,11 @@ def main():
     d = sys.argv[1]
     gw = load_bench(os.path.join(d, "models.json"))
     ov = load_bench(os.path.join(d, "overlap.json"))
-    lt = load_bench(os.path.join(d, "libtorch.json"))
-    lt_err = load_errors(os.path.join(d, "libtorch.json"))
+    lt, lt_err = {}, {}
+    for name in sorted(os.listdir(d)):
+        if name.startswith("libtorch") and name.endswith(".json"):
+            lt.update(load_bench(os.path.join(d, name)))
+            lt_err.update(load_errors(os.path.join(d, name)))
     tm = load_csv(os.path.join(d, "torch_models.csv"))
     to = load_csv(os.path.join(d, "torch_overlap.csv"))
 

@@ -445,7 +445,10 @@ const char* mode_name(Mode m) {
 
 void register_all() {
   auto add = [](const std::string& name, std::function<void(benchmark::State&)> fn) {
-    benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& s) { guarded(s, [&] { fn(s); }); })
+    benchmark::RegisterBenchmark(name.c_str(), [fn, name](benchmark::State& s) {
+      std::fprintf(stderr, "graphward_libtorch_compare: %s\n", name.c_str());  // where one died
+      guarded(s, [&] { fn(s); });
+    })
         ->UseManualTime()
         ->MinTime(0.3)
         ->Unit(benchmark::kMicrosecond);
@@ -485,7 +488,17 @@ void register_all() {
     for (int graph = 0; graph <= 2; ++graph) {
       if (graph == 2 && s[0] == 2 && s[1] == 1) continue;  // accumulating: the studies alone
       benchmark::RegisterBenchmark("LibtorchStudy",
-                                   [](benchmark::State& st) { guarded(st, [&] { run_study(st); }); })
+                                   [](benchmark::State& st) {
+                                     std::fprintf(stderr, "graphward_libtorch_compare: study "
+                                                  "%lld %lld %lld %lld %lld %lld\n",
+                                                  static_cast<long long>(st.range(0)),
+                                                  static_cast<long long>(st.range(1)),
+                                                  static_cast<long long>(st.range(2)),
+                                                  static_cast<long long>(st.range(3)),
+                                                  static_cast<long long>(st.range(4)),
+                                                  static_cast<long long>(st.range(5)));
+                                     guarded(st, [&] { run_study(st); });
+                                   })
           ->ArgNames({"branches", "depth", "width", "batch", "multistream", "graph"})
           ->Args({s[0], s[1], s[2], s[3], s[4], graph})
           ->UseManualTime()
