@@ -453,25 +453,30 @@ void register_all() {
         ->MinTime(0.3)
         ->Unit(benchmark::kMicrosecond);
   };
+  struct Sizes {
+    int a, b, c;
+  };
   for (const Mode mode : {Mode::kEager, Mode::kEagerFused, Mode::kGraphFused}) {
     const std::string suffix = std::string("/mode:") + mode_name(mode);
-    for (const auto& [h, l, b] : {std::tuple<int, int, int>{256, 4, 128}, {2048, 4, 1024}}) {
-      add("Libtorch/mlp/hidden:" + std::to_string(h) + "/layers:" + std::to_string(l) +
-              "/batch:" + std::to_string(b) + suffix,
-          [=](benchmark::State& s) { run_model(s, make_mlp(h, l, b), mode); });
+    for (const Sizes z : {Sizes{256, 4, 128}, Sizes{2048, 4, 1024}}) {
+      add("Libtorch/mlp/hidden:" + std::to_string(z.a) + "/layers:" + std::to_string(z.b) +
+              "/batch:" + std::to_string(z.c) + suffix,
+          [=](benchmark::State& s) { run_model(s, make_mlp(z.a, z.b, z.c), mode); });
     }
-    for (const auto& [b, img, c] : {std::tuple<int, int, int>{64, 16, 16}, {256, 32, 64}}) {
+    for (const Sizes z : {Sizes{64, 16, 16}, Sizes{256, 32, 64}}) {
       for (const bool cl : {false, true}) {
-        add("Libtorch/convnet/batch:" + std::to_string(b) + "/image:" + std::to_string(img) +
-                "/channels:" + std::to_string(c) + suffix + (cl ? "+channels_last" : ""),
-            [=](benchmark::State& s) { run_model(s, make_convnet(b, img, c, cl), mode); });
+        add("Libtorch/convnet/batch:" + std::to_string(z.a) + "/image:" + std::to_string(z.b) +
+                "/channels:" + std::to_string(z.c) + suffix + (cl ? "+channels_last" : ""),
+            [=](benchmark::State& s) { run_model(s, make_convnet(z.a, z.b, z.c, cl), mode); });
       }
     }
-    for (const auto& [b, t, dim] : {std::tuple<int, int, int>{16, 32, 64}, {32, 128, 256}}) {
+    for (const Sizes z : {Sizes{16, 32, 64}, Sizes{32, 128, 256}}) {
       for (const bool sdpa : {false, true}) {
-        add("Libtorch/transformer/batch:" + std::to_string(b) + "/seq:" + std::to_string(t) +
-                "/dim:" + std::to_string(dim) + suffix + (sdpa ? "+sdpa" : ""),
-            [=](benchmark::State& s) { run_model(s, make_transformer(b, t, dim, sdpa), mode); });
+        add("Libtorch/transformer/batch:" + std::to_string(z.a) + "/seq:" + std::to_string(z.b) +
+                "/dim:" + std::to_string(z.c) + suffix + (sdpa ? "+sdpa" : ""),
+            [=](benchmark::State& s) {
+              run_model(s, make_transformer(z.a, z.b, z.c, sdpa), mode);
+            });
       }
     }
   }
