@@ -10,11 +10,14 @@ microseconds.
     python3 scripts/compare_torch.py [--iters 200] [--csv out.csv] [--only SUBSTRING] [--graph]
 
 --graph: PyTorch's own CUDA graph of the backward (captured once with torch.cuda.graph, replayed),
-the side-by-side figure for bench/capture_bench.cpp.
+the side-by-side figure for bench/capture_bench.cpp: every .grad None before the warm-up and the
+capture, as a user who wants speed captures it (torch_graph rows), and, labelled, the capture that
+accumulates into the .grads the warm-up left (torch_graph_accumulate: one more kernel a parameter).
 
 --overlap: the overlap studies of bench/overlap_bench.cpp — docs/DESIGN.md's studies and the
 review's sweep (two parallel linears on an N x N input, N = 2^6 ... 2^13), each eager and as a CUDA graph,
-the forward on one stream and on a stream per branch. Adds event_us: CUDA events on the current
+the forward on one stream and on a stream per branch; graph:1 is the capture with every .grad None,
+graph:2 (the studies only) the accumulating one. Adds event_us: CUDA events on the current
 stream around the backward (the figure graphward's overlap rows report). Fewer iterations at large
 N (--iters is the most). scripts/overlap_table.py prints it side by side with graphward's.
 
@@ -33,8 +36,21 @@ iteration, in every form a PyTorch user would pick for speed (the row's mode):
                  AdamW(fused=True)
   compile_graph  torch.compile(model, mode="max-autotune-no-cudagraphs") inside the whole-step
                  torch.cuda.graph, AdamW(fused=True, capturable=True)
+--strongest: the same models in every variant a strong PyTorch user picks to make a fixed-shape
+step fast (STRONGEST, LAYOUTS below), cudnn.benchmark on in every row: eager_fused; graph_fused
+(.grad None before warm-up and capture); graph_fused_tunable (TunableOp tuning during the warm-up);
+compile_step_graph (the step's forward and loss one torch.compile(fullgraph=True) function, inside
+the whole-step graph); compile_step_max_autotune_graph (the same in max-autotune, its own CUDA
+graphs left to the whole-step graph); compile_step_max_autotune (mode="max-autotune" with its own
+CUDA graphs, no whole-step graph); each also +channels_last (convnets) and +sdpa (transformers,
+attention by F.scaled_dot_product_attention). Variant by variant over the models, so that a run cut
+short has the quick variants of all; inductor's caches and TunableOp's results are kept in
+--cache-dir, so a compile or a tuning is paid once a machine (max-autotune takes minutes a model).
+scripts/strongest.sh runs it with graphward's rows; scripts/strongest_table.py names the fastest.
+
 A mode that cannot run on this PyTorch gives a row of NaN whose note says why. event_us: CUDA
-events around the step. scripts/models_table.py prints it side by side with graphward's and takes
+events around the step; loop_us: steps back to back, nothing synchronized between them, CUDA events
+around blocks of 20 (graphward's loop_us). scripts/models_table.py prints it side by side with graphward's and takes
 its ratios against the fastest PyTorch row of each model.
 
 Needs only PyTorch with CUDA; graphward's own tests never need it.

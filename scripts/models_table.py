@@ -25,7 +25,7 @@ from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON fi
 
 # (model, its configuration as written in the names, mode)
 GW = re.compile(r"(MlpUnfusedEpilogues|Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
-TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:([a-z_]+)")
+TORCH = re.compile(r"torch_(mlp|convnet|transformer)/((?:[a-z]+:\d+/)+)mode:([a-z_+]+)")
 EAGER_MODES = ("eager", "eager_fused")
 TITLES = {
     "mlp": "MLP (input 256, hidden layers of linear + GELU, 10 classes)",
