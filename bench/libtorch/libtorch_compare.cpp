@@ -40,19 +40,12 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
-#include <iostream>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace {
-
-// The standard streams constructed before Google Benchmark's reporter writes to std::cout. Code
-// compiled by GCC 13 leaves that to libstdc++ itself; an older libstdc++ found at run time expects
-// every translation unit to do it, and its std::cout is then never constructed. An extra
-// ios_base::Init is harmless with any libstdc++ (it counts).
-const std::ios_base::Init ios_init;
 
 using torch::Tensor;
 using Clock = std::chrono::steady_clock;
