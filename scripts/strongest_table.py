@@ -55,11 +55,18 @@ def load_bench(path):
         entries = json.loads(text)["benchmarks"]
     except (ValueError, KeyError):
         entries = salvage(text)
-    out = {}
+    # The median of a run's repetitions; a run with no aggregates (one repetition) its one entry.
+    out, aggregated = {}, set()
     for bm in entries:
-        if bm.get("aggregate_name", "median") != "median" or bm.get("error_occurred"):
+        if bm.get("error_occurred"):
             continue
-        out[run_name(bm)] = bm
+        name = run_name(bm)
+        if bm.get("run_type") == "aggregate" or "aggregate_name" in bm:
+            if bm.get("aggregate_name") == "median":
+                out[name] = bm
+                aggregated.add(name)
+        elif name not in aggregated:
+            out[name] = bm
     return out
 
 

@@ -109,3 +109,18 @@ nn.ModuleList = list
 # For the compiled rows of --models: torch.compile returns the model; the CUDA-graph step marker.
 def compile(model, mode=None): return model
 compiler = types.SimpleNamespace(cudagraph_mark_step_begin=lambda: None)
+
+# For --strongest: torch.compile of a function (fullgraph), dynamo's reset, TunableOp, channels-last
+# layouts, SDPA.
+def compile(model, mode=None, fullgraph=False): return model
+_dynamo = types.SimpleNamespace(reset=lambda: None)
+channels_last, contiguous_format = "channels_last", "contiguous_format"
+_Module.to = lambda self, dev=None, memory_format=None: self
+_T.contiguous = lambda self, memory_format=None: self
+nn.functional.scaled_dot_product_attention = _any
+_tunable = {"enabled": False, "tuning": False}
+cuda.tunable = types.SimpleNamespace(
+    enable=lambda on=True: _tunable.update(enabled=on),
+    tuning_enable=lambda on=True: _tunable.update(tuning=on),
+    set_filename=lambda name, insert_device_ordinal=False: None,
+    read_file=lambda name=None: False)
