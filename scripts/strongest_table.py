@@ -46,18 +46,23 @@ def run_name(bm):
     return RUN_OPTIONS.sub("", bm.get("run_name", bm["name"]))
 
 
-def load_bench(path):
-    """{run name: median benchmark entry} of a Google Benchmark JSON file (or what it holds)."""
+def entries_of(path):
+    """The entries of a Google Benchmark JSON file (those written before it stopped, for a file cut
+    short); none when there is no file."""
     if not os.path.exists(path):
-        return {}
+        return []
     text = open(path).read()
     try:
-        entries = json.loads(text)["benchmarks"]
+        return json.loads(text)["benchmarks"]
     except (ValueError, KeyError):
-        entries = salvage(text)
+        return salvage(text)
+
+
+def load_bench(path):
+    """{run name: median benchmark entry} of a Google Benchmark JSON file (or what it holds)."""
     # The median of a run's repetitions; a run with no aggregates (one repetition) its one entry.
     out, aggregated = {}, set()
-    for bm in entries:
+    for bm in entries_of(path):
         if bm.get("error_occurred"):
             continue
         name = run_name(bm)
@@ -72,15 +77,8 @@ def load_bench(path):
 
 def load_errors(path):
     """{run name: error message} of the rows that could not run."""
-    if not os.path.exists(path):
-        return {}
-    text = open(path).read()
-    try:
-        entries = json.loads(text)["benchmarks"]
-    except (ValueError, KeyError):
-        entries = salvage(text)
     return {run_name(bm): bm.get("error_message", "")
-            for bm in entries if bm.get("error_occurred")}
+            for bm in entries_of(path) if bm.get("error_occurred")}
 
 
 def load_csv(path):

@@ -279,24 +279,22 @@ void run_model(benchmark::State& state, Model m, Mode mode) {
   auto loss_of = [&m](const Tensor& x, const Tensor& t) {
     return torch::cross_entropy_loss(m.forward(x), t);
   };
-  if (mode == Mode::kEager) {
-    torch::optim::AdamW opt(m.params, torch::optim::AdamWOptions(2e-3).weight_decay(0.0));
+  auto eager = [&](auto& opt) {
     time_steps(state, [&] {
       grads_to_none(m.params);
       loss_of(m.xs[i % 4], m.ts[i % 4]).backward();
       opt.step();
       ++i;
     });
+  };
+  if (mode == Mode::kEager) {
+    torch::optim::AdamW opt(m.params, torch::optim::AdamWOptions(2e-3).weight_decay(0.0));
+    eager(opt);
     return;
   }
   FusedAdamW opt(m.params);
   if (mode == Mode::kEagerFused) {
-    time_steps(state, [&] {
-      grads_to_none(m.params);
-      loss_of(m.xs[i % 4], m.ts[i % 4]).backward();
-      opt.step();
-      ++i;
-    });
+    eager(opt);
     return;
   }
   // PyTorch's whole-network capture recipe: warm up on a side stream, every .grad None, capture
