@@ -102,12 +102,14 @@ ensure_deps() {
 
 # configure_and_build [extra cmake args...]; GW_CMAKE_ARGS (words) are passed to cmake last, so
 # that a user's choice wins (e.g. GW_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=80 -DGRAPHWARD_NVTX=OFF").
+# GW_BUILD_TARGETS (words): build only these targets (default: all).
 configure_and_build() {
-  local user_args=()
+  local user_args=() targets=()
   read -r -a user_args <<<"${GW_CMAKE_ARGS:-}"
+  read -r -a targets <<<"${GW_BUILD_TARGETS:-}"
   say "configuring in $GW_BUILD_DIR${GW_CMAKE_ARGS:+ (GW_CMAKE_ARGS: $GW_CMAKE_ARGS)}"
   cmake -S "$GW_ROOT" -B "$GW_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "$@" "${user_args[@]}" ||
     return 1
-  say "building with $GW_JOBS jobs"
-  cmake --build "$GW_BUILD_DIR" -j "$GW_JOBS" || return 1
+  say "building with $GW_JOBS jobs${GW_BUILD_TARGETS:+ (targets: $GW_BUILD_TARGETS)}"
+  cmake --build "$GW_BUILD_DIR" -j "$GW_JOBS" ${targets[@]:+--target "${targets[@]}"} || return 1
 }

@@ -180,15 +180,15 @@ def run_graph(torch, k, d, n, b, multi, iters, warmup=20, events=False, accumula
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # forward, warm-up and capture off the default stream
-        loss = loss_fn()
-        for _ in range(3):
+        def grads_to_none():  # before each warm-up and before the capture
             if not accumulate:
                 for p in params:
                     p.grad = None
+        loss = loss_fn()
+        for _ in range(3):
+            grads_to_none()
             loss.backward(retain_graph=True)
-        if not accumulate:
-            for p in params:
-                p.grad = None
+        grads_to_none()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             loss.backward(retain_graph=True)
@@ -355,7 +355,7 @@ MODEL_MODES = {
 # The strongest preset: every way a strong PyTorch user makes a fixed-shape step fast, with
 # cudnn.benchmark on in every row. Inside the whole-step graph, max-autotune runs as
 # "max-autotune-no-cudagraphs" (the same autotuning; the whole-step graph replaces its CUDA graphs);
-# compile_max_autotune is mode="max-autotune" with its own CUDA graphs, the step outside a graph.
+# compile_step_max_autotune is mode="max-autotune" with its own CUDA graphs, the step outside a graph.
 STRONGEST = {
     "eager_fused": {"fused": True},
     "graph_fused": {"graph": True, "fused": True},
@@ -456,10 +456,10 @@ def run_model(torch, made, opts, iters, tunable_file=None):
                 opt.zero_grad(set_to_none=True)
                 forward_loss(xs[i % 4], ts[i % 4]).backward()
                 opt.step()
-            for _ in range(10):
+            for _ in range(10):  # the warm-up (TunableOp tunes here)
                 step()
             tunable.tuning(False)
-            return timed(torch, iters, 10, lambda: None, step, events=True) + (loop_us(torch, step),)
+            return timed(torch, iters, 0, lambda: None, step, events=True) + (loop_us(torch, step),)
         # PyTorch's whole-network capture recipe: warm up on a side stream, grads set to None so
         # the capture allocates them from the graph's pool, then capture forward, backward and step.
         static_x, static_t = xs[0].clone(), ts[0].clone()

@@ -27,10 +27,8 @@ rc=0
 
 if has gw; then
   ensure_deps >"$dir/build.log" 2>&1
-  if cmake -S "$GW_ROOT" -B "$GW_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release \
-       -DCMAKE_CUDA_ARCHITECTURES=90 >>"$dir/build.log" 2>&1 &&
-     cmake --build "$GW_BUILD_DIR" -j "$GW_JOBS" --target graphward_bench_models \
-       graphward_bench_overlap >>"$dir/build.log" 2>&1; then
+  if GW_BUILD_TARGETS="graphward_bench_models graphward_bench_overlap" \
+     configure_and_build -DCMAKE_CUDA_ARCHITECTURES=90 >>"$dir/build.log" 2>&1; then
     say "graphward: the models' whole steps"
     "$GW_BUILD_DIR/bench/graphward_bench_models" --benchmark_filter='^(Mlp|Convnet|Transformer)/' \
       --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
