@@ -7,7 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "graphward.h"
@@ -251,5 +253,42 @@ class HandWrittenBackward {
   std::vector<Tensor> dz_, dh_, dw_, db_;
   mutable std::vector<Event> events_;  // fork and join points, recorded again every launch
 };
+
+// Removes `flag` from argv (before Google Benchmark reads it); whether it was there.
+inline bool take_flag(int& argc, char** argv, std::string_view flag) {
+  bool found = false;
+  int kept = 0;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::string_view(argv[i]) == flag) {
+      found = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  return found;
+}
+
+// The GEMM algorithm chosen for each shape run so far (Note [Choosing a GEMM algorithm]), on
+// stderr: what a bench's --gemm_choices prints after its rows.
+inline void print_gemm_choices() {
+  if (!cuda_available()) return;
+  std::fprintf(stderr,
+               "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's us -> chosen "
+               "us [two at once us, candidates that share / cannot] [, alternative us], algo)\n");
+  for (const auto& c : debug::gemm_choices(kDev)) {
+    std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
+                 c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
+                 c.candidates, c.chosen, c.first_us, c.chosen_us);
+    if (c.pair_us > 0) {
+      std::fprintf(stderr, " [two at once %.2f, %d / %d]", c.pair_us, c.shared, c.unshared);
+    }
+    if (c.alternative_us > 0) {
+      std::fprintf(stderr, " [alternative %.2f%s]", c.alternative_us,
+                   c.declined ? ": declined" : "");
+    }
+    std::fprintf(stderr, ", %s%s\n", c.algo.c_str(), c.tuned ? "" : " (untimed)");
+  }
+}
 
 }  // namespace graphward::bench

@@ -187,34 +187,11 @@ BENCHMARK(transformer)
 // Google Benchmark's main, and then, with --gemm_choices, the GEMM algorithm chosen for each shape
 // the rows ran (Note [Choosing a GEMM algorithm]) on stderr.
 int main(int argc, char** argv) {
-  bool print_choices = false;
-  int kept = 0;
-  for (int i = 0; i < argc; ++i) {
-    if (i > 0 && std::string_view(argv[i]) == "--gemm_choices") {
-      print_choices = true;
-    } else {
-      argv[kept++] = argv[i];
-    }
-  }
-  argc = kept;
+  const bool print_choices = gw::bench::take_flag(argc, argv, "--gemm_choices");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  if (print_choices && gw::cuda_available()) {
-    std::fprintf(stderr,
-                 "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's "
-                 "us -> chosen us [, alternative us], algo)\n");
-    for (const auto& c : gw::debug::gemm_choices(gw::bench::kDev)) {
-      std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
-                   c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
-                   c.candidates, c.chosen, c.first_us, c.chosen_us);
-      if (c.alternative_us > 0) {
-        std::fprintf(stderr, " [alternative %.2f%s]", c.alternative_us,
-                     c.declined ? ": declined" : "");
-      }
-      std::fprintf(stderr, ", %s%s\n", c.algo.c_str(), c.tuned ? "" : " (untimed)");
-    }
-  }
+  if (print_choices) gw::bench::print_gemm_choices();
   return 0;
 }

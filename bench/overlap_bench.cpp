@@ -27,6 +27,7 @@
 //   graphward_bench_overlap --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //       --benchmark_out=overlap.json --benchmark_out_format=json   (one command line)
 //   python3 scripts/overlap_table.py overlap.json torch_overlap.csv   (side by side with PyTorch)
+//   [--gemm_choices]   after the rows, the GEMM algorithm chosen for each shape, on stderr
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -281,11 +282,15 @@ void register_all() {
 
 }  // namespace
 
+// Google Benchmark's main, and then, with --gemm_choices, the GEMM algorithm chosen for each shape
+// the rows ran (Note [Choosing a GEMM algorithm]) on stderr.
 int main(int argc, char** argv) {
+  const bool print_choices = gw::bench::take_flag(argc, argv, "--gemm_choices");
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (print_choices) gw::bench::print_gemm_choices();
   return 0;
 }

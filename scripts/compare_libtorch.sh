@@ -3,14 +3,14 @@
 # PyTorch's C++ library) when a Torch CMake package is found: the pip torch's, through
 # python3's torch.utils.cmake_prefix_path, or one named by TORCH_PREFIX_PATH. Exits 0 with the
 # reason on one line when there is none (the comparison is skipped, nothing fails).
-#   scripts/compare_libtorch.sh DIR [Google Benchmark flags]
+#   scripts/compare_libtorch.sh DIR [graphward_libtorch_compare flags: --repetitions=N]
 # Each family of rows (the MLPs, the convnets, the transformers, the studies) runs in a process of
 # its own and writes DIR/libtorch_<family>.json, so that one that dies leaves the others' rows; a
 # family whose process dies by a signal is run again under cuda-gdb for its backtrace
 # (DIR/libtorch_<family>.gdb.txt).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-out=${1:?usage: scripts/compare_libtorch.sh DIR [benchmark flags]}
+out=${1:?usage: scripts/compare_libtorch.sh DIR [--repetitions=N]}
 mkdir -p "$out"
 shift
 prefix=${TORCH_PREFIX_PATH:-$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)}
@@ -37,8 +37,7 @@ for family in mlp convnet transformer study; do
     study) filter='^LibtorchStudy/' ;;
     *) filter="^Libtorch/$family/" ;;
   esac
-  args=(--benchmark_filter="$filter" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-        --benchmark_out="$out/libtorch_$family.json" --benchmark_out_format=json "$@")
+  args=(--filter="$filter" --repetitions=3 --out="$out/libtorch_$family.json" "$@")
   "$dir/graphward_libtorch_compare" "${args[@]}"
   status=$?
   if [ $status -gt 128 ]; then

@@ -1,6 +1,6 @@
 // graphward's benchmark models and studies in PyTorch's C++ library (libtorch), as a C++ user
-// writes them: the comparison that leaves Python out. Google Benchmark, one CUDA device, fp32 with
-// TF32 off, cudnn.benchmark on.
+// writes them: the comparison that leaves Python out. One CUDA device, fp32 with TF32 off,
+// cudnn.benchmark on.
 //
 //   Libtorch/<model>/<config>/mode:M     one whole training step (zero_grad to None, forward,
 //                                        cross-entropy, backward, AdamW) of the models of
@@ -19,17 +19,33 @@
 //                                        2 captured with the warm-up's .grads defined
 //                                        (accumulating).
 //
-// The manual time is CUDA events on the caller's stream around the step (or the backward),
+// A row's time is CUDA events on the caller's stream around the step (or the backward),
 // synchronized every iteration, as graphward's rows; counters: host_us (the call's host time) and,
 // for the models, loop_us (steps back to back with nothing synchronized between them, the loop a
 // user writes: CUDA events around blocks of 20, the median of 5 blocks). Every step hands the model
 // one of four batches, a different one every step. scripts/compare_libtorch.sh builds and runs it;
 // scripts/strongest_table.py puts it beside graphward's rows.
+//
+//   graphward_libtorch_compare [--filter=REGEX] [--repetitions=N] [--out=FILE.json]
+//
+// The program times its rows itself and writes them in Google Benchmark's JSON schema (one median
+// entry per row: the median over the repetitions of each repetition's median; a row that cannot
+// run is an entry with error_occurred and its reason), rewritten after every row so that a run cut
+// short keeps what it finished. It uses no Google Benchmark and no C++ stream (Note [No iostream
+// beside libtorch]).
+//
+// Note [No iostream beside libtorch]
+// Linked against the pip torch and Ubuntu's libbenchmark, this program died with SIGSEGV on the
+// GPU machine before its first row, inside std::ostream's sentry as Google Benchmark's console
+// reporter printed its context — a copy of libstdc++'s stream code in the executable, which the
+// library's calls bound to (docs/RESULTS.md). Nothing here writes through a C++ stream: rows,
+// progress and errors are printf'd, and PyTorch's warnings (which its default handler writes to
+// std::cerr) go through a handler of its own.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <benchmark/benchmark.h>
+#include <c10/util/Exception.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -40,9 +56,12 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -250,18 +269,38 @@ void grads_to_none(const std::vector<Tensor>& params) {
 
 enum class Mode { kEager, kEagerFused, kGraphFused };
 
+// What one repetition of a row measured: the time of each timed iteration (µs) and counters.
+struct Sample {
+  std::vector<double> us;
+  std::map<std::string, double> counters;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A model row's iterations: until 0.3 s of step time, at least 20 and at most 2000.
+constexpr double kMinRowSeconds = 0.3;
+constexpr int kMinIterations = 20, kMaxIterations = 2000;
+
 // Times `step` (one training step a call) as the models bench does: CUDA events around each step,
 // synchronized; then the loop a user writes.
-void time_steps(benchmark::State& state, const std::function<void()>& step) {
+Sample time_steps(const std::function<void()>& step) {
   for (int i = 0; i < 10; ++i) step();
   Events ev;
-  double host = 0;
-  for (auto _ : state) {
+  Sample out;
+  double host = 0, total_us = 0;
+  while (out.us.size() < static_cast<std::size_t>(kMinIterations) ||
+         (total_us < kMinRowSeconds * 1e6 && out.us.size() < static_cast<std::size_t>(kMaxIterations))) {
     ev.start(current());
     const auto t0 = Clock::now();
     step();
     host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    state.SetIterationTime(ev.end_us(current()) * 1e-6);
+    out.us.push_back(ev.end_us(current()));
+    total_us += out.us.back();
   }
   std::vector<double> blocks;
   for (int b = 0; b < 5; ++b) {
@@ -269,18 +308,18 @@ void time_steps(benchmark::State& state, const std::function<void()>& step) {
     for (int k = 0; k < 20; ++k) step();
     blocks.push_back(ev.end_us(current()) / 20);
   }
-  std::sort(blocks.begin(), blocks.end());
-  state.counters["loop_us"] = blocks[2];
-  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+  out.counters["loop_us"] = median(blocks);
+  out.counters["host_us"] = host / static_cast<double>(out.us.size());
+  return out;
 }
 
-void run_model(benchmark::State& state, Model m, Mode mode) {
+Sample run_model(Model m, Mode mode) {
   int i = 0;
   auto loss_of = [&m](const Tensor& x, const Tensor& t) {
     return torch::cross_entropy_loss(m.forward(x), t);
   };
   auto eager = [&](auto& opt) {
-    time_steps(state, [&] {
+    return time_steps([&] {
       grads_to_none(m.params);
       loss_of(m.xs[i % 4], m.ts[i % 4]).backward();
       opt.step();
@@ -289,14 +328,10 @@ void run_model(benchmark::State& state, Model m, Mode mode) {
   };
   if (mode == Mode::kEager) {
     torch::optim::AdamW opt(m.params, torch::optim::AdamWOptions(2e-3).weight_decay(0.0));
-    eager(opt);
-    return;
+    return eager(opt);
   }
   FusedAdamW opt(m.params);
-  if (mode == Mode::kEagerFused) {
-    eager(opt);
-    return;
-  }
+  if (mode == Mode::kEagerFused) return eager(opt);
   // PyTorch's whole-network capture recipe: warm up on a side stream, every .grad None, capture
   // forward, backward and step.
   Tensor x = m.xs[0].clone(), t = m.ts[0].clone();
@@ -316,7 +351,7 @@ void run_model(benchmark::State& state, Model m, Mode mode) {
     graph.capture_end();
   }
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  time_steps(state, [&] {
+  return time_steps([&] {
     x.copy_(m.xs[i % 4]);
     t.copy_(m.ts[i % 4]);
     graph.replay();
@@ -374,18 +409,21 @@ struct Branches {
   }
 };
 
-void run_study(benchmark::State& state) {
-  const int k = static_cast<int>(state.range(0)), d = static_cast<int>(state.range(1));
-  const int graph = static_cast<int>(state.range(5));
-  Branches m(k, d, state.range(2), state.range(3), state.range(4) != 0);
+// A study row: branches, depth, width, batch, multistream, graph (0 eager, 1 captured with every
+// .grad None, 2 captured accumulating); `iterations` timed backwards.
+Sample run_study(const std::vector<std::int64_t>& a, int iterations) {
+  const int k = static_cast<int>(a[0]), d = static_cast<int>(a[1]);
+  const int graph = static_cast<int>(a[5]);
+  Branches m(k, d, a[2], a[3], a[4] != 0);
   Events ev;
+  Sample out;
   double host = 0;
   if (graph == 0) {
     for (int i = 0; i < 10; ++i) {
       grads_to_none(m.params);
       m.loss().backward();
     }
-    for (auto _ : state) {
+    for (int it = 0; it < iterations; ++it) {
       grads_to_none(m.params);
       const Tensor loss = m.loss();
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -393,7 +431,7 @@ void run_study(benchmark::State& state) {
       const auto t0 = Clock::now();
       loss.backward();
       host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      state.SetIterationTime(ev.end_us(current()) * 1e-6);
+      out.us.push_back(ev.end_us(current()));
     }
   } else {
     at::cuda::CUDAGraph g;
@@ -413,68 +451,54 @@ void run_study(benchmark::State& state) {
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     for (int i = 0; i < 10; ++i) g.replay();
-    for (auto _ : state) {
+    for (int it = 0; it < iterations; ++it) {
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
       ev.start(current());
       const auto t0 = Clock::now();
       g.replay();
       host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      state.SetIterationTime(ev.end_us(current()) * 1e-6);
+      out.us.push_back(ev.end_us(current()));
     }
   }
-  state.counters["host_us"] = host / static_cast<double>(state.iterations());
+  out.counters["host_us"] = host / static_cast<double>(iterations);
+  return out;
 }
 
-// A row that cannot run says why (Google Benchmark's error) rather than ending the run.
-template <class F>
-void guarded(benchmark::State& state, F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    state.SkipWithError(("cannot run: " + what.substr(0, what.find('\n'))).c_str());
-  }
-}
-
-Mode mode_of(std::int64_t v) { return static_cast<Mode>(v); }
 const char* mode_name(Mode m) {
   return m == Mode::kEager ? "eager" : m == Mode::kEagerFused ? "eager_fused" : "graph_fused";
 }
 
-void register_all() {
-  auto add = [](const std::string& name, std::function<void(benchmark::State&)> fn) {
-    benchmark::RegisterBenchmark(name.c_str(), [fn, name](benchmark::State& s) {
-      std::fprintf(stderr, "graphward_libtorch_compare: %s\n", name.c_str());  // where one died
-      guarded(s, [&] { fn(s); });
-    })
-        ->UseManualTime()
-        ->MinTime(0.3)
-        ->Unit(benchmark::kMicrosecond);
-  };
+struct Row {
+  std::string name;
+  std::function<Sample()> run;  // one repetition
+};
+
+std::vector<Row> all_rows() {
+  std::vector<Row> rows;
   struct Sizes {
     int a, b, c;
   };
   for (const Mode mode : {Mode::kEager, Mode::kEagerFused, Mode::kGraphFused}) {
     const std::string suffix = std::string("/mode:") + mode_name(mode);
     for (const Sizes z : {Sizes{256, 4, 128}, Sizes{2048, 4, 1024}}) {
-      add("Libtorch/mlp/hidden:" + std::to_string(z.a) + "/layers:" + std::to_string(z.b) +
-              "/batch:" + std::to_string(z.c) + suffix,
-          [=](benchmark::State& s) { run_model(s, make_mlp(z.a, z.b, z.c), mode); });
+      rows.push_back({"Libtorch/mlp/hidden:" + std::to_string(z.a) + "/layers:" +
+                          std::to_string(z.b) + "/batch:" + std::to_string(z.c) + suffix,
+                      [=] { return run_model(make_mlp(z.a, z.b, z.c), mode); }});
     }
     for (const Sizes z : {Sizes{64, 16, 16}, Sizes{256, 32, 64}}) {
       for (const bool cl : {false, true}) {
-        add("Libtorch/convnet/batch:" + std::to_string(z.a) + "/image:" + std::to_string(z.b) +
-                "/channels:" + std::to_string(z.c) + suffix + (cl ? "+channels_last" : ""),
-            [=](benchmark::State& s) { run_model(s, make_convnet(z.a, z.b, z.c, cl), mode); });
+        rows.push_back({"Libtorch/convnet/batch:" + std::to_string(z.a) + "/image:" +
+                            std::to_string(z.b) + "/channels:" + std::to_string(z.c) + suffix +
+                            (cl ? "+channels_last" : ""),
+                        [=] { return run_model(make_convnet(z.a, z.b, z.c, cl), mode); }});
       }
     }
     for (const Sizes z : {Sizes{16, 32, 64}, Sizes{32, 128, 256}}) {
       for (const bool sdpa : {false, true}) {
-        add("Libtorch/transformer/batch:" + std::to_string(z.a) + "/seq:" + std::to_string(z.b) +
-                "/dim:" + std::to_string(z.c) + suffix + (sdpa ? "+sdpa" : ""),
-            [=](benchmark::State& s) {
-              run_model(s, make_transformer(z.a, z.b, z.c, sdpa), mode);
-            });
+        rows.push_back({"Libtorch/transformer/batch:" + std::to_string(z.a) + "/seq:" +
+                            std::to_string(z.b) + "/dim:" + std::to_string(z.c) + suffix +
+                            (sdpa ? "+sdpa" : ""),
+                        [=] { return run_model(make_transformer(z.a, z.b, z.c, sdpa), mode); }});
       }
     }
   }
@@ -488,32 +512,103 @@ void register_all() {
     studies.push_back({2, 1, n, n, 1});
   }
   for (const auto& s : studies) {
-    for (int graph = 0; graph <= 2; ++graph) {
+    for (std::int64_t graph = 0; graph <= 2; ++graph) {
       if (graph == 2 && s[0] == 2 && s[1] == 1) continue;  // accumulating: the studies alone
-      benchmark::RegisterBenchmark("LibtorchStudy",
-                                   [](benchmark::State& st) {
-                                     std::fprintf(stderr, "graphward_libtorch_compare: study "
-                                                  "%lld %lld %lld %lld %lld %lld\n",
-                                                  static_cast<long long>(st.range(0)),
-                                                  static_cast<long long>(st.range(1)),
-                                                  static_cast<long long>(st.range(2)),
-                                                  static_cast<long long>(st.range(3)),
-                                                  static_cast<long long>(st.range(4)),
-                                                  static_cast<long long>(st.range(5)));
-                                     guarded(st, [&] { run_study(st); });
-                                   })
-          ->ArgNames({"branches", "depth", "width", "batch", "multistream", "graph"})
-          ->Args({s[0], s[1], s[2], s[3], s[4], graph})
-          ->UseManualTime()
-          ->Iterations(s[2] <= 2048 ? 100 : 10)
-          ->Unit(benchmark::kMicrosecond);
+      std::vector<std::int64_t> a = s;
+      a.push_back(graph);
+      std::string name = "LibtorchStudy";
+      const char* names[] = {"branches", "depth", "width", "batch", "multistream", "graph"};
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        name += "/" + std::string(names[i]) + ":" + std::to_string(a[i]);
+      }
+      const int iterations = s[2] <= 2048 ? 100 : 10;
+      rows.push_back({name, [a, iterations] { return run_study(a, iterations); }});
     }
   }
+  return rows;
 }
+
+// A JSON string literal of `s` (quotes, backslashes and control characters escaped).
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The rows done so far, as Google Benchmark's JSON (the schema scripts/strongest_table.py reads).
+void write_json(const std::string& path, const std::vector<std::string>& entries) {
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "graphward_libtorch_compare: cannot write %s\n", path.c_str());
+    return;
+  }
+  std::fprintf(f, "{\n \"context\": {\"library\": \"libtorch %s\"},\n \"benchmarks\": [\n",
+               TORCH_VERSION);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    std::fprintf(f, "  %s%s\n", entries[i].c_str(), i + 1 < entries.size() ? "," : "");
+  }
+  std::fprintf(f, " ]\n}\n");
+  std::fclose(f);
+}
+
+// Note [No iostream beside libtorch]: PyTorch's warnings, printf'd.
+class PrintfWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override {
+    std::fprintf(stderr, "libtorch warning: %s\n", w.msg().c_str());
+  }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string filter = ".*", out_path;
+  int repetitions = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&](std::string_view flag) -> const char* {
+      return a.substr(0, flag.size()) == flag ? argv[i] + flag.size() : nullptr;
+    };
+    if (const char* v = value("--filter=")) {
+      filter = v;
+    } else if (const char* v = value("--out=")) {
+      out_path = v;
+    } else if (const char* v = value("--repetitions=")) {
+      repetitions = std::atoi(v);
+    } else {
+      std::fprintf(stderr,
+                   "graphward_libtorch_compare: unknown argument '%s'; expected --filter=REGEX, "
+                   "--repetitions=N or --out=FILE.json\n",
+                   argv[i]);
+      return 1;
+    }
+  }
+  if (repetitions < 1) {
+    std::fprintf(stderr, "graphward_libtorch_compare: --repetitions must be at least 1\n");
+    return 1;
+  }
+  std::regex pattern;
+  try {
+    pattern = std::regex(filter);
+  } catch (const std::regex_error& e) {
+    std::fprintf(stderr, "graphward_libtorch_compare: bad --filter '%s': %s\n", filter.c_str(),
+                 e.what());
+    return 1;
+  }
+  PrintfWarnings warnings;
+  const c10::WarningUtils::WarningHandlerGuard warnings_here(&warnings);
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "graphward_libtorch_compare: libtorch sees no CUDA device\n");
     return 2;
@@ -521,10 +616,56 @@ int main(int argc, char** argv) {
   at::globalContext().setAllowTF32CuBLAS(false);
   at::globalContext().setAllowTF32CuDNN(false);
   at::globalContext().setBenchmarkCuDNN(true);
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  std::printf("libtorch %s; medians of %d repetitions (each the median of its iterations), us\n",
+              TORCH_VERSION, repetitions);
+  std::printf("%-100s %10s %10s %10s\n", "row", "time", "loop_us", "host_us");
+  std::vector<std::string> entries;
+  for (const Row& row : all_rows()) {
+    if (!std::regex_search(row.name, pattern)) continue;
+    std::fprintf(stderr, "graphward_libtorch_compare: %s\n", row.name.c_str());  // where one died
+    std::vector<double> times;
+    std::map<std::string, std::vector<double>> counters;
+    std::size_t iterations = 0;
+    std::string error;
+    try {
+      for (int r = 0; r < repetitions; ++r) {
+        const Sample s = row.run();
+        times.push_back(median(s.us));
+        iterations += s.us.size();
+        for (const auto& [k, v] : s.counters) counters[k].push_back(v);
+      }
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      error = "cannot run: " + what.substr(0, what.find('\n'));
+    }
+    std::string entry;
+    if (!error.empty()) {
+      entry = "{\"name\": " + json_string(row.name) + ", \"run_name\": " + json_string(row.name) +
+              ", \"error_occurred\": true, \"error_message\": " + json_string(error) + "}";
+      std::printf("%-100s %s\n", row.name.c_str(), error.c_str());
+    } else {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.3f", median(times));
+      entry = "{\"name\": " + json_string(row.name + "_median") +
+              ", \"run_name\": " + json_string(row.name) +
+              ", \"run_type\": \"aggregate\", \"aggregate_name\": \"median\", \"repetitions\": " +
+              std::to_string(repetitions) + ", \"iterations\": " + std::to_string(iterations) +
+              ", \"real_time\": " + buf + ", \"time_unit\": \"us\"";
+      for (const auto& [k, v] : counters) {
+        std::snprintf(buf, sizeof buf, "%.3f", median(v));
+        entry += ", " + json_string(k) + ": " + buf;
+      }
+      entry += "}";
+      const auto counter = [&](const char* k) {
+        const auto it = counters.find(k);
+        return it == counters.end() ? -1.0 : median(it->second);
+      };
+      std::printf("%-100s %10.1f %10.1f %10.1f\n", row.name.c_str(), median(times),
+                  counter("loop_us"), counter("host_us"));
+    }
+    std::fflush(stdout);
+    entries.push_back(std::move(entry));
+    write_json(out_path, entries);
+  }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -218,45 +219,101 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
   }
 }
 
-// gelu_backward reads four float32 elements a load where dx, dy and x are all 16-byte aligned, and
-// one at a time where any is not and past the last multiple of four. Each of the three arrays 4
-// bytes off the boundary in turn, sizes around a multiple of four, both slot modes: the same bits
-// as the aligned run, which is within the elementwise tolerance of the CPU kernel.
-TEST_F(CudaOps, GeluBackwardGivesTheSameBitsWhetherOrNotItsArraysAreSixteenByteAligned) {
+// The kernels with a float4 path (relu forward and backward, gelu backward) read four float32
+// elements a load where all their arrays are 16-byte aligned, and one at a time where any is not
+// and past the last multiple of four; their grids are sized for the path taken. Each array 4 bytes
+// off the boundary in turn, sizes around a multiple of four and past one grid's worth, both slot
+// modes: the same bits as the aligned run, which is within the elementwise tolerance of the CPU
+// kernel — and bitwise the CPU kernel's for ReLU, which is exact (NaN, -0 and +-inf among the
+// inputs).
+TEST_F(CudaOps, Float4KernelsGiveTheSameBitsWhetherOrNotTheirArraysAreSixteenByteAligned) {
   auto device_array = [](std::size_t n) {
     float* p = nullptr;
     GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
     return std::unique_ptr<float, void (*)(float*)>(
         p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); });
   };
-  for (const std::int64_t n : {1, 3, 4, 5, 1031, 4096}) {
-    const auto size = static_cast<std::size_t>(n);
-    const std::vector<float> x = mul(rand({n}), 3.0).to_vector<float>(),
-                             dy = rand({n}).to_vector<float>(), old = rand({n}).to_vector<float>();
-    auto dx_mem = device_array(size), dy_mem = device_array(size), x_mem = device_array(size);
-    for (const bool acc : {false, true}) {
-      std::vector<float> want = old;
-      kernels::cpu::gelu_backward(want.data(), dy.data(), x.data(), n, acc);
-      std::vector<float> aligned;
-      for (int off = 0; off < 4; ++off) {  // 0: all aligned; 1, 2, 3: dx, dy, x misaligned
-        float* d_dx = dx_mem.get() + (off == 1);
-        float* d_dy = dy_mem.get() + (off == 2);
-        float* d_x = x_mem.get() + (off == 3);
-        const std::size_t bytes = size * sizeof(float);
-        GW_CUDA_CHECK(cudaMemcpy(d_dx, old.data(), bytes, cudaMemcpyHostToDevice));
-        GW_CUDA_CHECK(cudaMemcpy(d_dy, dy.data(), bytes, cudaMemcpyHostToDevice));
-        GW_CUDA_CHECK(cudaMemcpy(d_x, x.data(), bytes, cudaMemcpyHostToDevice));
-        kernels::gelu_backward(d_dx, d_dy, d_x, n, acc, cudaStreamLegacy);
-        GW_CUDA_CHECK(cudaGetLastError());
-        std::vector<float> got(size);
-        GW_CUDA_CHECK(cudaMemcpy(got.data(), d_dx, bytes, cudaMemcpyDeviceToHost));
-        if (off == 0) {
-          aligned = got;
-          EXPECT_LE(rel_error(from_vector(got, {n}), from_vector(want, {n})), kElementwiseTol)
-              << "n " << n;
-        } else {
-          EXPECT_EQ(std::memcmp(got.data(), aligned.data(), bytes), 0)
-              << "n " << n << " accumulate " << acc << " misaligned array " << off;
+  // out = f(in0, in1) (in1 unused by a forward); `exact`: bitwise the CPU kernel's.
+  struct Kernel {
+    const char* name;
+    bool backward, exact;
+    std::function<void(float*, const float*, const float*, std::int64_t, bool)> gpu, cpu;
+  };
+  const Kernel kernels_tested[] = {
+      {"relu_forward", false, true,
+       [](float* y, const float* x, const float*, std::int64_t n, bool) {
+         kernels::relu_forward(y, x, n, cudaStreamLegacy);
+       },
+       [](float* y, const float* x, const float*, std::int64_t n, bool) {
+         kernels::cpu::relu_forward(y, x, n);
+       }},
+      {"relu_backward", true, true,
+       [](float* dx, const float* dy, const float* y, std::int64_t n, bool acc) {
+         kernels::relu_backward(dx, dy, y, n, acc, cudaStreamLegacy);
+       },
+       [](float* dx, const float* dy, const float* y, std::int64_t n, bool acc) {
+         kernels::cpu::relu_backward(dx, dy, y, n, acc);
+       }},
+      {"gelu_backward", true, false,
+       [](float* dx, const float* dy, const float* x, std::int64_t n, bool acc) {
+         kernels::gelu_backward(dx, dy, x, n, acc, cudaStreamLegacy);
+       },
+       [](float* dx, const float* dy, const float* x, std::int64_t n, bool acc) {
+         kernels::cpu::gelu_backward(dx, dy, x, n, acc);
+       }},
+  };
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -0.f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  for (const Kernel& k : kernels_tested) {
+    for (const std::int64_t n : {1, 3, 4, 5, 1031, 4096, 132 * 32 * 256 * 4 + 7}) {
+      const auto size = static_cast<std::size_t>(n);
+      std::vector<float> in0 = mul(rand({n}), 3.0).to_vector<float>();
+      const std::vector<float> in1 = rand({n}).to_vector<float>(),
+                               old = rand({n}).to_vector<float>();
+      if (k.exact) {
+        for (std::size_t i = 0; i < size; i += 97) in0[i] = specials[(i / 97) % 4];
+      }
+      auto out_mem = device_array(size), in0_mem = device_array(size),
+           in1_mem = device_array(size);
+      // A forward's arrays: out (y) and in0 (x); a backward's: out (dx), in0 (dy), in1 (saved).
+      const int arrays = k.backward ? 3 : 2;
+      for (const bool acc : {false, true}) {
+        if (acc && !k.backward) continue;
+        std::vector<float> want = old;
+        k.cpu(want.data(), in0.data(), in1.data(), n, acc);
+        std::vector<float> aligned;
+        for (int off = 0; off <= arrays; ++off) {  // 0: all aligned; 1..3: one array misaligned
+          float* d_out = out_mem.get() + (off == 1);
+          float* d_in0 = in0_mem.get() + (off == 2);
+          float* d_in1 = in1_mem.get() + (off == 3);
+          const std::size_t bytes = size * sizeof(float);
+          GW_CUDA_CHECK(cudaMemcpy(d_out, old.data(), bytes, cudaMemcpyHostToDevice));
+          GW_CUDA_CHECK(cudaMemcpy(d_in0, in0.data(), bytes, cudaMemcpyHostToDevice));
+          GW_CUDA_CHECK(cudaMemcpy(d_in1, in1.data(), bytes, cudaMemcpyHostToDevice));
+          k.gpu(d_out, d_in0, d_in1, n, acc);
+          GW_CUDA_CHECK(cudaGetLastError());
+          std::vector<float> got(size);
+          GW_CUDA_CHECK(cudaMemcpy(got.data(), d_out, bytes, cudaMemcpyDeviceToHost));
+          if (off == 0) {
+            aligned = got;
+            if (k.exact) {  // a NaN's payload is the hardware's (the CPU keeps an operand's)
+              std::size_t differ = 0;
+              for (std::size_t i = 0; i < size; ++i) {
+                const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+                differ += !both_nan && std::bit_cast<std::uint32_t>(got[i]) !=
+                                           std::bit_cast<std::uint32_t>(want[i]);
+              }
+              EXPECT_EQ(differ, 0u)
+                  << k.name << " n " << n << " accumulate " << acc << ": not the CPU's bits";
+            } else {
+              EXPECT_LE(rel_error(from_vector(got, {n}), from_vector(want, {n})), kElementwiseTol)
+                  << k.name << " n " << n;
+            }
+          } else {
+            EXPECT_EQ(std::memcmp(got.data(), aligned.data(), bytes), 0)
+                << k.name << " n " << n << " accumulate " << acc << " misaligned array " << off;
+          }
         }
       }
     }
