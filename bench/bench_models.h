@@ -275,14 +275,11 @@ inline void print_gemm_choices() {
   if (!cuda_available()) return;
   std::fprintf(stderr,
                "GEMM choices (m n k batch ta tb kind: candidates, chosen, heuristic's us -> chosen "
-               "us [two at once us, candidates that share / cannot] [, alternative us], algo)\n");
+               "us [, alternative us], algo)\n");
   for (const auto& c : debug::gemm_choices(kDev)) {
     std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
                  c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
                  c.candidates, c.chosen, c.first_us, c.chosen_us);
-    if (c.pair_us > 0) {
-      std::fprintf(stderr, " [two at once %.2f, %d / %d]", c.pair_us, c.shared, c.unshared);
-    }
     if (c.alternative_us > 0) {
       std::fprintf(stderr, " [alternative %.2f%s]", c.alternative_us,
                    c.declined ? ": declined" : "");

@@ -6,10 +6,10 @@
 // Model (pre-norm): token embedding + learned positions -> x + attention(layer_norm(x)) ->
 // x + MLP(layer_norm(x)) (linear + GELU fused, linear) -> layer_norm -> linear to vocabulary logits
 // -> fused cross-entropy. Attention is written with the ops: one linear makes Q, K and V; heads
-// are split by reshape + transpose; scores = Q·Kᵀ / √d by one batched GEMM (bmm with trans_b);
-// softmax; the weighted sum by another bmm; heads merged back and projected. Task: at every
-// position, predict the previous token (the first position: itself) — attention has to look one
-// position back. AdamW.
+// are split by reshape + transpose; scores = Q·Kᵀ / √d by one batched GEMM (bmm with trans_b, the
+// scale its alpha); softmax; the weighted sum by another bmm; heads merged back and projected.
+// Task: at every position, predict the previous token (the first position: itself) — attention
+// has to look one position back. AdamW.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -63,7 +63,7 @@ class TransformerModel {
     };
     const Tensor q = heads(narrow(qkv, 0, D)), k = heads(narrow(qkv, D, D)),
                  v = heads(narrow(qkv, 2 * D, D));
-    const Tensor p = softmax(mul(bmm(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(dh))));
+    const Tensor p = softmax(bmm(q, k, false, true, 1.0 / std::sqrt(static_cast<double>(dh))));
     const Tensor o = reshape(transpose(reshape(bmm(p, v), {B, H, T, dh}), 1, 2), {B * T, D});
     x = add(x, linear(o, wo_, bo_));
     const Tensor f = linear(linear(layer_norm(x, ln2_w_, ln2_b_), w1_, b1_, Activation::kGelu),

@@ -471,91 +471,34 @@ double LaunchTimer::time_us(cudaStream_t stream, const std::function<bool()>& la
   return best;
 }
 
-namespace {
-// Two events for a fork and a join, owned.
-struct ForkJoin {
-  cudaEvent_t fork = nullptr, join = nullptr;
-  ForkJoin() {
-    GW_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    GW_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  }
-  ~ForkJoin() {
-    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(fork));
-    GW_CUDA_CHECK_NOTHROW(cudaEventDestroy(join));
-  }
-  ForkJoin(const ForkJoin&) = delete;
-  ForkJoin& operator=(const ForkJoin&) = delete;
-};
-}  // namespace
-
 LtGemm::Timing LtGemm::tune(LaunchTimer& timer, float alpha, const void* a, const void* b,
                             float beta, void* c, void* workspace, std::size_t workspace_bytes,
-                            cudaStream_t stream, void* bias_grad, const void* bias, void* aux,
-                            const Beside* beside) {
+                            cudaStream_t stream, void* bias_grad, const void* bias, void* aux) {
   GW_CHECK(usable_, "LtGemm::tune: no cuBLASLt algorithm for this shape");
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  double best[kMaxCandidates], pair[kMaxCandidates];
-  for (int i = 0; i < kMaxCandidates; ++i) best[i] = pair[i] = kInf;
+  double best[kMaxCandidates];
+  for (double& t : best) t = std::numeric_limits<double>::infinity();
   for (int i = 0; i < n_candidates_; ++i) {
     best[i] = timer.time_us(stream, [&] {
       return launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes, stream,
                     bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
     });
   }
-  // Two launches at once (Note [A GEMM that cannot share the GPU]): the second on `beside`'s
-  // stream, forked from `stream` after the timer's hold and joined back before its end event.
-  bool unshared[kMaxCandidates] = {};
-  bool any_shared = false;
-  if (beside) {
-    const ForkJoin events;
-    for (int i = 0; i < n_candidates_; ++i) {
-      if (!std::isfinite(best[i])) continue;
-      pair[i] = timer.time_us(stream, [&] {
-        GW_CUDA_CHECK(cudaEventRecord(events.fork, stream));
-        GW_CUDA_CHECK(cudaStreamWaitEvent(beside->stream, events.fork, 0));
-        const bool ok = launch(candidates_[i], alpha, a, b, beta, c, workspace, workspace_bytes,
-                               stream, bias_grad, bias, aux) == CUBLAS_STATUS_SUCCESS;
-        const bool ok_beside =
-            launch(candidates_[i], alpha, a, b, beta, beside->c, beside->workspace,
-                   beside->workspace_bytes, beside->stream, beside->bias_grad, bias,
-                   beside->aux) == CUBLAS_STATUS_SUCCESS;
-        GW_CUDA_CHECK(cudaEventRecord(events.join, beside->stream));
-        GW_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));
-        return ok && ok_beside;
-      });
-      unshared[i] = std::isfinite(pair[i]) && pair[i] > kUnshared * best[i];
-      any_shared = any_shared || !unshared[i];
-    }
-  }
   // The heuristic's choice stays unless another is faster by more than 3% (timing noise). Where
   // the split of k is off (small GEMMs, whose steps are bound by the host's launches), a
   // candidate with a reduction kernel apart is charged kReduceApartUs: what its second launch
-  // costs the host of an eager step, where the choice runs too. A candidate that cannot share the
-  // GPU is not chosen where one that can remains.
+  // costs the host of an eager step, where the choice runs too.
   double cost[kMaxCandidates];
   for (int i = 0; i < n_candidates_; ++i) {
     const bool charged = !options_.split_k && reduces_apart(candidates_[i]);
     cost[i] = best[i] + (charged ? kReduceApartUs : 0.0);
   }
-  auto allowed = [&](int i) { return !any_shared || !unshared[i]; };
   int chosen = 0;
-  while (chosen + 1 < n_candidates_ && !allowed(chosen)) ++chosen;
-  for (int i = chosen + 1; i < n_candidates_; ++i) {
-    if (allowed(i) && cost[i] < cost[chosen] && (chosen != 0 || cost[i] < 0.97 * cost[0])) {
-      chosen = i;
-    }
+  for (int i = 1; i < n_candidates_; ++i) {
+    if (cost[i] < cost[chosen] && (chosen != 0 || cost[i] < 0.97 * cost[0])) chosen = i;
   }
   if (!std::isfinite(best[chosen])) chosen = 0;  // nothing launched: keep the heuristic's
   algo_ = candidates_[chosen];
-  Timing t{.chosen = chosen,
-           .first_us = best[0],
-           .chosen_us = best[chosen],
-           .pair_us = std::isfinite(pair[chosen]) ? pair[chosen] : 0.0};
-  for (int i = 0; i < n_candidates_; ++i) {
-    if (!std::isfinite(pair[i])) continue;
-    ++(unshared[i] ? t.unshared : t.shared);
-  }
-  return t;
+  return {.chosen = chosen, .first_us = best[0], .chosen_us = best[chosen]};
 }
 
 std::string LtGemm::describe() const {

@@ -172,33 +172,14 @@ class LtGemm {
   // the heuristic's choice unless another is more than 3% faster. Every candidate writes c (and
   // bias_grad, and a forward epilogue's aux): pass scratch memory for them, with the values beta
   // reads. Synchronizes `stream`; not inside a stream capture.
-  //
-  // With `beside` (a second stream, and a second copy of what a launch writes and of its
-  // workspace), each candidate is also timed launched twice at once, one launch on each stream; one
-  // whose two launches take more than kUnshared times one launch alone — longer than the two one
-  // after the other — cannot share the GPU with another kernel, and is set aside where a candidate
-  // that can remains (Note [A GEMM that cannot share the GPU], runtime/blas.cpp).
-  struct Beside {
-    cudaStream_t stream = nullptr;
-    void* c = nullptr;
-    void* workspace = nullptr;
-    std::size_t workspace_bytes = 0;
-    void* bias_grad = nullptr;
-    void* aux = nullptr;
-  };
-  static constexpr double kUnshared = 2.2;
   struct Timing {
     int chosen = 0;        // the index use() takes
     double first_us = 0;   // the heuristic's choice, µs a launch
     double chosen_us = 0;  // the chosen one
-    double pair_us = 0;    // the chosen one launched twice at once, µs (0: not timed)
-    int shared = 0;        // candidates timed two at once that share the GPU
-    int unshared = 0;      // and that cannot (set aside where `shared` is not 0)
   };
   Timing tune(LaunchTimer& timer, float alpha, const void* a, const void* b, float beta, void* c,
               void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
-              void* bias_grad = nullptr, const void* bias = nullptr, void* aux = nullptr,
-              const Beside* beside = nullptr);
+              void* bias_grad = nullptr, const void* bias = nullptr, void* aux = nullptr);
 
  private:
   void release() noexcept;

@@ -36,12 +36,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,
                      GradSlot grad_b);
 
-// Batched: a [B, m, k] and b [B, k, n] -> [B, m, n], c[i] = op(a[i]) · op(b[i]), where op
+// Batched: a [B, m, k] and b [B, k, n] -> [B, m, n], c[i] = alpha · op(a[i]) · op(b[i]), where op
 // transposes the last two dimensions when asked (trans_a: a is [B, k, m]; trans_b: b is [B, n, k]),
-// without moving data: one batched GEMM (attention's Q·Kᵀ is bmm(q, k, false, true)).
-Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// without moving data: one batched GEMM, the scale included (attention's scores Q·Kᵀ/√d are
+// bmm(q, k, false, true, 1/√d): no pass over the scores to scale them, forward or backward).
+// alpha must be finite.
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+           double alpha = 1.0);
 void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool trans_a,
-                  bool trans_b, GradSlot grad_a, GradSlot grad_b);
+                  bool trans_b, GradSlot grad_a, GradSlot grad_b, double alpha = 1.0);
 
 // x [batch, in] · weightᵀ (weight [out, in]) + bias [out] -> [batch, out]; bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());

@@ -33,48 +33,51 @@ BmmDims check_bmm(const char* op, const Tensor& a, const Tensor& b, bool ta, boo
   return {a.size(0), m, ka, n};
 }
 
-// c[i] (=|+=) op(x[i])·op(y[i]) for every matrix i of the batch; `stream`: the CUDA op's (unused
-// on the CPU).
+// c[i] (=|+=) alpha·op(x[i])·op(y[i]) for every matrix i of the batch; `stream`: the CUDA op's
+// (unused on the CPU). alpha is rounded to the element type on both backends.
 void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_t batch,
-             std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& x, const Tensor& y,
-             bool accumulate, const Tensor& c) {
+             std::int64_t m, std::int64_t n, std::int64_t kk, double alpha, const Tensor& x,
+             const Tensor& y, bool accumulate, const Tensor& c) {
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-    gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, 1.f, x.data<float>(), y.data<float>(),
-                 accumulate ? 1.f : 0.f, c.data<float>());
+    gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, static_cast<float>(alpha),
+                 x.data<float>(), y.data<float>(), accumulate ? 1.f : 0.f, c.data<float>());
     return;
 #endif
   }
   dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::gemm_batched<T>(tx, ty, m, n, kk, batch, T(1), ptr<T>(x), ptr<T>(y),
+    k::cpu::gemm_batched<T>(tx, ty, m, n, kk, batch, static_cast<T>(alpha), ptr<T>(x), ptr<T>(y),
                             accumulate ? T(1) : T(0), ptr<T>(c));
   });
 }
 }  // namespace
 
-Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
   const char* op = "bmm";
   detail::NvtxRange range(op);
   const BmmDims d = check_bmm(op, a, b, trans_a, trans_b);
+  check_finite_scalar(op, alpha, a);
   Tensor c;
   if (a.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(a.device());
     scope.read({&a, &b});
     c = new_output({d.batch, d.m, d.n}, a);
-    batched(scope.stream(), trans_a, trans_b, d.batch, d.m, d.n, d.k, a, b, false, c);
+    batched(scope.stream(), trans_a, trans_b, d.batch, d.m, d.n, d.k, alpha, a, b, false, c);
 #endif
   } else {
     c = new_output({d.batch, d.m, d.n}, a);
-    batched(nullptr, trans_a, trans_b, d.batch, d.m, d.n, d.k, a, b, false, c);
+    batched(nullptr, trans_a, trans_b, d.batch, d.m, d.n, d.k, alpha, a, b, false, c);
   }
   if (needs_grad({&a, &b})) {
     record(op, c, {&a, &b}, {save("a", a), save("b", b)},
-           [trans_a, trans_b](const Tensor& g, const std::vector<Tensor>& s,
-                              std::span<GradSlot> grads) {
-             bmm_backward(g, s[0], s[1], trans_a, trans_b, grads[0], grads[1]);
+           [trans_a, trans_b, alpha](const Tensor& g, const std::vector<Tensor>& s,
+                                     std::span<GradSlot> grads) {
+             bmm_backward(g, s[0], s[1], trans_a, trans_b, grads[0], grads[1], alpha);
            },
-           {NodeAttribute::integer(trans_a), NodeAttribute::integer(trans_b)});
+           // Note [Node attributes]: the transposes and the scale.
+           {NodeAttribute::integer(trans_a), NodeAttribute::integer(trans_b),
+            NodeAttribute::number(alpha)});
     c.grad_fn()->set_backward_flops(4.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) *
                                     static_cast<double>(d.n) * static_cast<double>(d.k));
   }
@@ -82,10 +85,11 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 }
 
 void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool trans_a,
-                  bool trans_b, GradSlot grad_a, GradSlot grad_b) {
+                  bool trans_b, GradSlot grad_a, GradSlot grad_b, double alpha) {
   const char* op = "bmm_backward";
   const BmmDims d = check_bmm(op, a, b, trans_a, trans_b);
   check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}});
+  check_finite_scalar(op, alpha, a);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.m, d.n}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.m, d.n}));
@@ -100,22 +104,26 @@ void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool
     stream = scope->stream();
   }
 #endif
-  // C = op(A)·op(B). As stored: dA = dC·op(B)ᵀ (A plain) or op(B)·dCᵀ (A transposed);
-  // dB = op(A)ᵀ·dC (B plain) or dCᵀ·op(A) (B transposed).
+  // C = alpha·op(A)·op(B). As stored: dA = alpha·dC·op(B)ᵀ (A plain) or alpha·op(B)·dCᵀ (A
+  // transposed); dB = alpha·op(A)ᵀ·dC (B plain) or alpha·dCᵀ·op(A) (B transposed).
   if (want_a) {
     const bool acc = open_slot(grad_a, a, stream);
     if (!trans_a) {
-      batched(stream, false, !trans_b, d.batch, d.m, d.k, d.n, grad_out, b, acc, *grad_a.tensor);
+      batched(stream, false, !trans_b, d.batch, d.m, d.k, d.n, alpha, grad_out, b, acc,
+              *grad_a.tensor);
     } else {
-      batched(stream, trans_b, true, d.batch, d.k, d.m, d.n, b, grad_out, acc, *grad_a.tensor);
+      batched(stream, trans_b, true, d.batch, d.k, d.m, d.n, alpha, b, grad_out, acc,
+              *grad_a.tensor);
     }
   }
   if (want_b) {
     const bool acc = open_slot(grad_b, b, stream);
     if (!trans_b) {
-      batched(stream, !trans_a, false, d.batch, d.k, d.n, d.m, a, grad_out, acc, *grad_b.tensor);
+      batched(stream, !trans_a, false, d.batch, d.k, d.n, d.m, alpha, a, grad_out, acc,
+              *grad_b.tensor);
     } else {
-      batched(stream, true, trans_a, d.batch, d.n, d.k, d.m, grad_out, a, acc, *grad_b.tensor);
+      batched(stream, true, trans_a, d.batch, d.n, d.k, d.m, alpha, grad_out, a, acc,
+              *grad_b.tensor);
     }
   }
 }

@@ -20,7 +20,6 @@
 #include "runtime/capture_mode.h"
 #include "runtime/gemm_choice.h"
 #include "runtime/memory.h"
-#include "runtime/stream.h"
 
 namespace graphward {
 
@@ -124,9 +123,6 @@ struct GemmKeyHash {
 struct DeviceBlas {
   std::unique_ptr<LtHandle> lt;
   std::unordered_map<GemmKey, std::unique_ptr<kernels::LtGemm>, GemmKeyHash> lt_plans;
-  // The second stream of Note [A GEMM that cannot share the GPU], made on first use. Declared
-  // before `streams`: its handle and workspace there are released before the stream.
-  std::unique_ptr<Stream> beside;
   std::unordered_map<cudaStream_t, std::unique_ptr<StreamBlas>> streams;
   cudaStream_t last_stream = nullptr;  // one-entry cache in front of the map
   StreamBlas* last = nullptr;
@@ -204,20 +200,6 @@ struct FirstUse {
 // results: set_gemm_tuning(false) (or GRAPHWARD_GEMM_TUNING=0) runs the heuristic's choice
 // everywhere, for bitwise reproducible runs. debug::gemm_choices lists what was chosen and the
 // times measured.
-// Note [A GEMM that cannot share the GPU]
-// A backward's branches run on streams of their own, and their GEMMs at once. Some of cuBLASLt's
-// kernels cannot share the GPU: at the review's sweep, N = 512, the weight gradient's kernel chosen
-// alone (13.2 µs) took 44.4 µs beside a copy of itself on another stream, and two branches on two
-// streams ran slower than on one (docs/DECISIONS.md, "a GEMM that cannot share the GPU is set
-// aside"). So the timing of the candidates (Note [Choosing a GEMM algorithm]) also launches each
-// one twice at once, on the caller's stream and on a second stream of the thread's (with a second
-// copy of the scratch outputs and of the workspace); a candidate whose two launches take more than
-// LtGemm::kUnshared (2.2) times one launch alone — longer than the two one after the other, with a
-// margin for noise — is not chosen where a candidate that can share remains, and cuBLAS's own
-// GEMM is not preferred to the plan where it cannot share and the plan can. A GEMM that is never
-// run beside another pays the difference, if any, between the fastest candidate and the fastest
-// that shares; the tuning takes twice the timing. Where the second copy of the scratch memory
-// cannot be allocated, the candidates are timed alone.
 struct ChoiceStore {
   std::mutex mutex;
   struct Made {
@@ -402,77 +384,33 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
             ? static_cast<std::size_t>(kernels::relu_mask_bytes(key.m, key.n))
             : mn * element;
     const std::size_t g_off = round_up(c_bytes), x_off = g_off + round_up(grad_bytes);
-    const std::size_t total = round_up(x_off + aux_bytes);
-    // Two copies (Note [A GEMM that cannot share the GPU]), or one where two do not fit.
-    auto scratch = std::make_unique<Scratch>(2 * total, stream);
-    bool two = scratch->data() != nullptr;
-    if (!two) scratch = std::make_unique<Scratch>(total, stream);
-    if (scratch->data()) {
+    Scratch scratch(x_off + aux_bytes, stream);
+    if (scratch.data()) {
       // Zeros: what beta reads, and what some of cuBLASLt's kernels load even where beta is 0.
-      GW_CUDA_CHECK(cudaMemsetAsync(scratch->data(), 0, (two ? 2 : 1) * total, stream));
-      char* const mine = scratch->data();
-      kernels::LtGemm::Beside beside;
-      StreamBlas* side = nullptr;
-      if (two) {
-        if (!blas.beside) blas.beside = std::make_unique<Stream>(device);
-        side = &stream_blas(blas, device, blas.beside->get());
-        char* const theirs = mine + total;
-        beside = {.stream = blas.beside->get(),
-                  .c = theirs,
-                  .workspace = side->workspace.data(),
-                  .workspace_bytes = side->workspace.bytes(),
-                  .bias_grad = grad_bytes ? theirs + g_off : nullptr,
-                  .aux = aux_bytes ? static_cast<void*>(theirs + x_off) : use.aux};
-        // The second stream starts after the zeros (and after what made the inputs).
-        blas.beside->wait_stream(stream);
-      }
+      GW_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, x_off + aux_bytes, stream));
       kernels::LaunchTimer timer;
-      const kernels::LtGemm::Timing t = plan.tune(
-          timer, use.alpha, use.a, use.b, use.beta, mine, sb.workspace.data(),
-          sb.workspace.bytes(), stream, grad_bytes ? mine + g_off : nullptr, use.bias,
-          aux_bytes ? static_cast<void*>(mine + x_off) : use.aux, two ? &beside : nullptr);
+      const kernels::LtGemm::Timing t =
+          plan.tune(timer, use.alpha, use.a, use.b, use.beta, scratch.data(), sb.workspace.data(),
+                    sb.workspace.bytes(), stream, grad_bytes ? scratch.data() + g_off : nullptr,
+                    use.bias, aux_bytes ? static_cast<void*>(scratch.data() + x_off) : use.aux);
       info.tuned = true;
       info.chosen = t.chosen;
       info.first_us = t.first_us;
       info.chosen_us = t.chosen_us;
-      info.pair_us = t.pair_us;
-      info.shared = t.shared;
-      info.unshared = t.unshared;
       if (key.options.bias_grad_a) {
-        declined = apart_is_faster(blas, device, key, sb, stream, use, timer, mine,
-                                   mine + g_off, t.chosen_us, info);
+        declined = apart_is_faster(blas, device, key, sb, stream, use, timer, scratch.data(),
+                                   scratch.data() + g_off, t.chosen_us, info);
       } else if (key.options.epilogue == kernels::Epilogue::kDGelu) {
-        declined = act_grad_apart_is_faster(blas, device, key, sb, stream, use, timer, mine,
-                                            t.chosen_us, info);
+        declined = act_grad_apart_is_faster(blas, device, key, sb, stream, use, timer,
+                                            scratch.data(), t.chosen_us, info);
       } else if (key.options.epilogue == kernels::Epilogue::kNone) {
         // cuBLAS's own GEMM picks its kernels by other rules (for the k-heavy weight gradients
-        // of small layers, faster ones): declined where it is more than 10% faster, and where it
-        // shares the GPU as well as the plan does (Note [A GEMM that cannot share the GPU]).
+        // of small layers, faster ones): declined where it is more than 10% faster.
         info.alternative_us = timer.time_us(stream, [&] {
-          run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, mine);
+          run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, scratch.data());
           return true;
         });
         declined = info.alternative_us < 0.9 * t.chosen_us;
-        if (declined && two && t.pair_us > 0 &&
-            t.pair_us <= kernels::LtGemm::kUnshared * t.chosen_us) {
-          Event fork(device, false), join(device, false);
-          const double pair_us = timer.time_us(stream, [&] {
-            fork.record(stream);
-            fork.block(beside.stream);
-            run_cublas(key, sb, stream, use.alpha, use.a, use.b, use.beta, mine);
-            run_cublas(key, *side, beside.stream, use.alpha, use.a, use.b, use.beta, beside.c);
-            join.record(beside.stream);
-            join.block(stream);
-            return true;
-          });
-          declined = pair_us <= kernels::LtGemm::kUnshared * info.alternative_us;
-        }
-      }
-      // The scratch memory is freed on `stream`: after the second stream's last use of it.
-      if (two) {
-        Event done(device, false);
-        done.record(beside.stream);
-        done.block(stream);
       }
     }
   }

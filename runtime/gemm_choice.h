@@ -27,13 +27,6 @@ struct GemmChoice {
   int chosen = 0;        // the one run, in the heuristic's order (0: its own choice)
   double first_us = 0;   // tuned: GPU µs a launch of the heuristic's choice
   double chosen_us = 0;  // tuned: of the one chosen
-  // tuned: GPU µs of two launches of the one chosen at once, on two streams (0: not timed); of
-  // the candidates timed so, how many share the GPU and how many cannot — two of them at once took
-  // longer than one after the other; they are set aside where `shared` is not 0 (Note [A GEMM that
-  // cannot share the GPU], runtime/blas.cpp).
-  double pair_us = 0;
-  int shared = 0;
-  int unshared = 0;
   // Timed against the alternative, µs: for a fused bias gradient (kind "gemm+bias_grad") its
   // GEMM and a column sum apart, for a plain GEMM cuBLAS's own (cublasSgemm). Declined when that
   // was more than 10% faster: the alternative runs instead.

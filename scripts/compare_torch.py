@@ -321,7 +321,10 @@ def make_transformer(torch, batch, seq, dim, sdpa=False):
             def split_heads(t):
                 return t.reshape(b, seq, heads, dh).transpose(1, 2).reshape(b * heads, seq, dh)
             q, k, v = (split_heads(t) for t in qkv.split(dim, dim=1))
-            p = F.softmax(torch.bmm(q, k.transpose(1, 2)) * dh ** -0.5, dim=-1)
+            # The scale rides in the batched GEMM (alpha; beta 0 ignores the first operand), as
+            # graphward's bmm(q, k, false, true, 1/sqrt(dh)): no pass over the scores for it.
+            p = F.softmax(torch.baddbmm(q.new_empty(b * heads, seq, seq), q, k.transpose(1, 2),
+                                        beta=0, alpha=dh ** -0.5), dim=-1)
             o = torch.bmm(p, v).reshape(b, heads, seq, dh).transpose(1, 2).reshape(b * seq, dim)
         x = x + F.linear(o, wo, bo)
         h = F.gelu(F.linear(F.layer_norm(x, (dim,), *ln[1]), w1, b1), approximate="tanh")

@@ -227,7 +227,12 @@ Model make_transformer(std::int64_t batch, std::int64_t seq, std::int64_t dim, b
         return t.reshape({b, seq, heads, dh}).transpose(1, 2).reshape({b * heads, seq, dh});
       };
       const Tensor q = heads_of(parts[0]), k = heads_of(parts[1]), v = heads_of(parts[2]);
-      const Tensor s = torch::softmax(torch::bmm(q, k.transpose(1, 2)) * std::pow(double(dh), -0.5), -1);
+      // The scale rides in the batched GEMM (alpha; beta 0 ignores the first operand), as
+      // graphward's bmm(q, k, false, true, 1/sqrt(dh)).
+      const Tensor s = torch::softmax(
+          torch::baddbmm(torch::empty({b * heads, seq, seq}, q.options()), q, k.transpose(1, 2),
+                         /*beta=*/0, /*alpha=*/std::pow(double(dh), -0.5)),
+          -1);
       o = torch::bmm(s, v).reshape({b, heads, seq, dh}).transpose(1, 2).reshape({b * seq, dim});
     }
     x = x + (*proj)(o);

@@ -927,16 +927,21 @@ TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
       const Tensor a = rand(ta ? Shape{s.batch, s.k, s.m} : Shape{s.batch, s.m, s.k});
       const Tensor b = rand(tb ? Shape{s.batch, s.n, s.k} : Shape{s.batch, s.k, s.n});
       const Tensor dy = rand({s.batch, s.m, s.n});
-      EXPECT_LT(rel_error(bmm(gpu(a), gpu(b), ta, tb), bmm(a, b, ta, tb)), kGemmTol)
-          << s.batch << "x" << s.m << "x" << s.k << "x" << s.n << " ta " << ta << " tb " << tb;
-      const Tensor ga = gpu(a), gb = gpu(b), gdy = gpu(dy);
-      auto make = [ta, tb](const Tensor& dy_, const Tensor& a_, const Tensor& b_) {
-        return [&dy_, &a_, &b_, ta, tb](std::array<Tensor, 2>& g, bool acc) {
-          bmm_backward(dy_, a_, b_, ta, tb, {&g[0], acc}, {&g[1], acc});
+      // The scale of attention's scores (1/√d) and a negative one.
+      for (const double alpha : {1.0, 0.125, -2.5}) {
+        EXPECT_LT(rel_error(bmm(gpu(a), gpu(b), ta, tb, alpha), bmm(a, b, ta, tb, alpha)),
+                  kGemmTol)
+            << s.batch << "x" << s.m << "x" << s.k << "x" << s.n << " ta " << ta << " tb " << tb
+            << " alpha " << alpha;
+        const Tensor ga = gpu(a), gb = gpu(b), gdy = gpu(dy);
+        auto make = [ta, tb, alpha](const Tensor& dy_, const Tensor& a_, const Tensor& b_) {
+          return [&dy_, &a_, &b_, ta, tb, alpha](std::array<Tensor, 2>& g, bool acc) {
+            bmm_backward(dy_, a_, b_, ta, tb, {&g[0], acc}, {&g[1], acc}, alpha);
+          };
         };
-      };
-      expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol, make(dy, a, b),
-                                 make(gdy, ga, gb));
+        expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol,
+                                   make(dy, a, b), make(gdy, ga, gb));
+      }
     }
   }
 }

@@ -1,5 +1,7 @@
 // reshape, transpose, concat and bmm on the CPU backend: values against hand-written results,
 // gradients against finite differences, slot semantics (share, accumulate) and the errors.
+#include <limits>
+
 #include "tape/autograd.h"
 #include "test_util.h"
 
@@ -104,9 +106,27 @@ TEST(ShapesCpu, BmmIsAProductPerMatrixWithOptionalTransposes) {
     EXPECT_LT(testing::rel_error(values(bmm(ta ? at : a, tb ? bt : b, ta, tb)), cv), 1e-12)
         << ta << tb;
   }
+  // The scale, in the product: alpha · op(a) · op(b) for every transpose.
+  for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    const std::vector<double> scaled = values(bmm(ta ? at : a, tb ? bt : b, ta, tb, -0.375));
+    ASSERT_EQ(scaled.size(), cv.size());
+    for (std::size_t i = 0; i < cv.size(); ++i) EXPECT_NEAR(scaled[i], -0.375 * cv[i], 1e-12);
+  }
   GW_EXPECT_ERROR(bmm(a, a), "bmm", "inner dimensions differ", "op(b) is [4, 5]");
   GW_EXPECT_ERROR(bmm(a, randn({2, 5, 2}, 3, f64())), "bmm", "one batch size");
   GW_EXPECT_ERROR(bmm(a, randn({5, 2}, 3, f64())), "bmm", "3-d");
+  // A scale that is not a finite number in the op's type: refused, nothing recorded.
+  const Tensor af = randn({3, 4, 5}, 4).set_requires_grad(true), bf = randn({3, 5, 2}, 5);
+  for (const double bad : {std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity(),
+                           std::numeric_limits<double>::quiet_NaN(), 1e39}) {
+    GW_EXPECT_ERROR(bmm(af, bf, false, false, bad), "bmm", "the scalar is");
+    Tensor ga, gb;
+    GW_EXPECT_ERROR(bmm_backward(randn({3, 4, 2}, 6), af, bf, false, false, {&ga}, {&gb}, bad),
+                    "bmm_backward", "the scalar is");
+    EXPECT_FALSE(ga.defined());
+    EXPECT_FALSE(gb.defined());
+  }
 }
 
 TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
@@ -131,16 +151,18 @@ TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
       {randn({2, 1, 3}, 12, f64()), randn({2, 2, 3}, 13, f64()), randn({2, 3, 3}, 14, f64())});
   EXPECT_LT(c, 1e-7);
   for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
-    const double e =
-        gradcheck_error([ta, tb](const Inputs& in) { return bmm(in[0], in[1], ta, tb); },
-                        [ta, tb](const Tensor& g, const Inputs& in) {
-                          Tensor ga, gb;
-                          bmm_backward(g, in[0], in[1], ta, tb, {&ga}, {&gb});
-                          return Inputs{ga, gb};
-                        },
-                        {randn(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, 15, f64()),
-                         randn(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}, 16, f64())});
-    EXPECT_LT(e, 1e-7) << "trans_a " << ta << " trans_b " << tb;
+    for (const double alpha : {1.0, -0.375}) {
+      const double e = gradcheck_error(
+          [ta, tb, alpha](const Inputs& in) { return bmm(in[0], in[1], ta, tb, alpha); },
+          [ta, tb, alpha](const Tensor& g, const Inputs& in) {
+            Tensor ga, gb;
+            bmm_backward(g, in[0], in[1], ta, tb, {&ga}, {&gb}, alpha);
+            return Inputs{ga, gb};
+          },
+          {randn(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}, 15, f64()),
+           randn(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}, 16, f64())});
+      EXPECT_LT(e, 1e-7) << "trans_a " << ta << " trans_b " << tb << " alpha " << alpha;
+    }
   }
 }
 

@@ -174,49 +174,6 @@ TEST_F(CudaGemmChoice, AFirstUseThatAccumulatesAccumulatesOnceAndWritesTheBiasGr
   }
 }
 
-// Note [A GEMM that cannot share the GPU]: every tuned choice also timed its candidates two at
-// once, on two streams, and never chose one whose two launches took longer than two one after the
-// other while a candidate that shares remained. The review's sweep's weight gradients (N x N x N
-// with the bias gradient, the shape where a kernel chosen alone ran three times slower beside a
-// copy of itself) at three sizes; the results are the CPU reference's.
-TEST_F(CudaGemmChoice, EveryTunedChoiceWasTimedTwoAtOnceAndSharesTheGpuWhereACandidateCan) {
-  TuningGuard guard;
-  set_gemm_tuning(true);
-  const cudaStream_t stream = current_stream(kGpu);
-  std::uint64_t seed = 9500;
-  for (const std::int64_t n : {256, 512, 1024}) {
-    const Tensor dy = randn({n, n}, seed++), x = randn({n, n}, seed++);
-    const Tensor gw = zeros({n, n}, TensorOptions{DType::kFloat32, kGpu}),
-                 gdb = zeros({n}, TensorOptions{DType::kFloat32, kGpu});
-    const bool fused = graphward::gemm_bias_grad(kGpu, stream, true, false, n, n, n, 1.f,
-                                                 dy.to(kGpu).data<float>(),
-                                                 x.to(kGpu).data<float>(), 0.f, gw.data<float>(),
-                                                 gdb.data<float>());
-    if (!fused) {  // declined: the caller's two kernels (as linear_backward runs them)
-      graphward::gemm(kGpu, stream, true, false, n, n, n, 1.f, dy.to(kGpu).data<float>(),
-                      x.to(kGpu).data<float>(), 0.f, gw.data<float>());
-    }
-    std::vector<float> ref(static_cast<std::size_t>(n * n), 0.f);
-    kernels::cpu::gemm<float>(true, false, n, n, n, 1.f, dy.data<float>(), x.data<float>(), 0.f,
-                              ref.data());
-    EXPECT_LT(rel_error(as_double(gw.to_vector<float>()), as_double(ref)), kGemmTol) << n;
-  }
-  int timed = 0;
-  for (const auto& c : debug::gemm_choices(kGpu)) {
-    if (!c.tuned) continue;
-    const std::string what = std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
-                             std::to_string(c.k) + " " + c.kind + " (" + c.algo + ")";
-    ASSERT_GT(c.pair_us, 0.0) << what << ": not timed two at once";
-    ++timed;
-    EXPECT_LE(c.shared + c.unshared, c.candidates) << what;
-    if (c.shared == 0) continue;  // none shares: the fastest alone stands
-    EXPECT_LE(c.pair_us, kernels::LtGemm::kUnshared * c.chosen_us)
-        << what << ": chose a candidate that cannot share the GPU (alone " << c.chosen_us
-        << " us, two at once " << c.pair_us << " us; " << c.shared << " candidates share)";
-  }
-  EXPECT_GE(timed, 3);
-}
-
 TEST_F(CudaGemmChoice, OneChoiceAShapeForEveryThreadNoneTimedInACaptureAndNoneChangedLater) {
   TuningGuard guard;
   set_gemm_tuning(true);
