@@ -2,6 +2,7 @@
 // thread replays side by side), one StepGraph serves two threads each with its own model on its own
 // stream; and what a captured step refuses by name (empty_cache, a BackwardGraph inside it).
 #include <barrier>
+#include <string>
 #include <thread>
 
 #include "capture/step_graph.h"
@@ -58,20 +59,29 @@ TEST_F(CudaThreads, ABackwardGraphRefusesAnotherThreadAndOneAThreadReplaysItsMod
   std::atomic<int> wrong[2] = {0, 0};
   std::atomic<std::uint64_t> replays[2] = {0, 0};
   std::barrier<> start(2);
+  std::string failed[2];  // what a thread's steps threw: reported, never a terminate
   auto run = [&](int me) {
-    Stream own(kGpu);
-    StreamGuard on(own);
-    BackwardGraph bw(kGpu);
-    for (int s = 0; s < kSteps; ++s) {
-      if (s % 10 == 0) start.arrive_and_wait();
-      bw.backward(models[me].loss(s), GradWrite::kOverwrite);
-      if (models[me].w1.grad().to_vector<float>() != want[me][s]) ++wrong[me];
+    int s = 0;
+    try {
+      Stream own(kGpu);
+      StreamGuard on(own);
+      BackwardGraph bw(kGpu);
+      for (; s < kSteps; ++s) {
+        if (s % 10 == 0) start.arrive_and_wait();
+        bw.backward(models[me].loss(s), GradWrite::kOverwrite);
+        if (models[me].w1.grad().to_vector<float>() != want[me][s]) ++wrong[me];
+      }
+      replays[me] = bw.stats().counters.replays;
+    } catch (const std::exception& e) {
+      failed[me] = "step " + std::to_string(s) + ": " + e.what();
+      start.arrive_and_drop();  // the other thread does not wait for this one again
     }
-    replays[me] = bw.stats().counters.replays;
   };
   std::thread other(run, 1);
   run(0);
   other.join();
+  EXPECT_EQ(failed[0], "");
+  EXPECT_EQ(failed[1], "");
   EXPECT_EQ(wrong[0].load(), 0);
   EXPECT_EQ(wrong[1].load(), 0);
   EXPECT_GE(replays[0].load(), 20u);
