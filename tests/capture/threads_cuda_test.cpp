@@ -2,6 +2,7 @@
 // thread replays side by side), one StepGraph serves two threads each with its own model on its own
 // stream; and what a captured step refuses by name (empty_cache, a BackwardGraph inside it).
 #include <barrier>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -62,18 +63,29 @@ TEST_F(CudaThreads, ABackwardGraphRefusesAnotherThreadAndOneAThreadReplaysItsMod
   std::string failed[2];  // what a thread's steps threw: reported, never a terminate
   auto run = [&](int me) {
     int s = 0;
+    // Declared out here (the stream first: it outlives the graph) so that a failure can say how
+    // the graph got there.
+    std::optional<Stream> own;
+    std::optional<BackwardGraph> bw;
     try {
-      Stream own(kGpu);
-      StreamGuard on(own);
-      BackwardGraph bw(kGpu);
+      own.emplace(kGpu);
+      StreamGuard on(*own);
+      bw.emplace(kGpu);
       for (; s < kSteps; ++s) {
         if (s % 10 == 0) start.arrive_and_wait();
-        bw.backward(models[me].loss(s), GradWrite::kOverwrite);
+        bw->backward(models[me].loss(s), GradWrite::kOverwrite);
         if (models[me].w1.grad().to_vector<float>() != want[me][s]) ++wrong[me];
       }
-      replays[me] = bw.stats().counters.replays;
+      replays[me] = bw->stats().counters.replays;
+      bw.reset();  // on its own stream, as it ran
     } catch (const std::exception& e) {
       failed[me] = "step " + std::to_string(s) + ": " + e.what();
+      if (bw) {  // how the graph got there: its captures, updates and last decision
+        const BackwardGraphStats st = bw->stats();
+        failed[me] += " [captures " + std::to_string(st.counters.captures) + ", updates " +
+                      std::to_string(st.counters.updates) + ", replays " +
+                      std::to_string(st.counters.replays) + "; last: " + st.reason + "]";
+      }
       start.arrive_and_drop();  // the other thread does not wait for this one again
     }
   };
