@@ -35,12 +35,12 @@
 // beside libtorch]).
 //
 // Note [No iostream beside libtorch]
-// Linked against the pip torch and Ubuntu's libbenchmark, this program died with SIGSEGV on the
-// GPU machine before its first row, inside std::ostream's sentry as Google Benchmark's console
-// reporter printed its context — a copy of libstdc++'s stream code in the executable, which the
-// library's calls bound to (docs/RESULTS.md). Nothing here writes through a C++ stream: rows,
-// progress and errors are printf'd, and PyTorch's warnings (which its default handler writes to
-// std::cerr) go through a handler of its own.
+// Linked against the pip torch and Ubuntu's libbenchmark, this program died with SIGSEGV on an
+// H200 host (Ubuntu 24.04, g++ 13) before its first row, inside std::ostream's sentry as Google
+// Benchmark's console reporter printed its context — a copy of libstdc++'s stream code in the
+// executable, which the library's calls bound to (docs/DECISIONS.md). Nothing here writes through
+// a C++ stream: rows, progress and errors are printf'd, and PyTorch's warnings (which its default
+// handler writes to std::cerr) go through a handler of its own.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAEvent.h>
