@@ -104,6 +104,16 @@ class Events {
 
 cudaStream_t current() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// One timed call of `f`: the µs between CUDA events around it on the current stream (waited for);
+// its host time is added to *host_us.
+double time_once(Events& ev, double* host_us, const std::function<void()>& f) {
+  ev.start(current());
+  const auto t0 = Clock::now();
+  f();
+  *host_us += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  return ev.end_us(current());
+}
+
 torch::TensorOptions f32() { return torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA); }
 
 Tensor param(Tensor t) { return t.requires_grad_(true); }
@@ -300,11 +310,7 @@ Sample time_steps(const std::function<void()>& step) {
   double host = 0, total_us = 0;
   while (out.us.size() < static_cast<std::size_t>(kMinIterations) ||
          (total_us < kMinRowSeconds * 1e6 && out.us.size() < static_cast<std::size_t>(kMaxIterations))) {
-    ev.start(current());
-    const auto t0 = Clock::now();
-    step();
-    host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    out.us.push_back(ev.end_us(current()));
+    out.us.push_back(time_once(ev, &host, step));
     total_us += out.us.back();
   }
   std::vector<double> blocks;
@@ -432,11 +438,7 @@ Sample run_study(const std::vector<std::int64_t>& a, int iterations) {
       grads_to_none(m.params);
       const Tensor loss = m.loss();
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      ev.start(current());
-      const auto t0 = Clock::now();
-      loss.backward();
-      host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      out.us.push_back(ev.end_us(current()));
+      out.us.push_back(time_once(ev, &host, [&] { loss.backward(); }));
     }
   } else {
     at::cuda::CUDAGraph g;
@@ -458,11 +460,7 @@ Sample run_study(const std::vector<std::int64_t>& a, int iterations) {
     for (int i = 0; i < 10; ++i) g.replay();
     for (int it = 0; it < iterations; ++it) {
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      ev.start(current());
-      const auto t0 = Clock::now();
-      g.replay();
-      host += std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      out.us.push_back(ev.end_us(current()));
+      out.us.push_back(time_once(ev, &host, [&] { g.replay(); }));
     }
   }
   out.counters["host_us"] = host / static_cast<double>(iterations);
