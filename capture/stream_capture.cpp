@@ -22,6 +22,14 @@ cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::stri
   // Note [Deferred release]: a release worker's frees and events enqueue on the streams the
   // tensors used; none may land on a stream while this thread captures it.
   detail::wait_for_releases();
+  // Note [Device-wide waits and other threads' captures]: no other thread's device-wide wait runs
+  // while this capture is underway.
+  int device = 0;
+  if (cudaStreamGetDevice(stream, &device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    GW_CUDA_CHECK(cudaGetDevice(&device));
+  }
+  detail::CaptureUnderway underway(device);
   GW_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     body();

@@ -222,7 +222,11 @@ void* detail::malloc_async(Device device, std::size_t bytes, cudaStream_t stream
   if (err == cudaErrorMemoryAllocation && !capturing_here) {
     (void)cudaGetLastError();
     empty_cache(device);
-    GW_CUDA_CHECK(cudaDeviceSynchronize());
+    {
+      detail::DeviceWideWait wait(
+          device.index);  // Note [Device-wide waits and other threads' captures]
+      GW_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     cudaMemPool_t pool = nullptr;
     GW_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
     GW_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));

@@ -51,6 +51,8 @@ class OwnedHandle {
     if (!handle_) return;
     try {
       DeviceGuard guard(device_);
+      // It synchronizes the device: Note [Device-wide waits and other threads' captures].
+      detail::DeviceWideWait wait(device_.index);
       if (Traits::destroy(handle_) != CUBLAS_STATUS_SUCCESS) {
         detail::log_error(__FILE__, __LINE__, Traits::kDestroyFailed);
       }

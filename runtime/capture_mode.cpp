@@ -1,5 +1,9 @@
 #include "runtime/capture_mode.h"
 
+#include <array>
+#include <condition_variable>
+#include <mutex>
+
 #include "base/error.h"
 #include "runtime/cuda.h"
 
@@ -77,6 +81,83 @@ void check_launch_stream(const void* stream) {
 #else
   (void)stream;
 #endif
+}
+
+// ---- Note [Device-wide waits and other threads' captures] -------------------------------------
+
+namespace {
+constexpr int kGatedDevices = 64;
+struct DeviceGate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  int captures = 0;       // underway, on every thread
+  int waits_pending = 0;  // device-wide waits waiting for the captures to end
+  bool waiting = false;   // a device-wide wait is running
+};
+// Never destroyed: a thread's handles go at its exit, which may come after static destruction.
+std::array<DeviceGate, kGatedDevices>& gates() {
+  static auto* g = new std::array<DeviceGate, kGatedDevices>();
+  return *g;
+}
+thread_local std::array<int, kGatedDevices> t_captures_here{};  // this thread's, per device
+bool gated(int device) {
+  return device >= 0 && device < kGatedDevices;
+}
+}  // namespace
+
+detail::CaptureUnderway::CaptureUnderway(int device) : device_(device) {
+  if (!gated(device)) return;
+  DeviceGate& g = gates()[device];
+  std::unique_lock<std::mutex> lock(g.mutex);
+  // This thread's own capture underway (a nested one) must not wait for a wait that waits for it.
+  if (t_captures_here[device] == 0) {
+    g.changed.wait(lock, [&] { return !g.waiting && g.waits_pending == 0; });
+  }
+  ++g.captures;
+  ++t_captures_here[device];
+}
+
+detail::CaptureUnderway::~CaptureUnderway() {
+  if (!gated(device_)) return;
+  DeviceGate& g = gates()[device_];
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    --g.captures;
+    --t_captures_here[device_];
+  }
+  g.changed.notify_all();
+}
+
+detail::DeviceWideWait::DeviceWideWait(int device) noexcept : device_(device) {
+  if (!gated(device) || t_captures_here[device] != 0) return;  // its own capture: not gated
+  try {
+    DeviceGate& g = gates()[device];
+    std::unique_lock<std::mutex> lock(g.mutex);
+    ++g.waits_pending;
+    g.changed.wait(lock, [&] { return !g.waiting && g.captures == 0; });
+    --g.waits_pending;
+    g.waiting = true;
+    holding_ = true;
+  } catch (...) {
+    // std::system_error from the mutex: the wait goes ahead ungated rather than not at all.
+  }
+}
+
+detail::DeviceWideWait::~DeviceWideWait() {
+  if (!holding_) return;
+  DeviceGate& g = gates()[device_];
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    g.waiting = false;
+  }
+  g.changed.notify_all();
+}
+
+int detail::captures_underway(int device) noexcept {
+  if (!gated(device)) return 0;
+  DeviceGate& g = gates()[device];
+  std::lock_guard<std::mutex> lock(g.mutex);
+  return g.captures;
 }
 
 }  // namespace graphward

@@ -65,6 +65,50 @@ void check_capturable(const char* op);
 // output, read on a captured stream, makes the capture fail instead.
 void check_launch_stream(const void* stream);
 
+namespace detail {
+
+// Note [Device-wide waits and other threads' captures]
+// A call that waits for the whole device invalidates every stream capture underway on it, whatever
+// thread made the capture and in whatever mode: cudaDeviceSynchronize, and cublasDestroy and
+// cublasLtDestroy, which call it (measured on an H200 with CUDA 13: a thread-local capture on one
+// thread, each call once on another; cudaFree, cudaFreeHost, cudnnDestroy, stream and event
+// destruction, synchronous copies on the legacy stream and stream or event synchronizes leave it
+// active). graphward captures on one thread while others run eagerly, and a thread's cuBLAS
+// handles are destroyed when it exits: a two-thread training loop lost the other thread's capture
+// whenever one thread ended first. So every capture graphward makes (capture::capture_stream)
+// holds its device's CaptureUnderway for its length, and every device-wide wait graphward makes
+// holds the device's DeviceWideWait around it: the wait begins once the captures underway on other
+// threads have ended, and no capture begins until it is done (a capture about to begin waits for a
+// device-wide wait that is waiting, so captures in a row cannot starve it). A thread's own capture
+// never blocks it (that wait would never end): such a wait invalidates the thread's own capture, as
+// before, and graphward refuses the ones it knows by name (Note [Capture-unsafe ops]). Devices past
+// the 64th are not gated.
+class CaptureUnderway {
+ public:
+  explicit CaptureUnderway(int device);
+  ~CaptureUnderway();
+  CaptureUnderway(const CaptureUnderway&) = delete;
+  CaptureUnderway& operator=(const CaptureUnderway&) = delete;
+
+ private:
+  int device_;
+};
+class DeviceWideWait {
+ public:
+  explicit DeviceWideWait(int device) noexcept;
+  ~DeviceWideWait();
+  DeviceWideWait(const DeviceWideWait&) = delete;
+  DeviceWideWait& operator=(const DeviceWideWait&) = delete;
+
+ private:
+  int device_;
+  bool holding_ = false;
+};
+// How many captures graphward has underway on `device`, on every thread (for tests).
+int captures_underway(int device) noexcept;
+
+}  // namespace detail
+
 // Note [Watched replays]
 // Work a graph captures may wait on the GPU for something outside the process — a collective
 // waits for the other ranks — and a replay of it would then hang forever when a peer died. So

@@ -2,7 +2,8 @@
 # The GPU check: on a machine with a CUDA GPU, builds with all cores, runs the whole test suite
 # (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but the
-# libraries' known ones, sanitizer_known_reports in common.sh), runs random programs, the soak,
+# libraries' known ones, sanitizer_known_reports in common.sh) and its threads' tests in a
+# ThreadSanitizer build, runs random programs, the soak,
 # the example on the GPU and the benchmarks, and prints a one-screen summary last.
 # Full logs go to $OUT (an output folder to collect) when set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
@@ -19,7 +20,8 @@
 # tools' runs alone; GTEST_FILTER in the environment would also narrow the tests ctest discovers
 # at build time, and with them the suite), GW_FUZZ_PROGRAMS (random programs of step 2b,
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
-# step 5b; default 100, 0 none), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
+# step 5b; default 100, 0 none), GW_TSAN_REPEAT (runs of the threads' tests in a ThreadSanitizer
+# build, step 5c; default 5), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
 # every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -344,6 +346,23 @@ if [ $SANITIZE = 1 ]; then
       grep -E '=========' "$LOG_DIR/sanitizer_$tool.log" | head -12
     fi
   done
+fi
+
+# 5c. the threads' GPU tests in a ThreadSanitizer build (GW_TSAN_REPEAT runs each, default 5): TSan's
+# schedule once lost a two-thread loop's capture to the other thread's end (Note [Device-wide waits
+# and other threads' captures]). Its reports are off here: the CUDA driver's own threads are not
+# instrumented (the CPU suite's ThreadSanitizer job in .ci/run reports them); a failed test fails.
+if [ $SANITIZE = 1 ]; then
+  start=$SECONDS
+  if GW_BUILD_DIR=$GW_BUILD_DIR-tsan GW_BUILD_TARGETS=graphward_gpu_tests \
+     configure_and_build -DCMAKE_CUDA_ARCHITECTURES=90 -DGRAPHWARD_SANITIZE=thread \
+     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAPHWARD_BUILD_BENCHMARKS=OFF >"$LOG_DIR/tsan_build.log" 2>&1 &&
+     (cd "$GW_BUILD_DIR-tsan/tests" && TSAN_OPTIONS=report_bugs=0 ./graphward_gpu_tests \
+       --gtest_filter='CudaThreads.*' --gtest_repeat="${GW_TSAN_REPEAT:-5}" >"$LOG_DIR/tsan_threads.log" 2>&1); then
+    record "threads under TSan" ok "CudaThreads.* x${GW_TSAN_REPEAT:-5}; $((SECONDS - start)) s"
+  else
+    record "threads under TSan" FAIL "$(grep -m1 -E 'FAILED|error' "$LOG_DIR/tsan_threads.log" "$LOG_DIR/tsan_build.log" 2>/dev/null); $((SECONDS - start)) s"
+  fi
 fi
 
 side_by_side() {  # per round: graphward's EagerBackward medians, the hand-written floor, PyTorch

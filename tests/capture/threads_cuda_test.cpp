@@ -1,7 +1,9 @@
 // Graph owners and threads on the GPU: a BackwardGraph refuses a thread other than its own (one a
 // thread replays side by side), one StepGraph serves two threads each with its own model on its own
 // stream; and what a captured step refuses by name (empty_cache, a BackwardGraph inside it).
+#include <atomic>
 #include <barrier>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <thread>
@@ -117,7 +119,8 @@ TEST_F(CudaThreads, OneStepGraphServesTwoThreadsAndEachModelTrainsAsAlone) {
   const std::vector<float> want[2] = {train_alone(1), train_alone(5)};
   StepGraph graph(kGpu);
   Model models[2] = {Model(1), Model(5)};
-  Sgd opt0({models[0].w1, models[0].w2}, {.lr = 0.05}), opt1({models[1].w1, models[1].w2}, {.lr = 0.05});
+  Sgd opt0({models[0].w1, models[0].w2}, {.lr = 0.05}),
+      opt1({models[1].w1, models[1].w2}, {.lr = 0.05});
   Sgd* opts[2] = {&opt0, &opt1};
   auto run = [&](int me) {
     Stream own(kGpu);
@@ -137,6 +140,69 @@ TEST_F(CudaThreads, OneStepGraphServesTwoThreadsAndEachModelTrainsAsAlone) {
   other.join();
   EXPECT_EQ(models[0].w1.to_vector<float>(), want[0]);
   EXPECT_EQ(models[1].w1.to_vector<float>(), want[1]);
+}
+
+// Set when the thread that set it has ended: its destructor runs after the thread's later
+// thread-locals' (its cuBLAS handles, made after it), so after their destruction.
+struct ExitMark {
+  std::atomic<bool>* ended = nullptr;
+  ~ExitMark() {
+    if (ended) ended->store(true);
+  }
+};
+thread_local ExitMark t_exit_mark;
+
+// Note [Device-wide waits and other threads' captures]: a thread that ends while another thread
+// captures destroys its cuBLAS handles, which synchronizes the device; that waits for the capture
+// to end instead of invalidating it (a two-thread loop lost the other thread's capture whenever one
+// thread ended first). The capture, held open with the thread's end queued behind it, succeeds;
+// the step replays; the model trains as it does eagerly, bitwise.
+TEST_F(CudaThreads, AThreadEndingWhileAnotherCapturesWaitsForTheCaptureToEnd) {
+  constexpr int kSteps = 4;
+  Model alone(3), m(3);
+  {
+    Sgd opt({alone.w1, alone.w2}, {.lr = 0.05});
+    for (int s = 0; s < kSteps; ++s) {
+      backward(alone.loss(s), {.grad_write = GradWrite::kOverwrite});
+      opt.step();
+    }
+  }
+  std::atomic<bool> may_end{false}, ended{false};
+  std::thread other([&] {
+    t_exit_mark.ended = &ended;  // first: destroyed after the handles made below
+    Stream own(kGpu);
+    StreamGuard on(own);
+    Model mine(11);
+    const std::vector<float> y = mine.loss(0).to_vector<float>();  // its GEMMs: its cuBLAS handles
+    EXPECT_EQ(y.size(), 1u);
+    while (!may_end.load()) std::this_thread::yield();
+  });
+  int underway = -1;
+  bool ended_inside = true;
+  StepGraph graph(kGpu);
+  Sgd opt({m.w1, m.w2}, {.lr = 0.05});
+  for (int s = 0; s < kSteps; ++s) {
+    (void)graph.run(Model::batch(s), [&](const std::vector<Tensor>& b) {
+      const Tensor loss = m.loss(b);
+      if (capturing() && !may_end.exchange(true)) {
+        // The other thread ends now, inside this capture; its handles' destruction waits.
+        underway = detail::captures_underway(0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        ended_inside = ended.load();
+      }
+      backward(loss, {.grad_write = GradWrite::kOverwrite});
+      opt.step();
+      return loss;
+    });
+  }
+  other.join();
+  EXPECT_EQ(underway, 1);
+  EXPECT_FALSE(ended_inside) << "the other thread ended (its cuBLAS handles destroyed) while this "
+                                "thread's capture was underway";
+  EXPECT_TRUE(ended.load());
+  EXPECT_EQ(graph.counters().captures, 1u) << graph.last_reason();
+  EXPECT_GE(graph.counters().replays, 2u);
+  EXPECT_EQ(m.w1.to_vector<float>(), alone.w1.to_vector<float>());
 }
 
 // Inside a captured step, empty_cache (it surfaced later as an invalid value in a kernel's launch
