@@ -12,6 +12,8 @@ namespace {
 using detail::grid_for;
 using detail::all_16_byte_aligned;
 using detail::kThreads;
+using detail::load;
+using detail::put;
 
 // The grid of a kernel: where it has a float4 path (`has_float4`: relu, gelu backward) and takes
 // it (T is float32 and every pointer is 16-byte aligned), a thread for every four elements and
@@ -23,55 +25,43 @@ unsigned grid_for_float4(bool has_float4, std::int64_t n, const P*... p) {
   }
   return grid_for(n);
 }
-using detail::load;
-using detail::put;
 
-template <class T>
-__global__ void fill_kernel(T* y, float value, std::int64_t n) {
-  GW_GRID_STRIDE(i, n) {
-    put(y, i, value);
-  }
-}
-
-// ReLU and its derivative: exact (each result is an input or zero), so the float4 paths below
-// give the bits of the one-at-a-time path. A float32 ReLU is bound by the memory's bandwidth: on
-// 16-byte aligned arrays it reads and writes four elements at a time, the last few one at a time
-// (grid_for_float4 sizes the grid for that).
-__device__ __forceinline__ float relu_of(float v) {
-  return v > 0.f || isnan(v) ? v : 0.f;  // NaN stays NaN (elementwise.h)
-}
-__device__ __forceinline__ float relu_grad(float dy, float y) { return y > 0.f ? dy : 0.f; }
-template <class T>
-__global__ void relu_forward_kernel(T* y, const T* x, std::int64_t n) {
+// The float4 paths, in the calling kernel's grid-stride loops: y[i] = f(x[i]) (map_forward) and
+// dx[i] (=|+=) f(dy[i], s[i]) (map_backward) over n elements. float32 arrays that are all 16-byte
+// aligned go four elements a load (an activation is bound by the memory's bandwidth), the last few
+// one at a time; bfloat16, or any array misaligned, one at a time. f is the one expression of both
+// paths, so the bits do not depend on alignment (where f multiplies, it rounds the product on its
+// own, __fmul_rn: contracted into an FMA with the accumulated value in one path and not the other,
+// the bits would differ).
+template <class T, class F>
+__device__ __forceinline__ void map_forward(T* y, const T* x, std::int64_t n, F f) {
   std::int64_t first = 0;
   if constexpr (std::is_same_v<T, float>) {
     if (all_16_byte_aligned(y, x)) {
       const std::int64_t n4 = n / 4;
       GW_GRID_STRIDE(i, n4) {
         const float4 v = reinterpret_cast<const float4*>(x)[i];
-        reinterpret_cast<float4*>(y)[i] =
-            make_float4(relu_of(v.x), relu_of(v.y), relu_of(v.z), relu_of(v.w));
+        reinterpret_cast<float4*>(y)[i] = make_float4(f(v.x), f(v.y), f(v.z), f(v.w));
       }
       first = n4 * 4;
     }
   }
   GW_GRID_STRIDE(j, n - first) {
     const std::int64_t i = first + j;
-    put(y, i, relu_of(load(x, i)));
+    put(y, i, f(load(x, i)));
   }
 }
-template <class T>
-__global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, std::int64_t n,
-                                     bool accumulate) {
+template <class T, class F>
+__device__ __forceinline__ void map_backward(T* dx, const T* dy, const T* s, std::int64_t n,
+                                             bool accumulate, F f) {
   std::int64_t first = 0;
   if constexpr (std::is_same_v<T, float>) {
-    if (all_16_byte_aligned(dx, dy, y)) {
+    if (all_16_byte_aligned(dx, dy, s)) {
       const std::int64_t n4 = n / 4;
       GW_GRID_STRIDE(i, n4) {
-        const float4 v = reinterpret_cast<const float4*>(y)[i];
+        const float4 v = reinterpret_cast<const float4*>(s)[i];
         const float4 g = reinterpret_cast<const float4*>(dy)[i];
-        float4 out = make_float4(relu_grad(g.x, v.x), relu_grad(g.y, v.y), relu_grad(g.z, v.z),
-                                 relu_grad(g.w, v.w));
+        float4 out = make_float4(f(g.x, v.x), f(g.y, v.y), f(g.z, v.z), f(g.w, v.w));
         if (accumulate) {
           const float4 old = reinterpret_cast<const float4*>(dx)[i];
           out = make_float4(old.x + out.x, old.y + out.y, old.z + out.z, old.w + out.w);
@@ -83,8 +73,28 @@ __global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, std::int64_
   }
   GW_GRID_STRIDE(j, n - first) {
     const std::int64_t i = first + j;
-    put(dx, i, relu_grad(load(dy, i), load(y, i)), accumulate);
+    put(dx, i, f(load(dy, i), load(s, i)), accumulate);
   }
+}
+
+template <class T>
+__global__ void fill_kernel(T* y, float value, std::int64_t n) {
+  GW_GRID_STRIDE(i, n) {
+    put(y, i, value);
+  }
+}
+
+// ReLU and its derivative: exact (each result is an input or zero).
+template <class T>
+__global__ void relu_forward_kernel(T* y, const T* x, std::int64_t n) {
+  map_forward(y, x, n, [](float v) {
+    return v > 0.f || isnan(v) ? v : 0.f;  // NaN stays NaN (elementwise.h)
+  });
+}
+template <class T>
+__global__ void relu_backward_kernel(T* dx, const T* dy, const T* y, std::int64_t n,
+                                     bool accumulate) {
+  map_backward(dx, dy, y, n, accumulate, [](float g, float v) { return v > 0.f ? g : 0.f; });
 }
 template <class T>
 __global__ void tanh_forward_kernel(T* y, const T* x, std::int64_t n) {
@@ -128,37 +138,11 @@ __global__ void gelu_forward_kernel(T* y, const T* x, std::int64_t n) {
 template <class T>
 __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_t n,
                                      bool accumulate) {
-  // GELU's derivative at v: one expression for both paths below.
-  auto derivative = [](float v) {
+  map_backward(dx, dy, x, n, accumulate, [](float g, float v) {
     const float t = tanhf(kGeluC * (v + kGeluA * v * v * v));
-    return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v);
-  };
-  // float32 arrays that are all 16-byte aligned: four elements a load (a linear layer's
-  // pre-activation gradient is bound by the memory's bandwidth), the last few one at a time. The
-  // product is rounded on its own (__fmul_rn) in both paths: contracted into an FMA with the
-  // accumulated value in one path and not the other, the bits would depend on alignment.
-  std::int64_t first = 0;
-  if constexpr (std::is_same_v<T, float>) {
-    if (all_16_byte_aligned(dx, dy, x)) {
-      const std::int64_t n4 = n / 4;
-      GW_GRID_STRIDE(i, n4) {
-        const float4 v = reinterpret_cast<const float4*>(x)[i];
-        const float4 g = reinterpret_cast<const float4*>(dy)[i];
-        float4 out = make_float4(__fmul_rn(g.x, derivative(v.x)), __fmul_rn(g.y, derivative(v.y)),
-                                 __fmul_rn(g.z, derivative(v.z)), __fmul_rn(g.w, derivative(v.w)));
-        if (accumulate) {
-          const float4 old = reinterpret_cast<const float4*>(dx)[i];
-          out = make_float4(old.x + out.x, old.y + out.y, old.z + out.z, old.w + out.w);
-        }
-        reinterpret_cast<float4*>(dx)[i] = out;
-      }
-      first = n4 * 4;
-    }
-  }
-  GW_GRID_STRIDE(j, n - first) {
-    const std::int64_t i = first + j;
-    put(dx, i, __fmul_rn(load(dy, i), derivative(load(x, i))), accumulate);
-  }
+    return __fmul_rn(
+        g, 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluC * (1.f + 3.f * kGeluA * v * v));
+  });
 }
 
 __global__ void narrow_backward_kernel(float* dx, const float* dy, std::int64_t rows,
