@@ -5,9 +5,10 @@
 //
 // Model (pre-norm): token embedding + learned positions -> x + attention(layer_norm(x)) ->
 // x + MLP(layer_norm(x)) (linear + GELU fused, linear) -> layer_norm -> linear to vocabulary logits
-// -> fused cross-entropy. Attention is written with the ops: one linear makes Q, K and V; heads
-// are split by reshape + transpose; scores = Q·Kᵀ / √d by one batched GEMM (bmm with trans_b, the
-// scale its alpha); softmax; the weighted sum by another bmm; heads merged back and projected.
+// -> fused cross-entropy. Attention is written with the ops: one linear makes Q, K and V;
+// split_heads takes each out as heads (one copy each); scores = Q·Kᵀ / √d by one batched GEMM (bmm
+// with trans_b, the scale its alpha); softmax; the weighted sum by another bmm; heads merged back
+// (reshape + transpose) and projected.
 // Task: at every position, predict the previous token (the first position: itself) — attention
 // has to look one position back. AdamW.
 #include <cmath>
@@ -58,11 +59,9 @@ class TransformerModel {
     Tensor x = add(reshape(embedding(tok_, ids), {B, T * D}), pos_);  // positions: a row broadcast
     x = reshape(x, {B * T, D});
     const Tensor qkv = linear(layer_norm(x, ln1_w_, ln1_b_), wqkv_, bqkv_);
-    auto heads = [&](const Tensor& t) {  // [B·T, D] -> [B·H, T, dh]
-      return reshape(transpose(reshape(t, {B, T, H, dh}), 1, 2), {B * H, T, dh});
-    };
-    const Tensor q = heads(narrow(qkv, 0, D)), k = heads(narrow(qkv, D, D)),
-                 v = heads(narrow(qkv, 2 * D, D));
+    // [B·T, 3D] -> each of Q, K, V as [B·H, T, dh], one copy each
+    const Tensor q = split_heads(qkv, T, H, 0, D), k = split_heads(qkv, T, H, D, D),
+                 v = split_heads(qkv, T, H, 2 * D, D);
     const Tensor p = softmax(bmm(q, k, false, true, 1.0 / std::sqrt(static_cast<double>(dh))));
     const Tensor o = reshape(transpose(reshape(bmm(p, v), {B, H, T, dh}), 1, 2), {B * T, D});
     x = add(x, linear(o, wo_, bo_));

@@ -11,9 +11,8 @@ using detail::grid_for;
 using detail::kThreads;
 using detail::store;
 
-__global__ void gather_window_kernel(float* y, const float* x, std::int64_t rows,
-                                     std::int64_t cols, std::int64_t start, std::int64_t len,
-                                     bool accumulate) {
+__global__ void gather_window_kernel(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                                     std::int64_t start, std::int64_t len, bool accumulate) {
   GW_GRID_STRIDE(i, rows * len) {
     store(y, i, x[(i / len) * cols + start + i % len], accumulate);
   }
@@ -33,6 +32,33 @@ __global__ void swap_dims_kernel(float* y, const float* x, detail::Swap5 dims, I
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
     store(y, i, x[detail::swapped_source<Index>(dims, i)], accumulate);
+  }
+}
+
+template <class Index>
+__global__ void split_heads_kernel(float* y, const float* x, HeadsWindow w, Index n) {
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    y[i] = x[detail::heads_source<Index>(w, i)];
+  }
+}
+
+// Without accumulate: every element of dx (zeros outside the window); with it: the window's.
+template <class Index>
+__global__ void split_heads_backward_kernel(float* dx, const float* dy, HeadsWindow w, Index n,
+                                            bool accumulate) {
+  const Index len = static_cast<Index>(w.heads * w.dim), cols = static_cast<Index>(w.cols),
+              start = static_cast<Index>(w.start);
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    if (accumulate) {
+      const Index row = i / len, c = i % len;
+      dx[row * cols + start + c] += dy[detail::heads_target<Index>(w, row, c)];
+    } else {
+      const Index row = i / cols, c = i % cols;
+      dx[i] =
+          c >= start && c - start < len ? dy[detail::heads_target<Index>(w, row, c - start)] : 0.f;
+    }
   }
 }
 
@@ -102,14 +128,14 @@ void copy_segments(const FewSegments& segments, cudaStream_t stream) {
 void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
   gather_window_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len,
-                                                                     accumulate);
+                                                                      accumulate);
   GW_LAUNCH_CHECK();
 }
 
 void scatter_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                     std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
-  scatter_window_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start,
-                                                                      len, accumulate);
+  scatter_window_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len,
+                                                                       accumulate);
   GW_LAUNCH_CHECK();
 }
 
@@ -121,10 +147,37 @@ void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
   if (s.c == 0) {  // the same dimension twice: a copy
     copy_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n, accumulate);
   } else if (n <= static_cast<std::int64_t>(UINT32_MAX)) {  // 32-bit index arithmetic: faster
-    swap_dims_kernel<std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
-        y, x, s, static_cast<std::uint32_t>(n), accumulate);
+    swap_dims_kernel<std::uint32_t>
+        <<<grid_for(n), kThreads, 0, stream>>>(y, x, s, static_cast<std::uint32_t>(n), accumulate);
   } else {
     swap_dims_kernel<std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(y, x, s, n, accumulate);
+  }
+  GW_LAUNCH_CHECK();
+}
+
+void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t stream) {
+  const std::int64_t n = w.batch * w.heads * w.seq * w.dim;
+  if (n == 0) return;
+  // 32-bit index arithmetic where every offset into x fits (x is the larger).
+  if (w.batch * w.seq * w.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
+    split_heads_kernel<std::uint32_t>
+        <<<grid_for(n), kThreads, 0, stream>>>(y, x, w, static_cast<std::uint32_t>(n));
+  } else {
+    split_heads_kernel<std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(y, x, w, n);
+  }
+  GW_LAUNCH_CHECK();
+}
+
+void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool accumulate,
+                          cudaStream_t stream) {
+  const std::int64_t n = w.batch * w.seq * (accumulate ? w.heads * w.dim : w.cols);
+  if (n == 0) return;
+  if (w.batch * w.seq * w.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
+    split_heads_backward_kernel<std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
+        dx, dy, w, static_cast<std::uint32_t>(n), accumulate);
+  } else {
+    split_heads_backward_kernel<std::int64_t>
+        <<<grid_for(n), kThreads, 0, stream>>>(dx, dy, w, n, accumulate);
   }
   GW_LAUNCH_CHECK();
 }

@@ -20,6 +20,13 @@ struct SwapDims {
   int d0 = 0, d1 = 0;
 };
 
+// Attention's heads (split_heads, ops/ops.h): x seen as [batch · seq, cols] and the window of its
+// columns [start, start + heads · dim); y [batch · heads, seq, dim], head h of sequence b at batch
+// entry b · heads + h.
+struct HeadsWindow {
+  std::int64_t batch = 0, seq = 0, heads = 0, dim = 0, cols = 0, start = 0;
+};
+
 // Up to N byte ranges to copy in one launch, as a kernel argument. Every pointer 4-byte aligned;
 // a range whose two ends are both 16-byte aligned is copied 16 bytes a thread.
 template <int N>
@@ -63,7 +70,8 @@ class SegmentCopier {
   cudaStream_t stream_;
   SegmentList<N> segments_;
 };
-// y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows, len].
+// y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows,
+// len].
 void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
 // y[r, start + j] (=|+=) x[r, j]: x [rows, len] into the window of y [rows, cols]; the columns
@@ -73,6 +81,12 @@ void scatter_window(float* y, const float* x, std::int64_t rows, std::int64_t co
 // y (=|+=) x with dimensions d0 and d1 swapped (y's shape: in_shape with the two exchanged).
 void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
                cudaStream_t stream);
+// y[((b · heads + h) · seq + t) · dim + j] = x[(b · seq + t) · cols + start + h · dim + j].
+void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t stream);
+// Its backward: the window of dx (=|+=) dy put back in place; without accumulate, the columns of dx
+// outside the window are written zeros (one kernel over all of dx).
+void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool accumulate,
+                          cudaStream_t stream);
 #endif
 
 namespace cpu {
@@ -84,6 +98,10 @@ void scatter_window(T* y, const T* x, std::int64_t rows, std::int64_t cols, std:
                     std::int64_t len, bool accumulate);
 template <class T>
 void swap_dims(T* y, const T* x, const SwapDims& dims, bool accumulate);
+template <class T>
+void split_heads(T* y, const T* x, const HeadsWindow& w);
+template <class T>
+void split_heads_backward(T* dx, const T* dy, const HeadsWindow& w, bool accumulate);
 }  // namespace cpu
 
 }  // namespace graphward::kernels

@@ -36,12 +36,36 @@ void swap_dims(T* y, const T* x, const SwapDims& dims, bool accumulate) {
   }
 }
 
-#define GW_INSTANTIATE(T)                                                                        \
-  template void gather_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,         \
-                                 std::int64_t, bool);                                            \
-  template void scatter_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,        \
-                                  std::int64_t, bool);                                           \
-  template void swap_dims<T>(T*, const T*, const SwapDims&, bool);
+template <class T>
+void split_heads(T* y, const T* x, const HeadsWindow& w) {
+  const std::int64_t n = w.batch * w.heads * w.seq * w.dim;
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[detail::heads_source<std::int64_t>(w, i)];
+}
+
+template <class T>
+void split_heads_backward(T* dx, const T* dy, const HeadsWindow& w, bool accumulate) {
+  const std::int64_t rows = w.batch * w.seq, len = w.heads * w.dim;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < w.cols; ++c) {
+      const bool inside = c >= w.start && c - w.start < len;
+      if (inside) {
+        put(dx, r * w.cols + c, dy[detail::heads_target<std::int64_t>(w, r, c - w.start)],
+            accumulate);
+      } else if (!accumulate) {
+        dx[r * w.cols + c] = T(0);
+      }
+    }
+  }
+}
+
+#define GW_INSTANTIATE(T)                                                                 \
+  template void gather_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,  \
+                                 std::int64_t, bool);                                     \
+  template void scatter_window<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t, \
+                                  std::int64_t, bool);                                    \
+  template void swap_dims<T>(T*, const T*, const SwapDims&, bool);                        \
+  template void split_heads<T>(T*, const T*, const HeadsWindow&);                         \
+  template void split_heads_backward<T>(T*, const T*, const HeadsWindow&, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)
 #undef GW_INSTANTIATE

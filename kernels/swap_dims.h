@@ -1,5 +1,6 @@
 #pragma once
-// The index arithmetic of swap_dims, shared by the CUDA kernel and the CPU reference.
+// The index arithmetic of swap_dims and split_heads, shared by the CUDA kernels and the CPU
+// reference.
 //
 // A swap of dimensions d0 < d1 of any shape is a swap of the middle dimensions D0 and D1 of the
 // 5-d shape [A, D0, M, D1, C] (A: the product of the dimensions before d0, M: between, C: after),
@@ -44,6 +45,28 @@ GW_HD inline Index swapped_source(const Swap5& s, Index i) {
   const Index i1 = i % d1;
   const Index ia = i / d1;
   return (((ia * d0 + i0) * m + im) * d1 + i1) * c + ic;
+}
+
+// The offset in x of element i of split_heads' y (HeadsWindow, shape.h).
+template <class Index>
+GW_HD inline Index heads_source(const HeadsWindow& w, Index i) {
+  const Index dim = static_cast<Index>(w.dim), seq = static_cast<Index>(w.seq),
+              heads = static_cast<Index>(w.heads);
+  const Index j = i % dim;
+  i /= dim;
+  const Index t = i % seq;
+  i /= seq;
+  const Index h = i % heads;
+  const Index b = i / heads;
+  return (b * seq + t) * static_cast<Index>(w.cols) + static_cast<Index>(w.start) + h * dim + j;
+}
+
+// The offset in y of the window's element at row `row` of x and column `c` of the window.
+template <class Index>
+GW_HD inline Index heads_target(const HeadsWindow& w, Index row, Index c) {
+  const Index dim = static_cast<Index>(w.dim), seq = static_cast<Index>(w.seq);
+  const Index t = row % seq, b = row / seq, h = c / dim, j = c % dim;
+  return ((b * static_cast<Index>(w.heads) + h) * seq + t) * dim + j;
 }
 
 }  // namespace graphward::kernels::detail

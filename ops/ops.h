@@ -195,6 +195,19 @@ Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length);
 void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t start,
                      std::int64_t length, GradSlot grad_x);
 
+// Attention's heads, in one copy: x [batch · seq, cols] (row b · seq + t: position t of sequence
+// b), its columns [start, start + length) split into `heads` heads of length / heads columns, as
+// [batch · heads, seq, length / heads] (head h of sequence b: batch entry b · heads + h). The same
+// values as reshape(transpose(reshape(narrow(x, start, length), {batch, seq, heads, length /
+// heads}), 1, 2), {batch · heads, seq, length / heads}), which copies twice. Q, K and V made by one
+// linear are its three windows. Its backward puts the gradient back in the window in one kernel
+// (zeros elsewhere, or added there when accumulating).
+Tensor split_heads(const Tensor& x, std::int64_t seq, std::int64_t heads, std::int64_t start,
+                   std::int64_t length);
+void split_heads_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t seq,
+                          std::int64_t heads, std::int64_t start, std::int64_t length,
+                          GradSlot grad_x);
+
 // ---- convolution and pooling (NCHW; cuDNN on CUDA) ---------------------------------------------
 // Square kernels, strides and padding; dilation 1, one group. Arithmetic is fp32 (no TF32).
 struct Conv2dOptions {

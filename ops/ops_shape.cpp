@@ -1,4 +1,5 @@
-// The shape ops: narrow (a window of the last dimension), reshape (a view), transpose and concat.
+// The shape ops: narrow (a window of the last dimension), split_heads (a window as attention's
+// heads), reshape (a view), transpose and concat.
 #include <optional>
 #include <string>
 #include <utility>
@@ -92,6 +93,87 @@ void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int6
   dispatch_cpu(grad_out.dtype(), [&]<class T>() {
     k::cpu::narrow_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w.rows, w.cols, start, length,
                                acc);
+  });
+}
+
+// ---- split_heads ------------------------------------------------------------------------------
+namespace {
+// The window's layout, checked: x 2-d, its rows whole sequences, its window whole heads.
+k::HeadsWindow check_heads(const char* op, const Shape& shape, std::int64_t seq, std::int64_t heads,
+                           std::int64_t start, std::int64_t length, Shape* out) {
+  GW_CHECK(shape.size() == 2, op, ": x has shape ", shape_str(shape),
+           "; expected 2 dimensions [batch · seq, columns]");
+  (void)check_narrow(op, shape, start, length);
+  std::int64_t numel = 0;  // bounds every product below (batch · heads · seq · dim <= it)
+  GW_CHECK(shape[0] >= 0 && checked::mul(shape[0], shape[1], &numel), op, ": x's shape ",
+           shape_str(shape),
+           " has no element count an int64 holds; expected rows >= 0 and "
+           "rows · columns < 2^63");
+  GW_CHECK(seq >= 1 && shape[0] % seq == 0, op, ": seq is ", seq, " and x has ", shape[0],
+           " rows; expected seq >= 1 dividing the rows (batch · seq)");
+  GW_CHECK(heads >= 1 && length % heads == 0, op, ": heads is ", heads, " and the window has ",
+           length, " columns; expected heads >= 1 dividing them (heads · head size)");
+  const k::HeadsWindow w{shape[0] / seq, seq, heads, length / heads, shape[1], start};
+  *out = {w.batch * heads, seq, w.dim};
+  return w;
+}
+}  // namespace
+
+Tensor split_heads(const Tensor& x, std::int64_t seq, std::int64_t heads, std::int64_t start,
+                   std::int64_t length) {
+  const char* op = "split_heads";
+  detail::NvtxRange range(op);
+  check_inputs(op, {{"x", &x}});
+  Shape out;
+  const k::HeadsWindow w = check_heads(op, x.shape(), seq, heads, start, length, &out);
+  Tensor y;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&x});
+    y = new_output(out, x);
+    k::split_heads(y.data<float>(), x.data<float>(), w, scope.stream());
+#endif
+  } else {
+    y = new_output(out, x);
+    dispatch_cpu(x.dtype(), [&]<class T>() { k::cpu::split_heads<T>(ptr<T>(y), ptr<T>(x), w); });
+  }
+  if (needs_grad({&x})) {
+    const Shape in_shape = x.shape();
+    record(op, y, {&x}, {},
+           [in_shape, seq, heads, start, length](const Tensor& g, const std::vector<Tensor>&,
+                                                 std::span<GradSlot> grads) {
+             split_heads_backward(g, in_shape, seq, heads, start, length, grads[0]);
+           },
+           {NodeAttribute::integer(seq), NodeAttribute::integer(heads),
+            NodeAttribute::integer(start), NodeAttribute::integer(length)});
+  }
+  return y;
+}
+
+void split_heads_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t seq,
+                          std::int64_t heads, std::int64_t start, std::int64_t length,
+                          GradSlot grad_x) {
+  const char* op = "split_heads_backward";
+  check_inputs(op, {{"grad_out", &grad_out}});
+  Shape out;
+  const k::HeadsWindow w = check_heads(op, input_shape, seq, heads, start, length, &out);
+  GW_CHECK(grad_out.shape() == out, op, ": grad_out has shape ", shape_str(grad_out.shape()),
+           "; expected ", shape_str(out));
+  if (!check_slot(op, "grad_x", grad_x, input_shape, grad_out)) return;
+  if (grad_out.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(grad_out.device());
+    scope.read({&grad_out});
+    const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
+    k::split_heads_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), w, acc,
+                            scope.stream());
+    return;
+#endif
+  }
+  const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
+  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
+    k::cpu::split_heads_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w, acc);
   });
 }
 

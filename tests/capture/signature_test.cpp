@@ -195,7 +195,8 @@ TEST(TapeSignature, AReleasedGraphIsRefusedAsBackwardWouldRefuseIt) {
   GW_EXPECT_ERROR(sig(loss), "a second time", "retain_graph");
 }
 
-// ---- signatures from the tape log (Note [Tape log]) ------------------------------------------------
+// ---- signatures from the tape log (Note [Tape log])
+// ------------------------------------------------
 
 // Arms this thread's tape log for the test (as a BackwardGraph does) and starts a step.
 struct ArmedLog {
@@ -270,13 +271,13 @@ TEST(TapeLog, EveryKindOfChangeIsANewStructure) {
   EXPECT_FALSE(s1.same_structure(s2));
   log.new_step();
   const Tensor t3 = two_stream_tape(caller, fake_stream(7), fake_stream(8), la, lb);
-  EXPECT_TRUE(s1.same_structure(tape_signature({t3}, {zeros({1})}, caller,
-                                               GradWrite::kAccumulate)));
+  EXPECT_TRUE(
+      s1.same_structure(tape_signature({t3}, {zeros({1})}, caller, GradWrite::kAccumulate)));
   // ... and called from another stream: another structure.
   log.new_step();
   const Tensor t4 = two_stream_tape(caller, fake_stream(2), fake_stream(3), la, lb);
-  EXPECT_FALSE(s1.same_structure(tape_signature({t4}, {zeros({1})}, fake_stream(9),
-                                                GradWrite::kAccumulate)));
+  EXPECT_FALSE(s1.same_structure(
+      tape_signature({t4}, {zeros({1})}, fake_stream(9), GradWrite::kAccumulate)));
   // A .grad appearing, and a replaced .grad.
   log.new_step();
   Tensor loss = m.loss(x);
@@ -316,6 +317,10 @@ TEST(TapeLog, WhatABackwardUsesBesidesShapesIsPartOfTheStructure) {
        {4, 4},
        [](const Tensor& x) { return narrow(x, 0, 2); },
        [](const Tensor& x) { return narrow(x, 1, 2); }},
+      {"split_heads' window",
+       {4, 8},
+       [](const Tensor& x) { return split_heads(x, 2, 2, 0, 4); },
+       [](const Tensor& x) { return split_heads(x, 2, 2, 4, 4); }},
       {"the dimensions a transpose swaps",
        {2, 2, 2},
        [](const Tensor& x) { return transpose(x, 0, 1); },
@@ -515,7 +520,7 @@ TEST(TapeLog, TheForwardIsComparedWithTheLastReplayedTapeAsItIsRecorded) {
   };
   const TapeSignature same = step([&] { return m.loss(x); });
   EXPECT_EQ(same.nodes_equal_to, part.get());
-  EXPECT_EQ(step([&] { return m.loss(x, true); }).nodes_equal_to, nullptr);   // another op
+  EXPECT_EQ(step([&] { return m.loss(x, true); }).nodes_equal_to, nullptr);      // another op
   EXPECT_EQ(step([&] { return mul(m.loss(x), 2.0); }).nodes_equal_to, nullptr);  // longer
   EXPECT_EQ(step([&] { return sum(relu(linear(x, m.w0, m.b0))); }).nodes_equal_to,
             nullptr);  // shorter

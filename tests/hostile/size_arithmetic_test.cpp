@@ -179,6 +179,40 @@ TEST_F(SizeArithmetic, NarrowAndItsBackwardRefuseEveryWindowOutsideTheLastDimens
             (std::vector<float>{x.to_vector<float>()[4], x.to_vector<float>()[9]}));
 }
 
+// split_heads and its backward with every hostile sequence length and head count, and every
+// hostile window; the backward also with hostile input shapes (only its shape is told).
+TEST_F(SizeArithmetic, SplitHeadsAndItsBackwardRefuseEveryLayoutThatIsNotWholeSequencesAndHeads) {
+  const Tensor x = randn({6, 12}, 5);
+  for (std::int64_t a : kHostile) {
+    for (std::int64_t b : kHostile) {
+      const std::string s = str({a, b});
+      attack("split_heads seq, heads " + s, [&] {
+        const Tensor y = split_heads(x, a, b, 4, 4);
+        EXPECT_TRUE(a >= 1 && 6 % a == 0 && b >= 1 && 4 % b == 0) << s;
+        return std::vector<Tensor>{y};
+      });
+      attack("split_heads window " + s, [&] {
+        const Tensor y = split_heads(x, 3, 1, a, b);
+        EXPECT_TRUE(a >= 0 && b >= 1 && a + b <= 12) << s;
+        return std::vector<Tensor>{y};
+      });
+      for (const Shape& in :
+           {Shape{6, 12}, Shape{1, std::int64_t{1} << 31}, Shape{INT64_MAX, 4},
+            Shape{INT64_MAX, INT64_MAX}, Shape{-6, 12}, Shape{6, -12}, Shape{72}, Shape{}}) {
+        attack("split_heads_backward seq, heads " + s + shape_str(in), [&] {
+          Tensor g;
+          split_heads_backward(ones({4, 3, 2}), in, a, b, 0, 4, {&g});
+          return std::vector<Tensor>{g};
+        });
+      }
+    }
+  }
+  // A layout that fits is exact: the window's first head of the first sequence.
+  const std::vector<float> xv = x.to_vector<float>(),
+                           y = split_heads(x, 3, 2, 4, 4).to_vector<float>();
+  EXPECT_EQ(std::vector<float>(y.begin(), y.begin() + 2), (std::vector<float>{xv[4], xv[5]}));
+}
+
 // Dimensions of transpose and concat, and the shapes concat_backward is told.
 TEST_F(SizeArithmetic, DimensionsAndConcatShapesNearTheEndsOfInt64AreRefused) {
   const Tensor x = randn({2, 3}, 4);

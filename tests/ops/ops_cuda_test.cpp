@@ -274,8 +274,7 @@ TEST_F(CudaOps, Float4KernelsGiveTheSameBitsWhetherOrNotTheirArraysAreSixteenByt
       if (k.exact) {
         for (std::size_t i = 0; i < size; i += 97) in0[i] = specials[(i / 97) % 4];
       }
-      auto out_mem = device_array(size), in0_mem = device_array(size),
-           in1_mem = device_array(size);
+      auto out_mem = device_array(size), in0_mem = device_array(size), in1_mem = device_array(size);
       // A forward's arrays: out (y) and in0 (x); a backward's: out (dx), in0 (dy), in1 (saved).
       const int arrays = k.backward ? 3 : 2;
       for (const bool acc : {false, true}) {
@@ -917,6 +916,36 @@ TEST_F(CudaOps, ReshapeTransposeAndConcatForwardAndBackward) {
                              make(dy), make(gdy));
 }
 
+// split_heads gives the CPU's bits on the GPU, forward and backward (written, and added to what the
+// slot holds), for the transformer examples' layouts (Q, K and V windows), a ragged one and the
+// smallest.
+TEST_F(CudaOps, SplitHeadsForwardAndBackwardGiveTheCpusBits) {
+  struct Layout {
+    std::int64_t batch, seq, cols, heads, start, length;
+  };
+  for (const Layout l :
+       {Layout{16, 32, 192, 4, 0, 64}, Layout{16, 32, 192, 4, 128, 64},
+        Layout{32, 128, 768, 4, 256, 256}, Layout{3, 5, 23, 7, 2, 21}, Layout{1, 1, 1, 1, 0, 1}}) {
+    const std::string where = "batch " + std::to_string(l.batch) + " seq " + std::to_string(l.seq) +
+                              " cols " + std::to_string(l.cols) + " heads " +
+                              std::to_string(l.heads) + " window [" + std::to_string(l.start) +
+                              ", +" + std::to_string(l.length) + ")";
+    const Tensor x = rand({l.batch * l.seq, l.cols});
+    const Tensor y = split_heads(x, l.seq, l.heads, l.start, l.length);
+    EXPECT_EQ(split_heads(gpu(x), l.seq, l.heads, l.start, l.length).to_vector<float>(),
+              y.to_vector<float>())
+        << where;
+    const Tensor dy = rand(y.shape()), gdy = gpu(dy);
+    for (const bool acc : {false, true}) {
+      Tensor want = acc ? rand(x.shape()) : Tensor();
+      Tensor got = acc ? gpu(want) : Tensor();
+      split_heads_backward(dy, x.shape(), l.seq, l.heads, l.start, l.length, {&want, acc});
+      split_heads_backward(gdy, x.shape(), l.seq, l.heads, l.start, l.length, {&got, acc});
+      EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>()) << where << " accumulate " << acc;
+    }
+  }
+}
+
 TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
   struct Case {
     std::int64_t batch, m, k, n;
@@ -929,8 +958,7 @@ TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
       const Tensor dy = rand({s.batch, s.m, s.n});
       // The scale of attention's scores (1/√d) and a negative one.
       for (const double alpha : {1.0, 0.125, -2.5}) {
-        EXPECT_LT(rel_error(bmm(gpu(a), gpu(b), ta, tb, alpha), bmm(a, b, ta, tb, alpha)),
-                  kGemmTol)
+        EXPECT_LT(rel_error(bmm(gpu(a), gpu(b), ta, tb, alpha), bmm(a, b, ta, tb, alpha)), kGemmTol)
             << s.batch << "x" << s.m << "x" << s.k << "x" << s.n << " ta " << ta << " tb " << tb
             << " alpha " << alpha;
         const Tensor ga = gpu(a), gb = gpu(b), gdy = gpu(dy);
@@ -939,8 +967,8 @@ TEST_F(CudaOps, BmmForwardAndBackwardForEveryTranspose) {
             bmm_backward(dy_, a_, b_, ta, tb, {&g[0], acc}, {&g[1], acc}, alpha);
           };
         };
-        expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol,
-                                   make(dy, a, b), make(gdy, ga, gb));
+        expect_backward_matches<2>("bmm_backward", {a.shape(), b.shape()}, kGemmTol, make(dy, a, b),
+                                   make(gdy, ga, gb));
       }
     }
   }

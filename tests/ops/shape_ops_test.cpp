@@ -1,5 +1,5 @@
-// reshape, transpose, concat and bmm on the CPU backend: values against hand-written results,
-// gradients against finite differences, slot semantics (share, accumulate) and the errors.
+// reshape, transpose, concat, split_heads and bmm on the CPU backend: values against hand-written
+// results, gradients against finite differences, slot semantics (share, accumulate) and the errors.
 #include <limits>
 
 #include "tape/autograd.h"
@@ -117,9 +117,9 @@ TEST(ShapesCpu, BmmIsAProductPerMatrixWithOptionalTransposes) {
   GW_EXPECT_ERROR(bmm(a, randn({5, 2}, 3, f64())), "bmm", "3-d");
   // A scale that is not a finite number in the op's type: refused, nothing recorded.
   const Tensor af = randn({3, 4, 5}, 4).set_requires_grad(true), bf = randn({3, 5, 2}, 5);
-  for (const double bad : {std::numeric_limits<double>::infinity(),
-                           -std::numeric_limits<double>::infinity(),
-                           std::numeric_limits<double>::quiet_NaN(), 1e39}) {
+  for (const double bad :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN(), 1e39}) {
     GW_EXPECT_ERROR(bmm(af, bf, false, false, bad), "bmm", "the scalar is");
     Tensor ga, gb;
     GW_EXPECT_ERROR(bmm_backward(randn({3, 4, 2}, 6), af, bf, false, false, {&ga}, {&gb}, bad),
@@ -129,7 +129,15 @@ TEST(ShapesCpu, BmmIsAProductPerMatrixWithOptionalTransposes) {
   }
 }
 
-TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
+TEST(ShapesGradcheckCpu, TransposeConcatSplitHeadsAndBmm) {
+  const double h = gradcheck_error([](const Inputs& in) { return split_heads(in[0], 2, 3, 3, 6); },
+                                   [](const Tensor& g, const Inputs& in) {
+                                     Tensor gx;
+                                     split_heads_backward(g, in[0].shape(), 2, 3, 3, 6, {&gx});
+                                     return Inputs{gx};
+                                   },
+                                   {randn({4, 10}, 10, f64())});
+  EXPECT_LT(h, 1e-7);
   const double t = gradcheck_error([](const Inputs& in) { return transpose(in[0], 0, 2); },
                                    [](const Tensor& g, const Inputs&) {
                                      Tensor gx;
@@ -164,6 +172,79 @@ TEST(ShapesGradcheckCpu, TransposeConcatAndBmm) {
       EXPECT_LT(e, 1e-7) << "trans_a " << ta << " trans_b " << tb << " alpha " << alpha;
     }
   }
+}
+
+// split_heads against what it stands for (narrow, reshape, transpose, reshape), bitwise, forward
+// and backward in both slot modes, over layouts: one head, one sequence, a window at either end
+// and in the middle, the whole row.
+TEST(ShapesCpu, SplitHeadsIsNarrowReshapeTransposeReshapeInOneCopy) {
+  struct Layout {
+    std::int64_t batch, seq, cols, heads, start, length;
+  };
+  for (const Layout l :
+       {Layout{2, 3, 12, 2, 4, 4}, Layout{1, 5, 6, 3, 0, 6}, Layout{3, 1, 9, 1, 8, 1},
+        Layout{2, 4, 24, 4, 16, 8}, Layout{4, 2, 10, 2, 0, 4}}) {
+    const std::string where = "batch " + std::to_string(l.batch) + " seq " + std::to_string(l.seq) +
+                              " cols " + std::to_string(l.cols) + " heads " +
+                              std::to_string(l.heads) + " window [" + std::to_string(l.start) +
+                              ", +" + std::to_string(l.length) + ")";
+    const std::int64_t dh = l.length / l.heads, rows = l.batch * l.seq;
+    const Tensor x = randn({rows, l.cols}, 21, f64());
+    const Tensor want = reshape(
+        transpose(reshape(narrow(x, l.start, l.length), {l.batch, l.seq, l.heads, dh}), 1, 2),
+        {l.batch * l.heads, l.seq, dh});
+    const Tensor y = split_heads(x, l.seq, l.heads, l.start, l.length);
+    EXPECT_EQ(y.shape(), want.shape()) << where;
+    EXPECT_EQ(values(y), values(want)) << where;
+    // Backward: the composition's (transpose_backward then narrow_backward), written and added.
+    const Tensor g = randn(want.shape(), 22, f64());
+    Tensor through;
+    transpose_backward(reshape(g, {l.batch, l.heads, l.seq, dh}), 1, 2, {&through});
+    Tensor want_gx;
+    narrow_backward(reshape(through, {rows, l.length}), x.shape(), l.start, l.length, {&want_gx});
+    Tensor gx;
+    split_heads_backward(g, x.shape(), l.seq, l.heads, l.start, l.length, {&gx});
+    EXPECT_EQ(values(gx), values(want_gx)) << where;
+    Tensor acc = randn(x.shape(), 23, f64()), want_acc = acc.clone();
+    split_heads_backward(g, x.shape(), l.seq, l.heads, l.start, l.length, {&acc, true});
+    narrow_backward(reshape(through, {rows, l.length}), x.shape(), l.start, l.length,
+                    {&want_acc, true});
+    EXPECT_EQ(values(acc), values(want_acc)) << where;
+  }
+  // Through the tape: Q, K and V of one matrix, each its own window; the gradient of their sum.
+  const Tensor x = randn({6, 12}, 24, f64()).set_requires_grad(true);
+  const Tensor w = randn({4, 3, 2}, 25, f64());
+  backward(sum(mul(
+      add(add(split_heads(x, 3, 2, 0, 4), split_heads(x, 3, 2, 4, 4)), split_heads(x, 3, 2, 8, 4)),
+      w)));
+  const Tensor wcols = reshape(transpose(reshape(w, {2, 2, 3, 2}), 1, 2), {6, 4});
+  EXPECT_EQ(values(x.grad()), values(concat({wcols, wcols, wcols}, 1)));
+}
+
+// Every way the layout can be wrong is refused by name, with nothing written.
+TEST(ShapesCpu, SplitHeadsRefusesALayoutThatIsNotWholeSequencesAndWholeHeads) {
+  const Tensor x = randn({6, 12}, 26, f64());
+  GW_EXPECT_ERROR(split_heads(randn({2, 3, 12}, 1, f64()), 3, 2, 0, 4), "split_heads", "[2, 3, 12]",
+                  "2 dimensions");
+  GW_EXPECT_ERROR(split_heads(x, 4, 2, 0, 4), "split_heads", "seq is 4", "6 rows");
+  GW_EXPECT_ERROR(split_heads(x, 0, 2, 0, 4), "split_heads", "seq is 0");
+  GW_EXPECT_ERROR(split_heads(x, -3, 2, 0, 4), "split_heads", "seq is -3");
+  GW_EXPECT_ERROR(split_heads(x, 3, 3, 0, 4), "split_heads", "heads is 3", "4 columns");
+  GW_EXPECT_ERROR(split_heads(x, 3, 0, 0, 4), "split_heads", "heads is 0");
+  GW_EXPECT_ERROR(split_heads(x, 3, -2, 0, 4), "split_heads", "heads is -2");
+  GW_EXPECT_ERROR(split_heads(x, 3, 2, 10, 4), "split_heads", "window", "[10, 14)");
+  GW_EXPECT_ERROR(split_heads(x, 3, 2, -1, 4), "split_heads", "window");
+  GW_EXPECT_ERROR(split_heads(x, 3, 2, 0, 0), "split_heads", "window");
+  GW_EXPECT_ERROR(split_heads(x, 3, 2, std::numeric_limits<std::int64_t>::max(), 2), "split_heads",
+                  "window");
+  GW_EXPECT_ERROR(split_heads(x, std::numeric_limits<std::int64_t>::max(), 2, 0, 4), "split_heads",
+                  "seq is");
+  Tensor gx = ones({6, 12}, f64());
+  GW_EXPECT_ERROR(split_heads_backward(randn({4, 3, 2}, 2, f64()), {6, 12}, 3, 2, 0, 6, {&gx}),
+                  "split_heads_backward", "grad_out", "[4, 3, 3]");
+  GW_EXPECT_ERROR(split_heads_backward(randn({4, 3, 2}, 2, f64()), {6, 12}, 3, 5, 0, 4, {&gx}),
+                  "split_heads_backward", "heads is 5");
+  EXPECT_EQ(values(gx), values(ones({6, 12}, f64())));  // nothing written
 }
 
 TEST(ShapesCpu, ConcatBackwardAccumulatesIntoEachWindow) {
