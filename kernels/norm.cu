@@ -1,7 +1,11 @@
-// Layer-norm and embedding kernels. Contract in norm.h. Layer norm: one block of 256 threads per
-// row, sums reduced in a fixed tree; the parameter gradients by blocks of 32 columns x 128 rows,
-// whose partial sums are then added in slice order: deterministic. The embedding gradient adds with atomics.
+// Layer-norm and embedding kernels. Contract in norm.h. Layer norm: rows of at most 1024 columns
+// one warp a row (8 rows a block), the row held in registers (x read once), sums reduced by
+// butterfly shuffles in a fixed order; wider rows one block of 256 threads a row, sums reduced in
+// a fixed tree (the choice is the shape's alone, so a shape's bits never depend on its addresses);
+// the parameter gradients by blocks of 32 columns x 128 rows, whose partial sums are then added in
+// slice order: deterministic. The embedding gradient adds with atomics.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
@@ -13,8 +17,96 @@ using detail::block_reduce;
 using detail::grid_for;
 using detail::kThreads;
 using detail::store;
+using detail::warp_all_reduce;
 
 constexpr int kRowThreads = 256;
+constexpr int kWarpRows = kRowThreads / 32;     // rows a block, one warp each
+constexpr std::int64_t kWarpRowMaxCols = 1024;  // 32 lanes × 32 registers
+
+// Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
+template <int kPer>
+__global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rstd, const float* x,
+                                               const float* w, const float* b, std::int64_t rows,
+                                               int cols, float eps) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const float* xr = x + row * cols;
+  float v[kPer];
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    v[i] = j < cols ? xr[j] : 0.f;
+    if (j < cols) s += v[i];
+  }
+  const float m = warp_all_reduce(s) / static_cast<float>(cols);
+  float q = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < cols) q += (v[i] - m) * (v[i] - m);
+  }
+  const float r = rsqrtf(warp_all_reduce(q) / static_cast<float>(cols) + eps);
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+  float* yr = y + row * cols;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < cols) yr[j] = (v[i] - m) * r * w[j] + (b ? b[j] : 0.f);
+  }
+}
+
+template <int kPer>
+__global__ void layer_norm_backward_input_warp_kernel(float* dx, const float* dy, const float* x,
+                                                      const float* mean, const float* rstd,
+                                                      const float* w, std::int64_t rows, int cols,
+                                                      bool accumulate) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const float* xr = x + row * cols;
+  const float* dyr = dy + row * cols;
+  const float m = mean[row], r = rstd[row];
+  float g[kPer], xc[kPer];  // dy·w and x − mean
+  float sg = 0.f, sgx = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    g[i] = j < cols ? dyr[j] * w[j] : 0.f;
+    xc[i] = j < cols ? xr[j] - m : 0.f;
+    if (j < cols) {
+      sg += g[i];
+      sgx += g[i] * xc[i] * r;
+    }
+  }
+  const float mg = warp_all_reduce(sg) / static_cast<float>(cols);
+  const float mgx = warp_all_reduce(sgx) / static_cast<float>(cols);
+  float* dxr = dx + row * cols;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < cols) store(dxr, j, r * (g[i] - mg - xc[i] * r * mgx), accumulate);
+  }
+}
+
+// Launches kernel<kPer> for the narrowest kPer (2, 4, ..., 32) that holds `cols` (<= 1024).
+template <class Launch>
+void by_warp_row_width(std::int64_t cols, Launch launch) {
+  if (cols <= 64) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (cols <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (cols <= 256) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (cols <= 512) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    launch(std::integral_constant<int, 32>{});
+  }
+}
 
 __global__ void layer_norm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
                                           const float* w, const float* b, std::int64_t cols,
@@ -68,10 +160,10 @@ std::int64_t row_slices(std::int64_t rows) {
 // fixed order; written to partial [slices, cols] (two of them), or — with one slice — stored as
 // the gradients themselves.
 __global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw, float* db,
-                                                 const float* dy, const float* x,
-                                                 const float* mean, const float* rstd,
-                                                 std::int64_t rows, std::int64_t cols,
-                                                 bool accumulate_w, bool accumulate_b) {
+                                                 const float* dy, const float* x, const float* mean,
+                                                 const float* rstd, std::int64_t rows,
+                                                 std::int64_t cols, bool accumulate_w,
+                                                 bool accumulate_b) {
   __shared__ float sw[8][33], sb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kRowsPerSlice;
@@ -104,10 +196,9 @@ __global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw
 }
 
 // The slices' partial sums per column, in slice order.
-__global__ void layer_norm_params_sum_kernel(float* dw, float* db, const float* pw,
-                                             const float* pb, std::int64_t slices,
-                                             std::int64_t cols, bool accumulate_w,
-                                             bool accumulate_b) {
+__global__ void layer_norm_params_sum_kernel(float* dw, float* db, const float* pw, const float* pb,
+                                             std::int64_t slices, std::int64_t cols,
+                                             bool accumulate_w, bool accumulate_b) {
   GW_GRID_STRIDE(col, cols) {
     float tw = 0.f, tb = 0.f;
     for (std::int64_t s = 0; s < slices; ++s) {
@@ -142,15 +233,32 @@ __global__ void embedding_backward_kernel(float* dtable, const float* dy, const 
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                         const float* b, std::int64_t rows, std::int64_t cols, float eps,
                         cudaStream_t stream) {
-  layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      y, mean, rstd, x, w, b, cols, eps);
+  if (cols <= kWarpRowMaxCols) {
+    const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
+    by_warp_row_width(cols, [&](auto per) {
+      layer_norm_forward_warp_kernel<decltype(per)::value><<<blocks, kRowThreads, 0, stream>>>(
+          y, mean, rstd, x, w, b, rows, static_cast<int>(cols), eps);
+    });
+  } else {
+    layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        y, mean, rstd, x, w, b, cols, eps);
+  }
   GW_LAUNCH_CHECK();
 }
 void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
                                const float* rstd, const float* w, std::int64_t rows,
                                std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      dx, dy, x, mean, rstd, w, cols, accumulate);
+  if (cols <= kWarpRowMaxCols) {
+    const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
+    by_warp_row_width(cols, [&](auto per) {
+      layer_norm_backward_input_warp_kernel<decltype(per)::value>
+          <<<blocks, kRowThreads, 0, stream>>>(dx, dy, x, mean, rstd, w, rows,
+                                               static_cast<int>(cols), accumulate);
+    });
+  } else {
+    layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        dx, dy, x, mean, rstd, w, cols, accumulate);
+  }
   GW_LAUNCH_CHECK();
 }
 std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols) {
@@ -186,8 +294,8 @@ void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids,
                         std::int64_t vocab, std::int64_t dim, bool accumulate,
                         cudaStream_t stream) {
   if (!accumulate) {
-    GW_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<std::size_t>(vocab * dim) * sizeof(float),
-                                  stream));
+    GW_CUDA_CHECK(
+        cudaMemsetAsync(dtable, 0, static_cast<std::size_t>(vocab * dim) * sizeof(float), stream));
   }
   embedding_backward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(dtable, dy, ids, n, vocab,
                                                                         dim);

@@ -35,8 +35,27 @@ __global__ void swap_dims_kernel(float* y, const float* x, detail::Swap5 dims, I
   }
 }
 
-template <class Index>
-__global__ void split_heads_kernel(float* y, const float* x, HeadsWindow w, Index n) {
+// V: float, or float4 where the window, the heads and the rows are whole float4s (the layout's
+// sizes then count float4s). A copy either way: the same bits.
+__device__ __forceinline__ float add(float a, float b) {
+  return a + b;
+}
+__device__ __forceinline__ float4 add(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+template <class V>
+__device__ __forceinline__ V zero();
+template <>
+__device__ __forceinline__ float zero<float>() {
+  return 0.f;
+}
+template <>
+__device__ __forceinline__ float4 zero<float4>() {
+  return make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+template <class V, class Index>
+__global__ void split_heads_kernel(V* y, const V* x, HeadsWindow w, Index n) {
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
     y[i] = x[detail::heads_source<Index>(w, i)];
@@ -44,8 +63,8 @@ __global__ void split_heads_kernel(float* y, const float* x, HeadsWindow w, Inde
 }
 
 // Without accumulate: every element of dx (zeros outside the window); with it: the window's.
-template <class Index>
-__global__ void split_heads_backward_kernel(float* dx, const float* dy, HeadsWindow w, Index n,
+template <class V, class Index>
+__global__ void split_heads_backward_kernel(V* dx, const V* dy, HeadsWindow w, Index n,
                                             bool accumulate) {
   const Index len = static_cast<Index>(w.heads * w.dim), cols = static_cast<Index>(w.cols),
               start = static_cast<Index>(w.start);
@@ -53,12 +72,27 @@ __global__ void split_heads_backward_kernel(float* dx, const float* dy, HeadsWin
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
     if (accumulate) {
       const Index row = i / len, c = i % len;
-      dx[row * cols + start + c] += dy[detail::heads_target<Index>(w, row, c)];
+      V& d = dx[row * cols + start + c];
+      d = add(d, dy[detail::heads_target<Index>(w, row, c)]);
     } else {
       const Index row = i / cols, c = i % cols;
-      dx[i] =
-          c >= start && c - start < len ? dy[detail::heads_target<Index>(w, row, c - start)] : 0.f;
+      dx[i] = c >= start && c - start < len ? dy[detail::heads_target<Index>(w, row, c - start)]
+                                            : zero<V>();
     }
+  }
+}
+
+// Calls launch(V*, layout) with float4s where the layout and both pointers allow, else floats.
+template <class Launch>
+void by_vector_width(float* a, const float* b, const HeadsWindow& w, Launch launch) {
+  if (w.dim % 4 == 0 && w.start % 4 == 0 && w.cols % 4 == 0 && detail::all_16_byte_aligned(a, b)) {
+    HeadsWindow w4 = w;
+    w4.dim /= 4;
+    w4.start /= 4;
+    w4.cols /= 4;
+    launch(reinterpret_cast<float4*>(a), reinterpret_cast<const float4*>(b), w4);
+  } else {
+    launch(a, b, w);
   }
 }
 
@@ -156,30 +190,34 @@ void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
 }
 
 void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t stream) {
-  const std::int64_t n = w.batch * w.heads * w.seq * w.dim;
-  if (n == 0) return;
-  // 32-bit index arithmetic where every offset into x fits (x is the larger).
-  if (w.batch * w.seq * w.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
-    split_heads_kernel<std::uint32_t>
-        <<<grid_for(n), kThreads, 0, stream>>>(y, x, w, static_cast<std::uint32_t>(n));
-  } else {
-    split_heads_kernel<std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(y, x, w, n);
-  }
-  GW_LAUNCH_CHECK();
+  by_vector_width(y, x, w, [&]<class V>(V* yv, const V* xv, const HeadsWindow& l) {
+    const std::int64_t n = l.batch * l.heads * l.seq * l.dim;
+    if (n == 0) return;
+    // 32-bit index arithmetic where every offset into x fits (x is the larger).
+    if (l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
+      split_heads_kernel<V, std::uint32_t>
+          <<<grid_for(n), kThreads, 0, stream>>>(yv, xv, l, static_cast<std::uint32_t>(n));
+    } else {
+      split_heads_kernel<V, std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(yv, xv, l, n);
+    }
+    GW_LAUNCH_CHECK();
+  });
 }
 
 void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool accumulate,
                           cudaStream_t stream) {
-  const std::int64_t n = w.batch * w.seq * (accumulate ? w.heads * w.dim : w.cols);
-  if (n == 0) return;
-  if (w.batch * w.seq * w.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
-    split_heads_backward_kernel<std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
-        dx, dy, w, static_cast<std::uint32_t>(n), accumulate);
-  } else {
-    split_heads_backward_kernel<std::int64_t>
-        <<<grid_for(n), kThreads, 0, stream>>>(dx, dy, w, n, accumulate);
-  }
-  GW_LAUNCH_CHECK();
+  by_vector_width(dx, dy, w, [&]<class V>(V* dxv, const V* dyv, const HeadsWindow& l) {
+    const std::int64_t n = l.batch * l.seq * (accumulate ? l.heads * l.dim : l.cols);
+    if (n == 0) return;
+    if (l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
+      split_heads_backward_kernel<V, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
+          dxv, dyv, l, static_cast<std::uint32_t>(n), accumulate);
+    } else {
+      split_heads_backward_kernel<V, std::int64_t>
+          <<<grid_for(n), kThreads, 0, stream>>>(dxv, dyv, l, n, accumulate);
+    }
+    GW_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace graphward::kernels

@@ -1,7 +1,9 @@
-// Softmax kernels: a row per warp (8 rows per block of 256 threads) up to 1024 columns, else a row
-// per block of 256 threads; the row's maximum and sums reduced in a fixed order (deterministic).
+// Softmax kernels: a row per warp (8 rows per block of 256 threads) up to 1024 columns, the row
+// held in registers (read once), else a row per block of 256 threads; the row's maximum and sums
+// reduced in a fixed order (deterministic; the registers change no bit: the same order).
 // Contract in softmax.h.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
@@ -87,6 +89,84 @@ __global__ void softmax_backward_kernel(float* dx, const float* dy, const float*
   }
 }
 
+// The WarpRow kernels above with the row in registers: lane `lane` holds columns lane, lane + 32,
+// ..., kPer of them; every sum and maximum in the same order, so the same bits.
+template <int kPer, bool kLog>
+__global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64_t rows, int cols) {
+  const std::int64_t row = WarpRow::row();
+  if (row >= rows) return;  // the whole warp
+  const int lane = WarpRow::lane();
+  const float* xr = x + row * cols;
+  float v[kPer];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    v[i] = j < cols ? xr[j] : 0.f;
+    if (j < cols) m = fmaxf(m, v[i]);
+  }
+  m = detail::warp_all_reduce(m, detail::MaxOp{});
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < cols) s += expf(v[i] - m);
+  }
+  const float log_sum = logf(detail::warp_all_reduce(s, detail::SumOp{}));
+  float* yr = y + row * cols;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < cols) {
+      const float o = (v[i] - m) - log_sum;
+      yr[j] = kLog ? o : expf(o);
+    }
+  }
+}
+
+template <int kPer, bool kLog>
+__global__ void softmax_backward_warp_kernel(float* dx, const float* dy, const float* y,
+                                             std::int64_t rows, int cols, bool accumulate) {
+  const std::int64_t row = WarpRow::row();
+  if (row >= rows) return;
+  const int lane = WarpRow::lane();
+  const float* dyr = dy + row * cols;
+  const float* yr = y + row * cols;
+  float d[kPer], p[kPer];
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    d[i] = j < cols ? dyr[j] : 0.f;
+    p[i] = j < cols ? yr[j] : 0.f;
+    if (j < cols) s += kLog ? d[i] : d[i] * p[i];
+  }
+  s = detail::warp_all_reduce(s, detail::SumOp{});
+  float* dxr = dx + row * cols;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < cols) store(dxr, j, kLog ? d[i] - expf(p[i]) * s : p[i] * (d[i] - s), accumulate);
+  }
+}
+
+// Launches kernel<kPer> for the narrowest kPer (1, 2, 4, ..., 32) that holds `cols` (<= 1024).
+template <class Launch>
+void by_warp_row_width(std::int64_t cols, Launch launch) {
+  if (cols <= 32) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (cols <= 64) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (cols <= 128) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (cols <= 256) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (cols <= 512) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    launch(std::integral_constant<int, 32>{});
+  }
+}
+
 template <class G>
 __global__ void row_lse_kernel(float* lse, const float* x, std::int64_t rows, std::int64_t cols) {
   const std::int64_t row = G::row();
@@ -137,33 +217,55 @@ __global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, con
   }
 }
 
+// Forward (kLog: log-softmax) by rows: a warp a row in registers, or a block a row.
+template <bool kLog>
+void softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                          cudaStream_t stream) {
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    if constexpr (std::is_same_v<G, WarpRow>) {
+      by_warp_row_width(cols, [&](auto per) {
+        softmax_forward_warp_kernel<decltype(per)::value, kLog>
+            <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, static_cast<int>(cols));
+      });
+    } else {
+      softmax_forward_kernel<G, kLog><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
+    }
+  });
+}
+template <bool kLog>
+void softmax_backward_rows(float* dx, const float* dy, const float* y, std::int64_t rows,
+                           std::int64_t cols, bool accumulate, cudaStream_t stream) {
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    if constexpr (std::is_same_v<G, WarpRow>) {
+      by_warp_row_width(cols, [&](auto per) {
+        softmax_backward_warp_kernel<decltype(per)::value, kLog>
+            <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, static_cast<int>(cols),
+                                                 accumulate);
+      });
+    } else {
+      softmax_backward_kernel<G, kLog>
+          <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, cols, accumulate);
+    }
+  });
+}
+
 }  // namespace
 
 void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                      cudaStream_t stream) {
-  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    softmax_forward_kernel<G, false><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
-  });
+  softmax_forward_rows<false>(y, x, rows, cols, stream);
 }
 void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream) {
-  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    softmax_forward_kernel<G, true><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
-  });
+  softmax_forward_rows<true>(y, x, rows, cols, stream);
 }
 void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                       std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    softmax_backward_kernel<G, false>
-        <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, cols, accumulate);
-  });
+  softmax_backward_rows<false>(dx, dy, y, rows, cols, accumulate, stream);
 }
 void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                           std::int64_t cols, bool accumulate, cudaStream_t stream) {
-  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    softmax_backward_kernel<G, true>
-        <<<blocks, kRowThreads, 0, stream>>>(dx, dy, y, rows, cols, accumulate);
-  });
+  softmax_backward_rows<true>(dx, dy, y, rows, cols, accumulate, stream);
 }
 void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
                            std::int64_t rows, std::int64_t cols, cudaStream_t stream) {

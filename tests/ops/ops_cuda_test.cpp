@@ -320,9 +320,10 @@ TEST_F(CudaOps, Float4KernelsGiveTheSameBitsWhetherOrNotTheirArraysAreSixteenByt
 }
 
 TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
-  // Up to 1024 columns a warp per row, beyond a block per row.
-  const Shape shapes[] = {{1, 1},    {7, 13},    {33, 1000}, {128, 50257},
-                          {3, 4, 5}, {19, 1024}, {9, 1025}};
+  // Up to 1024 columns a warp per row (its row in 1 to 32 registers a lane: every width class
+  // and its edges), beyond a block per row.
+  const Shape shapes[] = {{1, 1},    {7, 13}, {33, 1000}, {128, 50257}, {3, 4, 5}, {19, 1024},
+                          {9, 1025}, {6, 32}, {5, 33},    {4, 128},     {3, 300},  {11, 129}};
   for (const Shape& s : shapes) {
     const Tensor x = mul(rand(s), 4.0), dy = rand(s);
     for (bool log : {false, true}) {
@@ -379,9 +380,12 @@ TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
 }
 
 TEST_F(CudaOps, LayerNormForwardAndBackward) {
-  // Rows beyond 128 take the two-pass parameter gradient (partial sums per slice of rows).
-  const Shape shapes[] = {{1, 1},      {7, 13},    {33, 1000}, {64, 4096},
-                          {2, 3, 257}, {1000, 96}, {4, 75, 33}};
+  // Rows beyond 128 take the two-pass parameter gradient (partial sums per slice of rows). Up to
+  // 1024 columns a warp per row (its row in 2 to 32 registers a lane: every width class and its
+  // edges), beyond a block per row.
+  const Shape shapes[] = {{1, 1},     {7, 13},     {33, 1000}, {64, 4096}, {2, 3, 257},
+                          {1000, 96}, {4, 75, 33}, {3, 64},    {9, 65},    {5, 256},
+                          {2, 1024},  {3, 1025},   {17, 512}};
   for (const Shape& s : shapes) {
     const std::int64_t d = s.back();
     const Tensor x = add(mul(rand(s), 3.0), 1.0), w = rand({d}), b = rand({d}), dy = rand(s);
