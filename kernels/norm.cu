@@ -5,7 +5,6 @@
 // the parameter gradients by blocks of 32 columns x 128 rows, whose partial sums are then added in
 // slice order: deterministic. The embedding gradient adds with atomics.
 #include <cmath>
-#include <type_traits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
@@ -14,14 +13,15 @@
 namespace graphward::kernels {
 namespace {
 using detail::block_reduce;
+using detail::by_warp_row_width;
 using detail::grid_for;
 using detail::kThreads;
+using detail::kWarpRowMaxCols;
 using detail::store;
 using detail::warp_all_reduce;
 
 constexpr int kRowThreads = 256;
-constexpr int kWarpRows = kRowThreads / 32;     // rows a block, one warp each
-constexpr std::int64_t kWarpRowMaxCols = 1024;  // 32 lanes × 32 registers
+constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 
 // Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
 template <int kPer>
@@ -89,22 +89,6 @@ __global__ void layer_norm_backward_input_warp_kernel(float* dx, const float* dy
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
     if (j < cols) store(dxr, j, r * (g[i] - mg - xc[i] * r * mgx), accumulate);
-  }
-}
-
-// Launches kernel<kPer> for the narrowest kPer (2, 4, ..., 32) that holds `cols` (<= 1024).
-template <class Launch>
-void by_warp_row_width(std::int64_t cols, Launch launch) {
-  if (cols <= 64) {
-    launch(std::integral_constant<int, 2>{});
-  } else if (cols <= 128) {
-    launch(std::integral_constant<int, 4>{});
-  } else if (cols <= 256) {
-    launch(std::integral_constant<int, 8>{});
-  } else if (cols <= 512) {
-    launch(std::integral_constant<int, 16>{});
-  } else {
-    launch(std::integral_constant<int, 32>{});
   }
 }
 

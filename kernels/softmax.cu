@@ -12,12 +12,13 @@
 namespace graphward::kernels {
 namespace {
 using detail::block_reduce;
+using detail::by_warp_row_width;
 using detail::grid_for;
 using detail::kThreads;
+using detail::kWarpRowMaxCols;
 using detail::store;
 
 constexpr int kRowThreads = 256;
-constexpr std::int64_t kWarpRowMaxCols = 1024;
 
 // Who works on a row: a whole block (long rows) or one warp (short rows, 8 per block).
 struct BlockRow {
@@ -146,24 +147,6 @@ __global__ void softmax_backward_warp_kernel(float* dx, const float* dy, const f
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
     if (j < cols) store(dxr, j, kLog ? d[i] - expf(p[i]) * s : p[i] * (d[i] - s), accumulate);
-  }
-}
-
-// Launches kernel<kPer> for the narrowest kPer (1, 2, 4, ..., 32) that holds `cols` (<= 1024).
-template <class Launch>
-void by_warp_row_width(std::int64_t cols, Launch launch) {
-  if (cols <= 32) {
-    launch(std::integral_constant<int, 1>{});
-  } else if (cols <= 64) {
-    launch(std::integral_constant<int, 2>{});
-  } else if (cols <= 128) {
-    launch(std::integral_constant<int, 4>{});
-  } else if (cols <= 256) {
-    launch(std::integral_constant<int, 8>{});
-  } else if (cols <= 512) {
-    launch(std::integral_constant<int, 16>{});
-  } else {
-    launch(std::integral_constant<int, 32>{});
   }
 }
 
