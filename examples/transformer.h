@@ -5,7 +5,7 @@
 //
 // Model (pre-norm): token embedding + learned positions -> x + attention(layer_norm(x)) ->
 // x + MLP(layer_norm(x)) (linear + GELU fused, linear) -> layer_norm -> linear to vocabulary logits
-// -> fused cross-entropy. Attention is written with the ops: one linear makes Q, K and V;
+// -> fused cross-entropy; each residual add and the layer norm after it one op (add_layer_norm). Attention is written with the ops: one linear makes Q, K and V;
 // split_heads takes each out as heads (one copy each); scores = Q·Kᵀ / √d by one batched GEMM (bmm
 // with trans_b, the scale its alpha); softmax; the weighted sum by another bmm; heads merged back
 // (reshape + transpose) and projected.
@@ -64,11 +64,10 @@ class TransformerModel {
                  v = split_heads(qkv, T, H, 2 * D, D);
     const Tensor p = softmax(bmm(q, k, false, true, 1.0 / std::sqrt(static_cast<double>(dh))));
     const Tensor o = reshape(transpose(reshape(bmm(p, v), {B, H, T, dh}), 1, 2), {B * T, D});
-    x = add(x, linear(o, wo_, bo_));
-    const Tensor f = linear(linear(layer_norm(x, ln2_w_, ln2_b_), w1_, b1_, Activation::kGelu),
-                            w2_, b2_);
-    x = add(x, f);
-    return linear(layer_norm(x, lnf_w_, lnf_b_), wout_, bout_);
+    // Each residual add with the layer norm after it: one op (one kernel on the GPU).
+    const AddLayerNorm a = add_layer_norm(x, linear(o, wo_, bo_), ln2_w_, ln2_b_);
+    const Tensor f = linear(linear(a.normed, w1_, b1_, Activation::kGelu), w2_, b2_);
+    return linear(add_layer_norm(a.sum, f, lnf_w_, lnf_b_).normed, wout_, bout_);
   }
   Tensor loss(const Tensor& ids, const Tensor& targets) const {
     return cross_entropy(logits(ids), targets);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/block_reduce.cuh"
+#include "kernels/elementwise.h"
 #include "kernels/launch.cuh"
 #include "kernels/norm.h"
 
@@ -24,10 +25,12 @@ constexpr int kRowThreads = 256;
 constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 
 // Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
-template <int kPer>
+// kAdd: the row normalized is x + res (rounded as add rounds it), written to `sum` too.
+template <int kPer, bool kAdd>
 __global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rstd, const float* x,
-                                               const float* w, const float* b, std::int64_t rows,
-                                               int cols, float eps) {
+                                               const float* w, const float* b, const float* res,
+                                               float* sum, std::int64_t rows, int cols,
+                                               float eps) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -37,7 +40,12 @@ __global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rst
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    v[i] = j < cols ? xr[j] : 0.f;
+    if constexpr (kAdd) {
+      v[i] = j < cols ? __fadd_rn(xr[j], res[row * cols + j]) : 0.f;
+      if (j < cols) sum[row * cols + j] = v[i];
+    } else {
+      v[i] = j < cols ? xr[j] : 0.f;
+    }
     if (j < cols) s += v[i];
   }
   const float m = warp_all_reduce(s) / static_cast<float>(cols);
@@ -220,13 +228,29 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_forward_warp_kernel<decltype(per)::value><<<blocks, kRowThreads, 0, stream>>>(
-          y, mean, rstd, x, w, b, rows, static_cast<int>(cols), eps);
+      layer_norm_forward_warp_kernel<decltype(per)::value, false>
+          <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, nullptr, rows,
+                                               static_cast<int>(cols), eps);
     });
   } else {
     layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         y, mean, rstd, x, w, b, cols, eps);
   }
+  GW_LAUNCH_CHECK();
+}
+void add_layer_norm_forward(float* y, float* sum, float* mean, float* rstd, const float* x,
+                            const float* res, const float* w, const float* b, std::int64_t rows,
+                            std::int64_t cols, float eps, cudaStream_t stream) {
+  if (cols > kWarpRowMaxCols) {  // a block a row: the add first, then the layer norm of its sum
+    binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, rows * cols, rows * cols, stream);
+    layer_norm_forward(y, mean, rstd, sum, w, b, rows, cols, eps, stream);
+    return;
+  }
+  const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
+  by_warp_row_width(cols, [&](auto per) {
+    layer_norm_forward_warp_kernel<decltype(per)::value, true><<<blocks, kRowThreads, 0, stream>>>(
+        y, mean, rstd, x, w, b, res, sum, rows, static_cast<int>(cols), eps);
+  });
   GW_LAUNCH_CHECK();
 }
 void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,

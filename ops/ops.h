@@ -163,6 +163,17 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          const Tensor& mean, const Tensor& rstd, GradSlot grad_x,
                          GradSlot grad_weight, GradSlot grad_bias = {});
 
+// The residual add and the layer norm after it, as a pre-norm transformer block writes them:
+// sum = x + residual (equal shapes) and normed = layer_norm(sum, weight, bias, eps), in one pass
+// over the rows (on CUDA one kernel for rows of up to 1024 columns: x and residual read once).
+// Recorded as the two ops, add then layer_norm: the same values, gradients and bits as
+// add(x, residual) followed by layer_norm of it.
+struct AddLayerNorm {
+  Tensor sum, normed;
+};
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                            const Tensor& bias, double eps = 1e-5);
+
 // The rows of `table` [V, D] picked by int32 `ids` (any shape, on the table's device): shape
 // ids.shape + [D]. The table's gradient is added row by row (on CUDA with atomics: for repeated
 // ids the order of the additions, hence the last bits, may vary run to run). An id outside [0, V)

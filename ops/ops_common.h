@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/elementwise.h"
 #include "ops/ops.h"
 #include "runtime/stream.h"
 
@@ -103,6 +104,11 @@ void dispatch_cuda(DType dtype, F&& f) {
     std::forward<F>(f).template operator()<float>();
   }
 }
+
+// Records y = a (kind) b (computed already, by the caller) as the op `op` would: add and sub save
+// nothing, mul saves both operands; add of equal shapes passes its gradient through.
+void record_binary(const char* op, kernels::BinaryOp kind, const Tensor& a, const Tensor& b,
+                   const Tensor& y);
 
 template <class T>
 T* ptr(const Tensor& t) {

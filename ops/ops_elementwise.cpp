@@ -303,11 +303,23 @@ void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, 
 namespace {
 using BinaryBackward = void (*)(const Tensor&, const Tensor&, const Tensor&, GradSlot, GradSlot);
 
-Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward, const Tensor& a,
-                       const Tensor& b) {
-  detail::NvtxRange range(op);
-  Tensor y = binary(op, kind, a, b);
-  if (!needs_grad({&a, &b})) return y;
+BinaryBackward binary_backward_of(k::BinaryOp kind) {
+  switch (kind) {
+    case k::BinaryOp::kAdd:
+      return add_backward;
+    case k::BinaryOp::kSub:
+      return sub_backward;
+    case k::BinaryOp::kMul:
+      break;
+  }
+  return mul_backward;
+}
+}  // namespace
+
+void ops_detail::record_binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b,
+                               const Tensor& y) {
+  if (!needs_grad({&a, &b})) return;
+  const BinaryBackward backward = binary_backward_of(kind);
   if (kind != k::BinaryOp::kMul) {
     // add and sub read no operand, only their shapes: nothing is saved (an operand written in
     // place after the op does not fail the backward, as in PyTorch). Their backward is handed a
@@ -328,6 +340,13 @@ Tensor recorded_binary(const char* op, k::BinaryOp kind, BinaryBackward backward
   if (kind == k::BinaryOp::kAdd && a.shape() == y.shape() && b.shape() == y.shape()) {
     y.grad_fn()->set_passes_gradient_through();
   }
+}
+
+namespace {
+Tensor recorded_binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b) {
+  detail::NvtxRange range(op);
+  Tensor y = binary(op, kind, a, b);
+  record_binary(op, kind, a, b, y);
   return y;
 }
 
@@ -361,13 +380,13 @@ Tensor recorded_activation(const char* op, Pointwise act, ActivationBackward bac
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  return recorded_binary("add", k::BinaryOp::kAdd, add_backward, a, b);
+  return recorded_binary("add", k::BinaryOp::kAdd, a, b);
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return recorded_binary("sub", k::BinaryOp::kSub, sub_backward, a, b);
+  return recorded_binary("sub", k::BinaryOp::kSub, a, b);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return recorded_binary("mul", k::BinaryOp::kMul, mul_backward, a, b);
+  return recorded_binary("mul", k::BinaryOp::kMul, a, b);
 }
 
 void add_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, GradSlot grad_a,

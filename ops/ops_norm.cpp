@@ -39,11 +39,15 @@ NormDims check_layer_norm(const char* op, const Tensor& x, const Tensor& weight,
 struct LayerNormOut {
   Tensor y, mean, rstd;
 };
+void check_eps(const char* op, double eps, const Tensor& x) {
+  GW_CHECK(std::isfinite(eps) && eps > 0, op, ": eps is ", eps, "; expected a finite eps > 0");
+  check_finite_scalar(op, eps, x);
+}
+
 LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
   const char* op = "layer_norm";
   const NormDims d = check_layer_norm(op, x, w, b);
-  GW_CHECK(std::isfinite(eps) && eps > 0, op, ": eps is ", eps, "; expected a finite eps > 0");
-  check_finite_scalar(op, eps, x);
+  check_eps(op, eps, x);
   LayerNormOut o;
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -74,9 +78,9 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
 }
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  detail::NvtxRange range("layer_norm");
-  LayerNormOut o = layer_norm_impl(x, weight, bias, eps);
+namespace {
+void record_layer_norm(const LayerNormOut& o, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias) {
   if (needs_grad({&x, &weight, &bias})) {
     auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
       layer_norm_backward(g, s[0], s[1], s[2], s[3], grads[0], grads[1],
@@ -90,7 +94,55 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
       record("layer_norm", o.y, {&x, &weight}, std::move(saved), backward);
     }
   }
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::NvtxRange range("layer_norm");
+  LayerNormOut o = layer_norm_impl(x, weight, bias, eps);
+  record_layer_norm(o, x, weight, bias);
   return o.y;
+}
+
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                            const Tensor& bias, double eps) {
+  const char* op = "add_layer_norm";
+  detail::NvtxRange range(op);
+  // Everything checked before the first write (Note [Check, then write]): the add's operands,
+  // then the layer norm's.
+  check_inputs(op, {{"x", &x}, {"residual", &residual}});
+  check_same_shape(op, {"x", &x}, {"residual", &residual});
+  [[maybe_unused]] const NormDims d = check_layer_norm(op, x, weight, bias);
+  check_eps(op, eps, x);
+  AddLayerNorm out;
+  if (!x.is_cuda()) {  // the two ops as they are: the CPU has no launch to save
+    out.sum = add(x, residual);
+    out.normed = layer_norm(out.sum, weight, bias, eps);
+    return out;
+  }
+#if GRAPHWARD_HAS_CUDA
+  LayerNormOut o;
+  {
+    CudaScope scope(x.device());
+    if (bias.defined()) {
+      scope.read({&x, &residual, &weight, &bias});
+    } else {
+      scope.read({&x, &residual, &weight});
+    }
+    out.sum = new_output(x.shape(), x);
+    o.y = new_output(x.shape(), x);
+    o.mean = new_output({d.rows}, x);
+    o.rstd = new_output({d.rows}, x);
+    k::add_layer_norm_forward(o.y.data<float>(), out.sum.data<float>(), o.mean.data<float>(),
+                              o.rstd.data<float>(), x.data<float>(), residual.data<float>(),
+                              weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
+                              d.rows, d.cols, static_cast<float>(eps), scope.stream());
+  }
+  record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
+  record_layer_norm(o, out.sum, weight, bias);
+  out.normed = o.y;
+#endif
+  return out;
 }
 
 void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,

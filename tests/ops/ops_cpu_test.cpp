@@ -328,6 +328,48 @@ TEST(OpsForwardCpu, LayerNormNormalizesEachRowThenScalesAndShifts) {
   EXPECT_EQ(layer_norm(x, w, Tensor()).shape(), Shape({2, 4}));
 }
 
+// add_layer_norm on the CPU is add then layer_norm, recorded as the two: the same values and the
+// same gradients, through both of its outputs.
+TEST(OpsForwardCpu, AddLayerNormIsAddThenLayerNorm) {
+  for (const bool with_bias : {true, false}) {
+    auto run = [&](bool fused) {
+      const Tensor x = randn({3, 2, 6}, 71, f64()).set_requires_grad(true);
+      const Tensor r = randn({3, 2, 6}, 72, f64()).set_requires_grad(true);
+      const Tensor w = add(randn({6}, 73, f64()), 1.0).detach().set_requires_grad(true);
+      const Tensor b = with_bias ? randn({6}, 74, f64()).set_requires_grad(true) : Tensor();
+      Tensor sum, normed;
+      if (fused) {
+        const AddLayerNorm o = add_layer_norm(x, r, w, b, 1e-5);
+        sum = o.sum;
+        normed = o.normed;
+      } else {
+        sum = add(x, r);
+        normed = layer_norm(sum, w, b, 1e-5);
+      }
+      backward({normed, sum}, {randn({3, 2, 6}, 75, f64()), randn({3, 2, 6}, 76, f64())});
+      std::vector<std::vector<double>> out{vals(sum), vals(normed), vals(x.grad()), vals(r.grad()),
+                                           vals(w.grad())};
+      if (with_bias) out.push_back(vals(b.grad()));
+      return out;
+    };
+    EXPECT_EQ(run(true), run(false)) << "bias " << with_bias;
+  }
+  // Bad input: the whole family refused by name, before anything is computed.
+  const Tensor x = randn({4, 8}, 1), w = randn({8}, 2);
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 7}, 3), w, Tensor()), "add_layer_norm", "residual",
+                  "[4, 7]");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({8, 4}, 3), w, Tensor()), "add_layer_norm", "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, Tensor(), w, Tensor()), "add_layer_norm", "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3, f64()), w, Tensor()), "add_layer_norm",
+                  "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3), randn({7}, 4), Tensor()), "add_layer_norm",
+                  "weight", "[8]");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3), w, randn({9}, 5)), "add_layer_norm", "bias");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3), w, Tensor(), 0.0), "add_layer_norm", "eps");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3), w, Tensor(), std::nan("")), "add_layer_norm",
+                  "eps");
+}
+
 TEST(OpsGradcheckCpu, LayerNormWithAndWithoutBias) {
   for (bool with_bias : {true, false}) {
     const Tensor x = randn({3, 2, 6}, 61, f64()), w = add(randn({6}, 62, f64()), 1.0);

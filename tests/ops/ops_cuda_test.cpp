@@ -17,6 +17,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "kernels/shape.h"
 #include "runtime/blas.h"
 #include "runtime/dnn.h"
 #include "test_util.h"
@@ -419,6 +420,110 @@ TEST_F(CudaOps, LayerNormForwardAndBackward) {
         [&](std::array<Tensor, 3>& g, bool acc) {
           layer_norm_backward(gdy, gx, gw, gm, gr, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
         });
+  }
+}
+
+// add_layer_norm is add then layer_norm in one kernel on the GPU (a block a row past 1024 columns:
+// the two launches): its sum, its normalized rows, and every gradient through either output give
+// the bits of the two ops, at every register width class and its edges, with and without a bias.
+TEST_F(CudaOps, AddLayerNormIsAddThenLayerNormBitwise) {
+  const Shape shapes[] = {{1, 1},   {7, 13},   {5, 32},   {6, 33},   {9, 64},    {4, 65},
+                          {3, 128}, {11, 129}, {5, 256},  {17, 512}, {2, 1024},  {3, 1025},
+                          {2, 4096}, {4, 75, 33}, {512, 256}};
+  auto bits = [](const Tensor& t) { return t.to_vector<float>(); };
+  for (const Shape& s : shapes) {
+    for (const bool with_bias : {true, false}) {
+      const std::int64_t d = s.back();
+      const std::string where = shape_str(s) + (with_bias ? " with bias" : " without bias");
+      const Tensor x = mul(rand(s), 3.0), r = rand(s), w = rand({d}), b = rand({d});
+      const Tensor dy_normed = rand(s), dy_sum = rand(s);
+      struct Run {
+        std::vector<float> sum, normed, gx, gr, gw, gb;
+      };
+      auto run = [&](bool fused) {
+        const Tensor gx = gpu(x).set_requires_grad(true), gr = gpu(r).set_requires_grad(true);
+        const Tensor gw = gpu(w).set_requires_grad(true);
+        const Tensor gb = with_bias ? gpu(b).set_requires_grad(true) : Tensor();
+        Tensor sum, normed;
+        if (fused) {
+          const AddLayerNorm o = add_layer_norm(gx, gr, gw, gb);
+          sum = o.sum;
+          normed = o.normed;
+        } else {
+          sum = add(gx, gr);
+          normed = layer_norm(sum, gw, gb);
+        }
+        // Both outputs feed the loss, as a residual stream's sum does.
+        backward({normed, sum}, {gpu(dy_normed), gpu(dy_sum)});
+        return Run{bits(sum),       bits(normed),   bits(gx.grad()),
+                   bits(gr.grad()), bits(gw.grad()), with_bias ? bits(gb.grad()) : std::vector<float>{}};
+      };
+      const Run fused = run(true), apart = run(false);
+      EXPECT_EQ(fused.sum, apart.sum) << where;
+      EXPECT_EQ(fused.normed, apart.normed) << where;
+      EXPECT_EQ(fused.gx, apart.gx) << where;
+      EXPECT_EQ(fused.gr, apart.gr) << where;
+      EXPECT_EQ(fused.gw, apart.gw) << where;
+      EXPECT_EQ(fused.gb, apart.gb) << where;
+      // And within the elementwise tolerance of the CPU's two ops.
+      EXPECT_LT(rel_error(from_vector(fused.normed, s), layer_norm(add(x, r), w, with_bias ? b : Tensor())),
+                kElementwiseTol)
+          << where;
+    }
+  }
+  // Bad input on the GPU: a residual on another device or of another dtype is refused by name.
+  const Tensor x = gpu(rand({4, 8})), w = gpu(rand({8}));
+  GW_EXPECT_ERROR(add_layer_norm(x, rand({4, 8}), w, Tensor()), "add_layer_norm", "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, cast(gpu(rand({4, 8})), DType::kBFloat16), w, Tensor()),
+                  "add_layer_norm", "residual");
+}
+
+// transpose (swap_dims) moves four floats a load where the innermost run it keeps whole is a
+// multiple of four and both arrays are 16-byte aligned, one at a time otherwise: the CPU's bits
+// either way, written and added to what the output holds, with either array 4 bytes off.
+TEST_F(CudaOps, SwapDimsGivesTheCpusBitsFourFloatsALoadOrOne) {
+  auto device_array = [](std::size_t n) {
+    float* p = nullptr;
+    GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
+    return std::unique_ptr<float, void (*)(float*)>(
+        p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); });
+  };
+  struct Case {
+    Shape shape;
+    int d0, d1;
+  };
+  // Attention's heads merged ([B, H, T, dh] -> [B, T, H, dh]) at both transformer sizes; a run
+  // of 4, 8 and 12; runs of 3 and 1 (one float a load); a swap of the last two (run 1).
+  for (const Case& c : {Case{{16, 4, 32, 16}, 1, 2}, Case{{32, 4, 128, 64}, 1, 2},
+                        Case{{3, 5, 7, 4}, 0, 2}, Case{{2, 3, 5, 8}, 1, 2},
+                        Case{{5, 3, 12}, 0, 1}, Case{{4, 6, 3}, 0, 1}, Case{{3, 5, 7}, 1, 2},
+                        Case{{4, 8, 8}, 0, 2}}) {
+    kernels::SwapDims dims;
+    dims.rank = static_cast<int>(c.shape.size());
+    for (int k = 0; k < dims.rank; ++k) dims.in_shape[k] = c.shape[static_cast<std::size_t>(k)];
+    dims.d0 = c.d0;
+    dims.d1 = c.d1;
+    const std::int64_t n = shape_numel(c.shape);
+    const auto size = static_cast<std::size_t>(n);
+    const std::vector<float> in = rand({n}).to_vector<float>(), old = rand({n}).to_vector<float>();
+    auto out_mem = device_array(size), in_mem = device_array(size);
+    for (const bool acc : {false, true}) {
+      std::vector<float> want = old;
+      kernels::cpu::swap_dims(want.data(), in.data(), dims, acc);
+      for (int off = 0; off <= 2; ++off) {  // 0: both aligned; 1: the output off; 2: the input
+        float* d_out = out_mem.get() + (off == 1);
+        float* d_in = in_mem.get() + (off == 2);
+        const std::size_t bytes = size * sizeof(float);
+        GW_CUDA_CHECK(cudaMemcpy(d_out, old.data(), bytes, cudaMemcpyHostToDevice));
+        GW_CUDA_CHECK(cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice));
+        kernels::swap_dims(d_out, d_in, dims, acc, cudaStreamLegacy);
+        std::vector<float> got(size);
+        GW_CUDA_CHECK(cudaMemcpy(got.data(), d_out, bytes, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0)
+            << shape_str(c.shape) << " swap " << c.d0 << "," << c.d1 << " accumulate " << acc
+            << " misaligned " << off;
+      }
+    }
   }
 }
 
