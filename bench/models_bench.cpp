@@ -142,13 +142,21 @@ void convnet(benchmark::State& state) {
                               mode_arg(state, 3));
 }
 
-void transformer(benchmark::State& state) {
+void run_transformer(benchmark::State& state,
+                     std::optional<bool> split_weight_grads = std::nullopt) {
   if (gw::bench::skip_without_gpu(state)) return;
   const std::int64_t dim = state.range(2);
   run_model<ex::TransformerModel>(state,
                                   {.batch = state.range(0), .seq = state.range(1), .dim = dim,
                                    .heads = dim / 16, .ff = 4 * dim, .vocab = 64},
-                                  mode_arg(state, 3));
+                                  mode_arg(state, 3), true, split_weight_grads);
+}
+void transformer(benchmark::State& state) {
+  run_transformer(state);
+}
+// The same transformer with weight-gradient parallelism off (ablation of the default).
+void transformer_one_stream(benchmark::State& state) {
+  run_transformer(state, false);
 }
 
 }  // namespace
@@ -177,12 +185,14 @@ BENCHMARK(convnet)
     ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2, 3}})
     ->Apply(timed_step);
 
-BENCHMARK(transformer)
-    ->Name("Transformer")
-    ->ArgNames({"batch", "seq", "dim", "mode"})
-    ->ArgsProduct({{16}, {32}, {64}, {0, 1, 2, 3}})
-    ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2, 3}})
-    ->Apply(timed_step);
+static void transformer_rows(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "seq", "dim", "mode"})
+      ->ArgsProduct({{16}, {32}, {64}, {0, 1, 2, 3}})
+      ->ArgsProduct({{32}, {128}, {256}, {0, 1, 2, 3}})
+      ->Apply(timed_step);
+}
+BENCHMARK(transformer)->Name("Transformer")->Apply(transformer_rows);
+BENCHMARK(transformer_one_stream)->Name("TransformerWeightGradsOnOneStream")->Apply(transformer_rows);
 
 // Google Benchmark's main, and then, with --gemm_choices, the GEMM algorithm chosen for each shape
 // the rows ran (Note [Choosing a GEMM algorithm]) on stderr.

@@ -5,7 +5,8 @@
 //
 // Model (pre-norm): token embedding + learned positions -> x + attention(layer_norm(x)) ->
 // x + MLP(layer_norm(x)) (linear + GELU fused, linear) -> layer_norm -> linear to vocabulary logits
-// -> fused cross-entropy; each residual add and the layer norm after it one op (add_layer_norm). Attention is written with the ops: one linear makes Q, K and V;
+// -> fused cross-entropy; each add (positions, residuals) and the layer norm after it one op
+// (add_layer_norm). Attention is written with the ops: one linear makes Q, K and V;
 // split_heads takes each out as heads (one copy each); scores = Q·Kᵀ / √d by one batched GEMM (bmm
 // with trans_b, the scale its alpha); softmax; the weighted sum by another bmm; heads merged back
 // (reshape + transpose) and projected.
@@ -42,7 +43,7 @@ class TransformerModel {
       return full(s, value, opt).set_requires_grad(true);
     };
     tok_ = mul(randn({c.vocab, c.dim}, seed++, opt), 0.5).detach().set_requires_grad(true);
-    pos_ = mul(randn({c.seq * c.dim}, seed++, opt), 0.5).detach().set_requires_grad(true);
+    pos_ = mul(randn({c.seq, c.dim}, seed++, opt), 0.5).detach().set_requires_grad(true);
     ln1_w_ = param({c.dim}, 1), ln1_b_ = param({c.dim}, 0);
     wqkv_ = weight(3 * c.dim, c.dim), bqkv_ = param({3 * c.dim}, 0);
     wo_ = weight(c.dim, c.dim), bo_ = param({c.dim}, 0);
@@ -56,9 +57,11 @@ class TransformerModel {
   // ids: int32 [batch, seq] -> logits [batch · seq, vocab].
   Tensor logits(const Tensor& ids) const {
     const std::int64_t B = ids.size(0), T = c_.seq, D = c_.dim, H = c_.heads, dh = D / H;
-    Tensor x = add(reshape(embedding(tok_, ids), {B, T * D}), pos_);  // positions: a row broadcast
-    x = reshape(x, {B * T, D});
-    const Tensor qkv = linear(layer_norm(x, ln1_w_, ln1_b_), wqkv_, bqkv_);
+    // The embeddings [B, T, D] plus the positions [T, D] (repeated over the batch), and the first
+    // layer norm: one op.
+    const AddLayerNorm in = add_layer_norm(embedding(tok_, ids), pos_, ln1_w_, ln1_b_);
+    const Tensor x = reshape(in.sum, {B * T, D});
+    const Tensor qkv = linear(reshape(in.normed, {B * T, D}), wqkv_, bqkv_);
     // [B·T, 3D] -> each of Q, K, V as [B·H, T, dh], one copy each
     const Tensor q = split_heads(qkv, T, H, 0, D), k = split_heads(qkv, T, H, D, D),
                  v = split_heads(qkv, T, H, 2 * D, D);

@@ -29,19 +29,20 @@ constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 template <int kPer, bool kAdd>
 __global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rstd, const float* x,
                                                const float* w, const float* b, const float* res,
-                                               float* sum, std::int64_t rows, int cols,
-                                               float eps) {
+                                               std::int64_t res_rows, float* sum,
+                                               std::int64_t rows, int cols, float eps) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
   const float* xr = x + row * cols;
+  const float* rr = kAdd ? res + (row % res_rows) * cols : nullptr;
   float v[kPer];
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
     if constexpr (kAdd) {
-      v[i] = j < cols ? __fadd_rn(xr[j], res[row * cols + j]) : 0.f;
+      v[i] = j < cols ? __fadd_rn(xr[j], rr[j]) : 0.f;
       if (j < cols) sum[row * cols + j] = v[i];
     } else {
       v[i] = j < cols ? xr[j] : 0.f;
@@ -229,8 +230,8 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
       layer_norm_forward_warp_kernel<decltype(per)::value, false>
-          <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, nullptr, rows,
-                                               static_cast<int>(cols), eps);
+          <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, 1, nullptr,
+                                               rows, static_cast<int>(cols), eps);
     });
   } else {
     layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
@@ -239,17 +240,18 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
   GW_LAUNCH_CHECK();
 }
 void add_layer_norm_forward(float* y, float* sum, float* mean, float* rstd, const float* x,
-                            const float* res, const float* w, const float* b, std::int64_t rows,
-                            std::int64_t cols, float eps, cudaStream_t stream) {
+                            const float* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream) {
   if (cols > kWarpRowMaxCols) {  // a block a row: the add first, then the layer norm of its sum
-    binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, rows * cols, rows * cols, stream);
+    binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, res_rows * cols, rows * cols, stream);
     layer_norm_forward(y, mean, rstd, sum, w, b, rows, cols, eps, stream);
     return;
   }
   const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
   by_warp_row_width(cols, [&](auto per) {
     layer_norm_forward_warp_kernel<decltype(per)::value, true><<<blocks, kRowThreads, 0, stream>>>(
-        y, mean, rstd, x, w, b, res, sum, rows, static_cast<int>(cols), eps);
+        y, mean, rstd, x, w, b, res, res_rows, sum, rows, static_cast<int>(cols), eps);
   });
   GW_LAUNCH_CHECK();
 }

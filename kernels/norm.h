@@ -17,12 +17,14 @@ namespace graphward::kernels {
 void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                         const float* b, std::int64_t rows, std::int64_t cols, float eps,
                         cudaStream_t stream);
-// sum = x + res (elementwise, rounded as binary_forward's add rounds it), then layer_norm_forward
-// of sum into y, mean and rstd: the same bits as the two launches. Rows of at most 1024 columns in
-// one kernel (x and res read once); wider rows in the two.
+// sum = x + res (elementwise, rounded as binary_forward's add rounds it; row r of x takes row
+// r % res_rows of res [res_rows, cols]), then layer_norm_forward of sum into y, mean and rstd: the
+// same bits as the two launches. Rows of at most 1024 columns in one kernel (x and res read
+// once); wider rows in the two.
 void add_layer_norm_forward(float* y, float* sum, float* mean, float* rstd, const float* x,
-                            const float* res, const float* w, const float* b, std::int64_t rows,
-                            std::int64_t cols, float eps, cudaStream_t stream);
+                            const float* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream);
 // dx = rstd · (g − mean_j(g) − x̂ · mean_j(g · x̂)) with g = dy · w, x̂ = (x − mean) · rstd
 void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
                                const float* rstd, const float* w, std::int64_t rows,

@@ -45,7 +45,7 @@ struct WarpRow {
 // log Σ exp(x_j) of one row in two parts, its maximum and log Σ exp(x_j − max), in every thread of
 // the group (softmax.h: each output is (x − max) − log Σ, never x − (max + log Σ)).
 struct RowLse {
-  float max, log_sum;
+  float max, log_sum, sum;  // sum: Σ exp(x_j − max)
 };
 template <class G>
 __device__ RowLse row_lse(const float* x, std::int64_t cols) {
@@ -55,7 +55,7 @@ __device__ RowLse row_lse(const float* x, std::int64_t cols) {
   float s = 0.f;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) s += expf(x[j] - m);
   s = G::reduce(s, detail::SumOp{});
-  return {m, logf(s)};
+  return {m, logf(s), s};
 }
 
 template <class G, bool kLog>
@@ -66,9 +66,9 @@ __global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t ro
   const float* xr = x + row * cols;
   float* yr = y + row * cols;
   const RowLse r = row_lse<G>(xr, cols);
+  const float inv = 1.f / r.sum;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
-    const float v = (xr[j] - r.max) - r.log_sum;
-    yr[j] = kLog ? v : expf(v);
+    yr[j] = kLog ? (xr[j] - r.max) - r.log_sum : expf(xr[j] - r.max) * inv;
   }
 }
 
@@ -110,16 +110,27 @@ __global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    if (lane + 32 * i < cols) s += expf(v[i] - m);
+    if (lane + 32 * i < cols) {
+      const float e = expf(v[i] - m);
+      if constexpr (!kLog) v[i] = e;  // softmax keeps exp(x − m): one exp an element
+      s += e;
+    }
   }
-  const float log_sum = logf(detail::warp_all_reduce(s, detail::SumOp{}));
+  s = detail::warp_all_reduce(s, detail::SumOp{});
   float* yr = y + row * cols;
+  if constexpr (kLog) {
+    const float log_sum = logf(s);
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = lane + 32 * i;
-    if (j < cols) {
-      const float o = (v[i] - m) - log_sum;
-      yr[j] = kLog ? o : expf(o);
+    for (int i = 0; i < kPer; ++i) {
+      const int j = lane + 32 * i;
+      if (j < cols) yr[j] = (v[i] - m) - log_sum;
+    }
+  } else {
+    const float inv = 1.f / s;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = lane + 32 * i;
+      if (j < cols) yr[j] = v[i] * inv;
     }
   }
 }

@@ -2,9 +2,9 @@
 // Softmax, log-softmax and cross-entropy over the last dimension of a [rows, cols] matrix, forward
 // and backward, with CPU references. Same launcher contract as elementwise.h. Numerically stable
 // at any magnitude: a row's log Σ exp is kept in two parts, its maximum m and log Σ exp(x − m),
-// and every output is (x − m) − log Σ exp(x − m) — x − m is exact where it matters, near the
-// maximum — never x minus their rounded sum; row sums in a fixed order, so results are
-// deterministic.
+// and every log-softmax output is (x − m) − log Σ exp(x − m), every softmax output exp(x − m) /
+// Σ exp(x − m) — x − m is exact where it matters, near the maximum — never x minus their rounded
+// sum; row sums in a fixed order, so results are deterministic.
 #include <cstdint>
 #include "base/config.h"
 

@@ -19,8 +19,10 @@
 // (Tensor::is_unique) computes its gradient in place, into grad_out's memory, and stores that.
 //
 // Broadcasting (add, sub, mul): the operands have the same shape, or one of them is a row — shape
-// [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows.
-// The result has the larger shape; a row operand's gradient is summed over the rows.
+// [n] or [1, n] — and the other has last dimension n: the row is repeated over the other's rows;
+// or one's shape is the other's trailing dimensions ([T, D] with [B, T, D]): it is repeated over
+// the leading ones. The result has the larger shape; a repeated operand's gradient is summed over
+// its repeats.
 
 #include <span>
 #include <vector>
@@ -164,8 +166,10 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          GradSlot grad_weight, GradSlot grad_bias = {});
 
 // The residual add and the layer norm after it, as a pre-norm transformer block writes them:
-// sum = x + residual (equal shapes) and normed = layer_norm(sum, weight, bias, eps), in one pass
-// over the rows (on CUDA one kernel for rows of up to 1024 columns: x and residual read once).
+// sum = x + residual and normed = layer_norm(sum, weight, bias, eps), in one pass over the rows
+// (on CUDA one kernel for rows of up to 1024 columns: x and residual read once). The residual has
+// x's shape or its trailing dimensions, repeated over the leading ones (a transformer's learned
+// positions [T, D] over a batch's embeddings [B, T, D]); sum has x's shape.
 // Recorded as the two ops, add then layer_norm: the same values, gradients and bits as
 // add(x, residual) followed by layer_norm of it.
 struct AddLayerNorm {

@@ -29,6 +29,15 @@ bool is_row(const Tensor& t) {
   return t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1);
 }
 
+// `t`'s shape is the trailing part of `of`'s, as [T, D] is of [B, T, D].
+bool is_suffix(const Tensor& t, const Tensor& of) {
+  if (t.dim() < 1 || t.dim() > of.dim()) return false;
+  for (std::int64_t i = 1; i <= t.dim(); ++i) {
+    if (t.size(-i) != of.size(-i)) return false;
+  }
+  return true;
+}
+
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
   check_inputs(op, {{"a", &a}, {"b", &b}}, /*cuda_bf16=*/true);
   Broadcast bc;
@@ -39,10 +48,15 @@ Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
     bc.out_shape = a.numel() == b.numel() && b.dim() > a.dim() ? b.shape() : a.shape();
   } else if (is_row(a) && b.dim() >= 1 && b.size(-1) == a.numel() && b.numel() >= a.numel()) {
     bc.out_shape = b.shape();
+  } else if (is_suffix(b, a)) {
+    bc.out_shape = a.shape();
+  } else if (is_suffix(a, b)) {
+    bc.out_shape = b.shape();
   } else {
     GW_CHECK(false, op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-             " do not broadcast; expected equal shapes, or a row [n] / [1, n] with a tensor whose "
-             "last dimension is n");
+             " do not broadcast; expected equal shapes, a row [n] / [1, n] with a tensor whose "
+             "last dimension is n, or one shape the trailing dimensions of the other ([T, D] with "
+             "[B, T, D])");
   }
   bc.n = shape_numel(bc.out_shape);
   bc.cols = bc.out_shape.empty() ? 1 : bc.out_shape.back();
@@ -82,7 +96,6 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(bc.out_shape));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);
   const bool want_b = check_slot(op, "grad_b", grad_b, b);
-  const std::int64_t rows = bc.n / bc.cols;
 
   // Gradient of one operand: `other` is the other operand (mul), `sign` the factor (add/sub).
   auto run_cuda = [&](cudaStream_t s, const GradSlot& slot, const Tensor& self, std::int64_t period,
@@ -98,9 +111,9 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
         } else {
           k::scale_backward(dst, dy, sign, bc.n, acc, s);
         }
-      } else {  // a row: sum over the rows
+      } else {  // repeated (a row, trailing dimensions): summed over the repeats
         const T* weight = kind == k::BinaryOp::kMul ? ptr<T>(other) : nullptr;
-        k::column_sum<T>(dst, dy, weight, sign, rows, bc.cols, acc, s);
+        k::column_sum<T>(dst, dy, weight, sign, bc.n / period, period, acc, s);
       }
     });
 #else
@@ -121,7 +134,7 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
     } else {
       // mul with a row operand whose partner is full: Σ_rows dy * other (other has the full shape).
       const T* weight = kind == k::BinaryOp::kMul ? ptr<T>(other) : nullptr;
-      k::cpu::column_sum<T>(dst, dy, weight, sign, rows, bc.cols, acc);
+      k::cpu::column_sum<T>(dst, dy, weight, sign, bc.n / period, period, acc);
     }
   };
   const float sign_b = kind == k::BinaryOp::kSub ? -1.f : 1.f;

@@ -111,7 +111,13 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   // Everything checked before the first write (Note [Check, then write]): the add's operands,
   // then the layer norm's.
   check_inputs(op, {{"x", &x}, {"residual", &residual}});
-  check_same_shape(op, {"x", &x}, {"residual", &residual});
+  bool trailing = residual.dim() >= 1 && residual.dim() <= x.dim();
+  for (std::int64_t i = 1; trailing && i <= residual.dim(); ++i) {
+    trailing = residual.size(-i) == x.size(-i);
+  }
+  GW_CHECK(trailing, op, ": residual has shape ", shape_str(residual.shape()), " and x ",
+           shape_str(x.shape()), "; expected x's shape or its trailing dimensions (repeated over "
+           "the leading ones, as [T, D] over [B, T, D])");
   [[maybe_unused]] const NormDims d = check_layer_norm(op, x, weight, bias);
   check_eps(op, eps, x);
   AddLayerNorm out;
@@ -135,8 +141,9 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
     o.rstd = new_output({d.rows}, x);
     k::add_layer_norm_forward(o.y.data<float>(), out.sum.data<float>(), o.mean.data<float>(),
                               o.rstd.data<float>(), x.data<float>(), residual.data<float>(),
-                              weight.data<float>(), bias.defined() ? bias.data<float>() : nullptr,
-                              d.rows, d.cols, static_cast<float>(eps), scope.stream());
+                              residual.numel() / d.cols, weight.data<float>(),
+                              bias.defined() ? bias.data<float>() : nullptr, d.rows, d.cols,
+                              static_cast<float>(eps), scope.stream());
   }
   record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
   record_layer_norm(o, out.sum, weight, bias);

@@ -114,7 +114,9 @@ TEST(OpsGradcheckCpu, AddSubMulForEveryBroadcastForm) {
   const BinaryCase cases[] = {
       {"add", add, add_backward}, {"sub", sub, sub_backward}, {"mul", mul, mul_backward}};
   const std::pair<Shape, Shape> shapes[] = {
-      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 4}, {1, 4}}, {{4}, {3, 4}}, {{1, 4}, {2, 3, 4}}};
+      {{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 4}, {1, 4}}, {{4}, {3, 4}}, {{1, 4}, {2, 3, 4}},
+      // trailing dimensions repeated over the leading ones, either operand
+      {{2, 3, 4}, {3, 4}}, {{3, 4}, {2, 3, 4}}, {{2, 2, 3, 4}, {2, 3, 4}}, {{2, 1, 4}, {1, 4}}};
   std::uint64_t seed = 10;
   for (const BinaryCase& c : cases) {
     for (const auto& [sa, sb] : shapes) {
@@ -332,9 +334,10 @@ TEST(OpsForwardCpu, LayerNormNormalizesEachRowThenScalesAndShifts) {
 // same gradients, through both of its outputs.
 TEST(OpsForwardCpu, AddLayerNormIsAddThenLayerNorm) {
   for (const bool with_bias : {true, false}) {
+   for (const Shape& rs : {Shape{3, 2, 6}, Shape{2, 6}, Shape{6}}) {  // x's shape, trailing dims
     auto run = [&](bool fused) {
       const Tensor x = randn({3, 2, 6}, 71, f64()).set_requires_grad(true);
-      const Tensor r = randn({3, 2, 6}, 72, f64()).set_requires_grad(true);
+      const Tensor r = randn(rs, 72, f64()).set_requires_grad(true);
       const Tensor w = add(randn({6}, 73, f64()), 1.0).detach().set_requires_grad(true);
       const Tensor b = with_bias ? randn({6}, 74, f64()).set_requires_grad(true) : Tensor();
       Tensor sum, normed;
@@ -352,13 +355,17 @@ TEST(OpsForwardCpu, AddLayerNormIsAddThenLayerNorm) {
       if (with_bias) out.push_back(vals(b.grad()));
       return out;
     };
-    EXPECT_EQ(run(true), run(false)) << "bias " << with_bias;
+    EXPECT_EQ(run(true), run(false)) << "bias " << with_bias << " residual " << shape_str(rs);
+   }
   }
   // Bad input: the whole family refused by name, before anything is computed.
   const Tensor x = randn({4, 8}, 1), w = randn({8}, 2);
   GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 7}, 3), w, Tensor()), "add_layer_norm", "residual",
                   "[4, 7]");
   GW_EXPECT_ERROR(add_layer_norm(x, randn({8, 4}, 3), w, Tensor()), "add_layer_norm", "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({2, 4, 8}, 3), w, Tensor()), "add_layer_norm",
+                  "residual", "trailing");
+  GW_EXPECT_ERROR(add_layer_norm(x, randn({7}, 3), w, Tensor()), "add_layer_norm", "residual");
   GW_EXPECT_ERROR(add_layer_norm(x, Tensor(), w, Tensor()), "add_layer_norm", "residual");
   GW_EXPECT_ERROR(add_layer_norm(x, randn({4, 8}, 3, f64()), w, Tensor()), "add_layer_norm",
                   "residual");

@@ -150,7 +150,10 @@ TEST_F(CudaOps, BinaryOpsForEveryBroadcastForm) {
       {"add", add, add_backward}, {"sub", sub, sub_backward}, {"mul", mul, mul_backward}};
   const std::pair<Shape, Shape> shapes[] = {{{7, 13}, {7, 13}}, {{1000, 1031}, {1000, 1031}},
                                             {{33, 65}, {65}},   {{513, 257}, {1, 257}},
-                                            {{31}, {300, 31}},  {{1, 1}, {1, 1}}};
+                                            {{31}, {300, 31}},  {{1, 1}, {1, 1}},
+                                            // trailing dimensions (a transformer's positions)
+                                            {{16, 32, 64}, {32, 64}}, {{5, 7, 3}, {5, 7, 3}},
+                                            {{7, 33}, {3, 7, 33}}};
   for (const Op& op : ops) {
     for (const auto& [sa, sb] : shapes) {
       const Tensor a = rand(sa), b = rand(sb);
@@ -427,15 +430,22 @@ TEST_F(CudaOps, LayerNormForwardAndBackward) {
 // the two launches): its sum, its normalized rows, and every gradient through either output give
 // the bits of the two ops, at every register width class and its edges, with and without a bias.
 TEST_F(CudaOps, AddLayerNormIsAddThenLayerNormBitwise) {
-  const Shape shapes[] = {{1, 1},   {7, 13},   {5, 32},   {6, 33},   {9, 64},    {4, 65},
-                          {3, 128}, {11, 129}, {5, 256},  {17, 512}, {2, 1024},  {3, 1025},
-                          {2, 4096}, {4, 75, 33}, {512, 256}};
+  // x's shape and the residual's: equal, or x's trailing dimensions (repeated over the leading).
+  const std::pair<Shape, Shape> shapes[] = {
+      {{1, 1}, {1, 1}},         {{7, 13}, {7, 13}},       {{5, 32}, {5, 32}},
+      {{6, 33}, {6, 33}},       {{9, 64}, {9, 64}},       {{4, 65}, {4, 65}},
+      {{3, 128}, {3, 128}},     {{11, 129}, {11, 129}},   {{5, 256}, {5, 256}},
+      {{17, 512}, {17, 512}},   {{2, 1024}, {2, 1024}},   {{3, 1025}, {3, 1025}},
+      {{2, 4096}, {2, 4096}},   {{4, 75, 33}, {4, 75, 33}}, {{512, 256}, {512, 256}},
+      {{4, 75, 33}, {75, 33}},  {{16, 32, 64}, {32, 64}}, {{9, 64}, {64}},
+      {{3, 2, 1025}, {2, 1025}}, {{2, 3, 5, 7}, {3, 5, 7}}};
   auto bits = [](const Tensor& t) { return t.to_vector<float>(); };
-  for (const Shape& s : shapes) {
+  for (const auto& [s, rs] : shapes) {
     for (const bool with_bias : {true, false}) {
       const std::int64_t d = s.back();
-      const std::string where = shape_str(s) + (with_bias ? " with bias" : " without bias");
-      const Tensor x = mul(rand(s), 3.0), r = rand(s), w = rand({d}), b = rand({d});
+      const std::string where = shape_str(s) + " + " + shape_str(rs) +
+                                (with_bias ? " with bias" : " without bias");
+      const Tensor x = mul(rand(s), 3.0), r = rand(rs), w = rand({d}), b = rand({d});
       const Tensor dy_normed = rand(s), dy_sum = rand(s);
       struct Run {
         std::vector<float> sum, normed, gx, gr, gw, gb;
@@ -474,6 +484,8 @@ TEST_F(CudaOps, AddLayerNormIsAddThenLayerNormBitwise) {
   // Bad input on the GPU: a residual on another device or of another dtype is refused by name.
   const Tensor x = gpu(rand({4, 8})), w = gpu(rand({8}));
   GW_EXPECT_ERROR(add_layer_norm(x, rand({4, 8}), w, Tensor()), "add_layer_norm", "residual");
+  GW_EXPECT_ERROR(add_layer_norm(x, gpu(rand({2, 4, 8})), w, Tensor()), "add_layer_norm",
+                  "residual", "trailing");
   GW_EXPECT_ERROR(add_layer_norm(x, cast(gpu(rand({4, 8})), DType::kBFloat16), w, Tensor()),
                   "add_layer_norm", "residual");
 }

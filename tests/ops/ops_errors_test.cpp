@@ -93,6 +93,10 @@ TEST(OpsErrors, CrossEntropyTargets) {
 TEST(OpsErrors, NonBroadcastableShapes) {
   GW_EXPECT_ERROR(add(zeros({2, 3}), zeros({3, 2})), "add", "[2, 3]", "[3, 2]", "broadcast");
   GW_EXPECT_ERROR(mul(zeros({2, 3}), zeros({2})), "mul", "[2, 3]", "[2]");
+  // Trailing dimensions repeat only where all of them match.
+  GW_EXPECT_ERROR(add(zeros({4, 2, 3}), zeros({3, 3})), "add", "[4, 2, 3]", "[3, 3]", "trailing");
+  GW_EXPECT_ERROR(add(zeros({2, 3}), zeros({4, 2, 2})), "add", "[2, 3]", "[4, 2, 2]");
+  GW_EXPECT_ERROR(sub(zeros({2, 3, 4}), zeros({2, 1, 4})), "sub", "[2, 3, 4]", "[2, 1, 4]");
   GW_EXPECT_ERROR(mse_loss(zeros({2, 3}), zeros({3, 2})), "mse_loss", "[2, 3]", "[3, 2]");
 }
 
