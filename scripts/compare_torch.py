@@ -45,7 +45,9 @@ graphs left to the whole-step graph); compile_step_max_autotune (mode="max-autot
 CUDA graphs, no whole-step graph); each also +channels_last (convnets) and +sdpa (transformers,
 attention by F.scaled_dot_product_attention). Variant by variant over the models, so that a run cut
 short has the quick variants of all; inductor's caches and TunableOp's results are kept in
---cache-dir, so a compile or a tuning is paid once a machine (max-autotune takes minutes a model).
+--cache-dir, so a compile or a tuning is paid once a machine (max-autotune takes minutes a model);
+--resume with --csv keeps the rows the CSV holds and runs only the others (a run cut short goes
+on).
 scripts/strongest.sh runs it with graphward's rows; scripts/strongest_table.py names the fastest.
 
 A mode that cannot run on this PyTorch gives a row of NaN whose note says why. event_us: CUDA
@@ -200,16 +202,33 @@ def run_event_rows(torch, args, jobs, width):
     """Runs each (name, run) of `jobs` whose name contains --only; run() returns (event_us, wall_us,
     host_us[, loop_us]). Prints a row each and writes it to the CSV (--csv) at once, so that a run
     cut short keeps the rows it finished. A row that cannot run gives NaN and a note saying why (in
-    the table and the CSV's note column); the others go on."""
-    out = open(args.csv, "w", newline="") if args.csv else None
+    the table and the CSV's note column); the others go on. With --resume, the rows the CSV holds
+    already (measured, or refused with a note) are kept and not run again: a run cut short goes on
+    where it stopped, its compiles served by the caches."""
+    done = set()
+    if args.csv and args.resume and os.path.exists(args.csv):
+        with open(args.csv, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    measured = float(row["event_us"]) == float(row["event_us"])  # not NaN
+                except (KeyError, TypeError, ValueError):
+                    measured = False
+                if measured or row.get("note"):
+                    done.add(row["config"])
+    append = bool(done) or (args.resume and args.csv and os.path.exists(args.csv)
+                            and os.path.getsize(args.csv) > 0)
+    out = open(args.csv, "a" if append else "w", newline="") if args.csv else None
     writer = csv.writer(out) if out else None
-    if writer:
+    if writer and not append:
         writer.writerow(["config", "event_us", "wall_us", "host_us", "loop_us", "note"])
     print(f"{'config':{width}s} {'event_us':>9s} {'wall_us':>9s} {'host_us':>9s} {'loop_us':>9s}"
           f"  note", flush=True)
     nan = float("nan")
     for name, run_one in jobs:
         if args.only not in name:
+            continue
+        if name in done:
+            print(f"{name:{width}s} (in {args.csv} already)", flush=True)
             continue
         note = ""
         start = time.perf_counter()
@@ -543,6 +562,9 @@ def main():
                     help="--models / --strongest: a comma-separated subset of their variants")
     ap.add_argument("--cudnn-benchmark", action="store_true",
                     help="torch.backends.cudnn.benchmark = True (implied by --strongest)")
+    ap.add_argument("--resume", action="store_true",
+                    help="--models / --strongest / --overlap with --csv: keep the rows the CSV "
+                         "holds and run only the others (a run cut short goes on)")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/graphward-compare"),
                     help="inductor's caches and TunableOp's results, kept between runs so a "
                          "compile or a tuning is paid once ('' for PyTorch's defaults)")

@@ -10,7 +10,10 @@
 # comma-separated subset of gw,libtorch,torch-models,torch-overlap,table (default: all, in that
 # order). Environment: GW_TORCH_TIMEOUT (seconds for PyTorch's model rows, default 1500),
 # GW_TORCH_MODES (compare_torch.py --modes), GW_COMPARE_CACHE (inductor's and TunableOp's caches,
-# default ~/.cache/graphward-compare: a compile or a tuning is paid once per machine).
+# default ~/.cache/graphward-compare: a compile or a tuning is paid once per machine). PyTorch's
+# model rows resume: run again into the same DIR on the same machine, the rows its
+# torch_models.csv holds are kept and only the others run (max-autotune's compiles take minutes a
+# model: a run cut short goes on where it stopped, its compiles served by the caches).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 dir=${1:-${OUT:-$GW_BUILD_DIR/strongest}}
@@ -51,7 +54,7 @@ if has torch-models; then
   say "PyTorch: the strongest preset (caches in $cache)"
   PYTHONUNBUFFERED=1 timeout "${GW_TORCH_TIMEOUT:-1500}" python3 "$GW_ROOT/scripts/compare_torch.py" \
     --strongest --iters 100 --cache-dir "$cache" ${GW_TORCH_MODES:+--modes "$GW_TORCH_MODES"} \
-    --csv "$dir/torch_models.csv" >"$dir/torch_models.txt" 2>"$dir/torch_models.err" || rc=1
+    --resume --csv "$dir/torch_models.csv" >"$dir/torch_models.txt" 2>"$dir/torch_models.err" || rc=1
 fi
 if has torch-overlap; then
   say "PyTorch: the studies' backwards, captured with every .grad None (and accumulating)"
