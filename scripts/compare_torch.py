@@ -205,8 +205,10 @@ def run_event_rows(torch, args, jobs, width):
     the table and the CSV's note column); the others go on. With --resume, the rows the CSV holds
     already (measured, or refused with a note) are kept and not run again: a run cut short goes on
     where it stopped, its compiles served by the caches."""
+    append = bool(args.csv and args.resume and os.path.exists(args.csv)
+                  and os.path.getsize(args.csv) > 0)
     done = set()
-    if args.csv and args.resume and os.path.exists(args.csv):
+    if append:
         with open(args.csv, newline="") as f:
             for row in csv.DictReader(f):
                 try:
@@ -215,8 +217,6 @@ def run_event_rows(torch, args, jobs, width):
                     measured = False
                 if measured or row.get("note"):
                     done.add(row["config"])
-    append = bool(done) or (args.resume and args.csv and os.path.exists(args.csv)
-                            and os.path.getsize(args.csv) > 0)
     out = open(args.csv, "a" if append else "w", newline="") if args.csv else None
     writer = csv.writer(out) if out else None
     if writer and not append:

@@ -41,6 +41,14 @@ Tensor gpu(const Tensor& t) {
   return t.to(kGpu);
 }
 
+// n floats of device memory and one more, so that a pointer one float in is 4 bytes off a
+// 16-byte boundary with n floats after it (the float4 paths' misaligned runs).
+std::unique_ptr<float, void (*)(float*)> device_array(std::size_t n) {
+  float* p = nullptr;
+  GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
+  return {p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); }};
+}
+
 // Backward on both devices in both slot modes: overwrite into a fresh (poisoned) tensor, and
 // accumulate into a random tensor. `run(slots...)` calls the backward with the given slots.
 template <int N, class RunCpu, class RunGpu>
@@ -231,12 +239,6 @@ TEST_F(CudaOps, ActivationsForwardAndBackward) {
 // kernel — and bitwise the CPU kernel's for ReLU, which is exact (NaN, -0 and +-inf among the
 // inputs).
 TEST_F(CudaOps, Float4KernelsGiveTheSameBitsWhetherOrNotTheirArraysAreSixteenByteAligned) {
-  auto device_array = [](std::size_t n) {
-    float* p = nullptr;
-    GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
-    return std::unique_ptr<float, void (*)(float*)>(
-        p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); });
-  };
   // out = f(in0, in1) (in1 unused by a forward); `exact`: bitwise the CPU kernel's.
   struct Kernel {
     const char* name;
@@ -494,12 +496,6 @@ TEST_F(CudaOps, AddLayerNormIsAddThenLayerNormBitwise) {
 // multiple of four and both arrays are 16-byte aligned, one at a time otherwise: the CPU's bits
 // either way, written and added to what the output holds, with either array 4 bytes off.
 TEST_F(CudaOps, SwapDimsGivesTheCpusBitsFourFloatsALoadOrOne) {
-  auto device_array = [](std::size_t n) {
-    float* p = nullptr;
-    GW_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), (n + 1) * sizeof(float)));
-    return std::unique_ptr<float, void (*)(float*)>(
-        p, [](float* q) { GW_CUDA_CHECK_NOTHROW(cudaFree(q)); });
-  };
   struct Case {
     Shape shape;
     int d0, d1;
