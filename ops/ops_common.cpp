@@ -63,6 +63,14 @@ void check_dim(const char* op, Named t, std::int64_t dim) {
            "; expected a ", dim, "-d tensor");
 }
 
+bool is_trailing_shape(const Tensor& t, const Tensor& of) {
+  if (t.dim() < 1 || t.dim() > of.dim()) return false;
+  for (std::int64_t i = 1; i <= t.dim(); ++i) {
+    if (t.size(-i) != of.size(-i)) return false;
+  }
+  return true;
+}
+
 void check_finite_scalar(const char* op, double scalar, const Tensor& like) {
   GW_CHECK(std::isfinite(scalar), op, ": the scalar is ", scalar,
            "; expected a finite number (it would make every element non-finite)");

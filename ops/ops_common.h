@@ -28,6 +28,8 @@ struct Named {
 void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16 = false);
 void check_same_shape(const char* op, Named a, Named b);
 void check_dim(const char* op, Named t, std::int64_t dim);
+// `t`'s shape is the trailing part of `of`'s (of rank 1 up to of's), as [T, D] is of [B, T, D].
+bool is_trailing_shape(const Tensor& t, const Tensor& of);
 // Every int32 value of `indices` (ids, targets) in [0, bound), checked on the CPU backend — in an
 // op's forward and in its op-level backward alike — and refused by name ("id 3 is 7; expected a
 // row of the table in [0, 5)"). CUDA indices are not read back (each op says what happens there).

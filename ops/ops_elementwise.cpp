@@ -29,15 +29,6 @@ bool is_row(const Tensor& t) {
   return t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1);
 }
 
-// `t`'s shape is the trailing part of `of`'s, as [T, D] is of [B, T, D].
-bool is_suffix(const Tensor& t, const Tensor& of) {
-  if (t.dim() < 1 || t.dim() > of.dim()) return false;
-  for (std::int64_t i = 1; i <= t.dim(); ++i) {
-    if (t.size(-i) != of.size(-i)) return false;
-  }
-  return true;
-}
-
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
   check_inputs(op, {{"a", &a}, {"b", &b}}, /*cuda_bf16=*/true);
   Broadcast bc;
@@ -48,9 +39,9 @@ Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
     bc.out_shape = a.numel() == b.numel() && b.dim() > a.dim() ? b.shape() : a.shape();
   } else if (is_row(a) && b.dim() >= 1 && b.size(-1) == a.numel() && b.numel() >= a.numel()) {
     bc.out_shape = b.shape();
-  } else if (is_suffix(b, a)) {
+  } else if (is_trailing_shape(b, a)) {
     bc.out_shape = a.shape();
-  } else if (is_suffix(a, b)) {
+  } else if (is_trailing_shape(a, b)) {
     bc.out_shape = b.shape();
   } else {
     GW_CHECK(false, op, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
