@@ -58,17 +58,30 @@ __device__ RowLse row_lse(const float* x, std::int64_t cols) {
   return {m, logf(s), s};
 }
 
-template <class G, bool kLog>
+// The columns of row `row` a causal softmax keeps (softmax.h): those up to its query's position.
+__device__ inline std::int64_t causal_cols(std::int64_t row, std::int64_t cols,
+                                           std::int64_t queries) {
+  const std::int64_t n = row % queries + 1;
+  return n < cols ? n : cols;
+}
+
+// kCausal: row `row` keeps its first causal_cols(row) columns, the others 0 (never kLog).
+template <class G, bool kLog, bool kCausal = false>
 __global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t rows,
-                                       std::int64_t cols) {
+                                       std::int64_t cols, std::int64_t queries = 0) {
   const std::int64_t row = G::row();
   if (row >= rows) return;  // a whole warp (WarpRow) or never (BlockRow)
   const float* xr = x + row * cols;
   float* yr = y + row * cols;
-  const RowLse r = row_lse<G>(xr, cols);
+  const std::int64_t kept = kCausal ? causal_cols(row, cols, queries) : cols;
+  const RowLse r = row_lse<G>(xr, kept);
   const float inv = 1.f / r.sum;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
-    yr[j] = kLog ? (xr[j] - r.max) - r.log_sum : expf(xr[j] - r.max) * inv;
+    if (kCausal && j >= kept) {
+      yr[j] = 0.f;
+    } else {
+      yr[j] = kLog ? (xr[j] - r.max) - r.log_sum : expf(xr[j] - r.max) * inv;
+    }
   }
 }
 
@@ -92,25 +105,28 @@ __global__ void softmax_backward_kernel(float* dx, const float* dy, const float*
 
 // The WarpRow kernels above with the row in registers: lane `lane` holds columns lane, lane + 32,
 // ..., kPer of them; every sum and maximum in the same order, so the same bits.
-template <int kPer, bool kLog>
-__global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64_t rows, int cols) {
+// kCausal: as softmax_forward_kernel's; the masked columns are neither read nor summed.
+template <int kPer, bool kLog, bool kCausal = false>
+__global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64_t rows, int cols,
+                                            std::int64_t queries = 0) {
   const std::int64_t row = WarpRow::row();
   if (row >= rows) return;  // the whole warp
   const int lane = WarpRow::lane();
   const float* xr = x + row * cols;
+  const int kept = kCausal ? static_cast<int>(causal_cols(row, cols, queries)) : cols;
   float v[kPer];
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    v[i] = j < cols ? xr[j] : 0.f;
-    if (j < cols) m = fmaxf(m, v[i]);
+    v[i] = j < kept ? xr[j] : 0.f;
+    if (j < kept) m = fmaxf(m, v[i]);
   }
   m = detail::warp_all_reduce(m, detail::MaxOp{});
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    if (lane + 32 * i < cols) {
+    if (lane + 32 * i < kept) {
       const float e = expf(v[i] - m);
       if constexpr (!kLog) v[i] = e;  // softmax keeps exp(x − m): one exp an element
       s += e;
@@ -130,7 +146,7 @@ __global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int j = lane + 32 * i;
-      if (j < cols) yr[j] = v[i] * inv;
+      if (j < cols) yr[j] = kCausal && j >= kept ? 0.f : v[i] * inv;
     }
   }
 }
@@ -226,6 +242,20 @@ void softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int6
     }
   });
 }
+void causal_softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t queries, cudaStream_t stream) {
+  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
+    if constexpr (std::is_same_v<G, WarpRow>) {
+      by_warp_row_width(cols, [&](auto per) {
+        softmax_forward_warp_kernel<decltype(per)::value, false, true>
+            <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, static_cast<int>(cols), queries);
+      });
+    } else {
+      softmax_forward_kernel<G, false, true>
+          <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols, queries);
+    }
+  });
+}
 template <bool kLog>
 void softmax_backward_rows(float* dx, const float* dy, const float* y, std::int64_t rows,
                            std::int64_t cols, bool accumulate, cudaStream_t stream) {
@@ -252,6 +282,10 @@ void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t c
 void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream) {
   softmax_forward_rows<true>(y, x, rows, cols, stream);
+}
+void causal_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                            std::int64_t queries, cudaStream_t stream) {
+  causal_softmax_forward_rows(y, x, rows, cols, queries, stream);
 }
 void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                       std::int64_t cols, bool accumulate, cudaStream_t stream) {

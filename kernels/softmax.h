@@ -20,6 +20,12 @@ void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t c
                      cudaStream_t stream);
 void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream);
+// Causal softmax: the rows as matrices of `queries` rows each (attention's scores [.., Tq, Tk],
+// queries = Tq); row r keeps its columns j ≤ r mod queries — a query attends to the keys up to its
+// own position, aligned at the top left as PyTorch's is_causal — and the others are 0 (neither
+// read nor summed). Its backward is softmax_backward's (a 0 of y has a 0 gradient).
+void causal_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+                            std::int64_t queries, cudaStream_t stream);
 // dx = y ⊙ (dy − Σ_j dy_j y_j)  (y: softmax's output)
 void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                       std::int64_t cols, bool accumulate, cudaStream_t stream);
@@ -40,6 +46,9 @@ void cross_entropy_backward(float* dx, const float* dloss, const float* x, const
 namespace cpu {
 template <class T>
 void softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, bool log);
+template <class T>
+void causal_softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols,
+                            std::int64_t queries);
 template <class T>
 void softmax_backward(T* dx, const T* dy, const T* y, std::int64_t rows, std::int64_t cols,
                       bool log, bool accumulate);

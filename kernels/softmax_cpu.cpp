@@ -1,4 +1,5 @@
 // CPU references of the softmax kernels (the CPU backend and the test oracle).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -33,6 +34,18 @@ void softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, boo
     for (std::int64_t j = 0; j < cols; ++j) {
       const T v = (x[i * cols + j] - r.max) - r.log_sum;
       y[i * cols + j] = log ? v : std::exp(v);
+    }
+  }
+}
+
+template <class T>
+void causal_softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols,
+                            std::int64_t queries) {
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t kept = std::min(cols, i % queries + 1);
+    const RowLse<T> r = row_lse(x + i * cols, kept);
+    for (std::int64_t j = 0; j < cols; ++j) {
+      y[i * cols + j] = j < kept ? std::exp((x[i * cols + j] - r.max) - r.log_sum) : T(0);
     }
   }
 }
@@ -84,6 +97,8 @@ void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
 
 #define GW_INSTANTIATE(T)                                                                      \
   template void softmax_forward<T>(T*, const T*, std::int64_t, std::int64_t, bool);            \
+  template void causal_softmax_forward<T>(T*, const T*, std::int64_t, std::int64_t,           \
+                                          std::int64_t);                                       \
   template void softmax_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool,  \
                                     bool);                                                     \
   template void cross_entropy_forward<T>(T*, T*, const T*, const std::int32_t*, std::int64_t,  \

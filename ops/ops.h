@@ -24,6 +24,7 @@
 // the leading ones. The result has the larger shape; a repeated operand's gradient is summed over
 // its repeats.
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -144,6 +145,12 @@ void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor&
 // softmax(x) / log_softmax(x) per row of the last dimension; their backward reads the output.
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
+// Causal softmax of attention's scores x [..., Tq, Tk] (at least 2-d): row i of each [Tq, Tk]
+// matrix is the softmax of its columns j <= i — a query attends to the keys up to its own
+// position, aligned at the top left as PyTorch's is_causal — and 0 at the columns after (masked
+// in the kernel, no -inf written or read). Recorded as its own op; its backward is
+// softmax_backward's (a 0 of y has a 0 gradient).
+Tensor causal_softmax(const Tensor& x);
 void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x);
 
@@ -283,5 +290,22 @@ void cast_backward(const Tensor& grad_out, DType input_dtype, GradSlot grad_x);
 class Generator;
 Tensor dropout(const Tensor& x, double p, Generator& gen);
 void dropout_backward(const Tensor& grad_out, const Tensor& mask, GradSlot grad_x);
+
+// ---- attention --------------------------------------------------------------------------------
+struct AttentionOptions {
+  bool causal = false;  // query i attends to the keys j <= i (causal_softmax)
+  // The scores' scale; unset: 1/√d (d: q's last dimension).
+  std::optional<double> scale = std::nullopt;
+  double dropout = 0.0;            // probability of dropping an attention weight, 0 <= p < 1
+  Generator* generator = nullptr;  // the dropout's generator: required where dropout > 0
+};
+// softmax(q·kᵀ · scale) · v over the last two dimensions, each leading index (batch, head) its own
+// attention: q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv], the same leading dimensions (at
+// least one) -> [..., Tq, dv]; with `causal`, causal_softmax; with `dropout`, the weights dropped
+// (dropout above) before v. Composed of recorded ops — bmm with the scale its alpha, the
+// softmax, dropout, bmm — so its backward is theirs: float32 on CUDA, float32 and float64 on
+// the CPU; the scores [..., Tq, Tk] are materialized and saved.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {});
 
 }  // namespace graphward

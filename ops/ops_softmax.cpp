@@ -25,7 +25,8 @@ Rows rows_of(const char* op, const Tensor& x) {
   return {x.numel() / cols, cols};
 }
 
-Tensor softmax_impl(const char* op, const Tensor& x, bool log) {
+// queries > 0: the causal softmax of [..., queries, cols] matrices (never `log`).
+Tensor softmax_impl(const char* op, const Tensor& x, bool log, std::int64_t queries = 0) {
   check_inputs(op, {{"x", &x}});
   const Rows r = rows_of(op, x);
   if (x.is_cuda()) {
@@ -33,7 +34,10 @@ Tensor softmax_impl(const char* op, const Tensor& x, bool log) {
     CudaScope scope(x.device());
     scope.read({&x});
     Tensor y = new_output(x.shape(), x);
-    if (log) {
+    if (queries > 0) {
+      k::causal_softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, queries,
+                                scope.stream());
+    } else if (log) {
       k::log_softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
     } else {
       k::softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
@@ -43,7 +47,11 @@ Tensor softmax_impl(const char* op, const Tensor& x, bool log) {
   }
   Tensor y = new_output(x.shape(), x);
   dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, log);
+    if (queries > 0) {
+      k::cpu::causal_softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, queries);
+    } else {
+      k::cpu::softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, log);
+    }
   });
   return y;
 }
@@ -94,6 +102,23 @@ Tensor recorded_softmax(const char* op, bool log, const Tensor& x) {
   return y;
 }
 
+Tensor recorded_causal_softmax(const Tensor& x) {
+  const char* op = "causal_softmax";
+  detail::NvtxRange range(op);
+  GW_CHECK(!x.defined() || x.dim() >= 2, op, ": x has shape ", shape_str(x.shape()),
+           "; expected attention's scores [..., Tq, Tk], at least 2-d");
+  const std::int64_t queries = x.defined() ? x.size(-2) : 0;
+  Tensor y = softmax_impl(op, x, false, std::max<std::int64_t>(queries, 1));
+  if (needs_grad({&x})) {
+    record(op, y, {&x}, {save("output", y)},
+           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             softmax_backward(g, s[0], grads[0]);
+           },
+           {NodeAttribute::integer(queries)});
+  }
+  return y;
+}
+
 void check_targets(const char* op, const Tensor& logits, const Tensor& targets) {
   check_inputs(op, {{"logits", &logits}});
   check_dim(op, {"logits", &logits}, 2);
@@ -111,6 +136,9 @@ Tensor softmax(const Tensor& x) {
 }
 Tensor log_softmax(const Tensor& x) {
   return recorded_softmax("log_softmax", true, x);
+}
+Tensor causal_softmax(const Tensor& x) {
+  return recorded_causal_softmax(x);
 }
 void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
   softmax_backward_impl("softmax_backward", grad_out, y, grad_x, false);

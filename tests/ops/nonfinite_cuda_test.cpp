@@ -104,6 +104,9 @@ TEST_F(CudaNonFinite, SoftmaxCrossEntropyAndLayerNormAgreeOnNaNAndInfinities) {
   const Tensor targets = from_vector(std::vector<std::int32_t>{0, 1, 2, 3}, {4});
   expect_agree("softmax", {x}, [](const V& a) { return softmax(a[0]); });
   expect_agree("log_softmax", {x}, [](const V& a) { return log_softmax(a[0]); });
+  // As 4 queries over 9 keys: row 0's NaN is masked (a finite row), row 1's +inf and row 2's -inf
+  // are kept.
+  expect_agree("causal_softmax", {x}, [](const V& a) { return causal_softmax(a[0]); });
   expect_agree("cross_entropy", {x, targets}, [](const V& a) { return cross_entropy(a[0], a[1]); });
   expect_agree("layer_norm", {x, randn({9}, 4), randn({9}, 5)},
                [](const V& a) { return layer_norm(a[0], a[1], a[2]); });

@@ -385,6 +385,54 @@ TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
   EXPECT_TRUE(std::isnan(cross_entropy(gpu(rand({2, 4})), bad).item()));
 }
 
+TEST_F(CudaOps, CausalSoftmaxAndAttention) {
+  // Causal softmax over [n, Tq, Tk]: every warp width class, a block a row past 1024 columns, as
+  // many queries as keys, fewer and more; the columns after each row's query are exactly 0.
+  const Shape shapes[] = {{1, 1, 1},     {2, 7, 7},    {3, 5, 13},  {2, 40, 33},
+                          {4, 128, 128}, {1, 3, 1025}, {2, 9, 300}, {1, 2, 4, 64}};
+  for (const Shape& s : shapes) {
+    const Tensor x = mul(rand(s), 4.0);
+    const Tensor y = causal_softmax(x), gy = causal_softmax(gpu(x));
+    EXPECT_LT(rel_error(gy, y), kElementwiseTol) << shape_str(s);
+    const std::vector<float> v = gy.to_vector<float>();
+    const std::int64_t tq = s[s.size() - 2], tk = s.back();
+    for (std::size_t e = 0; e < v.size(); ++e) {
+      const std::int64_t row = static_cast<std::int64_t>(e) / tk % tq,
+                         col = static_cast<std::int64_t>(e) % tk;
+      if (col > row) {
+        ASSERT_EQ(v[e], 0.f) << shape_str(s) << " element " << e;
+      }
+    }
+  }
+  // Attention through the tape on both devices: the output and q's, k's and v's gradients.
+  struct Case {
+    Shape q, k, v;
+    bool causal;
+  };
+  const Case cases[] = {{{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}, true},
+                        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}, false},
+                        {{4, 9, 32}, {4, 20, 32}, {4, 20, 12}, true},
+                        {{1, 2, 130, 64}, {1, 2, 130, 64}, {1, 2, 130, 64}, true}};
+  for (const Case& c : cases) {
+    const Tensor q = rand(c.q), k = rand(c.k), v = rand(c.v);
+    Shape out_shape = c.q;
+    out_shape.back() = c.v.back();
+    const Tensor r = rand(out_shape);
+    auto run = [&](Device d) {
+      std::vector<Tensor> in{q.to(d), k.to(d), v.to(d)};
+      for (Tensor& t : in) t.set_requires_grad(true);
+      const Tensor out = scaled_dot_product_attention(in[0], in[1], in[2], {.causal = c.causal});
+      backward(sum(mul(out, r.to(d))));
+      return std::vector<Tensor>{out, in[0].grad(), in[1].grad(), in[2].grad()};
+    };
+    const std::vector<Tensor> want = run(Device::cpu()), got = run(kGpu);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_LT(rel_error(got[i], want[i]), kGemmTol)
+          << shape_str(c.q) << " causal=" << c.causal << " (output, dq, dk, dv)[" << i << "]";
+    }
+  }
+}
+
 TEST_F(CudaOps, LayerNormForwardAndBackward) {
   // Rows beyond 128 take the two-pass parameter gradient (partial sums per slice of rows). Up to
   // 1024 columns a warp per row (its row in 2 to 32 registers a lane: every width class and its
