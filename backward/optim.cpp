@@ -92,20 +92,50 @@ float* f32(const Tensor& t) {
 }
 #endif
 
+// The groups' parameters, in order.
+std::vector<Tensor> flatten(const std::vector<ParamGroup>& groups) {
+  std::vector<Tensor> params;
+  for (const ParamGroup& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+  return params;
+}
+
 }  // namespace
 
-Optimizer::Optimizer(const char* name, std::vector<Tensor> params, double lr)
-    : name_(name), params_(std::move(params)), lr_value_(lr) {
+std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
+  std::vector<ParamGroup> groups(2);
+  groups[1].weight_decay = 0.0;
+  for (const Tensor& p : params) groups[p.defined() && p.dim() >= 2 ? 0 : 1].params.push_back(p);
+  return groups;
+}
+
+Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double lr,
+                     double weight_decay)
+    : name_(name), params_(flatten(groups)), lr_value_(lr) {
   check_params(name_, params_);
   check_distinct_leaves(name_, params_);
   dtype_ = params_.front().dtype();
   check_hyper(name_, "lr", lr, 0, false, dtype_);
+  check_hyper(name_, "weight_decay", weight_decay, 0, false, dtype_);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const double wd = groups[g].weight_decay.value_or(weight_decay);
+    if (groups[g].weight_decay) {
+      const std::string what = "weight_decay of group " + std::to_string(g);
+      check_hyper(name_, what.c_str(), wd, 0, false, dtype_);
+    }
+    weight_decay_.insert(weight_decay_.end(), groups[g].params.size(), wd);
+  }
   device_ = params_.front().device();
   const TensorOptions opt{dtype_, device_};
   lr_ = full({1}, lr, opt);
   // float64 counts: exact far past what float32 holds (2^24 steps, hours of replays).
   step_ = zeros({static_cast<std::int64_t>(params_.size())}, {DType::kFloat64, device_});
   if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
+}
+
+double Optimizer::weight_decay(std::size_t param) const {
+  GW_CHECK(param < params_.size(), name_, "::weight_decay: parameter ", param, " of ",
+           params_.size(), "; expected an index below ", params_.size());
+  return weight_decay_[param];
 }
 
 void Optimizer::set_lr(double lr) {
@@ -240,8 +270,13 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
       g.storage()->sync_for_read(s);
       p.storage()->sync_for_write(s);
       p.bump_version();
-      kernels::ParamSlice slice{
-          f32(p), f32(g), nullptr, nullptr, static_cast<double*>(step_.raw_data()) + i, p.numel()};
+      kernels::ParamSlice slice{f32(p),
+                                f32(g),
+                                nullptr,
+                                nullptr,
+                                static_cast<double*>(step_.raw_data()) + i,
+                                p.numel(),
+                                static_cast<float>(weight_decay_[i])};
       float** state[2] = {&slice.s1, &slice.s2};
       for (int j = 0; j < 2; ++j) {
         if (state_[j].empty() || !state_[j][i].defined()) continue;
@@ -297,10 +332,13 @@ void Optimizer::zero_grad() {
   }
 }
 
-Sgd::Sgd(std::vector<Tensor> params, SgdOptions o) : Optimizer("Sgd", std::move(params), o.lr) {
+Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
+    : Sgd(std::vector<ParamGroup>{{.params = std::move(params)}}, o) {}
+
+Sgd::Sgd(std::vector<ParamGroup> groups, SgdOptions o)
+    : Optimizer("Sgd", std::move(groups), o.lr, o.weight_decay) {
   check_hyper(name_, "momentum", o.momentum, 0, false, dtype_);
   check_hyper(name_, "dampening", o.dampening, 0, false, dtype_, 1);
-  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
   GW_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), name_,
            ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
            ", dampening ", o.dampening);
@@ -324,19 +362,23 @@ void Sgd::launch_cuda(const std::vector<kernels::ParamSlice>& slices, unsigned* 
 void Sgd::update_cpu(std::size_t i) {
   const Tensor& p = params_[i];
   const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
+  k::SgdParams hp = hp_;
+  hp.weight_decay = weight_decay_[i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
-                        ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp_);
+                        ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp);
   });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
-    : Optimizer("AdamW", std::move(params), o.lr) {
+    : AdamW(std::vector<ParamGroup>{{.params = std::move(params)}}, o) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
+    : Optimizer("AdamW", std::move(groups), o.lr, o.weight_decay) {
   check_hyper(name_, "beta1", o.beta1, 0, false, dtype_, 1);
   check_hyper(name_, "beta2", o.beta2, 0, false, dtype_, 1);
   GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
   check_hyper(name_, "eps", o.eps, 0, true, dtype_);
-  check_hyper(name_, "weight_decay", o.weight_decay, 0, false, dtype_);
   hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
   for (const Tensor& p : params_) {
     state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
@@ -359,9 +401,11 @@ void AdamW::update_cpu(std::size_t i) {
   const Tensor& p = params_[i];
   const Tensor& m = state_[0][i];
   const Tensor& v = state_[1][i];
+  k::AdamWParams hp = hp_;
+  hp.weight_decay = weight_decay_[i];
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
-                          ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp_);
+                          ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp);
   });
 }
 

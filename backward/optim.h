@@ -3,7 +3,8 @@
 // learning rate included — so that an optimizer step can be captured into a CUDA graph and
 // replayed: nothing is read back to the host, nothing is allocated after construction, and every
 // replay advances the device step count (bias corrections and momentum's first step follow it).
-// Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay).
+// Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay), with parameter
+// groups for the weight decay (ParamGroup).
 //
 // A step runs on the current stream of the parameters' device (rule [current stream]), after the
 // streams that wrote the .grads and used the parameters (rule [read after write]); it updates the
@@ -43,6 +44,18 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
+// Parameters with hyperparameters of their own, as torch.optim's param_groups: the weight decay,
+// where the optimizer's is not wanted (biases and layer norms' weights are usually not decayed:
+// decay_matrices_only). A group may be empty; the groups together hold at least one parameter,
+// each once.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<double> weight_decay = std::nullopt;  // unset: the optimizer's
+};
+// The two groups GPT-2's training makes (nanoGPT, llm.c): the matrices and filters (2-d and up)
+// decayed with the optimizer's weight decay, the vectors (biases, norms' weights) and scalars not.
+std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params);
+
 // What SGD and AdamW share: the parameters, the device scalars (lr, step) and zero_grad.
 class Optimizer {
  public:
@@ -74,9 +87,12 @@ class Optimizer {
   // the device count, as set_lr(). Counts are exact to 2^53.
   void set_steps(std::size_t param, std::int64_t count);
   const std::vector<Tensor>& params() const { return params_; }
+  // Parameter `param`'s weight decay: its group's, else the optimizer's.
+  double weight_decay(std::size_t param) const;
 
  protected:
-  Optimizer(const char* name, std::vector<Tensor> params, double lr);
+  // The groups' parameters in order, their weight decays checked and kept (weight_decay_).
+  Optimizer(const char* name, std::vector<ParamGroup> groups, double lr, double weight_decay);
   // One step over the parameters (Note [Multi-tensor step], kernels/optim.h): each parameter with
   // a .grad is ordered after its .grad's, its own and its state's users on the current stream of
   // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
@@ -91,6 +107,7 @@ class Optimizer {
   Tensor step_;  // float64 [number of parameters]: each parameter's step count (exact to 2^53)
   DType dtype_ = DType::kFloat32;  // the parameters' dtype
   double lr_value_;
+  std::vector<double> weight_decay_;  // each parameter's
   Device device_;
 
  private:
@@ -108,6 +125,7 @@ class Optimizer {
 class Sgd : public Optimizer {
  public:
   explicit Sgd(std::vector<Tensor> params, SgdOptions options = {});
+  explicit Sgd(std::vector<ParamGroup> groups, SgdOptions options = {});
   void step() override;
 
  private:
@@ -122,6 +140,7 @@ class Sgd : public Optimizer {
 class AdamW : public Optimizer {
  public:
   explicit AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  explicit AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {});
   void step() override;
 
  private:

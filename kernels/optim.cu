@@ -12,12 +12,13 @@ using detail::all_16_byte_aligned;
 using detail::grid_for;
 using detail::kThreads;
 
+// The hyperparameters every parameter shares (each slice carries its own weight decay).
 struct SgdF {
-  float momentum, dampening, weight_decay;
+  float momentum, dampening;
   bool nesterov;
 };
 struct AdamWF {
-  float beta1, beta2, eps, weight_decay;
+  float beta1, beta2, eps;
 };
 
 // Note [Multi-tensor step] (optim.h). A launch's parameters, in its parameter block: parameter i
@@ -77,7 +78,7 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
   float* buf = t.s1;
   GW_SLICE_STRIDE(i, block, blocks, t.n) {
     float g = grad[i];
-    if (hp.weight_decay != 0.f) g += hp.weight_decay * p[i];
+    if (t.weight_decay != 0.f) g += t.weight_decay * p[i];
     if (hp.momentum != 0.f) {
       const float m = first ? g : hp.momentum * buf[i] + (1.f - hp.dampening) * g;
       buf[i] = m;
@@ -94,8 +95,9 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
 // on its alignment. The step is bound by the memory's bandwidth; what the few more instructions
 // cost the whole step is in docs/DECISIONS.md.
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v,
-                                              const AdamWF& hp, float lr, float c1, float sqrt_c2) {
-  float w = __fmul_rn(p, __fsub_rn(1.f, __fmul_rn(lr, hp.weight_decay)));
+                                              const AdamWF& hp, float wd, float lr, float c1,
+                                              float sqrt_c2) {
+  float w = __fmul_rn(p, __fsub_rn(1.f, __fmul_rn(lr, wd)));
   const float mi = __fadd_rn(__fmul_rn(hp.beta1, m), __fmul_rn(__fsub_rn(1.f, hp.beta1), g));
   const float vi =
       __fadd_rn(__fmul_rn(hp.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.f, hp.beta2), g), g));
@@ -118,6 +120,7 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   const float c1 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta1), t));
   const float c2 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta2), t));
   const float sqrt_c2 = sqrtf(c2);
+  const float wd = s.weight_decay;
   float* p = s.p;
   const float* grad = s.grad;
   float* m = s.s1;
@@ -132,10 +135,10 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
     GW_SLICE_STRIDE(i, block, blocks, n4) {
       float4 w = p4[i], mi = m4[i], vi = v4[i];
       const float4 g = g4[i];
-      adamw_element(w.x, g.x, mi.x, vi.x, hp, lr, c1, sqrt_c2);
-      adamw_element(w.y, g.y, mi.y, vi.y, hp, lr, c1, sqrt_c2);
-      adamw_element(w.z, g.z, mi.z, vi.z, hp, lr, c1, sqrt_c2);
-      adamw_element(w.w, g.w, mi.w, vi.w, hp, lr, c1, sqrt_c2);
+      adamw_element(w.x, g.x, mi.x, vi.x, hp, wd, lr, c1, sqrt_c2);
+      adamw_element(w.y, g.y, mi.y, vi.y, hp, wd, lr, c1, sqrt_c2);
+      adamw_element(w.z, g.z, mi.z, vi.z, hp, wd, lr, c1, sqrt_c2);
+      adamw_element(w.w, g.w, mi.w, vi.w, hp, wd, lr, c1, sqrt_c2);
       p4[i] = w;
       m4[i] = mi;
       v4[i] = vi;
@@ -145,7 +148,7 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   const std::int64_t rest = s.n - first_scalar;
   GW_SLICE_STRIDE(j, block, blocks, rest) {
     const std::int64_t i = first_scalar + j;
-    adamw_element(p[i], grad[i], m[i], v[i], hp, lr, c1, sqrt_c2);
+    adamw_element(p[i], grad[i], m[i], v[i], hp, wd, lr, c1, sqrt_c2);
   }
   count_steps(b, done);
 }
@@ -203,14 +206,13 @@ __global__ void scale_by_kernel(float* x, const float* scale, std::int64_t n) {
 
 void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
               SgdParams hp, cudaStream_t stream) {
-  const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening),
-               static_cast<float>(hp.weight_decay), hp.nesterov};
+  const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening), hp.nesterov};
   launch_batches(sgd_step_kernel, params, count, lr, done, f, 1, stream);
 }
 void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
                 AdamWParams hp, cudaStream_t stream) {
   const AdamWF f{static_cast<float>(hp.beta1), static_cast<float>(hp.beta2),
-                 static_cast<float>(hp.eps), static_cast<float>(hp.weight_decay)};
+                 static_cast<float>(hp.eps)};
   launch_batches(adamw_step_kernel, params, count, lr, done, f, 4, stream);
 }
 void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream) {

@@ -35,6 +35,7 @@ struct ParamSlice {
   float* s2 = nullptr;
   double* step = nullptr;
   std::int64_t n = 0;
+  float weight_decay = 0.f;  // the parameter's own (its group's): the hyperparameters' is unused
 };
 // Parameters one launch takes: the kernel's parameter block (a slice, its first block) stays under
 // the 4 KiB that every architecture passes.
@@ -54,6 +55,8 @@ constexpr std::size_t kMultiTensorMax = 64;
 // parameter without a gradient keeps its count, as in PyTorch, so a layer unfrozen late starts at
 // step 1.
 //
+// wd: each slice's weight_decay (the parameter's group's); the hyperparameters' weight_decay is
+// what the CPU references read.
 // Per parameter, SGD: g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf +
 // (1 − dampening)·g), g = nesterov ? g + momentum·buf : buf; then p −= lr·g.
 void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,

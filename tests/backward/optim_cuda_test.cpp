@@ -2,6 +2,8 @@
 // step equals an eager one bitwise, advances the device step count, and sees a new learning rate.
 #include <cuda_runtime_api.h>
 
+#include <memory>
+
 #include "runtime/dlpack_abi.h"
 #include "test_util.h"
 
@@ -54,6 +56,41 @@ TEST_F(CudaOptim, SgdAndAdamWMatchTheCpuReference) {
   expect_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}, "sgd");
   expect_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true}, "nesterov");
   expect_matches_cpu<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, "adamw");
+}
+
+// Parameter groups on the GPU: each parameter's weight decay its group's (carried by its slice of
+// the multi-tensor launch), as the CPU reference steps it; a group without decay is stepped
+// bitwise as an optimizer without decay steps it.
+TEST_F(CudaOptim, ParameterGroupsMatchTheCpuReferenceAndAnOptimizerOfTheirOwnDecay) {
+  for (bool adamw : {false, true}) {
+    const std::vector<Tensor> cpu = params_on(Device::cpu()), gpu = params_on(kGpu);
+    const std::vector<Tensor> alone = params_on(kGpu);  // the vectors, stepped without decay
+    auto make = [&](const std::vector<ParamGroup>& groups) -> std::unique_ptr<Optimizer> {
+      if (adamw)
+        return std::make_unique<AdamW>(groups, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+      return std::make_unique<Sgd>(groups,
+                                   SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1});
+    };
+    const std::unique_ptr<Optimizer> a = make(decay_matrices_only(cpu)),
+                                     b = make(decay_matrices_only(gpu)),
+                                     c = make(
+                                         {{.params = {alone[1], alone[2]}, .weight_decay = 0.0}});
+    for (int s = 0; s < 5; ++s) {
+      set_grads(cpu, s);
+      set_grads(gpu, s);
+      set_grads(alone, s);
+      a->step();
+      b->step();
+      c->step();
+    }
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_LT(rel_error(gpu[i], cpu[i]), 1e-6) << "adamw=" << adamw << " parameter " << i;
+    }
+    // params_on's [65] and [1000] vectors: no decay in their group, the same bits as alone.
+    for (std::size_t i : {1u, 2u}) {
+      EXPECT_EQ(gpu[i].to_vector<float>(), alone[i].to_vector<float>()) << "adamw=" << adamw;
+    }
+  }
 }
 
 // Note [Multi-tensor step]: more parameters than one launch takes (three launches), of sizes from

@@ -144,7 +144,8 @@ TEST(OptimCpu, ClipGradNormScalesToTheMaximumAndReturnsTheNorm) {
 
 TEST(OptimCpu, BadInputIsRefusedByName) {
   const Tensor p = param({3}, 10);
-  GW_EXPECT_ERROR(Sgd({}, {}), "Sgd", "at least one parameter");
+  GW_EXPECT_ERROR(Sgd(std::vector<Tensor>{}, {}), "Sgd", "at least one parameter");
+  GW_EXPECT_ERROR(AdamW(std::vector<ParamGroup>{{}, {}}, {}), "AdamW", "at least one parameter");
   GW_EXPECT_ERROR(Sgd({p}, {.lr = -1}), "Sgd", "lr", "-1");
   GW_EXPECT_ERROR(Sgd({p}, {.lr = 0.1, .momentum = 0, .nesterov = true}), "Sgd", "nesterov");
   GW_EXPECT_ERROR(AdamW({p}, {.beta1 = 1.0}), "AdamW", "betas");
@@ -158,6 +159,84 @@ TEST(OptimCpu, BadInputIsRefusedByName) {
   GW_EXPECT_ERROR(opt.step(), "Sgd", ".grad", "[4]");
   EXPECT_EQ(values(p), before);
   EXPECT_EQ(opt.steps(), 0);
+}
+
+// Parameter groups: each parameter decays with its group's weight decay (else the optimizer's),
+// bitwise as an optimizer of that weight decay alone would step it; decay_matrices_only decays the
+// matrices and not the vectors; a group's bad weight decay, and a parameter in two groups, are
+// refused by name.
+TEST(OptimCpu, ParameterGroupsStepEachParameterWithItsGroupsWeightDecay) {
+  for (bool adamw : {false, true}) {
+    const Tensor w = param({3, 4}, 60), b = param({4}, 61), g = param({4}, 62);
+    const Tensor w1 = param({3, 4}, 60), b1 = param({4}, 61), g1 = param({4}, 62);
+    std::unique_ptr<Optimizer> grouped, decayed, plain, other;
+    if (adamw) {
+      grouped =
+          std::make_unique<AdamW>(std::vector<ParamGroup>{{.params = {w}},
+                                                          {.params = {b}, .weight_decay = 0.0},
+                                                          {},
+                                                          {.params = {g}, .weight_decay = 0.3}},
+                                  AdamWOptions{.lr = 0.1, .weight_decay = 0.05});
+      decayed = std::make_unique<AdamW>(std::vector<Tensor>{w1},
+                                        AdamWOptions{.lr = 0.1, .weight_decay = 0.05});
+      plain = std::make_unique<AdamW>(std::vector<Tensor>{b1},
+                                      AdamWOptions{.lr = 0.1, .weight_decay = 0.0});
+      other = std::make_unique<AdamW>(std::vector<Tensor>{g1},
+                                      AdamWOptions{.lr = 0.1, .weight_decay = 0.3});
+    } else {
+      const SgdOptions o{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.05};
+      grouped = std::make_unique<Sgd>(std::vector<ParamGroup>{{.params = {w}},
+                                                              {.params = {b}, .weight_decay = 0.0},
+                                                              {},
+                                                              {.params = {g}, .weight_decay = 0.3}},
+                                      o);
+      decayed = std::make_unique<Sgd>(std::vector<Tensor>{w1}, o);
+      SgdOptions none = o, more = o;
+      none.weight_decay = 0.0;
+      more.weight_decay = 0.3;
+      plain = std::make_unique<Sgd>(std::vector<Tensor>{b1}, none);
+      other = std::make_unique<Sgd>(std::vector<Tensor>{g1}, more);
+    }
+    EXPECT_EQ(grouped->params().size(), 3u);
+    EXPECT_EQ(grouped->weight_decay(0), 0.05);
+    EXPECT_EQ(grouped->weight_decay(1), 0.0);
+    EXPECT_EQ(grouped->weight_decay(2), 0.3);
+    for (int step = 0; step < 3; ++step) {
+      for (const Tensor* t : {&w, &w1}) set_grad(*t, grads_for(step, 12));
+      for (const Tensor* t : {&b, &b1, &g, &g1}) set_grad(*t, grads_for(step + 5, 4));
+      grouped->step();
+      decayed->step();
+      plain->step();
+      other->step();
+      EXPECT_EQ(values(w), values(w1)) << "adamw=" << adamw << " step " << step;
+      EXPECT_EQ(values(b), values(b1)) << "adamw=" << adamw << " step " << step;
+      EXPECT_EQ(values(g), values(g1)) << "adamw=" << adamw << " step " << step;
+    }
+  }
+  // decay_matrices_only: matrices and filters in the first group (the optimizer's decay), vectors
+  // in the second (none), in the order given.
+  const Tensor m = param({2, 3}, 70), v = param({3}, 71), f = param({4, 1, 3, 3}, 72),
+               v2 = param({2}, 73);
+  const std::vector<ParamGroup> groups = decay_matrices_only({m, v, f, v2});
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_FALSE(groups[0].weight_decay.has_value());
+  EXPECT_EQ(groups[1].weight_decay, 0.0);
+  ASSERT_EQ(groups[0].params.size(), 2u);
+  ASSERT_EQ(groups[1].params.size(), 2u);
+  EXPECT_TRUE(groups[0].params[0].is_same(m) && groups[0].params[1].is_same(f));
+  EXPECT_TRUE(groups[1].params[0].is_same(v) && groups[1].params[1].is_same(v2));
+  const AdamW opt(groups, {.weight_decay = 0.1});
+  EXPECT_EQ(opt.weight_decay(0), 0.1);
+  EXPECT_EQ(opt.weight_decay(2), 0.0);
+  GW_EXPECT_ERROR(opt.weight_decay(4), "AdamW::weight_decay", "parameter 4", "below 4");
+  // Refusals: a group's weight decay negative or non-finite; one parameter in two groups.
+  GW_EXPECT_ERROR(
+      AdamW(std::vector<ParamGroup>{{.params = {m}}, {.params = {v}, .weight_decay = -1}}, {}),
+      "AdamW", "weight_decay of group 1", "-1");
+  GW_EXPECT_ERROR(Sgd(std::vector<ParamGroup>{{.params = {m}, .weight_decay = NAN}}, {}), "Sgd",
+                  "weight_decay of group 0");
+  GW_EXPECT_ERROR(AdamW(std::vector<ParamGroup>{{.params = {m, v}}, {.params = {m}}}, {}), "AdamW",
+                  "parameters 0 and 2 are the same tensor");
 }
 
 // Optimizer::step_params: a subset stepped is stepped as step() steps it, the rest untouched and
