@@ -56,5 +56,20 @@ TEST(ExamplesCuda, TheTransformerConvergesInEveryModeAndTheGraphsCaptureOnce) {
       35, /*bitwise=*/false);
 }
 
+TEST(ExamplesCuda, ACausalTransformerOfTwoBlocksConvergesInEveryModeAndTheGraphsCaptureOnce) {
+  GW_REQUIRE_GPU();
+  expect_every_mode_converges<ex::TransformerModel>({.batch = 4,
+                                                     .seq = 8,
+                                                     .dim = 16,
+                                                     .heads = 2,
+                                                     .ff = 32,
+                                                     .vocab = 8,
+                                                     .batches = 2,
+                                                     .lr = 1e-2,
+                                                     .blocks = 2,
+                                                     .causal = true},
+                                                    35, /*bitwise=*/false);
+}
+
 }  // namespace
 }  // namespace graphward
