@@ -12,8 +12,9 @@
 # GW_TORCH_MODES (compare_torch.py --modes), GW_COMPARE_CACHE (inductor's and TunableOp's caches,
 # default ~/.cache/graphward-compare: a compile or a tuning is paid once per machine). PyTorch's
 # model rows resume: run again into the same DIR on the same machine, the rows its
-# torch_models.csv holds are kept and only the others run (max-autotune's compiles take minutes a
-# model: a run cut short goes on where it stopped, its compiles served by the caches).
+# torch_models.csv holds are kept and only the others run (max-autotune's compiles take 1 to 10
+# minutes a model, about 25 for the six on an H100 — each fp32 GEMM shape's autotuning up to 40 s:
+# a run cut short goes on where it stopped, its compiles served by the caches).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 dir=${1:-${OUT:-$GW_BUILD_DIR/strongest}}
