@@ -39,11 +39,11 @@ Rows rows_at(double offset) {
   return r;
 }
 
-// log_softmax and cross_entropy form (x − max) − log Σ exp(x − max), softmax exp(x − max) /
-// Σ exp(x − max): within float32
+// log_softmax and cross_entropy form (x − max) − log Σ exp(x − max), softmax (and the causal
+// softmax, over each row's kept keys) exp(x − max) / Σ exp(x − max): within float32
 // rounding of the float64 program at every magnitude (they subtracted the rounded log-sum-exp:
 // at 1e7 a softmax summed to 1.553 and a cross-entropy was 3.000 for 3.440).
-TEST(Magnitudes, SoftmaxLogSoftmaxAndCrossEntropyHoldAtEveryMagnitude) {
+TEST(Magnitudes, SoftmaxLogSoftmaxCausalSoftmaxAndCrossEntropyHoldAtEveryMagnitude) {
   for (double offset : kOffsets) {
     const Rows r = rows_at(offset);
     const std::vector<double> soft = values(softmax(r.x));
@@ -51,6 +51,16 @@ TEST(Magnitudes, SoftmaxLogSoftmaxAndCrossEntropyHoldAtEveryMagnitude) {
     for (std::size_t k = 0; k < soft.size(); ++k) {
       EXPECT_NEAR(soft[k], r.soft[k], 1e-6) << "softmax at " << offset;
       EXPECT_NEAR(logsoft[k], r.x64[k] - r.lse[k / 4], 1e-5) << "log_softmax at " << offset;
+    }
+    // The causal softmax of the rows as 2 queries over 4 keys: row 0 keeps its first key (weight
+    // 1), row 1 its first two, in the same two-part form.
+    const std::vector<double> causal = values(causal_softmax(r.x));
+    const double m1 = std::max(r.x64[4], r.x64[5]);
+    const double s1 = std::exp(r.x64[4] - m1) + std::exp(r.x64[5] - m1);
+    const double want[8] = {1, 0, 0, 0, std::exp(r.x64[4] - m1) / s1, std::exp(r.x64[5] - m1) / s1,
+                            0, 0};
+    for (int k = 0; k < 8; ++k) {
+      EXPECT_NEAR(causal[k], want[k], 1e-6) << "causal_softmax at " << offset << ", element " << k;
     }
     const Tensor targets = from_vector(std::vector<std::int32_t>{0, 2}, {2});
     const Tensor x = r.x.detach().set_requires_grad(true);
