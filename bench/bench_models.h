@@ -285,6 +285,11 @@ inline void print_gemm_choices() {
                    c.declined ? ": declined" : "");
     }
     std::fprintf(stderr, ", %s%s\n", c.algo.c_str(), c.tuned ? "" : " (untimed)");
+    for (std::size_t i = 0; i < c.candidate_us.size(); ++i) {
+      std::fprintf(stderr, "    candidate %zu%s: %.2f us, %s\n", i,
+                   static_cast<int>(i) == c.chosen ? " (chosen)" : "", c.candidate_us[i].second,
+                   c.candidate_us[i].first.c_str());
+    }
   }
 }
 

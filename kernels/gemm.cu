@@ -498,15 +498,28 @@ LtGemm::Timing LtGemm::tune(LaunchTimer& timer, float alpha, const void* a, cons
   }
   if (!std::isfinite(best[chosen])) chosen = 0;  // nothing launched: keep the heuristic's
   algo_ = candidates_[chosen];
-  return {.chosen = chosen, .first_us = best[0], .chosen_us = best[chosen]};
+  return {.chosen = chosen,
+          .first_us = best[0],
+          .chosen_us = best[chosen],
+          .candidate_us = std::vector<double>(best, best + n_candidates_)};
 }
 
 std::string LtGemm::describe() const {
   if (!usable_) return "no cuBLASLt algorithm";
+  return describe_algo(algo_);
+}
+
+std::string LtGemm::describe(int candidate) const {
+  GW_CHECK(candidate >= 0 && candidate < n_candidates_, "LtGemm::describe: candidate ", candidate,
+           " of ", n_candidates_);
+  return describe_algo(candidates_[candidate]);
+}
+
+std::string LtGemm::describe_algo(const cublasLtMatmulAlgo_t& algo) const {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
     std::uint32_t v = 0;  // every attribute read here is a 32-bit integer
     std::size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo_, attr, &v, sizeof(v), &written) !=
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
         CUBLAS_STATUS_SUCCESS) {
       return -1;
     }

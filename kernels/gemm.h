@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 #include "base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
@@ -154,6 +155,8 @@ class LtGemm {
            const void* bias = nullptr, void* aux = nullptr);
   // The chosen algorithm, readable: "algo 6 tile 11 stages 8 splitK 1 reduction none ...".
   std::string describe() const;
+  // Candidate i (0 <= i < candidates()), readable as describe() says.
+  std::string describe(int candidate) const;
 
   // The heuristic's candidates (up to 8, its order; the first is its choice and the plan's until
   // use() or tune() says otherwise), each one kernel where LtOptions::split_k is off; and there,
@@ -176,6 +179,7 @@ class LtGemm {
     int chosen = 0;        // the index use() takes
     double first_us = 0;   // the heuristic's choice, µs a launch
     double chosen_us = 0;  // the chosen one
+    std::vector<double> candidate_us;  // every candidate's, in candidates' order (inf: no launch)
   };
   Timing tune(LaunchTimer& timer, float alpha, const void* a, const void* b, float beta, void* c,
               void* workspace, std::size_t workspace_bytes, cudaStream_t stream,
@@ -190,6 +194,7 @@ class LtGemm {
   void make_layouts(cudaDataType_t type, bool na, bool nb, std::uint64_t mm, std::uint64_t nn,
                     std::uint64_t kk);
   void find_candidates(unsigned alignment, std::int64_t k);
+  std::string describe_algo(const cublasLtMatmulAlgo_t& algo) const;
   cublasLtMatmulAlgo_t unsplit(const cublasLtMatmulAlgo_t& algo) const;
   // `algo` with k split `split` ways and the parts added in C in turn (one kernel), where
   // cuBLASLt accepts that within the workspace.

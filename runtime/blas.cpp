@@ -399,6 +399,9 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
       info.chosen = t.chosen;
       info.first_us = t.first_us;
       info.chosen_us = t.chosen_us;
+      for (std::size_t i = 0; i < t.candidate_us.size(); ++i) {
+        info.candidate_us.emplace_back(plan.describe(static_cast<int>(i)), t.candidate_us[i]);
+      }
       if (key.options.bias_grad_a) {
         declined = apart_is_faster(blas, device, key, sb, stream, use, timer, scratch.data(),
                                    scratch.data() + g_off, t.chosen_us, info);

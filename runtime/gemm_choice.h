@@ -2,6 +2,7 @@
 // Note [Choosing a GEMM algorithm] (runtime/blas.cpp): which of cuBLASLt's candidate algorithms a
 // GEMM shape runs, decided once per process and device on the shape's first use.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/device.h"
@@ -33,6 +34,9 @@ struct GemmChoice {
   double alternative_us = 0;
   bool declined = false;
   std::string algo;  // the one chosen, readable
+  // tuned: every candidate as timed, in the heuristic's order (candidate 0 its choice): its
+  // algorithm, readable, and µs a launch (infinite where it did not launch).
+  std::vector<std::pair<std::string, double>> candidate_us;
 };
 // Every choice made on `device` so far, in the order made (empty on a build without CUDA).
 std::vector<GemmChoice> gemm_choices(Device device);

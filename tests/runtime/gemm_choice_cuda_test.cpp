@@ -149,6 +149,14 @@ TEST_F(CudaGemmChoice, AFirstUseThatAccumulatesAccumulatesOnceAndWritesTheBiasGr
     EXPECT_GT(made[0].first_us, 0.0);
     EXPECT_LE(made[0].chosen_us, made[0].first_us);
     EXPECT_GT(made[0].alternative_us, 0.0);  // cuBLAS's own GEMM, timed too
+    // Every candidate as timed, readable: the heuristic's first and the chosen one as reported.
+    ASSERT_EQ(made[0].candidate_us.size(), static_cast<std::size_t>(made[0].candidates));
+    EXPECT_EQ(made[0].candidate_us[0].second, made[0].first_us);
+    EXPECT_EQ(made[0].candidate_us[static_cast<std::size_t>(made[0].chosen)].second,
+              made[0].chosen_us);
+    EXPECT_EQ(made[0].candidate_us[static_cast<std::size_t>(made[0].chosen)].first, made[0].algo);
+    for (const auto& [algo, us] : made[0].candidate_us)
+      EXPECT_EQ(algo.rfind("algo ", 0), 0u) << algo;
 
     // dW [m, n] = dYᵀ·X (+= C) with db [m] written: the bias gradient's first use.
     const Tensor dy = randn({k, m}, seed++), x = randn({k, n}, seed++), w0 = randn({m, n}, seed++);
@@ -242,6 +250,7 @@ TEST_F(CudaGemmChoice, OneChoiceAShapeForEveryThreadNoneTimedInACaptureAndNoneCh
     ASSERT_EQ(made.size(), 1u);
     EXPECT_FALSE(made[0].tuned);
     EXPECT_EQ(made[0].chosen, 0);
+    EXPECT_TRUE(made[0].candidate_us.empty());  // nothing timed
   }
 }
 
