@@ -97,6 +97,18 @@ void by_vector_width(float* a, const float* b, const HeadsWindow& w, Launch laun
   }
 }
 
+// Calls launch(Index{}) with Index = std::uint32_t where every index the kernel computes fits
+// (`fits_32`: 32-bit index arithmetic is faster), else std::int64_t; then checks the launch.
+template <class Launch>
+void by_index_width(bool fits_32, Launch launch) {
+  if (fits_32) {
+    launch(std::uint32_t{});
+  } else {
+    launch(std::int64_t{});
+  }
+  GW_LAUNCH_CHECK();
+}
+
 __global__ void copy_kernel(float* y, const float* x, std::int64_t n, bool accumulate) {
   GW_GRID_STRIDE(i, n) {
     store(y, i, x[i], accumulate);
@@ -185,14 +197,10 @@ void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
     return;
   }
   auto launch = [&]<class V>(V* yv, const V* xv, const detail::Swap5& l, std::int64_t count) {
-    if (count <= static_cast<std::int64_t>(UINT32_MAX)) {  // 32-bit index arithmetic: faster
-      swap_dims_kernel<V, std::uint32_t><<<grid_for(count), kThreads, 0, stream>>>(
-          yv, xv, l, static_cast<std::uint32_t>(count), accumulate);
-    } else {
-      swap_dims_kernel<V, std::int64_t>
-          <<<grid_for(count), kThreads, 0, stream>>>(yv, xv, l, count, accumulate);
-    }
-    GW_LAUNCH_CHECK();
+    by_index_width(count <= static_cast<std::int64_t>(UINT32_MAX), [&]<class Index>(Index) {
+      swap_dims_kernel<V, Index><<<grid_for(count), kThreads, 0, stream>>>(
+          yv, xv, l, static_cast<Index>(count), accumulate);
+    });
   };
   if (s.c % 4 == 0 && detail::all_16_byte_aligned(y, x)) {  // four floats a load: the same bits
     detail::Swap5 s4 = s;
@@ -208,13 +216,11 @@ void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t st
     const std::int64_t n = l.batch * l.heads * l.seq * l.dim;
     if (n == 0) return;
     // 32-bit index arithmetic where every offset into x fits (x is the larger).
-    if (l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
-      split_heads_kernel<V, std::uint32_t>
-          <<<grid_for(n), kThreads, 0, stream>>>(yv, xv, l, static_cast<std::uint32_t>(n));
-    } else {
-      split_heads_kernel<V, std::int64_t><<<grid_for(n), kThreads, 0, stream>>>(yv, xv, l, n);
-    }
-    GW_LAUNCH_CHECK();
+    by_index_width(l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX),
+                   [&]<class Index>(Index) {
+                     split_heads_kernel<V, Index>
+                         <<<grid_for(n), kThreads, 0, stream>>>(yv, xv, l, static_cast<Index>(n));
+                   });
   });
 }
 
@@ -223,14 +229,11 @@ void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool
   by_vector_width(dx, dy, w, [&]<class V>(V* dxv, const V* dyv, const HeadsWindow& l) {
     const std::int64_t n = l.batch * l.seq * (accumulate ? l.heads * l.dim : l.cols);
     if (n == 0) return;
-    if (l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX)) {
-      split_heads_backward_kernel<V, std::uint32_t><<<grid_for(n), kThreads, 0, stream>>>(
-          dxv, dyv, l, static_cast<std::uint32_t>(n), accumulate);
-    } else {
-      split_heads_backward_kernel<V, std::int64_t>
-          <<<grid_for(n), kThreads, 0, stream>>>(dxv, dyv, l, n, accumulate);
-    }
-    GW_LAUNCH_CHECK();
+    by_index_width(l.batch * l.seq * l.cols <= static_cast<std::int64_t>(UINT32_MAX),
+                   [&]<class Index>(Index) {
+                     split_heads_backward_kernel<V, Index><<<grid_for(n), kThreads, 0, stream>>>(
+                         dxv, dyv, l, static_cast<Index>(n), accumulate);
+                   });
   });
 }
 

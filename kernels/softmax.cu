@@ -227,31 +227,19 @@ __global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, con
   }
 }
 
-// Forward (kLog: log-softmax) by rows: a warp a row in registers, or a block a row.
-template <bool kLog>
+// Forward (kLog: log-softmax; kCausal: the causal softmax of [.., queries, cols] matrices) by
+// rows: a warp a row in registers, or a block a row.
+template <bool kLog, bool kCausal = false>
 void softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, std::int64_t queries = 0) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
     if constexpr (std::is_same_v<G, WarpRow>) {
       by_warp_row_width(cols, [&](auto per) {
-        softmax_forward_warp_kernel<decltype(per)::value, kLog>
-            <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, static_cast<int>(cols));
-      });
-    } else {
-      softmax_forward_kernel<G, kLog><<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols);
-    }
-  });
-}
-void causal_softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                                 std::int64_t queries, cudaStream_t stream) {
-  by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    if constexpr (std::is_same_v<G, WarpRow>) {
-      by_warp_row_width(cols, [&](auto per) {
-        softmax_forward_warp_kernel<decltype(per)::value, false, true>
+        softmax_forward_warp_kernel<decltype(per)::value, kLog, kCausal>
             <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, static_cast<int>(cols), queries);
       });
     } else {
-      softmax_forward_kernel<G, false, true>
+      softmax_forward_kernel<G, kLog, kCausal>
           <<<blocks, kRowThreads, 0, stream>>>(y, x, rows, cols, queries);
     }
   });
@@ -285,7 +273,7 @@ void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64
 }
 void causal_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
                             std::int64_t queries, cudaStream_t stream) {
-  causal_softmax_forward_rows(y, x, rows, cols, queries, stream);
+  softmax_forward_rows<false, true>(y, x, rows, cols, stream, queries);
 }
 void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
                       std::int64_t cols, bool accumulate, cudaStream_t stream) {

@@ -25,28 +25,29 @@ RowLse<T> row_lse(const T* x, std::int64_t cols) {
   for (std::int64_t j = 0; j < cols; ++j) s += std::exp(static_cast<double>(x[j] - m));
   return {m, static_cast<T>(std::log(s))};
 }
+
+// One row: the (log-)softmax of its first `kept` columns, 0 past them.
+template <class T>
+void softmax_row(T* y, const T* x, std::int64_t cols, std::int64_t kept, bool log) {
+  const RowLse<T> r = row_lse(x, kept);
+  for (std::int64_t j = 0; j < kept; ++j) {
+    const T v = (x[j] - r.max) - r.log_sum;
+    y[j] = log ? v : std::exp(v);
+  }
+  for (std::int64_t j = kept; j < cols; ++j) y[j] = T(0);
+}
 }  // namespace
 
 template <class T>
 void softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols, bool log) {
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const RowLse<T> r = row_lse(x + i * cols, cols);
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const T v = (x[i * cols + j] - r.max) - r.log_sum;
-      y[i * cols + j] = log ? v : std::exp(v);
-    }
-  }
+  for (std::int64_t i = 0; i < rows; ++i) softmax_row(y + i * cols, x + i * cols, cols, cols, log);
 }
 
 template <class T>
 void causal_softmax_forward(T* y, const T* x, std::int64_t rows, std::int64_t cols,
                             std::int64_t queries) {
   for (std::int64_t i = 0; i < rows; ++i) {
-    const std::int64_t kept = std::min(cols, i % queries + 1);
-    const RowLse<T> r = row_lse(x + i * cols, kept);
-    for (std::int64_t j = 0; j < cols; ++j) {
-      y[i * cols + j] = j < kept ? std::exp((x[i * cols + j] - r.max) - r.log_sum) : T(0);
-    }
+    softmax_row(y + i * cols, x + i * cols, cols, std::min(cols, i % queries + 1), false);
   }
 }
 

@@ -111,8 +111,9 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   // Everything checked before the first write (Note [Check, then write]): the add's operands,
   // then the layer norm's.
   check_inputs(op, {{"x", &x}, {"residual", &residual}});
-  GW_CHECK(is_trailing_shape(residual, x), op, ": residual has shape ", shape_str(residual.shape()), " and x ",
-           shape_str(x.shape()), "; expected x's shape or its trailing dimensions (repeated over "
+  GW_CHECK(is_trailing_shape(residual, x), op, ": residual has shape ", shape_str(residual.shape()),
+           " and x ", shape_str(x.shape()),
+           "; expected x's shape or its trailing dimensions (repeated over "
            "the leading ones, as [T, D] over [B, T, D])");
   [[maybe_unused]] const NormDims d = check_layer_norm(op, x, weight, bias);
   check_eps(op, eps, x);

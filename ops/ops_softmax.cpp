@@ -85,9 +85,10 @@ void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor&
   });
 }
 
-Tensor recorded_softmax(const char* op, bool log, const Tensor& x) {
+// queries > 0: the causal softmax (softmax_impl), recorded with its query count.
+Tensor recorded_softmax(const char* op, bool log, const Tensor& x, std::int64_t queries = 0) {
   detail::NvtxRange range(op);
-  Tensor y = softmax_impl(op, x, log);
+  Tensor y = softmax_impl(op, x, log, queries);
   if (needs_grad({&x})) {
     record(op, y, {&x}, {save("output", y)},
            [log](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
@@ -97,24 +98,7 @@ Tensor recorded_softmax(const char* op, bool log, const Tensor& x) {
                softmax_backward(g, s[0], grads[0]);
              }
            },
-           {NodeAttribute::integer(log)});
-  }
-  return y;
-}
-
-Tensor recorded_causal_softmax(const Tensor& x) {
-  const char* op = "causal_softmax";
-  detail::NvtxRange range(op);
-  GW_CHECK(!x.defined() || x.dim() >= 2, op, ": x has shape ", shape_str(x.shape()),
-           "; expected attention's scores [..., Tq, Tk], at least 2-d");
-  const std::int64_t queries = x.defined() ? x.size(-2) : 0;
-  Tensor y = softmax_impl(op, x, false, std::max<std::int64_t>(queries, 1));
-  if (needs_grad({&x})) {
-    record(op, y, {&x}, {save("output", y)},
-           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
-             softmax_backward(g, s[0], grads[0]);
-           },
-           {NodeAttribute::integer(queries)});
+           {NodeAttribute::integer(queries > 0 ? queries : std::int64_t{log})});
   }
   return y;
 }
@@ -138,7 +122,12 @@ Tensor log_softmax(const Tensor& x) {
   return recorded_softmax("log_softmax", true, x);
 }
 Tensor causal_softmax(const Tensor& x) {
-  return recorded_causal_softmax(x);
+  const char* op = "causal_softmax";
+  GW_CHECK(!x.defined() || x.dim() >= 2, op, ": x has shape ", shape_str(x.shape()),
+           "; expected attention's scores [..., Tq, Tk], at least 2-d");
+  // An undefined or empty x is refused by softmax_impl's checks, before anything is written.
+  const std::int64_t queries = x.defined() ? std::max<std::int64_t>(x.size(-2), 1) : 1;
+  return recorded_softmax(op, false, x, queries);
 }
 void softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad_x) {
   softmax_backward_impl("softmax_backward", grad_out, y, grad_x, false);
