@@ -17,6 +17,7 @@
 #include "runtime/gemm_choice.h"     // IWYU pragma: export
 #include "runtime/generator.h"       // IWYU pragma: export
 #include "runtime/graph_pool.h"      // IWYU pragma: export
+#include "runtime/math_mode.h"       // IWYU pragma: export
 #include "runtime/memory.h"          // IWYU pragma: export
 #include "runtime/step_arena.h"      // IWYU pragma: export
 #include "runtime/stream.h"          // IWYU pragma: export

@@ -278,7 +278,10 @@ inline void print_gemm_choices() {
                "us [, alternative us], algo)\n");
   for (const auto& c : debug::gemm_choices(kDev)) {
     std::fprintf(stderr, "%lld %lld %lld %lld %d %d %s%s: %d, %d, %.2f -> %.2f", c.m, c.n, c.k,
-                 c.batch, c.trans_a, c.trans_b, c.kind.c_str(), c.bf16 ? " bf16" : "",
+                 c.batch, c.trans_a, c.trans_b, c.kind.c_str(),
+                 c.bf16   ? " bf16"
+                 : c.tf32 ? " tf32"
+                          : "",
                  c.candidates, c.chosen, c.first_us, c.chosen_us);
     if (c.alternative_us > 0) {
       std::fprintf(stderr, " [alternative %.2f%s]", c.alternative_us,

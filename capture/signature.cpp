@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 
+#include "runtime/math_mode.h"
 #include "runtime/ptr_index.h"
 
 namespace graphward::capture {
@@ -264,7 +265,8 @@ void finish(TapeSignature& sig, const std::vector<Tensor>& roots, const std::vec
   for (std::size_t i = 0; i < 2 * roots.size(); ++i) w.put(rw[i]);
   w.put(kModeTag);
   w.put(static_cast<std::uint64_t>(grad_write));
-  w.put(caller);  // the caller's stream's number: 0 for a walk
+  w.put(detail::math_mode_word());  // Note [TF32]: a captured backward runs the kernels it chose
+  w.put(caller);                    // the caller's stream's number: 0 for a walk
   w.finish();
   sig.structure_hash = fingerprint(sig.structure);
   sig.address_hash = hash_words(sig.addresses);
@@ -543,11 +545,11 @@ std::string describe_difference(const TapeSignature& captured, const TapeSignatu
       const std::size_t a0 = captured.node_offsets[static_cast<std::size_t>(i)];
       const std::size_t a1 = i + 1 < captured.num_nodes()
                                  ? captured.node_offsets[static_cast<std::size_t>(i) + 1]
-                                 : captured.structure.size();
+                                 : captured.nodes_words;
       const std::size_t b0 = now.node_offsets[static_cast<std::size_t>(i)];
       const std::size_t b1 = i + 1 < now.num_nodes()
                                  ? now.node_offsets[static_cast<std::size_t>(i) + 1]
-                                 : now.structure.size();
+                                 : now.nodes_words;
       const bool same = (a1 - a0) == (b1 - b0) &&
                         std::equal(captured.structure.begin() + static_cast<std::ptrdiff_t>(a0),
                                    captured.structure.begin() + static_cast<std::ptrdiff_t>(a1),
@@ -568,7 +570,9 @@ std::string describe_difference(const TapeSignature& captured, const TapeSignatu
         os << "; new: node " << common << " `" << now.describe_node(common) << "`";
       return os.str();
     }
-    os << "the tape's leaves, seeds, roots or gradient mode changed (the nodes are the same)";
+    os << "the tape's leaves, seeds, roots, gradient mode or TF32 switches changed (the nodes are "
+          "the same; now "
+       << detail::math_mode_str(detail::math_mode_word()) << ")";
     return os.str();
   }
   if (!captured.same_addresses(now)) {

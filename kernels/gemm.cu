@@ -49,12 +49,13 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
       m * k, &beta, c, static_cast<int>(n), m * n, static_cast<int>(batch)));
 }
 
-void gemm_bf16(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
-               std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
-               const void* b, float beta, void* c, cudaStream_t stream) {
+void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+             std::int64_t k, std::int64_t batch, float alpha, const void* a, const void* b,
+             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream) {
+  GW_CHECK(!(bf16 && tf32), "gemm_ex: TF32 applies to float32 storage, not bfloat16");
   GW_CHECK(m > 0 && n > 0 && k > 0 && batch > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
                batch <= INT_MAX,
-           "gemm_bf16: sizes m=", m, " n=", n, " k=", k, " batch=", batch,
+           "gemm_ex: sizes m=", m, " n=", n, " k=", k, " batch=", batch,
            " must be in [1, INT_MAX]");
   if (blas.bound_stream != stream || stream == nullptr) {
     GW_CUBLAS_CHECK(cublasSetStream(blas.handle, stream));
@@ -62,11 +63,12 @@ void gemm_bf16(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t
   }
   const int lda = static_cast<int>(trans_a ? m : k);
   const int ldb = static_cast<int>(trans_b ? k : n);
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   GW_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_16BF, ldb,
-      k * n, a, CUDA_R_16BF, lda, m * k, &beta, c, CUDA_R_16BF, static_cast<int>(n), m * n,
-      static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type, ldb, k * n, a,
+      type, lda, m * k, &beta, c, type, static_cast<int>(n), m * n, static_cast<int>(batch),
+      tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 namespace {
@@ -131,6 +133,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
            "LtGemm: a forward epilogue and a bias gradient cannot be fused into one GEMM");
   GW_CHECK(options.batch <= 1 || (options.epilogue == Epilogue::kNone && !options.bias_grad_a),
            "LtGemm: a batched GEMM takes no epilogue");
+  GW_CHECK(!(options.bf16 && options.tf32),
+           "LtGemm: TF32 applies to float32 storage, not bfloat16");
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
   const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -138,7 +142,9 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     // Storage: float32, or bfloat16 (A, B, C, the bias, its gradient and the aux); the arithmetic
     // and alpha/beta are float32 either way.
     const cudaDataType_t type = options.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    GW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasComputeType_t compute =
+        options.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    GW_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a,
                                                    sizeof(op_lt_a)));
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,

@@ -1,6 +1,7 @@
 #pragma once
 // GEMM: C[m,n] = alpha * op(A)[m,k] · op(B)[k,n] + beta * C, all row-major.
-// CUDA: cuBLAS SGEMM, fp32 with TF32 off. CPU reference: naive, accumulating in double.
+// CUDA: cuBLAS SGEMM, fp32 (TF32 only where asked: gemm_ex). CPU reference: naive, accumulating
+// in double.
 // beta = 0 writes C (C may hold garbage, even NaN), beta = 1 accumulates into it.
 //
 // op(A) is A stored [m,k] (trans_a = false) or Aᵀ with A stored [k,m] (trans_a = true); same for B.
@@ -45,11 +46,12 @@ struct BlasContext {
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
-// bfloat16 A, B, C with float32 arithmetic, `batch` of them back to back (1: one GEMM):
-// cublasGemmStridedBatchedEx, where cuBLASLt offers no algorithm.
-void gemm_bf16(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
-               std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
-               const void* b, float beta, void* c, cudaStream_t stream);
+// `batch` GEMMs back to back (1: one GEMM) through cublasGemmStridedBatchedEx, where cuBLASLt
+// offers no algorithm: bfloat16 A, B, C (`bf16`) with float32 arithmetic, or float32 ones
+// multiplied as TF32 (`tf32`, Note [TF32], runtime/math_mode.h).
+void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+             std::int64_t k, std::int64_t batch, float alpha, const void* a, const void* b,
+             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream);
 // `batch` GEMMs of contiguous matrices back to back (cublasSgemmStridedBatched).
 void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
@@ -106,6 +108,9 @@ struct LtOptions {
   std::int64_t batch = 1;
   // bfloat16 storage for A, B, C, the bias, the bias gradient and the aux; float32 arithmetic.
   bool bf16 = false;
+  // float32 storage multiplied as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32; Note [TF32],
+  // runtime/math_mode.h). Not with bf16.
+  bool tf32 = false;
   bool operator==(const LtOptions&) const = default;
 };
 
@@ -131,11 +136,12 @@ class LaunchTimer {
 };
 
 // One GEMM shape through cuBLASLt, planned once: the operation and layout descriptors and the
-// algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, no TF32) are made at construction and
-// reused by every run(), which is then a single cublasLtMatmul call — cublasSgemm repeats its
-// heuristics on every call, which dominates the host time of a small GEMM. Same layout contract
-// as gemm(). Pointers passed to run() must be aligned to at least `alignment` bytes (the planner
-// asked the heuristic for algorithms that accept that). Move-only; one thread at a time.
+// algorithm (cublasLtMatmulAlgoGetHeuristic, fp32 compute, TF32 only where LtOptions says) are made
+// at construction and reused by every run(), which is then a single cublasLtMatmul call —
+// cublasSgemm repeats its heuristics on every call, which dominates the host time of a small GEMM.
+// Same layout contract as gemm(). Pointers passed to run() must be aligned to at least `alignment`
+// bytes (the planner asked the heuristic for algorithms that accept that). Move-only; one thread at
+// a time.
 class LtGemm {
  public:
   LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,

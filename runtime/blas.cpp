@@ -19,6 +19,7 @@
 #include "kernels/reduce.h"
 #include "runtime/capture_mode.h"
 #include "runtime/gemm_choice.h"
+#include "runtime/math_mode.h"
 #include "runtime/memory.h"
 
 namespace graphward {
@@ -75,7 +76,9 @@ struct CublasTraits {
   static cublasStatus_t create(Handle* h) { return cublasCreate(h); }
   static cublasStatus_t destroy(Handle h) { return cublasDestroy(h); }
   static void configure(Handle h) {
-    GW_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));  // no TF32
+    // No TF32 in cuBLAS's own float32 GEMMs; where it is on (Note [TF32]) they ask for it by
+    // compute type (kernels::gemm_ex).
+    GW_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
   }
 };
 struct CublasLtTraits {
@@ -118,7 +121,8 @@ struct GemmKeyHash {
            (std::size_t{g.options.bias_grad_a} << 2) ^ (std::size_t{g.options.split_k} << 3) ^
            (static_cast<std::size_t>(g.options.epilogue) << 4) ^
            (static_cast<std::size_t>(g.options.batch) << 12) ^
-           (static_cast<std::size_t>(g.options.bf16) << 11);
+           (static_cast<std::size_t>(g.options.bf16) << 11) ^
+           (static_cast<std::size_t>(g.options.tf32) << 10);
   }
 };
 
@@ -260,9 +264,9 @@ void run_cublas(const GemmKey& key, StreamBlas& sb, cudaStream_t stream, float a
                 const void* b, float beta, void* c) {
   const kernels::BlasContext ctx{sb.handle.get(), sb.workspace.data(), sb.workspace.bytes(),
                                  stream};
-  if (key.options.bf16) {
-    kernels::gemm_bf16(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch, alpha,
-                       a, b, beta, c, stream);
+  if (key.options.bf16 || key.options.tf32) {
+    kernels::gemm_ex(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch, alpha,
+                     a, b, beta, c, key.options.bf16, key.options.tf32, stream);
   } else if (key.options.batch == 1) {
     kernels::gemm(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, alpha,
                   static_cast<const float*>(a), static_cast<const float*>(b), beta,
@@ -369,6 +373,7 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
   info.trans_a = key.trans_a;
   info.trans_b = key.trans_b;
   info.bf16 = key.options.bf16;
+  info.tf32 = key.options.tf32;
   info.kind = kind_of(key);
   info.candidates = plan.candidates();
   bool declined = false;
@@ -486,7 +491,8 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k * batch),
                                        .batch = batch,
-                                       .bf16 = bf16}};
+                                       .bf16 = bf16,
+                                       .tf32 = !bf16 && matmul_tf32()}};
   kernels::LtGemm& plan =
       lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
   if (plan.usable()) {
@@ -508,8 +514,10 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
       trans_a,
       trans_b,
       std::min({alignment_of(a), alignment_of(b), alignment_of(c), alignment_of(bias_grad)}),
-      kernels::LtOptions{
-          .bias_grad_a = true, .split_k = gemm_allows_split_k(m, n, k), .bf16 = bf16}};
+      kernels::LtOptions{.bias_grad_a = true,
+                         .split_k = gemm_allows_split_k(m, n, k),
+                         .bf16 = bf16,
+                         .tf32 = !bf16 && matmul_tf32()}};
   kernels::LtGemm& plan =
       lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
   if (!plan.usable()) return false;
@@ -538,7 +546,8 @@ bool run_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                     kernels::LtOptions{.bias_grad_a = false,
                                        .split_k = gemm_allows_split_k(m, n, k),
                                        .epilogue = epilogue,
-                                       .bf16 = bf16}};
+                                       .bf16 = bf16,
+                                       .tf32 = !bf16 && matmul_tf32()}};
   kernels::LtGemm& plan =
       lt_plan(blas, device, key, sb, stream, {.a = a, .b = b, .bias = bias, .aux = aux});
   if (!plan.usable()) return false;

@@ -1,6 +1,7 @@
 #pragma once
 // cuBLAS handles for the calling thread: one per (thread, device, stream), created on first use
-// with TF32 off (fp32 GEMMs are true fp32), bound once to its stream and to a workspace of its own
+// with TF32 off (fp32 GEMMs are true fp32 unless set_matmul_tf32 says otherwise: Note [TF32],
+// runtime/math_mode.h), bound once to its stream and to a workspace of its own
 // (32 MiB, the size cuBLAS recommends for Hopper), and destroyed at thread exit. cuBLAS handles
 // must not be used by two threads at once; GEMMs on two streams never share scratch memory; no GEMM
 // ever asks cuBLAS to allocate (workspaces are allocated outside any capture, on a stream's first
@@ -38,7 +39,8 @@ bool has_blas_context(Device device, cudaStream_t stream) noexcept;
 // Row-major C[m,n] = alpha·op(A)·op(B) + beta·C on `stream` (layout of kernels/gemm.h), through
 // cuBLASLt with a plan per (shape, transposes, pointer alignment) made on first use and cached
 // per thread and device; runs cuBLAS SGEMM instead where cuBLASLt offers no algorithm or SGEMM was
-// timed faster (Note [Choosing a GEMM algorithm], blas.cpp). fp32, no TF32. The first GEMM of a
+// timed faster (Note [Choosing a GEMM algorithm], blas.cpp). fp32; TF32 where matmul_tf32() (read
+// at each call, a plan per setting). The first GEMM of a
 // shape pays for the heuristic and the timing (outside any capture: warm up first).
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b, float beta,

@@ -13,6 +13,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "runtime/capture_mode.h"
+#include "runtime/math_mode.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 
@@ -60,14 +61,17 @@ void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t 
 }
 
 // Picks the first (the fastest, or the heuristic's first) of the results that succeeded, fits the
-// workspace limit, computes in fp32 and — when asked and where one does — is deterministic.
+// workspace limit, computes in fp32 (or, with `tf32`, may use tensor cores: Note [TF32]) and —
+// when asked and where one does — is deterministic.
 template <class Perf>
-Perf pick(const std::vector<Perf>& results, int found, bool deterministic, const char* what) {
+Perf pick(const std::vector<Perf>& results, int found, bool deterministic, bool tf32,
+          const char* what) {
   const Perf* any = nullptr;
   for (int i = 0; i < found; ++i) {
     const Perf& p = results[static_cast<std::size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kDnnWorkspaceLimit) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) {
+    if (!tf32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
+                  p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
       continue;  // fp32 stays fp32 (no TF32)
     }
     if (!deterministic || p.determinism == CUDNN_DETERMINISTIC) return p;
@@ -81,6 +85,7 @@ Perf pick(const std::vector<Perf>& results, int found, bool deterministic, const
 struct ConvKey {
   std::int64_t n, c, h, w, k, r, s, pad, stride;
   bool deterministic;
+  bool tf32;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
@@ -89,14 +94,16 @@ struct ConvKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h * 2 + g.deterministic;
+    return h * 4 + g.deterministic * 2u + g.tf32;
   }
 };
 
 struct ConvPlan {
   TensorDesc x, y, bias;
   FilterDesc w;
-  ConvDesc conv;
+  // One convolution descriptor per direction: each carries the math type of its algorithm (with
+  // TF32 on, the three may differ).
+  ConvDesc conv, conv_bwd_data, conv_bwd_filter;
   cudnnConvolutionFwdAlgoPerf_t fwd{};
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data{};
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter{};
@@ -187,7 +194,8 @@ bool timing_allowed() {
 }
 
 ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
-  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic};
+  const bool tf32 = conv_tf32();
+  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic, tf32};
   auto it = d.convs.find(key);
   if (it != d.convs.end()) return *it->second;
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -199,9 +207,14 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
                                             as_int(g.k, "K"), as_int(g.c, "C"), as_int(g.r, "R"),
                                             as_int(g.s, "S")));
   const int pad = as_int(g.pad, "padding"), stride = as_int(g.stride, "stride");
-  GW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(p->conv.get(), pad, pad, stride, stride, 1, 1,
-                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), CUDNN_FMA_MATH));  // no TF32
+  // fp32 FMA math (no TF32), or with TF32 on, tensor-op math: the candidates then include
+  // the TF32 algorithms, and each direction's descriptor is set to its choice's math type below.
+  for (const ConvDesc* c : {&p->conv, &p->conv_bwd_data, &p->conv_bwd_filter}) {
+    GW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c->get(), pad, pad, stride, stride, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    GW_CUDNN_CHECK(
+        cudnnSetConvolutionMathType(c->get(), tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  }
   // Outside a capture the algorithms are timed (cudnnFind*: each candidate run once on scratch
   // memory cuDNN allocates, then a synchronization — once per shape); inside one, where nothing
   // may run or allocate, the heuristic ranks them.
@@ -216,34 +229,40 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.get(), p->w.get(), p->conv.get(),
                                                           p->y.get(), count, &found, fwd.data()));
   }
-  p->fwd = pick(fwd, found, g.deterministic, "forward");
+  p->fwd = pick(fwd, found, g.deterministic, tf32, "forward");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
   if (p->timed) {
     GW_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
-        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+        h, p->w.get(), p->y.get(), p->conv_bwd_data.get(), p->x.get(), count, &found, bd.data()));
   } else {
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), count, &found, bd.data()));
+        h, p->w.get(), p->y.get(), p->conv_bwd_data.get(), p->x.get(), count, &found, bd.data()));
   }
-  p->bwd_data = pick(bd, found, g.deterministic, "backward-data");
+  p->bwd_data = pick(bd, found, g.deterministic, tf32, "backward-data");
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
   if (p->timed) {
     GW_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
-        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+        h, p->x.get(), p->y.get(), p->conv_bwd_filter.get(), p->w.get(), count, &found, bf.data()));
   } else {
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), count, &found, bf.data()));
+        h, p->x.get(), p->y.get(), p->conv_bwd_filter.get(), p->w.get(), count, &found, bf.data()));
   }
-  p->bwd_filter = pick(bf, found, g.deterministic, "backward-filter");
+  p->bwd_filter = pick(bf, found, g.deterministic, tf32, "backward-filter");
+  if (tf32) {
+    GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), p->fwd.mathType));
+    GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv_bwd_data.get(), p->bwd_data.mathType));
+    GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv_bwd_filter.get(), p->bwd_filter.mathType));
+  }
   // The heuristic's figure is an estimate: ask for the exact workspace of each choice.
   GW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x.get(), p->w.get(), p->conv.get(),
                                                          p->y.get(), p->fwd.algo, &p->fwd.memory));
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
-      h, p->w.get(), p->y.get(), p->conv.get(), p->x.get(), p->bwd_data.algo, &p->bwd_data.memory));
+      h, p->w.get(), p->y.get(), p->conv_bwd_data.get(), p->x.get(), p->bwd_data.algo,
+      &p->bwd_data.memory));
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-      h, p->x.get(), p->y.get(), p->conv.get(), p->w.get(), p->bwd_filter.algo,
+      h, p->x.get(), p->y.get(), p->conv_bwd_filter.get(), p->w.get(), p->bwd_filter.algo,
       &p->bwd_filter.memory));
   return *d.convs.emplace(key, std::move(p)).first->second;
 }
@@ -283,9 +302,9 @@ void conv2d_backward_data(Device device, cudaStream_t stream, const ConvGeom& g,
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
   const Tensor ws = workspace(device, p.bwd_data.memory);
-  GW_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.w.get(), w, p.y.get(), dy, p.conv.get(),
-                                              p.bwd_data.algo, data_of(ws), p.bwd_data.memory,
-                                              beta_of(accumulate), p.x.get(), dx));
+  GW_CUDNN_CHECK(cudnnConvolutionBackwardData(
+      h, &kOne, p.w.get(), w, p.y.get(), dy, p.conv_bwd_data.get(), p.bwd_data.algo, data_of(ws),
+      p.bwd_data.memory, beta_of(accumulate), p.x.get(), dx));
 }
 
 void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& g, float* dw,
@@ -294,9 +313,9 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
   const Tensor ws = workspace(device, p.bwd_filter.memory);
-  GW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.x.get(), x, p.y.get(), dy, p.conv.get(),
-                                                p.bwd_filter.algo, data_of(ws), p.bwd_filter.memory,
-                                                beta_of(accumulate), p.w.get(), dw));
+  GW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      h, &kOne, p.x.get(), x, p.y.get(), dy, p.conv_bwd_filter.get(), p.bwd_filter.algo,
+      data_of(ws), p.bwd_filter.memory, beta_of(accumulate), p.w.get(), dw));
 }
 
 void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, float* db,
@@ -311,10 +330,15 @@ std::string conv2d_plan_description(Device device, const ConvGeom& g) {
   DeviceDnn& d = device_dnn(device);
   const ConvPlan& p = conv_plan(d, device, current_stream(device), g);
   std::ostringstream os;
-  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << " (" << p.fwd.memory
-     << " B), bwd data algo " << p.bwd_data.algo << " (" << p.bwd_data.memory << " B, "
+  auto math = [](cudnnMathType_t m) {
+    return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? ", TF32" : "";
+  };
+  os << (p.timed ? "timed: " : "heuristic: ") << "fwd algo " << p.fwd.algo << math(p.fwd.mathType)
+     << " (" << p.fwd.memory << " B), bwd data algo " << p.bwd_data.algo
+     << math(p.bwd_data.mathType) << " (" << p.bwd_data.memory << " B, "
      << (p.bwd_data.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
-     << "), bwd filter algo " << p.bwd_filter.algo << " (" << p.bwd_filter.memory << " B, "
+     << "), bwd filter algo " << p.bwd_filter.algo << math(p.bwd_filter.mathType) << " ("
+     << p.bwd_filter.memory << " B, "
      << (p.bwd_filter.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
      << ")";
   return os.str();

@@ -11,8 +11,8 @@
 // and synchronizes) when the plan is made outside a capture, else — inside one, where nothing may
 // run, or when the environment sets GRAPHWARD_CUDNN_FIND=0 (e.g. under compute-sanitizer, where
 // timing every candidate takes minutes) — the heuristic's first (cudnnGet*Algorithm_v7,
-// host-only); always fp32 arithmetic without
-// TF32 (CUDNN_FMA_MATH), deterministic algorithms where one is offered (so that a replayed step
+// host-only); fp32 arithmetic without TF32 (CUDNN_FMA_MATH) unless conv_tf32() says otherwise
+// (Note [TF32], runtime/math_mode.h; a plan per setting), deterministic algorithms where one is offered (so that a replayed step
 // equals the eager one bitwise), workspace at most kDnnWorkspaceLimit. Every call takes
 // its workspace from the caching allocator on the op's stream: inside a capture that is graph
 // memory, fixed for the graph's lifetime, as a replay needs.

@@ -21,6 +21,7 @@ namespace debug {
 struct GemmChoice {
   long long m = 0, n = 0, k = 0, batch = 1;
   bool trans_a = false, trans_b = false, bf16 = false;
+  bool tf32 = false;     // float32 multiplied as TF32 (Note [TF32], runtime/math_mode.h)
   std::string kind;      // "gemm", "gemm+bias_grad", or "gemm+epilogue <n>" (kernels::Epilogue)
   bool tuned = false;    // timed (else the heuristic's choice: tuning off, or first used in a
                          // capture)

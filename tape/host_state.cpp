@@ -1,6 +1,7 @@
 #include "tape/host_state.h"
 
 #include "base/error.h"
+#include "runtime/math_mode.h"
 
 namespace graphward {
 
@@ -13,6 +14,7 @@ HostStateScope::HostStateScope(HostStateLog& log) {
            "HostStateScope: a capture's host state is logged already on this "
            "thread (a captured step inside another)");
   t_log = &log;
+  log.math_mode = detail::math_mode_word();
 }
 HostStateScope::~HostStateScope() {
   t_log = nullptr;
@@ -35,6 +37,11 @@ void note_grad(HostStateLog& log, const Tensor& param) {
 }  // namespace detail
 
 std::string HostStateLog::change() const {
+  if (const std::uint64_t now = detail::math_mode_word(); now != math_mode) {
+    return detail::concat("the TF32 switches changed since the capture (",
+                          detail::math_mode_str(now), " now; ", detail::math_mode_str(math_mode),
+                          " then)");
+  }
   for (const RequiresGrad& r : requires_grad) {
     if (r.leaf.requires_grad() == r.value) continue;
     return detail::concat("leaf ", r.leaf.str(), r.value ? " no longer requires" : " requires",

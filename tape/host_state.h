@@ -9,7 +9,9 @@
 // while a capture runs, a HostStateLog notes each such read — needs_grad() of the tape notes the
 // leaves it looks at, the optimizers the parameters they visit — and StepGraph checks the log
 // before every replay: a change is captured anew, with the reason (never a stale replay). The
-// log holds each tensor once; outside a capture nothing is noted (one thread-local test).
+// log holds each tensor once; outside a capture nothing is noted (one thread-local test). The
+// TF32 switches (Note [TF32], runtime/math_mode.h) are noted when the capture begins.
+#include <cstdint>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -29,6 +31,9 @@ struct HostStateLog {
   };
   std::vector<RequiresGrad> requires_grad;
   std::vector<Grad> grads;
+  // The TF32 switches at the capture (Note [TF32], runtime/math_mode.h): every GEMM and
+  // convolution of the step chose its kernels by them.
+  std::uint64_t math_mode = 0;
   std::unordered_set<const void*> seen_leaves, seen_params;
 
   // "" while every noted read would decide as at the capture, else what changed.

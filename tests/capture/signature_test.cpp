@@ -5,6 +5,8 @@
 // stream handles: nothing is launched.
 #include "capture/signature.h"
 #include "capture/graph_cache.h"
+#include "runtime/math_mode.h"
+#include "tape/host_state.h"
 #include "tape/tape_log.h"
 #include "test_util.h"
 
@@ -120,6 +122,36 @@ TEST(TapeSignature, DtypeGradModeAndAGradAppearingChangeTheStructure) {
   // A leaf's .grad now exists (the backward will accumulate into it, not allocate it).
   backward(loss, {.retain_graph = true});
   EXPECT_FALSE(a.same_structure(sig(loss)));
+}
+
+// Note [TF32]: each switch is part of the structure (a captured backward replays the kernels it
+// chose), with a reason that names the switches; a whole step's host-state log notes them too.
+TEST(TapeSignature, EachTf32SwitchChangesTheStructureWithAReasonAndTheStepLogSeesIt) {
+  const bool matmul = matmul_tf32(), conv = conv_tf32();
+  ASSERT_FALSE(matmul || conv) << "both switches are off by default";
+  Model m;
+  const Tensor loss = m.loss(randn({5, 6}, 10));
+  const TapeSignature off = sig(loss);
+  HostStateLog log;
+  {
+    HostStateScope scope(log);  // as a StepGraph's capture begins
+  }
+  EXPECT_EQ(log.change(), "");
+  for (const bool on_matmul : {true, false}) {
+    set_matmul_tf32(on_matmul);
+    set_conv_tf32(!on_matmul);
+    const TapeSignature now = sig(loss);
+    EXPECT_FALSE(off.same_structure(now)) << "matmul " << on_matmul;
+    const std::string why = describe_difference(off, now);
+    EXPECT_NE(why.find("TF32"), std::string::npos) << why;
+    EXPECT_NE(log.change().find("the TF32 switches changed"), std::string::npos) << log.change();
+  }
+  set_matmul_tf32(false);
+  set_conv_tf32(false);
+  EXPECT_TRUE(off.same_structure(sig(loss))) << "switched back: the structure captured first";
+  EXPECT_EQ(log.change(), "");
+  EXPECT_STREQ(detail::math_mode_str(3), "TF32 on for matmul and conv");
+  EXPECT_STREQ(detail::math_mode_str(0), "TF32 off for matmul and conv");
 }
 
 TEST(TapeSignature, AReplacedParameterOrGradientKeepsTheStructureAndChangesAnAddress) {
