@@ -30,7 +30,9 @@
 // AdamW), to compare side by side with these rows.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-//       [--gemm_choices]
+//       [--gemm_choices] [--tf32]
+// --tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32], runtime/math_mode.h);
+// every row's counter tf32 says which (1 on, 0 off).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -93,6 +95,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   state.counters["host_us"] = host / iters;
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
   state.counters["updates"] = static_cast<double>(trainer.updates() - updates);
+  state.counters["tf32"] = gw::matmul_tf32() ? 1 : 0;
   // Every row has every counter (Google Benchmark's CSV output requires it): 0 where the mode
   // has no BackwardGraph.
   for (const char* c : {"bw_host_us", "bw_launch_at_us", "slots", "whole_step"}) {
@@ -198,6 +201,9 @@ BENCHMARK(transformer_one_stream)->Name("TransformerWeightGradsOnOneStream")->Ap
 // the rows ran (Note [Choosing a GEMM algorithm]) on stderr.
 int main(int argc, char** argv) {
   const bool print_choices = gw::bench::take_flag(argc, argv, "--gemm_choices");
+  const bool tf32 = gw::bench::take_flag(argc, argv, "--tf32");
+  gw::set_matmul_tf32(tf32);
+  gw::set_conv_tf32(tf32);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,6 +1,9 @@
 #pragma once
 // The command line shared by the example programs (train_mlp, train_convnet, train_transformer):
-//   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [model flags...] | --help
+//   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision fp32|tf32]
+//          [model flags...] | --help
+// --precision tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32],
+// runtime/math_mode.h); fp32 (the default): true float32.
 // (examples/args.h: --flag V and --flag=V alike; numbers parsed whole).
 // Trains the model in each asked mode and prints, for each, the loss at the start and at the end
 // (and its ratio) and the time per step. On the GPU when one is usable, else on the CPU backend
@@ -27,8 +30,10 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
   try {
     bool force_cpu = false;
     std::string mode = "all";
+    std::string precision = "fp32";
     std::string usage = std::string("usage: ") + name +
-                        " [--cpu] [--steps N] [--mode eager|backward|step|all]";
+                        " [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision "
+                        "fp32|tf32]";
     for (const auto& [flag, _] : flags) usage += " [" + flag + " N]";
     ArgReader args(argc, argv);
     while (args.next()) {
@@ -44,6 +49,8 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
         steps = parse_count("--steps", args.value(), 2);
       } else if (args.is("--mode")) {
         mode = args.value();
+      } else if (args.is("--precision")) {
+        precision = args.value();
       } else if (auto f = flags.find(args.name()); f != flags.end()) {
         const std::string v = args.value();
         f->second(v.c_str());
@@ -51,7 +58,9 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
         std::string known;
         for (const auto& [flag, _] : flags) known += ", " + flag + " N";
         throw Error("unknown argument " + args.name() +
-                    "; expected --cpu, --steps N, --mode eager|backward|step|all" + known +
+                    "; expected --cpu, --steps N, --mode eager|backward|step|all, --precision "
+                    "fp32|tf32" +
+                    known +
                     " (--help lists them)");
       }
     }
@@ -64,14 +73,22 @@ int example_main(int argc, char** argv, const char* name, typename Model::Config
       throw Error("--mode is " + mode +
                   "; expected eager, backward, step or all");
     }
+    if (precision != "fp32" && precision != "tf32") {
+      throw Error("--precision is " + precision + "; expected fp32 or tf32");
+    }
+    // Process-wide switches: this program's own, set once before any step.
+    set_matmul_tf32(precision == "tf32");
+    set_conv_tf32(precision == "tf32");
     const bool gpu = !force_cpu && cuda_available();
     const Device dev = gpu ? Device::cuda(0) : Device::cpu();
     const std::string where =
         gpu ? "CUDA"
             : (force_cpu ? "CPU backend, --cpu"
                          : "CPU backend: no usable CUDA device: " + cuda_unavailable_reason());
-    std::printf("%s on %s (%s); %s, %d steps\n", name, dev.str().c_str(), where.c_str(),
-                describe().c_str(), steps);
+    std::printf("%s on %s (%s); %s, %s, %d steps\n", name, dev.str().c_str(), where.c_str(),
+                describe().c_str(),
+                precision == "tf32" ? (gpu ? "TF32 on" : "TF32 asked, none on the CPU") : "fp32",
+                steps);
     for (Mode m : modes) {
       const TrainResult r = train<Model>(config, dev, m, steps);
       std::printf("  %-16s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu capture(s), "

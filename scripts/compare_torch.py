@@ -230,13 +230,13 @@ def run_event_rows(torch, args, jobs, width):
         if name in done:
             print(f"{name:{width}s} (in {args.csv} already)", flush=True)
             continue
-        note = ""
+        note = "TF32 on" if args.tf32 else ""  # every row says so (--tf32)
         start = time.perf_counter()
         try:
             ev, wall, host, *rest = run_one()
             loop = rest[0] if rest else nan
         except Exception as e:  # e.g. a capture or a compile PyTorch refuses: say so, go on
-            note = " ".join(f"cannot run: {type(e).__name__}: {e}".split())[:300]
+            note = " ".join(f"{note} cannot run: {type(e).__name__}: {e}".split())[:300]
             print(f"{name}: failed: {e}", file=sys.stderr)
             ev = wall = host = loop = nan
         if writer:
@@ -546,6 +546,9 @@ def main_models(torch, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--tf32", action="store_true",
+                    help="TF32 on for float32 matmuls and cuDNN convolutions (as graphward's "
+                         "--tf32 / --precision tf32); off by default, both")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--only", default="",
                     help="run only the configs whose name contains this string")
@@ -583,11 +586,12 @@ def main():
     if not torch.cuda.is_available():
         print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark or args.strongest)
     rows = []
-    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} (TF32 off, "
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} "
+          f"(TF32 {'on' if args.tf32 else 'off'} for matmul and cuDNN, "
           f"cudnn.benchmark {'on' if torch.backends.cudnn.benchmark else 'off'}), medians of "
           f"{args.iters} iterations; caches in {os.environ.get('TORCHINDUCTOR_CACHE_DIR', '-')}",
           flush=True)
