@@ -1,8 +1,11 @@
 #pragma once
 // Element types and shapes. float32 is the type of every op on every device; float64 exists on the
 // CPU backend for finite-difference gradient checks; int32 holds indices (class targets), read by
-// the ops that take them and never differentiated; bfloat16 is, so far, a storage type: cast()
-// converts to and from it (on both devices) and every other op refuses it by name. Tensors are
+// the ops that take them and never differentiated; bfloat16 is a storage type with float32
+// arithmetic: cast() converts to and from it (on both devices); on CUDA, linear, the elementwise
+// ops, softmax, log_softmax, causal_softmax, cross_entropy (a float32 loss) and reshape take it;
+// on the CPU backend the softmax family, cross_entropy and reshape (rounding as CUDA's: Note
+// [bfloat16 on the CPU], ops/ops_common.h); every other op refuses it by name. Tensors are
 // contiguous and row-major.
 #include <bit>
 #include <cstddef>

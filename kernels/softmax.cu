@@ -8,6 +8,7 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/softmax.h"
+#include "kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {
@@ -16,7 +17,8 @@ using detail::by_warp_row_width;
 using detail::grid_for;
 using detail::kThreads;
 using detail::kWarpRowMaxCols;
-using detail::store;
+using detail::load;
+using detail::put;
 
 constexpr int kRowThreads = 256;
 
@@ -47,13 +49,13 @@ struct WarpRow {
 struct RowLse {
   float max, log_sum, sum;  // sum: Σ exp(x_j − max)
 };
-template <class G>
-__device__ RowLse row_lse(const float* x, std::int64_t cols) {
+template <class G, class S>
+__device__ RowLse row_lse(const S* x, std::int64_t cols) {
   float m = -INFINITY;
-  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) m = fmaxf(m, x[j]);
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) m = fmaxf(m, load(x, j));
   m = G::reduce(m, detail::MaxOp{});
   float s = 0.f;
-  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) s += expf(x[j] - m);
+  for (std::int64_t j = G::lane(); j < cols; j += G::kSize) s += expf(load(x, j) - m);
   s = G::reduce(s, detail::SumOp{});
   return {m, logf(s), s};
 }
@@ -66,60 +68,62 @@ __device__ inline std::int64_t causal_cols(std::int64_t row, std::int64_t cols,
 }
 
 // kCausal: row `row` keeps its first causal_cols(row) columns, the others 0 (never kLog).
-template <class G, bool kLog, bool kCausal = false>
-__global__ void softmax_forward_kernel(float* y, const float* x, std::int64_t rows,
-                                       std::int64_t cols, std::int64_t queries = 0) {
+template <class G, bool kLog, bool kCausal, class S>
+__global__ void softmax_forward_kernel(S* y, const S* x, std::int64_t rows, std::int64_t cols,
+                                       std::int64_t queries) {
   const std::int64_t row = G::row();
   if (row >= rows) return;  // a whole warp (WarpRow) or never (BlockRow)
-  const float* xr = x + row * cols;
-  float* yr = y + row * cols;
+  const S* xr = x + row * cols;
+  S* yr = y + row * cols;
   const std::int64_t kept = kCausal ? causal_cols(row, cols, queries) : cols;
   const RowLse r = row_lse<G>(xr, kept);
   const float inv = 1.f / r.sum;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
     if (kCausal && j >= kept) {
-      yr[j] = 0.f;
+      put(yr, j, 0.f);
     } else {
-      yr[j] = kLog ? (xr[j] - r.max) - r.log_sum : expf(xr[j] - r.max) * inv;
+      const float v = load(xr, j);
+      put(yr, j, kLog ? (v - r.max) - r.log_sum : expf(v - r.max) * inv);
     }
   }
 }
 
-template <class G, bool kLog>
-__global__ void softmax_backward_kernel(float* dx, const float* dy, const float* y,
-                                        std::int64_t rows, std::int64_t cols, bool accumulate) {
+template <class G, bool kLog, class S>
+__global__ void softmax_backward_kernel(S* dx, const S* dy, const S* y, std::int64_t rows,
+                                        std::int64_t cols, bool accumulate) {
   const std::int64_t row = G::row();
   if (row >= rows) return;
-  const float* dyr = dy + row * cols;
-  const float* yr = y + row * cols;
+  const S* dyr = dy + row * cols;
+  const S* yr = y + row * cols;
   float s = 0.f;
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
-    s += kLog ? dyr[j] : dyr[j] * yr[j];
+    s += kLog ? load(dyr, j) : load(dyr, j) * load(yr, j);
   }
   s = G::reduce(s, detail::SumOp{});
   for (std::int64_t j = G::lane(); j < cols; j += G::kSize) {
-    const float g = kLog ? dyr[j] - expf(yr[j]) * s : yr[j] * (dyr[j] - s);
-    store(dx, row * cols + j, g, accumulate);
+    const float d = load(dyr, j), p = load(yr, j);
+    const float g = kLog ? d - expf(p) * s : p * (d - s);
+    put(dx, row * cols + j, g, accumulate);
   }
 }
 
 // The WarpRow kernels above with the row in registers: lane `lane` holds columns lane, lane + 32,
 // ..., kPer of them; every sum and maximum in the same order, so the same bits.
 // kCausal: as softmax_forward_kernel's; the masked columns are neither read nor summed.
-template <int kPer, bool kLog, bool kCausal = false>
-__global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64_t rows, int cols,
-                                            std::int64_t queries = 0) {
+template <int kPer, bool kLog, bool kCausal, class S>
+__global__ void softmax_forward_warp_kernel(S* y, const S* x, std::int64_t rows, int cols,
+                                            std::int64_t queries) {
   const std::int64_t row = WarpRow::row();
   if (row >= rows) return;  // the whole warp
   const int lane = WarpRow::lane();
-  const float* xr = x + row * cols;
+  const S* xr = x + row * cols;
   const int kept = kCausal ? static_cast<int>(causal_cols(row, cols, queries)) : cols;
   float v[kPer];
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    v[i] = j < kept ? xr[j] : 0.f;
+    v[i] = j < kept ? load(xr, j) : 0.f;
     if (j < kept) m = fmaxf(m, v[i]);
   }
   m = detail::warp_all_reduce(m, detail::MaxOp{});
@@ -133,52 +137,52 @@ __global__ void softmax_forward_warp_kernel(float* y, const float* x, std::int64
     }
   }
   s = detail::warp_all_reduce(s, detail::SumOp{});
-  float* yr = y + row * cols;
+  S* yr = y + row * cols;
   if constexpr (kLog) {
     const float log_sum = logf(s);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int j = lane + 32 * i;
-      if (j < cols) yr[j] = (v[i] - m) - log_sum;
+      if (j < cols) put(yr, j, (v[i] - m) - log_sum);
     }
   } else {
     const float inv = 1.f / s;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int j = lane + 32 * i;
-      if (j < cols) yr[j] = kCausal && j >= kept ? 0.f : v[i] * inv;
+      if (j < cols) put(yr, j, kCausal && j >= kept ? 0.f : v[i] * inv);
     }
   }
 }
 
-template <int kPer, bool kLog>
-__global__ void softmax_backward_warp_kernel(float* dx, const float* dy, const float* y,
-                                             std::int64_t rows, int cols, bool accumulate) {
+template <int kPer, bool kLog, class S>
+__global__ void softmax_backward_warp_kernel(S* dx, const S* dy, const S* y, std::int64_t rows,
+                                             int cols, bool accumulate) {
   const std::int64_t row = WarpRow::row();
   if (row >= rows) return;
   const int lane = WarpRow::lane();
-  const float* dyr = dy + row * cols;
-  const float* yr = y + row * cols;
+  const S* dyr = dy + row * cols;
+  const S* yr = y + row * cols;
   float d[kPer], p[kPer];
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    d[i] = j < cols ? dyr[j] : 0.f;
-    p[i] = j < cols ? yr[j] : 0.f;
+    d[i] = j < cols ? load(dyr, j) : 0.f;
+    p[i] = j < cols ? load(yr, j) : 0.f;
     if (j < cols) s += kLog ? d[i] : d[i] * p[i];
   }
   s = detail::warp_all_reduce(s, detail::SumOp{});
-  float* dxr = dx + row * cols;
+  S* dxr = dx + row * cols;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    if (j < cols) store(dxr, j, kLog ? d[i] - expf(p[i]) * s : p[i] * (d[i] - s), accumulate);
+    if (j < cols) put(dxr, j, kLog ? d[i] - expf(p[i]) * s : p[i] * (d[i] - s), accumulate);
   }
 }
 
-template <class G>
-__global__ void row_lse_kernel(float* lse, const float* x, std::int64_t rows, std::int64_t cols) {
+template <class G, class S>
+__global__ void row_lse_kernel(float* lse, const S* x, std::int64_t rows, std::int64_t cols) {
   const std::int64_t row = G::row();
   if (row >= rows) return;
   const RowLse r = row_lse<G>(x + row * cols, cols);
@@ -201,13 +205,14 @@ void by_rows(std::int64_t rows, std::int64_t cols, Launch launch) {
 
 constexpr int kMeanThreads = 1024;
 
-__global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const float* x,
+template <class S>
+__global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const S* x,
                                           const std::int32_t* target, std::int64_t rows,
                                           std::int64_t cols) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < rows; i += kMeanThreads) {
     const std::int32_t t = target[i];
-    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[2 * i] - x[i * cols + t]) +
+    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[2 * i] - load(x, i * cols + t)) +
                                       static_cast<double>(lse[2 * i + 1])
                                 : static_cast<double>(NAN);
   }
@@ -215,22 +220,23 @@ __global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const f
   if (threadIdx.x == 0) loss[0] = static_cast<float>(acc / static_cast<double>(rows));
 }
 
-__global__ void cross_entropy_backward_kernel(float* dx, const float* dloss, const float* x,
+template <class S>
+__global__ void cross_entropy_backward_kernel(S* dx, const float* dloss, const S* x,
                                               const float* lse, const std::int32_t* target,
                                               std::int64_t rows, std::int64_t cols,
                                               bool accumulate) {
   const float scale = dloss[0] / static_cast<float>(rows);
   GW_GRID_STRIDE(i, rows * cols) {
     const std::int64_t r = i / cols, j = i % cols;
-    const float p = expf((x[i] - lse[2 * r]) - lse[2 * r + 1]);
-    store(dx, i, (p - (j == target[r] ? 1.f : 0.f)) * scale, accumulate);
+    const float p = expf((load(x, i) - lse[2 * r]) - lse[2 * r + 1]);
+    put(dx, i, (p - (j == target[r] ? 1.f : 0.f)) * scale, accumulate);
   }
 }
 
 // Forward (kLog: log-softmax; kCausal: the causal softmax of [.., queries, cols] matrices) by
 // rows: a warp a row in registers, or a block a row.
-template <bool kLog, bool kCausal = false>
-void softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+template <bool kLog, bool kCausal = false, class S>
+void softmax_forward_rows(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                           cudaStream_t stream, std::int64_t queries = 0) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
     if constexpr (std::is_same_v<G, WarpRow>) {
@@ -244,9 +250,9 @@ void softmax_forward_rows(float* y, const float* x, std::int64_t rows, std::int6
     }
   });
 }
-template <bool kLog>
-void softmax_backward_rows(float* dx, const float* dy, const float* y, std::int64_t rows,
-                           std::int64_t cols, bool accumulate, cudaStream_t stream) {
+template <bool kLog, class S>
+void softmax_backward_rows(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
+                           bool accumulate, cudaStream_t stream) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
     if constexpr (std::is_same_v<G, WarpRow>) {
       by_warp_row_width(cols, [&](auto per) {
@@ -263,27 +269,33 @@ void softmax_backward_rows(float* dx, const float* dy, const float* y, std::int6
 
 }  // namespace
 
-void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                     cudaStream_t stream) {
+// S: float or bf16 (storage; the arithmetic is float32 either way).
+template <class S>
+void softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
   softmax_forward_rows<false>(y, x, rows, cols, stream);
 }
-void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+template <class S>
+void log_softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream) {
   softmax_forward_rows<true>(y, x, rows, cols, stream);
 }
-void causal_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+template <class S>
+void causal_softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                             std::int64_t queries, cudaStream_t stream) {
   softmax_forward_rows<false, true>(y, x, rows, cols, stream, queries);
 }
-void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
-                      std::int64_t cols, bool accumulate, cudaStream_t stream) {
+template <class S>
+void softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
+                      bool accumulate, cudaStream_t stream) {
   softmax_backward_rows<false>(dx, dy, y, rows, cols, accumulate, stream);
 }
-void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
-                          std::int64_t cols, bool accumulate, cudaStream_t stream) {
+template <class S>
+void log_softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
+                          bool accumulate, cudaStream_t stream) {
   softmax_backward_rows<true>(dx, dy, y, rows, cols, accumulate, stream);
 }
-void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
+template <class S>
+void cross_entropy_forward(float* loss, float* lse, const S* x, const std::int32_t* target,
                            std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
     row_lse_kernel<G><<<blocks, kRowThreads, 0, stream>>>(lse, x, rows, cols);
@@ -291,12 +303,31 @@ void cross_entropy_forward(float* loss, float* lse, const float* x, const std::i
   cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(loss, lse, x, target, rows, cols);
   GW_LAUNCH_CHECK();
 }
-void cross_entropy_backward(float* dx, const float* dloss, const float* x, const float* lse,
+template <class S>
+void cross_entropy_backward(S* dx, const float* dloss, const S* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
                             bool accumulate, cudaStream_t stream) {
   cross_entropy_backward_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(
       dx, dloss, x, lse, target, rows, cols, accumulate);
   GW_LAUNCH_CHECK();
 }
+
+#define GW_SOFTMAX_INSTANTIATE(S)                                                                 \
+  template void softmax_forward(S*, const S*, std::int64_t, std::int64_t, cudaStream_t);         \
+  template void log_softmax_forward(S*, const S*, std::int64_t, std::int64_t, cudaStream_t);     \
+  template void causal_softmax_forward(S*, const S*, std::int64_t, std::int64_t, std::int64_t,   \
+                                       cudaStream_t);                                            \
+  template void softmax_backward(S*, const S*, const S*, std::int64_t, std::int64_t, bool,       \
+                                 cudaStream_t);                                                  \
+  template void log_softmax_backward(S*, const S*, const S*, std::int64_t, std::int64_t, bool,   \
+                                     cudaStream_t);                                              \
+  template void cross_entropy_forward(float*, float*, const S*, const std::int32_t*,             \
+                                      std::int64_t, std::int64_t, cudaStream_t);                 \
+  template void cross_entropy_backward(S*, const float*, const S*, const float*,                 \
+                                       const std::int32_t*, std::int64_t, std::int64_t, bool,    \
+                                       cudaStream_t);
+GW_SOFTMAX_INSTANTIATE(float)
+GW_SOFTMAX_INSTANTIATE(bf16)
+#undef GW_SOFTMAX_INSTANTIATE
 
 }  // namespace graphward::kernels

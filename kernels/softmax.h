@@ -7,6 +7,7 @@
 // sum; row sums in a fixed order, so results are deterministic.
 #include <cstdint>
 #include "base/config.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -15,30 +16,39 @@
 namespace graphward::kernels {
 
 #if GRAPHWARD_HAS_CUDA
+// S: float or bf16 (bfloat16 storage: loads widened, arithmetic and the row statistics in float32,
+// each output rounded once when stored). Cross-entropy's loss, statistics and dloss are float32
+// whatever the logits' storage.
 // y = softmax(x) / log_softmax(x) per row
-void softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                     cudaStream_t stream);
-void log_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+template <class S>
+void softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+template <class S>
+void log_softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                          cudaStream_t stream);
 // Causal softmax: the rows as matrices of `queries` rows each (attention's scores [.., Tq, Tk],
 // queries = Tq); row r keeps its columns j ≤ r mod queries — a query attends to the keys up to its
 // own position, aligned at the top left as PyTorch's is_causal — and the others are 0 (neither
 // read nor summed). Its backward is softmax_backward's (a 0 of y has a 0 gradient).
-void causal_softmax_forward(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+template <class S>
+void causal_softmax_forward(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                             std::int64_t queries, cudaStream_t stream);
 // dx = y ⊙ (dy − Σ_j dy_j y_j)  (y: softmax's output)
-void softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
-                      std::int64_t cols, bool accumulate, cudaStream_t stream);
+template <class S>
+void softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
+                      bool accumulate, cudaStream_t stream);
 // dx = dy − exp(y) · Σ_j dy_j  (y: log_softmax's output)
-void log_softmax_backward(float* dx, const float* dy, const float* y, std::int64_t rows,
-                          std::int64_t cols, bool accumulate, cudaStream_t stream);
+template <class S>
+void log_softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
+                          bool accumulate, cudaStream_t stream);
 // lse[2i] = m_i = max_j x[i, j], lse[2i + 1] = log Σ_j exp(x[i, j] − m_i) (lse: [rows, 2]);
 // loss[0] = mean_i ((m_i − x[i, target[i]]) + lse[2i + 1]). A target outside [0, cols) makes the
 // loss NaN (no host read to refuse it).
-void cross_entropy_forward(float* loss, float* lse, const float* x, const std::int32_t* target,
+template <class S>
+void cross_entropy_forward(float* loss, float* lse, const S* x, const std::int32_t* target,
                            std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 // dx[i, j] = (exp((x[i, j] − lse[2i]) − lse[2i + 1]) − [j == target[i]]) · dloss[0] / rows
-void cross_entropy_backward(float* dx, const float* dloss, const float* x, const float* lse,
+template <class S>
+void cross_entropy_backward(S* dx, const float* dloss, const S* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
                             bool accumulate, cudaStream_t stream);
 #endif

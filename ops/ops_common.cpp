@@ -2,12 +2,14 @@
 
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "runtime/capture_mode.h"
 
 namespace graphward::ops_detail {
 
-void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16) {
+void check_inputs(const char* op, std::initializer_list<Named> inputs, Bf16 bf16) {
+  const bool cuda_bf16 = bf16 != Bf16::kNo;
   const Named* first = nullptr;
   for (const Named& in : inputs) {
     GW_CHECK(in.tensor && in.tensor->defined(), op, ": input '", in.name,
@@ -15,7 +17,8 @@ void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda
     const Tensor& t = *in.tensor;
     GW_CHECK(is_floating(t.dtype()), op, ": input '", in.name, "' is ", t.str(),
              "; expected a floating-point tensor");
-    GW_CHECK(t.dtype() != DType::kBFloat16 || (cuda_bf16 && t.is_cuda()), op, ": input '", in.name,
+    GW_CHECK(t.dtype() != DType::kBFloat16 || bf16 == Bf16::kEverywhere || (cuda_bf16 && t.is_cuda()),
+             op, ": input '", in.name,
              "' is ", t.str(), "; ",
              cuda_bf16 ? "bfloat16 runs on CUDA only (on the CPU it is storage only): expected "
                          "float32 or float64 (convert with cast(x, DType::kFloat32))"
@@ -127,5 +130,42 @@ bool open_slot(const GradSlot& slot, const Shape& shape, TensorOptions options,
   g.bump_version();
   return slot.accumulate;
 }
+
+template <class T>
+T* CpuData<T>::view(const Tensor& t, bool read, bool output) {
+  if (!widen_ || t.dtype() != DType::kBFloat16) return static_cast<T*>(t.raw_data());
+  if constexpr (std::is_same_v<T, float>) {
+    for (Widened& w : widened_) {
+      if (w.target.raw_data() != t.raw_data()) continue;
+      w.output = w.output || output;
+      return w.copy.template data<float>();
+    }
+    Tensor copy = Tensor::empty(t.shape(), {DType::kFloat32, Device::cpu()});
+    const auto* src = static_cast<const bf16*>(t.raw_data());
+    float* dst = copy.data<float>();
+    const std::int64_t n = t.numel();
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = read ? src[i].to_float() : 0.f;
+    widened_.push_back({t, copy, output});
+    return dst;
+  } else {
+    GW_CHECK(false, "a bfloat16 CPU kernel computes in float32 only");
+    return nullptr;
+  }
+}
+
+template <class T>
+void CpuData<T>::commit() {
+  for (Widened& w : widened_) {
+    if (!w.output) continue;
+    auto* dst = static_cast<bf16*>(w.target.raw_data());
+    const float* src = w.copy.template data<float>();
+    const std::int64_t n = w.target.numel();
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16::from_float(src[i]);
+  }
+  widened_.clear();
+}
+
+template class CpuData<float>;
+template class CpuData<double>;
 
 }  // namespace graphward::ops_detail

@@ -7,10 +7,12 @@
 // A failing op must leave no trace: all validation (shapes, dtypes, devices, emptiness, gradient
 // slots) runs before the first allocation or write, so an exception never leaves a half-written
 // output or a gradient with some contributions added.
+#include <cstdint>
 #include <initializer_list>
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/elementwise.h"
 #include "ops/ops.h"
@@ -23,9 +25,12 @@ struct Named {
   const Tensor* tensor;
 };
 
+// Where an op takes bfloat16: nowhere, on CUDA only, or on CUDA and the CPU backend (Note
+// [bfloat16 on the CPU]).
+enum class Bf16 : std::uint8_t { kNo, kCuda, kEverywhere };
 // Each tensor is defined and non-empty; all share the first one's device and dtype; CUDA tensors
-// are float32 — or, where the op says so (`cuda_bf16`), bfloat16 (storage only on the CPU).
-void check_inputs(const char* op, std::initializer_list<Named> inputs, bool cuda_bf16 = false);
+// are float32 — or, where the op says so (`bf16`), bfloat16.
+void check_inputs(const char* op, std::initializer_list<Named> inputs, Bf16 bf16 = Bf16::kNo);
 void check_same_shape(const char* op, Named a, Named b);
 void check_dim(const char* op, Named t, std::int64_t dim);
 // `t`'s shape is the trailing part of `of`'s (of rank 1 up to of's), as [T, D] is of [B, T, D].
@@ -94,6 +99,53 @@ void dispatch_cpu(DType dtype, F&& f) {
         std::string("graphward: out of host memory for a CPU kernel's scratch (") + e.what() +
         "). Expected: less memory in use, or a smaller batch");
   }
+}
+
+// Note [bfloat16 on the CPU]
+// The CPU backend computes a bfloat16 op as its CUDA kernel does: bfloat16 loads, float32
+// arithmetic, each output element rounded to nearest even once, when stored (an accumulating
+// store rounds the float32 sum of the old value and the new). It runs the op's float32 CPU kernel
+// on float32 copies of the bfloat16 tensors (inputs widened exactly; an output widened too where
+// it is read: a gradient accumulated into) and rounds the outputs back when the kernel is done.
+// Saved tensors are those of the CUDA op (bfloat16 where its are), so a backward reads the
+// rounded values as the CUDA one does. The copies cost memory and time the CPU backend can afford:
+// it is the reference, not the fast path.
+template <class T>
+class CpuData {
+ public:
+  explicit CpuData(bool widen) : widen_(widen) {}
+  CpuData(const CpuData&) = delete;
+  CpuData& operator=(const CpuData&) = delete;
+  // An input's elements as T.
+  const T* in(const Tensor& t) { return view(t, true, false); }
+  // An output's (written, never read: its old values are not widened).
+  T* out(const Tensor& t) { return view(t, false, true); }
+  // An output read before it is written (accumulated into).
+  T* inout(const Tensor& t) { return view(t, true, true); }
+  // Rounds the widened outputs back into their bfloat16 tensors (run once the kernel is done).
+  void commit();
+
+ private:
+  T* view(const Tensor& t, bool read, bool output);
+  struct Widened {
+    Tensor target, copy;
+    bool output;
+  };
+  bool widen_;
+  std::vector<Widened> widened_;
+};
+
+// Runs f.template operator()<T>(CpuData<T>& data) on the CPU backend: T = float or double per
+// `dtype`, and for bfloat16, T = float on widened copies rounded back after f (Note [bfloat16 on
+// the CPU]). The kernel reads and writes every tensor through `data` (in, out, inout).
+template <class F>
+void dispatch_cpu_data(DType dtype, F&& f) {
+  const bool widen = dtype == DType::kBFloat16;
+  dispatch_cpu(widen ? DType::kFloat32 : dtype, [&]<class T>() {
+    CpuData<T> data(widen);
+    std::forward<F>(f).template operator()<T>(data);
+    data.commit();
+  });
 }
 
 // Runs f.template operator()<T>() with T = float or bf16 per `dtype` (a CUDA op's storage type;

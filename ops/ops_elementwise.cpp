@@ -30,7 +30,7 @@ bool is_row(const Tensor& t) {
 }
 
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
-  check_inputs(op, {{"a", &a}, {"b", &b}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kCuda);
   Broadcast bc;
   if (a.shape() == b.shape()) {
     bc.out_shape = a.shape();
@@ -82,7 +82,7 @@ Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b
 void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, const Tensor& a,
                      const Tensor& b, GradSlot grad_a, GradSlot grad_b) {
   const Broadcast bc = broadcast(op, a, b);
-  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}}, Bf16::kCuda);
   GW_CHECK(grad_out.shape() == bc.out_shape, op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(bc.out_shape));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);
@@ -160,7 +160,7 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
 }
 
 Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
-  check_inputs(op, {{"x", &x}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"x", &x}}, Bf16::kCuda);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
@@ -185,7 +185,7 @@ Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
 enum class Pointwise { kRelu, kTanh, kSigmoid, kGelu };
 
 Tensor activation(const char* op, Pointwise act, const Tensor& x) {
-  check_inputs(op, {{"x", &x}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"x", &x}}, Bf16::kCuda);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
@@ -235,7 +235,7 @@ Tensor activation(const char* op, Pointwise act, const Tensor& x) {
 void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, const Tensor& y,
                          GradSlot grad_x) {
   const char* saved = act == Pointwise::kGelu ? "x" : "y";
-  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}}, Bf16::kCuda);
   check_same_shape(op, {"grad_out", &grad_out}, {saved, &y});
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
@@ -422,7 +422,7 @@ Tensor mul(const Tensor& a, double s) {
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
   const char* op = "scale_backward";
   check_finite_scalar(op, scale, grad_out);
-  check_inputs(op, {{"grad_out", &grad_out}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kCuda);
   if (!check_slot(op, "grad_a", grad_a, grad_out)) return;
   const std::int64_t n = grad_out.numel();
   if (grad_out.is_cuda()) {

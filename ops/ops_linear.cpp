@@ -134,9 +134,9 @@ struct LinearDims {
 LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // bfloat16 on CUDA: storage only, the GEMMs and epilogues accumulate in float32.
   if (bias.defined()) {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, /*cuda_bf16=*/true);
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, Bf16::kCuda);
   } else {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}}, /*cuda_bf16=*/true);
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, Bf16::kCuda);
   }
   check_dim(op, {"x", &x}, 2);
   check_dim(op, {"weight", &weight}, 2);
@@ -312,7 +312,7 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   // Every check before anything is allocated or written (Note [Check, then write]).
   const LinearDims d = check_linear(op, x, weight, Tensor());
   check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}},
-               /*cuda_bf16=*/true);
+               Bf16::kCuda);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
@@ -372,7 +372,7 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                      GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear(op, x, weight, Tensor());
-  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, /*cuda_bf16=*/true);
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, Bf16::kCuda);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));

@@ -192,7 +192,7 @@ std::int64_t normalize_dim(const char* op, std::int64_t d, std::int64_t rank) {
 // ---- reshape ----------------------------------------------------------------------------------
 Tensor reshape(const Tensor& x, const Shape& shape) {
   const char* op = "reshape";
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);  // a view: any storage
   Shape out = shape;
   int inferred = -1;
   std::int64_t known = 1;
@@ -228,7 +228,7 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
 
 void reshape_backward(const Tensor& grad_out, const Shape& input_shape, GradSlot grad_x) {
   const char* op = "reshape_backward";
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.numel() == shape_numel(input_shape), op, ": grad_out ",
            shape_str(grad_out.shape()), " does not have the elements of the input ",
            shape_str(input_shape), "; expected ", shape_numel(input_shape), " elements");

@@ -27,30 +27,31 @@ Rows rows_of(const char* op, const Tensor& x) {
 
 // queries > 0: the causal softmax of [..., queries, cols] matrices (never `log`).
 Tensor softmax_impl(const char* op, const Tensor& x, bool log, std::int64_t queries = 0) {
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   const Rows r = rows_of(op, x);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&x});
     Tensor y = new_output(x.shape(), x);
-    if (queries > 0) {
-      k::causal_softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, queries,
-                                scope.stream());
-    } else if (log) {
-      k::log_softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
-    } else {
-      k::softmax_forward(y.data<float>(), x.data<float>(), r.rows, r.cols, scope.stream());
-    }
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (queries > 0) {
+        k::causal_softmax_forward(ptr<T>(y), ptr<T>(x), r.rows, r.cols, queries, scope.stream());
+      } else if (log) {
+        k::log_softmax_forward(ptr<T>(y), ptr<T>(x), r.rows, r.cols, scope.stream());
+      } else {
+        k::softmax_forward(ptr<T>(y), ptr<T>(x), r.rows, r.cols, scope.stream());
+      }
+    });
     return y;
 #endif
   }
   Tensor y = new_output(x.shape(), x);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
     if (queries > 0) {
-      k::cpu::causal_softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, queries);
+      k::cpu::causal_softmax_forward<T>(d.out(y), d.in(x), r.rows, r.cols, queries);
     } else {
-      k::cpu::softmax_forward<T>(ptr<T>(y), ptr<T>(x), r.rows, r.cols, log);
+      k::cpu::softmax_forward<T>(d.out(y), d.in(x), r.rows, r.cols, log);
     }
   });
   return y;
@@ -58,7 +59,7 @@ Tensor softmax_impl(const char* op, const Tensor& x, bool log, std::int64_t quer
 
 void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor& y, GradSlot grad_x,
                            bool log) {
-  check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"y", &y}}, Bf16::kEverywhere);
   check_same_shape(op, {"grad_out", &grad_out}, {"y", &y});
   const Rows r = rows_of(op, y);
   if (!check_slot(op, "grad_x", grad_x, y)) return;
@@ -67,21 +68,22 @@ void softmax_backward_impl(const char* op, const Tensor& grad_out, const Tensor&
     CudaScope scope(y.device());
     scope.read({&grad_out, &y});
     const bool acc = open_slot(grad_x, y, scope.stream());
-    float* dx = grad_x.tensor->data<float>();
-    if (log) {
-      k::log_softmax_backward(dx, grad_out.data<float>(), y.data<float>(), r.rows, r.cols, acc,
-                              scope.stream());
-    } else {
-      k::softmax_backward(dx, grad_out.data<float>(), y.data<float>(), r.rows, r.cols, acc,
-                          scope.stream());
-    }
+    dispatch_cuda(y.dtype(), [&]<class T>() {
+      T* dx = slot_ptr<T>(grad_x);
+      if (log) {
+        k::log_softmax_backward(dx, ptr<T>(grad_out), ptr<T>(y), r.rows, r.cols, acc,
+                                scope.stream());
+      } else {
+        k::softmax_backward(dx, ptr<T>(grad_out), ptr<T>(y), r.rows, r.cols, acc, scope.stream());
+      }
+    });
     return;
 #endif
   }
   const bool acc = open_slot(grad_x, y, nullptr);
-  dispatch_cpu(y.dtype(), [&]<class T>() {
-    k::cpu::softmax_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(y), r.rows, r.cols,
-                                log, acc);
+  dispatch_cpu_data(y.dtype(), [&]<class T>(CpuData<T>& d) {
+    T* dx = acc ? d.inout(*grad_x.tensor) : d.out(*grad_x.tensor);
+    k::cpu::softmax_backward<T>(dx, d.in(grad_out), d.in(y), r.rows, r.cols, log, acc);
   });
 }
 
@@ -104,7 +106,7 @@ Tensor recorded_softmax(const char* op, bool log, const Tensor& x, std::int64_t 
 }
 
 void check_targets(const char* op, const Tensor& logits, const Tensor& targets) {
-  check_inputs(op, {{"logits", &logits}});
+  check_inputs(op, {{"logits", &logits}}, Bf16::kEverywhere);
   check_dim(op, {"logits", &logits}, 2);
   GW_CHECK(targets.defined() && targets.dtype() == DType::kInt32 &&
                targets.shape() == Shape({logits.size(0)}) && targets.device() == logits.device(),
@@ -140,6 +142,11 @@ namespace {
 struct CrossEntropyOut {
   Tensor loss, lse;
 };
+// The dtype of cross-entropy's loss, statistics and loss gradient: the logits', float32 for
+// bfloat16 logits (the loss keeps float32 math and storage).
+DType loss_dtype(const Tensor& logits) {
+  return logits.dtype() == DType::kBFloat16 ? DType::kFloat32 : logits.dtype();
+}
 CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) {
   const char* op = "cross_entropy";
   check_targets(op, logits, targets);
@@ -149,19 +156,23 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(logits.device());
     scope.read({&logits, &targets});
-    o.loss = new_output({}, logits);
-    o.lse = new_output({rows, 2}, logits);
-    k::cross_entropy_forward(o.loss.data<float>(), o.lse.data<float>(), logits.data<float>(),
-                             targets.data<std::int32_t>(), rows, cols, scope.stream());
+    const TensorOptions f32{DType::kFloat32, logits.device()};
+    o.loss = Tensor::empty({}, f32);
+    o.lse = Tensor::empty({rows, 2}, f32);
+    dispatch_cuda(logits.dtype(), [&]<class T>() {
+      k::cross_entropy_forward(o.loss.data<float>(), o.lse.data<float>(), ptr<T>(logits),
+                               targets.data<std::int32_t>(), rows, cols, scope.stream());
+    });
     return o;
 #endif
   }
   check_index_values(op, "target", targets, cols, "a class");
   const std::int32_t* t = targets.data<std::int32_t>();
-  o.loss = new_output({}, logits);
-  o.lse = new_output({rows, 2}, logits);
-  dispatch_cpu(logits.dtype(), [&]<class T>() {
-    k::cpu::cross_entropy_forward<T>(ptr<T>(o.loss), ptr<T>(o.lse), ptr<T>(logits), t, rows, cols);
+  const TensorOptions stats{loss_dtype(logits), logits.device()};
+  o.loss = Tensor::empty({}, stats);
+  o.lse = Tensor::empty({rows, 2}, stats);
+  dispatch_cpu_data(logits.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::cross_entropy_forward<T>(d.out(o.loss), d.out(o.lse), d.in(logits), t, rows, cols);
   });
   return o;
 }
@@ -184,7 +195,12 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
                             const Tensor& targets, GradSlot grad_logits) {
   const char* op = "cross_entropy_backward";
   check_targets(op, logits, targets);
-  check_inputs(op, {{"grad_out", &grad_out}, {"logits", &logits}, {"logsumexp", &lse}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"logsumexp", &lse}});
+  GW_CHECK(grad_out.dtype() == loss_dtype(logits) && lse.dtype() == loss_dtype(logits) &&
+               grad_out.device() == logits.device() && lse.device() == logits.device(),
+           op, ": grad_out is ", grad_out.str(), ", logsumexp ", lse.str(), "; expected ",
+           dtype_name(loss_dtype(logits)), " on ", logits.device().str(),
+           " (the loss's dtype for logits ", logits.str(), ")");
   GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
            "; expected one element (the gradient of the loss)");
   GW_CHECK(lse.shape() == Shape({logits.size(0), 2}), op, ": logsumexp has shape ",
@@ -198,16 +214,19 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
     CudaScope scope(logits.device());
     scope.read({&grad_out, &logits, &lse, &targets});
     const bool acc = open_slot(grad_logits, logits, scope.stream());
-    k::cross_entropy_backward(grad_logits.tensor->data<float>(), grad_out.data<float>(),
-                              logits.data<float>(), lse.data<float>(), targets.data<std::int32_t>(),
-                              rows, cols, acc, scope.stream());
+    dispatch_cuda(logits.dtype(), [&]<class T>() {
+      k::cross_entropy_backward(slot_ptr<T>(grad_logits), grad_out.data<float>(), ptr<T>(logits),
+                                lse.data<float>(), targets.data<std::int32_t>(), rows, cols, acc,
+                                scope.stream());
+    });
     return;
 #endif
   }
   const bool acc = open_slot(grad_logits, logits, nullptr);
-  dispatch_cpu(logits.dtype(), [&]<class T>() {
-    k::cpu::cross_entropy_backward<T>(slot_ptr<T>(grad_logits), ptr<T>(grad_out), ptr<T>(logits),
-                                      ptr<T>(lse), targets.data<std::int32_t>(), rows, cols, acc);
+  dispatch_cpu_data(logits.dtype(), [&]<class T>(CpuData<T>& d) {
+    T* dx = acc ? d.inout(*grad_logits.tensor) : d.out(*grad_logits.tensor);
+    k::cpu::cross_entropy_backward<T>(dx, d.in(grad_out), d.in(logits), d.in(lse),
+                                      targets.data<std::int32_t>(), rows, cols, acc);
   });
 }
 

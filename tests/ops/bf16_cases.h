@@ -1,0 +1,79 @@
+#pragma once
+// The bfloat16 ops, one case each: the op's outputs and input gradients (each backward called
+// directly with a fixed random grad_out) for inputs made on the CPU in float32 and converted to
+// the asked dtype and device, and the tolerance of the bfloat16 results against the float32 CPU
+// reference on the same (unrounded) inputs: ‖bf16 − fp32‖ / ‖fp32‖, per output. bfloat16 keeps 8
+// bits of mantissa (a rounding error of up to 2^-9 ≈ 2e-3 an element): an op whose outputs are
+// its inputs rounded once lands near 2e-3; one that sums or exponentiates rounded inputs, a few
+// times that. Shared by the CPU tests and the CUDA tests.
+//
+// | op (forward, backward)             | tolerance | why                                            |
+// |------------------------------------|-----------|------------------------------------------------|
+// | softmax, log_softmax, causal       | 3e-2      | logits of scale 3 rounded: 3 · 2^-9 an element |
+// | cross_entropy                      | 2e-2      | logits of scale 2 rounded; the loss float32    |
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace graphward::testing {
+
+struct Bf16Case {
+  const char* name;
+  double tol;
+  // Outputs then gradients, in `options` (dtype, device).
+  std::function<std::vector<Tensor>(TensorOptions)> run;
+};
+
+// A float32 CPU tensor of `shape` (seed) converted to `options`.
+inline Tensor bf16_case_input(const Shape& shape, std::uint64_t seed, TensorOptions options,
+                              double scale = 1.0) {
+  Tensor x = mul(randn(shape, seed), scale);
+  if (options.dtype != DType::kFloat32) x = cast(x, options.dtype);
+  return x.to(options.device);
+}
+inline std::vector<Bf16Case> bf16_cases() {
+  std::vector<Bf16Case> cases;
+  auto rowwise = [&](const char* name, double tol, std::int64_t cols, auto forward, auto bwd) {
+    cases.push_back({name, tol, [=](TensorOptions o) {
+                       const Tensor x = bf16_case_input({48, cols}, 1, o, 3.0);
+                       const Tensor dy = bf16_case_input({48, cols}, 2, o);
+                       const Tensor y = forward(x);
+                       Tensor dx;
+                       bwd(dy, y, GradSlot{&dx});
+                       return std::vector<Tensor>{y, dx};
+                     }});
+  };
+  for (std::int64_t cols : {40, 700, 3000}) {  // a warp a row, in registers; a block a row
+    rowwise("softmax", 3e-2, cols, [](const Tensor& x) { return softmax(x); },
+            [](const Tensor& dy, const Tensor& y, GradSlot g) { softmax_backward(dy, y, g); });
+    rowwise("log_softmax", 3e-2, cols, [](const Tensor& x) { return log_softmax(x); },
+            [](const Tensor& dy, const Tensor& y, GradSlot g) { log_softmax_backward(dy, y, g); });
+  }
+  cases.push_back({"causal_softmax", 3e-2, [](TensorOptions o) {
+                     const Tensor x = bf16_case_input({3, 40, 40}, 3, o, 3.0);
+                     const Tensor dy = bf16_case_input({3, 40, 40}, 4, o);
+                     const Tensor y = causal_softmax(x);
+                     Tensor dx;
+                     softmax_backward(dy, y, GradSlot{&dx});
+                     return std::vector<Tensor>{y, dx};
+                   }});
+  for (std::int64_t cols : {10, 2000}) {  // the loss through autograd: its seed is float32
+    cases.push_back({"cross_entropy", 2e-2, [cols](TensorOptions o) {
+                       const Tensor x =
+                           bf16_case_input({64, cols}, 5, o, 2.0).detach().set_requires_grad(true);
+                       std::vector<std::int32_t> t(64);
+                       for (std::size_t i = 0; i < t.size(); ++i) {
+                         t[i] = static_cast<std::int32_t>((i * 7919) %
+                                                          static_cast<std::size_t>(cols));
+                       }
+                       const Tensor loss = cross_entropy(x, from_vector(t, {64}).to(o.device));
+                       backward(loss);
+                       return std::vector<Tensor>{loss, x.grad()};
+                     }});
+  }
+  return cases;
+}
+
+}  // namespace graphward::testing
