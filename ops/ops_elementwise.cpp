@@ -30,7 +30,7 @@ bool is_row(const Tensor& t) {
 }
 
 Broadcast broadcast(const char* op, const Tensor& a, const Tensor& b) {
-  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kCuda);
+  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kEverywhere);
   Broadcast bc;
   if (a.shape() == b.shape()) {
     bc.out_shape = a.shape();
@@ -71,9 +71,8 @@ Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b
 #endif
   }
   Tensor y = new_output(bc.out_shape, a);
-  dispatch_cpu(a.dtype(), [&]<class T>() {
-    k::cpu::binary_forward<T>(kind, ptr<T>(y), ptr<T>(a), bc.a_period, ptr<T>(b), bc.b_period,
-                              bc.n);
+  dispatch_cpu_data(a.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::binary_forward<T>(kind, d.out(y), d.in(a), bc.a_period, d.in(b), bc.b_period, bc.n);
   });
   return y;
 }
@@ -82,7 +81,7 @@ Tensor binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b
 void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, const Tensor& a,
                      const Tensor& b, GradSlot grad_a, GradSlot grad_b) {
   const Broadcast bc = broadcast(op, a, b);
-  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}}, Bf16::kCuda);
+  check_inputs(op, {{"grad_out", &grad_out}, {"a", &a}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == bc.out_shape, op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(bc.out_shape));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);
@@ -111,20 +110,21 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
     (void)s, (void)slot, (void)self, (void)period, (void)other, (void)other_period, (void)sign;
 #endif
   };
-  auto run_cpu = [&]<class T>(const GradSlot& slot, const Tensor& self, std::int64_t period,
-                              const Tensor& other, std::int64_t other_period, T sign) {
+  auto run_cpu = [&]<class T>(CpuData<T>& d, const GradSlot& slot, const Tensor& self,
+                              std::int64_t period, const Tensor& other, std::int64_t other_period,
+                              T sign) {
     const bool acc = open_slot(slot, self, nullptr);
-    T* dst = slot_ptr<T>(slot);
-    const T* dy = ptr<T>(grad_out);
+    T* dst = acc ? d.inout(*slot.tensor) : d.out(*slot.tensor);
+    const T* dy = d.in(grad_out);
     if (period == bc.n) {
       if (kind == k::BinaryOp::kMul) {
-        k::cpu::mul_backward<T>(dst, dy, ptr<T>(other), other_period, bc.n, acc);
+        k::cpu::mul_backward<T>(dst, dy, d.in(other), other_period, bc.n, acc);
       } else {
         k::cpu::scale_backward<T>(dst, dy, sign, bc.n, acc);
       }
     } else {
       // mul with a row operand whose partner is full: Σ_rows dy * other (other has the full shape).
-      const T* weight = kind == k::BinaryOp::kMul ? ptr<T>(other) : nullptr;
+      const T* weight = kind == k::BinaryOp::kMul ? d.in(other) : nullptr;
       k::cpu::column_sum<T>(dst, dy, weight, sign, bc.n / period, period, acc);
     }
   };
@@ -149,18 +149,18 @@ void binary_backward(const char* op, k::BinaryOp kind, const Tensor& grad_out, c
       run_cuda(scope.stream(), grad_b, b, bc.b_period, a, bc.a_period, sign_b);
     return;
   }
-  dispatch_cpu(a.dtype(), [&]<class T>() {
+  dispatch_cpu_data(a.dtype(), [&]<class T>(CpuData<T>& d) {
     if (want_a && !share_a) {
-      run_cpu.template operator()<T>(grad_a, a, bc.a_period, b, bc.b_period, T(1));
+      run_cpu.template operator()<T>(d, grad_a, a, bc.a_period, b, bc.b_period, T(1));
     }
     if (want_b && !share_b) {
-      run_cpu.template operator()<T>(grad_b, b, bc.b_period, a, bc.a_period, T(sign_b));
+      run_cpu.template operator()<T>(d, grad_b, b, bc.b_period, a, bc.a_period, T(sign_b));
     }
   });
 }
 
 Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
-  check_inputs(op, {{"x", &x}}, Bf16::kCuda);
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
@@ -174,8 +174,8 @@ Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
 #endif
   }
   Tensor y = new_output(x.shape(), x);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::affine_forward<T>(ptr<T>(y), ptr<T>(x), T(alpha), T(beta), x.numel());
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::affine_forward<T>(d.out(y), d.in(x), T(alpha), T(beta), x.numel());
   });
   return y;
 }
@@ -185,7 +185,7 @@ Tensor affine(const char* op, const Tensor& x, double alpha, double beta) {
 enum class Pointwise { kRelu, kTanh, kSigmoid, kGelu };
 
 Tensor activation(const char* op, Pointwise act, const Tensor& x) {
-  check_inputs(op, {{"x", &x}}, Bf16::kCuda);
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
@@ -213,19 +213,21 @@ Tensor activation(const char* op, Pointwise act, const Tensor& x) {
 #endif
   }
   Tensor y = new_output(x.shape(), x);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+    T* out = d.out(y);
+    const T* in = d.in(x);
     switch (act) {
       case Pointwise::kRelu:
-        k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        k::cpu::relu_forward<T>(out, in, x.numel());
         break;
       case Pointwise::kTanh:
-        k::cpu::tanh_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        k::cpu::tanh_forward<T>(out, in, x.numel());
         break;
       case Pointwise::kSigmoid:
-        k::cpu::sigmoid_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        k::cpu::sigmoid_forward<T>(out, in, x.numel());
         break;
       case Pointwise::kGelu:
-        k::cpu::gelu_forward<T>(ptr<T>(y), ptr<T>(x), x.numel());
+        k::cpu::gelu_forward<T>(out, in, x.numel());
         break;
     }
   });
@@ -235,7 +237,7 @@ Tensor activation(const char* op, Pointwise act, const Tensor& x) {
 void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, const Tensor& y,
                          GradSlot grad_x) {
   const char* saved = act == Pointwise::kGelu ? "x" : "y";
-  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}}, Bf16::kCuda);
+  check_inputs(op, {{"grad_out", &grad_out}, {saved, &y}}, Bf16::kEverywhere);
   check_same_shape(op, {"grad_out", &grad_out}, {saved, &y});
   if (!check_slot(op, "grad_x", grad_x, y)) return;
   const std::int64_t n = y.numel();
@@ -282,9 +284,10 @@ void activation_backward(const char* op, Pointwise act, const Tensor& grad_out, 
     *grad_x.tensor = grad_out;
   }
   const bool acc = !in_place && open_slot(grad_x, y, nullptr);
-  dispatch_cpu(y.dtype(), [&]<class T>() {
-    T* dx = slot_ptr<T>(grad_x);
-    const T *dy = ptr<T>(grad_out), *out = ptr<T>(y);
+  dispatch_cpu_data(y.dtype(), [&]<class T>(CpuData<T>& d) {
+    // In place, dx is dy's storage: one widened copy serves both (CpuData keys by address).
+    const T *dy = d.in(grad_out), *out = d.in(y);
+    T* dx = acc || in_place ? d.inout(*grad_x.tensor) : d.out(*grad_x.tensor);
     switch (act) {
       case Pointwise::kRelu:
         k::cpu::relu_backward<T>(dx, dy, out, n, acc);
@@ -422,7 +425,7 @@ Tensor mul(const Tensor& a, double s) {
 void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
   const char* op = "scale_backward";
   check_finite_scalar(op, scale, grad_out);
-  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kCuda);
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   if (!check_slot(op, "grad_a", grad_a, grad_out)) return;
   const std::int64_t n = grad_out.numel();
   if (grad_out.is_cuda()) {
@@ -438,8 +441,9 @@ void scale_backward(const Tensor& grad_out, double scale, GradSlot grad_a) {
 #endif
   }
   const bool acc = open_slot(grad_a, grad_out, nullptr);
-  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::scale_backward<T>(slot_ptr<T>(grad_a), ptr<T>(grad_out), T(scale), n, acc);
+  dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+    T* dx = acc ? d.inout(*grad_a.tensor) : d.out(*grad_a.tensor);
+    k::cpu::scale_backward<T>(dx, d.in(grad_out), T(scale), n, acc);
   });
 }
 

@@ -11,6 +11,8 @@
 // |------------------------------------|-----------|------------------------------------------------|
 // | softmax, log_softmax, causal       | 3e-2      | logits of scale 3 rounded: 3 · 2^-9 an element |
 // | cross_entropy                      | 2e-2      | logits of scale 2 rounded; the loss float32    |
+// | relu, tanh, sigmoid, gelu          | 1e-2      | inputs rounded, then one rounding an output    |
+// | add, sub, mul, mul by a scalar     | 1e-2      | the same; broadcast gradients summed in fp32   |
 #include <functional>
 #include <string>
 #include <vector>
@@ -73,6 +75,40 @@ inline std::vector<Bf16Case> bf16_cases() {
                        return std::vector<Tensor>{loss, x.grad()};
                      }});
   }
+  // Elementwise: each output one rounding of float32 math on rounded inputs.
+  using Unary = Tensor (*)(const Tensor&);
+  using UnaryBackward = void (*)(const Tensor&, const Tensor&, GradSlot);
+  struct Act {
+    const char* name;
+    Unary forward;
+    UnaryBackward backward;
+    bool reads_input;  // GELU's backward reads x, the others y
+  };
+  for (const Act& act : {Act{"relu", relu, relu_backward, false},
+                         Act{"tanh", tanh, tanh_backward, false},
+                         Act{"sigmoid", sigmoid, sigmoid_backward, false},
+                         Act{"gelu", gelu, gelu_backward, true}}) {
+    cases.push_back({act.name, 1e-2, [act](TensorOptions o) {
+                       const Tensor x = bf16_case_input({33, 65}, 6, o, 2.0);
+                       const Tensor dy = bf16_case_input({33, 65}, 7, o);
+                       const Tensor y = act.forward(x);
+                       Tensor dx;
+                       act.backward(dy, act.reads_input ? x : y, GradSlot{&dx});
+                       return std::vector<Tensor>{y, dx};
+                     }});
+  }
+  cases.push_back({"add, sub, mul (a trailing operand broadcast), mul by a scalar", 1e-2,
+                   [](TensorOptions o) {
+                     const Tensor a = bf16_case_input({6, 20, 16}, 8, o);
+                     const Tensor b = bf16_case_input({20, 16}, 9, o);
+                     const Tensor dy = bf16_case_input({6, 20, 16}, 10, o);
+                     Tensor ga, gb, ma, mb, sa;
+                     add_backward(dy, a, b, {&ga}, {&gb});
+                     mul_backward(dy, a, b, {&ma}, {&mb});
+                     scale_backward(dy, -3.0, {&sa});
+                     return std::vector<Tensor>{add(a, b), sub(a, b), mul(a, b), mul(a, -3.0), ga,
+                                                gb, ma, mb, sa};
+                   }});
   return cases;
 }
 
