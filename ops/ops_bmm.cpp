@@ -20,7 +20,7 @@ struct BmmDims {
   std::int64_t batch, m, k, n;
 };
 BmmDims check_bmm(const char* op, const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kEverywhere);
   check_dim(op, {"a", &a}, 3);
   check_dim(op, {"b", &b}, 3);
   GW_CHECK(a.size(0) == b.size(0), op, ": a is ", shape_str(a.shape()), " and b is ",
@@ -34,20 +34,24 @@ BmmDims check_bmm(const char* op, const Tensor& a, const Tensor& b, bool ta, boo
 }
 
 // c[i] (=|+=) alpha·op(x[i])·op(y[i]) for every matrix i of the batch; `stream`: the CUDA op's
-// (unused on the CPU). alpha is rounded to the element type on both backends.
+// (unused on the CPU). alpha is rounded to the element type on both backends (float32 for
+// bfloat16 storage).
 void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_t batch,
              std::int64_t m, std::int64_t n, std::int64_t kk, double alpha, const Tensor& x,
              const Tensor& y, bool accumulate, const Tensor& c) {
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-    gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, static_cast<float>(alpha),
-                 x.data<float>(), y.data<float>(), accumulate ? 1.f : 0.f, c.data<float>());
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      gemm_batched(x.device(), stream, tx, ty, m, n, kk, batch, static_cast<float>(alpha),
+                   ptr<T>(x), ptr<T>(y), accumulate ? 1.f : 0.f, ptr<T>(c));
+    });
     return;
 #endif
   }
-  dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::gemm_batched<T>(tx, ty, m, n, kk, batch, static_cast<T>(alpha), ptr<T>(x), ptr<T>(y),
-                            accumulate ? T(1) : T(0), ptr<T>(c));
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+    T* out = accumulate ? d.inout(c) : d.out(c);
+    k::cpu::gemm_batched<T>(tx, ty, m, n, kk, batch, static_cast<T>(alpha), d.in(x), d.in(y),
+                            accumulate ? T(1) : T(0), out);
   });
 }
 }  // namespace
@@ -88,7 +92,7 @@ void bmm_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, bool
                   bool trans_b, GradSlot grad_a, GradSlot grad_b, double alpha) {
   const char* op = "bmm_backward";
   const BmmDims d = check_bmm(op, a, b, trans_a, trans_b);
-  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}});
+  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}}, Bf16::kEverywhere);
   check_finite_scalar(op, alpha, a);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.m, d.n}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",

@@ -574,6 +574,11 @@ void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b
                   const float* b, float beta, float* c) {
   run_gemm(device, stream, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, false);
 }
+void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const bf16* a,
+                  const bf16* b, float beta, bf16* c) {
+  run_gemm(device, stream, trans_a, trans_b, m, n, k, batch, alpha, a, b, beta, c, true);
+}
 
 bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                     std::int64_t n, std::int64_t k, float alpha, const float* a, const float* b,

@@ -56,6 +56,9 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
 void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
                   const float* b, float beta, float* c);
+void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                  std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const bf16* a,
+                  const bf16* b, float beta, bf16* c);
 
 // gemm(), and also bias_grad[m] = Σ_k op(A)[i, k] written (never accumulated) by the same kernel
 // (cuBLASLt's bias-gradient epilogue): a linear layer's weight gradient dW = dYᵀ·X with its bias

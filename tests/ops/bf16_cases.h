@@ -13,6 +13,7 @@
 // | cross_entropy                      | 2e-2      | logits of scale 2 rounded; the loss float32    |
 // | relu, tanh, sigmoid, gelu          | 1e-2      | inputs rounded, then one rounding an output    |
 // | add, sub, mul, mul by a scalar     | 1e-2      | the same; broadcast gradients summed in fp32   |
+// | bmm (every transpose)              | 1e-2      | products of rounded inputs summed in fp32      |
 #include <functional>
 #include <string>
 #include <vector>
@@ -109,6 +110,20 @@ inline std::vector<Bf16Case> bf16_cases() {
                      return std::vector<Tensor>{add(a, b), sub(a, b), mul(a, b), mul(a, -3.0), ga,
                                                 gb, ma, mb, sa};
                    }});
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      cases.push_back({"bmm", 1e-2, [ta, tb](TensorOptions o) {
+                         const Tensor a = bf16_case_input(ta ? Shape{3, 40, 24} : Shape{3, 24, 40},
+                                                          11, o);
+                         const Tensor b = bf16_case_input(tb ? Shape{3, 16, 40} : Shape{3, 40, 16},
+                                                          12, o);
+                         const Tensor dy = bf16_case_input({3, 24, 16}, 13, o);
+                         Tensor ga, gb;
+                         bmm_backward(dy, a, b, ta, tb, {&ga}, {&gb}, 0.5);
+                         return std::vector<Tensor>{bmm(a, b, ta, tb, 0.5), ga, gb};
+                       }});
+    }
+  }
   return cases;
 }
 
