@@ -3,8 +3,8 @@
 // CPU backend for finite-difference gradient checks; int32 holds indices (class targets), read by
 // the ops that take them and never differentiated; bfloat16 is a storage type with float32
 // arithmetic: cast() converts to and from it (on both devices); on CUDA, linear, the elementwise
-// ops, softmax, log_softmax, causal_softmax, cross_entropy (a float32 loss), bmm and reshape
-// take it; on the CPU backend all of them but linear (rounding as CUDA's: Note [bfloat16 on the
+// ops, softmax, log_softmax, causal_softmax, cross_entropy (a float32 loss), matmul, bmm and
+// reshape take it, on CUDA and on the CPU backend (rounding as CUDA's: Note [bfloat16 on the
 // CPU], ops/ops_common.h); every other op refuses it by name. Tensors are contiguous and row-major.
 #include <bit>
 #include <cstddef>

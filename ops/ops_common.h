@@ -135,6 +135,12 @@ class CpuData {
   std::vector<Widened> widened_;
 };
 
+// An opened gradient slot's elements through `data`: read too where the write accumulates.
+template <class T>
+T* slot_out(CpuData<T>& data, const GradSlot& slot, bool accumulate) {
+  return accumulate ? data.inout(*slot.tensor) : data.out(*slot.tensor);
+}
+
 // Runs f.template operator()<T>(CpuData<T>& data) on the CPU backend: T = float or double per
 // `dtype`, and for bfloat16, T = float on widened copies rounded back after f (Note [bfloat16 on
 // the CPU]). The kernel reads and writes every tensor through `data` (in, out, inout).

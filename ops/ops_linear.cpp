@@ -17,10 +17,11 @@ namespace k = kernels;
 namespace {
 
 // One GEMM C[m,n] (=|+=) op(A)·op(B) on the op's device (see kernels/gemm.h for the layout).
+// On the CPU: a and b read through `d` (Note [bfloat16 on the CPU]).
 template <class T>
-void gemm_cpu(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk, const Tensor& a,
-              const Tensor& b, bool accumulate, T* c) {
-  k::cpu::gemm<T>(ta, tb, m, n, kk, T(1), ptr<T>(a), ptr<T>(b), accumulate ? T(1) : T(0), c);
+void gemm_cpu(CpuData<T>& d, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t kk,
+              const Tensor& a, const Tensor& b, bool accumulate, T* c) {
+  k::cpu::gemm<T>(ta, tb, m, n, kk, T(1), d.in(a), d.in(b), accumulate ? T(1) : T(0), c);
 }
 
 #if GRAPHWARD_HAS_CUDA
@@ -41,7 +42,7 @@ struct MatmulDims {
   std::int64_t m, k, n;
 };
 MatmulDims check_matmul(const char* op, const Tensor& a, const Tensor& b) {
-  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kEverywhere);
   check_dim(op, {"a", &a}, 2);
   check_dim(op, {"b", &b}, 2);
   GW_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: a is ", shape_str(a.shape()),
@@ -76,13 +77,16 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b) {
     CudaScope scope(a.device());
     scope.read({&a, &b});
     Tensor c = new_output({m, n}, a);
-    gemm_cuda(scope, a.device(), false, false, m, n, kk, a, b, false, c.data<float>());
+    dispatch_cuda(a.dtype(), [&]<class T>() {
+      gemm_cuda<T>(scope, a.device(), false, false, m, n, kk, a, b, false, ptr<T>(c));
+    });
     return c;
 #endif
   }
   Tensor c = new_output({m, n}, a);
-  dispatch_cpu(a.dtype(),
-               [&]<class T>() { gemm_cpu<T>(false, false, m, n, kk, a, b, false, ptr<T>(c)); });
+  dispatch_cpu_data(a.dtype(), [&]<class T>(CpuData<T>& d) {
+    gemm_cpu<T>(d, false, false, m, n, kk, a, b, false, d.out(c));
+  });
   return c;
 }
 }  // namespace
@@ -91,7 +95,7 @@ void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, G
                      GradSlot grad_b) {
   const char* op = "matmul_backward";
   const auto [m, kk, n] = check_matmul(op, a, b);
-  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}});
+  check_inputs(op, {{"a", &a}, {"grad_out", &grad_out}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == Shape({m, n}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str({m, n}));
   const bool want_a = check_slot(op, "grad_a", grad_a, a);
@@ -101,27 +105,29 @@ void matmul_backward(const Tensor& grad_out, const Tensor& a, const Tensor& b, G
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(a.device());
     scope.read({&grad_out, &a, &b});
-    if (want_a) {
-      const bool acc = open_slot(grad_a, a, scope.stream());
-      gemm_cuda(scope, a.device(), false, true, m, kk, n, grad_out, b, acc,
-                grad_a.tensor->data<float>());
-    }
-    if (want_b) {
-      const bool acc = open_slot(grad_b, b, scope.stream());
-      gemm_cuda(scope, a.device(), true, false, kk, n, m, a, grad_out, acc,
-                grad_b.tensor->data<float>());
-    }
+    dispatch_cuda(a.dtype(), [&]<class T>() {
+      if (want_a) {
+        const bool acc = open_slot(grad_a, a, scope.stream());
+        gemm_cuda<T>(scope, a.device(), false, true, m, kk, n, grad_out, b, acc,
+                     slot_ptr<T>(grad_a));
+      }
+      if (want_b) {
+        const bool acc = open_slot(grad_b, b, scope.stream());
+        gemm_cuda<T>(scope, a.device(), true, false, kk, n, m, a, grad_out, acc,
+                     slot_ptr<T>(grad_b));
+      }
+    });
     return;
 #endif
   }
-  dispatch_cpu(a.dtype(), [&]<class T>() {
+  dispatch_cpu_data(a.dtype(), [&]<class T>(CpuData<T>& d) {
     if (want_a) {
       const bool acc = open_slot(grad_a, a, nullptr);
-      gemm_cpu<T>(false, true, m, kk, n, grad_out, b, acc, slot_ptr<T>(grad_a));
+      gemm_cpu<T>(d, false, true, m, kk, n, grad_out, b, acc, slot_out(d, grad_a, acc));
     }
     if (want_b) {
       const bool acc = open_slot(grad_b, b, nullptr);
-      gemm_cpu<T>(true, false, kk, n, m, a, grad_out, acc, slot_ptr<T>(grad_b));
+      gemm_cpu<T>(d, true, false, kk, n, m, a, grad_out, acc, slot_out(d, grad_b, acc));
     }
   });
 }
@@ -134,9 +140,9 @@ struct LinearDims {
 LinearDims check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // bfloat16 on CUDA: storage only, the GEMMs and epilogues accumulate in float32.
   if (bias.defined()) {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, Bf16::kCuda);
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, Bf16::kEverywhere);
   } else {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}}, Bf16::kCuda);
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, Bf16::kEverywhere);
   }
   check_dim(op, {"x", &x}, 2);
   check_dim(op, {"weight", &weight}, 2);
@@ -286,12 +292,13 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
   (void)relu_mask;  // the CPU backend needs no mask: its fused backward reads the output
   o.y = new_output({d.batch, d.out}, x);
   if (act == Activation::kGelu) o.z = new_output({d.batch, d.out}, x);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
-    T* out = ptr<T>(o.y);
-    T* pre = act == Activation::kGelu ? ptr<T>(o.z) : out;
-    gemm_cpu<T>(false, true, d.batch, d.out, d.in, x, weight, false, pre);
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& cd) {
+    // Bias and activation on the float32 product: one rounding an output, as the CUDA epilogue.
+    T* out = cd.out(o.y);
+    T* pre = act == Activation::kGelu ? cd.out(o.z) : out;
+    gemm_cpu<T>(cd, false, true, d.batch, d.out, d.in, x, weight, false, pre);
     if (bias.defined()) {
-      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, pre, pre, n, ptr<T>(bias), d.out, n);
+      k::cpu::binary_forward<T>(k::BinaryOp::kAdd, pre, pre, n, cd.in(bias), d.out, n);
     }
     if (act == Activation::kRelu) k::cpu::relu_forward<T>(out, out, n);
     if (act == Activation::kGelu) k::cpu::gelu_forward<T>(out, pre, n);
@@ -312,7 +319,7 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   // Every check before anything is allocated or written (Note [Check, then write]).
   const LinearDims d = check_linear(op, x, weight, Tensor());
   check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {saved_name, &saved}},
-               Bf16::kCuda);
+               Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
@@ -339,11 +346,11 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
 #endif
   } else {
     dz = new_output({d.batch, d.out}, x);
-    dispatch_cpu(x.dtype(), [&]<class T>() {
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& cd) {
       if (act == Activation::kRelu) {
-        k::cpu::relu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+        k::cpu::relu_backward<T>(cd.out(dz), cd.in(grad_out), cd.in(saved), n, false);
       } else {
-        k::cpu::gelu_backward<T>(ptr<T>(dz), ptr<T>(grad_out), ptr<T>(saved), n, false);
+        k::cpu::gelu_backward<T>(cd.out(dz), cd.in(grad_out), cd.in(saved), n, false);
       }
     });
   }
@@ -372,7 +379,7 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                      GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear(op, x, weight, Tensor());
-  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, Bf16::kCuda);
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
@@ -449,27 +456,28 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     return;
 #endif
   }
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& cd) {
     if (want_x) {
       const bool acc = open_slot(grad_x, x, nullptr);
-      gemm_cpu<T>(false, false, d.batch, d.in, d.out, grad_out, weight, acc, slot_ptr<T>(grad_x));
-      if (ep) {  // the pre-activation gradient of x's layer
-        T* dz = slot_ptr<T>(grad_x);
+      T* dx = slot_out(cd, grad_x, acc);
+      gemm_cpu<T>(cd, false, false, d.batch, d.in, d.out, grad_out, weight, acc, dx);
+      if (ep) {  // the pre-activation gradient of x's layer, on the float32 product
         if (ep->act == Activation::kRelu) {
-          k::cpu::relu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+          k::cpu::relu_backward<T>(dx, dx, cd.in(ep->act_input), nx, false);
         } else {
-          k::cpu::gelu_backward<T>(dz, dz, ptr<T>(ep->act_input), nx, false);
+          k::cpu::gelu_backward<T>(dx, dx, cd.in(ep->act_input), nx, false);
         }
       }
     }
     if (want_w) {
       const bool acc = open_slot(grad_weight, weight, nullptr);
-      gemm_cpu<T>(true, false, d.out, d.in, d.batch, grad_out, x, acc, slot_ptr<T>(grad_weight));
+      gemm_cpu<T>(cd, true, false, d.out, d.in, d.batch, grad_out, x, acc,
+                  slot_out(cd, grad_weight, acc));
     }
     if (want_b) {
       const bool acc = open_slot(grad_bias, {d.out}, x, nullptr);
-      k::cpu::column_sum<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), nullptr, T(1), d.batch, d.out,
-                            acc);
+      k::cpu::column_sum<T>(slot_out(cd, grad_bias, acc), cd.in(grad_out), nullptr, T(1), d.batch,
+                            d.out, acc);
     }
   });
 }

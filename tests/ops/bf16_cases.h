@@ -14,6 +14,7 @@
 // | relu, tanh, sigmoid, gelu          | 1e-2      | inputs rounded, then one rounding an output    |
 // | add, sub, mul, mul by a scalar     | 1e-2      | the same; broadcast gradients summed in fp32   |
 // | bmm (every transpose)              | 1e-2      | products of rounded inputs summed in fp32      |
+// | linear (+ bias, ReLU, GELU), matmul| 1e-2      | the same; bias and activation on the fp32 sum  |
 #include <functional>
 #include <string>
 #include <vector>
@@ -123,6 +124,24 @@ inline std::vector<Bf16Case> bf16_cases() {
                          return std::vector<Tensor>{bmm(a, b, ta, tb, 0.5), ga, gb};
                        }});
     }
+  }
+  for (const Activation act : {Activation::kNone, Activation::kRelu, Activation::kGelu}) {
+    cases.push_back({"linear (bias, activation) and matmul", 1e-2, [act](TensorOptions o) {
+                       const Tensor x = bf16_case_input({24, 40}, 14, o);
+                       const Tensor w = bf16_case_input({56, 40}, 15, o, 0.3);
+                       const Tensor b = bf16_case_input({56}, 16, o);
+                       const Tensor dy = bf16_case_input({24, 56}, 17, o);
+                       const Tensor xl = x.detach().set_requires_grad(true);
+                       const Tensor wl = w.detach().set_requires_grad(true);
+                       const Tensor bl = b.detach().set_requires_grad(true);
+                       const Tensor y = linear(xl, wl, bl, act);
+                       backward({y}, {dy});
+                       const Tensor wt = bf16_case_input({40, 56}, 18, o, 0.3);
+                       Tensor ma, mb;
+                       matmul_backward(dy, x, wt, {&ma}, {&mb});
+                       return std::vector<Tensor>{y, xl.grad(), wl.grad(), bl.grad(),
+                                                  matmul(x, wt), ma, mb};
+                     }});
   }
   return cases;
 }
