@@ -4,8 +4,9 @@
 // the ops that take them and never differentiated; bfloat16 is a storage type with float32
 // arithmetic: cast() converts to and from it (on both devices); on CUDA, linear, the elementwise
 // ops, softmax, log_softmax, causal_softmax, cross_entropy (a float32 loss), matmul, bmm and
-// reshape take it, on CUDA and on the CPU backend (rounding as CUDA's: Note [bfloat16 on the
-// CPU], ops/ops_common.h); every other op refuses it by name. Tensors are contiguous and row-major.
+// the shape ops (reshape, narrow, transpose, concat, split_heads) take it, on CUDA and on the CPU
+// backend (rounding as CUDA's: Note [bfloat16 on the CPU], ops/ops_common.h); every other op
+// refuses it by name. Tensors are contiguous and row-major.
 #include <bit>
 #include <cstddef>
 #include <cstdint>

@@ -145,16 +145,16 @@ __global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, std::int64_
   });
 }
 
-__global__ void narrow_backward_kernel(float* dx, const float* dy, std::int64_t rows,
-                                       std::int64_t cols, std::int64_t start, std::int64_t len,
-                                       bool accumulate) {
+template <class T>
+__global__ void narrow_backward_kernel(T* dx, const T* dy, std::int64_t rows, std::int64_t cols,
+                                       std::int64_t start, std::int64_t len, bool accumulate) {
   GW_GRID_STRIDE(i, rows * cols) {
     const std::int64_t r = i / cols, j = i % cols;
     const bool inside = j >= start && j < start + len;
     if (accumulate) {
-      if (inside) dx[i] += dy[r * len + (j - start)];
+      if (inside) detail::put(dx, i, detail::load(dy, r * len + (j - start)), true);
     } else {
-      dx[i] = inside ? dy[r * len + (j - start)] : 0.f;
+      detail::put(dx, i, inside ? detail::load(dy, r * len + (j - start)) : 0.f);
     }
   }
 }
@@ -222,8 +222,9 @@ GW_UNARY_LAUNCHERS(sigmoid, false, false)
 GW_UNARY_LAUNCHERS(gelu, false, true)
 #undef GW_UNARY_LAUNCHERS
 
-void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
-                     std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
+template <class T>
+void narrow_backward(T* dx, const T* dy, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                     std::int64_t len, bool accumulate, cudaStream_t stream) {
   narrow_backward_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(dx, dy, rows, cols, start,
                                                                          len, accumulate);
   GW_LAUNCH_CHECK();
@@ -284,7 +285,9 @@ void mul_backward(T* dx, const T* dy, const T* other, std::int64_t other_period,
   template void affine_forward<T>(T*, const T*, float, float, std::int64_t, cudaStream_t);       \
   template void scale_backward<T>(T*, const T*, float, std::int64_t, bool, cudaStream_t);        \
   template void mul_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool,        \
-                                cudaStream_t);
+                                cudaStream_t);                                                   \
+  template void narrow_backward<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,       \
+                                   std::int64_t, bool, cudaStream_t);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(bf16)
 #undef GW_INSTANTIATE

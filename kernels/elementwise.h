@@ -54,8 +54,9 @@ void gelu_backward(T* dx, const T* dy, const T* x, std::int64_t n, bool accumula
                    cudaStream_t stream);  // dx = dy * gelu'(x)
 
 // narrow's backward (its forward: gather_window, shape.h). dx [rows, cols]: dy in the window; outside it 0 (written) or unchanged (accumulate).
-void narrow_backward(float* dx, const float* dy, std::int64_t rows, std::int64_t cols,
-                     std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+template <class T>
+void narrow_backward(T* dx, const T* dy, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                     std::int64_t len, bool accumulate, cudaStream_t stream);
 
 // y[i] = a[i % a_period] (op) b[i % b_period]
 template <class T>

@@ -1,28 +1,33 @@
 // Shape kernels: one thread per output element in a grid-stride loop. Contract in shape.h.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/launch.cuh"
 #include "kernels/shape.h"
+#include "kernels/storage.cuh"
 #include "kernels/swap_dims.h"
 
 namespace graphward::kernels {
 namespace {
 using detail::grid_for;
 using detail::kThreads;
-using detail::store;
+using detail::load;
+using detail::put;
 
-__global__ void gather_window_kernel(float* y, const float* x, std::int64_t rows, std::int64_t cols,
+// S: float or bf16 (storage; an accumulated element is summed in float32, then stored).
+template <class S>
+__global__ void gather_window_kernel(S* y, const S* x, std::int64_t rows, std::int64_t cols,
                                      std::int64_t start, std::int64_t len, bool accumulate) {
   GW_GRID_STRIDE(i, rows * len) {
-    store(y, i, x[(i / len) * cols + start + i % len], accumulate);
+    put(y, i, load(x, (i / len) * cols + start + i % len), accumulate);
   }
 }
 
-__global__ void scatter_window_kernel(float* y, const float* x, std::int64_t rows,
-                                      std::int64_t cols, std::int64_t start, std::int64_t len,
-                                      bool accumulate) {
+template <class S>
+__global__ void scatter_window_kernel(S* y, const S* x, std::int64_t rows, std::int64_t cols,
+                                      std::int64_t start, std::int64_t len, bool accumulate) {
   GW_GRID_STRIDE(i, rows * len) {
-    store(y, (i / len) * cols + start + i % len, x[i], accumulate);
+    put(y, (i / len) * cols + start + i % len, load(x, i), accumulate);
   }
 }
 
@@ -44,14 +49,29 @@ template <>
 __device__ __forceinline__ float4 zero<float4>() {
   return make_float4(0.f, 0.f, 0.f, 0.f);
 }
+template <>
+__device__ __forceinline__ bf16 zero<bf16>() {
+  return bf16{};  // +0
+}
+// dst = v, or dst += v (for bfloat16 the sum in float32, rounded once).
+template <class V>
+__device__ __forceinline__ void assign(V& dst, V v, bool accumulate) {
+  dst = accumulate ? add(dst, v) : v;
+}
+__device__ __forceinline__ void assign(bf16& dst, bf16 v, bool accumulate) {
+  if (accumulate) {
+    put(&dst, 0, load(&dst, 0) + load(&v, 0));
+  } else {
+    dst = v;
+  }
+}
 
 // V: float, or float4 where the innermost run (dims.c) is whole float4s (dims.c then counts them).
 template <class V, class Index>
 __global__ void swap_dims_kernel(V* y, const V* x, detail::Swap5 dims, Index n, bool accumulate) {
   for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
-    const V v = x[detail::swapped_source<Index>(dims, i)];
-    y[i] = accumulate ? add(y[i], v) : v;
+    assign(y[i], x[detail::swapped_source<Index>(dims, i)], accumulate);
   }
 }
 
@@ -73,8 +93,7 @@ __global__ void split_heads_backward_kernel(V* dx, const V* dy, HeadsWindow w, I
        i += static_cast<Index>(gridDim.x) * blockDim.x) {
     if (accumulate) {
       const Index row = i / len, c = i % len;
-      V& d = dx[row * cols + start + c];
-      d = add(d, dy[detail::heads_target<Index>(w, row, c)]);
+      assign(dx[row * cols + start + c], dy[detail::heads_target<Index>(w, row, c)], true);
     } else {
       const Index row = i / cols, c = i % cols;
       dx[i] = c >= start && c - start < len ? dy[detail::heads_target<Index>(w, row, c - start)]
@@ -83,10 +102,12 @@ __global__ void split_heads_backward_kernel(V* dx, const V* dy, HeadsWindow w, I
   }
 }
 
-// Calls launch(V*, layout) with float4s where the layout and both pointers allow, else floats.
-template <class Launch>
-void by_vector_width(float* a, const float* b, const HeadsWindow& w, Launch launch) {
-  if (w.dim % 4 == 0 && w.start % 4 == 0 && w.cols % 4 == 0 && detail::all_16_byte_aligned(a, b)) {
+// Calls launch(V*, layout) with float4s where the layout and both pointers allow, else the
+// elements one at a time (bfloat16: always).
+template <class S, class Launch>
+void by_vector_width(S* a, const S* b, const HeadsWindow& w, Launch launch) {
+  if (std::is_same_v<S, float> && w.dim % 4 == 0 && w.start % 4 == 0 && w.cols % 4 == 0 &&
+      detail::all_16_byte_aligned(a, b)) {
     HeadsWindow w4 = w;
     w4.dim /= 4;
     w4.start /= 4;
@@ -109,9 +130,10 @@ void by_index_width(bool fits_32, Launch launch) {
   GW_LAUNCH_CHECK();
 }
 
-__global__ void copy_kernel(float* y, const float* x, std::int64_t n, bool accumulate) {
+template <class S>
+__global__ void copy_kernel(S* y, const S* x, std::int64_t n, bool accumulate) {
   GW_GRID_STRIDE(i, n) {
-    store(y, i, x[i], accumulate);
+    put(y, i, load(x, i), accumulate);
   }
 }
 
@@ -172,22 +194,24 @@ void copy_segments(const FewSegments& segments, cudaStream_t stream) {
   copy_segment_list(segments, stream);
 }
 
-void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                   std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
+template <class S>
+void gather_window(S* y, const S* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                   std::int64_t len, bool accumulate, cudaStream_t stream) {
   gather_window_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len,
                                                                       accumulate);
   GW_LAUNCH_CHECK();
 }
 
-void scatter_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream) {
+template <class S>
+void scatter_window(S* y, const S* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                    std::int64_t len, bool accumulate, cudaStream_t stream) {
   scatter_window_kernel<<<grid_for(rows * len), kThreads, 0, stream>>>(y, x, rows, cols, start, len,
                                                                        accumulate);
   GW_LAUNCH_CHECK();
 }
 
-void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
-               cudaStream_t stream) {
+template <class S>
+void swap_dims(S* y, const S* x, const SwapDims& dims, bool accumulate, cudaStream_t stream) {
   std::int64_t n = 1;
   for (int k = 0; k < dims.rank; ++k) n *= dims.in_shape[k];
   const detail::Swap5 s = detail::collapse(dims);
@@ -202,16 +226,19 @@ void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
           yv, xv, l, static_cast<Index>(count), accumulate);
     });
   };
-  if (s.c % 4 == 0 && detail::all_16_byte_aligned(y, x)) {  // four floats a load: the same bits
-    detail::Swap5 s4 = s;
-    s4.c /= 4;
-    launch(reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), s4, n / 4);
-  } else {
-    launch(y, x, s, n);
+  if constexpr (std::is_same_v<S, float>) {
+    if (s.c % 4 == 0 && detail::all_16_byte_aligned(y, x)) {  // four floats a load: the same bits
+      detail::Swap5 s4 = s;
+      s4.c /= 4;
+      launch(reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), s4, n / 4);
+      return;
+    }
   }
+  launch(y, x, s, n);
 }
 
-void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t stream) {
+template <class S>
+void split_heads(S* y, const S* x, const HeadsWindow& w, cudaStream_t stream) {
   by_vector_width(y, x, w, [&]<class V>(V* yv, const V* xv, const HeadsWindow& l) {
     const std::int64_t n = l.batch * l.heads * l.seq * l.dim;
     if (n == 0) return;
@@ -224,7 +251,8 @@ void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t st
   });
 }
 
-void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool accumulate,
+template <class S>
+void split_heads_backward(S* dx, const S* dy, const HeadsWindow& w, bool accumulate,
                           cudaStream_t stream) {
   by_vector_width(dx, dy, w, [&]<class V>(V* dxv, const V* dyv, const HeadsWindow& l) {
     const std::int64_t n = l.batch * l.seq * (accumulate ? l.heads * l.dim : l.cols);
@@ -236,5 +264,17 @@ void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool
                    });
   });
 }
+
+#define GW_SHAPE_INSTANTIATE(S)                                                                   \
+  template void gather_window(S*, const S*, std::int64_t, std::int64_t, std::int64_t,            \
+                              std::int64_t, bool, cudaStream_t);                                 \
+  template void scatter_window(S*, const S*, std::int64_t, std::int64_t, std::int64_t,           \
+                               std::int64_t, bool, cudaStream_t);                                \
+  template void swap_dims(S*, const S*, const SwapDims&, bool, cudaStream_t);                    \
+  template void split_heads(S*, const S*, const HeadsWindow&, cudaStream_t);                     \
+  template void split_heads_backward(S*, const S*, const HeadsWindow&, bool, cudaStream_t);
+GW_SHAPE_INSTANTIATE(float)
+GW_SHAPE_INSTANTIATE(bf16)
+#undef GW_SHAPE_INSTANTIATE
 
 }  // namespace graphward::kernels

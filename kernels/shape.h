@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include "base/config.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -72,20 +73,24 @@ class SegmentCopier {
 };
 // y[r, j] (=|+=) x[r, start + j]: columns [start, start + len) of x [rows, cols] into y [rows,
 // len].
-void gather_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                   std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+template <class S>  // S: float or bf16 (storage), here and below
+void gather_window(S* y, const S* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                   std::int64_t len, bool accumulate, cudaStream_t stream);
 // y[r, start + j] (=|+=) x[r, j]: x [rows, len] into the window of y [rows, cols]; the columns
 // outside the window are not touched.
-void scatter_window(float* y, const float* x, std::int64_t rows, std::int64_t cols,
-                    std::int64_t start, std::int64_t len, bool accumulate, cudaStream_t stream);
+template <class S>
+void scatter_window(S* y, const S* x, std::int64_t rows, std::int64_t cols, std::int64_t start,
+                    std::int64_t len, bool accumulate, cudaStream_t stream);
 // y (=|+=) x with dimensions d0 and d1 swapped (y's shape: in_shape with the two exchanged).
-void swap_dims(float* y, const float* x, const SwapDims& dims, bool accumulate,
-               cudaStream_t stream);
+template <class S>
+void swap_dims(S* y, const S* x, const SwapDims& dims, bool accumulate, cudaStream_t stream);
 // y[((b · heads + h) · seq + t) · dim + j] = x[(b · seq + t) · cols + start + h · dim + j].
-void split_heads(float* y, const float* x, const HeadsWindow& w, cudaStream_t stream);
+template <class S>
+void split_heads(S* y, const S* x, const HeadsWindow& w, cudaStream_t stream);
 // Its backward: the window of dx (=|+=) dy put back in place; without accumulate, the columns of dx
 // outside the window are written zeros (one kernel over all of dx).
-void split_heads_backward(float* dx, const float* dy, const HeadsWindow& w, bool accumulate,
+template <class S>
+void split_heads_backward(S* dx, const S* dy, const HeadsWindow& w, bool accumulate,
                           cudaStream_t stream);
 #endif
 

@@ -42,7 +42,7 @@ Window check_narrow(const char* op, const Shape& shape, std::int64_t start, std:
 Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length) {
   const char* op = "narrow";
   detail::NvtxRange range(op);
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   const Window w = check_narrow(op, x.shape(), start, length);
   Tensor y;
   if (x.is_cuda()) {
@@ -50,13 +50,14 @@ Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length) {
     CudaScope scope(x.device());
     scope.read({&x});
     y = new_output(w.out, x);
-    k::gather_window(y.data<float>(), x.data<float>(), w.rows, w.cols, start, length, false,
-                     scope.stream());
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::gather_window(ptr<T>(y), ptr<T>(x), w.rows, w.cols, start, length, false, scope.stream());
+    });
 #endif
   } else {
     y = new_output(w.out, x);
-    dispatch_cpu(x.dtype(), [&]<class T>() {
-      k::cpu::gather_window<T>(ptr<T>(y), ptr<T>(x), w.rows, w.cols, start, length, false);
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+      k::cpu::gather_window<T>(d.out(y), d.in(x), w.rows, w.cols, start, length, false);
     });
   }
   if (needs_grad({&x})) {
@@ -74,7 +75,7 @@ Tensor narrow(const Tensor& x, std::int64_t start, std::int64_t length) {
 void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int64_t start,
                      std::int64_t length, GradSlot grad_x) {
   const char* op = "narrow_backward";
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   const Window w = check_narrow(op, input_shape, start, length);
   GW_CHECK(grad_out.shape() == w.out, op, ": grad_out has shape ", shape_str(grad_out.shape()),
            "; expected ", shape_str(w.out));
@@ -84,15 +85,17 @@ void narrow_backward(const Tensor& grad_out, const Shape& input_shape, std::int6
     CudaScope scope(grad_out.device());
     scope.read({&grad_out});
     const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
-    k::narrow_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), w.rows, w.cols, start,
-                       length, acc, scope.stream());
+    dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+      k::narrow_backward(slot_ptr<T>(grad_x), ptr<T>(grad_out), w.rows, w.cols, start, length, acc,
+                         scope.stream());
+    });
     return;
 #endif
   }
   const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
-  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::narrow_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w.rows, w.cols, start, length,
-                               acc);
+  dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::narrow_backward<T>(slot_out(d, grad_x, acc), d.in(grad_out), w.rows, w.cols, start,
+                               length, acc);
   });
 }
 
@@ -123,7 +126,7 @@ Tensor split_heads(const Tensor& x, std::int64_t seq, std::int64_t heads, std::i
                    std::int64_t length) {
   const char* op = "split_heads";
   detail::NvtxRange range(op);
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   Shape out;
   const k::HeadsWindow w = check_heads(op, x.shape(), seq, heads, start, length, &out);
   Tensor y;
@@ -132,11 +135,14 @@ Tensor split_heads(const Tensor& x, std::int64_t seq, std::int64_t heads, std::i
     CudaScope scope(x.device());
     scope.read({&x});
     y = new_output(out, x);
-    k::split_heads(y.data<float>(), x.data<float>(), w, scope.stream());
+    dispatch_cuda(x.dtype(),
+                  [&]<class T>() { k::split_heads(ptr<T>(y), ptr<T>(x), w, scope.stream()); });
 #endif
   } else {
     y = new_output(out, x);
-    dispatch_cpu(x.dtype(), [&]<class T>() { k::cpu::split_heads<T>(ptr<T>(y), ptr<T>(x), w); });
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+      k::cpu::split_heads<T>(d.out(y), d.in(x), w);
+    });
   }
   if (needs_grad({&x})) {
     const Shape in_shape = x.shape();
@@ -155,7 +161,7 @@ void split_heads_backward(const Tensor& grad_out, const Shape& input_shape, std:
                           std::int64_t heads, std::int64_t start, std::int64_t length,
                           GradSlot grad_x) {
   const char* op = "split_heads_backward";
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   Shape out;
   const k::HeadsWindow w = check_heads(op, input_shape, seq, heads, start, length, &out);
   GW_CHECK(grad_out.shape() == out, op, ": grad_out has shape ", shape_str(grad_out.shape()),
@@ -166,14 +172,15 @@ void split_heads_backward(const Tensor& grad_out, const Shape& input_shape, std:
     CudaScope scope(grad_out.device());
     scope.read({&grad_out});
     const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
-    k::split_heads_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), w, acc,
-                            scope.stream());
+    dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+      k::split_heads_backward(slot_ptr<T>(grad_x), ptr<T>(grad_out), w, acc, scope.stream());
+    });
     return;
 #endif
   }
   const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
-  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::split_heads_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), w, acc);
+  dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::split_heads_backward<T>(slot_out(d, grad_x, acc), d.in(grad_out), w, acc);
   });
 }
 
@@ -262,19 +269,21 @@ void run_swap(const k::SwapDims& s, const Tensor& x, const Tensor& y, bool accum
               [[maybe_unused]] cudaStream_t stream) {
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-    k::swap_dims(y.data<float>(), x.data<float>(), s, accumulate, stream);
+    dispatch_cuda(x.dtype(),
+                  [&]<class T>() { k::swap_dims(ptr<T>(y), ptr<T>(x), s, accumulate, stream); });
     return;
 #endif
   }
-  dispatch_cpu(x.dtype(),
-               [&]<class T>() { k::cpu::swap_dims<T>(ptr<T>(y), ptr<T>(x), s, accumulate); });
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::swap_dims<T>(accumulate ? d.inout(y) : d.out(y), d.in(x), s, accumulate);
+  });
 }
 }  // namespace
 
 Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
   const char* op = "transpose";
   detail::NvtxRange range(op);
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   const k::SwapDims s = swap_of(op, x.shape(), d0, d1);
   Tensor y;
   if (x.is_cuda()) {
@@ -300,7 +309,7 @@ Tensor transpose(const Tensor& x, std::int64_t d0, std::int64_t d1) {
 
 void transpose_backward(const Tensor& grad_out, std::int64_t d0, std::int64_t d1, GradSlot grad_x) {
   const char* op = "transpose_backward";
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   const k::SwapDims s = swap_of(op, grad_out.shape(), d0, d1);
   const Shape in_shape = swapped(grad_out.shape(), s);
   if (!check_slot(op, "grad_x", grad_x, in_shape, grad_out)) return;
@@ -362,7 +371,7 @@ void check_all(const char* op, const std::vector<Tensor>& xs) {
   GW_CHECK(!xs.empty(), op, ": no tensors; expected at least one");
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const std::string name = "xs[" + std::to_string(i) + "]";
-    check_inputs(op, {{"xs[0]", &xs[0]}, {name.c_str(), &xs[i]}});
+    check_inputs(op, {{"xs[0]", &xs[0]}, {name.c_str(), &xs[i]}}, Bf16::kEverywhere);
   }
 }
 }  // namespace
@@ -385,17 +394,19 @@ Tensor concat(const std::vector<Tensor>& xs, std::int64_t dim) {
     CudaScope scope(first.device());
     for (const Tensor& x : xs) scope.read({&x});
     y = new_output(l.out, first);
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      k::scatter_window(y.data<float>(), xs[i].data<float>(), l.rows, l.cols, l.start[i], l.len[i],
-                        false, scope.stream());
-    }
+    dispatch_cuda(first.dtype(), [&]<class T>() {
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        k::scatter_window(ptr<T>(y), ptr<T>(xs[i]), l.rows, l.cols, l.start[i], l.len[i], false,
+                          scope.stream());
+      }
+    });
 #endif
   } else {
     y = new_output(l.out, first);
-    dispatch_cpu(first.dtype(), [&]<class T>() {
+    dispatch_cpu_data(first.dtype(), [&]<class T>(CpuData<T>& d) {
+      T* out = d.out(y);
       for (std::size_t i = 0; i < xs.size(); ++i) {
-        k::cpu::scatter_window<T>(ptr<T>(y), ptr<T>(xs[i]), l.rows, l.cols, l.start[i], l.len[i],
-                                  false);
+        k::cpu::scatter_window<T>(out, d.in(xs[i]), l.rows, l.cols, l.start[i], l.len[i], false);
       }
     });
   }
@@ -412,7 +423,7 @@ Tensor concat(const std::vector<Tensor>& xs, std::int64_t dim) {
 void concat_backward(const Tensor& grad_out, const std::vector<Shape>& input_shapes,
                      std::int64_t dim, std::span<GradSlot> grads) {
   const char* op = "concat_backward";
-  check_inputs(op, {{"grad_out", &grad_out}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   const ConcatLayout l = concat_layout(op, input_shapes, dim);
   GW_CHECK(grad_out.shape() == l.out, op, ": grad_out has shape ", shape_str(grad_out.shape()),
            "; expected ", shape_str(l.out));
@@ -437,12 +448,14 @@ void concat_backward(const Tensor& grad_out, const std::vector<Shape>& input_sha
     const bool acc = open_slot(grads[i], input_shapes[i], grad_out, stream);
     if (grad_out.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
-      k::gather_window(grads[i].tensor->data<float>(), grad_out.data<float>(), l.rows, l.cols,
-                       l.start[i], l.len[i], acc, stream);
+      dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+        k::gather_window(slot_ptr<T>(grads[i]), ptr<T>(grad_out), l.rows, l.cols, l.start[i],
+                         l.len[i], acc, stream);
+      });
 #endif
     } else {
-      dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-        k::cpu::gather_window<T>(slot_ptr<T>(grads[i]), ptr<T>(grad_out), l.rows, l.cols,
+      dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+        k::cpu::gather_window<T>(slot_out(d, grads[i], acc), d.in(grad_out), l.rows, l.cols,
                                  l.start[i], l.len[i], acc);
       });
     }

@@ -60,13 +60,15 @@ TEST(GradOfTheWrongType, CpuOpsRefuseTypesTheyDoNotComputeIn) {
   GW_EXPECT_ERROR(scale_backward(i, 1.0, {&g}), "scale_backward");
   EXPECT_FALSE(g.defined());
   GW_EXPECT_ERROR(matmul(i, i), "matmul");
+  GW_EXPECT_ERROR(narrow(i, 0, 1), "narrow");
+  GW_EXPECT_ERROR(transpose(i, 0, 1), "transpose");
   // bfloat16: refused by the ops without a CPU path for it (the elementwise ops, linear, matmul,
-  // bmm, the softmax family and cross-entropy have one: Note [bfloat16 on the CPU]).
+  // bmm, the shape ops, the softmax family and cross-entropy have one: Note [bfloat16 on the
+  // CPU]).
   for (DType dt : {DType::kBFloat16, DType::kInt32}) {
     const Tensor x = zeros({2, 2}, {dt});
     GW_EXPECT_ERROR(sum(x), "sum");
-    GW_EXPECT_ERROR(narrow(x, 0, 1), "narrow");
-    GW_EXPECT_ERROR(transpose(x, 0, 1), "transpose");
+    GW_EXPECT_ERROR(layer_norm(x, zeros({2}, {dt}), Tensor()), "layer_norm");
   }
 }
 

@@ -15,6 +15,7 @@
 // | add, sub, mul, mul by a scalar     | 1e-2      | the same; broadcast gradients summed in fp32   |
 // | bmm (every transpose)              | 1e-2      | products of rounded inputs summed in fp32      |
 // | linear (+ bias, ReLU, GELU), matmul| 1e-2      | the same; bias and activation on the fp32 sum  |
+// | narrow, transpose, concat, heads   | 5e-3      | copies of rounded inputs; sums rounded once    |
 #include <functional>
 #include <string>
 #include <vector>
@@ -143,6 +144,28 @@ inline std::vector<Bf16Case> bf16_cases() {
                                                   matmul(x, wt), ma, mb};
                      }});
   }
+  // Data movement: each output an input element as stored; accumulated gradients summed in float32.
+  cases.push_back({"narrow, transpose, concat, split_heads and their backwards (accumulating)",
+                   5e-3, [](TensorOptions o) {
+                     const Tensor x = bf16_case_input({12, 48}, 19, o);  // batch 3 · seq 4
+                     const Tensor z = bf16_case_input({12, 16}, 20, o);
+                     const Tensor dn = bf16_case_input({12, 20}, 21, o);
+                     const Tensor dt = bf16_case_input({48, 12}, 22, o);
+                     const Tensor dc = bf16_case_input({12, 64}, 23, o);
+                     const Tensor dh = bf16_case_input({3 * 2, 4, 12}, 24, o);
+                     Tensor gn, gt, gh, gc0, gc1;
+                     narrow_backward(dn, {12, 48}, 8, 20, {&gn});
+                     narrow_backward(dn, {12, 48}, 8, 20, {&gn, true});
+                     transpose_backward(dt, 0, 1, {&gt});
+                     transpose_backward(dt, 0, 1, {&gt, true});
+                     split_heads_backward(dh, {12, 48}, 4, 2, 16, 24, {&gh});
+                     split_heads_backward(dh, {12, 48}, 4, 2, 16, 24, {&gh, true});
+                     GradSlot slots[2] = {{&gc0}, {&gc1}};
+                     concat_backward(dc, {{12, 48}, {12, 16}}, 1, slots);
+                     return std::vector<Tensor>{narrow(x, 8, 20), transpose(x, 0, 1),
+                                                concat({x, z}, 1), split_heads(x, 4, 2, 16, 24),
+                                                gn, gt, gh, gc0, gc1};
+                   }});
   return cases;
 }
 
