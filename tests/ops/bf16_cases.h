@@ -169,4 +169,20 @@ inline std::vector<Bf16Case> bf16_cases() {
   return cases;
 }
 
+// Every case run in bfloat16 with `bf16` (its device) against the float32 CPU reference, each
+// output within the case's tolerance.
+inline void expect_bf16_cases_within_tolerance(TensorOptions bf16) {
+  const TensorOptions f32_cpu{DType::kFloat32, Device::cpu()};
+  for (const Bf16Case& c : bf16_cases()) {
+    const std::vector<Tensor> ref = c.run(f32_cpu), got = c.run(bf16);
+    ASSERT_EQ(ref.size(), got.size()) << c.name;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      const Tensor g = got[i].to(Device::cpu());
+      EXPECT_LT(rel_error(g.dtype() == DType::kFloat32 ? g : cast(g, DType::kFloat32), ref[i]),
+                c.tol)
+          << c.name << ", output " << i;
+    }
+  }
+}
+
 }  // namespace graphward::testing

@@ -6,27 +6,13 @@
 
 namespace graphward {
 namespace {
-using testing::rel_error;
-
 constexpr Device kGpu = Device::cuda(0);
 const TensorOptions kBf16Gpu{DType::kBFloat16, kGpu};
-const TensorOptions kF32Cpu{DType::kFloat32, Device::cpu()};
 
 class CudaBf16 : public testing::PoisonedCudaTest {};
 
-Tensor as_f32_cpu(const Tensor& t) {
-  const Tensor c = t.dtype() == DType::kFloat32 ? t : cast(t, DType::kFloat32);
-  return c.to(Device::cpu());
-}
-
 TEST_F(CudaBf16, EveryBf16OpIsWithinItsToleranceOfTheFloat32CpuReference) {
-  for (const testing::Bf16Case& c : testing::bf16_cases()) {
-    const std::vector<Tensor> ref = c.run(kF32Cpu), got = c.run(kBf16Gpu);
-    ASSERT_EQ(ref.size(), got.size()) << c.name;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_LT(rel_error(as_f32_cpu(got[i]), ref[i]), c.tol) << c.name << ", output " << i;
-    }
-  }
+  testing::expect_bf16_cases_within_tolerance(kBf16Gpu);
 }
 
 TEST_F(CudaBf16, AKernelsOutputsAreItsFloat32KernelsOnTheWidenedInputsRoundedOnce) {

@@ -7,24 +7,10 @@
 
 namespace graphward {
 namespace {
-using testing::rel_error;
-
 const TensorOptions kBf16Cpu{DType::kBFloat16, Device::cpu()};
-const TensorOptions kF32Cpu{DType::kFloat32, Device::cpu()};
-
-Tensor as_f32(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  return c.dtype() == DType::kFloat32 ? c : cast(c, DType::kFloat32);
-}
 
 TEST(Bf16Cpu, EveryBf16OpIsWithinItsToleranceOfTheFloat32Reference) {
-  for (const testing::Bf16Case& c : testing::bf16_cases()) {
-    const std::vector<Tensor> ref = c.run(kF32Cpu), got = c.run(kBf16Cpu);
-    ASSERT_EQ(ref.size(), got.size()) << c.name;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_LT(rel_error(as_f32(got[i]), ref[i]), c.tol) << c.name << ", output " << i;
-    }
-  }
+  testing::expect_bf16_cases_within_tolerance(kBf16Cpu);
 }
 
 TEST(Bf16Cpu, AnOpsOutputsAreTheFloat32OpsOnTheWidenedInputsRoundedOnce) {
