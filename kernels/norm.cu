@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/launch.cuh"
 #include "kernels/norm.h"
+#include "kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {
@@ -18,7 +19,8 @@ using detail::by_warp_row_width;
 using detail::grid_for;
 using detail::kThreads;
 using detail::kWarpRowMaxCols;
-using detail::store;
+using detail::load;
+using detail::put;
 using detail::warp_all_reduce;
 
 constexpr int kRowThreads = 256;
@@ -26,26 +28,27 @@ constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 
 // Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
 // kAdd: the row normalized is x + res (rounded as add rounds it), written to `sum` too.
-template <int kPer, bool kAdd>
-__global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rstd, const float* x,
-                                               const float* w, const float* b, const float* res,
-                                               std::int64_t res_rows, float* sum,
-                                               std::int64_t rows, int cols, float eps) {
+template <int kPer, bool kAdd, class S>
+__global__ void layer_norm_forward_warp_kernel(S* y, float* mean, float* rstd, const S* x,
+                                               const S* w, const S* b, const S* res,
+                                               std::int64_t res_rows, S* sum, std::int64_t rows,
+                                               int cols, float eps) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const float* xr = x + row * cols;
-  const float* rr = kAdd ? res + (row % res_rows) * cols : nullptr;
+  const S* xr = x + row * cols;
+  const S* rr = kAdd ? res + (row % res_rows) * cols : nullptr;
   float v[kPer];
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
     if constexpr (kAdd) {
-      v[i] = j < cols ? __fadd_rn(xr[j], rr[j]) : 0.f;
-      if (j < cols) sum[row * cols + j] = v[i];
+      // The sum as stored (rounded to S): the row normalized is the one `sum` holds.
+      v[i] = j < cols ? detail::rounded<S>(__fadd_rn(load(xr, j), load(rr, j))) : 0.f;
+      if (j < cols) put(sum, row * cols + j, v[i]);
     } else {
-      v[i] = j < cols ? xr[j] : 0.f;
+      v[i] = j < cols ? load(xr, j) : 0.f;
     }
     if (j < cols) s += v[i];
   }
@@ -60,32 +63,32 @@ __global__ void layer_norm_forward_warp_kernel(float* y, float* mean, float* rst
     mean[row] = m;
     rstd[row] = r;
   }
-  float* yr = y + row * cols;
+  S* yr = y + row * cols;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    if (j < cols) yr[j] = (v[i] - m) * r * w[j] + (b ? b[j] : 0.f);
+    if (j < cols) put(yr, j, (v[i] - m) * r * load(w, j) + (b ? load(b, j) : 0.f));
   }
 }
 
-template <int kPer>
-__global__ void layer_norm_backward_input_warp_kernel(float* dx, const float* dy, const float* x,
+template <int kPer, class S>
+__global__ void layer_norm_backward_input_warp_kernel(S* dx, const S* dy, const S* x,
                                                       const float* mean, const float* rstd,
-                                                      const float* w, std::int64_t rows, int cols,
+                                                      const S* w, std::int64_t rows, int cols,
                                                       bool accumulate) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const float* xr = x + row * cols;
-  const float* dyr = dy + row * cols;
+  const S* xr = x + row * cols;
+  const S* dyr = dy + row * cols;
   const float m = mean[row], r = rstd[row];
   float g[kPer], xc[kPer];  // dy·w and x − mean
   float sg = 0.f, sgx = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    g[i] = j < cols ? dyr[j] * w[j] : 0.f;
-    xc[i] = j < cols ? xr[j] - m : 0.f;
+    g[i] = j < cols ? load(dyr, j) * load(w, j) : 0.f;
+    xc[i] = j < cols ? load(xr, j) - m : 0.f;
     if (j < cols) {
       sg += g[i];
       sgx += g[i] * xc[i] * r;
@@ -93,53 +96,55 @@ __global__ void layer_norm_backward_input_warp_kernel(float* dx, const float* dy
   }
   const float mg = warp_all_reduce(sg) / static_cast<float>(cols);
   const float mgx = warp_all_reduce(sgx) / static_cast<float>(cols);
-  float* dxr = dx + row * cols;
+  S* dxr = dx + row * cols;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
-    if (j < cols) store(dxr, j, r * (g[i] - mg - xc[i] * r * mgx), accumulate);
+    if (j < cols) put(dxr, j, r * (g[i] - mg - xc[i] * r * mgx), accumulate);
   }
 }
 
-__global__ void layer_norm_forward_kernel(float* y, float* mean, float* rstd, const float* x,
-                                          const float* w, const float* b, std::int64_t cols,
-                                          float eps) {
+template <class S>
+__global__ void layer_norm_forward_kernel(S* y, float* mean, float* rstd, const S* x, const S* w,
+                                          const S* b, std::int64_t cols, float eps) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * cols;
+  const S* xr = x + row * cols;
   float s = 0.f;
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) s += xr[j];
+  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) s += load(xr, j);
   const float m = block_reduce<kRowThreads>(s) / static_cast<float>(cols);
   float v = 0.f;
-  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) v += (xr[j] - m) * (xr[j] - m);
+  for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
+    v += (load(xr, j) - m) * (load(xr, j) - m);
+  }
   const float r = rsqrtf(block_reduce<kRowThreads>(v) / static_cast<float>(cols) + eps);
   if (threadIdx.x == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
-    y[row * cols + j] = (xr[j] - m) * r * w[j] + (b ? b[j] : 0.f);
+    put(y, row * cols + j, (load(xr, j) - m) * r * load(w, j) + (b ? load(b, j) : 0.f));
   }
 }
 
-__global__ void layer_norm_backward_input_kernel(float* dx, const float* dy, const float* x,
-                                                 const float* mean, const float* rstd,
-                                                 const float* w, std::int64_t cols,
+template <class S>
+__global__ void layer_norm_backward_input_kernel(S* dx, const S* dy, const S* x, const float* mean,
+                                                 const float* rstd, const S* w, std::int64_t cols,
                                                  bool accumulate) {
   const std::int64_t row = blockIdx.x;
-  const float* xr = x + row * cols;
-  const float* dyr = dy + row * cols;
+  const S* xr = x + row * cols;
+  const S* dyr = dy + row * cols;
   const float m = mean[row], r = rstd[row];
   float sg = 0.f, sgx = 0.f;
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
-    const float g = dyr[j] * w[j];
+    const float g = load(dyr, j) * load(w, j);
     sg += g;
-    sgx += g * (xr[j] - m) * r;
+    sgx += g * (load(xr, j) - m) * r;
   }
   const float mg = block_reduce<kRowThreads>(sg) / static_cast<float>(cols);
   const float mgx = block_reduce<kRowThreads>(sgx) / static_cast<float>(cols);
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
-    const float xh = (xr[j] - m) * r;
-    store(dx, row * cols + j, r * (dyr[j] * w[j] - mg - xh * mgx), accumulate);
+    const float xh = (load(xr, j) - m) * r;
+    put(dx, row * cols + j, r * (load(dyr, j) * load(w, j) - mg - xh * mgx), accumulate);
   }
 }
 
@@ -152,11 +157,11 @@ std::int64_t row_slices(std::int64_t rows) {
 // Block (32, 8) per (32 columns, slice of rows): the slice's sums of dy·x̂ and dy per column, in a
 // fixed order; written to partial [slices, cols] (two of them), or — with one slice — stored as
 // the gradients themselves.
-__global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw, float* db,
-                                                 const float* dy, const float* x, const float* mean,
-                                                 const float* rstd, std::int64_t rows,
-                                                 std::int64_t cols, bool accumulate_w,
-                                                 bool accumulate_b) {
+template <class S>
+__global__ void layer_norm_params_partial_kernel(float* pw, float* pb, S* dw, S* db, const S* dy,
+                                                 const S* x, const float* mean, const float* rstd,
+                                                 std::int64_t rows, std::int64_t cols,
+                                                 bool accumulate_w, bool accumulate_b) {
   __shared__ float sw[8][33], sb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * kRowsPerSlice;
@@ -165,8 +170,8 @@ __global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw
   if (col < cols) {
     for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
       const std::int64_t i = r * cols + col;
-      aw += dy[i] * (x[i] - mean[r]) * rstd[r];
-      ab += dy[i];
+      aw += load(dy, i) * (load(x, i) - mean[r]) * rstd[r];
+      ab += load(dy, i);
     }
   }
   sw[threadIdx.y][threadIdx.x] = aw;
@@ -182,14 +187,15 @@ __global__ void layer_norm_params_partial_kernel(float* pw, float* pb, float* dw
       pw[blockIdx.y * cols + col] = tw;
       pb[blockIdx.y * cols + col] = tb;
     } else {
-      if (dw) store(dw, col, tw, accumulate_w);
-      if (db) store(db, col, tb, accumulate_b);
+      if (dw) put(dw, col, tw, accumulate_w);
+      if (db) put(db, col, tb, accumulate_b);
     }
   }
 }
 
 // The slices' partial sums per column, in slice order.
-__global__ void layer_norm_params_sum_kernel(float* dw, float* db, const float* pw, const float* pb,
+template <class S>
+__global__ void layer_norm_params_sum_kernel(S* dw, S* db, const float* pw, const float* pb,
                                              std::int64_t slices, std::int64_t cols,
                                              bool accumulate_w, bool accumulate_b) {
   GW_GRID_STRIDE(col, cols) {
@@ -198,17 +204,18 @@ __global__ void layer_norm_params_sum_kernel(float* dw, float* db, const float* 
       tw += pw[s * cols + col];
       tb += pb[s * cols + col];
     }
-    if (dw) store(dw, col, tw, accumulate_w);
-    if (db) store(db, col, tb, accumulate_b);
+    if (dw) put(dw, col, tw, accumulate_w);
+    if (db) put(db, col, tb, accumulate_b);
   }
 }
 
-__global__ void embedding_forward_kernel(float* y, const float* table, const std::int32_t* ids,
+template <class S>
+__global__ void embedding_forward_kernel(S* y, const S* table, const std::int32_t* ids,
                                          std::int64_t n, std::int64_t vocab, std::int64_t dim) {
   GW_GRID_STRIDE(k, n * dim) {
     const std::int64_t i = k / dim, j = k % dim;
     const std::int32_t id = ids[i];
-    y[k] = (id >= 0 && id < vocab) ? table[static_cast<std::int64_t>(id) * dim + j] : NAN;
+    put(y, k, (id >= 0 && id < vocab) ? load(table, static_cast<std::int64_t>(id) * dim + j) : NAN);
   }
 }
 
@@ -221,52 +228,70 @@ __global__ void embedding_backward_kernel(float* dtable, const float* dy, const 
   }
 }
 
+// bfloat16: the rows' float32 sums (workspace) added from bfloat16 dy, then each rounded once.
+__global__ void embedding_backward_kernel(float* sums, const bf16* dy, const std::int32_t* ids,
+                                          std::int64_t n, std::int64_t vocab, std::int64_t dim) {
+  GW_GRID_STRIDE(k, n * dim) {
+    const std::int64_t i = k / dim, j = k % dim;
+    const std::int32_t id = ids[i];
+    if (id >= 0 && id < vocab) {
+      atomicAdd(sums + static_cast<std::int64_t>(id) * dim + j, load(dy, k));
+    }
+  }
+}
+__global__ void embedding_backward_round_kernel(bf16* dtable, const float* sums, std::int64_t n,
+                                                bool accumulate) {
+  GW_GRID_STRIDE(k, n) put(dtable, k, sums[k], accumulate);
+}
+
 }  // namespace
 
-void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                        const float* b, std::int64_t rows, std::int64_t cols, float eps,
-                        cudaStream_t stream) {
+template <class S>
+void layer_norm_forward(S* y, float* mean, float* rstd, const S* x, const S* w, const S* b,
+                        std::int64_t rows, std::int64_t cols, float eps, cudaStream_t stream) {
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_forward_warp_kernel<decltype(per)::value, false>
-          <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, 1, nullptr,
-                                               rows, static_cast<int>(cols), eps);
+      layer_norm_forward_warp_kernel<decltype(per)::value, false, S>
+          <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, 1, nullptr, rows,
+                                               static_cast<int>(cols), eps);
     });
   } else {
-    layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+    layer_norm_forward_kernel<S><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         y, mean, rstd, x, w, b, cols, eps);
   }
   GW_LAUNCH_CHECK();
 }
-void add_layer_norm_forward(float* y, float* sum, float* mean, float* rstd, const float* x,
-                            const float* res, std::int64_t res_rows, const float* w,
-                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
-                            cudaStream_t stream) {
+template <class S>
+void add_layer_norm_forward(S* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
+                            std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
+                            std::int64_t cols, float eps, cudaStream_t stream) {
   if (cols > kWarpRowMaxCols) {  // a block a row: the add first, then the layer norm of its sum
     binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, res_rows * cols, rows * cols, stream);
-    layer_norm_forward(y, mean, rstd, sum, w, b, rows, cols, eps, stream);
+    layer_norm_forward(y, mean, rstd, static_cast<const S*>(sum), w, b, rows, cols, eps, stream);
     return;
   }
   const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
   by_warp_row_width(cols, [&](auto per) {
-    layer_norm_forward_warp_kernel<decltype(per)::value, true><<<blocks, kRowThreads, 0, stream>>>(
-        y, mean, rstd, x, w, b, res, res_rows, sum, rows, static_cast<int>(cols), eps);
+    layer_norm_forward_warp_kernel<decltype(per)::value, true, S>
+        <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, res, res_rows, sum, rows,
+                                             static_cast<int>(cols), eps);
   });
   GW_LAUNCH_CHECK();
 }
-void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
-                               const float* rstd, const float* w, std::int64_t rows,
-                               std::int64_t cols, bool accumulate, cudaStream_t stream) {
+template <class S>
+void layer_norm_backward_input(S* dx, const S* dy, const S* x, const float* mean,
+                               const float* rstd, const S* w, std::int64_t rows, std::int64_t cols,
+                               bool accumulate, cudaStream_t stream) {
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_backward_input_warp_kernel<decltype(per)::value>
+      layer_norm_backward_input_warp_kernel<decltype(per)::value, S>
           <<<blocks, kRowThreads, 0, stream>>>(dx, dy, x, mean, rstd, w, rows,
                                                static_cast<int>(cols), accumulate);
     });
   } else {
-    layer_norm_backward_input_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+    layer_norm_backward_input_kernel<S><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         dx, dy, x, mean, rstd, w, cols, accumulate);
   }
   GW_LAUNCH_CHECK();
@@ -276,32 +301,37 @@ std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols) {
   return slices > 1 ? 2 * slices * cols : 0;
 }
 
-void layer_norm_backward_params(float* dw, float* db, const float* dy, const float* x,
-                                const float* mean, const float* rstd, std::int64_t rows,
-                                std::int64_t cols, bool accumulate_w, bool accumulate_b,
-                                float* workspace, cudaStream_t stream) {
+template <class S>
+void layer_norm_backward_params(S* dw, S* db, const S* dy, const S* x, const float* mean,
+                                const float* rstd, std::int64_t rows, std::int64_t cols,
+                                bool accumulate_w, bool accumulate_b, float* workspace,
+                                cudaStream_t stream) {
   const std::int64_t slices = row_slices(rows);
   const dim3 block(32, 8);
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(slices));
   float* pw = slices > 1 ? workspace : nullptr;
   float* pb = slices > 1 ? workspace + slices * cols : nullptr;
-  layer_norm_params_partial_kernel<<<grid, block, 0, stream>>>(
+  layer_norm_params_partial_kernel<S><<<grid, block, 0, stream>>>(
       pw, pb, dw, db, dy, x, mean, rstd, rows, cols, accumulate_w, accumulate_b);
   GW_LAUNCH_CHECK();
   if (slices > 1) {
-    layer_norm_params_sum_kernel<<<grid_for(cols), kThreads, 0, stream>>>(
+    layer_norm_params_sum_kernel<S><<<grid_for(cols), kThreads, 0, stream>>>(
         dw, db, pw, pb, slices, cols, accumulate_w, accumulate_b);
     GW_LAUNCH_CHECK();
   }
 }
-void embedding_forward(float* y, const float* table, const std::int32_t* ids, std::int64_t n,
+template <class S>
+void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64_t n,
                        std::int64_t vocab, std::int64_t dim, cudaStream_t stream) {
-  embedding_forward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(y, table, ids, n, vocab,
-                                                                       dim);
+  embedding_forward_kernel<S><<<grid_for(n * dim), kThreads, 0, stream>>>(y, table, ids, n, vocab,
+                                                                          dim);
   GW_LAUNCH_CHECK();
 }
+std::int64_t embedding_backward_workspace(DType dtype, std::int64_t vocab, std::int64_t dim) {
+  return dtype == DType::kBFloat16 ? vocab * dim : 0;
+}
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* /*workspace*/,
                         cudaStream_t stream) {
   if (!accumulate) {
     GW_CUDA_CHECK(
@@ -311,5 +341,35 @@ void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids,
                                                                         dim);
   GW_LAUNCH_CHECK();
 }
+void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
+                        cudaStream_t stream) {
+  GW_CUDA_CHECK(
+      cudaMemsetAsync(workspace, 0, static_cast<std::size_t>(vocab * dim) * sizeof(float), stream));
+  embedding_backward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(workspace, dy, ids, n,
+                                                                        vocab, dim);
+  GW_LAUNCH_CHECK();
+  embedding_backward_round_kernel<<<grid_for(vocab * dim), kThreads, 0, stream>>>(
+      dtable, workspace, vocab * dim, accumulate);
+  GW_LAUNCH_CHECK();
+}
+
+#define GW_NORM_INSTANTIATE(S)                                                                    \
+  template void layer_norm_forward<S>(S*, float*, float*, const S*, const S*, const S*,          \
+                                      std::int64_t, std::int64_t, float, cudaStream_t);         \
+  template void add_layer_norm_forward<S>(S*, S*, float*, float*, const S*, const S*,            \
+                                          std::int64_t, const S*, const S*, std::int64_t,       \
+                                          std::int64_t, float, cudaStream_t);                   \
+  template void layer_norm_backward_input<S>(S*, const S*, const S*, const float*, const float*, \
+                                             const S*, std::int64_t, std::int64_t, bool,         \
+                                             cudaStream_t);                                      \
+  template void layer_norm_backward_params<S>(S*, S*, const S*, const S*, const float*,          \
+                                              const float*, std::int64_t, std::int64_t, bool,    \
+                                              bool, float*, cudaStream_t);                       \
+  template void embedding_forward<S>(S*, const S*, const std::int32_t*, std::int64_t,            \
+                                     std::int64_t, std::int64_t, cudaStream_t);
+GW_NORM_INSTANTIATE(float)
+GW_NORM_INSTANTIATE(bf16)
+#undef GW_NORM_INSTANTIATE
 
 }  // namespace graphward::kernels

@@ -4,6 +4,7 @@
 // elementwise.h.
 #include <cstdint>
 #include "base/config.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -12,40 +13,51 @@
 namespace graphward::kernels {
 
 #if GRAPHWARD_HAS_CUDA
+// S: float or bf16 — x, y, w, b and their gradients (bfloat16 storage: loads widened, arithmetic
+// and the row statistics in float32, each output rounded once when stored); mean and rstd are
+// float32 either way.
 // y = (x − mean) · rstd · w + b per row (w, b: [cols]; b may be null); writes mean and rstd [rows]
 // (rstd = 1 / √(var + eps), the biased variance). Row sums in a fixed order: deterministic.
-void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                        const float* b, std::int64_t rows, std::int64_t cols, float eps,
-                        cudaStream_t stream);
+template <class S>
+void layer_norm_forward(S* y, float* mean, float* rstd, const S* x, const S* w, const S* b,
+                        std::int64_t rows, std::int64_t cols, float eps, cudaStream_t stream);
 // sum = x + res (elementwise, rounded as binary_forward's add rounds it; row r of x takes row
-// r % res_rows of res [res_rows, cols]), then layer_norm_forward of sum into y, mean and rstd: the
-// same bits as the two launches. Rows of at most 1024 columns in one kernel (x and res read
-// once); wider rows in the two.
-void add_layer_norm_forward(float* y, float* sum, float* mean, float* rstd, const float* x,
-                            const float* res, std::int64_t res_rows, const float* w,
-                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
-                            cudaStream_t stream);
+// r % res_rows of res [res_rows, cols]), then layer_norm_forward of sum (as stored) into y, mean
+// and rstd: the same bits as the two launches. Rows of at most 1024 columns in one kernel (x and
+// res read once); wider rows in the two.
+template <class S>
+void add_layer_norm_forward(S* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
+                            std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
+                            std::int64_t cols, float eps, cudaStream_t stream);
 // dx = rstd · (g − mean_j(g) − x̂ · mean_j(g · x̂)) with g = dy · w, x̂ = (x − mean) · rstd
-void layer_norm_backward_input(float* dx, const float* dy, const float* x, const float* mean,
-                               const float* rstd, const float* w, std::int64_t rows,
-                               std::int64_t cols, bool accumulate, cudaStream_t stream);
+template <class S>
+void layer_norm_backward_input(S* dx, const S* dy, const S* x, const float* mean,
+                               const float* rstd, const S* w, std::int64_t rows, std::int64_t cols,
+                               bool accumulate, cudaStream_t stream);
 // dw = Σ_rows dy · x̂, db = Σ_rows dy (either may be null); a fixed order: deterministic.
 // In two passes for many rows: partial sums over slices of rows into `workspace` (at least
 // layer_norm_params_workspace(rows, cols) floats; unused when that is 0), then their sum in a
 // fixed order — parallel over rows and columns, deterministic.
-void layer_norm_backward_params(float* dw, float* db, const float* dy, const float* x,
-                                const float* mean, const float* rstd, std::int64_t rows,
-                                std::int64_t cols, bool accumulate_w, bool accumulate_b,
-                                float* workspace, cudaStream_t stream);
+template <class S>
+void layer_norm_backward_params(S* dw, S* db, const S* dy, const S* x, const float* mean,
+                                const float* rstd, std::int64_t rows, std::int64_t cols,
+                                bool accumulate_w, bool accumulate_b, float* workspace,
+                                cudaStream_t stream);
 std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols);
 // y[i, :] = table[ids[i], :] for i < n (ids outside [0, vocab) give a row of NaN).
-void embedding_forward(float* y, const float* table, const std::int32_t* ids, std::int64_t n,
+template <class S>
+void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64_t n,
                        std::int64_t vocab, std::int64_t dim, cudaStream_t stream);
 // dtable[ids[i], :] += dy[i, :] (atomic adds: the order of a row's contributions, hence the last
 // bits of a repeated id's gradient, may vary run to run). dtable is written first unless
-// `accumulate` (zeroed, then added to).
+// `accumulate` (zeroed, then added to). A bfloat16 table's rows are summed in float32 in
+// `workspace` (embedding_backward_workspace floats; none for float32) and each rounded once.
+std::int64_t embedding_backward_workspace(DType dtype, std::int64_t vocab, std::int64_t dim);
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
+                        cudaStream_t stream);
+void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
                         cudaStream_t stream);
 #endif
 

@@ -16,22 +16,23 @@ using detail::grid_for;
 using detail::kThreads;
 using detail::load;
 using detail::put;
-using detail::store;
 
 constexpr int kReduceThreads = 1024;
 
-__global__ void sum_forward_kernel(float* out, const float* x, float scale, std::int64_t n) {
+template <class S>
+__global__ void sum_forward_kernel(float* out, const S* x, float scale, std::int64_t n) {
   double acc = 0;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += load(x, i);
   acc = block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc * scale);
 }
 
-__global__ void sum_backward_kernel(float* dx, const float* dy, float scale, std::int64_t n,
+template <class S>
+__global__ void sum_backward_kernel(S* dx, const float* dy, float scale, std::int64_t n,
                                     bool accumulate) {
   const float g = scale * dy[0];
   GW_GRID_STRIDE(i, n) {
-    store(dx, i, g, accumulate);
+    put(dx, i, g, accumulate);
   }
 }
 
@@ -79,37 +80,41 @@ __global__ void column_sum_kernel(T* dst, const T* src, const T* other, float al
   }
 }
 
-__global__ void mse_loss_forward_kernel(float* out, const float* pred, const float* target,
+template <class S>
+__global__ void mse_loss_forward_kernel(float* out, const S* pred, const S* target,
                                         std::int64_t n) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const double d = double(pred[i]) - double(target[i]);
+    const double d = double(load(pred, i)) - double(load(target, i));
     acc += d * d;
   }
   acc = block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc / double(n));
 }
 
-__global__ void mse_loss_backward_kernel(float* dpred, float* dtarget, const float* dy,
-                                         const float* pred, const float* target, std::int64_t n,
-                                         bool accumulate_pred, bool accumulate_target) {
+template <class S>
+__global__ void mse_loss_backward_kernel(S* dpred, S* dtarget, const float* dy, const S* pred,
+                                         const S* target, std::int64_t n, bool accumulate_pred,
+                                         bool accumulate_target) {
   const float scale = 2.f * dy[0] / static_cast<float>(n);
   GW_GRID_STRIDE(i, n) {
-    const float g = scale * (pred[i] - target[i]);
-    if (dpred) store(dpred, i, g, accumulate_pred);
-    if (dtarget) store(dtarget, i, -g, accumulate_target);
+    const float g = scale * (load(pred, i) - load(target, i));
+    if (dpred) put(dpred, i, g, accumulate_pred);
+    if (dtarget) put(dtarget, i, -g, accumulate_target);
   }
 }
 
 }  // namespace
 
-void sum_forward(float* out, const float* x, float scale, std::int64_t n, cudaStream_t stream) {
-  sum_forward_kernel<<<1, kReduceThreads, 0, stream>>>(out, x, scale, n);
+template <class S>
+void sum_forward(float* out, const S* x, float scale, std::int64_t n, cudaStream_t stream) {
+  sum_forward_kernel<S><<<1, kReduceThreads, 0, stream>>>(out, x, scale, n);
   GW_LAUNCH_CHECK();
 }
-void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
+template <class S>
+void sum_backward(S* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
                   cudaStream_t stream) {
-  sum_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dx, dy, scale, n, accumulate);
+  sum_backward_kernel<S><<<grid_for(n), kThreads, 0, stream>>>(dx, dy, scale, n, accumulate);
   GW_LAUNCH_CHECK();
 }
 template <class T>
@@ -128,17 +133,29 @@ template void column_sum<float>(float*, const float*, const float*, float, std::
                                 std::int64_t, bool, cudaStream_t);
 template void column_sum<bf16>(bf16*, const bf16*, const bf16*, float, std::int64_t,
                                std::int64_t, bool, cudaStream_t);
-void mse_loss_forward(float* out, const float* pred, const float* target, std::int64_t n,
+template <class S>
+void mse_loss_forward(float* out, const S* pred, const S* target, std::int64_t n,
                       cudaStream_t stream) {
-  mse_loss_forward_kernel<<<1, kReduceThreads, 0, stream>>>(out, pred, target, n);
+  mse_loss_forward_kernel<S><<<1, kReduceThreads, 0, stream>>>(out, pred, target, n);
   GW_LAUNCH_CHECK();
 }
-void mse_loss_backward(float* dpred, float* dtarget, const float* dy, const float* pred,
-                       const float* target, std::int64_t n, bool accumulate_pred,
-                       bool accumulate_target, cudaStream_t stream) {
-  mse_loss_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+template <class S>
+void mse_loss_backward(S* dpred, S* dtarget, const float* dy, const S* pred, const S* target,
+                       std::int64_t n, bool accumulate_pred, bool accumulate_target,
+                       cudaStream_t stream) {
+  mse_loss_backward_kernel<S><<<grid_for(n), kThreads, 0, stream>>>(
       dpred, dtarget, dy, pred, target, n, accumulate_pred, accumulate_target);
   GW_LAUNCH_CHECK();
 }
+
+#define GW_REDUCE_INSTANTIATE(S)                                                                 \
+  template void sum_forward<S>(float*, const S*, float, std::int64_t, cudaStream_t);            \
+  template void sum_backward<S>(S*, const float*, float, std::int64_t, bool, cudaStream_t);     \
+  template void mse_loss_forward<S>(float*, const S*, const S*, std::int64_t, cudaStream_t);    \
+  template void mse_loss_backward<S>(S*, S*, const float*, const S*, const S*, std::int64_t,    \
+                                     bool, bool, cudaStream_t);
+GW_REDUCE_INSTANTIATE(float)
+GW_REDUCE_INSTANTIATE(bf16)
+#undef GW_REDUCE_INSTANTIATE
 
 }  // namespace graphward::kernels

@@ -17,10 +17,14 @@
 namespace graphward::kernels {
 
 #if GRAPHWARD_HAS_CUDA
+// S: float or bf16, the storage of x, pred, target and their gradients; a scalar (out, dy) is
+// float32 either way (a bfloat16 tensor's sum or loss keeps float32 math and storage).
 // out[0] = scale * Σ x[i]  (sum: scale = 1; mean: scale = 1/n)
-void sum_forward(float* out, const float* x, float scale, std::int64_t n, cudaStream_t stream);
+template <class S>
+void sum_forward(float* out, const S* x, float scale, std::int64_t n, cudaStream_t stream);
 // dx[i] = scale * dy[0]
-void sum_backward(float* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
+template <class S>
+void sum_backward(S* dx, const float* dy, float scale, std::int64_t n, bool accumulate,
                   cudaStream_t stream);
 // dst[j] = alpha * Σ_i src[i,j] * (other ? other[i,j] : 1) over rows i of an [rows, cols] matrix:
 // the gradient of a row-broadcast operand (a bias). T: float or bf16 (summed in double either way).
@@ -28,12 +32,14 @@ template <class T>
 void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream);
 // out[0] = Σ (pred[i] - target[i])² / n
-void mse_loss_forward(float* out, const float* pred, const float* target, std::int64_t n,
+template <class S>
+void mse_loss_forward(float* out, const S* pred, const S* target, std::int64_t n,
                       cudaStream_t stream);
 // g = 2 (pred[i] - target[i]) / n * dy[0];  dpred = g, dtarget = -g. Either output may be null.
-void mse_loss_backward(float* dpred, float* dtarget, const float* dy, const float* pred,
-                       const float* target, std::int64_t n, bool accumulate_pred,
-                       bool accumulate_target, cudaStream_t stream);
+template <class S>
+void mse_loss_backward(S* dpred, S* dtarget, const float* dy, const S* pred, const S* target,
+                       std::int64_t n, bool accumulate_pred, bool accumulate_target,
+                       cudaStream_t stream);
 #endif
 
 namespace cpu {

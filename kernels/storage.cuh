@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "base/dtype.h"
 
@@ -24,6 +25,16 @@ __device__ __forceinline__ void put(float* p, std::int64_t i, float v, bool accu
 __device__ __forceinline__ void put(bf16* p, std::int64_t i, float v, bool accumulate = false) {
   __nv_bfloat16* q = reinterpret_cast<__nv_bfloat16*>(p);
   q[i] = __float2bfloat16_rn(accumulate ? __bfloat162float(q[i]) + v : v);
+}
+
+// v as S stores it, read back: v itself for float32, v rounded to bfloat16 for bf16.
+template <class S>
+__device__ __forceinline__ float rounded(float v) {
+  if constexpr (std::is_same_v<S, bf16>) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return v;
+  }
 }
 
 }  // namespace graphward::kernels::detail

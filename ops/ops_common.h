@@ -59,6 +59,11 @@ class CudaScope {
 
 // A new output on the device of `like` (on CUDA: allocated on `stream`, which produces it).
 Tensor new_output(const Shape& shape, const Tensor& like);
+// The dtype of the statistics an op keeps for data of `dtype` (a layer norm's mean and rstd, a
+// loss, its log-sum-exp): float32 for bfloat16 (they keep float32 math and storage), else dtype.
+inline DType statistics_dtype(DType dtype) {
+  return dtype == DType::kBFloat16 ? DType::kFloat32 : dtype;
+}
 
 // Validates a gradient slot for a gradient of `shape` with the dtype and device of `like`
 // (Note [Check, then write]). Returns whether the gradient is wanted.

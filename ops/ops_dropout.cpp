@@ -28,10 +28,18 @@ std::uint64_t Generator::offset() const {
          (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[3])) << 32);
 }
 
+namespace {
+// The mask of a dropout of x: x's dtype, float32 for bfloat16 x (its kept elements' 1/(1 − p)
+// rounded to bfloat16 would scale every gradient wrong by up to 2^-9).
+Tensor new_mask(const Tensor& x) {
+  return Tensor::empty(x.shape(), {statistics_dtype(x.dtype()), x.device()});
+}
+}  // namespace
+
 Tensor dropout(const Tensor& x, double p, Generator& gen) {
   const char* op = "dropout";
   detail::NvtxRange range(op);
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   GW_CHECK(std::isfinite(p) && p >= 0 && p < 1, op, ": p is ", p,
            "; expected a probability of dropping in [0, 1)");
   GW_CHECK(gen.device() == x.device(), op, ": the generator is on ", gen.device().str(),
@@ -45,16 +53,18 @@ Tensor dropout(const Tensor& x, double p, Generator& gen) {
     scope.read({&x});
     state.storage()->sync_for_write(scope.stream());
     y = new_output(x.shape(), x);
-    mask = new_output(x.shape(), x);
-    k::dropout_forward(y.data<float>(), mask.data<float>(), x.data<float>(),
-                       state.data<std::int32_t>(), n, static_cast<float>(p), scope.stream());
+    mask = new_mask(x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::dropout_forward(ptr<T>(y), mask.data<float>(), ptr<T>(x), state.data<std::int32_t>(), n,
+                         static_cast<float>(p), scope.stream());
+    });
     state.bump_version();
 #endif
   } else {
     y = new_output(x.shape(), x);
-    mask = new_output(x.shape(), x);
-    dispatch_cpu(x.dtype(), [&]<class T>() {
-      k::cpu::dropout_forward<T>(ptr<T>(y), ptr<T>(mask), ptr<T>(x), state.data<std::int32_t>(), n,
+    mask = new_mask(x);
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+      k::cpu::dropout_forward<T>(d.out(y), d.out(mask), d.in(x), state.data<std::int32_t>(), n,
                                  static_cast<float>(p));
     });
     state.bump_version();
@@ -70,23 +80,33 @@ Tensor dropout(const Tensor& x, double p, Generator& gen) {
 
 void dropout_backward(const Tensor& grad_out, const Tensor& mask, GradSlot grad_x) {
   const char* op = "dropout_backward";
-  check_inputs(op, {{"grad_out", &grad_out}, {"mask", &mask}});
+  check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
+  check_inputs(op, {{"mask", &mask}});
+  GW_CHECK(mask.dtype() == statistics_dtype(grad_out.dtype()) &&
+               mask.device() == grad_out.device(),
+           op, ": mask is ", mask.str(), "; expected ", dtype_name(statistics_dtype(grad_out.dtype())),
+           " on ", grad_out.device().str(), " (the mask's dtype for grad_out ", grad_out.str(), ")");
   check_same_shape(op, {"grad_out", &grad_out}, {"mask", &mask});
-  if (!check_slot(op, "grad_x", grad_x, mask)) return;
+  if (!check_slot(op, "grad_x", grad_x, grad_out)) return;
   const std::int64_t n = mask.numel();
   if (mask.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(mask.device());
     scope.read({&grad_out, &mask});
-    const bool acc = open_slot(grad_x, mask, scope.stream());
-    k::mul_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), mask.data<float>(), n, n,
-                    acc, scope.stream());
+    const bool acc = open_slot(grad_x, grad_out, scope.stream());
+    if (grad_out.dtype() == DType::kBFloat16) {
+      k::dropout_backward(slot_ptr<bf16>(grad_x), ptr<bf16>(grad_out), mask.data<float>(), n, acc,
+                          scope.stream());
+    } else {
+      k::mul_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), mask.data<float>(), n,
+                      n, acc, scope.stream());
+    }
     return;
 #endif
   }
-  const bool acc = open_slot(grad_x, mask, nullptr);
-  dispatch_cpu(mask.dtype(), [&]<class T>() {
-    k::cpu::mul_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(mask), n, n, acc);
+  const bool acc = open_slot(grad_x, grad_out, nullptr);
+  dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::mul_backward<T>(slot_out(d, grad_x, acc), d.in(grad_out), d.in(mask), n, n, acc);
   });
 }
 

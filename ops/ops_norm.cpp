@@ -20,9 +20,9 @@ struct NormDims {
 NormDims check_layer_norm(const char* op, const Tensor& x, const Tensor& weight,
                           const Tensor& bias) {
   if (bias.defined()) {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, Bf16::kEverywhere);
   } else {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, Bf16::kEverywhere);
   }
   GW_CHECK(x.dim() >= 1, op, ": x has shape ", shape_str(x.shape()),
            "; expected at least one dimension (normalized over the last)");
@@ -44,6 +44,11 @@ void check_eps(const char* op, double eps, const Tensor& x) {
   check_finite_scalar(op, eps, x);
 }
 
+// The statistics' tensors (float32 for bfloat16 x, Note [bfloat16 on the CPU]).
+Tensor new_statistics(std::int64_t rows, const Tensor& x) {
+  return Tensor::empty({rows}, {statistics_dtype(x.dtype()), x.device()});
+}
+
 LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
   const char* op = "layer_norm";
   const NormDims d = check_layer_norm(op, x, w, b);
@@ -58,20 +63,22 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
       scope.read({&x, &w});
     }
     o.y = new_output(x.shape(), x);
-    o.mean = new_output({d.rows}, x);
-    o.rstd = new_output({d.rows}, x);
-    k::layer_norm_forward(o.y.data<float>(), o.mean.data<float>(), o.rstd.data<float>(),
-                          x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                          d.rows, d.cols, static_cast<float>(eps), scope.stream());
+    o.mean = new_statistics(d.rows, x);
+    o.rstd = new_statistics(d.rows, x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::layer_norm_forward(ptr<T>(o.y), o.mean.data<float>(), o.rstd.data<float>(), ptr<T>(x),
+                            ptr<T>(w), b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
+                            static_cast<float>(eps), scope.stream());
+    });
     return o;
 #endif
   }
   o.y = new_output(x.shape(), x);
-  o.mean = new_output({d.rows}, x);
-  o.rstd = new_output({d.rows}, x);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
-    k::cpu::layer_norm_forward<T>(ptr<T>(o.y), ptr<T>(o.mean), ptr<T>(o.rstd), ptr<T>(x), ptr<T>(w),
-                                  b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
+  o.mean = new_statistics(d.rows, x);
+  o.rstd = new_statistics(d.rows, x);
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& data) {
+    k::cpu::layer_norm_forward<T>(data.out(o.y), data.out(o.mean), data.out(o.rstd), data.in(x),
+                                  data.in(w), b.defined() ? data.in(b) : nullptr, d.rows, d.cols,
                                   static_cast<T>(eps));
   });
   return o;
@@ -110,7 +117,7 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
   detail::NvtxRange range(op);
   // Everything checked before the first write (Note [Check, then write]): the add's operands,
   // then the layer norm's.
-  check_inputs(op, {{"x", &x}, {"residual", &residual}});
+  check_inputs(op, {{"x", &x}, {"residual", &residual}}, Bf16::kEverywhere);
   GW_CHECK(is_trailing_shape(residual, x), op, ": residual has shape ", shape_str(residual.shape()),
            " and x ", shape_str(x.shape()),
            "; expected x's shape or its trailing dimensions (repeated over "
@@ -134,13 +141,15 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tenso
     }
     out.sum = new_output(x.shape(), x);
     o.y = new_output(x.shape(), x);
-    o.mean = new_output({d.rows}, x);
-    o.rstd = new_output({d.rows}, x);
-    k::add_layer_norm_forward(o.y.data<float>(), out.sum.data<float>(), o.mean.data<float>(),
-                              o.rstd.data<float>(), x.data<float>(), residual.data<float>(),
-                              residual.numel() / d.cols, weight.data<float>(),
-                              bias.defined() ? bias.data<float>() : nullptr, d.rows, d.cols,
-                              static_cast<float>(eps), scope.stream());
+    o.mean = new_statistics(d.rows, x);
+    o.rstd = new_statistics(d.rows, x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::add_layer_norm_forward(ptr<T>(o.y), ptr<T>(out.sum), o.mean.data<float>(),
+                                o.rstd.data<float>(), ptr<T>(x), ptr<T>(residual),
+                                residual.numel() / d.cols, ptr<T>(weight),
+                                bias.defined() ? ptr<T>(bias) : nullptr, d.rows, d.cols,
+                                static_cast<float>(eps), scope.stream());
+    });
   }
   record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
   record_layer_norm(o, out.sum, weight, bias);
@@ -154,7 +163,13 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "layer_norm_backward";
   const NormDims d = check_layer_norm(op, x, weight, Tensor());
-  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"mean", &mean}, {"rstd", &rstd}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}}, Bf16::kEverywhere);
+  check_inputs(op, {{"mean", &mean}, {"rstd", &rstd}});
+  GW_CHECK(mean.dtype() == statistics_dtype(x.dtype()) && mean.device() == x.device() &&
+               rstd.device() == x.device(),
+           op, ": mean is ", mean.str(), ", rstd ", rstd.str(), "; expected ",
+           dtype_name(statistics_dtype(x.dtype())), " on ", x.device().str(),
+           " (the statistics' dtype for x ", x.str(), ")");
   check_same_shape(op, {"grad_out", &grad_out}, {"x", &x});
   GW_CHECK(mean.shape() == Shape({d.rows}) && rstd.shape() == Shape({d.rows}), op,
            ": mean and rstd have shapes ", shape_str(mean.shape()), " and ",
@@ -168,20 +183,23 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     scope.read({&grad_out, &x, &weight, &mean, &rstd});
     if (want_x) {
       const bool acc = open_slot(grad_x, x, scope.stream());
-      k::layer_norm_backward_input(grad_x.tensor->data<float>(), grad_out.data<float>(),
-                                   x.data<float>(), mean.data<float>(), rstd.data<float>(),
-                                   weight.data<float>(), d.rows, d.cols, acc, scope.stream());
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::layer_norm_backward_input(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(x),
+                                     mean.data<float>(), rstd.data<float>(), ptr<T>(weight),
+                                     d.rows, d.cols, acc, scope.stream());
+      });
     }
     if (want_w || want_b) {
       const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
       const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, scope.stream());
       const std::int64_t ws = k::layer_norm_params_workspace(d.rows, d.cols);
       const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
-      k::layer_norm_backward_params(want_w ? grad_weight.tensor->data<float>() : nullptr,
-                                    want_b ? grad_bias.tensor->data<float>() : nullptr,
-                                    grad_out.data<float>(), x.data<float>(), mean.data<float>(),
-                                    rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
-                                    ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::layer_norm_backward_params(
+            want_w ? slot_ptr<T>(grad_weight) : nullptr, want_b ? slot_ptr<T>(grad_bias) : nullptr,
+            ptr<T>(grad_out), ptr<T>(x), mean.data<float>(), rstd.data<float>(), d.rows, d.cols,
+            acc_w, acc_b, ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+      });
     }
     return;
 #endif
@@ -189,17 +207,18 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
   const bool acc_x = want_x && open_slot(grad_x, x, nullptr);
   const bool acc_w = want_w && open_slot(grad_weight, weight, nullptr);
   const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, nullptr);
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& data) {
     k::cpu::layer_norm_backward<T>(
-        want_x ? slot_ptr<T>(grad_x) : nullptr, want_w ? slot_ptr<T>(grad_weight) : nullptr,
-        want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out), ptr<T>(x), ptr<T>(mean),
-        ptr<T>(rstd), ptr<T>(weight), d.rows, d.cols, acc_x, acc_w, acc_b);
+        want_x ? slot_out(data, grad_x, acc_x) : nullptr,
+        want_w ? slot_out(data, grad_weight, acc_w) : nullptr,
+        want_b ? slot_out(data, grad_bias, acc_b) : nullptr, data.in(grad_out), data.in(x),
+        data.in(mean), data.in(rstd), data.in(weight), d.rows, d.cols, acc_x, acc_w, acc_b);
   });
 }
 
 namespace {
 void check_embedding(const char* op, const Tensor& table, const Tensor& ids) {
-  check_inputs(op, {{"table", &table}});
+  check_inputs(op, {{"table", &table}}, Bf16::kEverywhere);
   check_dim(op, {"table", &table}, 2);
   GW_CHECK(ids.defined() && ids.dtype() == DType::kInt32 && ids.device() == table.device() &&
                ids.numel() > 0,
@@ -224,15 +243,17 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
     CudaScope scope(table.device());
     scope.read({&table, &ids});
     y = new_output(embedding_shape(table, ids), table);
-    k::embedding_forward(y.data<float>(), table.data<float>(), ids.data<std::int32_t>(), n, vocab,
-                         dim, scope.stream());
+    dispatch_cuda(table.dtype(), [&]<class T>() {
+      k::embedding_forward(ptr<T>(y), ptr<T>(table), ids.data<std::int32_t>(), n, vocab, dim,
+                           scope.stream());
+    });
 #endif
   } else {
     check_index_values(op, "id", ids, vocab, "a row of the table");
     const std::int32_t* id = ids.data<std::int32_t>();
     y = new_output(embedding_shape(table, ids), table);
-    dispatch_cpu(table.dtype(), [&]<class T>() {
-      k::cpu::embedding_forward<T>(ptr<T>(y), ptr<T>(table), id, n, vocab, dim);
+    dispatch_cpu_data(table.dtype(), [&]<class T>(CpuData<T>& data) {
+      k::cpu::embedding_forward<T>(data.out(y), data.in(table), id, n, vocab, dim);
     });
   }
   if (needs_grad({&table})) {
@@ -248,7 +269,7 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
                         GradSlot grad_table) {
   const char* op = "embedding_backward";
   check_embedding(op, table, ids);
-  check_inputs(op, {{"grad_out", &grad_out}, {"table", &table}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"table", &table}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == embedding_shape(table, ids), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected ", shape_str(embedding_shape(table, ids)));
   const std::int64_t n = ids.numel(), vocab = table.size(0), dim = table.size(1);
@@ -259,14 +280,19 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
     CudaScope scope(table.device());
     scope.read({&grad_out, &ids});
     const bool acc = open_slot(grad_table, table, scope.stream());
-    k::embedding_backward(grad_table.tensor->data<float>(), grad_out.data<float>(),
-                          ids.data<std::int32_t>(), n, vocab, dim, acc, scope.stream());
+    const std::int64_t ws = k::embedding_backward_workspace(table.dtype(), vocab, dim);
+    const Tensor sums = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, table.device()}) : Tensor();
+    dispatch_cuda(table.dtype(), [&]<class T>() {
+      k::embedding_backward(slot_ptr<T>(grad_table), ptr<T>(grad_out), ids.data<std::int32_t>(),
+                            n, vocab, dim, acc, ws > 0 ? sums.data<float>() : nullptr,
+                            scope.stream());
+    });
     return;
 #endif
   }
   const bool acc = open_slot(grad_table, table, nullptr);
-  dispatch_cpu(table.dtype(), [&]<class T>() {
-    k::cpu::embedding_backward<T>(slot_ptr<T>(grad_table), ptr<T>(grad_out),
+  dispatch_cpu_data(table.dtype(), [&]<class T>(CpuData<T>& data) {
+    k::cpu::embedding_backward<T>(slot_out(data, grad_table, acc), data.in(grad_out),
                                   ids.data<std::int32_t>(), n, vocab, dim, acc);
   });
 }

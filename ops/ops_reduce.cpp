@@ -13,48 +13,66 @@ namespace k = kernels;
 
 namespace {
 
+// A scalar result (a sum, a loss) of data like `x`: float32 for bfloat16 data.
+Tensor new_scalar(const Tensor& x) {
+  return Tensor::empty({}, {statistics_dtype(x.dtype()), x.device()});
+}
+// grad_out: one element, of the scalar's dtype for data of `x_dtype`, on `device`.
+void check_scalar_grad(const char* op, const Tensor& grad_out, DType x_dtype, Device device) {
+  check_inputs(op, {{"grad_out", &grad_out}});
+  GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
+           "; expected one element (the gradient of a scalar)");
+  GW_CHECK(grad_out.dtype() == statistics_dtype(x_dtype) && grad_out.device() == device, op,
+           ": grad_out is ", grad_out.str(), "; expected ", dtype_name(statistics_dtype(x_dtype)),
+           " on ", device.str(), " (the dtype of the scalar for ", dtype_name(x_dtype), " data)");
+}
+
 Tensor reduce(const char* op, const Tensor& x, bool mean) {
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   const std::int64_t n = x.numel();
   const double scale = mean ? 1.0 / static_cast<double>(n) : 1.0;
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(x.device());
     scope.read({&x});
-    Tensor y = new_output({}, x);
-    k::sum_forward(y.data<float>(), x.data<float>(), static_cast<float>(scale), n, scope.stream());
+    Tensor y = new_scalar(x);
+    dispatch_cuda(x.dtype(), [&]<class T>() {
+      k::sum_forward(y.data<float>(), ptr<T>(x), static_cast<float>(scale), n, scope.stream());
+    });
     return y;
 #endif
   }
-  Tensor y = new_output({}, x);
-  dispatch_cpu(x.dtype(),
-               [&]<class T>() { k::cpu::sum_forward<T>(ptr<T>(y), ptr<T>(x), T(scale), n); });
+  Tensor y = new_scalar(x);
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::sum_forward<T>(d.out(y), d.in(x), T(scale), n);
+  });
   return y;
 }
 
-// The gradient of a reduction over an input of `x_shape` (x itself is never read).
-void reduce_backward(const char* op, const Tensor& grad_out, const Shape& x_shape, GradSlot grad_x,
-                     bool mean) {
-  check_inputs(op, {{"grad_out", &grad_out}});
-  GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
-           "; expected one element (the gradient of a scalar)");
+// The gradient of a reduction over an input of `x_shape` and `x_dtype` (x itself is never read).
+void reduce_backward(const char* op, const Tensor& grad_out, const Shape& x_shape, DType x_dtype,
+                     GradSlot grad_x, bool mean) {
+  check_scalar_grad(op, grad_out, x_dtype, grad_out.defined() ? grad_out.device() : Device::cpu());
   const std::int64_t n = shape_numel(x_shape);
   GW_CHECK(n > 0, op, ": x has shape ", shape_str(x_shape), "; expected at least one element");
-  if (!check_slot(op, "grad_x", grad_x, x_shape, grad_out)) return;
+  const TensorOptions x_options{x_dtype, grad_out.device()};
+  if (!check_slot(op, "grad_x", grad_x, x_shape, x_options)) return;
   const double scale = mean ? 1.0 / static_cast<double>(n) : 1.0;
   if (grad_out.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(grad_out.device());
     scope.read({&grad_out});
-    const bool acc = open_slot(grad_x, x_shape, grad_out, scope.stream());
-    k::sum_backward(grad_x.tensor->data<float>(), grad_out.data<float>(), static_cast<float>(scale),
-                    n, acc, scope.stream());
+    const bool acc = open_slot(grad_x, x_shape, x_options, scope.stream());
+    dispatch_cuda(x_dtype, [&]<class T>() {
+      k::sum_backward(slot_ptr<T>(grad_x), grad_out.data<float>(), static_cast<float>(scale), n,
+                      acc, scope.stream());
+    });
     return;
 #endif
   }
-  const bool acc = open_slot(grad_x, x_shape, grad_out, nullptr);
-  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::sum_backward<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), T(scale), n, acc);
+  const bool acc = open_slot(grad_x, x_shape, x_options, nullptr);
+  dispatch_cpu_data(x_dtype, [&]<class T>(CpuData<T>& d) {
+    k::cpu::sum_backward<T>(slot_out(d, grad_x, acc), d.in(grad_out), T(scale), n, acc);
   });
 }
 
@@ -68,10 +86,10 @@ Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
     // The backward needs x's shape only: nothing is saved (x written in place after the op does
     // not fail the backward, as in PyTorch).
     record(op, y, {&x}, {},
-           [is_mean, shape = x.shape()](const Tensor& g, const std::vector<Tensor>&,
-                                        std::span<GradSlot> grads) {
-             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, grads[0],
-                             is_mean);
+           [is_mean, shape = x.shape(), dtype = x.dtype()](
+               const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, dtype,
+                             grads[0], is_mean);
            },
            {NodeAttribute::integer(is_mean)});
   }
@@ -86,12 +104,14 @@ Tensor mean(const Tensor& x) {
   return recorded_reduce("mean", x, true);
 }
 void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
-  check_inputs("sum_backward", {{"grad_out", &grad_out}, {"x", &x}});
-  reduce_backward("sum_backward", grad_out, x.shape(), grad_x, false);
+  check_inputs("sum_backward", {{"x", &x}}, Bf16::kEverywhere);
+  check_scalar_grad("sum_backward", grad_out, x.dtype(), x.device());
+  reduce_backward("sum_backward", grad_out, x.shape(), x.dtype(), grad_x, false);
 }
 void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
-  check_inputs("mean_backward", {{"grad_out", &grad_out}, {"x", &x}});
-  reduce_backward("mean_backward", grad_out, x.shape(), grad_x, true);
+  check_inputs("mean_backward", {{"x", &x}}, Bf16::kEverywhere);
+  check_scalar_grad("mean_backward", grad_out, x.dtype(), x.device());
+  reduce_backward("mean_backward", grad_out, x.shape(), x.dtype(), grad_x, true);
 }
 
 namespace {
@@ -113,22 +133,23 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
 namespace {
 Tensor mse_loss_impl(const Tensor& pred, const Tensor& target) {
   const char* op = "mse_loss";
-  check_inputs(op, {{"pred", &pred}, {"target", &target}});
+  check_inputs(op, {{"pred", &pred}, {"target", &target}}, Bf16::kEverywhere);
   check_same_shape(op, {"pred", &pred}, {"target", &target});
   const std::int64_t n = pred.numel();
   if (pred.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
     CudaScope scope(pred.device());
     scope.read({&pred, &target});
-    Tensor y = new_output({}, pred);
-    k::mse_loss_forward(y.data<float>(), pred.data<float>(), target.data<float>(), n,
-                        scope.stream());
+    Tensor y = new_scalar(pred);
+    dispatch_cuda(pred.dtype(), [&]<class T>() {
+      k::mse_loss_forward(y.data<float>(), ptr<T>(pred), ptr<T>(target), n, scope.stream());
+    });
     return y;
 #endif
   }
-  Tensor y = new_output({}, pred);
-  dispatch_cpu(pred.dtype(), [&]<class T>() {
-    k::cpu::mse_loss_forward<T>(ptr<T>(y), ptr<T>(pred), ptr<T>(target), n);
+  Tensor y = new_scalar(pred);
+  dispatch_cpu_data(pred.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::mse_loss_forward<T>(d.out(y), d.in(pred), d.in(target), n);
   });
   return y;
 }
@@ -137,10 +158,9 @@ Tensor mse_loss_impl(const Tensor& pred, const Tensor& target) {
 void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor& target,
                        GradSlot grad_pred, GradSlot grad_target) {
   const char* op = "mse_loss_backward";
-  check_inputs(op, {{"grad_out", &grad_out}, {"pred", &pred}, {"target", &target}});
+  check_inputs(op, {{"pred", &pred}, {"target", &target}}, Bf16::kEverywhere);
   check_same_shape(op, {"pred", &pred}, {"target", &target});
-  GW_CHECK(grad_out.numel() == 1, op, ": grad_out has shape ", shape_str(grad_out.shape()),
-           "; expected one element (the gradient of a scalar)");
+  check_scalar_grad(op, grad_out, pred.dtype(), pred.device());
   const bool want_p = check_slot(op, "grad_pred", grad_pred, pred);
   const bool want_t = check_slot(op, "grad_target", grad_target, target);
   if (!want_p && !want_t) return;
@@ -151,18 +171,20 @@ void mse_loss_backward(const Tensor& grad_out, const Tensor& pred, const Tensor&
     scope.read({&grad_out, &pred, &target});
     const bool acc_p = want_p && open_slot(grad_pred, pred, scope.stream());
     const bool acc_t = want_t && open_slot(grad_target, target, scope.stream());
-    k::mse_loss_backward(want_p ? grad_pred.tensor->data<float>() : nullptr,
-                         want_t ? grad_target.tensor->data<float>() : nullptr,
-                         grad_out.data<float>(), pred.data<float>(), target.data<float>(), n, acc_p,
-                         acc_t, scope.stream());
+    dispatch_cuda(pred.dtype(), [&]<class T>() {
+      k::mse_loss_backward(want_p ? slot_ptr<T>(grad_pred) : nullptr,
+                           want_t ? slot_ptr<T>(grad_target) : nullptr, grad_out.data<float>(),
+                           ptr<T>(pred), ptr<T>(target), n, acc_p, acc_t, scope.stream());
+    });
     return;
 #endif
   }
   const bool acc_p = want_p && open_slot(grad_pred, pred, nullptr);
   const bool acc_t = want_t && open_slot(grad_target, target, nullptr);
-  dispatch_cpu(pred.dtype(), [&]<class T>() {
-    k::cpu::mse_loss_backward<T>(slot_ptr<T>(grad_pred), slot_ptr<T>(grad_target), ptr<T>(grad_out),
-                                 ptr<T>(pred), ptr<T>(target), n, acc_p, acc_t);
+  dispatch_cpu_data(pred.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::mse_loss_backward<T>(want_p ? slot_out(d, grad_pred, acc_p) : nullptr,
+                                 want_t ? slot_out(d, grad_target, acc_t) : nullptr,
+                                 d.in(grad_out), d.in(pred), d.in(target), n, acc_p, acc_t);
   });
 }
 

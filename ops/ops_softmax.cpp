@@ -145,7 +145,7 @@ struct CrossEntropyOut {
 // The dtype of cross-entropy's loss, statistics and loss gradient: the logits', float32 for
 // bfloat16 logits (the loss keeps float32 math and storage).
 DType loss_dtype(const Tensor& logits) {
-  return logits.dtype() == DType::kBFloat16 ? DType::kFloat32 : logits.dtype();
+  return statistics_dtype(logits.dtype());
 }
 CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) {
   const char* op = "cross_entropy";

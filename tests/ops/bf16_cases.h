@@ -16,6 +16,10 @@
 // | bmm (every transpose)              | 1e-2      | products of rounded inputs summed in fp32      |
 // | linear (+ bias, ReLU, GELU), matmul| 1e-2      | the same; bias and activation on the fp32 sum  |
 // | narrow, transpose, concat, heads   | 5e-3      | copies of rounded inputs; sums rounded once    |
+// | layer_norm, add_layer_norm         | 1e-2      | statistics fp32; normalized values rounded     |
+// | embedding                          | 5e-3      | rows copied; repeated ids' gradients fp32 sums |
+// | sum, mean, mse_loss                | 5e-3      | fp32 results of rounded inputs; one rounding   |
+// | dropout                            | 5e-3      | the same mask; one rounding an output          |
 #include <functional>
 #include <string>
 #include <vector>
@@ -165,6 +169,59 @@ inline std::vector<Bf16Case> bf16_cases() {
                      return std::vector<Tensor>{narrow(x, 8, 20), transpose(x, 0, 1),
                                                 concat({x, z}, 1), split_heads(x, 4, 2, 16, 24),
                                                 gn, gt, gh, gc0, gc1};
+                   }});
+  for (std::int64_t cols : {48, 1500}) {  // a warp a row; a block a row
+    cases.push_back({"layer_norm, add_layer_norm (a residual broadcast) and their backwards", 1e-2,
+                     [cols](TensorOptions o) {
+                       const Tensor x = bf16_case_input({3, 50, cols}, 25, o, 2.0);
+                       const Tensor r = bf16_case_input({50, cols}, 26, o);
+                       const Tensor w = add(bf16_case_input({cols}, 27, o, 0.2), 1.0);
+                       const Tensor b = bf16_case_input({cols}, 28, o, 0.2);
+                       const Tensor dy = bf16_case_input({3, 50, cols}, 29, o);
+                       const Tensor xl = x.detach().set_requires_grad(true);
+                       const Tensor wl = w.detach().set_requires_grad(true);
+                       const Tensor bl = b.detach().set_requires_grad(true);
+                       const Tensor y = layer_norm(xl, wl, bl, 1e-5);
+                       backward({y}, {dy});
+                       const AddLayerNorm a = add_layer_norm(x, r, w, b, 1e-5);
+                       return std::vector<Tensor>{y,     xl.grad(), wl.grad(), bl.grad(),
+                                                  a.sum, a.normed};
+                     }});
+  }
+  cases.push_back({"embedding (ids repeated) and its backward (accumulating)", 5e-3,
+                   [](TensorOptions o) {
+                     const Tensor table = bf16_case_input({37, 24}, 30, o);
+                     std::vector<std::int32_t> id(90);
+                     for (std::size_t i = 0; i < id.size(); ++i) {
+                       id[i] = static_cast<std::int32_t>((i * i + 3) % 37);
+                     }
+                     const Tensor ids = from_vector(id, {9, 10}).to(o.device);
+                     const Tensor dy = bf16_case_input({9, 10, 24}, 31, o);
+                     Tensor g;
+                     embedding_backward(dy, table, ids, {&g});
+                     Tensor twice = g.clone();
+                     embedding_backward(dy, table, ids, {&twice, true});
+                     return std::vector<Tensor>{embedding(table, ids), g, twice};
+                   }});
+  cases.push_back({"sum, mean, mse_loss (float32 results) and their backwards", 5e-3,
+                   [](TensorOptions o) {
+                     // Of mean 2: a sum of zero-mean values cancels, and its relative error
+                     // measures the cancellation, not the op.
+                     const Tensor x =
+                         add(bf16_case_input({30, 70}, 32, o), 2.0).detach().set_requires_grad(true);
+                     const Tensor t = bf16_case_input({30, 70}, 33, o).detach().set_requires_grad(true);
+                     const Tensor s = sum(x), m = mean(x), l = mse_loss(x, t);
+                     backward({s, m, l}, {full({}, 0.5).to(o.device), full({}, 3.0).to(o.device),
+                                          full({}, 2.0).to(o.device)});
+                     return std::vector<Tensor>{s, m, l, x.grad(), t.grad()};
+                   }});
+  cases.push_back({"dropout and its backward", 5e-3, [](TensorOptions o) {
+                     const Tensor x = bf16_case_input({40, 50}, 34, o).detach().set_requires_grad(true);
+                     const Tensor dy = bf16_case_input({40, 50}, 35, o);
+                     Generator gen(o.device, 11);
+                     const Tensor y = dropout(x, 0.3, gen);
+                     backward({y}, {dy});
+                     return std::vector<Tensor>{y, x.grad()};
                    }});
   return cases;
 }

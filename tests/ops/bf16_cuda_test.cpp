@@ -1,6 +1,8 @@
 // bfloat16 on CUDA: every bfloat16 op within its tolerance of the float32 CPU reference
 // (tests/ops/bf16_cases.h); a bfloat16 kernel is its float32 kernel with bfloat16 loads and
-// stores, so its outputs are the float32 op's on the widened inputs rounded once, bitwise.
+// stores, so its outputs are the float32 op's on the widened inputs rounded once, bitwise; a
+// bfloat16 model's replayed backward equals its eager one bitwise.
+#include "capture/backward_graph.h"
 #include "ops/bf16_cases.h"
 #include "test_util.h"
 
@@ -41,7 +43,77 @@ TEST_F(CudaBf16, AKernelsOutputsAreItsFloat32KernelsOnTheWidenedInputsRoundedOnc
     log_softmax_backward(dyb, lb, {&hb});
     log_softmax_backward(dyw, cast(lb, DType::kFloat32), {&hw});
     same(hb, hw, "log_softmax_backward");
+    // A layer norm's outputs and input gradient (its statistics float32 for both).
+    const Tensor w = cast(add(mul(randn({cols}, 3, {DType::kFloat32, kGpu}), 0.1), 1.0),
+                          DType::kBFloat16);
+    const Tensor b = cast(randn({cols}, 4, {DType::kFloat32, kGpu}), DType::kBFloat16);
+    same(layer_norm(xb, w, b), layer_norm(xw, cast(w, DType::kFloat32), cast(b, DType::kFloat32)),
+         "layer_norm");
+    const Tensor xl = xb.detach().set_requires_grad(true);
+    const Tensor xlw = xw.detach().set_requires_grad(true);
+    backward({layer_norm(xl, w, b)}, {dyb});
+    backward({layer_norm(xlw, cast(w, DType::kFloat32), cast(b, DType::kFloat32))}, {dyw});
+    same(xl.grad(), xlw.grad(), "layer_norm_backward");
   }
+}
+
+// A bfloat16 model — embedding (ids not repeated: the atomics' order cannot show), add_layer_norm,
+// linear with GELU, linear, cross-entropy — trained 20 steps of fresh batches through static
+// inputs: one capture, the replayed gradients bitwise equal to the eager backward's.
+TEST_F(CudaBf16, ABf16ModelsReplayedGradientsEqualItsEagerOnes) {
+  constexpr std::int64_t kVocab = 64, kDim = 48, kTokens = 32, kClasses = 10;
+  auto param = [](const Shape& shape, std::uint64_t seed, double scale) {
+    return cast(mul(randn(shape, seed, {DType::kFloat32, kGpu}), scale), DType::kBFloat16)
+        .detach()
+        .set_requires_grad(true);
+  };
+  struct Params {
+    Tensor table, pos, ln_w, ln_b, w1, b1, w2;
+  };
+  auto make = [&] {
+    return Params{param({kVocab, kDim}, 1, 1.0), param({kTokens, kDim}, 2, 0.5),
+                  param({kDim}, 3, 0.1),         param({kDim}, 4, 0.1),
+                  param({96, kDim}, 5, 0.2),     param({96}, 6, 0.1),
+                  param({kClasses, 96}, 7, 0.2)};
+  };
+  auto loss = [](const Params& p, const Tensor& ids, const Tensor& targets) {
+    const AddLayerNorm h = add_layer_norm(embedding(p.table, ids), p.pos, p.ln_w, p.ln_b);
+    const Tensor z = linear(linear(h.normed, p.w1, p.b1, Activation::kGelu), p.w2);
+    return cross_entropy(z, targets);
+  };
+  auto grads = [](const Params& p) {
+    std::vector<std::vector<float>> out;
+    for (const Tensor* t : {&p.table, &p.pos, &p.ln_w, &p.ln_b, &p.w1, &p.b1, &p.w2}) {
+      out.push_back(cast(t->grad(), DType::kFloat32).to_vector<float>());
+    }
+    return out;
+  };
+  const Params graphed = make(), eager = make();
+  const Tensor ids = zeros({kTokens}, {DType::kInt32, kGpu});
+  const Tensor targets = zeros({kTokens}, {DType::kInt32, kGpu});
+  StepArena arena(kGpu);
+  BackwardGraph bw(kGpu);
+  for (int s = 0; s < 20; ++s) {
+    std::vector<std::int32_t> id(kTokens), t(kTokens);
+    for (std::int64_t i = 0; i < kTokens; ++i) {
+      id[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((5 * s + 3 * i) % kVocab);
+      t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((s + i * i) % kClasses);
+    }
+    {
+      NoGradGuard no_grad;
+      copy_(ids, from_vector(id, {kTokens}, kGpu));
+      copy_(targets, from_vector(t, {kTokens}, kGpu));
+    }
+    {
+      StepScope step(arena);
+      bw.backward(loss(graphed, ids, targets), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(kGpu));
+    }
+    backward(loss(eager, ids, targets), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
+  }
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, 19u);
 }
 
 }  // namespace
