@@ -9,6 +9,7 @@
 #include "base/error.h"              // IWYU pragma: export
 #include "capture/backward_graph.h"  // IWYU pragma: export
 #include "capture/step_graph.h"      // IWYU pragma: export
+#include "ops/autocast.h"            // IWYU pragma: export
 #include "ops/ops.h"                 // IWYU pragma: export
 #include "ops/rnn.h"                 // IWYU pragma: export
 #include "runtime/capture_mode.h"    // IWYU pragma: export

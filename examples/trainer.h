@@ -11,6 +11,8 @@
 //   kStepGraphInBackward  the same with the optimizer stepped inside the backward, each layer's
 //                   parameters once their gradients are final (StepInBackward, Note [Optimizer
 //                   steps in the backward] in backward/optim.h).
+// With `autocast`, each mode computes the model's loss inside an Autocast scope (Note [Autocast],
+// ops/autocast.h): matrix products in bfloat16, the parameters float32 masters cast once a step.
 // Every mode hands the model each step's own batch tensor, as a training loop does (the batches
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
 // slots] in capture/backward_graph.h).
@@ -63,9 +65,9 @@ class Trainer {
   // fuse_epilogues: BackwardOptions::fuse_activation_epilogues in every mode; split_weight_grads:
   // BackwardOptions::split_weight_grads (unset: the default where it runs). For comparisons.
   Trainer(const Config& c, Device device, Mode mode, bool fuse_epilogues = true,
-          std::optional<bool> split_weight_grads = std::nullopt)
+          std::optional<bool> split_weight_grads = std::nullopt, bool autocast = false)
       : config_(c), device_(device), mode_(mode), fuse_(fuse_epilogues),
-        split_(split_weight_grads), model_(c, device),
+        split_(split_weight_grads), autocast_(autocast), model_(c, device),
         data_(Model::data(c, device)),
         opt_(model_.params(), AdamWOptions{.lr = c.lr, .weight_decay = 0.0}) {
     if (mode == Mode::kBackwardGraph) {
@@ -86,7 +88,7 @@ class Trainer {
     const Tensor& t = data_.t[b];
     switch (mode_) {
       case Mode::kEager: {
-        const Tensor loss = model_.loss(x, t);
+        const Tensor loss = loss_of(x, t);
         backward(loss, {.grad_write = GradWrite::kOverwrite,
                         .split_weight_grads = split_,
                         .fuse_activation_epilogues = fuse_});
@@ -97,7 +99,7 @@ class Trainer {
         Tensor loss;
         {
           StepScope scope(*arena_);
-          loss = model_.loss(x, t);
+          loss = loss_of(x, t);
           bw_->backward(loss, GradWrite::kOverwrite);
           if (device_.is_cuda()) arena_->record_step_end(current_stream(device_));
         }
@@ -106,7 +108,7 @@ class Trainer {
       }
       case Mode::kStepGraph: {
         return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
-          const Tensor loss = model_.loss(in[0], in[1]);
+          const Tensor loss = loss_of(in[0], in[1]);
           backward(loss, {.grad_write = GradWrite::kOverwrite,
                         .split_weight_grads = split_,
                         .fuse_activation_epilogues = fuse_});
@@ -116,7 +118,7 @@ class Trainer {
       }
       case Mode::kStepGraphInBackward: {
         return step_graph_->run({x, t}, [&](const std::vector<Tensor>& in) {
-          const Tensor loss = model_.loss(in[0], in[1]);
+          const Tensor loss = loss_of(in[0], in[1]);
           backward(loss, {.grad_write = GradWrite::kOverwrite,
                           .split_weight_grads = split_,
                           .fuse_activation_epilogues = fuse_,
@@ -139,11 +141,19 @@ class Trainer {
   const BackwardGraph* backward_graph() const { return bw_.get(); }
 
  private:
+  // The model's loss, inside an Autocast scope where asked (the scope ends with the forward).
+  Tensor loss_of(const Tensor& x, const Tensor& t) const {
+    if (!autocast_) return model_.loss(x, t);
+    Autocast scope;
+    return model_.loss(x, t);
+  }
+
   Config config_;
   Device device_;
   Mode mode_;
   bool fuse_ = true;
   std::optional<bool> split_;
+  bool autocast_ = false;
   Model model_;
   Batches data_;
   AdamW opt_;
@@ -207,8 +217,9 @@ TrainResult run_steps(AnyTrainer& trainer, Device device, int steps) {
 }
 
 template <class Model>
-TrainResult train(const typename Model::Config& c, Device device, Mode mode, int steps) {
-  Trainer<Model> trainer(c, device, mode);
+TrainResult train(const typename Model::Config& c, Device device, Mode mode, int steps,
+                  bool autocast = false) {
+  Trainer<Model> trainer(c, device, mode, true, std::nullopt, autocast);
   return run_steps(trainer, device, steps);
 }
 

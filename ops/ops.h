@@ -303,8 +303,8 @@ struct AttentionOptions {
 // attention: q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv], the same leading dimensions (at
 // least one) -> [..., Tq, dv]; with `causal`, causal_softmax; with `dropout`, the weights dropped
 // (dropout above) before v. Composed of recorded ops — bmm with the scale its alpha, the
-// softmax, dropout, bmm — so its backward is theirs: float32 on CUDA, float32 and float64 on
-// the CPU; the scores [..., Tq, Tk] are materialized and saved.
+// softmax, dropout, bmm — so its backward is theirs: float32 and bfloat16 on CUDA and the CPU,
+// float64 on the CPU; the scores [..., Tq, Tk] are materialized and saved.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 

@@ -2,6 +2,7 @@
 // dropout, bmm.
 #include <cmath>
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/ops_common.h"
 #include "runtime/generator.h"
@@ -22,7 +23,7 @@ struct AttentionDims {
 // by a call that is refused.
 AttentionDims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                               const AttentionOptions& o) {
-  check_inputs(op, {{"q", &q}, {"k", &k}, {"v", &v}});
+  check_inputs(op, {{"q", &q}, {"k", &k}, {"v", &v}}, Bf16::kEverywhere);
   GW_CHECK(q.dim() >= 3, op, ": q has shape ", shape_str(q.shape()),
            "; expected [..., Tq, d] with at least one leading dimension (batch, heads)");
   GW_CHECK(k.dim() == q.dim() && v.dim() == q.dim(), op, ": q, k and v have shapes ",
@@ -62,6 +63,13 @@ AttentionDims check_attention(const char* op, const Tensor& q, const Tensor& k, 
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  if (autocast_enabled()) {  // Note [Autocast]: the products in bfloat16, q, k and v cast once
+    const Tensor q16 = autocast_matrix_operand(q), k16 = autocast_matrix_operand(k),
+                 v16 = autocast_matrix_operand(v);
+    if (q16.dtype() != q.dtype() || k16.dtype() != k.dtype() || v16.dtype() != v.dtype()) {
+      return scaled_dot_product_attention(q16, k16, v16, options);
+    }
+  }
   const char* op = "scaled_dot_product_attention";
   detail::NvtxRange range(op);
   const AttentionDims d = check_attention(op, q, k, v, options);

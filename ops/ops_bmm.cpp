@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "kernels/gemm.h"
+#include "ops/autocast.h"
 #include "ops/ops_common.h"
 #include "runtime/blas.h"
 #include "runtime/nvtx.h"
@@ -57,6 +58,12 @@ void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_
 }  // namespace
 
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
+  if (autocast_enabled()) {  // Note [Autocast]
+    const Tensor a16 = autocast_matrix_operand(a), b16 = autocast_matrix_operand(b);
+    if (a16.dtype() != a.dtype() || b16.dtype() != b.dtype()) {
+      return bmm(a16, b16, trans_a, trans_b, alpha);
+    }
+  }
   const char* op = "bmm";
   detail::NvtxRange range(op);
   const BmmDims d = check_bmm(op, a, b, trans_a, trans_b);

@@ -3,6 +3,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/reduce.h"
+#include "ops/autocast.h"
 #include "ops/ops_common.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
@@ -350,8 +351,10 @@ void ops_detail::record_binary(const char* op, k::BinaryOp kind, const Tensor& a
 }
 
 namespace {
-Tensor recorded_binary(const char* op, k::BinaryOp kind, const Tensor& a, const Tensor& b) {
+Tensor recorded_binary(const char* op, k::BinaryOp kind, const Tensor& a_in, const Tensor& b_in) {
   detail::NvtxRange range(op);
+  Tensor a = a_in, b = b_in;
+  autocast_promote({&a, &b});  // Note [Autocast]
   Tensor y = binary(op, kind, a, b);
   record_binary(op, kind, a, b, y);
   return y;
@@ -464,7 +467,7 @@ void add_(const Tensor& a, const Tensor& b, double alpha) {
   const char* op = "add_";
   detail::NvtxRange range(op);
   check_finite_scalar(op, alpha, a);
-  check_inputs(op, {{"a", &a}, {"b", &b}});
+  check_inputs(op, {{"a", &a}, {"b", &b}}, Bf16::kEverywhere);
   check_same_shape(op, {"a", &a}, {"b", &b});
   GW_CHECK(!(grad_mode_enabled() && a.requires_grad()), op, ": ", a.str(),
            " requires grad; in-place ops are not recorded on the tape: update it inside a "

@@ -2,6 +2,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
+#include "ops/autocast.h"
 #include "ops/ops_common.h"
 #include "runtime/blas.h"
 #include "runtime/nvtx.h"
@@ -56,6 +57,10 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast_enabled()) {  // Note [Autocast]
+    const Tensor a16 = autocast_matrix_operand(a), b16 = autocast_matrix_operand(b);
+    if (a16.dtype() != a.dtype() || b16.dtype() != b.dtype()) return matmul(a16, b16);
+  }
   detail::NvtxRange range("matmul");
   Tensor c = matmul_impl(a, b);
   if (needs_grad({&a, &b})) {
@@ -187,6 +192,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   GW_CHECK(is_valid(act), "linear: the activation is Activation(", static_cast<int>(act),
            "); expected Activation::kNone, kRelu or kGelu");
+  if (autocast_enabled()) {  // Note [Autocast]
+    const Tensor x16 = autocast_matrix_operand(x), w16 = autocast_matrix_operand(weight),
+                 b16 = autocast_matrix_operand(bias);
+    if (x16.dtype() != x.dtype() || w16.dtype() != weight.dtype() ||
+        (bias.defined() && b16.dtype() != bias.dtype())) {
+      return linear(x16, w16, b16, act);
+    }
+  }
   const char* name = linear_name(act);
   detail::NvtxRange range(name);
   const bool grad = needs_grad({&x, &weight, &bias});

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/norm.h"
+#include "ops/autocast.h"
 #include "ops/ops_common.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
@@ -104,17 +105,21 @@ void record_layer_norm(const LayerNormOut& o, const Tensor& x, const Tensor& wei
 }
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps) {
   detail::NvtxRange range("layer_norm");
+  Tensor x = x_in, weight = weight_in, bias = bias_in;
+  autocast_promote({&x, &weight, &bias});  // Note [Autocast]
   LayerNormOut o = layer_norm_impl(x, weight, bias, eps);
   record_layer_norm(o, x, weight, bias);
   return o.y;
 }
 
-AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                            const Tensor& bias, double eps) {
+AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
+                            const Tensor& weight_in, const Tensor& bias_in, double eps) {
   const char* op = "add_layer_norm";
   detail::NvtxRange range(op);
+  Tensor x = x_in, residual = residual_in, weight = weight_in, bias = bias_in;
+  autocast_promote({&x, &residual, &weight, &bias});  // Note [Autocast]
   // Everything checked before the first write (Note [Check, then write]): the add's operands,
   // then the layer norm's.
   check_inputs(op, {{"x", &x}, {"residual", &residual}}, Bf16::kEverywhere);

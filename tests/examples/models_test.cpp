@@ -1,6 +1,6 @@
 // The convnet and transformer examples (examples/convnet.h, transformer.h) on the CPU backend:
 // each converges, and its modes (the graph modes run eagerly on the CPU; the optimizer stepped
-// inside the backward too) give the same losses.
+// inside the backward too) give the same losses; under Autocast too, ending within 2% of float32.
 #include "examples/convnet.h"
 #include "examples/transformer.h"
 #include "test_util.h"
@@ -10,17 +10,20 @@ namespace {
 namespace ex = graphward::examples;
 
 template <class Model>
-void expect_converges_and_modes_agree(const typename Model::Config& c, int steps) {
-  const ex::TrainResult eager = ex::train<Model>(c, Device::cpu(), ex::Mode::kEager, steps);
+ex::TrainResult expect_converges_and_modes_agree(const typename Model::Config& c, int steps,
+                                                 bool autocast = false) {
+  const ex::TrainResult eager =
+      ex::train<Model>(c, Device::cpu(), ex::Mode::kEager, steps, autocast);
   EXPECT_LT(eager.last_loss, 0.25 * eager.first_loss) << eager.first_loss << " -> "
                                                       << eager.last_loss;
   for (ex::Mode m :
        {ex::Mode::kBackwardGraph, ex::Mode::kStepGraph, ex::Mode::kStepGraphInBackward}) {
-    const ex::TrainResult r = ex::train<Model>(c, Device::cpu(), m, steps);
+    const ex::TrainResult r = ex::train<Model>(c, Device::cpu(), m, steps, autocast);
     EXPECT_EQ(r.first_loss, eager.first_loss) << ex::mode_name(m);
     EXPECT_EQ(r.last_loss, eager.last_loss) << ex::mode_name(m);
     EXPECT_EQ(r.captures, 0u);
   }
+  return eager;
 }
 
 TEST(ExamplesCpu, TheConvnetConvergesAndItsModesAgree) {
@@ -49,6 +52,20 @@ TEST(ExamplesCpu, ACausalTransformerOfTwoBlocksConvergesAndItsModesAgree) {
                                                           .blocks = 2,
                                                           .causal = true},
                                                          60);
+}
+
+TEST(ExamplesCpu, ACausalTransformerUnderAutocastConvergesAndEndsWithin2PercentOfFloat32) {
+  const ex::TransformerConfig c{.batch = 4, .seq = 8, .dim = 16, .heads = 2, .ff = 32,
+                                .vocab = 8, .batches = 2, .lr = 1e-2, .blocks = 2,
+                                .causal = true};
+  const ex::TrainResult f32 = ex::train<ex::TransformerModel>(c, Device::cpu(), ex::Mode::kEager,
+                                                              60);
+  const ex::TrainResult b16 = expect_converges_and_modes_agree<ex::TransformerModel>(c, 60, true);
+  EXPECT_NE(b16.last_loss, f32.last_loss) << "the products ran in bfloat16";
+  EXPECT_NEAR(b16.first_loss, f32.first_loss, 0.02 * f32.first_loss);
+  EXPECT_LE(b16.last_loss, 1.02 * f32.last_loss)
+      << "bf16 " << b16.first_loss << " -> " << b16.last_loss << ", fp32 " << f32.first_loss
+      << " -> " << f32.last_loss;
 }
 
 // Causal attention end to end: a position's logits do not depend on the tokens after it — the

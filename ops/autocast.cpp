@@ -1,0 +1,74 @@
+// The Autocast scope (Note [Autocast], ops/autocast.h).
+#include "ops/autocast.h"
+
+#include "base/error.h"
+#include "ops/ops.h"
+#include "tape/autograd.h"
+
+namespace graphward {
+
+namespace {
+thread_local Autocast* t_scope = nullptr;
+}  // namespace
+
+struct AutocastAccess {
+  static Autocast* active() {
+    Autocast* s = t_scope;
+    return s && s->enabled_ ? s : nullptr;
+  }
+  static Tensor cast_parameter(Autocast& scope, const Tensor& t) {
+    const bool recorded = grad_mode_enabled();
+    for (const Autocast::Copy& c : scope.cache_) {
+      if (c.source.raw_data() == t.raw_data() && c.source.storage() == t.storage() &&
+          c.source.shape() == t.shape() && c.version == t.version() && c.recorded == recorded) {
+        return c.copy;
+      }
+    }
+    Tensor copy = cast(t, scope.dtype_);
+    scope.cache_.push_back({t, t.version(), recorded, copy});
+    return copy;
+  }
+  static DType dtype(const Autocast& scope) { return scope.dtype_; }
+};
+
+Autocast::Autocast(DType dtype, bool enabled)
+    : dtype_(dtype), enabled_(enabled), previous_(t_scope) {
+  GW_CHECK(dtype == DType::kBFloat16, "Autocast: dtype is ", dtype_name(dtype),
+           "; expected bfloat16 (float16 needs loss scaling, which graphward does not do; "
+           "float32 is Autocast's enabled = false)");
+  t_scope = this;
+}
+
+Autocast::~Autocast() {
+  t_scope = previous_;
+}
+
+bool autocast_enabled() {
+  return AutocastAccess::active() != nullptr;
+}
+
+namespace ops_detail {
+
+Tensor autocast_matrix_operand(const Tensor& t) {
+  Autocast* scope = AutocastAccess::active();
+  if (!scope || !t.defined() || t.dtype() != DType::kFloat32) return t;
+  if (t.is_leaf() && t.requires_grad()) return AutocastAccess::cast_parameter(*scope, t);
+  return cast(t, AutocastAccess::dtype(*scope));
+}
+
+void autocast_promote(std::initializer_list<Tensor*> operands) {
+  if (!AutocastAccess::active()) return;
+  bool f32 = false, low = false;
+  for (const Tensor* t : operands) {
+    if (!t->defined()) continue;
+    f32 = f32 || t->dtype() == DType::kFloat32;
+    low = low || t->dtype() == DType::kBFloat16;
+  }
+  if (!f32 || !low) return;
+  for (Tensor* t : operands) {
+    if (t->defined() && t->dtype() == DType::kBFloat16) *t = cast(*t, DType::kFloat32);
+  }
+}
+
+}  // namespace ops_detail
+}  // namespace graphward

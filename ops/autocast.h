@@ -1,0 +1,72 @@
+#pragma once
+// Note [Autocast]
+// A scope, on the calling thread, under which a forward runs in mixed precision as it does under
+// PyTorch's torch.autocast("cuda", torch.bfloat16):
+//   * matrix products — linear, matmul, bmm, scaled_dot_product_attention — cast their float32
+//     operands to bfloat16 and compute in bfloat16 (products accumulated in float32); their
+//     outputs are bfloat16;
+//   * a parameter (a leaf that requires grad) is cast once per scope, at its first use: later uses
+//     read the same bfloat16 copy, and its gradient comes back through that one cast into the
+//     float32 parameter's .grad (summed over the uses in bfloat16, then widened);
+//   * an op given float32 and bfloat16 operands together — add, sub, mul, add_layer_norm,
+//     layer_norm with float32 parameters — computes in float32, the bfloat16 ones widened (PyTorch
+//     promotes so): a residual stream kept in float32 stays float32;
+//   * the numerically sensitive ops — softmax, log_softmax, the layer norms, cross-entropy, sum,
+//     mean, mse_loss — keep float32 math in whatever dtype they are given (bfloat16 storage,
+//     float32 statistics; a sum or loss is float32), and every other op runs in its input's dtype.
+// conv2d computes in float32 inside the scope too: bfloat16 convolutions are not built yet.
+// Parameters stay float32 — master weights, which the optimizer updates in float32 — and the
+// casts are recorded ops: a captured step replays them with the rest, and its tape signature
+// holds them (a step with the scope and one without are different structures). Open the scope
+// inside the step (inside the StepScope, or inside a StepGraph's step function), so that each
+// step casts its parameters once, after the optimizer's last update. The copies a scope made are
+// released when it ends; a parameter written during the scope (its version bumped) is cast anew.
+// float16 is out of scope: it needs loss scaling, which graphward does not do.
+#include <cstdint>
+#include <vector>
+
+#include "base/dtype.h"
+#include "runtime/tensor.h"
+
+namespace graphward {
+
+class Autocast {
+ public:
+  // dtype: the matrix products' (bfloat16, the only one; float16 is refused). enabled = false
+  // opens a scope that turns an enclosing one off.
+  explicit Autocast(DType dtype = DType::kBFloat16, bool enabled = true);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+  // Parameters cast so far in this scope (one each, whatever their uses).
+  std::size_t parameter_casts() const { return cache_.size(); }
+
+ private:
+  friend struct AutocastAccess;
+  struct Copy {
+    Tensor source;  // held: its storage cannot be reused while the copy is cached
+    std::uint64_t version;
+    bool recorded;  // cast with grad mode on (the copy has a grad_fn)
+    Tensor copy;
+  };
+  DType dtype_;
+  bool enabled_;
+  Autocast* previous_;
+  std::vector<Copy> cache_;
+};
+
+// Whether an enabled Autocast scope is open on this thread.
+bool autocast_enabled();
+
+namespace ops_detail {
+// Inside an enabled scope, a matrix product's float32 operand as bfloat16 (a parameter's cached
+// copy, anything else cast); t itself otherwise (undefined, not float32, or no scope).
+Tensor autocast_matrix_operand(const Tensor& t);
+// Inside an enabled scope, where `operands` hold float32 and bfloat16 tensors together, the
+// bfloat16 ones widened to float32 in place (casts recorded); nothing otherwise. Undefined
+// tensors are skipped.
+void autocast_promote(std::initializer_list<Tensor*> operands);
+}  // namespace ops_detail
+
+}  // namespace graphward
