@@ -196,8 +196,9 @@ class HandWrittenBackward {
       if (used == events_.size()) events_.emplace_back(kDev);
       return events_[used++];
     };
-    kk::mse_loss_backward(dtotal_.data<float>(), nullptr, one_.data<float>(), total_.data<float>(),
-                          m_.target.data<float>(), batch * n, false, false, s_);
+    kk::mse_loss_backward<float>(dtotal_.data<float>(), nullptr, one_.data<float>(),
+                                 total_.data<float>(), m_.target.data<float>(), batch * n, false,
+                                 false, s_);
     std::size_t start = 0;  // an index: event() may grow events_
     if (!branch.empty()) {
       start = used;

@@ -30,9 +30,12 @@
 // AdamW), to compare side by side with these rows.
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-//       [--gemm_choices] [--tf32]
+//       [--gemm_choices] [--tf32] [--bf16] [--causal]
 // --tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32], runtime/math_mode.h);
-// every row's counter tf32 says which (1 on, 0 off).
+// --bf16: every step's forward under Autocast (Note [Autocast], ops/autocast.h: matrix products
+// in bfloat16, float32 master weights cast once a step), TF32 on for what stays float32;
+// --causal: the transformers' attention causal. Every row's counters tf32, bf16 and causal say
+// which (1 on, 0 off).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -52,10 +55,15 @@ namespace ex = graphward::examples;
 
 namespace {
 
+// The program's flags (main): every row the same.
+bool g_bf16 = false;
+bool g_causal = false;
+
 template <class Model>
 void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode,
                bool fuse_epilogues = true, std::optional<bool> split_weight_grads = std::nullopt) {
-  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode, fuse_epilogues, split_weight_grads);
+  ex::Trainer<Model> trainer(c, gw::bench::kDev, mode, fuse_epilogues, split_weight_grads,
+                             g_bf16);
   int i = 0;
   for (; i < 10; ++i) (void)trainer.step(i);  // warm-up, capture
   const cudaStream_t s = gw::current_stream(gw::bench::kDev);
@@ -96,6 +104,8 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
   state.counters["updates"] = static_cast<double>(trainer.updates() - updates);
   state.counters["tf32"] = gw::matmul_tf32() ? 1 : 0;
+  state.counters["bf16"] = g_bf16 ? 1 : 0;
+  state.counters["causal"] = g_causal ? 1 : 0;
   // Every row has every counter (Google Benchmark's CSV output requires it): 0 where the mode
   // has no BackwardGraph.
   for (const char* c : {"bw_host_us", "bw_launch_at_us", "slots", "whole_step"}) {
@@ -151,7 +161,8 @@ void run_transformer(benchmark::State& state,
   const std::int64_t dim = state.range(2);
   run_model<ex::TransformerModel>(state,
                                   {.batch = state.range(0), .seq = state.range(1), .dim = dim,
-                                   .heads = dim / 16, .ff = 4 * dim, .vocab = 64},
+                                   .heads = dim / 16, .ff = 4 * dim, .vocab = 64,
+                                   .causal = g_causal},
                                   mode_arg(state, 3), true, split_weight_grads);
 }
 void transformer(benchmark::State& state) {
@@ -201,7 +212,9 @@ BENCHMARK(transformer_one_stream)->Name("TransformerWeightGradsOnOneStream")->Ap
 // the rows ran (Note [Choosing a GEMM algorithm]) on stderr.
 int main(int argc, char** argv) {
   const bool print_choices = gw::bench::take_flag(argc, argv, "--gemm_choices");
-  const bool tf32 = gw::bench::take_flag(argc, argv, "--tf32");
+  g_bf16 = gw::bench::take_flag(argc, argv, "--bf16");
+  g_causal = gw::bench::take_flag(argc, argv, "--causal");
+  const bool tf32 = gw::bench::take_flag(argc, argv, "--tf32") || g_bf16;
   gw::set_matmul_tf32(tf32);
   gw::set_conv_tf32(tf32);
   benchmark::Initialize(&argc, argv);

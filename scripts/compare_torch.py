@@ -49,6 +49,9 @@ short has the quick variants of all; inductor's caches and TunableOp's results a
 --resume with --csv keeps the rows the CSV holds and runs only the others (a run cut short goes
 on).
 scripts/strongest.sh runs it with graphward's rows; scripts/strongest_table.py names the fastest.
+--bf16: the forward and loss under torch.autocast("cuda", torch.bfloat16), TF32 on for what stays
+float32 (graphward's --bf16: Autocast); --causal: the transformers' attention causal; each row's
+note says which.
 
 A mode that cannot run on this PyTorch gives a row of NaN whose note says why. event_us: CUDA
 events around the step; loop_us: steps back to back, nothing synchronized between them, CUDA events
@@ -230,7 +233,11 @@ def run_event_rows(torch, args, jobs, width):
         if name in done:
             print(f"{name:{width}s} (in {args.csv} already)", flush=True)
             continue
-        note = "TF32 on" if args.tf32 else ""  # every row says so (--tf32)
+        # every row says its precision (--tf32, --bf16) and a causal transformer so (--causal)
+        note = " ".join(n for n in ("bf16 autocast" if getattr(args, "bf16", False) else "",
+                                     "TF32 on" if args.tf32 else "",
+                                     "causal" if getattr(args, "causal", False)
+                                     and "transformer" in name else "") if n)
         start = time.perf_counter()
         try:
             ev, wall, host, *rest = run_one()
@@ -307,9 +314,10 @@ def make_convnet(torch, batch, image, channels, channels_last=False):
     return model, list(model.parameters()), xs, ts
 
 
-def make_transformer(torch, batch, seq, dim, sdpa=False):
+def make_transformer(torch, batch, seq, dim, sdpa=False, causal=False):
     """The transformer block; with `sdpa`, its attention one F.scaled_dot_product_attention
-    (PyTorch picks the fused kernel) instead of bmm, softmax, bmm written out."""
+    (PyTorch picks the fused kernel) instead of bmm, softmax, bmm written out; with `causal`,
+    causal attention (is_causal=True; written out, the scores above the diagonal -inf)."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     F = torch.nn.functional
@@ -328,6 +336,7 @@ def make_transformer(torch, batch, seq, dim, sdpa=False):
     w2, b2 = param(dim, ff), param(dim, value=0.0)
     wout, bout = param(VOCAB, dim), param(VOCAB, value=0.0)
     params = [tok, pos, wqkv, bqkv, wo, bo, w1, b1, w2, b2, wout, bout] + [p for l in ln for p in l]
+    above_diagonal = torch.ones(seq, seq, dtype=torch.bool, device=dev).triu(1)
 
     def model(ids):
         b = ids.shape[0]
@@ -335,15 +344,19 @@ def make_transformer(torch, batch, seq, dim, sdpa=False):
         qkv = F.linear(F.layer_norm(x, (dim,), *ln[0]), wqkv, bqkv)
         if sdpa:
             q, k, v = (t.reshape(b, seq, heads, dh).transpose(1, 2) for t in qkv.split(dim, dim=1))
-            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b * seq, dim)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            o = o.transpose(1, 2).reshape(b * seq, dim)
         else:
             def split_heads(t):
                 return t.reshape(b, seq, heads, dh).transpose(1, 2).reshape(b * heads, seq, dh)
             q, k, v = (split_heads(t) for t in qkv.split(dim, dim=1))
             # The scale rides in the batched GEMM (alpha; beta 0 ignores the first operand), as
             # graphward's bmm(q, k, false, true, 1/sqrt(dh)): no pass over the scores for it.
-            p = F.softmax(torch.baddbmm(q.new_empty(b * heads, seq, seq), q, k.transpose(1, 2),
-                                        beta=0, alpha=dh ** -0.5), dim=-1)
+            s = torch.baddbmm(q.new_empty(b * heads, seq, seq), q, k.transpose(1, 2), beta=0,
+                              alpha=dh ** -0.5)
+            if causal:
+                s = s.masked_fill(above_diagonal, float("-inf"))
+            p = F.softmax(s, dim=-1)
             o = torch.bmm(p, v).reshape(b, heads, seq, dh).transpose(1, 2).reshape(b * seq, dim)
         x = x + F.linear(o, wo, bo)
         h = F.gelu(F.linear(F.layer_norm(x, (dim,), *ln[1]), w1, b1), approximate="tanh")
@@ -446,9 +459,10 @@ class TunableOp:
         return False
 
 
-def run_model(torch, made, opts, iters, tunable_file=None):
+def run_model(torch, made, opts, iters, tunable_file=None, bf16=False):
     """One whole training step per iteration of `made` = (model, params, inputs, targets), run as
-    the variant `opts` says (MODEL_MODES' comment): (event_us, wall_us, host_us, loop_us)."""
+    the variant `opts` says (MODEL_MODES' comment), the forward and loss under
+    torch.autocast("cuda", torch.bfloat16) with `bf16`: (event_us, wall_us, host_us, loop_us)."""
     F = torch.nn.functional
     model, params, xs, ts = made
     graph, fused = opts.get("graph", False), opts.get("fused", False)
@@ -459,7 +473,8 @@ def run_model(torch, made, opts, iters, tunable_file=None):
         model = torch.compile(model, mode=compile_mode)
 
     def forward_loss(x, t):
-        return F.cross_entropy(model(x), t)
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+            return F.cross_entropy(model(x), t)
     if compile_kind == "step":
         forward_loss = torch.compile(forward_loss, fullgraph=True, mode=compile_mode)
     own_graphs = compile_kind and compile_mode in ("reduce-overhead", "max-autotune")
@@ -529,17 +544,20 @@ def main_models(torch, args):
         return 2
     tunable_file = os.path.join(args.cache_dir, "tunableop_results.csv") if args.cache_dir else None
 
-    def job(make, config, opts, layout):
-        layout_kw = {layout: True} if layout else {}
-        return lambda: run_model(torch, make(torch, *config, **layout_kw), opts, args.iters,
-                                 tunable_file)
+    def job(kind, make, config, opts, layout):
+        kw = {layout: True} if layout else {}
+        if kind == "transformer" and args.causal:
+            kw["causal"] = True
+        return lambda: run_model(torch, make(torch, *config, **kw), opts, args.iters,
+                                 tunable_file, bf16=args.bf16)
     jobs = []  # variant by variant, so that a run cut short has the quick variants of every model
     for base, opts in table.items():
         for kind, name, make, config in MODELS:
             for layout in (LAYOUTS[kind] if args.strongest else ("",)):
                 mode = variant_name(base, layout)
                 if modes is None or mode in modes or base in modes:
-                    jobs.append((f"torch_{kind}/{name}/mode:{mode}", job(make, config, opts, layout)))
+                    jobs.append((f"torch_{kind}/{name}/mode:{mode}",
+                                 job(kind, make, config, opts, layout)))
     return run_event_rows(torch, args, jobs, 80)
 
 
@@ -549,6 +567,12 @@ def main():
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 on for float32 matmuls and cuDNN convolutions (as graphward's "
                          "--tf32 / --precision tf32); off by default, both")
+    ap.add_argument("--bf16", action="store_true",
+                    help="--models / --strongest: the forward and loss under torch.autocast "
+                         "bfloat16, TF32 on for what stays float32 (graphward's --bf16)")
+    ap.add_argument("--causal", action="store_true",
+                    help="--models / --strongest: the transformers' attention causal "
+                         "(graphward's --causal)")
     ap.add_argument("--csv", default=None)
     ap.add_argument("--only", default="",
                     help="run only the configs whose name contains this string")
@@ -586,8 +610,9 @@ def main():
     if not torch.cuda.is_available():
         print("compare_torch: PyTorch sees no CUDA device", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
-    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    args.tf32 = bool(args.tf32 or args.bf16)  # autocast's recipe: TF32 on for the rest
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark or args.strongest)
     rows = []
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()} "
