@@ -1,15 +1,21 @@
-// scaled_dot_product_attention composed of recorded ops (ops.h): bmm, softmax or causal_softmax,
-// dropout, bmm.
+// scaled_dot_product_attention: fused through cuDNN (Note [Fused attention], runtime/dnn.h), or
+// composed of recorded ops (ops.h): bmm, softmax or causal_softmax, dropout, bmm.
 #include <cmath>
 
+#include "kernels/elementwise.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/ops_common.h"
+#include "runtime/dnn.h"
 #include "runtime/generator.h"
 #include "runtime/nvtx.h"
+#include "tape/autograd.h"
 
 namespace graphward {
 using namespace ops_detail;
+using autograd_detail::needs_grad;
+using autograd_detail::record;
+using autograd_detail::save;
 
 namespace {
 
@@ -59,7 +65,133 @@ AttentionDims check_attention(const char* op, const Tensor& q, const Tensor& k, 
   return d;
 }
 
+double attention_scale(const AttentionOptions& o, const AttentionDims& d) {
+  return o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(d.d));
+}
+
+dnn::SdpaGeom sdpa_geom(const AttentionDims& d, const AttentionOptions& o) {
+  return {.n = d.n, .tq = d.tq, .tk = d.tk, .d = d.d, .dv = d.dv, .causal = o.causal,
+          .scale = static_cast<float>(attention_scale(o, d))};
+}
+
+// The path for checked arguments (attention_path's contract).
+AttentionPath choose_path(const Tensor& q, const AttentionDims& d, const AttentionOptions& o) {
+  if (!q.is_cuda()) return {false, "composed: the CPU backend"};
+  if (q.dtype() != DType::kBFloat16) {
+    return {false, std::string("composed: ") + dtype_name(q.dtype()) +
+                       " (cuDNN's fused attention takes bfloat16)"};
+  }
+  if (o.dropout > 0) return {false, "composed: dropout (the fused path has none yet)"};
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+  CudaScope scope(q.device());
+  std::string why;
+  if (!dnn::sdpa_supported(q.device(), scope.stream(), sdpa_geom(d, o), &why)) {
+    return {false, "composed: cuDNN refuses the shape: " + why};
+  }
+  return {true, "fused: cuDNN SDPA"};
+#else
+  (void)d;
+  return {false, "composed: built without cudnn-frontend (base/config.h: "
+                 "GRAPHWARD_HAS_CUDNN_FRONTEND 0)"};
+#endif
+}
+
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+// A gradient written by cuDNN (which only overwrites): into the slot, or — accumulating — into a
+// scratch tensor added to it after.
+struct SdpaGrad {
+  bf16* target = nullptr;
+  Tensor scratch;
+  GradSlot slot;
+  bool accumulate = false;
+};
+SdpaGrad open_sdpa_grad(GradSlot slot, const Tensor& like, cudaStream_t stream) {
+  SdpaGrad g;
+  if (!slot.tensor) {  // not wanted: cuDNN writes all three, into scratch
+    g.scratch = Tensor::empty(like.shape(), {like.dtype(), like.device()});
+    g.target = g.scratch.data<bf16>();
+    return g;
+  }
+  g.slot = slot;
+  g.accumulate = open_slot(slot, like, stream);
+  if (g.accumulate) {
+    g.scratch = Tensor::empty(like.shape(), {like.dtype(), like.device()});
+    g.target = g.scratch.data<bf16>();
+  } else {
+    g.target = slot.tensor->data<bf16>();
+  }
+  return g;
+}
+
+void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const dnn::SdpaGeom& geom,
+                    std::span<GradSlot> grads) {
+  const char* op = "scaled_dot_product_attention_backward";
+  const Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &stats = s[4];
+  check_inputs(op, {{"grad_out", &grad_out}, {"q", &q}, {"k", &k}, {"v", &v}, {"output", &o}},
+               Bf16::kCuda);
+  check_same_shape(op, {"grad_out", &grad_out}, {"output", &o});
+  const bool want[3] = {check_slot(op, "grad_q", grads[0], q),
+                        check_slot(op, "grad_k", grads[1], k),
+                        check_slot(op, "grad_v", grads[2], v)};
+  if (!want[0] && !want[1] && !want[2]) return;
+  CudaScope scope(q.device());
+  scope.read({&grad_out, &q, &k, &v, &o, &stats});
+  SdpaGrad g[3];
+  const Tensor* like[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    g[i] = open_sdpa_grad(want[i] ? grads[i] : GradSlot{}, *like[i], scope.stream());
+  }
+  dnn::sdpa_backward(q.device(), scope.stream(), geom, g[0].target, g[1].target, g[2].target,
+                     q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), o.data<bf16>(),
+                     grad_out.data<bf16>(), stats.data<float>());
+  for (const SdpaGrad& x : g) {
+    if (!x.accumulate) continue;
+    bf16* dst = x.slot.tensor->data<bf16>();
+    const std::int64_t n = x.scratch.numel();
+    kernels::binary_forward(kernels::BinaryOp::kAdd, dst, static_cast<const bf16*>(dst), n,
+                            static_cast<const bf16*>(x.scratch.data<bf16>()), n, n,
+                            scope.stream());
+  }
+}
+
+// The fused op on [n, T, e] tensors: one recorded node, its backward cuDNN's.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionDims& d,
+                       const AttentionOptions& options) {
+  const char* op = "scaled_dot_product_attention";
+  const dnn::SdpaGeom geom = sdpa_geom(d, options);
+  Tensor out, stats;
+  {
+    CudaScope scope(q.device());
+    scope.read({&q, &k, &v});
+    out = Tensor::empty({d.n, d.tq, d.dv}, {DType::kBFloat16, q.device()});
+    stats = Tensor::empty({d.n, d.tq}, {DType::kFloat32, q.device()});
+    dnn::sdpa_forward(q.device(), scope.stream(), geom, out.data<bf16>(), stats.data<float>(),
+                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>());
+  }
+  if (needs_grad({&q, &k, &v})) {
+    record(op, out, {&q, &k, &v},
+           {save("q", q), save("k", k), save("v", v), save("output", out),
+            save("statistics", stats)},
+           [geom](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             fused_backward(g, s, geom, grads);
+           },
+           {NodeAttribute::integer(geom.causal ? 1 : 0),
+            NodeAttribute::number(static_cast<double>(geom.scale))});
+    out.grad_fn()->set_backward_flops(
+        (geom.causal ? 2.0 : 4.0) * 2.0 * static_cast<double>(d.n) * static_cast<double>(d.tq) *
+        static_cast<double>(d.tk) * static_cast<double>(d.d + d.dv) / 2.0);
+  }
+  return out;
+}
+#endif
+
 }  // namespace
+
+AttentionPath attention_path(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionOptions& options) {
+  const AttentionDims d = check_attention("attention_path", q, k, v, options);
+  return choose_path(q, d, options);
+}
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
@@ -73,11 +205,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const char* op = "scaled_dot_product_attention";
   detail::NvtxRange range(op);
   const AttentionDims d = check_attention(op, q, k, v, options);
-  const double scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(d.d));
   // [..., T, e] as [n, T, e] (a 3-d tensor as it is: no reshape recorded).
   const auto batched = [&](const Tensor& t) {
     return t.dim() == 3 ? t : reshape(t, {d.n, t.size(-2), t.size(-1)});
   };
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+  if (choose_path(q, d, options).fused) {
+    const Tensor out = fused_attention(batched(q), batched(k), batched(v), d, options);
+    return q.dim() == 3 ? out : reshape(out, d.out_shape);
+  }
+#endif
+  const double scale = attention_scale(options, d);
   const Tensor scores = bmm(batched(q), batched(k), /*trans_a=*/false, /*trans_b=*/true, scale);
   Tensor p = options.causal ? causal_softmax(scores) : softmax(scores);
   if (options.dropout > 0) p = dropout(p, options.dropout, *options.generator);

@@ -171,13 +171,14 @@ DeviceDnn& device_dnn(Device device) {
   return *slot;
 }
 
-// The thread's handle for `device`, pointed at `stream`.
-cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream) {
+// The thread's handle for `device`, pointed at `stream`; `what` names the ops asking.
+cudnnHandle_t handle_on(DeviceDnn& d, Device device, cudaStream_t stream,
+                        const char* what = "conv2d/pooling") {
   if (!d.handle) {
-    GW_CHECK(!capturing() && !stream_is_capturing(stream),
-             "conv2d/pooling: the first cuDNN call of this thread on ", device.str(),
+    GW_CHECK(!capturing() && !stream_is_capturing(stream), what,
+             ": the first cuDNN call of this thread on ", device.str(),
              " is inside a stream capture, where cuDNN cannot be initialized; expected one eager "
-             "step (or any conv2d or pooling call) on this thread before capturing");
+             "step on this thread before capturing");
     d.handle = std::make_unique<Handle>(device);
   }
   if (d.bound != stream) {
@@ -283,6 +284,10 @@ const float* beta_of(bool accumulate) {
 }
 
 }  // namespace
+
+cudnnContext* thread_handle(Device device, cudaStream_t stream, const char* what) {
+  return handle_on(device_dnn(device), device, stream, what);
+}
 
 void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float* y, const float* x,
                     const float* w, const float* bias) {

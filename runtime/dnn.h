@@ -17,12 +17,18 @@
 // its workspace from the caching allocator on the op's stream: inside a capture that is graph
 // memory, fixed for the graph's lifetime, as a replay needs.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include "base/config.h"
 
+#include "base/dtype.h"
 #include "kernels/conv.h"
 #include "runtime/cuda.h"
 #include "runtime/device.h"
+
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+struct cudnnContext;  // cudnnHandle_t's pointee (cudnn.h)
+#endif
 
 namespace graphward::dnn {
 
@@ -48,6 +54,47 @@ void pool2d_forward(Device device, cudaStream_t stream, kernels::PoolMode mode,
 void pool2d_backward(Device device, cudaStream_t stream, kernels::PoolMode mode,
                      const kernels::PoolGeom& g, float* dx, const float* dy, const float* x,
                      const float* y, bool accumulate);
+
+// The thread's cuDNN handle for `device`, pointed at `stream` (Note [cuDNN plans]); `what` names
+// the op in the error refusing a first call inside a capture.
+cudnnContext* thread_handle(Device device, cudaStream_t stream, const char* what);
+#endif
+
+// Note [Fused attention]
+// scaled_dot_product_attention (ops/ops.h) of bfloat16 q, k, v on CUDA runs as cuDNN's fused
+// attention (its SDPA through the cudnn-frontend graph API: flash-attention kernels, the scores
+// never written to memory, fp32 softmax statistics [n, Tq] saved for the backward), where the
+// build has the frontend (GRAPHWARD_HAS_CUDNN_FRONTEND, base/config.h) and cuDNN builds plans for
+// the shape — forward and backward, the backward's deterministic algorithm (so that a replayed
+// step equals the eager one bitwise) — and there is no dropout. A plan per shape is built once
+// per (thread, device), outside any capture (its first use inside one is refused, asking for an
+// eager step first), its workspace taken per call from the caching allocator on the op's stream
+// (graph memory inside a capture); a shape cuDNN refuses is remembered with cuDNN's reason. Every
+// other case takes the composed path (bmm, softmax or causal_softmax, dropout, bmm), and
+// attention_path (ops/ops.h) says which path a call takes and why.
+struct SdpaGeom {
+  std::int64_t n = 0;       // batches of heads (every leading dimension)
+  std::int64_t tq = 0;      // query positions
+  std::int64_t tk = 0;      // key positions
+  std::int64_t d = 0;       // q's and k's head size
+  std::int64_t dv = 0;      // v's head size
+  bool causal = false;      // the mask aligned top left (PyTorch's is_causal)
+  float scale = 1.f;        // of the scores
+  bool operator==(const SdpaGeom&) const = default;
+};
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+// Whether cuDNN builds forward and backward plans for `g` on `device` (building and keeping them
+// when it does; `stream` is where the handle points, nothing runs); else false, with cuDNN's
+// reason in *why.
+bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::string* why);
+// o [n, tq, dv] = softmax(q·kᵀ · scale) · v (causal: masked), stats [n, tq] the rows' log-sum-exp
+// statistics; q [n, tq, d], k [n, tk, d], v [n, tk, dv], contiguous bfloat16.
+void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o, float* stats,
+                  const bf16* q, const bf16* k, const bf16* v);
+// dq, dk, dv (overwritten) for do, from the forward's q, k, v, o and stats.
+void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* dq, bf16* dk,
+                   bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
+                   const bf16* d_o, const float* stats);
 #endif
 
 }  // namespace graphward::dnn

@@ -70,9 +70,50 @@ have_header() {  # have_header gtest/gtest.h
   return 1
 }
 
+# cuDNN's fused attention needs the cudnn-frontend headers (header-only; Note [Fused attention],
+# runtime/dnn.h): unpacked from PyPI's nvidia-cudnn-frontend wheel (its include/) into
+# .deps/cudnn_frontend/include, where CMake looks first. Only where a CUDA toolkit is present, and
+# never fatal: without them (no network, no pip) attention is composed, as CMake says.
+GW_CUDNN_FRONTEND_VERSION=${GW_CUDNN_FRONTEND_VERSION:-1.32.0}
+ensure_cudnn_frontend() {
+  local dest=$GW_ROOT/.deps/cudnn_frontend
+  if [ -f "$dest/include/cudnn_frontend.h" ]; then
+    say "cudnn-frontend: headers in .deps/cudnn_frontend"
+    return 0
+  fi
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  local tmp
+  tmp=$(mktemp -d) || return 0
+  rm -rf "$dest" "$dest.partial"
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" \
+       "nvidia-cudnn-frontend==$GW_CUDNN_FRONTEND_VERSION" >"$tmp/pip.log" 2>&1 &&
+     python3 - "$tmp" "$dest" <<'PY'
+import glob, os, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            path = os.path.join(dest + ".partial", name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(z.read(name))
+os.replace(dest + ".partial", dest)
+PY
+  then
+    say "cudnn-frontend $GW_CUDNN_FRONTEND_VERSION: headers unpacked into .deps/cudnn_frontend"
+  else
+    say "cudnn-frontend: could not fetch nvidia-cudnn-frontend $GW_CUDNN_FRONTEND_VERSION from PyPI (log: $tmp/pip.log); attention will be composed"
+    rm -rf "$dest.partial"
+    return 0
+  fi
+  rm -rf "$tmp"
+}
+
 # Installs what is missing (GoogleTest, Google Benchmark, cmake, g++) with apt when running as
-# root; otherwise says what will be built without.
+# root; otherwise says what will be built without; then the cudnn-frontend headers.
 ensure_deps() {
+  mkdir -p "$GW_ROOT/.deps" && ensure_cudnn_frontend
   local missing=()
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v g++ >/dev/null 2>&1 || missing+=(g++)

@@ -1,0 +1,204 @@
+// cuDNN's fused attention through the cudnn-frontend graph API (Note [Fused attention],
+// runtime/dnn.h).
+#include "runtime/dnn.h"
+
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cudnn_frontend.h>
+
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "runtime/capture_mode.h"
+#include "runtime/stream.h"
+#include "runtime/tensor.h"
+
+namespace graphward::dnn {
+namespace {
+namespace fe = cudnn_frontend;
+using Graph = fe::graph::Graph;
+using TensorAttr = fe::graph::Tensor_attributes;
+
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+// [n, t, e] contiguous as cuDNN's [b, h, s, d] = [n, 1, t, e].
+TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t t,
+                std::int64_t e) {
+  return TensorAttr().set_name(name).set_uid(uid).set_dim({n, 1, t, e}).set_stride(
+      {t * e, t * e, e, 1});
+}
+TensorAttr stats_attr(std::int64_t n, std::int64_t t) {
+  return TensorAttr()
+      .set_name("stats")
+      .set_uid(kStats)
+      .set_dim({n, 1, t, 1})
+      .set_stride({t, t, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+std::shared_ptr<Graph> new_graph() {
+  auto g = std::make_shared<Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
+  auto g = new_graph();
+  auto q = g->tensor(bhsd("q", kQ, s.n, s.tq, s.d));
+  auto k = g->tensor(bhsd("k", kK, s.n, s.tk, s.d));
+  auto v = g->tensor(bhsd("v", kV, s.n, s.tk, s.dv));
+  auto options = fe::graph::SDPA_attributes()
+                     .set_name("sdpa")
+                     .set_generate_stats(true)
+                     .set_attn_scale(s.scale)
+                     .set_causal_mask(s.causal);
+  auto [o, stats] = g->sdpa(q, k, v, options);
+  o->set_output(true).set_uid(kO).set_dim({s.n, 1, s.tq, s.dv}).set_stride(
+      {s.tq * s.dv, s.tq * s.dv, s.dv, 1});
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_dim({s.n, 1, s.tq, 1})
+      .set_stride({s.tq, s.tq, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
+  auto g = new_graph();
+  auto q = g->tensor(bhsd("q", kQ, s.n, s.tq, s.d));
+  auto k = g->tensor(bhsd("k", kK, s.n, s.tk, s.d));
+  auto v = g->tensor(bhsd("v", kV, s.n, s.tk, s.dv));
+  auto o = g->tensor(bhsd("o", kO, s.n, s.tq, s.dv));
+  auto d_o = g->tensor(bhsd("do", kDO, s.n, s.tq, s.dv));
+  auto stats = g->tensor(stats_attr(s.n, s.tq));
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("sdpa_backward")
+                     .set_attn_scale(s.scale)
+                     .set_causal_mask(s.causal)
+                     .set_deterministic_algorithm(true);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
+  dq->set_output(true).set_uid(kDQ).set_dim({s.n, 1, s.tq, s.d}).set_stride(
+      {s.tq * s.d, s.tq * s.d, s.d, 1});
+  dk->set_output(true).set_uid(kDK).set_dim({s.n, 1, s.tk, s.d}).set_stride(
+      {s.tk * s.d, s.tk * s.d, s.d, 1});
+  dv->set_output(true).set_uid(kDV).set_dim({s.n, 1, s.tk, s.dv}).set_stride(
+      {s.tk * s.dv, s.tk * s.dv, s.dv, 1});
+  return g;
+}
+
+// Builds g's plans on `handle`: "" when built, else cuDNN's reason.
+std::string build(Graph& g, cudnnHandle_t handle) {
+  const fe::error_object e = g.build(handle, {fe::HeurMode_t::A});
+  return e.is_good() ? std::string() : e.err_msg;
+}
+
+struct SdpaPlan {
+  std::shared_ptr<Graph> forward, backward;
+  std::int64_t forward_workspace = 0, backward_workspace = 0;
+  std::string refused;  // cuDNN's reason where it builds no plan (then no graphs)
+};
+struct GeomHash {
+  std::size_t operator()(const SdpaGeom& g) const noexcept {
+    std::uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &g.scale, sizeof(scale_bits));
+    std::size_t h = 0;
+    for (std::uint64_t v :
+         {std::uint64_t(g.n), std::uint64_t(g.tq), std::uint64_t(g.tk), std::uint64_t(g.d),
+          std::uint64_t(g.dv), std::uint64_t(g.causal), std::uint64_t(scale_bits)}) {
+      h = h * 1000003u ^ std::hash<std::uint64_t>{}(v);
+    }
+    return h;
+  }
+};
+// Per thread, one map per device touched (Note [cuDNN plans]: the plans are the thread's, as its
+// handle is).
+thread_local std::vector<std::unordered_map<SdpaGeom, SdpaPlan, GeomHash>> t_plans;
+
+SdpaPlan& plan_for(Device device, cudaStream_t stream, const SdpaGeom& g) {
+  if (t_plans.size() <= static_cast<std::size_t>(device.index)) t_plans.resize(device.index + 1);
+  auto& plans = t_plans[device.index];
+  auto it = plans.find(g);
+  if (it != plans.end()) return it->second;
+  GW_CHECK(!capturing() && !stream_is_capturing(stream),
+           "scaled_dot_product_attention: the first fused attention of shape [", g.n, ", ", g.tq,
+           ", ", g.d, "] x [", g.n, ", ", g.tk, ", ", g.d, "] on this thread is inside a stream "
+           "capture, where cuDNN's plans cannot be built; expected one eager step on this thread "
+           "before capturing");
+  const cudnnHandle_t handle = thread_handle(device, stream, "scaled_dot_product_attention");
+  SdpaPlan p;
+  auto forward = forward_graph(g), backward = backward_graph(g);
+  std::string why = build(*forward, handle);
+  if (why.empty()) why = build(*backward, handle);
+  if (why.empty()) {
+    const bool sizes = forward->get_workspace_size(p.forward_workspace).is_good() &&
+                       backward->get_workspace_size(p.backward_workspace).is_good();
+    if (!sizes) why = "cuDNN gave no workspace size";
+  }
+  if (why.empty()) {
+    p.forward = std::move(forward);
+    p.backward = std::move(backward);
+  } else {
+    p.refused = why.empty() ? "cuDNN built no plan" : why;
+  }
+  return plans.emplace(g, std::move(p)).first->second;
+}
+
+// Scratch memory for one call, from the caching allocator on the op's stream (graph memory inside
+// a capture); empty for none.
+Tensor workspace(Device device, std::int64_t bytes) {
+  if (bytes <= 0) return Tensor();
+  return Tensor::empty({(bytes + 3) / 4}, {DType::kFloat32, device});
+}
+
+void execute(const Graph& g, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
+             const Tensor& ws) {
+  const fe::error_object e = g.execute(handle, pack, ws.defined() ? ws.raw_data() : nullptr);
+  GW_CHECK(e.is_good(), "scaled_dot_product_attention: cuDNN's fused attention failed: ",
+           e.err_msg);
+}
+
+void* mut(const void* p) {
+  return const_cast<void*>(p);  // cuDNN's variant pack takes void* for inputs too
+}
+
+}  // namespace
+
+bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::string* why) {
+  const SdpaPlan& p = plan_for(device, stream, g);
+  if (why) *why = p.refused;
+  return p.refused.empty();
+}
+
+void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o, float* stats,
+                  const bf16* q, const bf16* k, const bf16* v) {
+  const SdpaPlan& p = plan_for(device, stream, g);
+  GW_CHECK(p.refused.empty(), "scaled_dot_product_attention: cuDNN refuses the shape: ",
+           p.refused);
+  const cudnnHandle_t handle = thread_handle(device, stream, "scaled_dot_product_attention");
+  const Tensor ws = workspace(device, p.forward_workspace);
+  std::unordered_map<std::int64_t, void*> pack{
+      {kQ, mut(q)}, {kK, mut(k)}, {kV, mut(v)}, {kO, o}, {kStats, stats}};
+  execute(*p.forward, handle, pack, ws);
+}
+
+void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* dq, bf16* dk,
+                   bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
+                   const bf16* d_o, const float* stats) {
+  const SdpaPlan& p = plan_for(device, stream, g);
+  GW_CHECK(p.refused.empty(), "scaled_dot_product_attention_backward: cuDNN refuses the shape: ",
+           p.refused);
+  const cudnnHandle_t handle = thread_handle(device, stream, "scaled_dot_product_attention");
+  const Tensor ws = workspace(device, p.backward_workspace);
+  std::unordered_map<std::int64_t, void*> pack{
+      {kQ, mut(q)},   {kK, mut(k)},         {kV, mut(v)}, {kO, mut(o)}, {kDO, mut(d_o)},
+      {kStats, mut(stats)}, {kDQ, dq}, {kDK, dk},    {kDV, dv}};
+  execute(*p.backward, handle, pack, ws);
+}
+
+}  // namespace graphward::dnn
+#endif
