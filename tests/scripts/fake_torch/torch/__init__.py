@@ -125,3 +125,12 @@ cuda.tunable = types.SimpleNamespace(
     tuning_enable=lambda on=True: _tunable.update(tuning=on),
     set_filename=lambda name, insert_device_ordinal=False: None,
     read_file=lambda name=None: False)
+
+# For --bf16 and --causal: autocast, the causal mask of the written-out attention.
+bfloat16 = "bfloat16"
+bool = "bool"
+def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+    return contextlib.nullcontext()
+def ones(*a, device=None, dtype=None): return _T()
+for _name in ("triu", "masked_fill"):
+    setattr(_T, _name, _any)
