@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -31,13 +32,11 @@ void check_params(const char* what, const std::vector<Tensor>& params) {
     GW_CHECK(p.device() == first.device() && p.dtype() == first.dtype(), what, ": parameter ", i,
              " is ", p.str(), " and parameter 0 is ", first.str(),
              "; expected one device and one dtype");
-    GW_CHECK(is_floating(p.dtype()) && p.dtype() != DType::kBFloat16, what, ": parameter ", i,
-             " is ", p.str(),
-             "; expected a float32 or float64 tensor (bfloat16 parameters: keep "
-             "a float32 copy to update, and cast() it)");
+    GW_CHECK(is_floating(p.dtype()), what, ": parameter ", i, " is ", p.str(),
+             "; expected a float32, bfloat16 or float64 tensor");
     if (p.is_cuda()) {
-      GW_CHECK(p.dtype() == DType::kFloat32, what, ": parameter ", i, " is ", p.str(),
-               "; CUDA parameters are float32");
+      GW_CHECK(p.dtype() == DType::kFloat32 || p.dtype() == DType::kBFloat16, what,
+               ": parameter ", i, " is ", p.str(), "; CUDA parameters are float32 or bfloat16");
     }
     const Tensor& g = p.grad();
     if (g.defined()) {
@@ -92,6 +91,18 @@ float* f32(const Tensor& t) {
 }
 #endif
 
+// A bfloat16 tensor's elements as float32 (a copy), and back, rounded to nearest even.
+std::vector<float> widened(const Tensor& t) {
+  const bf16* src = static_cast<const bf16*>(t.raw_data());
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = src[i].to_float();
+  return out;
+}
+void store_rounded(const Tensor& t, const float* values) {
+  bf16* dst = static_cast<bf16*>(t.raw_data());
+  for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = bf16::from_float(values[i]);
+}
+
 // The groups' parameters, in order.
 std::vector<Tensor> flatten(const std::vector<ParamGroup>& groups) {
   std::vector<Tensor> params;
@@ -113,7 +124,11 @@ Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double lr
     : name_(name), params_(flatten(groups)), lr_value_(lr) {
   check_params(name_, params_);
   check_distinct_leaves(name_, params_);
-  dtype_ = params_.front().dtype();
+  dtype_ = statistics_dtype(params_.front().dtype());  // bfloat16 parameters: float32 math
+  if (params_.front().dtype() == DType::kBFloat16) {
+    // Note [Master weights]: each bfloat16 parameter's float32 master, its values as they are.
+    for (const Tensor& p : params_) masters_.push_back(cast(p.detach(), DType::kFloat32));
+  }
   check_hyper(name_, "lr", lr, 0, false, dtype_);
   check_hyper(name_, "weight_decay", weight_decay, 0, false, dtype_);
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -130,6 +145,12 @@ Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double lr
   // float64 counts: exact far past what float32 holds (2^24 steps, hours of replays).
   step_ = zeros({static_cast<std::int64_t>(params_.size())}, {DType::kFloat64, device_});
   if (device_.is_cuda()) done_ = zeros({1}, {DType::kInt32, device_});
+}
+
+const Tensor& Optimizer::master(std::size_t param) const {
+  GW_CHECK(param < params_.size(), name_, "::master: parameter ", param, " of ", params_.size(),
+           "; expected an index below ", params_.size());
+  return masters_.empty() ? params_[param] : masters_[param];
 }
 
 double Optimizer::weight_decay(std::size_t param) const {
@@ -270,13 +291,21 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
       g.storage()->sync_for_read(s);
       p.storage()->sync_for_write(s);
       p.bump_version();
-      kernels::ParamSlice slice{f32(p),
-                                f32(g),
-                                nullptr,
-                                nullptr,
-                                static_cast<double*>(step_.raw_data()) + i,
-                                p.numel(),
-                                static_cast<float>(weight_decay_[i])};
+      kernels::ParamSlice slice;
+      slice.step = static_cast<double*>(step_.raw_data()) + i;
+      slice.n = p.numel();
+      slice.weight_decay = static_cast<float>(weight_decay_[i]);
+      if (masters_.empty()) {
+        slice.p = f32(p);
+        slice.grad = f32(g);
+      } else {  // Note [Master weights]
+        const Tensor& master = masters_[i];
+        master.storage()->sync_for_write(s);
+        master.bump_version();
+        slice.p = f32(master);
+        slice.grad16 = static_cast<const bf16*>(g.raw_data());
+        slice.copy = static_cast<bf16*>(p.raw_data());
+      }
       float** state[2] = {&slice.s1, &slice.s2};
       for (int j = 0; j < 2; ++j) {
         if (state_[j].empty() || !state_[j][i].defined()) continue;
@@ -297,6 +326,7 @@ void Optimizer::run_step(const char* what, const std::vector<std::size_t>* which
     const Tensor& p = params_[i];
     if (!p.grad().defined()) continue;
     p.bump_version();
+    if (!masters_.empty()) masters_[i].bump_version();
     for (const auto& state : state_) {
       if (!state.empty() && state[i].defined()) state[i].bump_version();
     }
@@ -323,10 +353,7 @@ void Optimizer::zero_grad() {
       GW_CUDA_CHECK(cudaMemsetAsync(g.raw_data(), 0, g.nbytes(), scope.stream()));
 #endif
     } else {
-      dispatch_cpu(g.dtype(), [&]<class T>() {
-        T* d = ptr<T>(g);
-        for (std::int64_t j = 0; j < g.numel(); ++j) d[j] = T(0);
-      });
+      std::memset(g.raw_data(), 0, g.nbytes());  // +0.0 in float32, float64 and bfloat16
     }
     g.bump_version();
   }
@@ -344,7 +371,7 @@ Sgd::Sgd(std::vector<ParamGroup> groups, SgdOptions o)
            ", dampening ", o.dampening);
   hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov};
   if (o.momentum != 0) {
-    for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
+    for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
   }
 }
 
@@ -364,9 +391,18 @@ void Sgd::update_cpu(std::size_t i) {
   const Tensor* buf = state_[0].empty() ? nullptr : &state_[0][i];
   k::SgdParams hp = hp_;
   hp.weight_decay = weight_decay_[i];
+  const double step = static_cast<double*>(step_.raw_data())[i];
+  if (!masters_.empty()) {  // Note [Master weights]
+    const std::vector<float> g = widened(p.grad());
+    float* master = ptr<float>(masters_[i]);
+    k::cpu::sgd_step<float>(master, g.data(), buf ? ptr<float>(*buf) : nullptr, p.numel(),
+                            ptr<float>(lr_)[0], step, hp);
+    store_rounded(p, master);
+    return;
+  }
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
-                        ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp);
+                        ptr<T>(lr_)[0], step, hp);
   });
 }
 
@@ -381,8 +417,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
   check_hyper(name_, "eps", o.eps, 0, true, dtype_);
   hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
   for (const Tensor& p : params_) {
-    state_[0].push_back(zeros(p.shape(), {p.dtype(), device_}));
-    state_[1].push_back(zeros(p.shape(), {p.dtype(), device_}));
+    state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
+    state_[1].push_back(zeros(p.shape(), {dtype_, device_}));
   }
 }
 
@@ -403,9 +439,18 @@ void AdamW::update_cpu(std::size_t i) {
   const Tensor& v = state_[1][i];
   k::AdamWParams hp = hp_;
   hp.weight_decay = weight_decay_[i];
+  const double step = static_cast<double*>(step_.raw_data())[i];
+  if (!masters_.empty()) {  // Note [Master weights]
+    const std::vector<float> g = widened(p.grad());
+    float* master = ptr<float>(masters_[i]);
+    k::cpu::adamw_step<float>(master, g.data(), ptr<float>(m), ptr<float>(v), p.numel(),
+                              ptr<float>(lr_)[0], step, hp);
+    store_rounded(p, master);
+    return;
+  }
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
-                          ptr<T>(lr_)[0], static_cast<double*>(step_.raw_data())[i], hp);
+                          ptr<T>(lr_)[0], step, hp);
   });
 }
 
@@ -421,7 +466,8 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     if (p.grad().defined()) grads.push_back(&p.grad());
   }
   const Device device = params.front().device();
-  const TensorOptions opt{params.front().dtype(), device};
+  const TensorOptions opt{statistics_dtype(params.front().dtype()), device};
+  const bool low = params.front().dtype() == DType::kBFloat16;
   if (grads.empty()) return zeros({}, opt);
   Tensor norm = Tensor::empty({}, opt);
   if (device.is_cuda()) {
@@ -432,17 +478,43 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     Tensor scale = Tensor::empty({1}, opt);
     for (std::size_t i = 0; i < grads.size(); ++i) {
       grads[i]->storage()->sync_for_read(s);
-      k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
+      if (low) {
+        k::sum_squares(f32(parts) + i, static_cast<const bf16*>(grads[i]->raw_data()),
+                       grads[i]->numel(), s);
+      } else {
+        k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
+      }
     }
     k::clip_coefficient(f32(norm), f32(scale), f32(parts), static_cast<std::int64_t>(grads.size()),
                         static_cast<float>(max_norm), s);
     for (const Tensor* g : grads) {
       g->storage()->sync_for_write(s);
-      k::scale_by(f32(*g), f32(scale), g->numel(), s);
+      if (low) {
+        k::scale_by(static_cast<bf16*>(g->raw_data()), f32(scale), g->numel(), s);
+      } else {
+        k::scale_by(f32(*g), f32(scale), g->numel(), s);
+      }
       g->bump_version();
     }
     return norm;
 #endif
+  }
+  if (low) {  // bfloat16 gradients: the sums in double, each product rounded once
+    double total = 0;
+    for (const Tensor* g : grads) {
+      for (const float x : widened(*g)) total += double(x) * double(x);
+    }
+    const double nrm = std::sqrt(total);
+    ptr<float>(norm)[0] = static_cast<float>(nrm);
+    const double ratio = max_norm / (nrm + 1e-6);
+    const float c = static_cast<float>(std::isnan(ratio) ? ratio : std::min(1.0, ratio));
+    for (const Tensor* g : grads) {
+      std::vector<float> v = widened(*g);
+      for (float& x : v) x *= c;
+      store_rounded(*g, v.data());
+      g->bump_version();
+    }
+    return norm;
   }
   dispatch_cpu(norm.dtype(), [&]<class T>() {
     double total = 0;

@@ -6,6 +6,16 @@
 // Semantics follow torch.optim.SGD and torch.optim.AdamW (decoupled weight decay), with parameter
 // groups for the weight decay (ParamGroup).
 //
+// Note [Master weights]
+// Parameters are float32 (or float64 on the CPU), or all bfloat16. bfloat16 parameters are
+// updated through float32 masters the optimizer keeps (made from the parameters' values when it
+// is made; master()), with float32 state: each step reads the bfloat16 gradient, updates the
+// master in float32 as for a float32 parameter, and writes the parameter as the master rounded to
+// nearest even — in the same multi-tensor launch (kernels/optim.h), so a model held in bfloat16
+// (llm.c's layout: no cast in the forward) learns at float32's resolution. A bfloat16 parameter
+// written other than by the optimizer after it is made is not seen by its master: write the
+// master (master(i), in place) and step, or make the optimizer after.
+//
 // A step runs on the current stream of the parameters' device (rule [current stream]), after the
 // streams that wrote the .grads and used the parameters (rule [read after write]); it updates the
 // parameters in place, bumping their versions (a tape that saved a parameter refuses its backward
@@ -87,6 +97,9 @@ class Optimizer {
   // the device count, as set_lr(). Counts are exact to 2^53.
   void set_steps(std::size_t param, std::int64_t count);
   const std::vector<Tensor>& params() const { return params_; }
+  // Parameter `param`'s float32 master where the parameters are bfloat16 (Note [Master weights]),
+  // else the parameter itself.
+  const Tensor& master(std::size_t param) const;
   // Parameter `param`'s weight decay: its group's, else the optimizer's.
   double weight_decay(std::size_t param) const;
 
@@ -105,7 +118,8 @@ class Optimizer {
   std::vector<Tensor> params_;
   Tensor lr_;    // [1], on the parameters' device
   Tensor step_;  // float64 [number of parameters]: each parameter's step count (exact to 2^53)
-  DType dtype_ = DType::kFloat32;  // the parameters' dtype
+  DType dtype_ = DType::kFloat32;  // the parameters' math: float32 for bfloat16 parameters
+  std::vector<Tensor> masters_;    // bfloat16 parameters' float32 masters (else empty)
   double lr_value_;
   std::vector<double> weight_decay_;  // each parameter's
   Device device_;

@@ -2,6 +2,7 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/optim.h"
+#include "kernels/storage.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +12,13 @@ namespace {
 using detail::all_16_byte_aligned;
 using detail::grid_for;
 using detail::kThreads;
+using detail::load;
+using detail::put;
+
+// Element i of a slice's gradient (float32, or a bfloat16 parameter's bfloat16 one).
+__device__ __forceinline__ float grad_at(const ParamSlice& s, std::int64_t i) {
+  return s.grad16 ? load(s.grad16, i) : s.grad[i];
+}
 
 // The hyperparameters every parameter shares (each slice carries its own weight decay).
 struct SgdF {
@@ -74,10 +82,9 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
   const ParamSlice& t = my_slice(b, block, blocks);
   const bool first = *t.step == 0.0;
   float* p = t.p;
-  const float* grad = t.grad;
   float* buf = t.s1;
   GW_SLICE_STRIDE(i, block, blocks, t.n) {
-    float g = grad[i];
+    float g = grad_at(t, i);
     if (t.weight_decay != 0.f) g += t.weight_decay * p[i];
     if (hp.momentum != 0.f) {
       const float m = first ? g : hp.momentum * buf[i] + (1.f - hp.dampening) * g;
@@ -85,6 +92,7 @@ __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr
       g = hp.nesterov ? g + hp.momentum * m : m;
     }
     p[i] -= lr * g;
+    if (t.copy) put(t.copy, i, p[i]);
   }
   count_steps(b, done);
 }
@@ -126,7 +134,7 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   float* m = s.s1;
   float* v = s.s2;
   std::int64_t first_scalar = 0;
-  if (all_16_byte_aligned(p, grad, m, v)) {
+  if (!s.copy && all_16_byte_aligned(p, grad, m, v)) {
     const std::int64_t n4 = s.n / 4;
     auto* p4 = reinterpret_cast<float4*>(p);
     auto* m4 = reinterpret_cast<float4*>(m);
@@ -148,7 +156,8 @@ __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* 
   const std::int64_t rest = s.n - first_scalar;
   GW_SLICE_STRIDE(j, block, blocks, rest) {
     const std::int64_t i = first_scalar + j;
-    adamw_element(p[i], grad[i], m[i], v[i], hp, wd, lr, c1, sqrt_c2);
+    adamw_element(p[i], grad_at(s, i), m[i], v[i], hp, wd, lr, c1, sqrt_c2);
+    if (s.copy) put(s.copy, i, p[i]);
   }
   count_steps(b, done);
 }
@@ -178,9 +187,13 @@ void launch_batches(Kernel kernel, const ParamSlice* params, std::size_t count, 
 
 constexpr int kReduceThreads = 1024;
 
-__global__ void sum_squares_kernel(float* out, const float* x, std::int64_t n) {
+template <class S>
+__global__ void sum_squares_kernel(float* out, const S* x, std::int64_t n) {
   double acc = 0;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += double(x[i]) * double(x[i]);
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double xi = load(x, i);
+    acc += xi * xi;
+  }
   acc = detail::block_reduce<kReduceThreads>(acc);
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
 }
@@ -195,10 +208,11 @@ __global__ void clip_coefficient_kernel(float* norm, float* scale, const float* 
   scale[0] = static_cast<float>(s < 1.0 || s != s ? s : 1.0);  // a NaN norm: NaN everywhere
 }
 
-__global__ void scale_by_kernel(float* x, const float* scale, std::int64_t n) {
+template <class S>
+__global__ void scale_by_kernel(S* x, const float* scale, std::int64_t n) {
   const float s = *scale;
   GW_GRID_STRIDE(i, n) {
-    x[i] *= s;
+    put(x, i, load(x, i) * s);
   }
 }
 
@@ -215,18 +229,24 @@ void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, un
                  static_cast<float>(hp.eps)};
   launch_batches(adamw_step_kernel, params, count, lr, done, f, 4, stream);
 }
-void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream) {
-  sum_squares_kernel<<<1, kReduceThreads, 0, stream>>>(out, x, n);
+template <class S>
+void sum_squares(float* out, const S* x, std::int64_t n, cudaStream_t stream) {
+  sum_squares_kernel<S><<<1, kReduceThreads, 0, stream>>>(out, x, n);
   GW_LAUNCH_CHECK();
 }
+template void sum_squares<float>(float*, const float*, std::int64_t, cudaStream_t);
+template void sum_squares<bf16>(float*, const bf16*, std::int64_t, cudaStream_t);
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream) {
   clip_coefficient_kernel<<<1, 1, 0, stream>>>(norm, scale, parts, count, max_norm);
   GW_LAUNCH_CHECK();
 }
-void scale_by(float* x, const float* scale, std::int64_t n, cudaStream_t stream) {
-  scale_by_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, scale, n);
+template <class S>
+void scale_by(S* x, const float* scale, std::int64_t n, cudaStream_t stream) {
+  scale_by_kernel<S><<<grid_for(n), kThreads, 0, stream>>>(x, scale, n);
   GW_LAUNCH_CHECK();
 }
+template void scale_by<float>(float*, const float*, std::int64_t, cudaStream_t);
+template void scale_by<bf16>(bf16*, const float*, std::int64_t, cudaStream_t);
 
 }  // namespace graphward::kernels

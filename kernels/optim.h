@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include "base/config.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -27,19 +28,24 @@ struct AdamWParams {
 
 // One parameter of a multi-tensor step: the parameter, its gradient, up to two state tensors of
 // its size (SGD: the momentum buffer, or null without momentum; AdamW: m and v) and its step
-// count (a double, exact to 2^53, counted by the step).
+// count (a double, exact to 2^53, counted by the step). A bfloat16 parameter is updated through
+// its float32 master copy: p is the master, the gradient is read from grad16 (bfloat16; grad is
+// null), and the parameter itself (`copy`) is written as the updated master rounded to nearest
+// even, in the same pass.
 struct ParamSlice {
   float* p = nullptr;
   const float* grad = nullptr;
   float* s1 = nullptr;
   float* s2 = nullptr;
   double* step = nullptr;
+  const bf16* grad16 = nullptr;
+  bf16* copy = nullptr;
   std::int64_t n = 0;
   float weight_decay = 0.f;  // the parameter's own (its group's): the hyperparameters' is unused
 };
 // Parameters one launch takes: the kernel's parameter block (a slice, its first block) stays under
 // the 4 KiB that every architecture passes.
-constexpr std::size_t kMultiTensorMax = 64;
+constexpr std::size_t kMultiTensorMax = 48;
 
 #if GRAPHWARD_HAS_CUDA
 // Note [Multi-tensor step]
@@ -65,14 +71,16 @@ void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsi
 // v = β2·v + (1 − β2)·g²; p −= lr · (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)
 void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
                 AdamWParams hp, cudaStream_t stream);
-// out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic)
-void sum_squares(float* out, const float* x, std::int64_t n, cudaStream_t stream);
+// out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic). S: float or bf16.
+template <class S>
+void sum_squares(float* out, const S* x, std::int64_t n, cudaStream_t stream);
 // norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm +
 // 1e-6)), NaN when the norm is (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream);
-// x[i] ·= scale[0]
-void scale_by(float* x, const float* scale, std::int64_t n, cudaStream_t stream);
+// x[i] ·= scale[0] (bfloat16: the product rounded once)
+template <class S>
+void scale_by(S* x, const float* scale, std::int64_t n, cudaStream_t stream);
 #endif
 
 namespace cpu {

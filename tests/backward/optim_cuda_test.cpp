@@ -61,6 +61,48 @@ TEST_F(CudaOptim, SgdAndAdamWMatchTheCpuReference) {
 // Parameter groups on the GPU: each parameter's weight decay its group's (carried by its slice of
 // the multi-tensor launch), as the CPU reference steps it; a group without decay is stepped
 // bitwise as an optimizer without decay steps it.
+// Note [Master weights]: bfloat16 parameters on the GPU, their masters and the parameters (the
+// masters rounded, in the same launch) against the CPU reference; more parameters than a launch
+// takes, so that several launches run.
+template <class Opt, class Options>
+void expect_bf16_matches_cpu(const Options& o, const char* what) {
+  std::vector<Tensor> cpu, gpu;
+  for (std::size_t i = 0; i < kernels::kMultiTensorMax + 5; ++i) {
+    const Tensor p = cast(randn({17 + static_cast<std::int64_t>(i) % 5, 3}, 70 + i),
+                          DType::kBFloat16);
+    cpu.push_back(p.detach().set_requires_grad(true));
+    gpu.push_back(p.to(kGpu).detach().set_requires_grad(true));
+  }
+  Opt a(cpu, o), b(gpu, o);
+  for (int s = 0; s < 4; ++s) {
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      const Tensor g = cast(randn(cpu[i].shape(), 500 + 100 * s + i), DType::kBFloat16);
+      cpu[i].grad() = g;
+      gpu[i].grad() = g.to(kGpu);
+    }
+    a.step();
+    b.step();
+  }
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_LT(rel_error(b.master(i), a.master(i)), 1e-6) << what << " master " << i;
+    EXPECT_EQ(cast(gpu[i], DType::kFloat32).to_vector<float>(),
+              cast(cast(b.master(i), DType::kBFloat16), DType::kFloat32).to_vector<float>())
+        << what << ": parameter " << i << " is its master rounded";
+    EXPECT_LT(rel_error(cast(gpu[i], DType::kFloat32), cast(cpu[i], DType::kFloat32)), 1e-2)
+        << what << " parameter " << i;
+  }
+  const Tensor na = clip_grad_norm(cpu, 0.5), nb = clip_grad_norm(gpu, 0.5);
+  EXPECT_NEAR(nb.item(), na.item(), 1e-5 * na.item());
+  EXPECT_LT(rel_error(cast(gpu[0].grad(), DType::kFloat32), cast(cpu[0].grad(), DType::kFloat32)),
+            1e-2);
+}
+
+TEST_F(CudaOptim, Bf16ParametersThroughFloat32MastersMatchTheCpuReference) {
+  expect_bf16_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01},
+                               "sgd");
+  expect_bf16_matches_cpu<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1}, "adamw");
+}
+
 TEST_F(CudaOptim, ParameterGroupsMatchTheCpuReferenceAndAnOptimizerOfTheirOwnDecay) {
   for (bool adamw : {false, true}) {
     const std::vector<Tensor> cpu = params_on(Device::cpu()), gpu = params_on(kGpu);

@@ -351,5 +351,58 @@ TEST(OptimCpu, AnMlpWithFusedGeluLayersTrainsWithSgdAndWithAdamW) {
   }
 }
 
+// Note [Master weights]: a bfloat16 parameter is its float32 master rounded after every step,
+// and the master moves exactly as a float32 parameter of the master's first values does under the
+// same (bfloat16) gradients — SGD with momentum and AdamW with parameter groups alike; zero_grad
+// and clip_grad_norm take the bfloat16 gradients.
+template <class Opt, class Options>
+void expect_master_is_a_float32_parameter(const Options& o, const char* what) {
+  const Shape shapes[] = {{6, 9}, {9}};
+  std::vector<Tensor> low, ref;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Tensor p = cast(randn(shapes[i], 60 + i), DType::kBFloat16);
+    low.push_back(p.detach().set_requires_grad(true));
+    ref.push_back(cast(p, DType::kFloat32).detach().set_requires_grad(true));
+  }
+  Opt a(decay_matrices_only(low), o), b(decay_matrices_only(ref), o);
+  for (int s = 0; s < 6; ++s) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Tensor g = cast(randn(shapes[i], 200 + 10 * s + i), DType::kBFloat16);
+      low[i].grad() = g;
+      ref[i].grad() = cast(g, DType::kFloat32);
+    }
+    a.step();
+    b.step();
+  }
+  for (std::size_t i = 0; i < 2; ++i) {
+    const Tensor& master = a.master(i);
+    EXPECT_EQ(master.dtype(), DType::kFloat32);
+    EXPECT_EQ(master.to_vector<float>(), ref[i].to_vector<float>()) << what << " " << i;
+    EXPECT_EQ(low[i].to_vector<bf16>(), cast(ref[i], DType::kBFloat16).to_vector<bf16>())
+        << what << " " << i;
+    EXPECT_NE(master.to_vector<float>(), cast(low[i], DType::kFloat32).to_vector<float>())
+        << what << ": the master keeps what bfloat16 cannot";
+  }
+  EXPECT_EQ(a.steps(), 6);
+  // clip_grad_norm on the bfloat16 gradients: their float32 norm, the gradients scaled.
+  const Tensor norm = clip_grad_norm(low, 0.5);
+  const Tensor ref_norm = clip_grad_norm(ref, 0.5);
+  EXPECT_EQ(norm.dtype(), DType::kFloat32);
+  EXPECT_NEAR(norm.item(), ref_norm.item(), 1e-6 * ref_norm.item());
+  EXPECT_LT(testing::rel_error(cast(low[0].grad(), DType::kFloat32), ref[0].grad()), 1e-2);
+  a.zero_grad();
+  EXPECT_EQ(low[0].grad().to_vector<bf16>(), std::vector<bf16>(54, bf16::from_float(0.f)));
+}
+
+TEST(OptimCpu, Bf16ParametersAreTheirFloat32MastersRoundedAfterEveryStep) {
+  expect_master_is_a_float32_parameter<Sgd>(
+      SgdOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01}, "sgd");
+  expect_master_is_a_float32_parameter<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1},
+                                              "adamw");
+  const Tensor f = randn({3}, 1).set_requires_grad(true);
+  GW_EXPECT_ERROR(AdamW({cast(randn({3}, 2), DType::kBFloat16).set_requires_grad(true), f}),
+                  "AdamW", "one device and one dtype");
+}
+
 }  // namespace
 }  // namespace graphward

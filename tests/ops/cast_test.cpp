@@ -79,7 +79,7 @@ TEST(BFloat16, TheGradientOfACastIsCastBack) {
   EXPECT_EQ(acc.to_vector<bf16>(), std::vector<bf16>(2, bf16::from_float(1.0f + 0x1p-9f)));
 }
 
-TEST(BFloat16, TheCpuBackendTheOpsWithoutItAndTheOptimizersRefuseIt) {
+TEST(BFloat16, TheOpsTakeItOnTheCpuBackendAndTheConvolutionsRefuseIt) {
   const Tensor h = cast(randn({2, 3}, 4), DType::kBFloat16);
   // The elementwise ops, linear, matmul, the shape ops, the norms, the reductions and the losses
   // compute in bfloat16 on the CPU too (Note [bfloat16 on the CPU]); a sum or loss is float32;
@@ -95,8 +95,9 @@ TEST(BFloat16, TheCpuBackendTheOpsWithoutItAndTheOptimizersRefuseIt) {
                   "bfloat16", "does not take bfloat16 yet", "cast(x, DType::kFloat32)");
   GW_EXPECT_ERROR(cast(from_vector(std::vector<std::int32_t>{1, 2}, {2}), DType::kFloat32), "cast",
                   "int32", "floating-point");
+  // The optimizers take bfloat16 parameters through float32 masters (Note [Master weights]).
   const Tensor p = cast(randn({3}, 5), DType::kBFloat16).detach().set_requires_grad(true);
-  GW_EXPECT_ERROR(Sgd({p}), "Sgd", "bfloat16", "float32 copy");
+  EXPECT_EQ(Sgd({p}).master(0).dtype(), DType::kFloat32);
 }
 
 }  // namespace
