@@ -84,9 +84,10 @@ void expect_bf16_matches_cpu(const Options& o, const char* what) {
     b.step();
   }
   for (std::size_t i = 0; i < cpu.size(); ++i) {
-    EXPECT_LT(rel_error(b.master(i), a.master(i)), 1e-6) << what << " master " << i;
+    const Tensor& master = b.master(i);
+    EXPECT_LT(rel_error(master, a.master(i)), 1e-6) << what << " master " << i;
     EXPECT_EQ(cast(gpu[i], DType::kFloat32).to_vector<float>(),
-              cast(cast(b.master(i), DType::kBFloat16), DType::kFloat32).to_vector<float>())
+              cast(cast(master, DType::kBFloat16), DType::kFloat32).to_vector<float>())
         << what << ": parameter " << i << " is its master rounded";
     EXPECT_LT(rel_error(cast(gpu[i], DType::kFloat32), cast(cpu[i], DType::kFloat32)), 1e-2)
         << what << " parameter " << i;
