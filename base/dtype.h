@@ -2,11 +2,11 @@
 // Element types and shapes. float32 is the type of every op on every device; float64 exists on the
 // CPU backend for finite-difference gradient checks; int32 holds indices (class targets), read by
 // the ops that take them and never differentiated; bfloat16 is a storage type with float32
-// arithmetic: cast() converts to and from it (on both devices), and every op but the
-// convolutions, pools, recurrent cells and optimizers takes it, on CUDA and on the CPU backend
-// (rounding as CUDA's: Note [bfloat16 on the CPU], ops/ops_common.h) — statistics, sums and
-// losses kept in float32; the others refuse it by name. Autocast (ops/autocast.h) runs a float32
-// model's matrix products in bfloat16. float16 is not a dtype: it needs loss scaling, which
+// arithmetic: cast() converts to and from it (on both devices), and every op takes it, on CUDA
+// and on the CPU backend (rounding as CUDA's: Note [bfloat16 on the CPU], ops/ops_common.h) —
+// statistics, sums and losses kept in float32 — and the optimizers through float32 masters
+// (Note [Master weights], backward/optim.h). Autocast (ops/autocast.h) runs a float32 model's
+// matrix products in bfloat16. float16 is not a dtype: it needs loss scaling, which
 // graphward does not do. Tensors are contiguous and row-major.
 #include <bit>
 #include <cstddef>

@@ -8,10 +8,13 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/conv.h"
 #include "kernels/launch.cuh"
+#include "kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {
 using detail::block_reduce;
+using detail::load;
+using detail::put;
 using detail::store;
 
 constexpr int kBiasThreads = 256;
@@ -31,24 +34,36 @@ Slices image_slices(const ConvGeom& g) {
 
 // Block (channel k, slice s): the sum of dy over the slice's images for channel k (a flat loop
 // over its images' planes), into partial[s, k] — or, with one slice, into db itself.
-__global__ void bias_grad_partial_kernel(float* partial, float* db, const float* dy,
-                                         std::int64_t n, std::int64_t k, std::int64_t plane,
-                                         std::int64_t per, bool accumulate) {
+template <class S>
+__global__ void bias_grad_partial_kernel(float* partial, S* db, const S* dy, std::int64_t n,
+                                         std::int64_t k, std::int64_t plane, std::int64_t per,
+                                         bool accumulate) {
   const std::int64_t ch = blockIdx.x, slice = blockIdx.y;
   const std::int64_t n0 = slice * per, n1 = n0 + per < n ? n0 + per : n;
   const std::int64_t count = (n1 - n0) * plane;
   float acc = 0.f;
   for (std::int64_t t = threadIdx.x; t < count; t += kBiasThreads) {
     const std::int64_t img = n0 + t / plane;
-    acc += dy[(img * k + ch) * plane + t % plane];
+    acc += load(dy, (img * k + ch) * plane + t % plane);
   }
   acc = block_reduce<kBiasThreads>(acc);
   if (threadIdx.x == 0) {
     if (partial) {
       partial[slice * k + ch] = acc;
     } else {
-      store(db, ch, acc, accumulate);
+      put(db, ch, acc, accumulate);
     }
+  }
+}
+
+// The bias gradient's second pass: db[ch] (=|+=) Σ over slices of partial[s · K + ch], in order.
+template <class S>
+__global__ void bias_slices_sum_kernel(S* db, const float* partial, std::int64_t slices,
+                                       std::int64_t k, bool accumulate) {
+  GW_GRID_STRIDE(ch, k) {
+    float v = 0.f;
+    for (std::int64_t s = 0; s < slices; ++s) v += partial[s * k + ch];
+    put(db, ch, v, accumulate);
   }
 }
 
@@ -158,8 +173,8 @@ __global__ void __launch_bounds__(kWgradThreads)
 bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
   const std::int64_t taps = g.c * g.r * g.s;
   const std::int64_t positions = g.n * g.out_h() * g.out_w();
-  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
-         positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w <= INT_MAX &&
+  return !g.bf16 && g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 &&
+         g.k >= 1 && positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w <= INT_MAX &&
          positions * g.k <= INT_MAX;
 }
 
@@ -196,25 +211,28 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
 }
 
 namespace {
-__global__ void bias_act_kernel(float* y, const float* bias, std::int64_t n, std::int64_t plane,
+template <class S>
+__global__ void bias_act_kernel(S* y, const S* bias, std::int64_t n, std::int64_t plane,
                                 std::int64_t k, bool relu) {
   GW_GRID_STRIDE(i, n) {
-    float v = y[i];
-    if (bias) v = v + bias[(i / plane) % k];
-    y[i] = relu ? (v > 0.f || isnan(v) ? v : 0.f) : v;  // NaN stays NaN, as relu_forward
+    float v = load(y, i);
+    if (bias) v = v + load(bias, (i / plane) % k);
+    put(y, i, relu ? (v > 0.f || isnan(v) ? v : 0.f) : v);  // NaN stays NaN, as relu_forward
   }
 }
 }  // namespace
 
-void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
-                     cudaStream_t stream) {
+template <class S>
+void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStream_t stream) {
   const std::int64_t plane = g.out_h() * g.out_w();
   const std::int64_t n = g.n * g.k * plane;
   if (n == 0) return;
-  bias_act_kernel<<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane, g.k,
-                                                                        relu);
+  bias_act_kernel<S><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane,
+                                                                           g.k, relu);
   GW_LAUNCH_CHECK();
 }
+template void conv2d_bias_act<float>(float*, const float*, const ConvGeom&, bool, cudaStream_t);
+template void conv2d_bias_act<bf16>(bf16*, const bf16*, const ConvGeom&, bool, cudaStream_t);
 
 namespace {
 // The geometry of a pooling in the kernel's index type I (int where every index fits).
@@ -237,19 +255,18 @@ __device__ __forceinline__ I imin(I a, I b) {
 // is the window's first element equal to the maximum; average: every window sends its gradient
 // over its area. kDisjoint: windows of stride = size and no padding (at most one window holds an
 // element), of size kWindow (0: d.window).
-template <PoolMode kMode, bool kDisjoint, int kWindow, class I>
-__global__ void pool_backward_relu_kernel(float* dx, const float* dy, const float* x,
-                                          const float* y, I planes, PoolDims<I> d,
-                                          bool accumulate) {
+template <PoolMode kMode, bool kDisjoint, int kWindow, class I, class S>
+__global__ void pool_backward_relu_kernel(S* dx, const S* dy, const S* x, const S* y, I planes,
+                                          PoolDims<I> d, bool accumulate) {
   const I window = kWindow > 0 ? I{kWindow} : d.window;
   const float area = static_cast<float>(window * window);
   const I plane_n = d.h * d.w;
   for (I p = blockIdx.y; p < planes; p += gridDim.y) {
-    const float* plane = x + p * plane_n;
+    const S* plane = x + p * plane_n;
     for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < plane_n;
          j += static_cast<I>(gridDim.x) * blockDim.x) {
       const I ih = j / d.w, iw = j - ih * d.w, i = p * plane_n + j;
-      const float v = x[i];
+      const float v = load(x, i);
       float acc = 0.f;
       if (v > 0.f) {
         // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
@@ -268,9 +285,9 @@ __global__ void pool_backward_relu_kernel(float* dx, const float* dy, const floa
           for (I ow = ow0; ow <= ow1; ++ow) {
             const I o = (p * d.oh_n + oh) * d.ow_n + ow;
             if constexpr (kMode == PoolMode::kAverage) {
-              acc += dy[o] / area;
+              acc += load(dy, o) / area;
             } else {
-              const float m = y[o];
+              const float m = load(y, o);
               // Whether no element before this one in the window (row-major, inside the image)
               // equals m.
               const I h0 = imax<I>(0, oh * d.stride - d.pad);
@@ -279,25 +296,25 @@ __global__ void pool_backward_relu_kernel(float* dx, const float* dy, const floa
               bool first = v == m;
               for (I h = h0; h <= ih && first; ++h) {
                 for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
-                  if (plane[h * d.w + w] == m) {
+                  if (load(plane, h * d.w + w) == m) {
                     first = false;
                     break;
                   }
                 }
               }
-              if (first) acc += dy[o];
+              if (first) acc += load(dy, o);
             }
           }
         }
       }
-      store(dx, i, acc, accumulate);
+      put(dx, i, acc, accumulate);
     }
   }
 }
 
-template <PoolMode kMode, class I>
-void launch_pool_backward_relu(float* dx, const float* dy, const float* x, const float* y,
-                               const PoolGeom& g, bool accumulate, cudaStream_t stream) {
+template <PoolMode kMode, class I, class S>
+void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, const PoolGeom& g,
+                               bool accumulate, cudaStream_t stream) {
   const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
                       static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
                       static_cast<I>(g.out_w())};
@@ -306,58 +323,67 @@ void launch_pool_backward_relu(float* dx, const float* dy, const float* x, const
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(plane_blocks, 1024)),
                   static_cast<unsigned>(std::min<std::int64_t>(g.n * g.c, 65535)));
   if (g.stride == g.window && g.pad == 0 && g.window == 2) {
-    pool_backward_relu_kernel<kMode, true, 2, I>
+    pool_backward_relu_kernel<kMode, true, 2, I, S>
         <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
   } else if (g.stride == g.window && g.pad == 0) {
-    pool_backward_relu_kernel<kMode, true, 0, I>
+    pool_backward_relu_kernel<kMode, true, 0, I, S>
         <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
   } else {
-    pool_backward_relu_kernel<kMode, false, 0, I>
+    pool_backward_relu_kernel<kMode, false, 0, I, S>
         <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
   }
   GW_LAUNCH_CHECK();
 }
 
-template <PoolMode kMode>
-void launch_pool_backward_relu(float* dx, const float* dy, const float* x, const float* y,
-                               std::int64_t n, const PoolGeom& g, bool accumulate,
-                               cudaStream_t stream) {
+template <PoolMode kMode, class S>
+void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, std::int64_t n,
+                               const PoolGeom& g, bool accumulate, cudaStream_t stream) {
   // 32-bit indices (several times fewer instructions for the divisions) where every index and
   // every sum of sizes (a window's end: at most four times the input's or the output's count)
   // fits with room to spare.
   const std::int64_t outputs = g.n * g.c * g.out_h() * g.out_w();
   if (std::max(n, outputs) < (std::int64_t{1} << 28)) {
-    launch_pool_backward_relu<kMode, int>(dx, dy, x, y, g, accumulate, stream);
+    launch_pool_backward_relu<kMode, int, S>(dx, dy, x, y, g, accumulate, stream);
   } else {
-    launch_pool_backward_relu<kMode, std::int64_t>(dx, dy, x, y, g, accumulate, stream);
+    launch_pool_backward_relu<kMode, std::int64_t, S>(dx, dy, x, y, g, accumulate, stream);
   }
 }
 }  // namespace
 
-void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float* x, const float* y,
+template <class S>
+void pool2d_backward_relu(PoolMode mode, S* dx, const S* dy, const S* x, const S* y,
                           const PoolGeom& g, bool accumulate, cudaStream_t stream) {
   const std::int64_t n = g.n * g.c * g.h * g.w;
   if (n == 0) return;
   if (mode == PoolMode::kMax) {
-    launch_pool_backward_relu<PoolMode::kMax>(dx, dy, x, y, n, g, accumulate, stream);
+    launch_pool_backward_relu<PoolMode::kMax, S>(dx, dy, x, y, n, g, accumulate, stream);
   } else {
-    launch_pool_backward_relu<PoolMode::kAverage>(dx, dy, x, y, n, g, accumulate, stream);
+    launch_pool_backward_relu<PoolMode::kAverage, S>(dx, dy, x, y, n, g, accumulate, stream);
   }
 }
+template void pool2d_backward_relu<float>(PoolMode, float*, const float*, const float*,
+                                          const float*, const PoolGeom&, bool, cudaStream_t);
+template void pool2d_backward_relu<bf16>(PoolMode, bf16*, const bf16*, const bf16*, const bf16*,
+                                         const PoolGeom&, bool, cudaStream_t);
 
-void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
-                      float* workspace, cudaStream_t stream) {
+template <class S>
+void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, float* workspace,
+                      cudaStream_t stream) {
   const std::int64_t plane = g.out_h() * g.out_w();
   const auto [per, slices] = image_slices(g);
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));
-  bias_grad_partial_kernel<<<grid, kBiasThreads, 0, stream>>>(
+  bias_grad_partial_kernel<S><<<grid, kBiasThreads, 0, stream>>>(
       slices > 1 ? workspace : nullptr, db, dy, g.n, g.k, plane, per, accumulate);
   GW_LAUNCH_CHECK();
   if (slices > 1) {
-    slices_sum_kernel<<<detail::grid_for(g.k), detail::kThreads, 0, stream>>>(
-        nullptr, db, workspace, slices, g.k, 1, false, accumulate);
+    bias_slices_sum_kernel<S><<<detail::grid_for(g.k), detail::kThreads, 0, stream>>>(
+        db, workspace, slices, g.k, accumulate);
     GW_LAUNCH_CHECK();
   }
 }
+template void conv2d_bias_grad<float>(float*, const float*, const ConvGeom&, bool, float*,
+                                      cudaStream_t);
+template void conv2d_bias_grad<bf16>(bf16*, const bf16*, const ConvGeom&, bool, float*,
+                                     cudaStream_t);
 
 }  // namespace graphward::kernels

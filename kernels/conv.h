@@ -5,6 +5,7 @@
 // dilation 1, one group.
 #include <cstdint>
 #include "base/config.h"
+#include "base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -18,6 +19,8 @@ struct ConvGeom {
   std::int64_t pad, stride;
   // CUDA: only deterministic cuDNN algorithms (Conv2dOptions::deterministic); the CPU always is.
   bool deterministic = true;
+  // CUDA: bfloat16 tensors (x, w, y and their gradients; float32 accumulation, tensor cores).
+  bool bf16 = false;
   std::int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
   std::int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
 };
@@ -28,11 +31,13 @@ enum class PoolMode : std::uint8_t { kMax, kAverage };
 struct PoolGeom {
   std::int64_t n, c, h, w;
   std::int64_t window, pad, stride;
+  bool bf16 = false;  // CUDA: bfloat16 tensors
   std::int64_t out_h() const { return (h + 2 * pad - window) / stride + 1; }
   std::int64_t out_w() const { return (w + 2 * pad - window) / stride + 1; }
 };
 
 #if GRAPHWARD_HAS_CUDA
+// S: float or bf16 (bfloat16 storage, float32 arithmetic, each output rounded once).
 // db [K] (=|+=) Σ over images and positions of dy [N, K, OH, OW]: deterministic; `workspace` holds
 // conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (Our own reduction:
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
@@ -43,7 +48,8 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 // (padding skipped); db [K] (=|+=) Σ dy (db may be null: dw alone). Deterministic (fixed-order
 // sums, no atomics); `workspace` holds conv2d_weight_grad_small_workspace(g) floats (none needed
 // when that is 0). Our own where cuDNN's fastest algorithm leaves the GPU nearly idle (docs/
-// DECISIONS.md, "a first convolution's weight gradient by a kernel of our own").
+// DECISIONS.md, "a first convolution's weight gradient by a kernel of our own"). float32 only
+// (a bfloat16 geometry never fits).
 bool conv2d_weight_grad_small_fits(const ConvGeom& g);
 std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g);
 void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
@@ -52,10 +58,11 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
 // y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.
-void conv2d_bias_act(float* y, const float* bias, const ConvGeom& g, bool relu,
-                     cudaStream_t stream);
-void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumulate,
-                      float* workspace, cudaStream_t stream);
+template <class S>
+void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStream_t stream);
+template <class S>
+void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, float* workspace,
+                      cudaStream_t stream);
 // Pooling's backward through the ReLU that made its input x [N, C, H, W] (Note [Backward
 // epilogue fusion], ops/ops.h): where x is positive, dx (=|+=) the sum over the windows that
 // hold the element, in row-major order, of dy [N, C, OH, OW] — max: the windows whose first
@@ -65,7 +72,8 @@ void conv2d_bias_grad(float* db, const float* dy, const ConvGeom& g, bool accumu
 // overlap, a window's positive maximum is unique (cuDNN may pick another of equal positive
 // maxima; a zero maximum sends nothing through the ReLU either way) and, for average pooling,
 // the window's area is a power of two (cuDNN's scaling is then exact too).
-void pool2d_backward_relu(PoolMode mode, float* dx, const float* dy, const float* x, const float* y,
+template <class S>
+void pool2d_backward_relu(PoolMode mode, S* dx, const S* dy, const S* x, const S* y,
                           const PoolGeom& g, bool accumulate, cudaStream_t stream);
 #endif
 

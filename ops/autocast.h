@@ -2,9 +2,9 @@
 // Note [Autocast]
 // A scope, on the calling thread, under which a forward runs in mixed precision as it does under
 // PyTorch's torch.autocast("cuda", torch.bfloat16):
-//   * matrix products — linear, matmul, bmm, scaled_dot_product_attention — cast their float32
-//     operands to bfloat16 and compute in bfloat16 (products accumulated in float32); their
-//     outputs are bfloat16;
+//   * matrix products — linear, matmul, bmm, scaled_dot_product_attention, conv2d — cast their
+//     float32 operands to bfloat16 and compute in bfloat16 (products accumulated in float32);
+//     their outputs are bfloat16;
 //   * a parameter (a leaf that requires grad) is cast once per scope, at its first use: later uses
 //     read the same bfloat16 copy, and its gradient comes back through that one cast into the
 //     float32 parameter's .grad (summed over the uses in bfloat16, then widened);
@@ -14,7 +14,6 @@
 //   * the numerically sensitive ops — softmax, log_softmax, the layer norms, cross-entropy, sum,
 //     mean, mse_loss — keep float32 math in whatever dtype they are given (bfloat16 storage,
 //     float32 statistics; a sum or loss is float32), and every other op runs in its input's dtype.
-// conv2d computes in float32 inside the scope too: bfloat16 convolutions are not built yet.
 // Parameters stay float32 — master weights, which the optimizer updates in float32 — and the
 // casts are recorded ops: a captured step replays them with the rest, and its tape signature
 // holds them (a step with the scope and one without are different structures). Open the scope

@@ -4,6 +4,7 @@
 
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
+#include "ops/autocast.h"
 #include "ops/ops_common.h"
 #include "runtime/dnn.h"
 #include "runtime/nvtx.h"
@@ -41,9 +42,9 @@ void check_geom(const char* op, std::initializer_list<std::int64_t> sizes) {
 k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
                        const Conv2dOptions& o) {
   if (bias.defined()) {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}, {"bias", &bias}}, Bf16::kEverywhere);
   } else {
-    check_inputs(op, {{"x", &x}, {"weight", &weight}});
+    check_inputs(op, {{"x", &x}, {"weight", &weight}}, Bf16::kEverywhere);
   }
   check_dim(op, {"x", &x}, 4);
   check_dim(op, {"weight", &weight}, 4);
@@ -56,7 +57,8 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
            ": stride ", o.stride, " and padding ", o.padding,
            "; expected 1 <= stride and 0 <= padding, both below 2^31");
   const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
-                      weight.size(2), weight.size(3), o.padding, o.stride,  o.deterministic};
+                      weight.size(2), weight.size(3), o.padding, o.stride,  o.deterministic,
+                      x.dtype() == DType::kBFloat16};
   GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
            " channels and weight is ", shape_str(weight.shape()),
            "; expected weight [K, C, R, S] with C == x.shape[1]");
@@ -85,7 +87,7 @@ void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
   const char* op = "conv2d_relu_backward";
   options.activation = Activation::kNone;
   const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
-  check_inputs(op, {{"grad_out", &grad_out}, {"output", &y}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"output", &y}, {"x", &x}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == conv_out(g) && y.shape() == conv_out(g), op, ": grad_out ",
            shape_str(grad_out.shape()), " and output ", shape_str(y.shape()),
            "; expected both the output's shape ", shape_str(conv_out(g)));
@@ -96,6 +98,14 @@ void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  if (autocast_enabled()) {  // Note [Autocast]
+    const Tensor x16 = autocast_matrix_operand(x), w16 = autocast_matrix_operand(weight),
+                 b16 = autocast_matrix_operand(bias);
+    if (x16.dtype() != x.dtype() || w16.dtype() != weight.dtype() ||
+        (bias.defined() && b16.dtype() != bias.dtype())) {
+      return conv2d(x16, w16, b16, options);
+    }
+  }
   const bool relu = options.activation == Activation::kRelu;
   const char* op = relu ? "conv2d_relu" : "conv2d";
   detail::NvtxRange range(op);
@@ -110,17 +120,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
       scope.read({&x, &weight});
     }
     y = new_output(conv_out(g), x);
-    const float* b = bias.defined() ? bias.data<float>() : nullptr;
-    dnn::conv2d_forward(x.device(), scope.stream(), g, y.data<float>(), x.data<float>(),
-                        weight.data<float>(), relu ? nullptr : b);
-    if (relu) k::conv2d_bias_act(y.data<float>(), b, g, /*relu=*/true, scope.stream());
+    const void* b = bias.defined() ? bias.raw_data() : nullptr;
+    dnn::conv2d_forward(x.device(), scope.stream(), g, y.raw_data(), x.raw_data(),
+                        weight.raw_data(), relu ? nullptr : b);
+    if (relu) {
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::conv2d_bias_act(ptr<T>(y), static_cast<const T*>(b), g, /*relu=*/true,
+                           scope.stream());
+      });
+    }
 #endif
   } else {
     y = new_output(conv_out(g), x);
-    dispatch_cpu(x.dtype(), [&]<class T>() {
-      k::cpu::conv2d_forward<T>(ptr<T>(y), ptr<T>(x), ptr<T>(weight),
-                                bias.defined() ? ptr<T>(bias) : nullptr, g);
-      if (relu) k::cpu::relu_forward<T>(ptr<T>(y), ptr<T>(y), y.numel());
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+      T* out = d.out(y);
+      k::cpu::conv2d_forward<T>(out, d.in(x), d.in(weight), bias.defined() ? d.in(bias) : nullptr,
+                                g);
+      if (relu) k::cpu::relu_forward<T>(out, out, y.numel());
     });
   }
   if (needs_grad({&x, &weight, &bias})) {
@@ -175,7 +191,7 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
            "Activation::kNone (this is the convolution's own backward: apply the activation's ",
            "backward to grad_out first)");
   const k::ConvGeom g = check_conv(op, x, weight, Tensor(), options);
-  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}});
+  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == conv_out(g), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(conv_out(g)));
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
@@ -188,8 +204,8 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     const cudaStream_t s = scope.stream();
     if (want_x) {
       const bool acc = open_slot(grad_x, x, s);
-      dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->data<float>(),
-                                grad_out.data<float>(), weight.data<float>(), acc);
+      dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->raw_data(), grad_out.raw_data(),
+                                weight.raw_data(), acc);
     }
     if (want_w && k::conv2d_weight_grad_small_fits(g)) {
       // Few taps a filter (a first convolution on images): the weight and bias gradients by our
@@ -206,31 +222,31 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
     }
     if (want_w) {
       const bool acc = open_slot(grad_weight, weight, s);
-      dnn::conv2d_backward_filter(x.device(), s, g, grad_weight.tensor->data<float>(),
-                                  grad_out.data<float>(), x.data<float>(), acc);
+      dnn::conv2d_backward_filter(x.device(), s, g, grad_weight.tensor->raw_data(),
+                                  grad_out.raw_data(), x.raw_data(), acc);
     }
     if (want_b) {
       const bool acc = open_slot(grad_bias, {g.k}, weight, s);
-      dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->data<float>(),
-                                grad_out.data<float>(), acc);
+      dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->raw_data(),
+                                grad_out.raw_data(), acc);
     }
     return;
 #endif
   }
-  dispatch_cpu(x.dtype(), [&]<class T>() {
+  dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
     if (want_x) {
       const bool acc = open_slot(grad_x, x, nullptr);
-      k::cpu::conv2d_backward_data<T>(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(weight), g,
+      k::cpu::conv2d_backward_data<T>(slot_out(d, grad_x, acc), d.in(grad_out), d.in(weight), g,
                                       acc);
     }
     if (want_w) {
       const bool acc = open_slot(grad_weight, weight, nullptr);
-      k::cpu::conv2d_backward_filter<T>(slot_ptr<T>(grad_weight), ptr<T>(grad_out), ptr<T>(x), g,
-                                        acc);
+      k::cpu::conv2d_backward_filter<T>(slot_out(d, grad_weight, acc), d.in(grad_out), d.in(x),
+                                        g, acc);
     }
     if (want_b) {
       const bool acc = open_slot(grad_bias, {g.k}, weight, nullptr);
-      k::cpu::conv2d_backward_bias<T>(slot_ptr<T>(grad_bias), ptr<T>(grad_out), g, acc);
+      k::cpu::conv2d_backward_bias<T>(slot_out(d, grad_bias, acc), d.in(grad_out), g, acc);
     }
   });
 }
@@ -241,7 +257,7 @@ const char* pool_name(k::PoolMode mode, bool backward) {
   if (mode == k::PoolMode::kMax) return backward ? "max_pool2d_backward" : "max_pool2d";
   return backward ? "avg_pool2d_backward" : "avg_pool2d";
 }
-k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
+k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o, DType dtype) {
   GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x),
            "; expected a 4-d tensor [N, C, H, W]");
   const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
@@ -250,7 +266,8 @@ k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o) {
            op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
            "; expected 1 <= kernel < 2^31, 0 <= stride < 2^31 (0: the kernel) and "
            "0 <= padding <= kernel / 2");
-  const k::PoolGeom g{x[0], x[1], x[2], x[3], o.kernel, o.padding, stride};
+  const k::PoolGeom g{x[0],      x[1],   x[2], x[3], o.kernel, o.padding,
+                      stride, dtype == DType::kBFloat16};
   check_geom(op, {g.n, g.c, g.h, g.w});
   GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window, "x",
            g.window, " window does not fit the padded ", g.h, "x", g.w,
@@ -265,21 +282,22 @@ Shape pool_out(const k::PoolGeom& g) {
 Tensor pool_forward(k::PoolMode mode, const Tensor& x, const Pool2dOptions& o) {
   const char* op = pool_name(mode, false);
   detail::NvtxRange range(op);
-  check_inputs(op, {{"x", &x}});
+  check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
   check_cudnn(op, x);
-  const k::PoolGeom g = check_pool(op, x.shape(), o);
+  const k::PoolGeom g = check_pool(op, x.shape(), o, x.dtype());
   Tensor y;
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
     CudaScope scope(x.device());
     scope.read({&x});
     y = new_output(pool_out(g), x);
-    dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.data<float>(), x.data<float>());
+    dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.raw_data(), x.raw_data());
 #endif
   } else {
     y = new_output(pool_out(g), x);
-    dispatch_cpu(x.dtype(),
-                 [&]<class T>() { k::cpu::pool2d_forward<T>(mode, ptr<T>(y), ptr<T>(x), g); });
+    dispatch_cpu_data(x.dtype(), [&]<class T>(CpuData<T>& d) {
+      k::cpu::pool2d_forward<T>(mode, d.out(y), d.in(x), g);
+    });
   }
   return y;
 }
@@ -315,12 +333,12 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
                    const Tensor& x, const Tensor& y, const Pool2dOptions& o, GradSlot grad_x) {
   const char* op = pool_name(mode, true);
   if (mode == k::PoolMode::kMax) {
-    check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"y", &y}});
+    check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}, {"y", &y}}, Bf16::kEverywhere);
   } else {
-    check_inputs(op, {{"grad_out", &grad_out}});
+    check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
   }
   check_cudnn(op, grad_out);
-  const k::PoolGeom g = check_pool(op, input_shape, o);
+  const k::PoolGeom g = check_pool(op, input_shape, o, grad_out.dtype());
   GW_CHECK(grad_out.shape() == pool_out(g), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ", shape_str(pool_out(g)));
   if (mode == k::PoolMode::kMax) {
@@ -345,22 +363,24 @@ void pool_backward(k::PoolMode mode, const Tensor& grad_out, const Shape& input_
     if (ep && !max) scope.read({&ep->act_input});  // max pooling's is x, read above
     const bool acc = open_slot(grad_x, input_shape, grad_out, scope.stream());
     if (ep) {
-      k::pool2d_backward_relu(mode, grad_x.tensor->data<float>(), grad_out.data<float>(),
-                              ep->act_input.data<float>(), max ? y.data<float>() : nullptr, g, acc,
-                              scope.stream());
+      dispatch_cuda(grad_out.dtype(), [&]<class T>() {
+        k::pool2d_backward_relu(mode, slot_ptr<T>(grad_x), ptr<T>(grad_out),
+                                ptr<T>(ep->act_input), max ? ptr<T>(y) : nullptr, g, acc,
+                                scope.stream());
+      });
       return;
     }
-    dnn::pool2d_backward(grad_out.device(), scope.stream(), mode, g, grad_x.tensor->data<float>(),
-                         grad_out.data<float>(), max ? x.data<float>() : nullptr,
-                         max ? y.data<float>() : nullptr, acc);
+    dnn::pool2d_backward(grad_out.device(), scope.stream(), mode, g, grad_x.tensor->raw_data(),
+                         grad_out.raw_data(), max ? x.raw_data() : nullptr,
+                         max ? y.raw_data() : nullptr, acc);
     return;
 #endif
   }
   const bool acc = open_slot(grad_x, input_shape, grad_out, nullptr);
-  dispatch_cpu(grad_out.dtype(), [&]<class T>() {
-    k::cpu::pool2d_backward<T>(mode, slot_ptr<T>(grad_x), ptr<T>(grad_out),
-                               max ? ptr<T>(x) : nullptr, max ? ptr<T>(y) : nullptr, g, acc,
-                               ep ? ptr<T>(ep->act_input) : nullptr);
+  dispatch_cpu_data(grad_out.dtype(), [&]<class T>(CpuData<T>& d) {
+    k::cpu::pool2d_backward<T>(mode, slot_out(d, grad_x, acc), d.in(grad_out),
+                               max ? d.in(x) : nullptr, max ? d.in(y) : nullptr, g, acc,
+                               ep ? d.in(ep->act_input) : nullptr);
   });
 }
 }  // namespace

@@ -54,8 +54,12 @@ int as_int(std::int64_t v, const char* what) {
   GW_CHECK(v >= 0 && v <= INT32_MAX, "cuDNN: ", what, " is ", v, "; expected at most ", INT32_MAX);
   return static_cast<int>(v);
 }
-void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-  GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+cudnnDataType_t data_type(bool bf16) {
+  return bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+              bool bf16) {
+  GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, data_type(bf16),
                                             as_int(n, "N"), as_int(c, "C"), as_int(h, "H"),
                                             as_int(w, "W")));
 }
@@ -63,6 +67,7 @@ void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t 
 // Picks the first (the fastest, or the heuristic's first) of the results that succeeded, fits the
 // workspace limit, computes in fp32 (or, with `tf32`, may use tensor cores: Note [TF32]) and —
 // when asked and where one does — is deterministic.
+// A bfloat16 plan passes tf32: its algorithms are tensor-op ones.
 template <class Perf>
 Perf pick(const std::vector<Perf>& results, int found, bool deterministic, bool tf32,
           const char* what) {
@@ -86,6 +91,7 @@ struct ConvKey {
   std::int64_t n, c, h, w, k, r, s, pad, stride;
   bool deterministic;
   bool tf32;
+  bool bf16;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
@@ -94,7 +100,7 @@ struct ConvKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h * 4 + g.deterministic * 2u + g.tf32;
+    return h * 8 + g.bf16 * 4u + g.deterministic * 2u + g.tf32;
   }
 };
 
@@ -113,6 +119,7 @@ struct ConvPlan {
 struct PoolKey {
   PoolMode mode;
   std::int64_t n, c, h, w, window, pad, stride;
+  bool bf16;
   bool operator==(const PoolKey&) const = default;
 };
 struct PoolKeyHash {
@@ -121,7 +128,7 @@ struct PoolKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.window, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h;
+    return h * 2 + g.bf16;
   }
 };
 struct PoolPlan {
@@ -195,16 +202,18 @@ bool timing_allowed() {
 }
 
 ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
-  const bool tf32 = conv_tf32();
-  const ConvKey key{g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride, g.deterministic, tf32};
+  // bfloat16 computes on tensor cores (float32 accumulation) whatever the TF32 switch says.
+  const bool tf32 = conv_tf32() || g.bf16;
+  const ConvKey key{g.n, g.c,   g.h,      g.w,   g.k, g.r, g.s, g.pad, g.stride, g.deterministic,
+                    tf32, g.bf16};
   auto it = d.convs.find(key);
   if (it != d.convs.end()) return *it->second;
   const cudnnHandle_t h = handle_on(d, device, stream);
   auto p = std::make_unique<ConvPlan>();
-  set_nchw(p->x, g.n, g.c, g.h, g.w);
-  set_nchw(p->y, g.n, g.k, g.out_h(), g.out_w());
-  set_nchw(p->bias, 1, g.k, 1, 1);
-  GW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+  set_nchw(p->x, g.n, g.c, g.h, g.w, g.bf16);
+  set_nchw(p->y, g.n, g.k, g.out_h(), g.out_w(), g.bf16);
+  set_nchw(p->bias, 1, g.k, 1, 1, g.bf16);
+  GW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.get(), data_type(g.bf16), CUDNN_TENSOR_NCHW,
                                             as_int(g.k, "K"), as_int(g.c, "C"), as_int(g.r, "R"),
                                             as_int(g.s, "S")));
   const int pad = as_int(g.pad, "padding"), stride = as_int(g.stride, "stride");
@@ -289,8 +298,8 @@ cudnnContext* thread_handle(Device device, cudaStream_t stream, const char* what
   return handle_on(device_dnn(device), device, stream, what);
 }
 
-void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float* y, const float* x,
-                    const float* w, const float* bias) {
+void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, void* y, const void* x,
+                    const void* w, const void* bias) {
   DeviceDnn& d = device_dnn(device);
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -298,11 +307,17 @@ void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, float
   GW_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.x.get(), x, p.w.get(), w, p.conv.get(),
                                          p.fwd.algo, data_of(ws), p.fwd.memory, &kZero, p.y.get(),
                                          y));
-  if (bias) GW_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.bias.get(), bias, &kOne, p.y.get(), y));
+  if (!bias) return;
+  if (g.bf16) {  // our bias pass: float32 sums, rounded once
+    kernels::conv2d_bias_act(static_cast<bf16*>(y), static_cast<const bf16*>(bias), g, false,
+                             stream);
+  } else {
+    GW_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.bias.get(), bias, &kOne, p.y.get(), y));
+  }
 }
 
-void conv2d_backward_data(Device device, cudaStream_t stream, const ConvGeom& g, float* dx,
-                          const float* dy, const float* w, bool accumulate) {
+void conv2d_backward_data(Device device, cudaStream_t stream, const ConvGeom& g, void* dx,
+                          const void* dy, const void* w, bool accumulate) {
   DeviceDnn& d = device_dnn(device);
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -312,8 +327,8 @@ void conv2d_backward_data(Device device, cudaStream_t stream, const ConvGeom& g,
       p.bwd_data.memory, beta_of(accumulate), p.x.get(), dx));
 }
 
-void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& g, float* dw,
-                            const float* dy, const float* x, bool accumulate) {
+void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& g, void* dw,
+                            const void* dy, const void* x, bool accumulate) {
   DeviceDnn& d = device_dnn(device);
   ConvPlan& p = conv_plan(d, device, stream, g);
   const cudnnHandle_t h = handle_on(d, device, stream);
@@ -323,12 +338,18 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
       data_of(ws), p.bwd_filter.memory, beta_of(accumulate), p.w.get(), dw));
 }
 
-void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, float* db,
-                          const float* dy, bool accumulate) {
+void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, void* db,
+                          const void* dy, bool accumulate) {
   const std::int64_t ws = kernels::conv2d_bias_grad_workspace(g);
   const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, device}) : Tensor();
-  kernels::conv2d_bias_grad(db, dy, g, accumulate, ws > 0 ? partial.data<float>() : nullptr,
-                            stream);
+  float* workspace = ws > 0 ? partial.data<float>() : nullptr;
+  if (g.bf16) {
+    kernels::conv2d_bias_grad(static_cast<bf16*>(db), static_cast<const bf16*>(dy), g, accumulate,
+                              workspace, stream);
+  } else {
+    kernels::conv2d_bias_grad(static_cast<float*>(db), static_cast<const float*>(dy), g,
+                              accumulate, workspace, stream);
+  }
 }
 
 std::string conv2d_plan_description(Device device, const ConvGeom& g) {
@@ -351,12 +372,12 @@ std::string conv2d_plan_description(Device device, const ConvGeom& g) {
 
 namespace {
 PoolPlan& pool_plan(DeviceDnn& d, PoolMode mode, const PoolGeom& g) {
-  const PoolKey key{mode, g.n, g.c, g.h, g.w, g.window, g.pad, g.stride};
+  const PoolKey key{mode, g.n, g.c, g.h, g.w, g.window, g.pad, g.stride, g.bf16};
   auto it = d.pools.find(key);
   if (it != d.pools.end()) return *it->second;
   auto p = std::make_unique<PoolPlan>();
-  set_nchw(p->x, g.n, g.c, g.h, g.w);
-  set_nchw(p->y, g.n, g.c, g.out_h(), g.out_w());
+  set_nchw(p->x, g.n, g.c, g.h, g.w, g.bf16);
+  set_nchw(p->y, g.n, g.c, g.out_h(), g.out_w(), g.bf16);
   const int window = as_int(g.window, "window"), pad = as_int(g.pad, "padding"),
             stride = as_int(g.stride, "stride");
   GW_CUDNN_CHECK(cudnnSetPooling2dDescriptor(
@@ -368,8 +389,8 @@ PoolPlan& pool_plan(DeviceDnn& d, PoolMode mode, const PoolGeom& g) {
 }
 }  // namespace
 
-void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g, float* y,
-                    const float* x) {
+void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g, void* y,
+                    const void* x) {
   DeviceDnn& d = device_dnn(device);
   const cudnnHandle_t h = handle_on(d, device, stream);
   PoolPlan& p = pool_plan(d, mode, g);
@@ -377,7 +398,7 @@ void pool2d_forward(Device device, cudaStream_t stream, PoolMode mode, const Poo
 }
 
 void pool2d_backward(Device device, cudaStream_t stream, PoolMode mode, const PoolGeom& g,
-                     float* dx, const float* dy, const float* x, const float* y, bool accumulate) {
+                     void* dx, const void* dy, const void* x, const void* y, bool accumulate) {
   DeviceDnn& d = device_dnn(device);
   const cudnnHandle_t h = handle_on(d, device, stream);
   PoolPlan& p = pool_plan(d, mode, g);

@@ -35,25 +35,27 @@ namespace graphward::dnn {
 inline constexpr std::size_t kDnnWorkspaceLimit = std::size_t{256} << 20;
 
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+// Every tensor float32, or bfloat16 where the geometry says so (g.bf16: cuDNN's bfloat16
+// descriptors, float32 accumulation, tensor-op math; a plan per dtype).
 // y = x ⋆ w (+ bias [K] when not null).
-void conv2d_forward(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* y,
-                    const float* x, const float* w, const float* bias);
+void conv2d_forward(Device device, cudaStream_t stream, const kernels::ConvGeom& g, void* y,
+                    const void* x, const void* w, const void* bias);
 // dx, dw, db (=|+=) their gradients for dy.
-void conv2d_backward_data(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* dx,
-                          const float* dy, const float* w, bool accumulate);
+void conv2d_backward_data(Device device, cudaStream_t stream, const kernels::ConvGeom& g, void* dx,
+                          const void* dy, const void* w, bool accumulate);
 void conv2d_backward_filter(Device device, cudaStream_t stream, const kernels::ConvGeom& g,
-                            float* dw, const float* dy, const float* x, bool accumulate);
-void conv2d_backward_bias(Device device, cudaStream_t stream, const kernels::ConvGeom& g, float* db,
-                          const float* dy, bool accumulate);
+                            void* dw, const void* dy, const void* x, bool accumulate);
+void conv2d_backward_bias(Device device, cudaStream_t stream, const kernels::ConvGeom& g, void* db,
+                          const void* dy, bool accumulate);
 // The plan's algorithms and workspace sizes, readable (tests, benchmarks).
 std::string conv2d_plan_description(Device device, const kernels::ConvGeom& g);
 
 void pool2d_forward(Device device, cudaStream_t stream, kernels::PoolMode mode,
-                    const kernels::PoolGeom& g, float* y, const float* x);
+                    const kernels::PoolGeom& g, void* y, const void* x);
 // Max pooling reads x and y; average pooling reads neither (pass null).
 void pool2d_backward(Device device, cudaStream_t stream, kernels::PoolMode mode,
-                     const kernels::PoolGeom& g, float* dx, const float* dy, const float* x,
-                     const float* y, bool accumulate);
+                     const kernels::PoolGeom& g, void* dx, const void* dy, const void* x,
+                     const void* y, bool accumulate);
 
 // The thread's cuDNN handle for `device`, pointed at `stream` (Note [cuDNN plans]); `what` names
 // the op in the error refusing a first call inside a capture.

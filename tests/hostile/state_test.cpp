@@ -62,15 +62,15 @@ TEST(GradOfTheWrongType, CpuOpsRefuseTypesTheyDoNotComputeIn) {
   GW_EXPECT_ERROR(matmul(i, i), "matmul");
   GW_EXPECT_ERROR(narrow(i, 0, 1), "narrow");
   GW_EXPECT_ERROR(transpose(i, 0, 1), "transpose");
-  // int32: refused by every op that computes; bfloat16 by the ops without a path for it (the
-  // convolutions and pools: every other op has one, Note [bfloat16 on the CPU]).
+  // int32: refused by every op that computes (bfloat16 every op takes: Note [bfloat16 on the
+  // CPU]).
   const Tensor xi = zeros({2, 2}, {DType::kInt32});
   GW_EXPECT_ERROR(sum(xi), "sum");
   GW_EXPECT_ERROR(layer_norm(xi, zeros({2}, {DType::kInt32}), Tensor()), "layer_norm");
-  const Tensor image = zeros({1, 1, 4, 4}, {DType::kBFloat16});
-  GW_EXPECT_ERROR(conv2d(image, zeros({1, 1, 3, 3}, {DType::kBFloat16})), "conv2d", "bfloat16");
-  GW_EXPECT_ERROR(max_pool2d(image), "max_pool2d", "bfloat16");
-  GW_EXPECT_ERROR(avg_pool2d(image), "avg_pool2d", "bfloat16");
+  const Tensor image = zeros({1, 1, 4, 4}, {DType::kInt32});
+  GW_EXPECT_ERROR(conv2d(image, zeros({1, 1, 3, 3}, {DType::kInt32})), "conv2d", "int32");
+  GW_EXPECT_ERROR(max_pool2d(image), "max_pool2d", "int32");
+  GW_EXPECT_ERROR(avg_pool2d(image), "avg_pool2d", "int32");
 }
 
 // ---- out of memory, on the CPU, and in the middle of a backward

@@ -20,6 +20,8 @@
 // | embedding                          | 5e-3      | rows copied; repeated ids' gradients fp32 sums |
 // | sum, mean, mse_loss                | 5e-3      | fp32 results of rounded inputs; one rounding   |
 // | dropout                            | 5e-3      | the same mask; one rounding an output          |
+// | conv2d (+ bias, ReLU), avg pooling | 2e-2      | products of rounded inputs summed in fp32      |
+// | max and avg pooling                | 1e-2      | distinct inputs exact in bf16: the same maxima |
 #include <functional>
 #include <string>
 #include <vector>
@@ -222,6 +224,43 @@ inline std::vector<Bf16Case> bf16_cases() {
                      const Tensor y = dropout(x, 0.3, gen);
                      backward({y}, {dy});
                      return std::vector<Tensor>{y, x.grad()};
+                   }});
+  for (const bool relu : {false, true}) {
+    cases.push_back({"conv2d (bias, ReLU), average pooling after it, and their backwards", 2e-2,
+                     [relu](TensorOptions o) {
+                       const Tensor x =
+                           bf16_case_input({4, 3, 12, 12}, 36, o).detach().set_requires_grad(true);
+                       const Tensor w = bf16_case_input({8, 3, 3, 3}, 37, o, 0.3)
+                                            .detach()
+                                            .set_requires_grad(true);
+                       const Tensor b =
+                           bf16_case_input({8}, 38, o, 0.1).detach().set_requires_grad(true);
+                       const Tensor y = conv2d(
+                           x, w, b,
+                           {.padding = 1,
+                            .activation = relu ? Activation::kRelu : Activation::kNone});
+                       const Tensor a = avg_pool2d(y, {.kernel = 2});
+                       backward({a}, {bf16_case_input({4, 8, 6, 6}, 39, o)});
+                       return std::vector<Tensor>{y, a, x.grad(), w.grad(), b.grad()};
+                     }});
+  }
+  cases.push_back({"max and average pooling of distinct values, and their backwards", 1e-2,
+                   [](TensorOptions o) {
+                     // Distinct multiples of 1/16 in [-8, 8): exact in bfloat16, so both runs
+                     // pool the same values and find the same maxima.
+                     std::vector<float> v(2 * 2 * 8 * 8);
+                     for (std::size_t i = 0; i < v.size(); ++i) {
+                       v[i] = static_cast<float>(static_cast<int>((i * 97) % v.size()) - 128) /
+                              16.f;
+                     }
+                     Tensor x = from_vector(v, {2, 2, 8, 8});
+                     if (o.dtype != DType::kFloat32) x = cast(x, o.dtype);
+                     x = x.to(o.device).detach().set_requires_grad(true);
+                     const Tensor m = max_pool2d(x, {.kernel = 2});
+                     const Tensor a = avg_pool2d(x, {.kernel = 3, .stride = 2, .padding = 1});
+                     backward({m, a}, {bf16_case_input({2, 2, 4, 4}, 40, o),
+                                       bf16_case_input({2, 2, 4, 4}, 41, o)});
+                     return std::vector<Tensor>{m, a, x.grad()};
                    }});
   return cases;
 }

@@ -79,11 +79,10 @@ TEST(BFloat16, TheGradientOfACastIsCastBack) {
   EXPECT_EQ(acc.to_vector<bf16>(), std::vector<bf16>(2, bf16::from_float(1.0f + 0x1p-9f)));
 }
 
-TEST(BFloat16, TheOpsTakeItOnTheCpuBackendAndTheConvolutionsRefuseIt) {
+TEST(BFloat16, EveryOpTakesItOnTheCpuBackendAndTheOptimizersThroughMasters) {
   const Tensor h = cast(randn({2, 3}, 4), DType::kBFloat16);
-  // The elementwise ops, linear, matmul, the shape ops, the norms, the reductions and the losses
-  // compute in bfloat16 on the CPU too (Note [bfloat16 on the CPU]); a sum or loss is float32;
-  // the convolutions not yet.
+  // Every op computes in bfloat16 on the CPU too (Note [bfloat16 on the CPU]); a sum or loss is
+  // float32.
   EXPECT_EQ(relu(h).dtype(), DType::kBFloat16);
   EXPECT_EQ(add(h, h).dtype(), DType::kBFloat16);
   EXPECT_EQ(linear(h, h).dtype(), DType::kBFloat16);
@@ -91,8 +90,12 @@ TEST(BFloat16, TheOpsTakeItOnTheCpuBackendAndTheConvolutionsRefuseIt) {
   EXPECT_EQ(matmul(h, transpose(h, 0, 1)).dtype(), DType::kBFloat16);
   EXPECT_EQ(layer_norm(h, cast(ones({3}), DType::kBFloat16), Tensor()).dtype(), DType::kBFloat16);
   const Tensor image = cast(randn({1, 1, 4, 4}, 6), DType::kBFloat16);
-  GW_EXPECT_ERROR(conv2d(image, cast(randn({1, 1, 3, 3}, 7), DType::kBFloat16)), "conv2d",
-                  "bfloat16", "does not take bfloat16 yet", "cast(x, DType::kFloat32)");
+  EXPECT_EQ(conv2d(image, cast(randn({1, 1, 3, 3}, 7), DType::kBFloat16)).dtype(),
+            DType::kBFloat16);
+  EXPECT_EQ(max_pool2d(image).dtype(), DType::kBFloat16);
+  // ... and refuses what is not floating point, naming the dtype.
+  GW_EXPECT_ERROR(conv2d(cast(image, DType::kFloat32), zeros({1, 1, 3, 3}, {DType::kInt32})),
+                  "conv2d", "int32");
   GW_EXPECT_ERROR(cast(from_vector(std::vector<std::int32_t>{1, 2}, {2}), DType::kFloat32), "cast",
                   "int32", "floating-point");
   // The optimizers take bfloat16 parameters through float32 masters (Note [Master weights]).
