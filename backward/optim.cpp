@@ -91,17 +91,6 @@ float* f32(const Tensor& t) {
 }
 #endif
 
-// A bfloat16 tensor's elements as float32 (a copy), and back, rounded to nearest even.
-std::vector<float> widened(const Tensor& t) {
-  const bf16* src = static_cast<const bf16*>(t.raw_data());
-  std::vector<float> out(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = src[i].to_float();
-  return out;
-}
-void store_rounded(const Tensor& t, const float* values) {
-  bf16* dst = static_cast<bf16*>(t.raw_data());
-  for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = bf16::from_float(values[i]);
-}
 
 // The groups' parameters, in order.
 std::vector<Tensor> flatten(const std::vector<ParamGroup>& groups) {
@@ -392,12 +381,13 @@ void Sgd::update_cpu(std::size_t i) {
   k::SgdParams hp = hp_;
   hp.weight_decay = weight_decay_[i];
   const double step = static_cast<double*>(step_.raw_data())[i];
-  if (!masters_.empty()) {  // Note [Master weights]
-    const std::vector<float> g = widened(p.grad());
+  if (!masters_.empty()) {  // Note [Master weights]: the master stepped, p its rounding
+    CpuData<float> d(true);
     float* master = ptr<float>(masters_[i]);
-    k::cpu::sgd_step<float>(master, g.data(), buf ? ptr<float>(*buf) : nullptr, p.numel(),
+    k::cpu::sgd_step<float>(master, d.in(p.grad()), buf ? ptr<float>(*buf) : nullptr, p.numel(),
                             ptr<float>(lr_)[0], step, hp);
-    store_rounded(p, master);
+    std::copy_n(master, p.numel(), d.out(p));
+    d.commit();
     return;
   }
   dispatch_cpu(p.dtype(), [&]<class T>() {
@@ -440,12 +430,13 @@ void AdamW::update_cpu(std::size_t i) {
   k::AdamWParams hp = hp_;
   hp.weight_decay = weight_decay_[i];
   const double step = static_cast<double*>(step_.raw_data())[i];
-  if (!masters_.empty()) {  // Note [Master weights]
-    const std::vector<float> g = widened(p.grad());
+  if (!masters_.empty()) {  // Note [Master weights]: the master stepped, p its rounding
+    CpuData<float> d(true);
     float* master = ptr<float>(masters_[i]);
-    k::cpu::adamw_step<float>(master, g.data(), ptr<float>(m), ptr<float>(v), p.numel(),
+    k::cpu::adamw_step<float>(master, d.in(p.grad()), ptr<float>(m), ptr<float>(v), p.numel(),
                               ptr<float>(lr_)[0], step, hp);
-    store_rounded(p, master);
+    std::copy_n(master, p.numel(), d.out(p));
+    d.commit();
     return;
   }
   dispatch_cpu(p.dtype(), [&]<class T>() {
@@ -467,11 +458,11 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   }
   const Device device = params.front().device();
   const TensorOptions opt{statistics_dtype(params.front().dtype()), device};
-  const bool low = params.front().dtype() == DType::kBFloat16;
   if (grads.empty()) return zeros({}, opt);
   Tensor norm = Tensor::empty({}, opt);
   if (device.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
+    const bool low = params.front().dtype() == DType::kBFloat16;
     CudaScope scope(device);
     const cudaStream_t s = scope.stream();
     Tensor parts = Tensor::empty({static_cast<std::int64_t>(grads.size())}, opt);
@@ -499,34 +490,18 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     return norm;
 #endif
   }
-  if (low) {  // bfloat16 gradients: the sums in double, each product rounded once
-    double total = 0;
-    for (const Tensor* g : grads) {
-      for (const float x : widened(*g)) total += double(x) * double(x);
-    }
-    const double nrm = std::sqrt(total);
-    ptr<float>(norm)[0] = static_cast<float>(nrm);
-    const double ratio = max_norm / (nrm + 1e-6);
-    const float c = static_cast<float>(std::isnan(ratio) ? ratio : std::min(1.0, ratio));
-    for (const Tensor* g : grads) {
-      std::vector<float> v = widened(*g);
-      for (float& x : v) x *= c;
-      store_rounded(*g, v.data());
-      g->bump_version();
-    }
-    return norm;
-  }
-  dispatch_cpu(norm.dtype(), [&]<class T>() {
+  // bfloat16 gradients widened, scaled in float32 and rounded back (Note [bfloat16 on the CPU]).
+  dispatch_cpu_data(params.front().dtype(), [&]<class T>(CpuData<T>& data) {
     double total = 0;
     for (const Tensor* g : grads)
-      total += static_cast<double>(k::cpu::sum_squares<T>(ptr<T>(*g), g->numel()));
+      total += static_cast<double>(k::cpu::sum_squares<T>(data.inout(*g), g->numel()));
     const double nrm = std::sqrt(total);
     ptr<T>(norm)[0] = static_cast<T>(nrm);
     // A NaN norm makes every gradient NaN (torch.nn.utils.clip_grad_norm_), not none.
     const double ratio = max_norm / (nrm + 1e-6);
     const double c = std::isnan(ratio) ? ratio : std::min(1.0, ratio);
     for (const Tensor* g : grads) {
-      T* d = ptr<T>(*g);
+      T* d = data.inout(*g);
       for (std::int64_t j = 0; j < g->numel(); ++j) d[j] *= static_cast<T>(c);
       g->bump_version();
     }

@@ -49,11 +49,17 @@ bool autocast_enabled() {
 
 namespace ops_detail {
 
-Tensor autocast_matrix_operand(const Tensor& t) {
+bool autocast_matrix_operands(std::initializer_list<Tensor*> operands) {
   Autocast* scope = AutocastAccess::active();
-  if (!scope || !t.defined() || t.dtype() != DType::kFloat32) return t;
-  if (t.is_leaf() && t.requires_grad()) return AutocastAccess::cast_parameter(*scope, t);
-  return cast(t, AutocastAccess::dtype(*scope));
+  if (!scope) return false;
+  bool changed = false;
+  for (Tensor* t : operands) {
+    if (!t->defined() || t->dtype() != DType::kFloat32) continue;
+    *t = t->is_leaf() && t->requires_grad() ? AutocastAccess::cast_parameter(*scope, *t)
+                                            : cast(*t, AutocastAccess::dtype(*scope));
+    changed = true;
+  }
+  return changed;
 }
 
 void autocast_promote(std::initializer_list<Tensor*> operands) {

@@ -59,9 +59,10 @@ class Autocast {
 bool autocast_enabled();
 
 namespace ops_detail {
-// Inside an enabled scope, a matrix product's float32 operand as bfloat16 (a parameter's cached
-// copy, anything else cast); t itself otherwise (undefined, not float32, or no scope).
-Tensor autocast_matrix_operand(const Tensor& t);
+// Inside an enabled scope, a matrix product's float32 operands as bfloat16, in place (a
+// parameter's cached copy, anything else cast); whether any changed (the op then runs on the
+// bfloat16 operands). Undefined tensors, other dtypes and calls outside a scope change nothing.
+bool autocast_matrix_operands(std::initializer_list<Tensor*> operands);
 // Inside an enabled scope, where `operands` hold float32 and bfloat16 tensors together, the
 // bfloat16 ones widened to float32 in place (casts recorded); nothing otherwise. Undefined
 // tensors are skipped.

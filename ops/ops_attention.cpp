@@ -195,12 +195,9 @@ AttentionPath attention_path(const Tensor& q, const Tensor& k, const Tensor& v,
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
-  if (autocast_enabled()) {  // Note [Autocast]: the products in bfloat16, q, k and v cast once
-    const Tensor q16 = autocast_matrix_operand(q), k16 = autocast_matrix_operand(k),
-                 v16 = autocast_matrix_operand(v);
-    if (q16.dtype() != q.dtype() || k16.dtype() != k.dtype() || v16.dtype() != v.dtype()) {
-      return scaled_dot_product_attention(q16, k16, v16, options);
-    }
+  // Note [Autocast]: the products in bfloat16, q, k and v cast once.
+  if (Tensor q16 = q, k16 = k, v16 = v; autocast_matrix_operands({&q16, &k16, &v16})) {
+    return scaled_dot_product_attention(q16, k16, v16, options);
   }
   const char* op = "scaled_dot_product_attention";
   detail::NvtxRange range(op);

@@ -58,11 +58,8 @@ void batched([[maybe_unused]] cudaStream_t stream, bool tx, bool ty, std::int64_
 }  // namespace
 
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, double alpha) {
-  if (autocast_enabled()) {  // Note [Autocast]
-    const Tensor a16 = autocast_matrix_operand(a), b16 = autocast_matrix_operand(b);
-    if (a16.dtype() != a.dtype() || b16.dtype() != b.dtype()) {
-      return bmm(a16, b16, trans_a, trans_b, alpha);
-    }
+  if (Tensor a16 = a, b16 = b; autocast_matrix_operands({&a16, &b16})) {  // Note [Autocast]
+    return bmm(a16, b16, trans_a, trans_b, alpha);
   }
   const char* op = "bmm";
   detail::NvtxRange range(op);

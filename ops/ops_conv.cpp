@@ -98,13 +98,9 @@ void conv2d_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor&
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
-  if (autocast_enabled()) {  // Note [Autocast]
-    const Tensor x16 = autocast_matrix_operand(x), w16 = autocast_matrix_operand(weight),
-                 b16 = autocast_matrix_operand(bias);
-    if (x16.dtype() != x.dtype() || w16.dtype() != weight.dtype() ||
-        (bias.defined() && b16.dtype() != bias.dtype())) {
-      return conv2d(x16, w16, b16, options);
-    }
+  if (Tensor x16 = x, w16 = weight, b16 = bias;
+      autocast_matrix_operands({&x16, &w16, &b16})) {  // Note [Autocast]
+    return conv2d(x16, w16, b16, options);
   }
   const bool relu = options.activation == Activation::kRelu;
   const char* op = relu ? "conv2d_relu" : "conv2d";

@@ -57,9 +57,8 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (autocast_enabled()) {  // Note [Autocast]
-    const Tensor a16 = autocast_matrix_operand(a), b16 = autocast_matrix_operand(b);
-    if (a16.dtype() != a.dtype() || b16.dtype() != b.dtype()) return matmul(a16, b16);
+  if (Tensor a16 = a, b16 = b; autocast_matrix_operands({&a16, &b16})) {  // Note [Autocast]
+    return matmul(a16, b16);
   }
   detail::NvtxRange range("matmul");
   Tensor c = matmul_impl(a, b);
@@ -192,13 +191,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   GW_CHECK(is_valid(act), "linear: the activation is Activation(", static_cast<int>(act),
            "); expected Activation::kNone, kRelu or kGelu");
-  if (autocast_enabled()) {  // Note [Autocast]
-    const Tensor x16 = autocast_matrix_operand(x), w16 = autocast_matrix_operand(weight),
-                 b16 = autocast_matrix_operand(bias);
-    if (x16.dtype() != x.dtype() || w16.dtype() != weight.dtype() ||
-        (bias.defined() && b16.dtype() != bias.dtype())) {
-      return linear(x16, w16, b16, act);
-    }
+  if (Tensor x16 = x, w16 = weight, b16 = bias;
+      autocast_matrix_operands({&x16, &w16, &b16})) {  // Note [Autocast]
+    return linear(x16, w16, b16, act);
   }
   const char* name = linear_name(act);
   detail::NvtxRange range(name);

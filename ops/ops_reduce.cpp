@@ -49,13 +49,14 @@ Tensor reduce(const char* op, const Tensor& x, bool mean) {
   return y;
 }
 
-// The gradient of a reduction over an input of `x_shape` and `x_dtype` (x itself is never read).
-void reduce_backward(const char* op, const Tensor& grad_out, const Shape& x_shape, DType x_dtype,
-                     GradSlot grad_x, bool mean) {
-  check_scalar_grad(op, grad_out, x_dtype, grad_out.defined() ? grad_out.device() : Device::cpu());
+// The gradient of a reduction over an input of `x_shape` and `x` (dtype and device; x itself is
+// never read).
+void reduce_backward(const char* op, const Tensor& grad_out, const Shape& x_shape,
+                     TensorOptions x_options, GradSlot grad_x, bool mean) {
+  check_scalar_grad(op, grad_out, x_options.dtype, x_options.device);
   const std::int64_t n = shape_numel(x_shape);
   GW_CHECK(n > 0, op, ": x has shape ", shape_str(x_shape), "; expected at least one element");
-  const TensorOptions x_options{x_dtype, grad_out.device()};
+  const DType x_dtype = x_options.dtype;
   if (!check_slot(op, "grad_x", grad_x, x_shape, x_options)) return;
   const double scale = mean ? 1.0 / static_cast<double>(n) : 1.0;
   if (grad_out.is_cuda()) {
@@ -86,9 +87,9 @@ Tensor recorded_reduce(const char* op, const Tensor& x, bool is_mean) {
     // The backward needs x's shape only: nothing is saved (x written in place after the op does
     // not fail the backward, as in PyTorch).
     record(op, y, {&x}, {},
-           [is_mean, shape = x.shape(), dtype = x.dtype()](
+           [is_mean, shape = x.shape(), options = TensorOptions{x.dtype(), x.device()}](
                const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
-             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, dtype,
+             reduce_backward(is_mean ? "mean_backward" : "sum_backward", g, shape, options,
                              grads[0], is_mean);
            },
            {NodeAttribute::integer(is_mean)});
@@ -105,13 +106,11 @@ Tensor mean(const Tensor& x) {
 }
 void sum_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
   check_inputs("sum_backward", {{"x", &x}}, Bf16::kEverywhere);
-  check_scalar_grad("sum_backward", grad_out, x.dtype(), x.device());
-  reduce_backward("sum_backward", grad_out, x.shape(), x.dtype(), grad_x, false);
+  reduce_backward("sum_backward", grad_out, x.shape(), {x.dtype(), x.device()}, grad_x, false);
 }
 void mean_backward(const Tensor& grad_out, const Tensor& x, GradSlot grad_x) {
   check_inputs("mean_backward", {{"x", &x}}, Bf16::kEverywhere);
-  check_scalar_grad("mean_backward", grad_out, x.dtype(), x.device());
-  reduce_backward("mean_backward", grad_out, x.shape(), x.dtype(), grad_x, true);
+  reduce_backward("mean_backward", grad_out, x.shape(), {x.dtype(), x.device()}, grad_x, true);
 }
 
 namespace {

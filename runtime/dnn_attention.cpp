@@ -25,19 +25,18 @@ using TensorAttr = fe::graph::Tensor_attributes;
 
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
-// [n, t, e] contiguous as cuDNN's [b, h, s, d] = [n, 1, t, e].
-TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t t,
-                std::int64_t e) {
-  return TensorAttr().set_name(name).set_uid(uid).set_dim({n, 1, t, e}).set_stride(
-      {t * e, t * e, e, 1});
+// t as [n, rows, cols] contiguous, cuDNN's [b, h, s, d] = [n, 1, rows, cols]; its uid.
+TensorAttr& laid_out(TensorAttr& t, std::int64_t uid, std::int64_t n, std::int64_t rows,
+                     std::int64_t cols) {
+  return t.set_uid(uid).set_dim({n, 1, rows, cols}).set_stride(
+      {rows * cols, rows * cols, cols, 1});
 }
-TensorAttr stats_attr(std::int64_t n, std::int64_t t) {
-  return TensorAttr()
-      .set_name("stats")
-      .set_uid(kStats)
-      .set_dim({n, 1, t, 1})
-      .set_stride({t, t, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
+// An input of the graph, laid out so.
+TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t rows,
+                std::int64_t cols) {
+  TensorAttr t;
+  t.set_name(name);
+  return laid_out(t, uid, n, rows, cols);
 }
 std::shared_ptr<Graph> new_graph() {
   auto g = std::make_shared<Graph>();
@@ -58,13 +57,8 @@ std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
                      .set_attn_scale(s.scale)
                      .set_causal_mask(s.causal);
   auto [o, stats] = g->sdpa(q, k, v, options);
-  o->set_output(true).set_uid(kO).set_dim({s.n, 1, s.tq, s.dv}).set_stride(
-      {s.tq * s.dv, s.tq * s.dv, s.dv, 1});
-  stats->set_output(true)
-      .set_uid(kStats)
-      .set_dim({s.n, 1, s.tq, 1})
-      .set_stride({s.tq, s.tq, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
+  laid_out(o->set_output(true), kO, s.n, s.tq, s.dv);
+  laid_out(stats->set_output(true).set_data_type(fe::DataType_t::FLOAT), kStats, s.n, s.tq, 1);
   return g;
 }
 
@@ -75,19 +69,17 @@ std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
   auto v = g->tensor(bhsd("v", kV, s.n, s.tk, s.dv));
   auto o = g->tensor(bhsd("o", kO, s.n, s.tq, s.dv));
   auto d_o = g->tensor(bhsd("do", kDO, s.n, s.tq, s.dv));
-  auto stats = g->tensor(stats_attr(s.n, s.tq));
+  auto stats =
+      g->tensor(bhsd("stats", kStats, s.n, s.tq, 1).set_data_type(fe::DataType_t::FLOAT));
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("sdpa_backward")
                      .set_attn_scale(s.scale)
                      .set_causal_mask(s.causal)
                      .set_deterministic_algorithm(true);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-  dq->set_output(true).set_uid(kDQ).set_dim({s.n, 1, s.tq, s.d}).set_stride(
-      {s.tq * s.d, s.tq * s.d, s.d, 1});
-  dk->set_output(true).set_uid(kDK).set_dim({s.n, 1, s.tk, s.d}).set_stride(
-      {s.tk * s.d, s.tk * s.d, s.d, 1});
-  dv->set_output(true).set_uid(kDV).set_dim({s.n, 1, s.tk, s.dv}).set_stride(
-      {s.tk * s.dv, s.tk * s.dv, s.dv, 1});
+  laid_out(dq->set_output(true), kDQ, s.n, s.tq, s.d);
+  laid_out(dk->set_output(true), kDK, s.n, s.tk, s.d);
+  laid_out(dv->set_output(true), kDV, s.n, s.tk, s.dv);
   return g;
 }
 
