@@ -49,6 +49,11 @@ void dropout_forward(S* y, float* mask, const S* x, std::int32_t* state, std::in
   advance_kernel<<<1, 1, 0, stream>>>(state, n);
   GW_LAUNCH_CHECK();
 }
+void advance_offset(std::int32_t* state, std::int64_t n, cudaStream_t stream) {
+  advance_kernel<<<1, 1, 0, stream>>>(state, n);
+  GW_LAUNCH_CHECK();
+}
+
 template void dropout_forward<float>(float*, float*, const float*, std::int32_t*, std::int64_t,
                                      float, cudaStream_t);
 template void dropout_forward<bf16>(bf16*, float*, const bf16*, std::int32_t*, std::int64_t, float,

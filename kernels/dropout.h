@@ -19,6 +19,9 @@ namespace graphward::kernels {
 template <class S>
 void dropout_forward(S* y, float* mask, const S* x, std::int32_t* state, std::int64_t n, float p,
                      cudaStream_t stream);
+// The offset of state (as above) advanced by n on `stream` (one thread): for a draw made by
+// another library's kernels from the same state (cuDNN's fused attention dropout).
+void advance_offset(std::int32_t* state, std::int64_t n, cudaStream_t stream);
 // dx = dy · mask (rounded once; the sum with dx's old value when `accumulate`) for bfloat16 dy
 // and dx; float32 is elementwise.h's mul_backward.
 void dropout_backward(bf16* dx, const bf16* dy, const float* mask, std::int64_t n, bool accumulate,

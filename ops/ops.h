@@ -305,7 +305,8 @@ struct AttentionOptions {
 // least one) -> [..., Tq, dv]; with `causal`, causal_softmax; with `dropout`, the weights dropped
 // (dropout above) before v. bfloat16 on CUDA runs fused, as cuDNN's attention, where the build
 // and cuDNN allow (Note [Fused attention], runtime/dnn.h): one op, the scores never materialized,
-// its softmax statistics saved. Otherwise composed of recorded ops — bmm with the scale its alpha,
+// its softmax statistics saved; its dropout is cuDNN's, drawn from the same generator (a mask
+// equal in distribution to the composed path's, not element by element). Otherwise composed of recorded ops — bmm with the scale its alpha,
 // the softmax (the causal mask a causal_softmax), dropout, bmm — so its backward is theirs:
 // float32 and bfloat16 on CUDA and the CPU, float64 on the CPU; the scores [..., Tq, Tk] are
 // materialized and saved.
@@ -313,7 +314,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     const AttentionOptions& options = {});
 // Which path scaled_dot_product_attention takes for these arguments (as checked there; on CUDA,
 // outside a capture, this may build the fused plans), and why: "fused: cuDNN SDPA", or
-// "composed: " and the reason (float32, the CPU, dropout, a build without cudnn-frontend, or
+// "composed: " and the reason (float32, the CPU, a build without cudnn-frontend, or
 // cuDNN's own refusal of the shape).
 struct AttentionPath {
   bool fused = false;

@@ -2,6 +2,7 @@
 // composed of recorded ops (ops.h): bmm, softmax or causal_softmax, dropout, bmm.
 #include <cmath>
 
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
@@ -71,7 +72,8 @@ double attention_scale(const AttentionOptions& o, const AttentionDims& d) {
 
 dnn::SdpaGeom sdpa_geom(const AttentionDims& d, const AttentionOptions& o) {
   return {.n = d.n, .tq = d.tq, .tk = d.tk, .d = d.d, .dv = d.dv, .causal = o.causal,
-          .scale = static_cast<float>(attention_scale(o, d))};
+          .scale = static_cast<float>(attention_scale(o, d)),
+          .dropout = static_cast<float>(o.dropout)};
 }
 
 // The path for checked arguments (attention_path's contract).
@@ -81,7 +83,6 @@ AttentionPath choose_path(const Tensor& q, const AttentionDims& d, const Attenti
     return {false, std::string("composed: ") + dtype_name(q.dtype()) +
                        " (cuDNN's fused attention takes bfloat16)"};
   }
-  if (o.dropout > 0) return {false, "composed: dropout (the fused path has none yet)"};
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
   CudaScope scope(q.device());
   std::string why;
@@ -123,10 +124,17 @@ SdpaGrad open_sdpa_grad(GradSlot slot, const Tensor& like, cudaStream_t stream) 
   return g;
 }
 
+// The dropout's seed and offset as cuDNN reads them: int64[2] over a generator state's int32[4]
+// copy (runtime/generator.h: the seed's words, then the offset's, low first).
+const std::int64_t* rng_words(const Tensor& rng) {
+  return static_cast<const std::int64_t*>(rng.raw_data());
+}
+
 void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const dnn::SdpaGeom& geom,
                     std::span<GradSlot> grads) {
   const char* op = "scaled_dot_product_attention_backward";
   const Tensor &q = s[0], &k = s[1], &v = s[2], &o = s[3], &stats = s[4];
+  const std::int64_t* rng = s.size() > 5 ? rng_words(s[5]) : nullptr;
   check_inputs(op, {{"grad_out", &grad_out}, {"q", &q}, {"k", &k}, {"v", &v}, {"output", &o}},
                Bf16::kCuda);
   check_same_shape(op, {"grad_out", &grad_out}, {"output", &o});
@@ -136,6 +144,7 @@ void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const 
   if (!want[0] && !want[1] && !want[2]) return;
   CudaScope scope(q.device());
   scope.read({&grad_out, &q, &k, &v, &o, &stats});
+  if (rng) scope.read({&s[5]});
   SdpaGrad g[3];
   const Tensor* like[3] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
@@ -143,7 +152,7 @@ void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const 
   }
   dnn::sdpa_backward(q.device(), scope.stream(), geom, g[0].target, g[1].target, g[2].target,
                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), o.data<bf16>(),
-                     grad_out.data<bf16>(), stats.data<float>());
+                     grad_out.data<bf16>(), stats.data<float>(), rng);
   for (const SdpaGrad& x : g) {
     if (!x.accumulate) continue;
     bf16* dst = x.slot.tensor->data<bf16>();
@@ -159,24 +168,38 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const AttentionOptions& options) {
   const char* op = "scaled_dot_product_attention";
   const dnn::SdpaGeom geom = sdpa_geom(d, options);
-  Tensor out, stats;
+  Tensor out, stats, rng;
   {
     CudaScope scope(q.device());
     scope.read({&q, &k, &v});
     out = Tensor::empty({d.n, d.tq, d.dv}, {DType::kBFloat16, q.device()});
     stats = Tensor::empty({d.n, d.tq}, {DType::kFloat32, q.device()});
+    if (geom.dropout > 0) {
+      // The generator's seed and offset as this draw finds them, kept for the backward; then the
+      // offset advanced past the draw (one number per attention weight), as dropout's own.
+      const Tensor& state = options.generator->state();
+      state.storage()->sync_for_write(scope.stream());
+      rng = Tensor::empty({4}, {DType::kInt32, q.device()});
+      GW_CUDA_CHECK(cudaMemcpyAsync(rng.raw_data(), state.raw_data(), rng.nbytes(),
+                                    cudaMemcpyDeviceToDevice, scope.stream()));
+      kernels::advance_offset(state.data<std::int32_t>(), d.n * d.tq * d.tk, scope.stream());
+      state.bump_version();
+    }
     dnn::sdpa_forward(q.device(), scope.stream(), geom, out.data<bf16>(), stats.data<float>(),
-                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>());
+                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
+                      rng.defined() ? rng_words(rng) : nullptr);
   }
   if (needs_grad({&q, &k, &v})) {
-    record(op, out, {&q, &k, &v},
-           {save("q", q), save("k", k), save("v", v), save("output", out),
-            save("statistics", stats)},
+    std::vector<SavedTensor> saved{save("q", q), save("k", k), save("v", v),
+                                   save("output", out), save("statistics", stats)};
+    if (rng.defined()) saved.push_back(save("dropout_seed_offset", rng));
+    record(op, out, {&q, &k, &v}, std::move(saved),
            [geom](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              fused_backward(g, s, geom, grads);
            },
            {NodeAttribute::integer(geom.causal ? 1 : 0),
-            NodeAttribute::number(static_cast<double>(geom.scale))});
+            NodeAttribute::number(static_cast<double>(geom.scale)),
+            NodeAttribute::number(static_cast<double>(geom.dropout))});
     out.grad_fn()->set_backward_flops(
         (geom.causal ? 2.0 : 4.0) * 2.0 * static_cast<double>(d.n) * static_cast<double>(d.tq) *
         static_cast<double>(d.tk) * static_cast<double>(d.d + d.dv) / 2.0);

@@ -68,7 +68,12 @@ cudnnContext* thread_handle(Device device, cudaStream_t stream, const char* what
 // never written to memory, fp32 softmax statistics [n, Tq] saved for the backward), where the
 // build has the frontend (GRAPHWARD_HAS_CUDNN_FRONTEND, base/config.h) and cuDNN builds plans for
 // the shape — forward and backward, the backward's deterministic algorithm (so that a replayed
-// step equals the eager one bitwise) — and there is no dropout. A plan per shape is built once
+// step equals the eager one bitwise). Dropout of the attention weights is cuDNN's own, fused into
+// the kernels: its Philox draws from the seed and offset of the op's Generator
+// (runtime/generator.h), read on the device — a copy of them taken at the forward and saved, so
+// that the backward drops what the forward dropped, then the generator's offset advanced by the
+// weights' count (replays draw new masks). Its mask is cuDNN's draw, not the composed path's: the
+// two agree in distribution, not element by element. A plan per shape is built once
 // per (thread, device), outside any capture (its first use inside one is refused, asking for an
 // eager step first), its workspace taken per call from the caching allocator on the op's stream
 // (graph memory inside a capture); a shape cuDNN refuses is remembered with cuDNN's reason. Every
@@ -82,6 +87,7 @@ struct SdpaGeom {
   std::int64_t dv = 0;      // v's head size
   bool causal = false;      // the mask aligned top left (PyTorch's is_causal)
   float scale = 1.f;        // of the scores
+  float dropout = 0.f;      // probability of dropping an attention weight (0: none)
   bool operator==(const SdpaGeom&) const = default;
 };
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
@@ -89,14 +95,15 @@ struct SdpaGeom {
 // when it does; `stream` is where the handle points, nothing runs); else false, with cuDNN's
 // reason in *why.
 bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::string* why);
-// o [n, tq, dv] = softmax(q·kᵀ · scale) · v (causal: masked), stats [n, tq] the rows' log-sum-exp
-// statistics; q [n, tq, d], k [n, tk, d], v [n, tk, dv], contiguous bfloat16.
+// o [n, tq, dv] = dropout(softmax(q·kᵀ · scale)) · v (causal: masked), stats [n, tq] the rows'
+// log-sum-exp statistics; q [n, tq, d], k [n, tk, d], v [n, tk, dv], contiguous bfloat16. rng:
+// where g.dropout > 0, int64[2] on the device, the Philox seed and offset (else null).
 void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o, float* stats,
-                  const bf16* q, const bf16* k, const bf16* v);
-// dq, dk, dv (overwritten) for do, from the forward's q, k, v, o and stats.
+                  const bf16* q, const bf16* k, const bf16* v, const std::int64_t* rng);
+// dq, dk, dv (overwritten) for do, from the forward's q, k, v, o, stats and rng.
 void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* dq, bf16* dk,
                    bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
-                   const bf16* d_o, const float* stats);
+                   const bf16* d_o, const float* stats, const std::int64_t* rng);
 #endif
 
 }  // namespace graphward::dnn

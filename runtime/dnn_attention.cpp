@@ -23,7 +23,7 @@ namespace fe = cudnn_frontend;
 using Graph = fe::graph::Graph;
 using TensorAttr = fe::graph::Tensor_attributes;
 
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
 
 // t as [n, rows, cols] contiguous, cuDNN's [b, h, s, d] = [n, 1, rows, cols]; its uid.
 TensorAttr& laid_out(TensorAttr& t, std::int64_t uid, std::int64_t n, std::int64_t rows,
@@ -37,6 +37,15 @@ TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t
   TensorAttr t;
   t.set_name(name);
   return laid_out(t, uid, n, rows, cols);
+}
+// The dropout's Philox seed or offset: one int64 on the device.
+std::shared_ptr<TensorAttr> rng_word(Graph& g, const char* name, std::int64_t uid) {
+  return g.tensor(TensorAttr()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({1, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::INT64));
 }
 std::shared_ptr<Graph> new_graph() {
   auto g = std::make_shared<Graph>();
@@ -56,6 +65,9 @@ std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
                      .set_generate_stats(true)
                      .set_attn_scale(s.scale)
                      .set_causal_mask(s.causal);
+  if (s.dropout > 0) {
+    options.set_dropout(s.dropout, rng_word(*g, "seed", kSeed), rng_word(*g, "offset", kOffset));
+  }
   auto [o, stats] = g->sdpa(q, k, v, options);
   laid_out(o->set_output(true), kO, s.n, s.tq, s.dv);
   laid_out(stats->set_output(true).set_data_type(fe::DataType_t::FLOAT), kStats, s.n, s.tq, 1);
@@ -76,6 +88,9 @@ std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
                      .set_attn_scale(s.scale)
                      .set_causal_mask(s.causal)
                      .set_deterministic_algorithm(true);
+  if (s.dropout > 0) {
+    options.set_dropout(s.dropout, rng_word(*g, "seed", kSeed), rng_word(*g, "offset", kOffset));
+  }
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
   laid_out(dq->set_output(true), kDQ, s.n, s.tq, s.d);
   laid_out(dk->set_output(true), kDK, s.n, s.tk, s.d);
@@ -96,12 +111,14 @@ struct SdpaPlan {
 };
 struct GeomHash {
   std::size_t operator()(const SdpaGeom& g) const noexcept {
-    std::uint32_t scale_bits = 0;
+    std::uint32_t scale_bits = 0, dropout_bits = 0;
     std::memcpy(&scale_bits, &g.scale, sizeof(scale_bits));
+    std::memcpy(&dropout_bits, &g.dropout, sizeof(dropout_bits));
     std::size_t h = 0;
     for (std::uint64_t v :
          {std::uint64_t(g.n), std::uint64_t(g.tq), std::uint64_t(g.tk), std::uint64_t(g.d),
-          std::uint64_t(g.dv), std::uint64_t(g.causal), std::uint64_t(scale_bits)}) {
+          std::uint64_t(g.dv), std::uint64_t(g.causal), std::uint64_t(scale_bits),
+          std::uint64_t(dropout_bits)}) {
       h = h * 1000003u ^ std::hash<std::uint64_t>{}(v);
     }
     return h;
@@ -158,6 +175,15 @@ void* mut(const void* p) {
   return const_cast<void*>(p);  // cuDNN's variant pack takes void* for inputs too
 }
 
+// The seed and offset into the pack, where the graph drops.
+void add_rng(std::unordered_map<std::int64_t, void*>& pack, const SdpaGeom& g,
+             const std::int64_t* rng, const char* op) {
+  if (g.dropout <= 0) return;
+  GW_CHECK(rng != nullptr, op, ": dropout ", g.dropout, " and no seed and offset given");
+  pack.emplace(kSeed, mut(rng));
+  pack.emplace(kOffset, mut(rng + 1));
+}
+
 }  // namespace
 
 bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::string* why) {
@@ -167,7 +193,7 @@ bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::
 }
 
 void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o, float* stats,
-                  const bf16* q, const bf16* k, const bf16* v) {
+                  const bf16* q, const bf16* k, const bf16* v, const std::int64_t* rng) {
   const SdpaPlan& p = plan_for(device, stream, g);
   GW_CHECK(p.refused.empty(), "scaled_dot_product_attention: cuDNN refuses the shape: ",
            p.refused);
@@ -175,12 +201,13 @@ void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o
   const Tensor ws = workspace(device, p.forward_workspace);
   std::unordered_map<std::int64_t, void*> pack{
       {kQ, mut(q)}, {kK, mut(k)}, {kV, mut(v)}, {kO, o}, {kStats, stats}};
+  add_rng(pack, g, rng, "scaled_dot_product_attention");
   execute(*p.forward, handle, pack, ws);
 }
 
 void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* dq, bf16* dk,
                    bf16* dv, const bf16* q, const bf16* k, const bf16* v, const bf16* o,
-                   const bf16* d_o, const float* stats) {
+                   const bf16* d_o, const float* stats, const std::int64_t* rng) {
   const SdpaPlan& p = plan_for(device, stream, g);
   GW_CHECK(p.refused.empty(), "scaled_dot_product_attention_backward: cuDNN refuses the shape: ",
            p.refused);
@@ -189,6 +216,7 @@ void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* 
   std::unordered_map<std::int64_t, void*> pack{
       {kQ, mut(q)},   {kK, mut(k)},         {kV, mut(v)}, {kO, mut(o)}, {kDO, mut(d_o)},
       {kStats, mut(stats)}, {kDQ, dq}, {kDK, dk},    {kDV, dv}};
+  add_rng(pack, g, rng, "scaled_dot_product_attention_backward");
   execute(*p.backward, handle, pack, ws);
 }
 

@@ -1,13 +1,16 @@
 // Fused attention on CUDA (Note [Fused attention], runtime/dnn.h): bfloat16 q, k, v take cuDNN's
 // SDPA where the build has it, forward and backward within bfloat16's tolerance of the composed
-// float32 path on the CPU, causal and not, over several shapes; the shapes cuDNN refuses, float32,
-// and dropout take the composed path and say so; a replayed backward through the fused op equals
-// the eager one bitwise.
+// float32 path on the CPU, causal and not, over several shapes; the shapes cuDNN refuses and
+// float32 take the composed path and say so; the fused dropout drops each weight or scales it by
+// 1/(1 − p), as often as p says, the backward through the same mask, a new mask each draw and the
+// same for a generator of the same seed; a replayed backward through the fused op, dropout or not,
+// equals the eager one bitwise.
 #include "capture/backward_graph.h"
 #include "test_util.h"
 
 namespace graphward {
 namespace {
+using testing::values;
 constexpr Device kGpu = Device::cuda(0);
 constexpr bool kBuiltFused = GRAPHWARD_HAS_CUDNN_FRONTEND != 0;
 
@@ -91,8 +94,7 @@ TEST_F(CudaAttention, WhatTheFusedPathCannotTakeIsComposedAndSaysWhy) {
   const Tensor q16 = cast(q32, DType::kBFloat16);
   Generator gen(kGpu, 5);
   const AttentionPath dropped = attention_path(q16, q16, q16, {.dropout = 0.1, .generator = &gen});
-  EXPECT_FALSE(dropped.fused);
-  EXPECT_NE(dropped.reason.find("dropout"), std::string::npos) << dropped.reason;
+  EXPECT_EQ(dropped.fused, kBuiltFused) << dropped.reason;  // dropout is fused too
   const AttentionPath cpu = attention_path(q16.to(Device::cpu()), q16.to(Device::cpu()),
                                            q16.to(Device::cpu()));
   EXPECT_FALSE(cpu.fused);
@@ -103,49 +105,133 @@ TEST_F(CudaAttention, WhatTheFusedPathCannotTakeIsComposedAndSaysWhy) {
   }
 }
 
+// With v the identity, the output is the dropped attention weights themselves: each weight of a
+// draw is 0 or the undropped weight · 1/(1 − p), about p of them 0; a second draw drops others; a
+// generator of the same seed draws the same. The gradients then equal the composed float32 path's
+// with that mask as a fixed factor: the backward dropped what the forward did.
+TEST_F(CudaAttention, FusedDropoutDropsAsTheGeneratorSaysAndTheBackwardUsesTheSameMask) {
+  if (!kBuiltFused) GTEST_SKIP() << "built without cudnn-frontend: no fused path to test";
+  constexpr std::int64_t kN = 4, kT = 64;
+  constexpr double kP = 0.25;
+  std::vector<float> eye(kN * kT * kT, 0.f);
+  for (std::int64_t b = 0; b < kN; ++b) {
+    for (std::int64_t i = 0; i < kT; ++i) eye[(b * kT + i) * kT + i] = 1.f;
+  }
+  const Tensor q32 = randn({kN, kT, kT}, 61), k32 = randn({kN, kT, kT}, 62);
+  const Tensor v32 = from_vector(eye, {kN, kT, kT});
+  const Tensor dy32 = randn({kN, kT, kT}, 63);
+  auto bf = [](const Tensor& t) { return cast(t, DType::kBFloat16).to(kGpu); };
+  for (bool causal : {false, true}) {
+    const Tensor q = bf(q32), k = bf(k32), v = bf(v32);
+    const std::vector<double> weights =
+        values(scaled_dot_product_attention(q, k, v, {.causal = causal}));
+    Generator gen(kGpu, 7), again(kGpu, 7);
+    const AttentionOptions dropping{.causal = causal, .dropout = kP, .generator = &gen};
+    ASSERT_TRUE(attention_path(q, k, v, dropping).fused)
+        << attention_path(q, k, v, dropping).reason;
+    const std::vector<double> first = values(scaled_dot_product_attention(q, k, v, dropping));
+    const std::vector<double> second = values(scaled_dot_product_attention(q, k, v, dropping));
+    const std::vector<double> same = values(scaled_dot_product_attention(
+        q, k, v, {.causal = causal, .dropout = kP, .generator = &again}));
+    EXPECT_EQ(first, same) << "causal=" << causal << ": a generator of the same seed";
+    std::int64_t live = 0, dropped = 0, differ = 0, wrong = 0;
+    std::vector<float> mask(first.size());
+    for (std::size_t e = 0; e < first.size(); ++e) {
+      const std::int64_t i = (e / kT) % kT, j = e % kT;
+      if (causal && j > i) {
+        wrong += first[e] != 0;
+        continue;
+      }
+      ++live;
+      const double kept = weights[e] / (1 - kP);
+      if (first[e] == 0) {
+        ++dropped;
+      } else {
+        wrong += std::abs(first[e] - kept) > 1e-2 * kept;
+        mask[e] = static_cast<float>(1 / (1 - kP));
+      }
+      differ += (first[e] == 0) != (second[e] == 0);
+    }
+    EXPECT_EQ(wrong, 0) << "causal=" << causal << ": weights neither 0 nor w/(1-p)";
+    EXPECT_NEAR(static_cast<double>(dropped) / live, kP, 0.02) << "causal=" << causal;
+    EXPECT_GT(differ, live / 4) << "causal=" << causal << ": the second draw's mask";
+
+    // The backward: fused, from a generator of the same seed (the first draw's mask again),
+    // against the float32 composed path with that mask.
+    Generator third(kGpu, 7);
+    const Tensor qg = bf(q32).detach().set_requires_grad(true);
+    const Tensor kg = bf(k32).detach().set_requires_grad(true);
+    const Tensor vg = bf(v32).detach().set_requires_grad(true);
+    const Tensor out = scaled_dot_product_attention(
+        qg, kg, vg, {.causal = causal, .dropout = kP, .generator = &third});
+    EXPECT_EQ(values(out), first);
+    backward({out}, {bf(dy32)});
+    const Tensor qr = q32.detach().set_requires_grad(true);
+    const Tensor kr = k32.detach().set_requires_grad(true);
+    const Tensor vr = v32.detach().set_requires_grad(true);
+    const Tensor scores = bmm(qr, kr, false, true, 1.0 / std::sqrt(double(kT)));
+    const Tensor w = causal ? causal_softmax(scores) : softmax(scores);
+    const Tensor ref = bmm(mul(w, from_vector(mask, {kN, kT, kT})), vr);
+    backward({ref}, {dy32});
+    const Tensor* got[] = {&qg, &kg, &vg};
+    const Tensor* want[] = {&qr, &kr, &vr};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(error_against_float32(got[i]->grad(), want[i]->grad()), 2e-2)
+          << "causal=" << causal << ", grad of input " << i;
+    }
+  }
+}
+
 // q, k, v = x + a parameter each; the loss Σ attention(q, k, v) ⊙ c (c fixed, so that the
 // gradients are not symmetric). 10 steps of fresh x through a static input: one capture, the
-// replayed gradients bitwise equal to the eager backward's; the fused op (where built) in both.
+// replayed gradients bitwise equal to the eager backward's; the fused op (where built) in both;
+// without dropout and with it (each side its generator of one seed: a new mask every step, the
+// same on both sides).
 TEST_F(CudaAttention, AReplayedBackwardThroughFusedAttentionEqualsTheEagerOneBitwise) {
-  const Shape shape{2, 4, 64, 32};
-  auto param = [&](std::uint64_t seed) {
-    return cast(mul(randn(shape, seed, {DType::kFloat32, kGpu}), 0.5), DType::kBFloat16)
-        .detach()
-        .set_requires_grad(true);
-  };
-  const Tensor c = cast(randn({2, 4, 64, 32}, 9, {DType::kFloat32, kGpu}), DType::kBFloat16);
-  struct Params {
-    Tensor q, k, v;
-  };
-  const Params graphed{param(1), param(2), param(3)}, eager{param(1), param(2), param(3)};
-  auto loss = [&](const Params& p, const Tensor& x) {
-    const Tensor out =
-        scaled_dot_product_attention(add(x, p.q), add(x, p.k), add(x, p.v), {.causal = true});
-    return sum(mul(out, c));
-  };
-  auto grads = [](const Params& p) {
-    return std::vector<std::vector<float>>{cast(p.q.grad(), DType::kFloat32).to_vector<float>(),
-                                           cast(p.k.grad(), DType::kFloat32).to_vector<float>(),
-                                           cast(p.v.grad(), DType::kFloat32).to_vector<float>()};
-  };
-  const Tensor x = zeros(shape, {DType::kBFloat16, kGpu});
-  StepArena arena(kGpu);
-  BackwardGraph bw(kGpu);
-  for (int s = 0; s < 10; ++s) {
-    {
-      NoGradGuard no_grad;
-      copy_(x, cast(randn(shape, 100 + s, {DType::kFloat32, kGpu}), DType::kBFloat16));
+  for (double p : {0.0, 0.1}) {
+    SCOPED_TRACE(p);
+    const Shape shape{2, 4, 64, 32};
+    auto param = [&](std::uint64_t seed) {
+      return cast(mul(randn(shape, seed, {DType::kFloat32, kGpu}), 0.5), DType::kBFloat16)
+          .detach()
+          .set_requires_grad(true);
+    };
+    const Tensor c = cast(randn({2, 4, 64, 32}, 9, {DType::kFloat32, kGpu}), DType::kBFloat16);
+    struct Params {
+      Tensor q, k, v;
+    };
+    const Params graphed{param(1), param(2), param(3)}, eager{param(1), param(2), param(3)};
+    Generator graphed_gen(kGpu, 11), eager_gen(kGpu, 11);
+    auto loss = [&](const Params& w, const Tensor& x, Generator& gen) {
+      const Tensor out = scaled_dot_product_attention(
+          add(x, w.q), add(x, w.k), add(x, w.v),
+          {.causal = true, .dropout = p, .generator = p > 0 ? &gen : nullptr});
+      return sum(mul(out, c));
+    };
+    auto grads = [](const Params& w) {
+      return std::vector<std::vector<float>>{cast(w.q.grad(), DType::kFloat32).to_vector<float>(),
+                                             cast(w.k.grad(), DType::kFloat32).to_vector<float>(),
+                                             cast(w.v.grad(), DType::kFloat32).to_vector<float>()};
+    };
+    const Tensor x = zeros(shape, {DType::kBFloat16, kGpu});
+    StepArena arena(kGpu);
+    BackwardGraph bw(kGpu);
+    for (int s = 0; s < 10; ++s) {
+      {
+        NoGradGuard no_grad;
+        copy_(x, cast(randn(shape, 100 + s, {DType::kFloat32, kGpu}), DType::kBFloat16));
+      }
+      {
+        StepScope step(arena);
+        bw.backward(loss(graphed, x, graphed_gen), GradWrite::kOverwrite);
+        arena.record_step_end(current_stream(kGpu));
+      }
+      backward(loss(eager, x, eager_gen), {.grad_write = GradWrite::kOverwrite});
+      ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
     }
-    {
-      StepScope step(arena);
-      bw.backward(loss(graphed, x), GradWrite::kOverwrite);
-      arena.record_step_end(current_stream(kGpu));
-    }
-    backward(loss(eager, x), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
+    EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+    EXPECT_EQ(bw.stats().counters.replays, 9u);
   }
-  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
-  EXPECT_EQ(bw.stats().counters.replays, 9u);
 }
 
 }  // namespace
