@@ -35,7 +35,8 @@
 // --bf16: every step's forward under Autocast (Note [Autocast], ops/autocast.h: matrix products
 // in bfloat16, float32 master weights cast once a step), TF32 on for what stays float32;
 // --causal: the transformers' attention causal. Every row's counters tf32, bf16 and causal say
-// which (1 on, 0 off).
+// which (1 on, 0 off); casts and cast_us, the parameters Autocast casts each step and the GPU time
+// of those casts and of their gradients' widening, replayed alone (0 without --bf16).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -58,6 +59,38 @@ namespace {
 // The program's flags (main): every row the same.
 bool g_bf16 = false;
 bool g_causal = false;
+
+// The GPU time a step spends on Autocast's casts (Note [Autocast]): each parameter the forward
+// cast, cast to bfloat16, and a bfloat16 gradient of its shape widened to float32 (the cast's
+// backward), as one StepGraph replayed; µs a step, the median of 5 blocks of 20 replays.
+double cast_us(const std::vector<gw::Tensor>& params) {
+  if (params.empty()) return 0;
+  std::vector<gw::Tensor> grads;
+  for (const gw::Tensor& p : params) {
+    grads.push_back(gw::zeros(p.shape(), {gw::DType::kBFloat16, gw::bench::kDev}));
+  }
+  gw::StepGraph graph(gw::bench::kDev);
+  const auto casts = [&] {
+    gw::NoGradGuard no_grad;
+    gw::Tensor last;
+    for (const gw::Tensor& p : params) last = gw::cast(p, gw::DType::kBFloat16);
+    for (const gw::Tensor& g : grads) last = gw::cast(g, gw::DType::kFloat32);
+    return last;
+  };
+  for (int i = 0; i < 3; ++i) (void)graph.run(casts);
+  const cudaStream_t s = gw::current_stream(gw::bench::kDev);
+  gw::Event start(gw::bench::kDev, true), end(gw::bench::kDev, true);
+  std::vector<double> blocks;
+  for (int b = 0; b < 5; ++b) {
+    start.record(s);
+    for (int k = 0; k < 20; ++k) (void)graph.run(casts);
+    end.record(s);
+    end.synchronize();
+    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 20);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
+}
 
 template <class Model>
 void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mode mode,
@@ -106,6 +139,9 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   state.counters["tf32"] = gw::matmul_tf32() ? 1 : 0;
   state.counters["bf16"] = g_bf16 ? 1 : 0;
   state.counters["causal"] = g_causal ? 1 : 0;
+  // Autocast's casts: how many parameters a step casts, and their GPU time (cast_us above).
+  state.counters["casts"] = static_cast<double>(trainer.cast_parameters().size());
+  state.counters["cast_us"] = cast_us(trainer.cast_parameters());
   // Every row has every counter (Google Benchmark's CSV output requires it): 0 where the mode
   // has no BackwardGraph.
   for (const char* c : {"bw_host_us", "bw_launch_at_us", "slots", "whole_step"}) {

@@ -131,6 +131,8 @@ class Trainer {
   }
 
   const Model& model() const { return model_; }
+  // Under autocast, the parameters the last forward cast to bfloat16 (Autocast::cast_parameters).
+  const std::vector<Tensor>& cast_parameters() const { return cast_parameters_; }
   std::uint64_t captures() const {
     if (bw_) return bw_->stats().counters.captures;
     if (step_graph_) return step_graph_->counters().captures;
@@ -145,7 +147,9 @@ class Trainer {
   Tensor loss_of(const Tensor& x, const Tensor& t) const {
     if (!autocast_) return model_.loss(x, t);
     Autocast scope;
-    return model_.loss(x, t);
+    Tensor loss = model_.loss(x, t);
+    cast_parameters_ = scope.cast_parameters();
+    return loss;
   }
 
   Config config_;
@@ -154,6 +158,7 @@ class Trainer {
   bool fuse_ = true;
   std::optional<bool> split_;
   bool autocast_ = false;
+  mutable std::vector<Tensor> cast_parameters_;
   Model model_;
   Batches data_;
   AdamW opt_;

@@ -43,6 +43,13 @@ Autocast::~Autocast() {
   t_scope = previous_;
 }
 
+std::vector<Tensor> Autocast::cast_parameters() const {
+  std::vector<Tensor> out;
+  out.reserve(cache_.size());
+  for (const Copy& c : cache_) out.push_back(c.source);
+  return out;
+}
+
 bool autocast_enabled() {
   return AutocastAccess::active() != nullptr;
 }

@@ -40,6 +40,8 @@ class Autocast {
 
   // Parameters cast so far in this scope (one each, whatever their uses).
   std::size_t parameter_casts() const { return cache_.size(); }
+  // Those parameters, in the order of their first use.
+  std::vector<Tensor> cast_parameters() const;
 
  private:
   friend struct AutocastAccess;
