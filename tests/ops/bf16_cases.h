@@ -226,7 +226,10 @@ inline std::vector<Bf16Case> bf16_cases() {
                      return std::vector<Tensor>{y, x.grad()};
                    }});
   for (const bool relu : {false, true}) {
-    cases.push_back({"conv2d (bias, ReLU), average pooling after it, and their backwards", 2e-2,
+    cases.push_back({relu ? "conv2d with bias and ReLU, average pooling after it, and their "
+                            "backwards"
+                          : "conv2d with bias, average pooling after it, and their backwards",
+                     2e-2,
                      [relu](TensorOptions o) {
                        const Tensor x =
                            bf16_case_input({4, 3, 12, 12}, 36, o).detach().set_requires_grad(true);
