@@ -15,7 +15,6 @@ namespace {
 using detail::block_reduce;
 using detail::load;
 using detail::put;
-using detail::store;
 
 constexpr int kBiasThreads = 256;
 constexpr std::int64_t kTargetBlocks = 264;  // two waves of a 132-SM GPU
@@ -70,7 +69,8 @@ __global__ void bias_slices_sum_kernel(S* db, const float* partial, std::int64_t
 // Thread per (channel, value): the slices' partial sums in order — partial[(s · K + ch) · values
 // + j], the last value of a channel its bias gradient (db, may be null), the others its weight
 // gradient's taps (dw [K, values − 1]). values = 1: the bias gradient alone.
-__global__ void slices_sum_kernel(float* dw, float* db, const float* partial, std::int64_t slices,
+template <class S>
+__global__ void slices_sum_kernel(S* dw, S* db, const float* partial, std::int64_t slices,
                                   std::int64_t k, int values, bool accumulate_w,
                                   bool accumulate_b) {
   const std::int64_t per_slice = k * values;
@@ -79,9 +79,9 @@ __global__ void slices_sum_kernel(float* dw, float* db, const float* partial, st
     for (std::int64_t s = 0; s < slices; ++s) v += partial[s * per_slice + i];
     const std::int64_t ch = i / values, j = i % values;
     if (j < values - 1) {
-      store(dw, ch * (values - 1) + j, v, accumulate_w);
+      put(dw, ch * (values - 1) + j, v, accumulate_w);
     } else if (db) {
-      store(db, ch, v, accumulate_b);
+      put(db, ch, v, accumulate_b);
     }
   }
 }
@@ -104,9 +104,9 @@ constexpr std::int64_t kWgradMaxWork = std::int64_t{1} << 25;  // N·OH·OW·K·
 // in order): deterministic. Into partial[(slice · K + ch) · (taps + 1) + j] (the bias last), or,
 // with one slice (partial null), into dw [K, taps] and db [K] (may be null). kR: the filter's
 // size, so that every tap's place is known at compile time (no table, no spilled registers).
-template <int kR>
+template <int kR, class S>
 __global__ void __launch_bounds__(kWgradThreads)
-    weight_grad_small_kernel(float* partial, float* dw, float* db, const float* dy, const float* x,
+    weight_grad_small_kernel(float* partial, S* dw, S* db, const S* dy, const S* x,
                              int c, int h, int w, int k, int pad, int stride, int oh, int ow, int n,
                              int per, bool accumulate_w, bool accumulate_b) {
   constexpr int kArea = kR * kR, kMaxC = kWgradMaxTaps / kArea, kBias = kMaxC * kArea;
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(kWgradThreads)
   for (int t = threadIdx.x; t < count; t += kWgradThreads) {
     const int img = n0 + t / plane, pos = t % plane;
     const int iy0 = pos / ow * stride - pad, ix0 = pos % ow * stride - pad;
-    const float g = dy[(img * k + ch) * plane + pos];
-    const float* xi = x + static_cast<std::int64_t>(img) * c * hw;
+    const float g = load(dy, (img * k + ch) * plane + pos);
+    const S* xi = x + static_cast<std::int64_t>(img) * c * hw;
     bool row_in[kR], col_in[kR];
 #pragma unroll
     for (int q = 0; q < kR; ++q) {
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kWgradThreads)
 #pragma unroll
           for (int ss = 0; ss < kR; ++ss) {
             if (row_in[rr] && col_in[ss]) {
-              acc[(cc * kR + rr) * kR + ss] += g * xi[cc * hw + at + rr * w + ss];
+              acc[(cc * kR + rr) * kR + ss] += g * load(xi, cc * hw + at + rr * w + ss);
             }
           }
         }
@@ -162,9 +162,9 @@ __global__ void __launch_bounds__(kWgradThreads)
   if (partial) {
     partial[(static_cast<std::int64_t>(slice) * k + ch) * (taps + 1) + threadIdx.x] = v;
   } else if (static_cast<int>(threadIdx.x) < taps) {
-    store(dw, static_cast<std::int64_t>(ch) * taps + threadIdx.x, v, accumulate_w);
+    put(dw, static_cast<std::int64_t>(ch) * taps + threadIdx.x, v, accumulate_w);
   } else if (db) {
-    store(db, ch, v, accumulate_b);
+    put(db, ch, v, accumulate_b);
   }
 }
 
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kWgradThreads)
 bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
   const std::int64_t taps = g.c * g.r * g.s;
   const std::int64_t positions = g.n * g.out_h() * g.out_w();
-  return !g.bf16 && g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 &&
+  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 &&
          g.k >= 1 && positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w <= INT_MAX &&
          positions * g.k <= INT_MAX;
 }
@@ -183,8 +183,9 @@ std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g) {
   return slices > 1 ? slices * g.k * (g.c * g.r * g.s + 1) : 0;
 }
 
-void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
-                              const float* dy, const float* x, const ConvGeom& g, float* workspace,
+template <class S>
+void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* dy,
+                              const S* x, const ConvGeom& g, float* workspace,
                               cudaStream_t stream) {
   GW_CHECK(conv2d_weight_grad_small_fits(g), "conv2d_weight_grad_small: the geometry (", g.c, "x",
            g.r, "x", g.s, " taps, ", g.n, " images, ", g.k,
@@ -195,20 +196,25 @@ void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accu
   auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
   float* out = slices.count > 1 ? workspace : nullptr;
   // The filter's size as a template argument: r · r ≤ 32, so r ≤ 5.
-  constexpr decltype(&weight_grad_small_kernel<1>) kKernels[] = {
-      weight_grad_small_kernel<1>, weight_grad_small_kernel<2>, weight_grad_small_kernel<3>,
-      weight_grad_small_kernel<4>, weight_grad_small_kernel<5>};
+  constexpr decltype(&weight_grad_small_kernel<1, S>) kKernels[] = {
+      weight_grad_small_kernel<1, S>, weight_grad_small_kernel<2, S>,
+      weight_grad_small_kernel<3, S>, weight_grad_small_kernel<4, S>,
+      weight_grad_small_kernel<5, S>};
   kKernels[g.r - 1]<<<grid, kWgradThreads, 0, stream>>>(
       out, dw, db, dy, x, i32(g.c), i32(g.h), i32(g.w), i32(g.k), i32(g.pad), i32(g.stride),
       i32(g.out_h()), i32(g.out_w()), i32(g.n), i32(slices.per), accumulate_w, accumulate_b);
   GW_LAUNCH_CHECK();
   if (slices.count > 1) {
     const std::int64_t outputs = g.k * (taps + 1);
-    slices_sum_kernel<<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+    slices_sum_kernel<S><<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
         dw, db, workspace, slices.count, g.k, taps + 1, accumulate_w, accumulate_b);
     GW_LAUNCH_CHECK();
   }
 }
+template void conv2d_weight_grad_small<float>(float*, bool, float*, bool, const float*,
+                                              const float*, const ConvGeom&, float*, cudaStream_t);
+template void conv2d_weight_grad_small<bf16>(bf16*, bool, bf16*, bool, const bf16*, const bf16*,
+                                             const ConvGeom&, float*, cudaStream_t);
 
 namespace {
 template <class S>

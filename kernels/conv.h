@@ -48,12 +48,13 @@ std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 // (padding skipped); db [K] (=|+=) Σ dy (db may be null: dw alone). Deterministic (fixed-order
 // sums, no atomics); `workspace` holds conv2d_weight_grad_small_workspace(g) floats (none needed
 // when that is 0). Our own where cuDNN's fastest algorithm leaves the GPU nearly idle (docs/
-// DECISIONS.md, "a first convolution's weight gradient by a kernel of our own"). float32 only
-// (a bfloat16 geometry never fits).
+// DECISIONS.md, "a first convolution's weight gradient by a kernel of our own"). S: float or bf16
+// (float32 sums, each gradient rounded once).
 bool conv2d_weight_grad_small_fits(const ConvGeom& g);
 std::int64_t conv2d_weight_grad_small_workspace(const ConvGeom& g);
-void conv2d_weight_grad_small(float* dw, bool accumulate_w, float* db, bool accumulate_b,
-                              const float* dy, const float* x, const ConvGeom& g, float* workspace,
+template <class S>
+void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* dy,
+                              const S* x, const ConvGeom& g, float* workspace,
                               cudaStream_t stream);
 // y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with

@@ -210,10 +210,12 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       const bool acc_b = want_b && open_slot(grad_bias, {g.k}, weight, s);
       const std::int64_t ws = k::conv2d_weight_grad_small_workspace(g);
       const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
-      k::conv2d_weight_grad_small(grad_weight.tensor->data<float>(), acc_w,
-                                  want_b ? grad_bias.tensor->data<float>() : nullptr, acc_b,
-                                  grad_out.data<float>(), x.data<float>(), g,
-                                  ws > 0 ? partial.data<float>() : nullptr, s);
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::conv2d_weight_grad_small<T>(ptr<T>(*grad_weight.tensor), acc_w,
+                                       want_b ? ptr<T>(*grad_bias.tensor) : nullptr, acc_b,
+                                       ptr<T>(grad_out), ptr<T>(x), g,
+                                       ws > 0 ? partial.data<float>() : nullptr, s);
+      });
       want_w = want_b = false;
     }
     if (want_w) {

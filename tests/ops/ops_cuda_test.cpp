@@ -1177,8 +1177,8 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
 // images) takes its weight and bias gradients from kernels of ours (kernels/conv.h): against the
 // CPU's (double sums) and cuDNN's deterministic algorithm, at every filter size it takes (1 to 5),
 // strides 1 to 3, padding 0 to 2, one slice of images and several, with the bias and without,
-// written and accumulated; the same bits on a second run. Just outside its range (33 taps, too
-// much work) it is not taken.
+// written and accumulated; the same bits on a second run; in bfloat16 too. Just outside its range
+// (33 taps, too much work) it is not taken.
 TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
   struct Case {
     Shape x, w;
@@ -1223,6 +1223,18 @@ TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
     conv2d_backward(gdy, gx, gw, c.o, {}, {&first}, {&bias});
     conv2d_backward(gdy, gx, gw, c.o, {}, {&second}, {});
     EXPECT_EQ(first.to_vector<float>(), second.to_vector<float>()) << what;
+    {  // bfloat16 storage: the same kernel, within bfloat16's rounding of the float32 gradients
+       // of the rounded inputs
+      const auto bf = [](const Tensor& t) { return cast(t, DType::kBFloat16); };
+      const auto f32 = [](const Tensor& t) { return cast(t, DType::kFloat32); };
+      const Tensor x16 = bf(gx), w16 = bf(gw), dy16 = bf(gdy);
+      Tensor w_grad16, b_grad16, w_grad32, b_grad32;
+      conv2d_backward(dy16, x16, w16, c.o, {}, {&w_grad16}, {&b_grad16});
+      conv2d_backward(f32(dy16), f32(x16), f32(w16), c.o, {}, {&w_grad32}, {&b_grad32});
+      EXPECT_EQ(w_grad16.dtype(), DType::kBFloat16) << what;
+      EXPECT_LT(rel_error(f32(w_grad16), w_grad32), 1e-2) << what << " (bfloat16)";
+      EXPECT_LT(rel_error(f32(b_grad16), b_grad32), 1e-2) << what << " (bfloat16)";
+    }
 #if GRAPHWARD_HAS_CUDNN
     // on one stream: the output's allocation (and its poison fill) ordered before cuDNN's call
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
