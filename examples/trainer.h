@@ -12,7 +12,8 @@
 //                   parameters once their gradients are final (StepInBackward, Note [Optimizer
 //                   steps in the backward] in backward/optim.h).
 // With `autocast`, each mode computes the model's loss inside an Autocast scope (Note [Autocast],
-// ops/autocast.h): matrix products in bfloat16, the parameters float32 masters cast once a step.
+// ops/autocast.h): matrix products in bfloat16, the parameters float32 masters cast once a step,
+// all in one launch at its start (Autocast(parameters)).
 // Every mode hands the model each step's own batch tensor, as a training loop does (the batches
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
 // slots] in capture/backward_graph.h).
@@ -80,6 +81,12 @@ class Trainer {
       step_graph_ = std::make_unique<StepGraph>(device);
     }
     if (mode == Mode::kStepGraphInBackward) in_backward_ = std::make_unique<StepInBackward>(opt_);
+    if (autocast) {  // which parameters the forward casts: one forward, nothing recorded
+      NoGradGuard no_grad;
+      Autocast probe;
+      (void)model_.loss(data_.x.front(), data_.t.front());
+      cast_parameters_ = probe.cast_parameters();
+    }
   }
 
   Tensor step(int i) {
@@ -131,7 +138,8 @@ class Trainer {
   }
 
   const Model& model() const { return model_; }
-  // Under autocast, the parameters the last forward cast to bfloat16 (Autocast::cast_parameters).
+  // Under autocast, the parameters the forward casts to bfloat16 (Autocast::cast_parameters of
+  // one forward at construction), which each step's scope casts at once.
   const std::vector<Tensor>& cast_parameters() const { return cast_parameters_; }
   std::uint64_t captures() const {
     if (bw_) return bw_->stats().counters.captures;
@@ -146,10 +154,8 @@ class Trainer {
   // The model's loss, inside an Autocast scope where asked (the scope ends with the forward).
   Tensor loss_of(const Tensor& x, const Tensor& t) const {
     if (!autocast_) return model_.loss(x, t);
-    Autocast scope;
-    Tensor loss = model_.loss(x, t);
-    cast_parameters_ = scope.cast_parameters();
-    return loss;
+    Autocast scope(cast_parameters_);  // the step's parameter casts at once
+    return model_.loss(x, t);
   }
 
   Config config_;
@@ -158,10 +164,10 @@ class Trainer {
   bool fuse_ = true;
   std::optional<bool> split_;
   bool autocast_ = false;
-  mutable std::vector<Tensor> cast_parameters_;
   Model model_;
   Batches data_;
   AdamW opt_;
+  std::vector<Tensor> cast_parameters_;
   std::unique_ptr<StepArena> arena_;
   std::unique_ptr<BackwardGraph> bw_;
   std::unique_ptr<StepGraph> step_graph_;

@@ -17,6 +17,16 @@ void float_to_bf16(std::uint16_t* y, const float* x, std::int64_t n, bool accumu
                    cudaStream_t stream);
 void bf16_to_float(float* y, const std::uint16_t* x, std::int64_t n, bool accumulate,
                    cudaStream_t stream);
+
+// Several float_to_bf16 (no accumulation) in one launch: y_i = x_i rounded, for up to
+// kCastBatchMax tensors (a block row per tensor).
+struct CastSlice {
+  std::uint16_t* y;
+  const float* x;
+  std::int64_t n;
+};
+inline constexpr int kCastBatchMax = 48;
+void float_to_bf16_batch(const CastSlice* slices, int count, cudaStream_t stream);
 #endif
 
 }  // namespace graphward::kernels

@@ -39,6 +39,25 @@ Autocast::Autocast(DType dtype, bool enabled)
   t_scope = this;
 }
 
+Autocast::Autocast(const std::vector<Tensor>& parameters, DType dtype) : Autocast(dtype, true) {
+  std::vector<Tensor> todo;
+  for (const Tensor& p : parameters) {
+    if (!p.defined() || p.dtype() != DType::kFloat32 || !p.is_leaf() || !p.requires_grad()) {
+      continue;
+    }
+    bool seen = false;  // a parameter given twice is cast once
+    for (const Tensor& t : todo) seen = seen || (t.storage() == p.storage() &&
+                                                 t.raw_data() == p.raw_data() &&
+                                                 t.shape() == p.shape());
+    if (!seen) todo.push_back(p);
+  }
+  const bool recorded = grad_mode_enabled();
+  const std::vector<Tensor> copies = ops_detail::cast_to_bf16_batched(todo);
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    cache_.push_back({todo[i], todo[i].version(), recorded, copies[i]});
+  }
+}
+
 Autocast::~Autocast() {
   t_scope = previous_;
 }

@@ -20,6 +20,8 @@
 // inside the step (inside the StepScope, or inside a StepGraph's step function), so that each
 // step casts its parameters once, after the optimizer's last update. The copies a scope made are
 // released when it ends; a parameter written during the scope (its version bumped) is cast anew.
+// A scope may be given the parameters up front (Autocast(parameters)): it casts them all at once,
+// one launch on CUDA, where lazily each cast is a kernel of its own at its first use.
 // float16 is out of scope: it needs loss scaling, which graphward does not do.
 #include <cstdint>
 #include <vector>
@@ -34,6 +36,11 @@ class Autocast {
   // dtype: the matrix products' (bfloat16, the only one; float16 is refused). enabled = false
   // opens a scope that turns an enclosing one off.
   explicit Autocast(DType dtype = DType::kBFloat16, bool enabled = true);
+  // The same, with `parameters` cast now, all of them (on CUDA in one launch per device and 48
+  // parameters), each as its first use in the scope would cast it: a step's casts in one kernel
+  // instead of one a parameter, at the step's start. Those that are not float32 parameters (a
+  // leaf that requires grad) are skipped.
+  Autocast(const std::vector<Tensor>& parameters, DType dtype = DType::kBFloat16);
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
@@ -69,6 +76,9 @@ bool autocast_matrix_operands(std::initializer_list<Tensor*> operands);
 // bfloat16 ones widened to float32 in place (casts recorded); nothing otherwise. Undefined
 // tensors are skipped.
 void autocast_promote(std::initializer_list<Tensor*> operands);
+// cast(x, bfloat16) of each x, recorded as cast records it; the float32 CUDA ones of a device in
+// one launch per kernels::kCastBatchMax (kernels/cast.h). (ops/ops_cast.cpp)
+std::vector<Tensor> cast_to_bf16_batched(const std::vector<Tensor>& xs);
 }  // namespace ops_detail
 
 }  // namespace graphward

@@ -90,7 +90,66 @@ void convert(const Tensor& y, const Tensor& x, bool accumulate,
   }
 }
 
+// Records y = cast(x) as cast() does (where x needs a gradient).
+void record_cast(const Tensor& y, const Tensor& x) {
+  if (!needs_grad({&x})) return;
+  const DType from = x.dtype();
+  record("cast", y, {&x}, {},
+         [from](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+           cast_backward(g, from, grads[0]);
+         });
+}
+
 }  // namespace
+
+namespace ops_detail {
+
+std::vector<Tensor> cast_to_bf16_batched(const std::vector<Tensor>& xs) {
+  const char* op = "cast";
+  detail::NvtxRange range(op);
+  for (const Tensor& x : xs) {
+    GW_CHECK(x.defined(), op, ": x is an undefined tensor; expected a tensor");
+    check_cast(op, x, x.dtype(), DType::kBFloat16);
+  }
+  std::vector<Tensor> out(xs.size());
+#if GRAPHWARD_HAS_CUDA
+  // The float32 CUDA tensors, a device at a time: their casts in launches of kCastBatchMax.
+  std::vector<bool> done(xs.size(), false);
+  for (std::size_t first = 0; first < xs.size(); ++first) {
+    if (done[first] || !xs[first].is_cuda() || xs[first].dtype() != DType::kFloat32) continue;
+    const Device device = xs[first].device();
+    CudaScope scope(device);
+    std::vector<kernels::CastSlice> slices;
+    const auto launch = [&] {
+      kernels::float_to_bf16_batch(slices.data(), static_cast<int>(slices.size()),
+                                   scope.stream());
+      slices.clear();
+    };
+    for (std::size_t i = first; i < xs.size(); ++i) {
+      const Tensor& x = xs[i];
+      if (done[i] || !x.is_cuda() || x.device() != device || x.dtype() != DType::kFloat32) {
+        continue;
+      }
+      scope.read({&x});
+      out[i] = Tensor::empty(x.shape(), {DType::kBFloat16, device});
+      slices.push_back({static_cast<std::uint16_t*>(out[i].raw_data()), x.data<float>(),
+                        x.numel()});
+      done[i] = true;
+      if (slices.size() == static_cast<std::size_t>(kernels::kCastBatchMax)) launch();
+    }
+    if (!slices.empty()) launch();
+  }
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (out[i].defined()) record_cast(out[i], xs[i]);
+  }
+#endif
+  for (std::size_t i = 0; i < xs.size(); ++i) {  // the rest (the CPU, bfloat16 already) as cast
+    if (!out[i].defined()) out[i] = cast(xs[i], DType::kBFloat16);
+  }
+  return out;
+}
+
+}  // namespace ops_detail
 
 Tensor cast(const Tensor& x, DType dtype) {
   const char* op = "cast";
@@ -110,13 +169,7 @@ Tensor cast(const Tensor& x, DType dtype) {
     y = Tensor::empty(x.shape(), {dtype, x.device()});
     convert(y, x, false, nullptr);
   }
-  if (needs_grad({&x})) {
-    const DType from = x.dtype();
-    record(op, y, {&x}, {},
-           [from](const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
-             cast_backward(g, from, grads[0]);
-           });
-  }
+  record_cast(y, x);
   return y;
 }
 

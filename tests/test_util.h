@@ -157,4 +157,50 @@ inline TensorOptions f64() {
   return {DType::kFloat64, Device::cpu()};
 }
 
+// Autocast(parameters) (ops/autocast.h) on `device`: the parameters cast at the scope's start —
+// each once, a repeated one and what is not a float32 parameter skipped — and no cast after; the
+// loss and the gradients bitwise those of the same model cast lazily, at first use.
+inline void expect_upfront_casts_as_lazy_ones(Device device) {
+  const TensorOptions o{DType::kFloat32, device};
+  auto param = [&](const Shape& shape, std::uint64_t seed) {
+    return mul(randn(shape, seed, o), 0.3).detach().set_requires_grad(true);
+  };
+  struct Model {
+    Tensor w1, b1, w2, frozen;
+  };
+  const Model lazy{param({16, 8}, 1), param({16}, 2), param({4, 16}, 3), randn({4, 4}, 4, o)};
+  const Model upfront{param({16, 8}, 1), param({16}, 2), param({4, 16}, 3), randn({4, 4}, 4, o)};
+  const Tensor x = randn({6, 8}, 5, o);
+  auto forward = [&](const Model& m) {
+    const Tensor h = linear(linear(x, m.w1, m.b1, Activation::kGelu), m.w2);
+    return sum(matmul(h, m.frozen));
+  };
+  {  // a first forward of these shapes (its GEMMs' algorithms chosen), then the two compared
+    NoGradGuard no_grad;
+    Autocast scope;
+    (void)forward(lazy);
+  }
+  Tensor lazy_loss, upfront_loss;
+  {
+    Autocast scope;
+    lazy_loss = forward(lazy);
+    EXPECT_EQ(scope.parameter_casts(), 3u);
+  }
+  {
+    Autocast scope({upfront.w1, upfront.b1, upfront.w2, upfront.w1, upfront.frozen, x});
+    EXPECT_EQ(scope.parameter_casts(), 3u) << "w1, b1, w2 at once; w1 again and the rest skipped";
+    upfront_loss = forward(upfront);
+    EXPECT_EQ(scope.parameter_casts(), 3u) << "no cast after";
+  }
+  backward(lazy_loss);
+  backward(upfront_loss);
+  EXPECT_EQ(values(upfront_loss), values(lazy_loss));
+  const Tensor* got[] = {&upfront.w1, &upfront.b1, &upfront.w2};
+  const Tensor* want[] = {&lazy.w1, &lazy.b1, &lazy.w2};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(got[i]->grad().dtype(), DType::kFloat32);
+    EXPECT_EQ(values(got[i]->grad()), values(want[i]->grad())) << "parameter " << i;
+  }
+}
+
 }  // namespace graphward::testing

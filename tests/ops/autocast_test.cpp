@@ -107,6 +107,10 @@ TEST(Autocast, ScopesNestAndEndAndAParameterWrittenInsideIsCastAnew) {
   EXPECT_EQ(linear(x, w).dtype(), kF32);
 }
 
+TEST(Autocast, ParametersGivenUpFrontAreCastAtOnceAsTheirFirstUsesWouldCastThem) {
+  testing::expect_upfront_casts_as_lazy_ones(Device::cpu());
+}
+
 TEST(Autocast, FloatOtherThanBfloat16IsRefusedByName) {
   GW_EXPECT_ERROR((void)Autocast(DType::kFloat32), "Autocast", "float32", "expected bfloat16",
                   "float16 needs loss scaling");

@@ -13,6 +13,11 @@ const TensorOptions kBf16Gpu{DType::kBFloat16, kGpu};
 
 class CudaBf16 : public testing::PoisonedCudaTest {};
 
+// Autocast(parameters): the casts in one launch, the same bits as one cast a parameter.
+TEST_F(CudaBf16, ParametersGivenUpFrontToAutocastAreCastAtOnceAsTheirFirstUsesWouldCastThem) {
+  testing::expect_upfront_casts_as_lazy_ones(kGpu);
+}
+
 TEST_F(CudaBf16, EveryBf16OpIsWithinItsToleranceOfTheFloat32CpuReference) {
   testing::expect_bf16_cases_within_tolerance(kBf16Gpu);
 }
