@@ -40,18 +40,18 @@ __global__ void advance_kernel(std::int32_t* state, std::int64_t n) {
 
 }  // namespace
 
+void advance_offset(std::int32_t* state, std::int64_t n, cudaStream_t stream) {
+  advance_kernel<<<1, 1, 0, stream>>>(state, n);
+  GW_LAUNCH_CHECK();
+}
+
 template <class S>
 void dropout_forward(S* y, float* mask, const S* x, std::int32_t* state, std::int64_t n, float p,
                      cudaStream_t stream) {
   dropout_kernel<S>
       <<<grid_for(n), kThreads, 0, stream>>>(y, mask, x, state, n, p, 1.f / (1.f - p));
   GW_LAUNCH_CHECK();
-  advance_kernel<<<1, 1, 0, stream>>>(state, n);
-  GW_LAUNCH_CHECK();
-}
-void advance_offset(std::int32_t* state, std::int64_t n, cudaStream_t stream) {
-  advance_kernel<<<1, 1, 0, stream>>>(state, n);
-  GW_LAUNCH_CHECK();
+  advance_offset(state, n, stream);
 }
 
 template void dropout_forward<float>(float*, float*, const float*, std::int32_t*, std::int64_t,

@@ -1,6 +1,8 @@
 // The Autocast scope (Note [Autocast], ops/autocast.h).
 #include "ops/autocast.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "ops/ops.h"
 #include "tape/autograd.h"
@@ -9,6 +11,11 @@ namespace graphward {
 
 namespace {
 thread_local Autocast* t_scope = nullptr;
+
+// Whether a and b are the same parameter: one storage, address and shape.
+bool same_parameter(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.raw_data() == b.raw_data() && a.shape() == b.shape();
+}
 }  // namespace
 
 struct AutocastAccess {
@@ -19,8 +26,7 @@ struct AutocastAccess {
   static Tensor cast_parameter(Autocast& scope, const Tensor& t) {
     const bool recorded = grad_mode_enabled();
     for (const Autocast::Copy& c : scope.cache_) {
-      if (c.source.raw_data() == t.raw_data() && c.source.storage() == t.storage() &&
-          c.source.shape() == t.shape() && c.version == t.version() && c.recorded == recorded) {
+      if (same_parameter(c.source, t) && c.version == t.version() && c.recorded == recorded) {
         return c.copy;
       }
     }
@@ -45,11 +51,8 @@ Autocast::Autocast(const std::vector<Tensor>& parameters, DType dtype) : Autocas
     if (!p.defined() || p.dtype() != DType::kFloat32 || !p.is_leaf() || !p.requires_grad()) {
       continue;
     }
-    bool seen = false;  // a parameter given twice is cast once
-    for (const Tensor& t : todo) seen = seen || (t.storage() == p.storage() &&
-                                                 t.raw_data() == p.raw_data() &&
-                                                 t.shape() == p.shape());
-    if (!seen) todo.push_back(p);
+    const auto given = [&p](const Tensor& t) { return same_parameter(t, p); };
+    if (std::none_of(todo.begin(), todo.end(), given)) todo.push_back(p);  // twice: cast once
   }
   const bool recorded = grad_mode_enabled();
   const std::vector<Tensor> copies = ops_detail::cast_to_bf16_batched(todo);

@@ -306,8 +306,9 @@ struct AttentionOptions {
 // (dropout above) before v. bfloat16 on CUDA runs fused, as cuDNN's attention, where the build
 // and cuDNN allow (Note [Fused attention], runtime/dnn.h): one op, the scores never materialized,
 // its softmax statistics saved; its dropout is cuDNN's, drawn from the same generator (a mask
-// equal in distribution to the composed path's, not element by element). Otherwise composed of recorded ops — bmm with the scale its alpha,
-// the softmax (the causal mask a causal_softmax), dropout, bmm — so its backward is theirs:
+// equal in distribution to the composed path's, not element by element). Otherwise composed of
+// recorded ops — bmm with the scale its alpha, the softmax (the causal mask a causal_softmax),
+// dropout, bmm — so its backward is theirs:
 // float32 and bfloat16 on CUDA and the CPU, float64 on the CPU; the scores [..., Tq, Tk] are
 // materialized and saved.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
