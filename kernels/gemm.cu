@@ -51,8 +51,9 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
 
 void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
              std::int64_t k, std::int64_t batch, float alpha, const void* a, const void* b,
-             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream) {
+             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream, bool f32_out) {
   GW_CHECK(!(bf16 && tf32), "gemm_ex: TF32 applies to float32 storage, not bfloat16");
+  GW_CHECK(bf16 || !f32_out, "gemm_ex: a float32 C from bfloat16 A and B needs bf16");
   GW_CHECK(m > 0 && n > 0 && k > 0 && batch > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
                batch <= INT_MAX,
            "gemm_ex: sizes m=", m, " n=", n, " k=", k, " batch=", batch,
@@ -64,10 +65,11 @@ void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m
   const int lda = static_cast<int>(trans_a ? m : k);
   const int ldb = static_cast<int>(trans_b ? k : n);
   const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t c_type = f32_out ? CUDA_R_32F : type;
   GW_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type, ldb, k * n, a,
-      type, lda, m * k, &beta, c, type, static_cast<int>(n), m * n, static_cast<int>(batch),
+      type, lda, m * k, &beta, c, c_type, static_cast<int>(n), m * n, static_cast<int>(batch),
       tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -135,6 +137,8 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
            "LtGemm: a batched GEMM takes no epilogue");
   GW_CHECK(!(options.bf16 && options.tf32),
            "LtGemm: TF32 applies to float32 storage, not bfloat16");
+  GW_CHECK(!options.f32_out || (options.bf16 && options.epilogue == Epilogue::kNone),
+           "LtGemm: a float32 C is for bfloat16 A and B, with no epilogue but a bias gradient");
   // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's A is our B.
   const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -171,8 +175,9 @@ void LtGemm::set_epilogue(cudaDataType_t type, std::int64_t n) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                    sizeof(epilogue)));
+    const cudaDataType_t grad_type = options_.f32_out ? CUDA_R_32F : type;
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                   &type, sizeof(type)));
+                                                   &grad_type, sizeof(grad_type)));
   }
   if (options_.epilogue == Epilogue::kNone) return;
   const cublasLtEpilogue_t epilogue = lt_epilogue(options_.epilogue);
@@ -203,7 +208,8 @@ void LtGemm::make_layouts(cudaDataType_t type, bool na, bool nb, std::uint64_t m
                                              static_cast<std::int64_t>(na ? mm : kk)));
   GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, type, nb ? kk : nn, nb ? nn : kk,
                                              static_cast<std::int64_t>(nb ? kk : nn)));
-  GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, type, mm, nn, static_cast<std::int64_t>(mm)));
+  const cudaDataType_t c_type = options_.f32_out ? CUDA_R_32F : type;
+  GW_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_, c_type, mm, nn, static_cast<std::int64_t>(mm)));
   if (options_.batch <= 1) return;
   const std::int32_t count = static_cast<std::int32_t>(options_.batch);
   // Each operand's matrices back to back: the stride is one matrix (our A is m·k, B k·n).

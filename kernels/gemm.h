@@ -47,11 +47,11 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
           cudaStream_t stream);
 // `batch` GEMMs back to back (1: one GEMM) through cublasGemmStridedBatchedEx, where cuBLASLt
-// offers no algorithm: bfloat16 A, B, C (`bf16`) with float32 arithmetic, or float32 ones
-// multiplied as TF32 (`tf32`, Note [TF32], runtime/math_mode.h).
+// offers no algorithm: bfloat16 A, B, C (`bf16`; with `f32_out` C float32) with float32
+// arithmetic, or float32 ones multiplied as TF32 (`tf32`, Note [TF32], runtime/math_mode.h).
 void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
              std::int64_t k, std::int64_t batch, float alpha, const void* a, const void* b,
-             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream);
+             float beta, void* c, bool bf16, bool tf32, cudaStream_t stream, bool f32_out = false);
 // `batch` GEMMs of contiguous matrices back to back (cublasSgemmStridedBatched).
 void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
@@ -108,6 +108,10 @@ struct LtOptions {
   std::int64_t batch = 1;
   // bfloat16 storage for A, B, C, the bias, the bias gradient and the aux; float32 arithmetic.
   bool bf16 = false;
+  // With bf16: C and the bias gradient float32 instead (bfloat16 products summed and stored in
+  // float32: a float32 parameter's gradient from its bfloat16 copy, Note [Autocast]). Plain GEMMs
+  // and the bias gradient only.
+  bool f32_out = false;
   // float32 storage multiplied as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32; Note [TF32],
   // runtime/math_mode.h). Not with bf16.
   bool tf32 = false;

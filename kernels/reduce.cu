@@ -45,8 +45,8 @@ __global__ void sum_backward_kernel(S* dx, const float* dy, float scale, std::in
 // give a fixed order: deterministic.
 constexpr int kColumnSlices = 32;  // the largest Y
 
-template <class T>
-__global__ void column_sum_kernel(T* dst, const T* src, const T* other, float alpha,
+template <class D, class T>
+__global__ void column_sum_kernel(D* dst, const T* src, const T* other, float alpha,
                                   std::int64_t rows, std::int64_t cols, int width,
                                   bool accumulate) {
   __shared__ double partial[kColumnSlices][33];
@@ -117,9 +117,10 @@ void sum_backward(S* dx, const float* dy, float scale, std::int64_t n, bool accu
   sum_backward_kernel<S><<<grid_for(n), kThreads, 0, stream>>>(dx, dy, scale, n, accumulate);
   GW_LAUNCH_CHECK();
 }
-template <class T>
-void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
-                std::int64_t cols, bool accumulate, cudaStream_t stream) {
+namespace {
+template <class D, class T>
+void launch_column_sum(D* dst, const T* src, const T* other, float alpha, std::int64_t rows,
+                       std::int64_t cols, bool accumulate, cudaStream_t stream) {
   // Columns a block: for 256 rows or more, 32 where that still makes 16 blocks, narrower
   // otherwise; below 256 rows, 32 (a short matrix: more blocks only add to the launch).
   const int width = rows < 256 || cols >= 16 * 32 ? 32 : cols >= 16 * 16 ? 16 : 8;
@@ -128,6 +129,17 @@ void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t 
   column_sum_kernel<<<blocks, dim3(32, slices), 0, stream>>>(dst, src, other, alpha, rows, cols,
                                                              width, accumulate);
   GW_LAUNCH_CHECK();
+}
+}  // namespace
+template <class T>
+void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
+                std::int64_t cols, bool accumulate, cudaStream_t stream) {
+  launch_column_sum(dst, src, other, alpha, rows, cols, accumulate, stream);
+}
+void column_sum(float* dst, const bf16* src, float alpha, std::int64_t rows, std::int64_t cols,
+                bool accumulate, cudaStream_t stream) {
+  launch_column_sum(dst, src, static_cast<const bf16*>(nullptr), alpha, rows, cols, accumulate,
+                    stream);
 }
 template void column_sum<float>(float*, const float*, const float*, float, std::int64_t,
                                 std::int64_t, bool, cudaStream_t);

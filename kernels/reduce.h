@@ -31,6 +31,10 @@ void sum_backward(S* dx, const float* dy, float scale, std::int64_t n, bool accu
 template <class T>
 void column_sum(T* dst, const T* src, const T* other, float alpha, std::int64_t rows,
                 std::int64_t cols, bool accumulate, cudaStream_t stream);
+// The same of a bfloat16 matrix into float32 sums, stored unrounded (a float32 parameter's bias
+// gradient from its bfloat16 copy's, Note [Autocast]).
+void column_sum(float* dst, const bf16* src, float alpha, std::int64_t rows, std::int64_t cols,
+                bool accumulate, cudaStream_t stream);
 // out[0] = Σ (pred[i] - target[i])² / n
 template <class S>
 void mse_loss_forward(float* out, const S* pred, const S* target, std::int64_t n,

@@ -6,8 +6,10 @@
 //     float32 operands to bfloat16 and compute in bfloat16 (products accumulated in float32);
 //     their outputs are bfloat16;
 //   * a parameter (a leaf that requires grad) is cast once per scope, at its first use: later uses
-//     read the same bfloat16 copy, and its gradient comes back through that one cast into the
-//     float32 parameter's .grad (summed over the uses in bfloat16, then widened);
+//     read the same bfloat16 copy. A linear layer records the float32 parameter itself as its
+//     input and writes its weight and bias gradients in float32 (the GEMM's and the column sum's
+//     float32 sums stored unrounded, no widening kernel); any other op's gradient comes back
+//     through the recorded cast into the parameter's .grad (rounded to bfloat16, then widened);
 //   * an op given float32 and bfloat16 operands together — add, sub, mul, add_layer_norm,
 //     layer_norm with float32 parameters — computes in float32, the bfloat16 ones widened (PyTorch
 //     promotes so): a residual stream kept in float32 stays float32;

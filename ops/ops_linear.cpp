@@ -182,6 +182,27 @@ struct LinearOut {
 // relu_mask: ask for ReLU's bit mask (for a backward epilogue; Note [Backward epilogue fusion]).
 LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                       bool relu_mask);
+
+// Note [Autocast]: a linear layer that computed with a float32 parameter's bfloat16 copy records
+// the parameter itself as its input, and its backward writes that parameter's gradient in
+// float32 — the GEMM's (or the column sum's) float32 sums stored unrounded, where a recorded cast
+// would round them to bfloat16 and widen them in a kernel of its own.
+struct WideGrads {
+  bool weight = false, bias = false;
+};
+void linear_backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                          GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias, WideGrads wide);
+void linear_act_backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                              const Tensor& saved, Activation act, GradSlot grad_x,
+                              GradSlot grad_weight, GradSlot grad_bias, WideGrads wide);
+// Whether t is a parameter Autocast casts (a float32 leaf that requires grad).
+bool is_autocast_parameter(const Tensor& t) {
+  return t.defined() && t.dtype() == DType::kFloat32 && t.is_leaf() && t.requires_grad();
+}
+// linear() of operands as given, recorded with `weight_input` and `bias_input` as the node's
+// inputs (the operands themselves, or the float32 parameters whose bfloat16 copies they are).
+Tensor linear_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                       const Tensor& weight_input, const Tensor& bias_input);
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -193,26 +214,36 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
            "); expected Activation::kNone, kRelu or kGelu");
   if (Tensor x16 = x, w16 = weight, b16 = bias;
       autocast_matrix_operands({&x16, &w16, &b16})) {  // Note [Autocast]
-    return linear(x16, w16, b16, act);
+    const bool wide_w = is_autocast_parameter(weight) && w16.dtype() == DType::kBFloat16;
+    const bool wide_b = is_autocast_parameter(bias) && b16.dtype() == DType::kBFloat16;
+    return linear_recorded(x16, w16, b16, act, wide_w ? weight : w16, wide_b ? bias : b16);
   }
+  return linear_recorded(x, weight, bias, act, weight, bias);
+}
+
+namespace {
+Tensor linear_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
+                       const Tensor& weight_input, const Tensor& bias_input) {
   const char* name = linear_name(act);
   detail::NvtxRange range(name);
-  const bool grad = needs_grad({&x, &weight, &bias});
+  const bool grad = needs_grad({&x, &weight_input, &bias_input});
   LinearOut out = linear_impl(x, weight, bias, act, grad);
   if (grad) {
-    auto backward = [act](const Tensor& g, const std::vector<Tensor>& s,
-                          std::span<GradSlot> grads) {
-      linear_act_backward(g, s[0], s[1], s.size() > 2 ? s[2] : Tensor(), act, grads[0], grads[1],
-                          grads.size() > 2 ? grads[2] : GradSlot{});
+    const WideGrads wide{.weight = weight_input.dtype() != weight.dtype(),
+                         .bias = bias.defined() && bias_input.dtype() != bias.dtype()};
+    auto backward = [act, wide](const Tensor& g, const std::vector<Tensor>& s,
+                                std::span<GradSlot> grads) {
+      linear_act_backward_impl(g, s[0], s[1], s.size() > 2 ? s[2] : Tensor(), act, grads[0],
+                               grads[1], grads.size() > 2 ? grads[2] : GradSlot{}, wide);
     };
     std::vector<SavedTensor> saved{save("x", x), save("weight", weight)};
     if (act == Activation::kRelu) saved.push_back(save("output", out.y));
     if (act == Activation::kGelu) saved.push_back(save("preactivation", out.z));
     if (out.mask.defined()) saved.push_back(save("relu_mask", out.mask));
     if (bias.defined()) {
-      record(name, out.y, {&x, &weight, &bias}, std::move(saved), backward);
+      record(name, out.y, {&x, &weight_input, &bias_input}, std::move(saved), backward);
     } else {
-      record(name, out.y, {&x, &weight}, std::move(saved), backward);
+      record(name, out.y, {&x, &weight_input}, std::move(saved), backward);
     }
     // Note [Backward epilogue fusion]: any linear layer takes an epilogue on its input gradient;
     // a linear+activation layer may hand its activation backward to its consumer — on the CPU
@@ -231,17 +262,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
           {.act = act,
            .act_input_saved = 2,
            .relu_mask_saved = out.mask.defined() ? 3 : -1,
-           .from_preactivation = [](const Tensor& g, const std::vector<Tensor>& s,
-                                    std::span<GradSlot> grads) {
-             linear_backward(g, s[0], s[1], grads[0], grads[1],
-                             grads.size() > 2 ? grads[2] : GradSlot{});
+           .from_preactivation = [wide](const Tensor& g, const std::vector<Tensor>& s,
+                                        std::span<GradSlot> grads) {
+             linear_backward_impl(g, s[0], s[1], grads[0], grads[1],
+                                  grads.size() > 2 ? grads[2] : GradSlot{}, wide);
            }});
     }
   }
   return out.y;
 }
 
-namespace {
 LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act,
                       bool relu_mask) {
   const char* op = linear_name(act);
@@ -318,8 +348,27 @@ LinearOut linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias,
 void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                          const Tensor& saved, Activation act, GradSlot grad_x, GradSlot grad_weight,
                          GradSlot grad_bias) {
+  linear_act_backward_impl(grad_out, x, weight, saved, act, grad_x, grad_weight, grad_bias, {});
+}
+
+namespace {
+// The dtypes of a linear layer's parameter gradients (WideGrads: float32 for bfloat16 operands).
+TensorOptions weight_grad_options(const Tensor& weight, WideGrads wide) {
+  return {wide.weight ? DType::kFloat32 : weight.dtype(), weight.device()};
+}
+TensorOptions bias_grad_options(const Tensor& x, WideGrads wide) {
+  return {wide.bias ? DType::kFloat32 : x.dtype(), x.device()};
+}
+void check_wide(const char* op, const Tensor& x, WideGrads wide) {
+  GW_CHECK(!(wide.weight || wide.bias) || x.dtype() == DType::kBFloat16, op,
+           ": float32 parameter gradients are for bfloat16 operands; x is ", x.str());
+}
+
+void linear_act_backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                              const Tensor& saved, Activation act, GradSlot grad_x,
+                              GradSlot grad_weight, GradSlot grad_bias, WideGrads wide) {
   if (act == Activation::kNone) {
-    linear_backward(grad_out, x, weight, grad_x, grad_weight, grad_bias);
+    linear_backward_impl(grad_out, x, weight, grad_x, grad_weight, grad_bias, wide);
     return;
   }
   const char* op = act == Activation::kRelu ? "linear_relu_backward" : "linear_gelu_backward";
@@ -332,9 +381,11 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
   check_same_shape(op, {"grad_out", &grad_out}, {saved_name, &saved});
+  check_wide(op, x, wide);
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
-  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
-  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  const bool want_w =
+      check_slot(op, "grad_weight", grad_weight, weight.shape(), weight_grad_options(weight, wide));
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, bias_grad_options(x, wide));
   if (!want_x && !want_w && !want_b) return;
   // dz = dy · act'(·), a temporary; then the linear layer's backward of dz.
   Tensor dz;
@@ -362,10 +413,9 @@ void linear_act_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
       }
     });
   }
-  linear_backward(dz, x, weight, grad_x, grad_weight, grad_bias);
+  linear_backward_impl(dz, x, weight, grad_x, grad_weight, grad_bias, wide);
 }
 
-namespace {
 // Note [Backward epilogue fusion]: the checks of grad_x's epilogue (before anything is written).
 void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d, const Tensor& x) {
   GW_CHECK(ep.act == Activation::kRelu || ep.act == Activation::kGelu, op,
@@ -381,19 +431,58 @@ void check_epilogue(const char* op, const GradEpilogue& ep, const LinearDims& d,
            op, ": grad_x's epilogue has a ReLU mask of ", ep.relu_mask.nbytes(),
            " bytes; expected ", kernels::relu_mask_bytes(d.batch, d.in), " (CUDA, ReLU only)");
 }
-}  // namespace
 
-void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
-                     GradSlot grad_weight, GradSlot grad_bias) {
+#if GRAPHWARD_HAS_CUDA
+// WideGrads on CUDA: dW [out,in] = dyᵀ · x and db = Σ_rows dy of bfloat16 dy and x, each into its
+// slot (opened already; an undefined slot is not wanted) in float32 where `wide` says so — the
+// bias gradient in the weight-gradient GEMM's epilogue where both are float32 and written.
+void wide_param_grads(const CudaScope& scope, Device device, const LinearDims& d,
+                      const Tensor& grad_out, const Tensor& x, GradSlot grad_weight, bool acc_w,
+                      GradSlot grad_bias, bool acc_b, WideGrads wide) {
+  const bool want_w = grad_weight.tensor != nullptr, want_b = grad_bias.tensor != nullptr;
+  const bf16* dy = ptr<bf16>(grad_out);
+  const bf16* xs = ptr<bf16>(x);
+  bool bias_done = false;
+  if (want_w && want_b && !acc_b && wide.weight && wide.bias) {
+    bias_done = graphward::gemm_bias_grad(device, scope.stream(), true, false, d.out, d.in, d.batch,
+                                          1.f, dy, xs, acc_w ? 1.f : 0.f,
+                                          slot_ptr<float>(grad_weight), slot_ptr<float>(grad_bias));
+  }
+  if (want_w && !bias_done) {
+    if (wide.weight) {
+      graphward::gemm(device, scope.stream(), true, false, d.out, d.in, d.batch, 1.f, dy, xs,
+                      acc_w ? 1.f : 0.f, slot_ptr<float>(grad_weight));
+    } else {
+      gemm_cuda<bf16>(scope, device, true, false, d.out, d.in, d.batch, grad_out, x, acc_w,
+                      slot_ptr<bf16>(grad_weight));
+    }
+  }
+  if (want_b && !bias_done) {
+    if (wide.bias) {
+      k::column_sum(slot_ptr<float>(grad_bias), dy, 1.f, d.batch, d.out, acc_b, scope.stream());
+    } else {
+      k::column_sum<bf16>(slot_ptr<bf16>(grad_bias), dy, nullptr, 1.f, d.batch, d.out, acc_b,
+                          scope.stream());
+    }
+  }
+}
+#endif
+
+void linear_backward_impl(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                          GradSlot grad_x, GradSlot grad_weight, GradSlot grad_bias,
+                          WideGrads wide) {
   const char* op = "linear_backward";
   const LinearDims d = check_linear(op, x, weight, Tensor());
   check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}}, Bf16::kEverywhere);
   GW_CHECK(grad_out.shape() == Shape({d.batch, d.out}), op, ": grad_out has shape ",
            shape_str(grad_out.shape()), "; expected the output's shape ",
            shape_str({d.batch, d.out}));
+  check_wide(op, x, wide);
+  const TensorOptions w_opt = weight_grad_options(weight, wide);
+  const TensorOptions b_opt = bias_grad_options(x, wide);
   const bool want_x = check_slot(op, "grad_x", grad_x, x);
-  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight);
-  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, x);
+  const bool want_w = check_slot(op, "grad_weight", grad_weight, weight.shape(), w_opt);
+  const bool want_b = check_slot(op, "grad_bias", grad_bias, {d.out}, b_opt);
   // Note [Backward epilogue fusion]: grad_x is then the pre-activation gradient of the layer
   // that made x.
   const GradEpilogue* ep = want_x ? grad_x.epilogue : nullptr;
@@ -442,8 +531,13 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
         gemm_cuda<T>(scope, x.device(), false, false, d.batch, d.in, d.out, grad_out, weight, acc,
                      slot_ptr<T>(grad_x));
       }
-      const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
-      const bool acc_b = want_b && open_slot(grad_bias, {d.out}, x, scope.stream());
+      const bool acc_w = want_w && open_slot(grad_weight, weight.shape(), w_opt, scope.stream());
+      const bool acc_b = want_b && open_slot(grad_bias, {d.out}, b_opt, scope.stream());
+      if (wide.weight || wide.bias) {  // bfloat16 operands, a float32 gradient or two
+        wide_param_grads(scope, x.device(), d, grad_out, x, want_w ? grad_weight : GradSlot{},
+                         acc_w, want_b ? grad_bias : GradSlot{}, acc_b, wide);
+        return;
+      }
       // The bias gradient rides in the weight-gradient GEMM's epilogue when it is written (the
       // epilogue cannot accumulate): one launch fewer per layer.
       bool bias_done = false;
@@ -477,17 +571,26 @@ void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
         }
       }
     }
+    // A float32 gradient of bfloat16 operands (WideGrads) is written unrounded: its tensor is
+    // float32, which CpuData hands the kernel as it is.
     if (want_w) {
-      const bool acc = open_slot(grad_weight, weight, nullptr);
+      const bool acc = open_slot(grad_weight, weight.shape(), w_opt, nullptr);
       gemm_cpu<T>(cd, true, false, d.out, d.in, d.batch, grad_out, x, acc,
                   slot_out(cd, grad_weight, acc));
     }
     if (want_b) {
-      const bool acc = open_slot(grad_bias, {d.out}, x, nullptr);
+      const bool acc = open_slot(grad_bias, {d.out}, b_opt, nullptr);
       k::cpu::column_sum<T>(slot_out(cd, grad_bias, acc), cd.in(grad_out), nullptr, T(1), d.batch,
                             d.out, acc);
     }
   });
+}
+
+}  // namespace
+
+void linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, GradSlot grad_x,
+                     GradSlot grad_weight, GradSlot grad_bias) {
+  linear_backward_impl(grad_out, x, weight, grad_x, grad_weight, grad_bias, {});
 }
 
 }  // namespace graphward

@@ -122,6 +122,7 @@ struct GemmKeyHash {
            (static_cast<std::size_t>(g.options.epilogue) << 4) ^
            (static_cast<std::size_t>(g.options.batch) << 12) ^
            (static_cast<std::size_t>(g.options.bf16) << 11) ^
+           (static_cast<std::size_t>(g.options.f32_out) << 9) ^
            (static_cast<std::size_t>(g.options.tf32) << 10);
   }
 };
@@ -266,7 +267,8 @@ void run_cublas(const GemmKey& key, StreamBlas& sb, cudaStream_t stream, float a
                                  stream};
   if (key.options.bf16 || key.options.tf32) {
     kernels::gemm_ex(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, key.options.batch, alpha,
-                     a, b, beta, c, key.options.bf16, key.options.tf32, stream);
+                     a, b, beta, c, key.options.bf16, key.options.tf32, stream,
+                     key.options.f32_out);
   } else if (key.options.batch == 1) {
     kernels::gemm(ctx, key.trans_a, key.trans_b, key.m, key.n, key.k, alpha,
                   static_cast<const float*>(a), static_cast<const float*>(b), beta,
@@ -304,7 +306,10 @@ bool apart_is_faster(DeviceBlas& blas, Device device, const GemmKey& key, Stream
     return true;
   });
   const double sum_us = timer.time_us(stream, [&] {
-    if (key.options.bf16) {
+    if (key.options.f32_out) {
+      kernels::column_sum(reinterpret_cast<float*>(g_scratch), static_cast<const bf16*>(use.a),
+                          1.f, key.k, key.m, false, stream);
+    } else if (key.options.bf16) {
       kernels::column_sum<bf16>(reinterpret_cast<bf16*>(g_scratch), static_cast<const bf16*>(use.a),
                                 nullptr, 1.f, key.k, key.m, false, stream);
     } else {
@@ -381,10 +386,11 @@ void choose(DeviceBlas& blas, Device device, const GemmKey& key, kernels::LtGemm
     // Scratch for what the candidates write: C, the bias gradient, a forward epilogue's aux.
     const kernels::Epilogue ep = key.options.epilogue;
     const std::size_t element = key.options.bf16 ? 2 : sizeof(float);
+    const std::size_t out_element = key.options.f32_out ? sizeof(float) : element;
     const auto mn = static_cast<std::size_t>(key.m * key.n);
-    const std::size_t c_bytes = mn * static_cast<std::size_t>(key.options.batch) * element;
+    const std::size_t c_bytes = mn * static_cast<std::size_t>(key.options.batch) * out_element;
     const std::size_t grad_bytes =
-        key.options.bias_grad_a ? static_cast<std::size_t>(key.m) * element : 0;
+        key.options.bias_grad_a ? static_cast<std::size_t>(key.m) * out_element : 0;
     const std::size_t aux_bytes =
         !kernels::epilogue_has_aux(ep) || kernels::epilogue_is_backward(ep) ? 0
         : kernels::epilogue_relu_mask(ep)
@@ -471,7 +477,7 @@ namespace {
 // The GEMMs below for float32 (bf16 = false) or bfloat16 storage (float32 arithmetic).
 void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
               std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const void* a,
-              const void* b, float beta, void* c, bool bf16) {
+              const void* b, float beta, void* c, bool bf16, bool f32_out = false) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);  // the stream's workspace
   unsigned alignment = std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
@@ -492,6 +498,7 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
                                        .split_k = gemm_allows_split_k(m, n, k * batch),
                                        .batch = batch,
                                        .bf16 = bf16,
+                                       .f32_out = f32_out,
                                        .tf32 = !bf16 && matmul_tf32()}};
   kernels::LtGemm& plan =
       lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
@@ -504,7 +511,7 @@ void run_gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, st
 
 bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, float alpha, const void* a, const void* b,
-                   float beta, void* c, void* bias_grad, bool bf16) {
+                   float beta, void* c, void* bias_grad, bool bf16, bool f32_out = false) {
   DeviceBlas& blas = device_blas(device);
   StreamBlas& sb = stream_blas(blas, device, stream);
   const GemmKey key{
@@ -517,6 +524,7 @@ bool run_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_
       kernels::LtOptions{.bias_grad_a = true,
                          .split_k = gemm_allows_split_k(m, n, k),
                          .bf16 = bf16,
+                         .f32_out = f32_out,
                          .tf32 = !bf16 && matmul_tf32()}};
   kernels::LtGemm& plan =
       lt_plan(blas, device, key, sb, stream, {.alpha = alpha, .a = a, .b = b, .beta = beta});
@@ -568,6 +576,11 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
           bf16* c) {
   run_gemm(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c, true);
 }
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b, float beta,
+          float* c) {
+  run_gemm(device, stream, trans_a, trans_b, m, n, k, 1, alpha, a, b, beta, c, true, true);
+}
 
 void gemm_batched(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                   std::int64_t n, std::int64_t k, std::int64_t batch, float alpha, const float* a,
@@ -591,6 +604,12 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
                     float beta, bf16* c, bf16* bias_grad) {
   return run_bias_grad(device, stream, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias_grad,
                        true);
+}
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b,
+                    float beta, float* c, float* bias_grad) {
+  return run_bias_grad(device, stream, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, bias_grad,
+                       true, true);
 }
 
 bool gemm_epilogue(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,

@@ -50,6 +50,12 @@ void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::i
 void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
           std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b, float beta,
           bf16* c);
+// bfloat16 A and B, float32 C: the products summed in float32 and stored unrounded (a float32
+// parameter's gradient from its bfloat16 copy's operands, Note [Autocast]). The float32-C form of
+// gemm_bias_grad below likewise (the bias gradient float32 too).
+void gemm(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+          std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b, float beta,
+          float* c);
 
 // `batch` gemm()s of contiguous matrices back to back (A, B and C each hold `batch` matrices),
 // in one cuBLASLt launch (cublasSgemmStridedBatched where cuBLASLt offers no algorithm).
@@ -70,6 +76,9 @@ bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans
 bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
                     std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b,
                     float beta, bf16* c, bf16* bias_grad);
+bool gemm_bias_grad(Device device, cudaStream_t stream, bool trans_a, bool trans_b, std::int64_t m,
+                    std::int64_t n, std::int64_t k, float alpha, const bf16* a, const bf16* b,
+                    float beta, float* c, float* bias_grad);
 
 // C[m,n] = act(op(A)·op(B) + bias) in one cuBLASLt kernel (kernels::Epilogue: the bias [n] added
 // to every row; kGeluAux also writes the pre-activation into aux [m,n], kReluAux ReLU's bit mask,

@@ -203,4 +203,51 @@ inline void expect_upfront_casts_as_lazy_ones(Device device) {
   }
 }
 
+// Note [Autocast]: a linear layer's float32 parameters get float32 gradients straight from its
+// bfloat16 GEMM and column sum — the node's edges are the parameters themselves (no cast between),
+// and the sums are not rounded to bfloat16: within float32 rounding of the exact sums of the
+// bfloat16 operands' products.
+inline void expect_linear_parameter_gradients_float32(Device device) {
+  const TensorOptions o{DType::kFloat32, device};
+  const Tensor w = mul(randn({24, 40}, 21, o), 0.3).detach().set_requires_grad(true);
+  const Tensor b = mul(randn({24}, 22, o), 0.3).detach().set_requires_grad(true);
+  const Tensor x = randn({64, 40}, 23, o), r = randn({64, 24}, 24, o);
+  Tensor y, loss;
+  {
+    Autocast scope;
+    y = linear(x, w, b);
+    loss = sum(mul(y, r));  // float32 math: y's gradient is r rounded to bfloat16
+  }
+  ASSERT_EQ(y.dtype(), DType::kBFloat16);
+  const std::vector<InputMeta>& in = y.grad_fn()->inputs();
+  ASSERT_EQ(in.size(), 3u);
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(in[i].edge.leaf.defined() && !in[i].edge.node)
+        << "input " << i << ": an edge to the parameter itself";
+    EXPECT_EQ(in[i].dtype, DType::kFloat32) << "input " << i;
+  }
+  backward(loss);
+  ASSERT_EQ(w.grad().dtype(), DType::kFloat32);
+  ASSERT_EQ(b.grad().dtype(), DType::kFloat32);
+  const auto as_bf16 = [](const Tensor& t) {  // t rounded to bfloat16, as doubles
+    NoGradGuard no_grad;
+    return values(cast(cast(t.detach(), DType::kBFloat16), DType::kFloat32));
+  };
+  const std::vector<double> xs = as_bf16(x), gs = as_bf16(r);
+  std::vector<double> dw(24 * 40, 0.0), db(24, 0.0);
+  for (int row = 0; row < 64; ++row) {
+    for (int i = 0; i < 24; ++i) {
+      const double g = gs[static_cast<std::size_t>(row * 24 + i)];
+      db[static_cast<std::size_t>(i)] += g;
+      for (int j = 0; j < 40; ++j) {
+        dw[static_cast<std::size_t>(i * 40 + j)] += g * xs[static_cast<std::size_t>(row * 40 + j)];
+      }
+    }
+  }
+  EXPECT_LT(rel_error(values(w.grad()), dw), 1e-6);
+  EXPECT_LT(rel_error(values(b.grad()), db), 1e-6);
+  EXPECT_GT(rel_error(as_bf16(w.grad()), values(w.grad())), 1e-4)
+      << "the weight's gradient is not rounded to bfloat16";
+}
+
 }  // namespace graphward::testing

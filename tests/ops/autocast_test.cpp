@@ -111,6 +111,10 @@ TEST(Autocast, ParametersGivenUpFrontAreCastAtOnceAsTheirFirstUsesWouldCastThem)
   testing::expect_upfront_casts_as_lazy_ones(Device::cpu());
 }
 
+TEST(Autocast, ALinearLayersParameterGradientsAreFloat32FromItsBfloat16ProductsUnrounded) {
+  testing::expect_linear_parameter_gradients_float32(Device::cpu());
+}
+
 TEST(Autocast, FloatOtherThanBfloat16IsRefusedByName) {
   GW_EXPECT_ERROR((void)Autocast(DType::kFloat32), "Autocast", "float32", "expected bfloat16",
                   "float16 needs loss scaling");

@@ -18,6 +18,12 @@ TEST_F(CudaBf16, ParametersGivenUpFrontToAutocastAreCastAtOnceAsTheirFirstUsesWo
   testing::expect_upfront_casts_as_lazy_ones(kGpu);
 }
 
+// A linear layer's float32 parameter gradients straight from cuBLASLt's bfloat16 GEMM (float32
+// C and bias gradient), unrounded.
+TEST_F(CudaBf16, ALinearLayersParameterGradientsAreFloat32FromItsBfloat16ProductsUnrounded) {
+  testing::expect_linear_parameter_gradients_float32(kGpu);
+}
+
 TEST_F(CudaBf16, EveryBf16OpIsWithinItsToleranceOfTheFloat32CpuReference) {
   testing::expect_bf16_cases_within_tolerance(kBf16Gpu);
 }
