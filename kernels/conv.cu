@@ -173,8 +173,10 @@ __global__ void __launch_bounds__(kWgradThreads)
 bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
   const std::int64_t taps = g.c * g.r * g.s;
   const std::int64_t positions = g.n * g.out_h() * g.out_w();
-  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 &&
-         g.k >= 1 && positions * g.k * taps <= kWgradMaxWork && g.n * g.c * g.h * g.w <= INT_MAX &&
+  // bfloat16 at any work: cuDNN's bfloat16 algorithms for so few channels are far slower still
+  // (docs/DECISIONS.md, "a first convolution's bfloat16 weight gradient by our kernel at any size").
+  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
+         (g.bf16 || positions * g.k * taps <= kWgradMaxWork) && g.n * g.c * g.h * g.w <= INT_MAX &&
          positions * g.k <= INT_MAX;
 }
 

@@ -43,7 +43,8 @@ struct PoolGeom {
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 // The weight gradient of a convolution with few taps a filter and little work — C·R·S ≤ 32 (a
-// first convolution on images: 3·3·3 = 27) and N·OH·OW·K·C·R·S ≤ 2^25 — and its bias gradient
+// first convolution on images: 3·3·3 = 27) and N·OH·OW·K·C·R·S ≤ 2^25 (bfloat16: any work) — and
+// its bias gradient
 // with it: dw [K, C, R, S] (=|+=) Σ over images and output positions of dy · x at each tap
 // (padding skipped); db [K] (=|+=) Σ dy (db may be null: dw alone). Deterministic (fixed-order
 // sums, no atomics); `workspace` holds conv2d_weight_grad_small_workspace(g) floats (none needed

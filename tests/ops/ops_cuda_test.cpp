@@ -1178,7 +1178,8 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
 // CPU's (double sums) and cuDNN's deterministic algorithm, at every filter size it takes (1 to 5),
 // strides 1 to 3, padding 0 to 2, one slice of images and several, with the bias and without,
 // written and accumulated; the same bits on a second run; in bfloat16 too. Just outside its range
-// (33 taps, too much work) it is not taken.
+// (33 taps, too much work) it is not taken — but in bfloat16 any work is its (b256's first layer:
+// within bfloat16's rounding of cuDNN's float32 gradients of the rounded inputs).
 TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
   struct Case {
     Shape x, w;
@@ -1246,6 +1247,22 @@ TEST_F(CudaOps, AConvolutionWithFewTapsTakesItsWeightGradientFromOurKernel) {
     ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     EXPECT_LT(rel_error(first, by_cudnn), kGemmTol) << what;
 #endif
+  }
+  {  // bfloat16 at b256's 2^28 products: ours
+    const Shape xs{256, 3, 32, 32}, ws{64, 3, 3, 3};
+    const Conv2dOptions o{1, 1};
+    kernels::ConvGeom g{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], o.padding, o.stride, true};
+    g.bf16 = true;
+    EXPECT_TRUE(kernels::conv2d_weight_grad_small_fits(g));
+    const auto bf = [](const Tensor& t) { return cast(gpu(t), DType::kBFloat16); };
+    const auto f32 = [](const Tensor& t) { return cast(t, DType::kFloat32); };
+    const Tensor x16 = bf(rand(xs)), w16 = bf(rand(ws));
+    const Tensor dy16 = bf(rand({g.n, g.k, g.out_h(), g.out_w()}));
+    Tensor w_grad16, b_grad16, w_grad32, b_grad32;
+    conv2d_backward(dy16, x16, w16, o, {}, {&w_grad16}, {&b_grad16});
+    conv2d_backward(f32(dy16), f32(x16), f32(w16), o, {}, {&w_grad32}, {&b_grad32});
+    EXPECT_LT(rel_error(f32(w_grad16), w_grad32), 1e-2) << "b256 (bfloat16)";
+    EXPECT_LT(rel_error(f32(b_grad16), b_grad32), 1e-2) << "b256 (bfloat16)";
   }
 }
 
