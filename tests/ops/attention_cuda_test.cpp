@@ -142,9 +142,10 @@ TEST_F(CudaAttention, FusedDropoutDropsAsTheGeneratorSaysAndTheBackwardUsesTheSa
     EXPECT_EQ(first, same) << "causal=" << causal << ": a generator of the same seed";
     // A kept weight is w/(1-p) to bfloat16 rounding: each side rounds its probabilities to
     // bfloat16 before the product with v and its output after it, so the two are up to four
-    // half-units of 2^-8 apart (1.6%); a weight kept where it was dropped, or dropped with the
-    // wrong scale, is 0 or 1/(1-p) = 1.33 times off.
-    constexpr double kRounding = 4 * 0.5 / 256;
+    // roundings apart, each at most half a unit in the last place, 2^-8 of the value (1.6% in
+    // all); a weight kept where it was dropped, or dropped with the wrong scale, is 0 or
+    // 1/(1-p) = 1.33 times off.
+    constexpr double kRounding = 4.0 / 256;
     std::int64_t live = 0, dropped = 0, differ = 0, wrong = 0, masked = 0;
     double worst = 0;
     std::vector<float> mask(first.size());
