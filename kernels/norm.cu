@@ -28,8 +28,8 @@ constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 
 // Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
 // kAdd: the row normalized is x + res (rounded as add rounds it), written to `sum` too.
-template <int kPer, bool kAdd, class S>
-__global__ void layer_norm_forward_warp_kernel(S* y, float* mean, float* rstd, const S* x,
+template <int kPer, bool kAdd, class S, class Y>
+__global__ void layer_norm_forward_warp_kernel(Y* y, float* mean, float* rstd, const S* x,
                                                const S* w, const S* b, const S* res,
                                                std::int64_t res_rows, S* sum, std::int64_t rows,
                                                int cols, float eps) {
@@ -63,7 +63,7 @@ __global__ void layer_norm_forward_warp_kernel(S* y, float* mean, float* rstd, c
     mean[row] = m;
     rstd[row] = r;
   }
-  S* yr = y + row * cols;
+  Y* yr = y + row * cols;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = lane + 32 * i;
@@ -71,8 +71,8 @@ __global__ void layer_norm_forward_warp_kernel(S* y, float* mean, float* rstd, c
   }
 }
 
-template <int kPer, class S>
-__global__ void layer_norm_backward_input_warp_kernel(S* dx, const S* dy, const S* x,
+template <int kPer, class S, class Y>
+__global__ void layer_norm_backward_input_warp_kernel(S* dx, const Y* dy, const S* x,
                                                       const float* mean, const float* rstd,
                                                       const S* w, std::int64_t rows, int cols,
                                                       bool accumulate) {
@@ -80,7 +80,7 @@ __global__ void layer_norm_backward_input_warp_kernel(S* dx, const S* dy, const 
   if (row >= rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const S* xr = x + row * cols;
-  const S* dyr = dy + row * cols;
+  const Y* dyr = dy + row * cols;
   const float m = mean[row], r = rstd[row];
   float g[kPer], xc[kPer];  // dy·w and x − mean
   float sg = 0.f, sgx = 0.f;
@@ -104,8 +104,8 @@ __global__ void layer_norm_backward_input_warp_kernel(S* dx, const S* dy, const 
   }
 }
 
-template <class S>
-__global__ void layer_norm_forward_kernel(S* y, float* mean, float* rstd, const S* x, const S* w,
+template <class S, class Y>
+__global__ void layer_norm_forward_kernel(Y* y, float* mean, float* rstd, const S* x, const S* w,
                                           const S* b, std::int64_t cols, float eps) {
   const std::int64_t row = blockIdx.x;
   const S* xr = x + row * cols;
@@ -126,13 +126,13 @@ __global__ void layer_norm_forward_kernel(S* y, float* mean, float* rstd, const 
   }
 }
 
-template <class S>
-__global__ void layer_norm_backward_input_kernel(S* dx, const S* dy, const S* x, const float* mean,
+template <class S, class Y>
+__global__ void layer_norm_backward_input_kernel(S* dx, const Y* dy, const S* x, const float* mean,
                                                  const float* rstd, const S* w, std::int64_t cols,
                                                  bool accumulate) {
   const std::int64_t row = blockIdx.x;
   const S* xr = x + row * cols;
-  const S* dyr = dy + row * cols;
+  const Y* dyr = dy + row * cols;
   const float m = mean[row], r = rstd[row];
   float sg = 0.f, sgx = 0.f;
   for (std::int64_t j = threadIdx.x; j < cols; j += kRowThreads) {
@@ -157,8 +157,8 @@ std::int64_t row_slices(std::int64_t rows) {
 // Block (32, 8) per (32 columns, slice of rows): the slice's sums of dy·x̂ and dy per column, in a
 // fixed order; written to partial [slices, cols] (two of them), or — with one slice — stored as
 // the gradients themselves.
-template <class S>
-__global__ void layer_norm_params_partial_kernel(float* pw, float* pb, S* dw, S* db, const S* dy,
+template <class S, class Y>
+__global__ void layer_norm_params_partial_kernel(float* pw, float* pb, S* dw, S* db, const Y* dy,
                                                  const S* x, const float* mean, const float* rstd,
                                                  std::int64_t rows, std::int64_t cols,
                                                  bool accumulate_w, bool accumulate_b) {
@@ -246,55 +246,114 @@ __global__ void embedding_backward_round_kernel(bf16* dtable, const float* sums,
 
 }  // namespace
 
-template <class S>
-void layer_norm_forward(S* y, float* mean, float* rstd, const S* x, const S* w, const S* b,
-                        std::int64_t rows, std::int64_t cols, float eps, cudaStream_t stream) {
+namespace {
+// The launchers of the forms below: S the storage of x (and the sum, w, b, dx, dw, db), Y that of
+// y and dy (S, or bfloat16 for float32 S: Note [Autocast]'s normalized output).
+template <class S, class Y>
+void launch_forward(Y* y, float* mean, float* rstd, const S* x, const S* w, const S* b,
+                    std::int64_t rows, std::int64_t cols, float eps, cudaStream_t stream) {
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_forward_warp_kernel<decltype(per)::value, false, S>
+      layer_norm_forward_warp_kernel<decltype(per)::value, false, S, Y>
           <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, 1, nullptr, rows,
                                                static_cast<int>(cols), eps);
     });
   } else {
-    layer_norm_forward_kernel<S><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+    layer_norm_forward_kernel<S, Y><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         y, mean, rstd, x, w, b, cols, eps);
   }
   GW_LAUNCH_CHECK();
 }
-template <class S>
-void add_layer_norm_forward(S* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
-                            std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
-                            std::int64_t cols, float eps, cudaStream_t stream) {
+template <class S, class Y>
+void launch_add_forward(Y* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
+                        std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
+                        std::int64_t cols, float eps, cudaStream_t stream) {
   if (cols > kWarpRowMaxCols) {  // a block a row: the add first, then the layer norm of its sum
     binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, res_rows * cols, rows * cols, stream);
-    layer_norm_forward(y, mean, rstd, static_cast<const S*>(sum), w, b, rows, cols, eps, stream);
+    launch_forward<S, Y>(y, mean, rstd, sum, w, b, rows, cols, eps, stream);
     return;
   }
   const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
   by_warp_row_width(cols, [&](auto per) {
-    layer_norm_forward_warp_kernel<decltype(per)::value, true, S>
+    layer_norm_forward_warp_kernel<decltype(per)::value, true, S, Y>
         <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, res, res_rows, sum, rows,
                                              static_cast<int>(cols), eps);
   });
   GW_LAUNCH_CHECK();
 }
-template <class S>
-void layer_norm_backward_input(S* dx, const S* dy, const S* x, const float* mean,
-                               const float* rstd, const S* w, std::int64_t rows, std::int64_t cols,
-                               bool accumulate, cudaStream_t stream) {
+template <class S, class Y>
+void launch_backward_input(S* dx, const Y* dy, const S* x, const float* mean, const float* rstd,
+                           const S* w, std::int64_t rows, std::int64_t cols, bool accumulate,
+                           cudaStream_t stream) {
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_backward_input_warp_kernel<decltype(per)::value, S>
+      layer_norm_backward_input_warp_kernel<decltype(per)::value, S, Y>
           <<<blocks, kRowThreads, 0, stream>>>(dx, dy, x, mean, rstd, w, rows,
                                                static_cast<int>(cols), accumulate);
     });
   } else {
-    layer_norm_backward_input_kernel<S><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        dx, dy, x, mean, rstd, w, cols, accumulate);
+    layer_norm_backward_input_kernel<S, Y>
+        <<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(dx, dy, x, mean, rstd, w, cols,
+                                                                  accumulate);
   }
   GW_LAUNCH_CHECK();
+}
+template <class S, class Y>
+void launch_backward_params(S* dw, S* db, const Y* dy, const S* x, const float* mean,
+                            const float* rstd, std::int64_t rows, std::int64_t cols,
+                            bool accumulate_w, bool accumulate_b, float* workspace,
+                            cudaStream_t stream) {
+  const std::int64_t slices = row_slices(rows);
+  const dim3 block(32, 8);
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(slices));
+  float* pw = slices > 1 ? workspace : nullptr;
+  float* pb = slices > 1 ? workspace + slices * cols : nullptr;
+  layer_norm_params_partial_kernel<S, Y><<<grid, block, 0, stream>>>(
+      pw, pb, dw, db, dy, x, mean, rstd, rows, cols, accumulate_w, accumulate_b);
+  GW_LAUNCH_CHECK();
+  if (slices > 1) {
+    layer_norm_params_sum_kernel<S><<<grid_for(cols), kThreads, 0, stream>>>(
+        dw, db, pw, pb, slices, cols, accumulate_w, accumulate_b);
+    GW_LAUNCH_CHECK();
+  }
+}
+}  // namespace
+
+template <class S>
+void layer_norm_forward(S* y, float* mean, float* rstd, const S* x, const S* w, const S* b,
+                        std::int64_t rows, std::int64_t cols, float eps, cudaStream_t stream) {
+  launch_forward<S, S>(y, mean, rstd, x, w, b, rows, cols, eps, stream);
+}
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                        const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                        cudaStream_t stream) {
+  launch_forward<float, bf16>(y, mean, rstd, x, w, b, rows, cols, eps, stream);
+}
+template <class S>
+void add_layer_norm_forward(S* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
+                            std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
+                            std::int64_t cols, float eps, cudaStream_t stream) {
+  launch_add_forward<S, S>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols, eps, stream);
+}
+void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const float* x,
+                            const float* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream) {
+  launch_add_forward<float, bf16>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols, eps,
+                                  stream);
+}
+template <class S>
+void layer_norm_backward_input(S* dx, const S* dy, const S* x, const float* mean,
+                               const float* rstd, const S* w, std::int64_t rows, std::int64_t cols,
+                               bool accumulate, cudaStream_t stream) {
+  launch_backward_input<S, S>(dx, dy, x, mean, rstd, w, rows, cols, accumulate, stream);
+}
+void layer_norm_backward_input(float* dx, const bf16* dy, const float* x, const float* mean,
+                               const float* rstd, const float* w, std::int64_t rows,
+                               std::int64_t cols, bool accumulate, cudaStream_t stream) {
+  launch_backward_input<float, bf16>(dx, dy, x, mean, rstd, w, rows, cols, accumulate, stream);
 }
 std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols) {
   const std::int64_t slices = row_slices(rows);
@@ -306,19 +365,15 @@ void layer_norm_backward_params(S* dw, S* db, const S* dy, const S* x, const flo
                                 const float* rstd, std::int64_t rows, std::int64_t cols,
                                 bool accumulate_w, bool accumulate_b, float* workspace,
                                 cudaStream_t stream) {
-  const std::int64_t slices = row_slices(rows);
-  const dim3 block(32, 8);
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>(slices));
-  float* pw = slices > 1 ? workspace : nullptr;
-  float* pb = slices > 1 ? workspace + slices * cols : nullptr;
-  layer_norm_params_partial_kernel<S><<<grid, block, 0, stream>>>(
-      pw, pb, dw, db, dy, x, mean, rstd, rows, cols, accumulate_w, accumulate_b);
-  GW_LAUNCH_CHECK();
-  if (slices > 1) {
-    layer_norm_params_sum_kernel<S><<<grid_for(cols), kThreads, 0, stream>>>(
-        dw, db, pw, pb, slices, cols, accumulate_w, accumulate_b);
-    GW_LAUNCH_CHECK();
-  }
+  launch_backward_params<S, S>(dw, db, dy, x, mean, rstd, rows, cols, accumulate_w, accumulate_b,
+                               workspace, stream);
+}
+void layer_norm_backward_params(float* dw, float* db, const bf16* dy, const float* x,
+                                const float* mean, const float* rstd, std::int64_t rows,
+                                std::int64_t cols, bool accumulate_w, bool accumulate_b,
+                                float* workspace, cudaStream_t stream) {
+  launch_backward_params<float, bf16>(dw, db, dy, x, mean, rstd, rows, cols, accumulate_w,
+                                      accumulate_b, workspace, stream);
 }
 template <class S>
 void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64_t n,

@@ -44,6 +44,24 @@ void layer_norm_backward_params(S* dw, S* db, const S* dy, const S* x, const flo
                                 bool accumulate_w, bool accumulate_b, float* workspace,
                                 cudaStream_t stream);
 std::int64_t layer_norm_params_workspace(std::int64_t rows, std::int64_t cols);
+// The same four with float32 x (and sum, w, b, dx, dw, db) and a bfloat16 y and dy (Note
+// [Autocast]: a layer norm's normalized output in bfloat16 for the matrix product it feeds, its
+// gradient read from that product's bfloat16 backward): float32 arithmetic, y rounded once when
+// stored, dy widened when loaded — the bits of the float32 forms followed (preceded) by a cast.
+void layer_norm_forward(bf16* y, float* mean, float* rstd, const float* x, const float* w,
+                        const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                        cudaStream_t stream);
+void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const float* x,
+                            const float* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream);
+void layer_norm_backward_input(float* dx, const bf16* dy, const float* x, const float* mean,
+                               const float* rstd, const float* w, std::int64_t rows,
+                               std::int64_t cols, bool accumulate, cudaStream_t stream);
+void layer_norm_backward_params(float* dw, float* db, const bf16* dy, const float* x,
+                                const float* mean, const float* rstd, std::int64_t rows,
+                                std::int64_t cols, bool accumulate_w, bool accumulate_b,
+                                float* workspace, cudaStream_t stream);
 // y[i, :] = table[ids[i], :] for i < n (ids outside [0, vocab) give a row of NaN).
 template <class S>
 void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64_t n,

@@ -15,7 +15,11 @@
 //     promotes so): a residual stream kept in float32 stays float32;
 //   * the numerically sensitive ops — softmax, log_softmax, the layer norms, cross-entropy, sum,
 //     mean, mse_loss — keep float32 math in whatever dtype they are given (bfloat16 storage,
-//     float32 statistics; a sum or loss is float32), and every other op runs in its input's dtype.
+//     float32 statistics; a sum or loss is float32), and every other op runs in its input's dtype;
+//   * a layer norm of float32 operands (layer_norm, add_layer_norm's normalized output; not its
+//     sum) returns bfloat16: float32 statistics and math, rounded once when stored — the matrix
+//     product it feeds would cast it, so the cast and its backward's widening are folded into the
+//     layer norm's kernels (bitwise the float32 op and a cast; PyTorch returns float32 here).
 // Parameters stay float32 — master weights, which the optimizer updates in float32 — and the
 // casts are recorded ops: a captured step replays them with the rest, and its tape signature
 // holds them (a step with the scope and one without are different structures). Open the scope

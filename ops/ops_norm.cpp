@@ -50,10 +50,23 @@ Tensor new_statistics(std::int64_t rows, const Tensor& x) {
   return Tensor::empty({rows}, {statistics_dtype(x.dtype()), x.device()});
 }
 
-LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+// Note [Autocast]: inside an enabled scope, a layer norm of float32 x, weight and bias returns its
+// normalized output in bfloat16 — float32 statistics and arithmetic, the output rounded once when
+// stored — for the matrix product it feeds, which would cast it: the cast and, in the backward,
+// its widening are not kernels of their own. (Its sum, add_layer_norm's, stays float32.)
+bool autocast_bf16_output(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return autocast_enabled() && x.dtype() == DType::kFloat32 && w.dtype() == DType::kFloat32 &&
+         (!b.defined() || b.dtype() == DType::kFloat32);
+}
+
+// bf16_output: Note [Autocast]'s bfloat16 y of float32 x.
+LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                             bool bf16_output) {
   const char* op = "layer_norm";
   const NormDims d = check_layer_norm(op, x, w, b);
   check_eps(op, eps, x);
+  GW_CHECK(!bf16_output || x.dtype() == DType::kFloat32, op,
+           ": a bfloat16 output is for float32 x; x is ", x.str());
   LayerNormOut o;
   if (x.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -63,9 +76,16 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
     } else {
       scope.read({&x, &w});
     }
-    o.y = new_output(x.shape(), x);
     o.mean = new_statistics(d.rows, x);
     o.rstd = new_statistics(d.rows, x);
+    if (bf16_output) {
+      o.y = Tensor::empty(x.shape(), {DType::kBFloat16, x.device()});
+      k::layer_norm_forward(ptr<bf16>(o.y), o.mean.data<float>(), o.rstd.data<float>(),
+                            ptr<float>(x), ptr<float>(w), b.defined() ? ptr<float>(b) : nullptr,
+                            d.rows, d.cols, static_cast<float>(eps), scope.stream());
+      return o;
+    }
+    o.y = new_output(x.shape(), x);
     dispatch_cuda(x.dtype(), [&]<class T>() {
       k::layer_norm_forward(ptr<T>(o.y), o.mean.data<float>(), o.rstd.data<float>(), ptr<T>(x),
                             ptr<T>(w), b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
@@ -82,6 +102,10 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
                                   data.in(w), b.defined() ? data.in(b) : nullptr, d.rows, d.cols,
                                   static_cast<T>(eps));
   });
+  if (bf16_output) {  // the float32 output rounded once, as the CUDA kernel stores it
+    NoGradGuard no_grad;
+    o.y = cast(o.y, DType::kBFloat16);
+  }
   return o;
 }
 }  // namespace
@@ -109,7 +133,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   detail::NvtxRange range("layer_norm");
   Tensor x = x_in, weight = weight_in, bias = bias_in;
   autocast_promote({&x, &weight, &bias});  // Note [Autocast]
-  LayerNormOut o = layer_norm_impl(x, weight, bias, eps);
+  LayerNormOut o = layer_norm_impl(x, weight, bias, eps, autocast_bf16_output(x, weight, bias));
   record_layer_norm(o, x, weight, bias);
   return o.y;
 }
@@ -145,16 +169,25 @@ AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
       scope.read({&x, &residual, &weight});
     }
     out.sum = new_output(x.shape(), x);
-    o.y = new_output(x.shape(), x);
     o.mean = new_statistics(d.rows, x);
     o.rstd = new_statistics(d.rows, x);
-    dispatch_cuda(x.dtype(), [&]<class T>() {
-      k::add_layer_norm_forward(ptr<T>(o.y), ptr<T>(out.sum), o.mean.data<float>(),
-                                o.rstd.data<float>(), ptr<T>(x), ptr<T>(residual),
-                                residual.numel() / d.cols, ptr<T>(weight),
-                                bias.defined() ? ptr<T>(bias) : nullptr, d.rows, d.cols,
+    if (autocast_bf16_output(x, weight, bias)) {  // Note [Autocast] (layer_norm_impl)
+      o.y = Tensor::empty(x.shape(), {DType::kBFloat16, x.device()});
+      k::add_layer_norm_forward(ptr<bf16>(o.y), ptr<float>(out.sum), o.mean.data<float>(),
+                                o.rstd.data<float>(), ptr<float>(x), ptr<float>(residual),
+                                residual.numel() / d.cols, ptr<float>(weight),
+                                bias.defined() ? ptr<float>(bias) : nullptr, d.rows, d.cols,
                                 static_cast<float>(eps), scope.stream());
-    });
+    } else {
+      o.y = new_output(x.shape(), x);
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::add_layer_norm_forward(ptr<T>(o.y), ptr<T>(out.sum), o.mean.data<float>(),
+                                  o.rstd.data<float>(), ptr<T>(x), ptr<T>(residual),
+                                  residual.numel() / d.cols, ptr<T>(weight),
+                                  bias.defined() ? ptr<T>(bias) : nullptr, d.rows, d.cols,
+                                  static_cast<float>(eps), scope.stream());
+      });
+    }
   }
   record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
   record_layer_norm(o, out.sum, weight, bias);
@@ -168,7 +201,17 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          GradSlot grad_weight, GradSlot grad_bias) {
   const char* op = "layer_norm_backward";
   const NormDims d = check_layer_norm(op, x, weight, Tensor());
-  check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}}, Bf16::kEverywhere);
+  // Note [Autocast]: a bfloat16 grad_out of float32 x (the gradient of a bfloat16 output).
+  const bool bf16_grad = grad_out.defined() && grad_out.dtype() == DType::kBFloat16 &&
+                         x.defined() && x.dtype() == DType::kFloat32;
+  if (bf16_grad) {
+    check_inputs(op, {{"grad_out", &grad_out}}, Bf16::kEverywhere);
+    check_inputs(op, {{"x", &x}});
+    GW_CHECK(grad_out.device() == x.device(), op, ": grad_out is on ", grad_out.device().str(),
+             " and x on ", x.device().str(), "; expected one device");
+  } else {
+    check_inputs(op, {{"grad_out", &grad_out}, {"x", &x}}, Bf16::kEverywhere);
+  }
   check_inputs(op, {{"mean", &mean}, {"rstd", &rstd}});
   GW_CHECK(mean.dtype() == statistics_dtype(x.dtype()) && mean.device() == x.device() &&
                rstd.device() == x.device(),
@@ -188,26 +231,47 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     scope.read({&grad_out, &x, &weight, &mean, &rstd});
     if (want_x) {
       const bool acc = open_slot(grad_x, x, scope.stream());
-      dispatch_cuda(x.dtype(), [&]<class T>() {
-        k::layer_norm_backward_input(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(x),
-                                     mean.data<float>(), rstd.data<float>(), ptr<T>(weight),
+      if (bf16_grad) {
+        k::layer_norm_backward_input(slot_ptr<float>(grad_x), ptr<bf16>(grad_out), ptr<float>(x),
+                                     mean.data<float>(), rstd.data<float>(), ptr<float>(weight),
                                      d.rows, d.cols, acc, scope.stream());
-      });
+      } else {
+        dispatch_cuda(x.dtype(), [&]<class T>() {
+          k::layer_norm_backward_input(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(x),
+                                       mean.data<float>(), rstd.data<float>(), ptr<T>(weight),
+                                       d.rows, d.cols, acc, scope.stream());
+        });
+      }
     }
     if (want_w || want_b) {
       const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
       const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, scope.stream());
       const std::int64_t ws = k::layer_norm_params_workspace(d.rows, d.cols);
       const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
-      dispatch_cuda(x.dtype(), [&]<class T>() {
+      if (bf16_grad) {
         k::layer_norm_backward_params(
-            want_w ? slot_ptr<T>(grad_weight) : nullptr, want_b ? slot_ptr<T>(grad_bias) : nullptr,
-            ptr<T>(grad_out), ptr<T>(x), mean.data<float>(), rstd.data<float>(), d.rows, d.cols,
-            acc_w, acc_b, ws > 0 ? partial.data<float>() : nullptr, scope.stream());
-      });
+            want_w ? slot_ptr<float>(grad_weight) : nullptr,
+            want_b ? slot_ptr<float>(grad_bias) : nullptr, ptr<bf16>(grad_out), ptr<float>(x),
+            mean.data<float>(), rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
+            ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+      } else {
+        dispatch_cuda(x.dtype(), [&]<class T>() {
+          k::layer_norm_backward_params(
+              want_w ? slot_ptr<T>(grad_weight) : nullptr,
+              want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out), ptr<T>(x),
+              mean.data<float>(), rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
+              ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+        });
+      }
     }
     return;
 #endif
+  }
+  // A bfloat16 grad_out of float32 x: widened exactly, as the CUDA kernels widen it when loaded.
+  Tensor g = grad_out;
+  if (bf16_grad) {
+    NoGradGuard no_grad;
+    g = cast(grad_out, DType::kFloat32);
   }
   const bool acc_x = want_x && open_slot(grad_x, x, nullptr);
   const bool acc_w = want_w && open_slot(grad_weight, weight, nullptr);
@@ -216,7 +280,7 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     k::cpu::layer_norm_backward<T>(
         want_x ? slot_out(data, grad_x, acc_x) : nullptr,
         want_w ? slot_out(data, grad_weight, acc_w) : nullptr,
-        want_b ? slot_out(data, grad_bias, acc_b) : nullptr, data.in(grad_out), data.in(x),
+        want_b ? slot_out(data, grad_bias, acc_b) : nullptr, data.in(g), data.in(x),
         data.in(mean), data.in(rstd), data.in(weight), d.rows, d.cols, acc_x, acc_w, acc_b);
   });
 }

@@ -250,4 +250,56 @@ inline void expect_linear_parameter_gradients_float32(Device device) {
       << "the weight's gradient is not rounded to bfloat16";
 }
 
+// Note [Autocast]: under the scope a layer norm of float32 operands returns its normalized output
+// in bfloat16 — bitwise the float32 op's output cast — and its backward takes that output's
+// bfloat16 gradient: bitwise the float32 op's backward of the gradient widened. Rows of a warp
+// (48 columns) and of a block (1100), one slice of rows for the parameters' sums and several.
+inline void expect_autocast_layer_norm_output_bf16(Device device) {
+  const TensorOptions o{DType::kFloat32, device};
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{6, 48}, {300, 48},
+                                   {5, 1100}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    auto leaf = [&](const Shape& shape, std::uint64_t seed) {
+      return randn(shape, seed, o).set_requires_grad(true);
+    };
+    const Tensor x = leaf({rows, cols}, 31), r = leaf({cols}, 32), w = leaf({cols}, 33),
+                 b = leaf({cols}, 34);
+    const Tensor x2 = x.detach().set_requires_grad(true), r2 = r.detach().set_requires_grad(true),
+                 w2 = w.detach().set_requires_grad(true), b2 = b.detach().set_requires_grad(true);
+    const Tensor g = cast(randn({rows, cols}, 35, o), DType::kBFloat16);
+    AddLayerNorm mixed;
+    Tensor alone;
+    {
+      Autocast scope;
+      mixed = add_layer_norm(x, r, w, b);
+      alone = layer_norm(mixed.sum, w, b);
+    }
+    ASSERT_EQ(mixed.sum.dtype(), DType::kFloat32);
+    ASSERT_EQ(mixed.normed.dtype(), DType::kBFloat16);
+    ASSERT_EQ(alone.dtype(), DType::kBFloat16);
+    const AddLayerNorm ref = add_layer_norm(x2, r2, w2, b2);
+    const Tensor ref_alone = layer_norm(ref.sum, w2, b2);
+    const auto rounded = [](const Tensor& t) {
+      NoGradGuard no_grad;
+      return values(cast(cast(t.detach(), DType::kBFloat16), DType::kFloat32));
+    };
+    const auto widened = [](const Tensor& t) {
+      NoGradGuard no_grad;
+      return values(cast(t.detach(), DType::kFloat32));
+    };
+    EXPECT_EQ(values(mixed.sum), values(ref.sum));
+    EXPECT_EQ(widened(mixed.normed), rounded(ref.normed)) << "add_layer_norm's output";
+    EXPECT_EQ(widened(alone), rounded(ref_alone)) << "layer_norm's output";
+    backward({mixed.normed, alone}, {g, g});
+    const Tensor g32 = cast(g, DType::kFloat32);
+    backward({ref.normed, ref_alone}, {g32, g32});
+    const Tensor* got[] = {&x, &r, &w, &b};
+    const Tensor* want[] = {&x2, &r2, &w2, &b2};
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(got[i]->grad().dtype(), DType::kFloat32) << "operand " << i;
+      EXPECT_EQ(values(got[i]->grad()), values(want[i]->grad())) << "operand " << i;
+    }
+  }
+}
+
 }  // namespace graphward::testing

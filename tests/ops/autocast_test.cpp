@@ -26,14 +26,15 @@ TEST(Autocast, EachOpRunsInTheDtypeThePolicySays) {
   const Tensor q = reshape(h, {2, 3, 24});
   EXPECT_EQ(scaled_dot_product_attention(q, q, q, {.causal = true}).dtype(), kBf16);
   EXPECT_EQ(conv2d(reshape(x, {1, 6, 4, 4}), randn({2, 6, 3, 3}, 14)).dtype(), kBf16);
-  // float32 with bfloat16: float32.
+  // float32 with bfloat16: float32 — but a layer norm's normalized output is bfloat16 (float32
+  // statistics and math; the matrix product it feeds would cast it).
   const Tensor r = randn({6, 24}, 6);
   EXPECT_EQ(add(r, h).dtype(), kF32);
   EXPECT_EQ(mul(h, r).dtype(), kF32);
-  EXPECT_EQ(layer_norm(h, ln_w, ln_b).dtype(), kF32);
+  EXPECT_EQ(layer_norm(h, ln_w, ln_b).dtype(), kBf16);
   const AddLayerNorm a = add_layer_norm(h, r, ln_w, ln_b);
   EXPECT_EQ(a.sum.dtype(), kF32);
-  EXPECT_EQ(a.normed.dtype(), kF32);
+  EXPECT_EQ(a.normed.dtype(), kBf16);
   // One dtype: as given (float32 math; sums and losses float32).
   EXPECT_EQ(add(h, h).dtype(), kBf16);
   EXPECT_EQ(relu(h).dtype(), kBf16);
@@ -44,7 +45,7 @@ TEST(Autocast, EachOpRunsInTheDtypeThePolicySays) {
   EXPECT_EQ(mse_loss(h, h).dtype(), kF32);
   const Tensor targets = from_vector(std::vector<std::int32_t>{0, 5, 2, 23, 7, 1}, {6});
   EXPECT_EQ(cross_entropy(h, targets).dtype(), kF32);
-  EXPECT_EQ(layer_norm(r, ln_w, ln_b).dtype(), kF32);
+  EXPECT_EQ(layer_norm(r, ln_w, ln_b).dtype(), kBf16);
   EXPECT_EQ(relu(r).dtype(), kF32);
   // float64 is not touched.
   EXPECT_EQ(linear(cast(x, DType::kFloat64), cast(w, DType::kFloat64)).dtype(), DType::kFloat64);
@@ -113,6 +114,10 @@ TEST(Autocast, ParametersGivenUpFrontAreCastAtOnceAsTheirFirstUsesWouldCastThem)
 
 TEST(Autocast, ALinearLayersParameterGradientsAreFloat32FromItsBfloat16ProductsUnrounded) {
   testing::expect_linear_parameter_gradients_float32(Device::cpu());
+}
+
+TEST(Autocast, ALayerNormsOutputIsBfloat16AndItsBackwardReadsABfloat16Gradient) {
+  testing::expect_autocast_layer_norm_output_bf16(Device::cpu());
 }
 
 TEST(Autocast, FloatOtherThanBfloat16IsRefusedByName) {

@@ -24,6 +24,12 @@ TEST_F(CudaBf16, ALinearLayersParameterGradientsAreFloat32FromItsBfloat16Product
   testing::expect_linear_parameter_gradients_float32(kGpu);
 }
 
+// A layer norm's bfloat16 output under Autocast from the mixed kernels (float32 x, bfloat16 y and
+// dy): bitwise the float32 kernels' with a cast.
+TEST_F(CudaBf16, ALayerNormsOutputUnderAutocastIsTheFloat32OnesCastBitwiseAndSoIsItsBackward) {
+  testing::expect_autocast_layer_norm_output_bf16(kGpu);
+}
+
 TEST_F(CudaBf16, EveryBf16OpIsWithinItsToleranceOfTheFloat32CpuReference) {
   testing::expect_bf16_cases_within_tolerance(kBf16Gpu);
 }

@@ -106,8 +106,13 @@ TEST_F(CudaTf32, TheConvSwitchChangesFloat32ConvolutionsWithinTf32ErrorAndBackGi
   const std::string plan = dnn::conv2d_plan_description(kGpu, g);
   set_conv_tf32(false);
   const std::vector<Tensor> again = run();
-  EXPECT_NE(plan.find("TF32"), std::string::npos)
-      << "a 64-channel 3x3 convolution with TF32 allowed chose no TF32 algorithm: " << plan;
+  // Where cuDNN's candidates are timed (the default) the fastest for this shape computes in TF32;
+  // where they are ranked by the heuristic (GRAPHWARD_CUDNN_FIND=0, as under initcheck) it may
+  // rank a float32 one first, and then the switch changes nothing but the plan.
+  if (plan.find("heuristic") == std::string::npos) {
+    EXPECT_NE(plan.find("TF32"), std::string::npos)
+        << "a 64-channel 3x3 convolution with TF32 allowed chose no TF32 algorithm: " << plan;
+  }
   const char* what[] = {"conv2d", "its input gradient", "its weight gradient"};
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     EXPECT_LT(rel_error(tf32[i], fp32[i]), kTf32Tol) << what[i] << "; " << plan;
