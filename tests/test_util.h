@@ -35,11 +35,22 @@
 
 namespace graphward::testing {
 
-// The tensor's values as doubles (any dtype, any device).
+// The tensor's values as doubles (any floating dtype, any device; bfloat16 widened exactly).
 inline std::vector<double> values(const Tensor& t) {
   if (t.dtype() == DType::kFloat64) return t.to_vector<double>();
+  if (t.dtype() == DType::kBFloat16) {
+    const std::vector<bf16> h = t.to_vector<bf16>();
+    std::vector<double> out(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) out[i] = h[i].to_float();
+    return out;
+  }
   const std::vector<float> f = t.to_vector<float>();
   return std::vector<double>(f.begin(), f.end());
+}
+// The tensor's values rounded to bfloat16 (as a cast rounds them), as doubles.
+inline std::vector<double> bf16_values(const Tensor& t) {
+  NoGradGuard no_grad;
+  return values(cast(t.detach(), DType::kBFloat16));
 }
 
 // ‖out − ref‖ / ‖ref‖ (absolute norm when ref is 0); infinity on NaN or a size mismatch.
@@ -229,11 +240,7 @@ inline void expect_linear_parameter_gradients_float32(Device device) {
   backward(loss);
   ASSERT_EQ(w.grad().dtype(), DType::kFloat32);
   ASSERT_EQ(b.grad().dtype(), DType::kFloat32);
-  const auto as_bf16 = [](const Tensor& t) {  // t rounded to bfloat16, as doubles
-    NoGradGuard no_grad;
-    return values(cast(cast(t.detach(), DType::kBFloat16), DType::kFloat32));
-  };
-  const std::vector<double> xs = as_bf16(x), gs = as_bf16(r);
+  const std::vector<double> xs = bf16_values(x), gs = bf16_values(r);
   std::vector<double> dw(24 * 40, 0.0), db(24, 0.0);
   for (int row = 0; row < 64; ++row) {
     for (int i = 0; i < 24; ++i) {
@@ -246,7 +253,7 @@ inline void expect_linear_parameter_gradients_float32(Device device) {
   }
   EXPECT_LT(rel_error(values(w.grad()), dw), 1e-6);
   EXPECT_LT(rel_error(values(b.grad()), db), 1e-6);
-  EXPECT_GT(rel_error(as_bf16(w.grad()), values(w.grad())), 1e-4)
+  EXPECT_GT(rel_error(bf16_values(w.grad()), values(w.grad())), 1e-4)
       << "the weight's gradient is not rounded to bfloat16";
 }
 
@@ -279,17 +286,9 @@ inline void expect_autocast_layer_norm_output_bf16(Device device) {
     ASSERT_EQ(alone.dtype(), DType::kBFloat16);
     const AddLayerNorm ref = add_layer_norm(x2, r2, w2, b2);
     const Tensor ref_alone = layer_norm(ref.sum, w2, b2);
-    const auto rounded = [](const Tensor& t) {
-      NoGradGuard no_grad;
-      return values(cast(cast(t.detach(), DType::kBFloat16), DType::kFloat32));
-    };
-    const auto widened = [](const Tensor& t) {
-      NoGradGuard no_grad;
-      return values(cast(t.detach(), DType::kFloat32));
-    };
     EXPECT_EQ(values(mixed.sum), values(ref.sum));
-    EXPECT_EQ(widened(mixed.normed), rounded(ref.normed)) << "add_layer_norm's output";
-    EXPECT_EQ(widened(alone), rounded(ref_alone)) << "layer_norm's output";
+    EXPECT_EQ(values(mixed.normed), bf16_values(ref.normed)) << "add_layer_norm's output";
+    EXPECT_EQ(values(alone), bf16_values(ref_alone)) << "layer_norm's output";
     backward({mixed.normed, alone}, {g, g});
     const Tensor g32 = cast(g, DType::kFloat32);
     backward({ref.normed, ref_alone}, {g32, g32});

@@ -13,11 +13,8 @@
 namespace graphward {
 namespace {
 constexpr Device kGpu = Device::cuda(0);
+using testing::values;
 
-// The tensor's values as doubles, bfloat16 widened.
-std::vector<double> values(const Tensor& t) {
-  return testing::values(t.dtype() == DType::kBFloat16 ? cast(t, DType::kFloat32) : t);
-}
 constexpr bool kBuiltFused = GRAPHWARD_HAS_CUDNN_FRONTEND != 0;
 
 class CudaAttention : public testing::PoisonedCudaTest {};
