@@ -185,7 +185,7 @@ void convnet(benchmark::State& state) {
   run_model<ex::ConvnetModel>(state,
                               {.batch = state.range(0), .channels = 3, .image = state.range(1),
                                .c1 = state.range(2), .c2 = 2 * state.range(2), .classes = 10,
-                               .deterministic = false},
+                               .deterministic = false, .channels_last = g_bf16},
                               mode_arg(state, 3));
 }
 

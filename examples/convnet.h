@@ -3,7 +3,8 @@
 // its tests and bench/models_bench.cpp (modes and trainer: examples/trainer.h).
 //
 // Model: conv 3x3 (pad 1) + ReLU -> max pool 2 -> conv 3x3 (pad 1) + ReLU -> average pool 2 ->
-// flatten (a reshape view) -> linear to `classes` logits -> fused cross-entropy. cuDNN runs the
+// flatten (a reshape view) -> linear to `classes` logits -> fused cross-entropy; NCHW, or NHWC
+// throughout (ConvnetConfig::channels_last). cuDNN runs the
 // convolutions and pools on CUDA. Data: each class has a fixed random template image; a sample
 // is its class's template plus Gaussian noise of the same scale, labels drawn at random. AdamW.
 #include <cmath>
@@ -22,6 +23,9 @@ struct ConvnetConfig {
   std::uint64_t seed = 5;
   // Conv2dOptions::deterministic: false lets cuDNN use its fastest algorithms (PyTorch's default).
   bool deterministic = true;
+  // Channels last: images, activations and convolution weights NHWC (Conv2dOptions::
+  // channels_last) — what bfloat16 convolutions want on Hopper; NCHW otherwise.
+  bool channels_last = false;
 };
 
 class ConvnetModel {
@@ -34,7 +38,8 @@ class ConvnetModel {
     std::uint64_t seed = c.seed * 1000;
     auto conv_weight = [&](std::int64_t out, std::int64_t in) {
       const double s = 1.0 / std::sqrt(static_cast<double>(in) * 9.0);
-      return uniform({out, in, 3, 3}, -s, s, seed++, opt).set_requires_grad(true);
+      const Shape shape = c.channels_last ? Shape{out, 3, 3, in} : Shape{out, in, 3, 3};
+      return uniform(shape, -s, s, seed++, opt).set_requires_grad(true);
     };
     w1_ = conv_weight(c.c1, c.channels);
     b1_ = zeros({c.c1}, opt).set_requires_grad(true);
@@ -50,9 +55,11 @@ class ConvnetModel {
     const Conv2dOptions o{.stride = 1,
                           .padding = 1,
                           .deterministic = c_.deterministic,
-                          .activation = Activation::kRelu};
-    Tensor h = max_pool2d(conv2d(x, w1_, b1_, o));
-    h = avg_pool2d(conv2d(h, w2_, b2_, o));
+                          .activation = Activation::kRelu,
+                          .channels_last = c_.channels_last};
+    const Pool2dOptions pool{.channels_last = c_.channels_last};
+    Tensor h = max_pool2d(conv2d(x, w1_, b1_, o), pool);
+    h = avg_pool2d(conv2d(h, w2_, b2_, o), pool);
     return linear(reshape(h, {h.size(0), -1}), w3_, b3_);
   }
   Tensor loss(const Tensor& x, const Tensor& targets) const {
@@ -82,7 +89,11 @@ class ConvnetModel {
               static_cast<float>(c.noise) * v;
         }
       }
-      d.x.push_back(from_vector(x, {c.batch, c.channels, c.image, c.image}, device));
+      // Channels last: the same numbers read as [N, H, W, C] (each class's template is as
+      // random either way).
+      const Shape shape = c.channels_last ? Shape{c.batch, c.image, c.image, c.channels}
+                                          : Shape{c.batch, c.channels, c.image, c.image};
+      d.x.push_back(from_vector(x, shape, device));
       d.t.push_back(from_vector(labels, {c.batch}, device));
     }
     return d;

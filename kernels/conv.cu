@@ -175,7 +175,8 @@ bool conv2d_weight_grad_small_fits(const ConvGeom& g) {
   const std::int64_t positions = g.n * g.out_h() * g.out_w();
   // bfloat16 at any work: cuDNN's bfloat16 algorithms for so few channels are far slower still
   // (docs/DECISIONS.md, "a first convolution's bfloat16 weight gradient by our kernel at any size").
-  return g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
+  // NCHW only: a channels-last weight gradient is cuDNN's.
+  return !g.nhwc && g.r == g.s && taps >= 1 && taps <= kWgradMaxTaps && positions >= 1 && g.k >= 1 &&
          (g.bf16 || positions * g.k * taps <= kWgradMaxWork) && g.n * g.c * g.h * g.w <= INT_MAX &&
          positions * g.k <= INT_MAX;
 }
@@ -232,8 +233,9 @@ __global__ void bias_act_kernel(S* y, const S* bias, std::int64_t n, std::int64_
 
 template <class S>
 void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStream_t stream) {
-  const std::int64_t plane = g.out_h() * g.out_w();
-  const std::int64_t n = g.n * g.k * plane;
+  // Channels last: the channel is the innermost index (a "plane" of one element).
+  const std::int64_t plane = g.nhwc ? 1 : g.out_h() * g.out_w();
+  const std::int64_t n = g.n * g.k * g.out_h() * g.out_w();
   if (n == 0) return;
   bias_act_kernel<S><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane,
                                                                            g.k, relu);
@@ -320,9 +322,91 @@ __global__ void pool_backward_relu_kernel(S* dx, const S* dy, const S* x, const 
   }
 }
 
+// Channels last: the same sums as pool_backward_relu_kernel's, a thread per input element i =
+// ((n · H + ih) · W + iw) · C + c (consecutive threads along the channels: coalesced), the
+// window's elements C apart.
+template <PoolMode kMode, bool kDisjoint, int kWindow, class I, class S>
+__global__ void pool_backward_relu_nhwc_kernel(S* dx, const S* dy, const S* x, const S* y,
+                                               I count, I c_n, PoolDims<I> d, bool accumulate) {
+  const I window = kWindow > 0 ? I{kWindow} : d.window;
+  const float area = static_cast<float>(window * window);
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c = i % c_n, pix = i / c_n;
+    const I iw = pix % d.w, rest = pix / d.w;
+    const I ih = rest % d.h, n = rest / d.h;
+    const float v = load(x, i);
+    float acc = 0.f;
+    if (v > 0.f) {
+      I oh0, ow0, oh1, ow1;
+      if constexpr (kDisjoint) {
+        oh0 = oh1 = ih / window;
+        ow0 = ow1 = iw / window;
+        if (oh0 >= d.oh_n || ow0 >= d.ow_n) oh1 = oh0 - 1;  // in no window
+      } else {
+        oh0 = imax<I>(0, (ih + d.pad - window + d.stride) / d.stride);
+        ow0 = imax<I>(0, (iw + d.pad - window + d.stride) / d.stride);
+        oh1 = imin<I>(d.oh_n - 1, (ih + d.pad) / d.stride);
+        ow1 = imin<I>(d.ow_n - 1, (iw + d.pad) / d.stride);
+      }
+      const S* image = x + n * d.h * d.w * c_n + c;  // this image's channel c, pixel 0
+      for (I oh = oh0; oh <= oh1; ++oh) {
+        for (I ow = ow0; ow <= ow1; ++ow) {
+          const I o = ((n * d.oh_n + oh) * d.ow_n + ow) * c_n + c;
+          if constexpr (kMode == PoolMode::kAverage) {
+            acc += load(dy, o) / area;
+          } else {
+            const float m = load(y, o);
+            const I h0 = imax<I>(0, oh * d.stride - d.pad);
+            const I w0 = imax<I>(0, ow * d.stride - d.pad);
+            const I w_end = imin<I>(d.w, ow * d.stride - d.pad + window);
+            bool first = v == m;
+            for (I h = h0; h <= ih && first; ++h) {
+              for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
+                if (load(image, (h * d.w + w) * c_n) == m) {
+                  first = false;
+                  break;
+                }
+              }
+            }
+            if (first) acc += load(dy, o);
+          }
+        }
+      }
+    }
+    put(dx, i, acc, accumulate);
+  }
+}
+
+template <PoolMode kMode, class I, class S>
+void launch_pool_backward_relu_nhwc(S* dx, const S* dy, const S* x, const S* y,
+                                    const PoolGeom& g, bool accumulate, cudaStream_t stream) {
+  const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
+                      static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
+                      static_cast<I>(g.out_w())};
+  const std::int64_t count = g.n * g.c * g.h * g.w;
+  const I n = static_cast<I>(count), c = static_cast<I>(g.c);
+  const dim3 grid(detail::grid_for(count));
+  if (g.stride == g.window && g.pad == 0 && g.window == 2) {
+    pool_backward_relu_nhwc_kernel<kMode, true, 2, I, S>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
+  } else if (g.stride == g.window && g.pad == 0) {
+    pool_backward_relu_nhwc_kernel<kMode, true, 0, I, S>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
+  } else {
+    pool_backward_relu_nhwc_kernel<kMode, false, 0, I, S>
+        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
+  }
+  GW_LAUNCH_CHECK();
+}
+
 template <PoolMode kMode, class I, class S>
 void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, const PoolGeom& g,
                                bool accumulate, cudaStream_t stream) {
+  if (g.nhwc) {
+    launch_pool_backward_relu_nhwc<kMode, I, S>(dx, dy, x, y, g, accumulate, stream);
+    return;
+  }
   const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
                       static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
                       static_cast<I>(g.out_w())};
@@ -377,6 +461,8 @@ template void pool2d_backward_relu<bf16>(PoolMode, bf16*, const bf16*, const bf1
 template <class S>
 void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, float* workspace,
                       cudaStream_t stream) {
+  GW_CHECK(!g.nhwc, "conv2d_bias_grad: a channels-last geometry; expected NCHW (a channels-last "
+           "dy is a [N·OH·OW, K] matrix: kernels::column_sum)");
   const std::int64_t plane = g.out_h() * g.out_w();
   const auto [per, slices] = image_slices(g);
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));

@@ -1,8 +1,9 @@
 #pragma once
 // Convolution and pooling geometry, and the CPU references. The CUDA versions are cuDNN's
-// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major; weights [K,
-// C, R, S] (PyTorch's). Square kernels, strides and padding (the same in both spatial dimensions),
-// dilation 1, one group.
+// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major, weights [K,
+// C, R, S] (PyTorch's) — or, channels last (`nhwc`), NHWC with weights [K, R, S, C] (cuDNN's
+// NHWC filter layout, where its sm80+ tensor-core kernels read without transposing). Square
+// kernels, strides and padding (the same in both spatial dimensions), dilation 1, one group.
 #include <cstdint>
 #include "base/config.h"
 #include "base/dtype.h"
@@ -21,6 +22,8 @@ struct ConvGeom {
   bool deterministic = true;
   // CUDA: bfloat16 tensors (x, w, y and their gradients; float32 accumulation, tensor cores).
   bool bf16 = false;
+  // Channels last: x [N, H, W, C], w [K, R, S, C], y [N, OH, OW, K] (else NCHW, [K, C, R, S]).
+  bool nhwc = false;
   std::int64_t out_h() const { return (h + 2 * pad - r) / stride + 1; }
   std::int64_t out_w() const { return (w + 2 * pad - s) / stride + 1; }
 };
@@ -32,6 +35,7 @@ struct PoolGeom {
   std::int64_t n, c, h, w;
   std::int64_t window, pad, stride;
   bool bf16 = false;  // CUDA: bfloat16 tensors
+  bool nhwc = false;  // channels last: x [N, H, W, C], y [N, OH, OW, C] (else NCHW)
   std::int64_t out_h() const { return (h + 2 * pad - window) / stride + 1; }
   std::int64_t out_w() const { return (w + 2 * pad - window) / stride + 1; }
 };
@@ -39,7 +43,8 @@ struct PoolGeom {
 #if GRAPHWARD_HAS_CUDA
 // S: float or bf16 (bfloat16 storage, float32 arithmetic, each output rounded once).
 // db [K] (=|+=) Σ over images and positions of dy [N, K, OH, OW]: deterministic; `workspace` holds
-// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). (Our own reduction:
+// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). Channels last: NCHW only
+// (dnn::conv2d_backward_bias sums an NHWC dy's columns with kernels::column_sum). (Our own reduction:
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 // The weight gradient of a convolution with few taps a filter and little work — C·R·S ≤ 32 (a
@@ -57,7 +62,7 @@ template <class S>
 void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* dy,
                               const S* x, const ConvGeom& g, float* workspace,
                               cudaStream_t stream);
-// y [N, K, OH, OW] = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
+// y [N, K, OH, OW] (or [N, OH, OW, K], g.nhwc) = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.
 template <class S>
@@ -65,7 +70,8 @@ void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStre
 template <class S>
 void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, float* workspace,
                       cudaStream_t stream);
-// Pooling's backward through the ReLU that made its input x [N, C, H, W] (Note [Backward
+// Pooling's backward through the ReLU that made its input x [N, C, H, W] (or NHWC: g.nhwc, the
+// same sums, a thread per element along the channels) (Note [Backward
 // epilogue fusion], ops/ops.h): where x is positive, dx (=|+=) the sum over the windows that
 // hold the element, in row-major order, of dy [N, C, OH, OW] — max: the windows whose first
 // maximum (row-major) it is; average: dy / window area each — and 0 elsewhere. y: the pooling's
@@ -80,7 +86,8 @@ void pool2d_backward_relu(PoolMode mode, S* dx, const S* dy, const S* x, const S
 #endif
 
 namespace cpu {
-// y [N, K, OH, OW] = x ⋆ w (+ bias [K], may be null). Accumulates in double.
+// y [N, K, OH, OW] = x ⋆ w (+ bias [K], may be null). Accumulates in double. Either layout
+// (g.nhwc), each element's sum over the same terms in the same order.
 template <class T>
 void conv2d_forward(T* y, const T* x, const T* w, const T* bias, const ConvGeom& g);
 // dx (=|+=) the gradient of x for dy; dw (=|+=) the gradient of w; db (=|+=) Σ dy per channel.

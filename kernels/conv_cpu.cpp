@@ -27,17 +27,23 @@ void for_each_term(const ConvGeom& g, F&& f) {
               }
             }
 }
+// Where an element lies, in either layout (g.nhwc: channels last).
 std::int64_t x_at(const ConvGeom& g, std::int64_t n, std::int64_t c, std::int64_t ih,
                   std::int64_t iw) {
-  return ((n * g.c + c) * g.h + ih) * g.w + iw;
+  return g.nhwc ? ((n * g.h + ih) * g.w + iw) * g.c + c : ((n * g.c + c) * g.h + ih) * g.w + iw;
 }
 std::int64_t w_at(const ConvGeom& g, std::int64_t k, std::int64_t c, std::int64_t r,
                   std::int64_t s) {
-  return ((k * g.c + c) * g.r + r) * g.s + s;
+  return g.nhwc ? ((k * g.r + r) * g.s + s) * g.c + c : ((k * g.c + c) * g.r + r) * g.s + s;
 }
 std::int64_t y_at(const ConvGeom& g, std::int64_t n, std::int64_t k, std::int64_t oh,
                   std::int64_t ow) {
-  return ((n * g.k + k) * g.out_h() + oh) * g.out_w() + ow;
+  return g.nhwc ? ((n * g.out_h() + oh) * g.out_w() + ow) * g.k + k
+                : ((n * g.k + k) * g.out_h() + oh) * g.out_w() + ow;
+}
+// The output channel of y's element i.
+std::int64_t y_channel(const ConvGeom& g, std::int64_t i) {
+  return g.nhwc ? i % g.k : (i / (g.out_h() * g.out_w())) % g.k;
 }
 template <class T>
 void store_all(T* dst, const std::vector<double>& acc, bool accumulate) {
@@ -54,8 +60,9 @@ void conv2d_forward(T* y, const T* x, const T* w, const T* bias, const ConvGeom&
     acc[y_at(g, n, k, oh, ow)] += double(x[x_at(g, n, c, ih, iw)]) * double(w[w_at(g, k, c, r, s)]);
   });
   if (bias) {
-    const std::int64_t plane = g.out_h() * g.out_w();
-    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += double(bias[(i / plane) % g.k]);
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      acc[i] += double(bias[y_channel(g, static_cast<std::int64_t>(i))]);
+    }
   }
   store_all(y, acc, false);
 }
@@ -81,31 +88,36 @@ void conv2d_backward_filter(T* dw, const T* dy, const T* x, const ConvGeom& g, b
 template <class T>
 void conv2d_backward_bias(T* db, const T* dy, const ConvGeom& g, bool accumulate) {
   std::vector<double> acc(static_cast<std::size_t>(g.k), 0.0);
-  const std::int64_t plane = g.out_h() * g.out_w();
-  for (std::int64_t i = 0; i < g.n * g.k * plane; ++i) acc[(i / plane) % g.k] += double(dy[i]);
+  const std::int64_t count = g.n * g.k * g.out_h() * g.out_w();
+  for (std::int64_t i = 0; i < count; ++i) acc[y_channel(g, i)] += double(dy[i]);
   store_all(db, acc, accumulate);
 }
 
 namespace {
 // Calls f(out_index, in_index) for every in-image element of every output's window, plane by
-// plane (n, c), in row-major window order.
+// plane (n, c), in row-major window order; the indices in either layout (g.nhwc).
 template <class F>
 void for_each_window(const PoolGeom& g, F&& f) {
   const std::int64_t oh_n = g.out_h(), ow_n = g.out_w();
-  for (std::int64_t p = 0; p < g.n * g.c; ++p)
-    for (std::int64_t oh = 0; oh < oh_n; ++oh)
-      for (std::int64_t ow = 0; ow < ow_n; ++ow) {
-        const std::int64_t o = (p * oh_n + oh) * ow_n + ow;
-        for (std::int64_t r = 0; r < g.window; ++r) {
-          const std::int64_t ih = oh * g.stride - g.pad + r;
-          if (ih < 0 || ih >= g.h) continue;
-          for (std::int64_t s = 0; s < g.window; ++s) {
-            const std::int64_t iw = ow * g.stride - g.pad + s;
-            if (iw < 0 || iw >= g.w) continue;
-            f(o, (p * g.h + ih) * g.w + iw);
+  auto at = [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w, std::int64_t h_n,
+                std::int64_t w_n) {
+    return g.nhwc ? ((n * h_n + h) * w_n + w) * g.c + c : ((n * g.c + c) * h_n + h) * w_n + w;
+  };
+  for (std::int64_t n = 0; n < g.n; ++n)
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t oh = 0; oh < oh_n; ++oh)
+        for (std::int64_t ow = 0; ow < ow_n; ++ow) {
+          const std::int64_t o = at(n, c, oh, ow, oh_n, ow_n);
+          for (std::int64_t r = 0; r < g.window; ++r) {
+            const std::int64_t ih = oh * g.stride - g.pad + r;
+            if (ih < 0 || ih >= g.h) continue;
+            for (std::int64_t s = 0; s < g.window; ++s) {
+              const std::int64_t iw = ow * g.stride - g.pad + s;
+              if (iw < 0 || iw >= g.w) continue;
+              f(o, at(n, c, ih, iw, g.h, g.w));
+            }
           }
         }
-      }
 }
 }  // namespace
 

@@ -245,11 +245,17 @@ struct Conv2dOptions {
   // convolution instead of cuDNN's bias add and a ReLU apart (bitwise the same), the output saved
   // for the backward. kGelu is refused.
   Activation activation = Activation::kNone;
+  // Channels last (NHWC): x [N, H, W, C], weight [K, R, S, C], output [N, OH, OW, K] — the layout
+  // cuDNN's tensor-core kernels read without transposing (PyTorch's channels_last memory format,
+  // here the tensors' own shapes). What bfloat16 convolutions on Hopper want (docs/DECISIONS.md,
+  // "a channels-last convnet in bfloat16").
+  bool channels_last = false;
 };
 // x [N, C, H, W] ⋆ weight [K, C, R, S] (+ bias [K]; may be undefined) -> [N, K, OH, OW] with
-// OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d. On CUDA, cuDNN with its
-// algorithms chosen once per shape (Note [cuDNN plans] in runtime/dnn.h); saves x and weight (and
-// its output with an activation).
+// OH = (H + 2·padding − R) / stride + 1 (likewise OW): PyTorch's conv2d (channels last: the
+// shapes of Conv2dOptions::channels_last). On CUDA, cuDNN with its algorithms chosen once per
+// shape (Note [cuDNN plans] in runtime/dnn.h); saves x and weight (and its output with an
+// activation).
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Conv2dOptions options = {});
 // The convolution's own backward (options.activation must be kNone: a conv2d_relu node applies
@@ -262,6 +268,7 @@ struct Pool2dOptions {
   std::int64_t kernel = 2;
   std::int64_t stride = 0;   // 0: the kernel size
   std::int64_t padding = 0;  // at most kernel / 2
+  bool channels_last = false;  // x [N, H, W, C] and the output [N, OH, OW, C] (else NCHW)
 };
 // The maximum of each window (padding never wins); saves x and the output. Its gradient goes to
 // each window's maximum (the first one on the CPU; cuDNN's deterministic choice on CUDA: ties, as

@@ -56,12 +56,24 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   GW_CHECK(o.stride >= 1 && o.padding >= 0 && o.stride <= kMaxGeom && o.padding <= kMaxGeom, op,
            ": stride ", o.stride, " and padding ", o.padding,
            "; expected 1 <= stride and 0 <= padding, both below 2^31");
-  const k::ConvGeom g{x.size(0),      x.size(1),      x.size(2), x.size(3), weight.size(0),
-                      weight.size(2), weight.size(3), o.padding, o.stride,  o.deterministic,
-                      x.dtype() == DType::kBFloat16};
-  GW_CHECK(weight.size(1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
+  // Channels last: x [N, H, W, C], weight [K, R, S, C].
+  const bool cl = o.channels_last;
+  const k::ConvGeom g{.n = x.size(0),
+                      .c = x.size(cl ? 3 : 1),
+                      .h = x.size(cl ? 1 : 2),
+                      .w = x.size(cl ? 2 : 3),
+                      .k = weight.size(0),
+                      .r = weight.size(cl ? 1 : 2),
+                      .s = weight.size(cl ? 2 : 3),
+                      .pad = o.padding,
+                      .stride = o.stride,
+                      .deterministic = o.deterministic,
+                      .bf16 = x.dtype() == DType::kBFloat16,
+                      .nhwc = cl};
+  GW_CHECK(weight.size(cl ? 3 : 1) == g.c, op, ": x ", shape_str(x.shape()), " has ", g.c,
            " channels and weight is ", shape_str(weight.shape()),
-           "; expected weight [K, C, R, S] with C == x.shape[1]");
+           cl ? "; expected weight [K, R, S, C] with C == x.shape[3] (channels last)"
+              : "; expected weight [K, C, R, S] with C == x.shape[1]");
   check_geom(op, {g.n, g.c, g.h, g.w, g.k, g.r, g.s});
   GW_CHECK(g.h + 2 * g.pad >= g.r && g.w + 2 * g.pad >= g.s, op, ": the ", g.r, "x", g.s,
            " kernel does not fit the padded ", g.h, "x", g.w, " input (padding ", g.pad,
@@ -74,6 +86,7 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   return g;
 }
 Shape conv_out(const k::ConvGeom& g) {
+  if (g.nhwc) return {g.n, g.out_h(), g.out_w(), g.k};
   return {g.n, g.k, g.out_h(), g.out_w()};
 }
 }  // namespace
@@ -151,7 +164,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
     const std::initializer_list<NodeAttribute> attributes{
         NodeAttribute::integer(options.stride), NodeAttribute::integer(options.padding),
         NodeAttribute::integer(options.deterministic),
-        NodeAttribute::integer(static_cast<std::int64_t>(options.activation))};
+        NodeAttribute::integer(static_cast<std::int64_t>(options.activation)),
+        NodeAttribute::integer(options.channels_last)};
     if (bias.defined()) {
       record(op, y, {&x, &weight, &bias}, std::move(saved), backward, attributes);
     } else {
@@ -256,16 +270,24 @@ const char* pool_name(k::PoolMode mode, bool backward) {
   return backward ? "avg_pool2d_backward" : "avg_pool2d";
 }
 k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o, DType dtype) {
-  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x),
-           "; expected a 4-d tensor [N, C, H, W]");
+  GW_CHECK(x.size() == 4, op, ": x has shape ", shape_str(x), "; expected a 4-d tensor ",
+           o.channels_last ? "[N, H, W, C] (channels last)" : "[N, C, H, W]");
   const std::int64_t stride = o.stride == 0 ? o.kernel : o.stride;
   GW_CHECK(o.kernel >= 1 && o.kernel <= kMaxGeom && o.stride >= 0 && o.stride <= kMaxGeom &&
                o.padding >= 0 && o.padding <= o.kernel / 2,
            op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ", o.padding,
            "; expected 1 <= kernel < 2^31, 0 <= stride < 2^31 (0: the kernel) and "
            "0 <= padding <= kernel / 2");
-  const k::PoolGeom g{x[0],      x[1],   x[2], x[3], o.kernel, o.padding,
-                      stride, dtype == DType::kBFloat16};
+  const bool cl = o.channels_last;
+  const k::PoolGeom g{.n = x[0],
+                      .c = x[cl ? 3 : 1],
+                      .h = x[cl ? 1 : 2],
+                      .w = x[cl ? 2 : 3],
+                      .window = o.kernel,
+                      .pad = o.padding,
+                      .stride = stride,
+                      .bf16 = dtype == DType::kBFloat16,
+                      .nhwc = cl};
   check_geom(op, {g.n, g.c, g.h, g.w});
   GW_CHECK(g.h + 2 * g.pad >= g.window && g.w + 2 * g.pad >= g.window, op, ": the ", g.window, "x",
            g.window, " window does not fit the padded ", g.h, "x", g.w,
@@ -274,6 +296,7 @@ k::PoolGeom check_pool(const char* op, const Shape& x, const Pool2dOptions& o, D
   return g;
 }
 Shape pool_out(const k::PoolGeom& g) {
+  if (g.nhwc) return {g.n, g.out_h(), g.out_w(), g.c};
   return {g.n, g.c, g.out_h(), g.out_w()};
 }
 
@@ -391,7 +414,8 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions options) {
              max_pool2d_backward(g, s[0], s[1], options, grads[0]);
            },
            {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
-            NodeAttribute::integer(options.padding)});
+            NodeAttribute::integer(options.padding),
+            NodeAttribute::integer(options.channels_last)});
     // Note [Backward epilogue fusion]: takes the ReLU of a conv2d_relu before it.
     y.grad_fn()->set_takes_input_epilogue();
   }
@@ -414,7 +438,8 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions options) {
              avg_pool2d_backward(g, in_shape, options, grads[0]);
            },
            {NodeAttribute::integer(options.kernel), NodeAttribute::integer(options.stride),
-            NodeAttribute::integer(options.padding)});
+            NodeAttribute::integer(options.padding),
+            NodeAttribute::integer(options.channels_last)});
     // Note [Backward epilogue fusion]: takes the ReLU of a conv2d_relu before it.
     y.grad_fn()->set_takes_input_epilogue();
   }

@@ -12,6 +12,7 @@
 
 #include "base/env.h"
 #include "base/error.h"
+#include "kernels/reduce.h"
 #include "runtime/capture_mode.h"
 #include "runtime/math_mode.h"
 #include "runtime/stream.h"
@@ -57,11 +58,12 @@ int as_int(std::int64_t v, const char* what) {
 cudnnDataType_t data_type(bool bf16) {
   return bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
-void set_nchw(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
-              bool bf16) {
-  GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, data_type(bf16),
-                                            as_int(n, "N"), as_int(c, "C"), as_int(h, "H"),
-                                            as_int(w, "W")));
+// A 4-d tensor of logical sizes n, c, h, w, stored NCHW or (nhwc) channels last.
+void set_4d(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+            bool bf16, bool nhwc) {
+  GW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                            data_type(bf16), as_int(n, "N"), as_int(c, "C"),
+                                            as_int(h, "H"), as_int(w, "W")));
 }
 
 // Picks the first (the fastest, or the heuristic's first) of the results that succeeded, fits the
@@ -92,6 +94,7 @@ struct ConvKey {
   bool deterministic;
   bool tf32;
   bool bf16;
+  bool nhwc;
   bool operator==(const ConvKey&) const = default;
 };
 struct ConvKeyHash {
@@ -100,7 +103,7 @@ struct ConvKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h * 8 + g.bf16 * 4u + g.deterministic * 2u + g.tf32;
+    return h * 16 + g.nhwc * 8u + g.bf16 * 4u + g.deterministic * 2u + g.tf32;
   }
 };
 
@@ -120,6 +123,7 @@ struct PoolKey {
   PoolMode mode;
   std::int64_t n, c, h, w, window, pad, stride;
   bool bf16;
+  bool nhwc;
   bool operator==(const PoolKey&) const = default;
 };
 struct PoolKeyHash {
@@ -128,7 +132,7 @@ struct PoolKeyHash {
     for (std::int64_t v : {g.n, g.c, g.h, g.w, g.window, g.pad, g.stride}) {
       h = h * 1000003u ^ std::hash<std::int64_t>()(v);
     }
-    return h * 2 + g.bf16;
+    return h * 4 + g.nhwc * 2u + g.bf16;
   }
 };
 struct PoolPlan {
@@ -204,16 +208,18 @@ bool timing_allowed() {
 ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const ConvGeom& g) {
   // bfloat16 computes on tensor cores (float32 accumulation) whatever the TF32 switch says.
   const bool tf32 = conv_tf32() || g.bf16;
-  const ConvKey key{g.n, g.c,   g.h,      g.w,   g.k, g.r, g.s, g.pad, g.stride, g.deterministic,
-                    tf32, g.bf16};
+  const ConvKey key{g.n, g.c,  g.h,    g.w,   g.k, g.r, g.s, g.pad, g.stride, g.deterministic,
+                    tf32, g.bf16, g.nhwc};
   auto it = d.convs.find(key);
   if (it != d.convs.end()) return *it->second;
   const cudnnHandle_t h = handle_on(d, device, stream);
   auto p = std::make_unique<ConvPlan>();
-  set_nchw(p->x, g.n, g.c, g.h, g.w, g.bf16);
-  set_nchw(p->y, g.n, g.k, g.out_h(), g.out_w(), g.bf16);
-  set_nchw(p->bias, 1, g.k, 1, 1, g.bf16);
-  GW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.get(), data_type(g.bf16), CUDNN_TENSOR_NCHW,
+  set_4d(p->x, g.n, g.c, g.h, g.w, g.bf16, g.nhwc);
+  set_4d(p->y, g.n, g.k, g.out_h(), g.out_w(), g.bf16, g.nhwc);
+  set_4d(p->bias, 1, g.k, 1, 1, g.bf16, false);
+  // Channels last: the filter [K, R, S, C] (cuDNN's NHWC filter format).
+  GW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w.get(), data_type(g.bf16),
+                                            g.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                             as_int(g.k, "K"), as_int(g.c, "C"), as_int(g.r, "R"),
                                             as_int(g.s, "S")));
   const int pad = as_int(g.pad, "padding"), stride = as_int(g.stride, "stride");
@@ -311,6 +317,9 @@ void conv2d_forward(Device device, cudaStream_t stream, const ConvGeom& g, void*
   if (g.bf16) {  // our bias pass: float32 sums, rounded once
     kernels::conv2d_bias_act(static_cast<bf16*>(y), static_cast<const bf16*>(bias), g, false,
                              stream);
+  } else if (g.nhwc) {  // the same float addition as cudnnAddTensor's, the channel innermost
+    kernels::conv2d_bias_act(static_cast<float*>(y), static_cast<const float*>(bias), g, false,
+                             stream);
   } else {
     GW_CUDNN_CHECK(cudnnAddTensor(h, &kOne, p.bias.get(), bias, &kOne, p.y.get(), y));
   }
@@ -340,6 +349,17 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
 
 void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, void* db,
                           const void* dy, bool accumulate) {
+  if (g.nhwc) {  // dy is a [N·OH·OW, K] matrix: its column sums (deterministic)
+    const std::int64_t rows = g.n * g.out_h() * g.out_w();
+    if (g.bf16) {
+      kernels::column_sum(static_cast<bf16*>(db), static_cast<const bf16*>(dy),
+                          static_cast<const bf16*>(nullptr), 1.f, rows, g.k, accumulate, stream);
+    } else {
+      kernels::column_sum(static_cast<float*>(db), static_cast<const float*>(dy),
+                          static_cast<const float*>(nullptr), 1.f, rows, g.k, accumulate, stream);
+    }
+    return;
+  }
   const std::int64_t ws = kernels::conv2d_bias_grad_workspace(g);
   const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, device}) : Tensor();
   float* workspace = ws > 0 ? partial.data<float>() : nullptr;
@@ -372,12 +392,12 @@ std::string conv2d_plan_description(Device device, const ConvGeom& g) {
 
 namespace {
 PoolPlan& pool_plan(DeviceDnn& d, PoolMode mode, const PoolGeom& g) {
-  const PoolKey key{mode, g.n, g.c, g.h, g.w, g.window, g.pad, g.stride, g.bf16};
+  const PoolKey key{mode, g.n, g.c, g.h, g.w, g.window, g.pad, g.stride, g.bf16, g.nhwc};
   auto it = d.pools.find(key);
   if (it != d.pools.end()) return *it->second;
   auto p = std::make_unique<PoolPlan>();
-  set_nchw(p->x, g.n, g.c, g.h, g.w, g.bf16);
-  set_nchw(p->y, g.n, g.c, g.out_h(), g.out_w(), g.bf16);
+  set_4d(p->x, g.n, g.c, g.h, g.w, g.bf16, g.nhwc);
+  set_4d(p->y, g.n, g.c, g.out_h(), g.out_w(), g.bf16, g.nhwc);
   const int window = as_int(g.window, "window"), pad = as_int(g.pad, "padding"),
             stride = as_int(g.stride, "stride");
   GW_CUDNN_CHECK(cudnnSetPooling2dDescriptor(

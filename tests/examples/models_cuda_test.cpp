@@ -52,6 +52,23 @@ TEST(ExamplesCuda, TheConvnetConvergesInEveryModeAndTheGraphsCaptureOnce) {
       25, /*bitwise=*/true);
 }
 
+// Channels last in bfloat16 (cuDNN's NHWC kernels, our NHWC bias, ReLU and pooling backward):
+// every mode converges, the whole-step graph's losses bitwise the eager ones, and the run ends
+// within 2% of the float32 run of the same model.
+TEST(ExamplesCuda, AChannelsLastConvnetUnderAutocastConvergesInEveryModeBitwiseAndNearFloat32) {
+  GW_REQUIRE_GPU();
+  const ex::ConvnetConfig c{.batch = 32, .channels = 2, .image = 8, .c1 = 4, .c2 = 8,
+                            .classes = 4, .batches = 2, .lr = 1e-2, .noise = 0.5,
+                            .channels_last = true};
+  const ex::TrainResult f32 = ex::train<ex::ConvnetModel>(c, Device::cuda(0), ex::Mode::kEager,
+                                                          25);
+  const ex::TrainResult b16 = expect_every_mode_converges<ex::ConvnetModel>(
+      c, 25, /*bitwise=*/true, /*autocast=*/true);
+  EXPECT_LE(b16.last_loss, 1.02 * f32.last_loss)
+      << "bf16 " << b16.first_loss << " -> " << b16.last_loss << ", fp32 "
+      << f32.first_loss << " -> " << f32.last_loss;
+}
+
 TEST(ExamplesCuda, TheTransformerConvergesInEveryModeAndTheGraphsCaptureOnce) {
   GW_REQUIRE_GPU();
   expect_every_mode_converges<ex::TransformerModel>(

@@ -33,6 +33,16 @@ TEST(ExamplesCpu, TheConvnetConvergesAndItsModesAgree) {
       40);
 }
 
+// Channels last: the same model NHWC throughout converges, its modes agree, and under Autocast
+// too.
+TEST(ExamplesCpu, AChannelsLastConvnetConvergesAndItsModesAgreeInFloat32AndUnderAutocast) {
+  const ex::ConvnetConfig c{.batch = 32, .channels = 2, .image = 8, .c1 = 4, .c2 = 8,
+                            .classes = 4, .batches = 2, .lr = 1e-2, .noise = 0.5,
+                            .channels_last = true};
+  expect_converges_and_modes_agree<ex::ConvnetModel>(c, 40);
+  expect_converges_and_modes_agree<ex::ConvnetModel>(c, 40, /*autocast=*/true);
+}
+
 TEST(ExamplesCpu, TheTransformerConvergesAndItsModesAgree) {
   expect_converges_and_modes_agree<ex::TransformerModel>(
       {.batch = 4, .seq = 8, .dim = 16, .heads = 2, .ff = 32, .vocab = 8, .batches = 2,

@@ -21,6 +21,7 @@
 // | sum, mean, mse_loss                | 5e-3      | fp32 results of rounded inputs; one rounding   |
 // | dropout                            | 5e-3      | the same mask; one rounding an output          |
 // | conv2d (+ bias, ReLU), avg pooling | 2e-2      | products of rounded inputs summed in fp32      |
+// |   (NCHW and channels last)         |           |                                                |
 // | max and avg pooling                | 1e-2      | distinct inputs exact in bf16: the same maxima |
 #include <algorithm>
 #include <cmath>
@@ -33,7 +34,7 @@
 namespace graphward::testing {
 
 struct Bf16Case {
-  const char* name;
+  std::string name;
   double tol;
   // Outputs then gradients, in `options` (dtype, device).
   std::function<std::vector<Tensor>(TensorOptions)> run;
@@ -240,11 +241,14 @@ inline std::vector<Bf16Case> bf16_cases() {
                      return std::vector<Tensor>{y, x.grad()};
                    }});
   for (const bool relu : {false, true}) {
-    cases.push_back({relu ? "conv2d with bias and ReLU, average pooling after it, and their "
-                            "backwards"
-                          : "conv2d with bias, average pooling after it, and their backwards",
+  for (const bool cl : {false, true}) {  // NCHW, then channels last
+    cases.push_back({std::string(relu ? "conv2d with bias and ReLU, average pooling after it, and "
+                                        "their backwards"
+                                      : "conv2d with bias, average pooling after it, and their "
+                                        "backwards") +
+                         (cl ? ", channels last" : ""),
                      2e-2,
-                     [relu](TensorOptions o) {
+                     [relu, cl](TensorOptions o) {
                        // With the ReLU, inputs of few bits (exact_case_input): every product and
                        // sum exact in float32 on both runs, so both find the same pre-activations
                        // and the same ReLU mask. From random inputs one pre-activation near 0 on
@@ -258,8 +262,11 @@ inline std::vector<Bf16Case> bf16_cases() {
                          return relu ? exact_case_input(shape, seed, o, scale)
                                      : bf16_case_input(shape, seed, o, scale);
                        };
-                       const Tensor x =
-                           input({4, 3, 12, 12}, 36, 1.0).detach().set_requires_grad(true);
+                       const Tensor x = input(cl ? Shape{4, 12, 12, 3} : Shape{4, 3, 12, 12}, 36,
+                                              1.0)
+                                            .detach()
+                                            .set_requires_grad(true);
+                       // [K, C, R, S] or [K, R, S, C]: three of each.
                        const Tensor w =
                            input({8, 3, 3, 3}, 37, 0.3).detach().set_requires_grad(true);
                        const Tensor b = (relu ? add(input({8}, 38, 0.1),
@@ -270,11 +277,13 @@ inline std::vector<Bf16Case> bf16_cases() {
                        const Tensor y = conv2d(
                            x, w, b,
                            {.padding = 1,
-                            .activation = relu ? Activation::kRelu : Activation::kNone});
-                       const Tensor a = avg_pool2d(y, {.kernel = 2});
-                       backward({a}, {input({4, 8, 6, 6}, 39, 1.0)});
+                            .activation = relu ? Activation::kRelu : Activation::kNone,
+                            .channels_last = cl});
+                       const Tensor a = avg_pool2d(y, {.kernel = 2, .channels_last = cl});
+                       backward({a}, {input(a.shape(), 39, 1.0)});
                        return std::vector<Tensor>{y, a, x.grad(), w.grad(), b.grad()};
                      }});
+  }
   }
   cases.push_back({"max and average pooling of distinct values, and their backwards", 1e-2,
                    [](TensorOptions o) {

@@ -1,6 +1,7 @@
 // conv2d, max_pool2d and avg_pool2d on the CPU backend: values against hand-computed results,
 // gradients against finite differences, and the errors.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,51 @@ TEST(ConvCpu, APoolingTakesTheReluOfTheConvolutionBeforeItBitwise) {
   }
 }
 
+// Channels last (Conv2dOptions/Pool2dOptions::channels_last): a convolution (with and without
+// its ReLU, two strides) and the pooling after it (max and average) are the NCHW ops on the same
+// tensors permuted to NHWC — the outputs and the input and weight gradients bitwise (each element
+// sums the same terms in the same order), the bias gradient within double rounding (its sum runs
+// over the elements in memory order).
+TEST(ConvCpu, ChannelsLastIsTheNchwConvolutionAndPoolingOnPermutedTensors) {
+  auto to_nhwc = [](const Tensor& t) { return transpose(transpose(t, 1, 2), 2, 3); };
+  auto to_nchw = [](const Tensor& t) { return transpose(transpose(t, 2, 3), 1, 2); };
+  for (auto [stride, padding] : {std::pair{1, 1}, {2, 0}}) {
+    for (const bool relu : {true, false}) {
+      for (const bool max : {true, false}) {
+        const std::string what = "stride " + std::to_string(stride) + (relu ? " relu" : "") +
+                                 (max ? " max" : " average");
+        auto leaf = [](const Tensor& t) { return t.detach().set_requires_grad(true); };
+        const Tensor x = randn({2, 3, 7, 6}, 71, f64()), w = randn({4, 3, 3, 3}, 72, f64()),
+                     b = randn({4}, 73, f64());
+        const Tensor xn = leaf(x), wn = leaf(w), bn = leaf(b);
+        const Tensor xc = leaf(to_nhwc(x)), wc = leaf(to_nhwc(w)), bc = leaf(b);
+        Conv2dOptions o{.stride = stride,
+                        .padding = padding,
+                        .activation = relu ? Activation::kRelu : Activation::kNone};
+        Pool2dOptions p{.kernel = 2};
+        auto net = [&](const Tensor& x_, const Tensor& w_, const Tensor& b_) {
+          const Tensor h = conv2d(x_, w_, b_, o);
+          return max ? max_pool2d(h, p) : avg_pool2d(h, p);
+        };
+        const Tensor yn = net(xn, wn, bn);
+        o.channels_last = p.channels_last = true;
+        const Tensor yc = net(xc, wc, bc);
+        EXPECT_EQ(yc.shape(), to_nhwc(yn).shape()) << what;
+        EXPECT_EQ(values(to_nchw(yc)), values(yn)) << what;
+        const Tensor r = randn(yn.shape(), 74, f64());
+        backward(sum(mul(yn, r)));
+        backward(sum(mul(yc, to_nhwc(r))));
+        EXPECT_EQ(values(to_nchw(xc.grad())), values(xn.grad())) << what;
+        EXPECT_EQ(values(to_nchw(wc.grad())), values(wn.grad())) << what;
+        const std::vector<double> gb = values(bc.grad()), want = values(bn.grad());
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          EXPECT_NEAR(gb[i], want[i], 1e-12 * (1 + std::abs(want[i]))) << what;
+        }
+      }
+    }
+  }
+}
+
 // A pooling's backward with an epilogue it cannot apply — not a plain ReLU, not of its input,
 // accumulating — is refused by name, and nothing is written.
 TEST(ConvCpu, APoolingBackwardRefusesAnEpilogueNotOfItsInput) {
@@ -240,6 +286,11 @@ TEST(ConvCpu, BadShapesAndOptionsAreRefusedByName) {
   const Tensor x = randn({1, 3, 5, 5}, 11, f64());
   GW_EXPECT_ERROR(conv2d(x, randn({2, 4, 3, 3}, 12, f64())), "conv2d", "3 channels",
                   "C == x.shape[1]");
+  // Channels last: x [N, H, W, C] (here 5 channels), weight [K, R, S, C].
+  GW_EXPECT_ERROR(conv2d(x, randn({2, 3, 3, 3}, 12, f64()), Tensor(), {.channels_last = true}),
+                  "conv2d", "5 channels", "[K, R, S, C]", "C == x.shape[3]");
+  GW_EXPECT_ERROR(max_pool2d(randn({3, 5, 5}, 14, f64()), {.channels_last = true}), "max_pool2d",
+                  "[N, H, W, C] (channels last)");
   GW_EXPECT_ERROR(conv2d(x, randn({2, 3, 7, 7}, 12, f64())), "conv2d", "7x7",
                   "does not fit the padded 5x5");
   GW_EXPECT_ERROR(conv2d(x, randn({2, 3, 3, 3}, 12, f64()), randn({3}, 13, f64())), "conv2d",

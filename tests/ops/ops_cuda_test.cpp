@@ -81,12 +81,20 @@ const GemmShape kGemmShapes[] = {
 // The cuDNN plan of a convolution, for failure messages.
 std::string dnn_plan_for_test(const Shape& x, const Shape& w, const Conv2dOptions& o) {
 #if GRAPHWARD_HAS_CUDNN
+  const bool cl = o.channels_last;
   return dnn::conv2d_plan_description(
-      kGpu, {x[0], x[1], x[2], x[3], w[0], w[2], w[3], o.padding, o.stride, o.deterministic});
+      kGpu, {.n = x[0], .c = x[cl ? 3 : 1], .h = x[cl ? 1 : 2], .w = x[cl ? 2 : 3], .k = w[0],
+             .r = w[cl ? 1 : 2], .s = w[cl ? 2 : 3], .pad = o.padding, .stride = o.stride,
+             .deterministic = o.deterministic, .nhwc = cl});
 #else
   (void)x, (void)w, (void)o;
   return "no cuDNN";
 #endif
+}
+// An NCHW shape ([N, C, H, W], or a weight's [K, C, R, S]) as channels last has it ([N, H, W, C],
+// [K, R, S, C]).
+Shape nhwc_shape(const Shape& s) {
+  return {s[0], s[2], s[3], s[1]};
 }
 const Shape kElementwiseShapes[] = {{1}, {7, 13}, {33, 65}, {128, 257}, {1000, 1031}};
 
@@ -1154,7 +1162,15 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
                         {{3, 2, 150, 160}, {2, 2, 3, 3}, {1, 1}},
                         // the fastest algorithms, atomics allowed
                         {{64, 16, 16, 16}, {32, 16, 3, 3}, {1, 1, false}}};
-  for (const Case& c : cases) {
+  // Each case NCHW, then channels last (Conv2dOptions::channels_last: cuDNN's NHWC descriptors,
+  // the bias added and summed by our kernels).
+  for (const bool channels_last : {false, true}) {
+  for (Case c : cases) {
+    if (channels_last) {
+      c.x = nhwc_shape(c.x);
+      c.w = nhwc_shape(c.w);
+      c.o.channels_last = true;
+    }
     const Tensor x = rand(c.x), w = rand(c.w), b = rand({c.w[0]});
     const Tensor y = conv2d(x, w, b, c.o);
     EXPECT_LT(rel_error(conv2d(gpu(x), gpu(w), gpu(b), c.o), y), kGemmTol)
@@ -1168,8 +1184,11 @@ TEST_F(CudaOps, Conv2dForwardAndBackwardThroughCudnn) {
         conv2d_backward(dy_, x_, w_, c.o, {&g[0], acc}, {&g[1], acc}, {&g[2], acc});
       };
     };
-    expect_backward_matches<3>("conv2d_backward", {x.shape(), w.shape(), b.shape()}, kGemmTol,
-                               make(dy, x, w), make(gdy, gx, gw));
+    expect_backward_matches<3>(channels_last ? "conv2d_backward, channels last"
+                                             : "conv2d_backward",
+                               {x.shape(), w.shape(), b.shape()}, kGemmTol, make(dy, x, w),
+                               make(gdy, gx, gw));
+  }
   }
 }
 
@@ -1320,12 +1339,17 @@ TEST_F(CudaOps, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
 // (overlapping windows).
 TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
   const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}, {3, 1, 1}};
+  for (const bool channels_last : {false, true}) {
   for (const bool max : {true, false}) {
-    for (const Pool2dOptions& o : options) {
+    for (Pool2dOptions o : options) {
+      o.channels_last = channels_last;
       const std::string what = std::string(max ? "max" : "average") + " kernel " +
                                std::to_string(o.kernel) + " stride " + std::to_string(o.stride) +
-                               " padding " + std::to_string(o.padding);
-      const Tensor x = relu(rand({3, 4, 13, 10})), gx = gpu(x);  // a ReLU's output: many zeros
+                               " padding " + std::to_string(o.padding) +
+                               (channels_last ? " channels last" : "");
+      // A ReLU's output: many zeros.
+      const Tensor x = relu(rand(channels_last ? Shape{3, 13, 10, 4} : Shape{3, 4, 13, 10}));
+      const Tensor gx = gpu(x);
       auto pool = [&](const Tensor& t) { return max ? max_pool2d(t, o) : avg_pool2d(t, o); };
       const Tensor y = pool(x), gy = pool(gx);
       const Tensor dy = rand(y.shape()), gdy = gpu(dy);
@@ -1358,13 +1382,19 @@ TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
       }
     }
   }
+  }
   auto leaf = [](const Shape& shape, std::uint64_t seed) {
     return randn(shape, seed, TensorOptions{DType::kFloat32, kGpu}).set_requires_grad(true);
   };
-  const Tensor x = leaf({8, 16, 16, 16}, 61), w = leaf({32, 16, 3, 3}, 62), b = leaf({32}, 63);
-  const Conv2dOptions conv_relu{.padding = 1, .activation = Activation::kRelu};
+  for (const bool channels_last : {false, true}) {
+  const Tensor x = leaf({8, 16, 16, 16}, 61),  // [N, C, H, W] or [N, H, W, C]: 16 each
+               w = leaf(channels_last ? Shape{32, 3, 3, 16} : Shape{32, 16, 3, 3}, 62),
+               b = leaf({32}, 63);
+  const Conv2dOptions conv_relu{
+      .padding = 1, .activation = Activation::kRelu, .channels_last = channels_last};
   for (const bool max : {true, false}) {
-    for (const Pool2dOptions& o : {Pool2dOptions{2, 2, 0}, Pool2dOptions{3, 1, 1}}) {
+    for (Pool2dOptions o : {Pool2dOptions{2, 2, 0}, Pool2dOptions{3, 1, 1}}) {
+      o.channels_last = channels_last;
       auto pooled = [&] {
         const Tensor h = conv2d(x, w, b, conv_relu);
         return max ? max_pool2d(h, o) : avg_pool2d(h, o);
@@ -1387,7 +1417,8 @@ TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
       int i = 0;
       for (const Tensor* t : {&x, &w, &b}) {
         const std::string what = std::string(max ? "max" : "average") + " kernel " +
-                                 std::to_string(o.kernel) + " parameter " + std::to_string(i);
+                                 std::to_string(o.kernel) + " parameter " + std::to_string(i) +
+                                 (channels_last ? " channels last" : "");
         if (o.kernel == 2) {
           EXPECT_EQ(t->grad().to_vector<float>(), plain[i]) << what;
         } else {
@@ -1397,12 +1428,16 @@ TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
       }
     }
   }
+  }
 }
 
 TEST_F(CudaOps, MaxAndAveragePoolingThroughCudnn) {
   const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}};
-  for (const Pool2dOptions& o : options) {
-    const Tensor x = rand({3, 4, 13, 10});  // random values: no ties for the maximum
+  for (const bool channels_last : {false, true}) {
+  for (Pool2dOptions o : options) {
+    o.channels_last = channels_last;
+    // Random values: no ties for the maximum.
+    const Tensor x = rand(channels_last ? Shape{3, 13, 10, 4} : Shape{3, 4, 13, 10});
     const Tensor gx = gpu(x);
     const Tensor ymax = max_pool2d(x, o), yavg = avg_pool2d(x, o);
     const Tensor gymax = max_pool2d(gx, o);
@@ -1423,6 +1458,7 @@ TEST_F(CudaOps, MaxAndAveragePoolingThroughCudnn) {
     };
     expect_backward_matches<1>("avg_pool2d_backward", {x.shape()}, kElementwiseTol, make_avg(dy),
                                make_avg(gdy));
+  }
   }
 }
 
