@@ -86,10 +86,56 @@ __global__ void slices_sum_kernel(S* dw, S* db, const float* partial, std::int64
   }
 }
 
+// Channels last: dy is a [rows, K] matrix, rows = N·OH·OW, cut into slices of `per` rows (the
+// last maybe fewer), enough to fill the GPU.
+Slices row_slices(const ConvGeom& g) {
+  const std::int64_t rows = g.n * g.out_h() * g.out_w();
+  const std::int64_t wanted = std::clamp<std::int64_t>(rows / 512, 1, kTargetBlocks);
+  const std::int64_t per = (rows + wanted - 1) / wanted;
+  return {per, (rows + per - 1) / per};
+}
+Slices bias_slices(const ConvGeom& g) {
+  return g.nhwc ? row_slices(g) : image_slices(g);
+}
+
+constexpr int kNhwcRowLanes = 8;  // a block: 32 columns x 8 row lanes
+
+// Block `slice` of a channels-last bias gradient: for each 32 columns, thread (x, y) sums rows
+// y, y + 8, ... of the slice in column x (reads along a row coalesced), then the 8 lanes in
+// order; into partial[slice · K + ch] — or, with one slice, into db.
+template <class S>
+__global__ void bias_grad_nhwc_kernel(float* partial, S* db, const S* dy, std::int64_t rows,
+                                      std::int64_t k, std::int64_t per, bool accumulate) {
+  __shared__ float lanes[kNhwcRowLanes][33];
+  const std::int64_t slice = blockIdx.x;
+  const std::int64_t r0 = slice * per, r1 = r0 + per < rows ? r0 + per : rows;
+  for (std::int64_t c0 = 0; c0 < k; c0 += 32) {
+    const std::int64_t ch = c0 + threadIdx.x;
+    float acc = 0.f;
+    if (ch < k) {
+      for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kNhwcRowLanes) {
+        acc += load(dy, r * k + ch);
+      }
+    }
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < k) {
+      float v = 0.f;
+      for (int y = 0; y < kNhwcRowLanes; ++y) v += lanes[y][threadIdx.x];
+      if (partial) {
+        partial[slice * k + ch] = v;
+      } else {
+        put(db, ch, v, accumulate);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g) {
-  const std::int64_t slices = image_slices(g).count;
+  const std::int64_t slices = bias_slices(g).count;
   return slices > 1 ? slices * g.k : 0;
 }
 
@@ -220,16 +266,64 @@ template void conv2d_weight_grad_small<bf16>(bf16*, bool, bf16*, bool, const bf1
                                              const ConvGeom&, float*, cudaStream_t);
 
 namespace {
-template <class S>
-__global__ void bias_act_kernel(S* y, const S* bias, std::int64_t n, std::int64_t plane,
-                                std::int64_t k, bool relu) {
-  GW_GRID_STRIDE(i, n) {
+// I: the index type (int where every index fits: several times fewer instructions for the
+// channel's division).
+template <class S, class I>
+__global__ void bias_act_kernel(S* y, const S* bias, I n, I plane, I k, bool relu) {
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
     float v = load(y, i);
-    if (bias) v = v + load(bias, (i / plane) % k);
+    if (bias) v = v + load(bias, (plane == 1 ? i : i / plane) % k);
     put(y, i, relu ? (v > 0.f || isnan(v) ? v : 0.f) : v);  // NaN stays NaN, as relu_forward
   }
 }
+
+// Thread per element of cols [rows, ld]: row p = (image, oy, ox), column j = (r, s, c) of the
+// filter's [R, S, C] order.
+template <class S, class I>
+__global__ void patches_nhwc_kernel(S* cols, const S* x, I count, I ld, I taps, I c, I h, I w,
+                                    I s, I pad, I stride, I oh, I ow) {
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I j = i % ld, p = i / ld;
+    float v = 0.f;
+    if (j < taps) {
+      const I cc = j % c, tap = j / c;
+      const I ss = tap % s, rr = tap / s;
+      const I ox = p % ow, rest = p / ow;
+      const I oy = rest % oh, img = rest / oh;
+      const I iy = oy * stride - pad + rr, ix = ox * stride - pad + ss;
+      if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = load(x, ((img * h + iy) * w + ix) * c + cc);
+    }
+    put(cols, i, v, false);
+  }
+}
 }  // namespace
+
+template <class S>
+void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
+                         cudaStream_t stream) {
+  GW_CHECK(g.nhwc && ld >= g.c * g.r * g.s, "conv2d_patches_nhwc: expected a channels-last "
+           "geometry and ld >= C·R·S");
+  const std::int64_t count = g.n * g.out_h() * g.out_w() * ld;
+  if (count == 0) return;
+  auto launch = [&]<class I>() {
+    auto v = [](std::int64_t a) { return static_cast<I>(a); };
+    patches_nhwc_kernel<S, I><<<detail::grid_for(count), detail::kThreads, 0, stream>>>(
+        cols, x, v(count), v(ld), v(g.c * g.r * g.s), v(g.c), v(g.h), v(g.w), v(g.s), v(g.pad),
+        v(g.stride), v(g.out_h()), v(g.out_w()));
+  };
+  if (std::max(count, g.n * g.h * g.w * g.c) < (std::int64_t{1} << 30)) {
+    launch.template operator()<int>();
+  } else {
+    launch.template operator()<std::int64_t>();
+  }
+  GW_LAUNCH_CHECK();
+}
+template void conv2d_patches_nhwc<float>(float*, const float*, const ConvGeom&, std::int64_t,
+                                         cudaStream_t);
+template void conv2d_patches_nhwc<bf16>(bf16*, const bf16*, const ConvGeom&, std::int64_t,
+                                        cudaStream_t);
 
 template <class S>
 void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStream_t stream) {
@@ -237,8 +331,13 @@ void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStre
   const std::int64_t plane = g.nhwc ? 1 : g.out_h() * g.out_w();
   const std::int64_t n = g.n * g.k * g.out_h() * g.out_w();
   if (n == 0) return;
-  bias_act_kernel<S><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane,
-                                                                           g.k, relu);
+  if (n < (std::int64_t{1} << 30)) {
+    bias_act_kernel<S, int><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
+        y, bias, static_cast<int>(n), static_cast<int>(plane), static_cast<int>(g.k), relu);
+  } else {
+    bias_act_kernel<S, std::int64_t>
+        <<<detail::grid_for(n), detail::kThreads, 0, stream>>>(y, bias, n, plane, g.k, relu);
+  }
   GW_LAUNCH_CHECK();
 }
 template void conv2d_bias_act<float>(float*, const float*, const ConvGeom&, bool, cudaStream_t);
@@ -378,9 +477,60 @@ __global__ void pool_backward_relu_nhwc_kernel(S* dx, const S* dy, const S* x, c
   }
 }
 
+// Channels last, windows of stride = size, no padding, tiling the image (H and W multiples of
+// the size): a thread per output element ((n · OH + oh) · OW + ow) · C + c, which writes every
+// input element of its window — the same sums as pool_backward_relu_nhwc_kernel's (at most one
+// window holds an element), x read once.
+template <PoolMode kMode, int kWindow, class I, class S>
+__global__ void pool_backward_relu_tiled_nhwc_kernel(S* dx, const S* dy, const S* x, const S* y,
+                                                     I outputs, I c_n, PoolDims<I> d,
+                                                     bool accumulate) {
+  constexpr I window = kWindow;
+  const float area = static_cast<float>(window * window);
+  for (I o = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; o < outputs;
+       o += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c = o % c_n, pix = o / c_n;
+    const I ow = pix % d.ow_n, rest = pix / d.ow_n;
+    const I oh = rest % d.oh_n, n = rest / d.oh_n;
+    const float g = load(dy, o);
+    const float m = kMode == PoolMode::kMax ? load(y, o) : 0.f;
+    bool taken = false;  // max: the window's first maximum took the gradient
+#pragma unroll
+    for (I r = 0; r < window; ++r) {
+#pragma unroll
+      for (I s = 0; s < window; ++s) {
+        const I i = ((n * d.h + oh * window + r) * d.w + ow * window + s) * c_n + c;
+        const float v = load(x, i);
+        float acc = 0.f;
+        if constexpr (kMode == PoolMode::kAverage) {
+          if (v > 0.f) acc = g / area;
+        } else {
+          if (!taken && v == m) {
+            taken = true;
+            if (v > 0.f) acc = g;
+          }
+        }
+        put(dx, i, acc, accumulate);
+      }
+    }
+  }
+}
+
 template <PoolMode kMode, class I, class S>
 void launch_pool_backward_relu_nhwc(S* dx, const S* dy, const S* x, const S* y,
                                     const PoolGeom& g, bool accumulate, cudaStream_t stream) {
+  if (g.stride == g.window && g.pad == 0 && g.window == 2 && g.h % 2 == 0 && g.w % 2 == 0) {
+    const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),
+                        static_cast<I>(g.window), static_cast<I>(g.pad),
+                        static_cast<I>(g.stride), static_cast<I>(g.out_h()),
+                        static_cast<I>(g.out_w())};
+    const std::int64_t outputs = g.n * g.out_h() * g.out_w() * g.c;
+    pool_backward_relu_tiled_nhwc_kernel<kMode, 2, I, S>
+        <<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+            dx, dy, x, y, static_cast<I>(outputs), static_cast<I>(g.c), d, accumulate);
+    GW_LAUNCH_CHECK();
+    return;
+  }
   const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
                       static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
                       static_cast<I>(g.out_w())};
@@ -461,8 +611,19 @@ template void pool2d_backward_relu<bf16>(PoolMode, bf16*, const bf16*, const bf1
 template <class S>
 void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, float* workspace,
                       cudaStream_t stream) {
-  GW_CHECK(!g.nhwc, "conv2d_bias_grad: a channels-last geometry; expected NCHW (a channels-last "
-           "dy is a [N·OH·OW, K] matrix: kernels::column_sum)");
+  if (g.nhwc) {
+    const auto [per, slices] = row_slices(g);
+    bias_grad_nhwc_kernel<S><<<static_cast<unsigned>(slices), dim3(32, kNhwcRowLanes), 0,
+                               stream>>>(slices > 1 ? workspace : nullptr, db, dy,
+                                         g.n * g.out_h() * g.out_w(), g.k, per, accumulate);
+    GW_LAUNCH_CHECK();
+    if (slices > 1) {
+      bias_slices_sum_kernel<S><<<detail::grid_for(g.k), detail::kThreads, 0, stream>>>(
+          db, workspace, slices, g.k, accumulate);
+      GW_LAUNCH_CHECK();
+    }
+    return;
+  }
   const std::int64_t plane = g.out_h() * g.out_w();
   const auto [per, slices] = image_slices(g);
   const dim3 grid(static_cast<unsigned>(g.k), static_cast<unsigned>(slices));

@@ -43,8 +43,8 @@ struct PoolGeom {
 #if GRAPHWARD_HAS_CUDA
 // S: float or bf16 (bfloat16 storage, float32 arithmetic, each output rounded once).
 // db [K] (=|+=) Σ over images and positions of dy [N, K, OH, OW]: deterministic; `workspace` holds
-// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). Channels last: NCHW only
-// (dnn::conv2d_backward_bias sums an NHWC dy's columns with kernels::column_sum). (Our own reduction:
+// conv2d_bias_grad_workspace(g) floats (none needed when that is 0). Channels last (dy
+// [N, OH, OW, K]): slices of rows, a block each, then their partial sums in order. (Our own reduction:
 // docs/DECISIONS.md, "a convolution's bias gradient by a reduction of our own".)
 std::int64_t conv2d_bias_grad_workspace(const ConvGeom& g);
 // The weight gradient of a convolution with few taps a filter and little work — C·R·S ≤ 32 (a
@@ -62,6 +62,13 @@ template <class S>
 void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* dy,
                               const S* x, const ConvGeom& g, float* workspace,
                               cudaStream_t stream);
+// Channels last: each output position's input patch, in the filter's [R, S, C] order, as a row
+// of cols [N·OH·OW, ld] (ld ≥ C·R·S; the columns from C·R·S on, and the taps in the padding, are
+// zeros): the operand of a few-tap convolution's weight gradient as one GEMM, dW = dYᵀ·cols
+// (ops/ops_conv.cpp).
+template <class S>
+void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
+                         cudaStream_t stream);
 // y [N, K, OH, OW] (or [N, OH, OW, K], g.nhwc) = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.

@@ -4,8 +4,10 @@
 
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
+#include "kernels/shape.h"
 #include "ops/autocast.h"
 #include "ops/ops_common.h"
+#include "runtime/blas.h"
 #include "runtime/dnn.h"
 #include "runtime/nvtx.h"
 #include "tape/autograd.h"
@@ -85,6 +87,23 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   }
   return g;
 }
+// Note [A few-tap convolution's weight gradient]: a convolution with few taps a filter (C·R·S
+// ≤ 32: a first convolution on images) has a weight gradient of K·C·R·S values, each a sum over
+// every output position — work cuDNN's algorithms spread over few blocks (its channels-last
+// bfloat16 one for 3 channels ran 1041 µs of a 2277 µs step: docs/DECISIONS.md, "a channels-last
+// convnet in bfloat16"). NCHW: our own kernel (kernels::conv2d_weight_grad_small). Channels
+// last: the input's patches as rows (kernels::conv2d_patches_nhwc, its row padded to a multiple
+// of 8 for the tensor cores), then dW = dYᵀ·patches, one cuBLASLt GEMM (its bias gradient in the
+// same kernel), the padding's columns dropped. The patches' buffer is at most 256 MiB.
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
+std::int64_t patches_ld(const k::ConvGeom& g) {
+  return (g.c * g.r * g.s + 7) / 8 * 8;
+}
+bool patches_weight_grad_fits(const k::ConvGeom& g) {
+  const std::int64_t bytes = g.n * g.out_h() * g.out_w() * patches_ld(g) * (g.bf16 ? 2 : 4);
+  return g.nhwc && g.c * g.r * g.s <= 32 && bytes <= (std::int64_t{256} << 20);
+}
+#endif
 Shape conv_out(const k::ConvGeom& g) {
   if (g.nhwc) return {g.n, g.out_h(), g.out_w(), g.k};
   return {g.n, g.k, g.out_h(), g.out_w()};
@@ -216,6 +235,34 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       const bool acc = open_slot(grad_x, x, s);
       dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->raw_data(), grad_out.raw_data(),
                                 weight.raw_data(), acc);
+    }
+    if (want_w && patches_weight_grad_fits(g)) {
+      // Channels last, few taps a filter: dW = dYᵀ·patches, one GEMM (with the bias gradient in
+      // its epilogue where it writes one).
+      const std::int64_t taps = g.c * g.r * g.s, ld = patches_ld(g);
+      const std::int64_t rows = g.n * g.out_h() * g.out_w();
+      const TensorOptions opt{x.dtype(), x.device()};
+      const Tensor cols = Tensor::empty({rows, ld}, opt), dw = Tensor::empty({g.k, ld}, opt);
+      const bool acc_w = open_slot(grad_weight, weight, s);
+      const bool acc_b = want_b && open_slot(grad_bias, {g.k}, weight, s);
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::conv2d_patches_nhwc<T>(ptr<T>(cols), ptr<T>(x), g, ld, s);
+        const bool fused =
+            want_b && !acc_b &&
+            graphward::gemm_bias_grad(x.device(), s, true, false, g.k, ld, rows, 1.f,
+                                      ptr<T>(grad_out), ptr<T>(cols), 0.f, ptr<T>(dw),
+                                      ptr<T>(*grad_bias.tensor));
+        if (!fused) {
+          graphward::gemm(x.device(), s, true, false, g.k, ld, rows, 1.f, ptr<T>(grad_out),
+                          ptr<T>(cols), 0.f, ptr<T>(dw));
+          if (want_b) {
+            dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->raw_data(),
+                                      grad_out.raw_data(), acc_b);
+          }
+        }
+        k::gather_window(ptr<T>(*grad_weight.tensor), ptr<T>(dw), g.k, ld, 0, taps, acc_w, s);
+      });
+      want_w = want_b = false;
     }
     if (want_w && k::conv2d_weight_grad_small_fits(g)) {
       // Few taps a filter (a first convolution on images): the weight and bias gradients by our

@@ -1339,16 +1339,19 @@ TEST_F(CudaOps, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
 // (overlapping windows).
 TEST_F(CudaOps, APoolingTakesTheReluOfTheConvolutionBeforeIt) {
   const Pool2dOptions options[] = {{2, 0, 0}, {3, 2, 1}, {2, 1, 1}, {3, 3, 0}, {3, 1, 1}};
-  for (const bool channels_last : {false, true}) {
+  // NCHW, then channels last with an odd height (2x2 windows leave a row out) and with even sizes
+  // (2x2 windows tile the image: a thread per window).
+  const Shape shapes[] = {{3, 4, 13, 10}, {3, 13, 10, 4}, {2, 12, 10, 6}};
+  for (const Shape& shape : shapes) {
+  const bool channels_last = shape != shapes[0];
   for (const bool max : {true, false}) {
     for (Pool2dOptions o : options) {
       o.channels_last = channels_last;
       const std::string what = std::string(max ? "max" : "average") + " kernel " +
                                std::to_string(o.kernel) + " stride " + std::to_string(o.stride) +
-                               " padding " + std::to_string(o.padding) +
+                               " padding " + std::to_string(o.padding) + " " + shape_str(shape) +
                                (channels_last ? " channels last" : "");
-      // A ReLU's output: many zeros.
-      const Tensor x = relu(rand(channels_last ? Shape{3, 13, 10, 4} : Shape{3, 4, 13, 10}));
+      const Tensor x = relu(rand(shape));  // a ReLU's output: many zeros
       const Tensor gx = gpu(x);
       auto pool = [&](const Tensor& t) { return max ? max_pool2d(t, o) : avg_pool2d(t, o); };
       const Tensor y = pool(x), gy = pool(gx);
