@@ -4,6 +4,8 @@
 // pass after the convolution; and pooling's backward through the ReLU before it.
 #include <algorithm>
 #include <climits>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/conv.h"
@@ -278,24 +280,64 @@ __global__ void bias_act_kernel(S* y, const S* bias, I n, I plane, I k, bool rel
   }
 }
 
-// Thread per element of cols [rows, ld]: row p = (image, oy, ox), column j = (r, s, c) of the
-// filter's [R, S, C] order.
-template <class S, class I>
-__global__ void patches_nhwc_kernel(S* cols, const S* x, I count, I ld, I taps, I c, I h, I w,
-                                    I s, I pad, I stride, I oh, I ow) {
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I j = i % ld, p = i / ld;
-    float v = 0.f;
-    if (j < taps) {
-      const I cc = j % c, tap = j / c;
-      const I ss = tap % s, rr = tap / s;
-      const I ox = p % ow, rest = p / ow;
-      const I oy = rest % oh, img = rest / oh;
-      const I iy = oy * stride - pad + rr, ix = ox * stride - pad + ss;
-      if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = load(x, ((img * h + iy) * w + ix) * c + cc);
+// Channels last, bfloat16, K a multiple of 8: bias_act_kernel's arithmetic (bitwise), 8 elements
+// a thread in one 16-byte load and store.
+__global__ void bias_act_nhwc_bf16x8_kernel(bf16* y, const bf16* bias, int chunks, int k,
+                                            bool relu) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += gridDim.x * blockDim.x) {
+    uint4 raw = reinterpret_cast<const uint4*>(y)[i];
+    __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(&raw);
+    const int c0 = (i * 8) % k;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float2 v = __bfloat1622float2(pair[q]);
+      if (bias) {
+        v.x = v.x + load(bias, c0 + 2 * q);
+        v.y = v.y + load(bias, c0 + 2 * q + 1);
+      }
+      if (relu) {
+        v.x = v.x > 0.f || isnan(v.x) ? v.x : 0.f;
+        v.y = v.y > 0.f || isnan(v.y) ? v.y : 0.f;
+      }
+      pair[q] = __floats2bfloat162_rn(v.x, v.y);
     }
-    put(cols, i, v, false);
+    reinterpret_cast<uint4*>(y)[i] = raw;
+  }
+}
+
+// Thread per 8 columns of a row of cols [rows, ld] (ld a multiple of 8): row p = (image, oy, ox),
+// column j = (r, s, c) of the filter's [R, S, C] order, stepped through in order.
+constexpr int kPatchChunk = 8;
+template <class S, class I>
+__global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps, I c, I h, I w,
+                                    I s, I pad, I stride, I oh, I ow) {
+  const I per_row = ld / kPatchChunk;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I p = i / per_row, j0 = (i - p * per_row) * kPatchChunk;
+    const I ox = p % ow, rest = p / ow;
+    const I oy = rest % oh, img = rest / oh;
+    I cc = j0 % c, tap = j0 / c;
+    I ss = tap % s, rr = tap / s;
+    S* out = cols + p * ld + j0;
+#pragma unroll
+    for (int q = 0; q < kPatchChunk; ++q) {
+      float v = 0.f;
+      if (j0 + q < taps) {
+        const I iy = oy * stride - pad + rr, ix = ox * stride - pad + ss;
+        if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
+          v = load(x, ((img * h + iy) * w + ix) * c + cc);
+        }
+        if (++cc == c) {
+          cc = 0;
+          if (++ss == s) {
+            ss = 0;
+            ++rr;
+          }
+        }
+      }
+      put(out, q, v, false);
+    }
   }
 }
 }  // namespace
@@ -305,12 +347,15 @@ void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld
                          cudaStream_t stream) {
   GW_CHECK(g.nhwc && ld >= g.c * g.r * g.s, "conv2d_patches_nhwc: expected a channels-last "
            "geometry and ld >= C·R·S");
+  GW_CHECK(ld % kPatchChunk == 0, "conv2d_patches_nhwc: ld is ", ld, "; expected a multiple of ",
+           kPatchChunk);
   const std::int64_t count = g.n * g.out_h() * g.out_w() * ld;
   if (count == 0) return;
   auto launch = [&]<class I>() {
     auto v = [](std::int64_t a) { return static_cast<I>(a); };
-    patches_nhwc_kernel<S, I><<<detail::grid_for(count), detail::kThreads, 0, stream>>>(
-        cols, x, v(count), v(ld), v(g.c * g.r * g.s), v(g.c), v(g.h), v(g.w), v(g.s), v(g.pad),
+    const std::int64_t chunks = count / kPatchChunk;
+    patches_nhwc_kernel<S, I><<<detail::grid_for(chunks), detail::kThreads, 0, stream>>>(
+        cols, x, v(chunks), v(ld), v(g.c * g.r * g.s), v(g.c), v(g.h), v(g.w), v(g.s), v(g.pad),
         v(g.stride), v(g.out_h()), v(g.out_w()));
   };
   if (std::max(count, g.n * g.h * g.w * g.c) < (std::int64_t{1} << 30)) {
@@ -331,6 +376,16 @@ void conv2d_bias_act(S* y, const S* bias, const ConvGeom& g, bool relu, cudaStre
   const std::int64_t plane = g.nhwc ? 1 : g.out_h() * g.out_w();
   const std::int64_t n = g.n * g.k * g.out_h() * g.out_w();
   if (n == 0) return;
+  if constexpr (std::is_same_v<S, bf16>) {
+    if (g.nhwc && g.k % 8 == 0 && n < (std::int64_t{1} << 30) &&
+        reinterpret_cast<std::uintptr_t>(y) % 16 == 0) {
+      const int chunks = static_cast<int>(n / 8);
+      bias_act_nhwc_bf16x8_kernel<<<detail::grid_for(chunks), detail::kThreads, 0, stream>>>(
+          y, bias, chunks, static_cast<int>(g.k), relu);
+      GW_LAUNCH_CHECK();
+      return;
+    }
+  }
   if (n < (std::int64_t{1} << 30)) {
     bias_act_kernel<S, int><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
         y, bias, static_cast<int>(n), static_cast<int>(plane), static_cast<int>(g.k), relu);
@@ -516,6 +571,29 @@ __global__ void pool_backward_relu_tiled_nhwc_kernel(S* dx, const S* dy, const S
   }
 }
 
+template <PoolMode kMode, class S>
+__global__ void pool_forward_tiled_nhwc_kernel(S* y, const S* x, int outputs, int c_n, int h,
+                                               int w, int oh_n, int ow_n) {
+  for (int o = blockIdx.x * blockDim.x + threadIdx.x; o < outputs; o += gridDim.x * blockDim.x) {
+    const int c = o % c_n, pix = o / c_n;
+    const int ow = pix % ow_n, rest = pix / ow_n;
+    const int oh = rest % oh_n, n = rest / oh_n;
+    const int i0 = ((n * h + 2 * oh) * w + 2 * ow) * c_n + c;
+    const float v[4] = {load(x, i0), load(x, i0 + c_n), load(x, i0 + w * c_n),
+                        load(x, i0 + (w + 1) * c_n)};
+    float r;
+    if constexpr (kMode == PoolMode::kMax) {
+      r = v[0];
+      for (int q = 1; q < 4; ++q) {
+        if (!isnan(r) && (isnan(v[q]) || v[q] > r)) r = v[q];
+      }
+    } else {
+      r = (((v[0] + v[1]) + v[2]) + v[3]) / 4.f;
+    }
+    put(y, o, r, false);
+  }
+}
+
 template <PoolMode kMode, class I, class S>
 void launch_pool_backward_relu_nhwc(S* dx, const S* dy, const S* x, const S* y,
                                     const PoolGeom& g, bool accumulate, cudaStream_t stream) {
@@ -591,6 +669,35 @@ void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, std::
   }
 }
 }  // namespace
+
+bool pool2d_tiled_nhwc_fits(const PoolGeom& g) {
+  return g.nhwc && g.window == 2 && g.stride == 2 && g.pad == 0 && g.h % 2 == 0 &&
+         g.w % 2 == 0 && g.n * g.c * g.h * g.w < (std::int64_t{1} << 30);
+}
+
+template <class S>
+void pool2d_forward_tiled_nhwc(PoolMode mode, S* y, const S* x, const PoolGeom& g,
+                               cudaStream_t stream) {
+  GW_CHECK(pool2d_tiled_nhwc_fits(g), "pool2d_forward_tiled_nhwc: expected channels-last 2x2 "
+           "windows of stride 2, no padding, tiling an image below 2^30 elements");
+  const std::int64_t outputs = g.n * g.out_h() * g.out_w() * g.c;
+  if (outputs == 0) return;
+  auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
+  if (mode == PoolMode::kMax) {
+    pool_forward_tiled_nhwc_kernel<PoolMode::kMax, S>
+        <<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+            y, x, i32(outputs), i32(g.c), i32(g.h), i32(g.w), i32(g.out_h()), i32(g.out_w()));
+  } else {
+    pool_forward_tiled_nhwc_kernel<PoolMode::kAverage, S>
+        <<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
+            y, x, i32(outputs), i32(g.c), i32(g.h), i32(g.w), i32(g.out_h()), i32(g.out_w()));
+  }
+  GW_LAUNCH_CHECK();
+}
+template void pool2d_forward_tiled_nhwc<float>(PoolMode, float*, const float*, const PoolGeom&,
+                                               cudaStream_t);
+template void pool2d_forward_tiled_nhwc<bf16>(PoolMode, bf16*, const bf16*, const PoolGeom&,
+                                              cudaStream_t);
 
 template <class S>
 void pool2d_backward_relu(PoolMode mode, S* dx, const S* dy, const S* x, const S* y,

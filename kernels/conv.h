@@ -87,6 +87,15 @@ void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, fl
 // overlap, a window's positive maximum is unique (cuDNN may pick another of equal positive
 // maxima; a zero maximum sends nothing through the ReLU either way) and, for average pooling,
 // the window's area is a power of two (cuDNN's scaling is then exact too).
+// Channels last, 2x2 windows of stride 2 without padding tiling the image (H and W even): y =
+// each window's maximum (NaN where the window holds one, as cuDNN's CUDNN_PROPAGATE_NAN) or mean
+// (the float32 sum in row-major order, / 4), a thread per output element — where cuDNN's
+// channels-last pooling runs a generic kernel (52 µs for what this reads in 15: docs/
+// DECISIONS.md, "a channels-last convnet in bfloat16").
+bool pool2d_tiled_nhwc_fits(const PoolGeom& g);
+template <class S>
+void pool2d_forward_tiled_nhwc(PoolMode mode, S* y, const S* x, const PoolGeom& g,
+                               cudaStream_t stream);
 template <class S>
 void pool2d_backward_relu(PoolMode mode, S* dx, const S* dy, const S* x, const S* y,
                           const PoolGeom& g, bool accumulate, cudaStream_t stream);

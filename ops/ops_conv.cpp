@@ -359,7 +359,13 @@ Tensor pool_forward(k::PoolMode mode, const Tensor& x, const Pool2dOptions& o) {
     CudaScope scope(x.device());
     scope.read({&x});
     y = new_output(pool_out(g), x);
-    dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.raw_data(), x.raw_data());
+    if (k::pool2d_tiled_nhwc_fits(g)) {  // kernels/conv.h says why
+      dispatch_cuda(x.dtype(), [&]<class T>() {
+        k::pool2d_forward_tiled_nhwc(mode, ptr<T>(y), ptr<T>(x), g, scope.stream());
+      });
+    } else {
+      dnn::pool2d_forward(x.device(), scope.stream(), mode, g, y.raw_data(), x.raw_data());
+    }
 #endif
   } else {
     y = new_output(pool_out(g), x);

@@ -3,6 +3,7 @@
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -12,7 +13,6 @@
 
 #include "base/env.h"
 #include "base/error.h"
-#include "kernels/reduce.h"
 #include "runtime/capture_mode.h"
 #include "runtime/math_mode.h"
 #include "runtime/stream.h"
@@ -70,9 +70,25 @@ void set_4d(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h,
 // workspace limit, computes in fp32 (or, with `tf32`, may use tensor cores: Note [TF32]) and —
 // when asked and where one does — is deterministic.
 // A bfloat16 plan passes tf32: its algorithms are tensor-op ones.
+// `avoid` (may be null): algorithms taken only where nothing else qualifies.
 template <class Perf>
 Perf pick(const std::vector<Perf>& results, int found, bool deterministic, bool tf32,
-          const char* what) {
+          const char* what, bool (*avoid)(const Perf&) = nullptr) {
+  if (avoid) {
+    std::vector<Perf> kept;
+    for (int i = 0; i < found; ++i) {
+      if (!avoid(results[static_cast<std::size_t>(i)])) {
+        kept.push_back(results[static_cast<std::size_t>(i)]);
+      }
+    }
+    const auto usable = [&](const Perf& p) {
+      return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kDnnWorkspaceLimit &&
+             (!deterministic || p.determinism == CUDNN_DETERMINISTIC);
+    };
+    if (std::any_of(kept.begin(), kept.end(), usable)) {
+      return pick(kept, static_cast<int>(kept.size()), deterministic, tf32, what);
+    }
+  }
   const Perf* any = nullptr;
   for (int i = 0; i < found; ++i) {
     const Perf& p = results[static_cast<std::size_t>(i)];
@@ -265,7 +281,17 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, p->x.get(), p->y.get(), p->conv_bwd_filter.get(), p->w.get(), count, &found, bf.data()));
   }
-  p->bwd_filter = pick(bf, found, g.deterministic, tf32, "backward-filter");
+  // bfloat16: cuDNN's filter-gradient algorithms 0 and 3 are not tensor-core ones (its
+  // wgrad_alg0_engine ran 645 µs of a 750 µs convnet step where its timing had picked it over the
+  // tensor-core algorithm: docs/DECISIONS.md, "a channels-last convnet in bfloat16"); taken only
+  // where no other qualifies.
+  bool (*slow_bf16)(const cudnnConvolutionBwdFilterAlgoPerf_t&) =
+      [](const cudnnConvolutionBwdFilterAlgoPerf_t& p) {
+        return p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
+               p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+      };
+  p->bwd_filter =
+      pick(bf, found, g.deterministic, tf32, "backward-filter", g.bf16 ? slow_bf16 : nullptr);
   if (tf32) {
     GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), p->fwd.mathType));
     GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv_bwd_data.get(), p->bwd_data.mathType));
@@ -349,17 +375,6 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const ConvGeom& 
 
 void conv2d_backward_bias(Device device, cudaStream_t stream, const ConvGeom& g, void* db,
                           const void* dy, bool accumulate) {
-  if (g.nhwc) {  // dy is a [N·OH·OW, K] matrix: its column sums (deterministic)
-    const std::int64_t rows = g.n * g.out_h() * g.out_w();
-    if (g.bf16) {
-      kernels::column_sum(static_cast<bf16*>(db), static_cast<const bf16*>(dy),
-                          static_cast<const bf16*>(nullptr), 1.f, rows, g.k, accumulate, stream);
-    } else {
-      kernels::column_sum(static_cast<float*>(db), static_cast<const float*>(dy),
-                          static_cast<const float*>(nullptr), 1.f, rows, g.k, accumulate, stream);
-    }
-    return;
-  }
   const std::int64_t ws = kernels::conv2d_bias_grad_workspace(g);
   const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, device}) : Tensor();
   float* workspace = ws > 0 ? partial.data<float>() : nullptr;

@@ -141,6 +141,13 @@ TEST_F(CudaNonFinite, PoolingAndConvolutionAgreeOnNaNAndInfinities) {
                [](const V& a) { return max_pool2d(a[0], {.kernel = 2, .stride = 2}); });
   expect_agree("avg_pool2d", {x},
                [](const V& a) { return avg_pool2d(a[0], {.kernel = 2, .stride = 2}); });
+  // Channels last (one channel: the same memory), where 2x2 windows tiling the image are ours.
+  const Tensor xl = from_vector(v, {1, 4, 4, 1});
+  const Pool2dOptions last{.kernel = 2, .stride = 2, .channels_last = true};
+  expect_agree("max_pool2d, channels last", {xl},
+               [&](const V& a) { return max_pool2d(a[0], last); });
+  expect_agree("avg_pool2d, channels last", {xl},
+               [&](const V& a) { return avg_pool2d(a[0], last); });
   // conv2d's own ReLU (after cuDNN's convolution) keeps a NaN as relu does: a NaN bias gives
   // NaN outputs, a finite image finite ones.
   const Tensor img = randn({2, 3, 6, 6}, 9), w = randn({4, 3, 3, 3}, 10);
