@@ -113,13 +113,21 @@ __global__ void bias_grad_nhwc_kernel(float* partial, S* db, const S* dy, std::i
   const std::int64_t r0 = slice * per, r1 = r0 + per < rows ? r0 + per : rows;
   for (std::int64_t c0 = 0; c0 < k; c0 += 32) {
     const std::int64_t ch = c0 + threadIdx.x;
-    float acc = 0.f;
+    // Four chains (rows y, y + 8, y + 16, y + 24 of each 32), added in a fixed order: four
+    // loads in flight a thread.
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
     if (ch < k) {
-      for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kNhwcRowLanes) {
-        acc += load(dy, r * k + ch);
+      constexpr int kStep = 4 * kNhwcRowLanes;
+      std::int64_t r = r0 + threadIdx.y;
+      for (; r + 3 * kNhwcRowLanes < r1; r += kStep) {
+        a0 += load(dy, r * k + ch);
+        a1 += load(dy, (r + kNhwcRowLanes) * k + ch);
+        a2 += load(dy, (r + 2 * kNhwcRowLanes) * k + ch);
+        a3 += load(dy, (r + 3 * kNhwcRowLanes) * k + ch);
       }
+      for (; r < r1; r += kNhwcRowLanes) a0 += load(dy, r * k + ch);
     }
-    lanes[threadIdx.y][threadIdx.x] = acc;
+    lanes[threadIdx.y][threadIdx.x] = (a0 + a1) + (a2 + a3);
     __syncthreads();
     if (threadIdx.y == 0 && ch < k) {
       float v = 0.f;
@@ -320,13 +328,14 @@ __global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps,
     I cc = j0 % c, tap = j0 / c;
     I ss = tap % s, rr = tap / s;
     S* out = cols + p * ld + j0;
+    float v[kPatchChunk];
 #pragma unroll
     for (int q = 0; q < kPatchChunk; ++q) {
-      float v = 0.f;
+      v[q] = 0.f;
       if (j0 + q < taps) {
         const I iy = oy * stride - pad + rr, ix = ox * stride - pad + ss;
         if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
-          v = load(x, ((img * h + iy) * w + ix) * c + cc);
+          v[q] = load(x, ((img * h + iy) * w + ix) * c + cc);
         }
         if (++cc == c) {
           cc = 0;
@@ -336,8 +345,28 @@ __global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps,
           }
         }
       }
-      put(out, q, v, false);
     }
+    if constexpr (std::is_same_v<S, bf16>) {  // one 16-byte store (cols is 16-byte aligned)
+      uint4 raw;
+      __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int q = 0; q < kPatchChunk / 2; ++q) {
+        pair[q] = __floats2bfloat162_rn(v[2 * q], v[2 * q + 1]);
+      }
+      *reinterpret_cast<uint4*>(out) = raw;
+    } else {
+#pragma unroll
+      for (int q = 0; q < kPatchChunk; ++q) put(out, q, v[q], false);
+    }
+  }
+}
+
+// dst [K, ld] = w [K, taps] with zero columns from taps on: a filter as a row of patches.
+template <class S>
+__global__ void pad_filters_kernel(S* dst, const S* w, int count, int taps, int ld) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    const int j = i % ld, r = i / ld;
+    put(dst, i, j < taps ? load(w, r * taps + j) : 0.f, false);
   }
 }
 }  // namespace
@@ -365,6 +394,21 @@ void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld
   }
   GW_LAUNCH_CHECK();
 }
+template <class S>
+void conv2d_pad_filters(S* dst, const S* w, const ConvGeom& g, std::int64_t ld,
+                        cudaStream_t stream) {
+  const std::int64_t taps = g.c * g.r * g.s, count = g.k * ld;
+  GW_CHECK(ld >= taps && count < (std::int64_t{1} << 30), "conv2d_pad_filters: expected ld >= "
+           "C·R·S and K·ld below 2^30");
+  if (count == 0) return;
+  pad_filters_kernel<S><<<detail::grid_for(count), detail::kThreads, 0, stream>>>(
+      dst, w, static_cast<int>(count), static_cast<int>(taps), static_cast<int>(ld));
+  GW_LAUNCH_CHECK();
+}
+template void conv2d_pad_filters<float>(float*, const float*, const ConvGeom&, std::int64_t,
+                                        cudaStream_t);
+template void conv2d_pad_filters<bf16>(bf16*, const bf16*, const ConvGeom&, std::int64_t,
+                                       cudaStream_t);
 template void conv2d_patches_nhwc<float>(float*, const float*, const ConvGeom&, std::int64_t,
                                          cudaStream_t);
 template void conv2d_patches_nhwc<bf16>(bf16*, const bf16*, const ConvGeom&, std::int64_t,

@@ -69,6 +69,11 @@ void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b
 template <class S>
 void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
                          cudaStream_t stream);
+// dst [K, ld] = the filters w [K, C·R·S] (either layout's order) as rows padded with zeros to ld:
+// the other operand of a few-tap convolution's forward as one GEMM, y = patches·dstᵀ.
+template <class S>
+void conv2d_pad_filters(S* dst, const S* w, const ConvGeom& g, std::int64_t ld,
+                        cudaStream_t stream);
 // y [N, K, OH, OW] (or [N, OH, OW, K], g.nhwc) = act(y + bias [K]) in place, one pass: bias may be null; `relu` applies ReLU
 // (max(v, 0) as relu_forward does). The same float additions as cudnnAddTensor's with
 // alpha = beta = 1, so bitwise the bias add then the ReLU apart.

@@ -87,21 +87,42 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
   }
   return g;
 }
-// Note [A few-tap convolution's weight gradient]: a convolution with few taps a filter (C·R·S
-// ≤ 32: a first convolution on images) has a weight gradient of K·C·R·S values, each a sum over
-// every output position — work cuDNN's algorithms spread over few blocks (its channels-last
-// bfloat16 one for 3 channels ran 1041 µs of a 2277 µs step: docs/DECISIONS.md, "a channels-last
-// convnet in bfloat16"). NCHW: our own kernel (kernels::conv2d_weight_grad_small). Channels
-// last: the input's patches as rows (kernels::conv2d_patches_nhwc, its row padded to a multiple
-// of 8 for the tensor cores), then dW = dYᵀ·patches, one cuBLASLt GEMM (its bias gradient in the
-// same kernel), the padding's columns dropped. The patches' buffer is at most 256 MiB.
+// Note [A few-tap convolution as GEMMs]: a convolution with few taps a filter (C·R·S ≤ 32: a
+// first convolution on images) is work cuDNN's algorithms run off the tensor cores: its
+// channels-last bfloat16 weight gradient for 3 channels ran 1041 µs of a 2277 µs step, its
+// forward 82 µs (docs/DECISIONS.md, "a channels-last convnet in bfloat16"). NCHW: the weight
+// gradient by our own kernel (kernels::conv2d_weight_grad_small). Channels last in bfloat16:
+// the input's patches as rows (kernels::conv2d_patches_nhwc, each row padded with zeros to a
+// multiple of 8 for the tensor cores), then the forward is y = patches·Wᵀ, one cuBLASLt GEMM
+// with the bias and ReLU in its epilogue (W's rows padded alike), and the weight gradient
+// dW = dYᵀ·patches, one GEMM with the bias gradient in its epilogue, the padding's columns
+// dropped. The patches (made again in the backward, not saved) take at most 256 MiB.
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
 std::int64_t patches_ld(const k::ConvGeom& g) {
   return (g.c * g.r * g.s + 7) / 8 * 8;
 }
-bool patches_weight_grad_fits(const k::ConvGeom& g) {
-  const std::int64_t bytes = g.n * g.out_h() * g.out_w() * patches_ld(g) * (g.bf16 ? 2 : 4);
-  return g.nhwc && g.c * g.r * g.s <= 32 && bytes <= (std::int64_t{256} << 20);
+bool patches_fit(const k::ConvGeom& g) {
+  const std::int64_t bytes = g.n * g.out_h() * g.out_w() * patches_ld(g) * 2;
+  return g.bf16 && g.nhwc && g.c * g.r * g.s <= 32 && bytes <= (std::int64_t{256} << 20);
+}
+// y = act(patches(x)·Wᵀ + bias) (Note [A few-tap convolution as GEMMs]); bias may be undefined.
+void patches_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const k::ConvGeom& g, bool relu, const Tensor& y, cudaStream_t s) {
+  const std::int64_t ld = patches_ld(g), rows = g.n * g.out_h() * g.out_w();
+  const TensorOptions opt{x.dtype(), x.device()};
+  const Tensor cols = Tensor::empty({rows, ld}, opt), w = Tensor::empty({g.k, ld}, opt);
+  const bf16* b = bias.defined() ? ptr<bf16>(bias) : nullptr;
+  k::conv2d_patches_nhwc(ptr<bf16>(cols), ptr<bf16>(x), g, ld, s);
+  k::conv2d_pad_filters(ptr<bf16>(w), ptr<bf16>(weight), g, ld, s);
+  using E = k::Epilogue;
+  const E epilogue = relu ? (b ? E::kBiasRelu : E::kRelu) : (b ? E::kBias : E::kNone);
+  if (epilogue == E::kNone ||
+      !graphward::gemm_epilogue(x.device(), s, false, true, rows, g.k, ld, ptr<bf16>(cols),
+                                ptr<bf16>(w), ptr<bf16>(y), epilogue, b)) {
+    graphward::gemm(x.device(), s, false, true, rows, g.k, ld, 1.f, ptr<bf16>(cols),
+                    ptr<bf16>(w), 0.f, ptr<bf16>(y));
+    if (b || relu) k::conv2d_bias_act(ptr<bf16>(y), b, g, relu, s);
+  }
 }
 #endif
 Shape conv_out(const k::ConvGeom& g) {
@@ -149,9 +170,13 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
     }
     y = new_output(conv_out(g), x);
     const void* b = bias.defined() ? bias.raw_data() : nullptr;
-    dnn::conv2d_forward(x.device(), scope.stream(), g, y.raw_data(), x.raw_data(),
-                        weight.raw_data(), relu ? nullptr : b);
-    if (relu) {
+    if (patches_fit(g)) {
+      patches_forward(x, weight, bias, g, relu, y, scope.stream());
+    } else {
+      dnn::conv2d_forward(x.device(), scope.stream(), g, y.raw_data(), x.raw_data(),
+                          weight.raw_data(), relu ? nullptr : b);
+    }
+    if (relu && !patches_fit(g)) {
       dispatch_cuda(x.dtype(), [&]<class T>() {
         k::conv2d_bias_act(ptr<T>(y), static_cast<const T*>(b), g, /*relu=*/true,
                            scope.stream());
@@ -236,9 +261,9 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
       dnn::conv2d_backward_data(x.device(), s, g, grad_x.tensor->raw_data(), grad_out.raw_data(),
                                 weight.raw_data(), acc);
     }
-    if (want_w && patches_weight_grad_fits(g)) {
-      // Channels last, few taps a filter: dW = dYᵀ·patches, one GEMM (with the bias gradient in
-      // its epilogue where it writes one).
+    if (want_w && patches_fit(g)) {
+      // Note [A few-tap convolution as GEMMs]: dW = dYᵀ·patches, one GEMM (with the bias
+      // gradient in its epilogue where it writes one).
       const std::int64_t taps = g.c * g.r * g.s, ld = patches_ld(g);
       const std::int64_t rows = g.n * g.out_h() * g.out_w();
       const TensorOptions opt{x.dtype(), x.device()};
