@@ -261,7 +261,16 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.get(), p->w.get(), p->conv.get(),
                                                           p->y.get(), count, &found, fwd.data()));
   }
-  p->fwd = pick(fwd, found, g.deterministic, tf32, "forward");
+  // bfloat16: the non-tensor-core algorithms (forward 0, backward-data 0, filter-gradient 0 and
+  // 3: kernels such as convolve_common_engine_float_NHWC and wgrad_alg0_engine) are taken only
+  // where no other qualifies. cuDNN's timing, one run of each candidate, ranked them first at
+  // times (a forward of 20 µs where the tensor-core one takes a few, a filter gradient of 645 µs
+  // of a 750 µs convnet step: docs/DECISIONS.md, "a channels-last convnet in bfloat16").
+  bool (*slow_fwd)(const cudnnConvolutionFwdAlgoPerf_t&) =
+      [](const cudnnConvolutionFwdAlgoPerf_t& p) {
+        return p.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+      };
+  p->fwd = pick(fwd, found, g.deterministic, tf32, "forward", g.bf16 ? slow_fwd : nullptr);
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -271,7 +280,12 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, p->w.get(), p->y.get(), p->conv_bwd_data.get(), p->x.get(), count, &found, bd.data()));
   }
-  p->bwd_data = pick(bd, found, g.deterministic, tf32, "backward-data");
+  bool (*slow_data)(const cudnnConvolutionBwdDataAlgoPerf_t&) =
+      [](const cudnnConvolutionBwdDataAlgoPerf_t& p) {
+        return p.algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+      };
+  p->bwd_data =
+      pick(bd, found, g.deterministic, tf32, "backward-data", g.bf16 ? slow_data : nullptr);
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -281,10 +295,6 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
     GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, p->x.get(), p->y.get(), p->conv_bwd_filter.get(), p->w.get(), count, &found, bf.data()));
   }
-  // bfloat16: cuDNN's filter-gradient algorithms 0 and 3 are not tensor-core ones (its
-  // wgrad_alg0_engine ran 645 µs of a 750 µs convnet step where its timing had picked it over the
-  // tensor-core algorithm: docs/DECISIONS.md, "a channels-last convnet in bfloat16"); taken only
-  // where no other qualifies.
   bool (*slow_bf16)(const cudnnConvolutionBwdFilterAlgoPerf_t&) =
       [](const cudnnConvolutionBwdFilterAlgoPerf_t& p) {
         return p.algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
