@@ -399,8 +399,9 @@ void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids,
 void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
                         std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
                         cudaStream_t stream) {
-  GW_CUDA_CHECK(
-      cudaMemsetAsync(workspace, 0, static_cast<std::size_t>(vocab * dim) * sizeof(float), stream));
+  // Zeroed by a kernel, not cudaMemsetAsync: compute-sanitizer's initcheck does not see a
+  // captured graph's memset nodes write, and reported every read of the sums as uninitialized.
+  fill(workspace, 0.f, vocab * dim, stream);
   embedding_backward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(workspace, dy, ids, n,
                                                                         vocab, dim);
   GW_LAUNCH_CHECK();
