@@ -13,7 +13,10 @@
 // timing every candidate takes minutes) — the heuristic's first (cudnnGet*Algorithm_v7,
 // host-only); fp32 arithmetic without TF32 (CUDNN_FMA_MATH) unless conv_tf32() says otherwise
 // (Note [TF32], runtime/math_mode.h; a plan per setting), deterministic algorithms where one is offered (so that a replayed step
-// equals the eager one bitwise), workspace at most kDnnWorkspaceLimit. Every call takes
+// equals the eager one bitwise), workspace at most kDnnWorkspaceLimit; in bfloat16, cuDNN's
+// non-tensor-core algorithms only where nothing else qualifies (its one-run timing ranked them
+// first at times, at many times the tensor-core ones' cost). A plan per dtype and layout (NCHW or
+// channels last: the descriptors' CUDNN_TENSOR_NHWC, filters [K, R, S, C]). Every call takes
 // its workspace from the caching allocator on the op's stream: inside a capture that is graph
 // memory, fixed for the graph's lifetime, as a replay needs.
 #include <cstddef>
