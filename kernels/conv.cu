@@ -360,120 +360,93 @@ __device__ __forceinline__ I imin(I a, I b) {
   return a < b ? a : b;
 }
 
-// Thread per input element (plane p, row ih, column iw; blocks of a plane along x, planes along
-// y): the windows that hold it, in row-major order. Max: a window sends it its gradient when it
-// is the window's first element equal to the maximum; average: every window sends its gradient
-// over its area. kDisjoint: windows of stride = size and no padding (at most one window holds an
-// element), of size kWindow (0: d.window).
+// The gradient pooling sends back through the ReLU to the input element of value v at (ih, iw):
+// 0 unless v is positive; else the sum over the windows that hold it, in row-major order — max:
+// each window's gradient where v is the window's first element (row-major, inside the image)
+// equal to its maximum; average: each window's gradient over its area. x_plane: the element's
+// plane (its image's channel) at pixel 0; `out`: that plane's first output; pixels and outputs
+// `step` elements apart (1: NCHW; C: channels last). kDisjoint: windows of stride = size and no
+// padding (at most one window holds an element).
+template <PoolMode kMode, bool kDisjoint, class I, class S>
+__device__ __forceinline__ float pool_relu_grad_at(const S* dy, const S* y, const S* x_plane,
+                                                   I out, I step, I ih, I iw, float v, I window,
+                                                   const PoolDims<I>& d) {
+  float acc = 0.f;
+  if (!(v > 0.f)) return acc;
+  const float area = static_cast<float>(window * window);
+  // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
+  I oh0, ow0, oh1, ow1;
+  if constexpr (kDisjoint) {
+    oh0 = oh1 = ih / window;
+    ow0 = ow1 = iw / window;
+    if (oh0 >= d.oh_n || ow0 >= d.ow_n) oh1 = oh0 - 1;  // in no window
+  } else {
+    oh0 = imax<I>(0, (ih + d.pad - window + d.stride) / d.stride);
+    ow0 = imax<I>(0, (iw + d.pad - window + d.stride) / d.stride);
+    oh1 = imin<I>(d.oh_n - 1, (ih + d.pad) / d.stride);
+    ow1 = imin<I>(d.ow_n - 1, (iw + d.pad) / d.stride);
+  }
+  for (I oh = oh0; oh <= oh1; ++oh) {
+    for (I ow = ow0; ow <= ow1; ++ow) {
+      const I o = out + (oh * d.ow_n + ow) * step;
+      if constexpr (kMode == PoolMode::kAverage) {
+        acc += load(dy, o) / area;
+      } else {
+        const float m = load(y, o);
+        // Whether no element before this one in the window (row-major, inside the image)
+        // equals m.
+        const I h0 = imax<I>(0, oh * d.stride - d.pad);
+        const I w0 = imax<I>(0, ow * d.stride - d.pad);
+        const I w_end = imin<I>(d.w, ow * d.stride - d.pad + window);
+        bool first = v == m;
+        for (I h = h0; h <= ih && first; ++h) {
+          for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
+            if (load(x_plane, (h * d.w + w) * step) == m) {
+              first = false;
+              break;
+            }
+          }
+        }
+        if (first) acc += load(dy, o);
+      }
+    }
+  }
+  return acc;
+}
+
+// NCHW: a thread per input element (plane p, row ih, column iw; blocks of a plane along x, planes
+// along y), its gradient by pool_relu_grad_at. Windows of size kWindow (0: d.window).
 template <PoolMode kMode, bool kDisjoint, int kWindow, class I, class S>
 __global__ void pool_backward_relu_kernel(S* dx, const S* dy, const S* x, const S* y, I planes,
                                           PoolDims<I> d, bool accumulate) {
   const I window = kWindow > 0 ? I{kWindow} : d.window;
-  const float area = static_cast<float>(window * window);
   const I plane_n = d.h * d.w;
   for (I p = blockIdx.y; p < planes; p += gridDim.y) {
-    const S* plane = x + p * plane_n;
     for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < plane_n;
          j += static_cast<I>(gridDim.x) * blockDim.x) {
       const I ih = j / d.w, iw = j - ih * d.w, i = p * plane_n + j;
-      const float v = load(x, i);
-      float acc = 0.f;
-      if (v > 0.f) {
-        // Windows oh with oh·stride - pad <= ih < oh·stride - pad + window (likewise ow).
-        I oh0, ow0, oh1, ow1;
-        if constexpr (kDisjoint) {
-          oh0 = oh1 = ih / window;
-          ow0 = ow1 = iw / window;
-          if (oh0 >= d.oh_n || ow0 >= d.ow_n) oh1 = oh0 - 1;  // in no window
-        } else {
-          oh0 = imax<I>(0, (ih + d.pad - window + d.stride) / d.stride);
-          ow0 = imax<I>(0, (iw + d.pad - window + d.stride) / d.stride);
-          oh1 = imin<I>(d.oh_n - 1, (ih + d.pad) / d.stride);
-          ow1 = imin<I>(d.ow_n - 1, (iw + d.pad) / d.stride);
-        }
-        for (I oh = oh0; oh <= oh1; ++oh) {
-          for (I ow = ow0; ow <= ow1; ++ow) {
-            const I o = (p * d.oh_n + oh) * d.ow_n + ow;
-            if constexpr (kMode == PoolMode::kAverage) {
-              acc += load(dy, o) / area;
-            } else {
-              const float m = load(y, o);
-              // Whether no element before this one in the window (row-major, inside the image)
-              // equals m.
-              const I h0 = imax<I>(0, oh * d.stride - d.pad);
-              const I w0 = imax<I>(0, ow * d.stride - d.pad);
-              const I w_end = imin<I>(d.w, ow * d.stride - d.pad + window);
-              bool first = v == m;
-              for (I h = h0; h <= ih && first; ++h) {
-                for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
-                  if (load(plane, h * d.w + w) == m) {
-                    first = false;
-                    break;
-                  }
-                }
-              }
-              if (first) acc += load(dy, o);
-            }
-          }
-        }
-      }
+      const float acc = pool_relu_grad_at<kMode, kDisjoint>(
+          dy, y, x + p * plane_n, p * d.oh_n * d.ow_n, I{1}, ih, iw, load(x, i), window, d);
       put(dx, i, acc, accumulate);
     }
   }
 }
 
-// Channels last: the same sums as pool_backward_relu_kernel's, a thread per input element i =
-// ((n · H + ih) · W + iw) · C + c (consecutive threads along the channels: coalesced), the
-// window's elements C apart.
+// Channels last: a thread per input element i = ((n · H + ih) · W + iw) · C + c (consecutive
+// threads along the channels: coalesced), its gradient by pool_relu_grad_at, the window's
+// elements C apart.
 template <PoolMode kMode, bool kDisjoint, int kWindow, class I, class S>
 __global__ void pool_backward_relu_nhwc_kernel(S* dx, const S* dy, const S* x, const S* y,
                                                I count, I c_n, PoolDims<I> d, bool accumulate) {
   const I window = kWindow > 0 ? I{kWindow} : d.window;
-  const float area = static_cast<float>(window * window);
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<I>(gridDim.x) * blockDim.x) {
     const I c = i % c_n, pix = i / c_n;
     const I iw = pix % d.w, rest = pix / d.w;
     const I ih = rest % d.h, n = rest / d.h;
-    const float v = load(x, i);
-    float acc = 0.f;
-    if (v > 0.f) {
-      I oh0, ow0, oh1, ow1;
-      if constexpr (kDisjoint) {
-        oh0 = oh1 = ih / window;
-        ow0 = ow1 = iw / window;
-        if (oh0 >= d.oh_n || ow0 >= d.ow_n) oh1 = oh0 - 1;  // in no window
-      } else {
-        oh0 = imax<I>(0, (ih + d.pad - window + d.stride) / d.stride);
-        ow0 = imax<I>(0, (iw + d.pad - window + d.stride) / d.stride);
-        oh1 = imin<I>(d.oh_n - 1, (ih + d.pad) / d.stride);
-        ow1 = imin<I>(d.ow_n - 1, (iw + d.pad) / d.stride);
-      }
-      const S* image = x + n * d.h * d.w * c_n + c;  // this image's channel c, pixel 0
-      for (I oh = oh0; oh <= oh1; ++oh) {
-        for (I ow = ow0; ow <= ow1; ++ow) {
-          const I o = ((n * d.oh_n + oh) * d.ow_n + ow) * c_n + c;
-          if constexpr (kMode == PoolMode::kAverage) {
-            acc += load(dy, o) / area;
-          } else {
-            const float m = load(y, o);
-            const I h0 = imax<I>(0, oh * d.stride - d.pad);
-            const I w0 = imax<I>(0, ow * d.stride - d.pad);
-            const I w_end = imin<I>(d.w, ow * d.stride - d.pad + window);
-            bool first = v == m;
-            for (I h = h0; h <= ih && first; ++h) {
-              for (I w = w0; w < (h < ih ? w_end : iw); ++w) {
-                if (load(image, (h * d.w + w) * c_n) == m) {
-                  first = false;
-                  break;
-                }
-              }
-            }
-            if (first) acc += load(dy, o);
-          }
-        }
-      }
-    }
+    const float acc = pool_relu_grad_at<kMode, kDisjoint>(
+        dy, y, x + n * d.h * d.w * c_n + c, n * d.oh_n * d.ow_n * c_n + c, c_n, ih, iw,
+        load(x, i), window, d);
     put(dx, i, acc, accumulate);
   }
 }
@@ -518,13 +491,13 @@ __global__ void pool_backward_relu_tiled_nhwc_kernel(S* dx, const S* dy, const S
 }
 
 template <PoolMode kMode, class I, class S>
-void launch_pool_backward_relu_nhwc(S* dx, const S* dy, const S* x, const S* y,
-                                    const PoolGeom& g, bool accumulate, cudaStream_t stream) {
-  if (g.stride == g.window && g.pad == 0 && g.window == 2 && g.h % 2 == 0 && g.w % 2 == 0) {
-    const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),
-                        static_cast<I>(g.window), static_cast<I>(g.pad),
-                        static_cast<I>(g.stride), static_cast<I>(g.out_h()),
-                        static_cast<I>(g.out_w())};
+void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, const PoolGeom& g,
+                               bool accumulate, cudaStream_t stream) {
+  const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
+                      static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
+                      static_cast<I>(g.out_w())};
+  const bool disjoint = g.stride == g.window && g.pad == 0;
+  if (g.nhwc && disjoint && g.window == 2 && g.h % 2 == 0 && g.w % 2 == 0) {
     const std::int64_t outputs = g.n * g.out_h() * g.out_w() * g.c;
     pool_backward_relu_tiled_nhwc_kernel<kMode, 2, I, S>
         <<<detail::grid_for(outputs), detail::kThreads, 0, stream>>>(
@@ -532,48 +505,28 @@ void launch_pool_backward_relu_nhwc(S* dx, const S* dy, const S* x, const S* y,
     GW_LAUNCH_CHECK();
     return;
   }
-  const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
-                      static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
-                      static_cast<I>(g.out_w())};
+  // NCHW: blocks of a plane along x, planes along y; channels last: a flat grid.
   const std::int64_t count = g.n * g.c * g.h * g.w;
-  const I n = static_cast<I>(count), c = static_cast<I>(g.c);
-  const dim3 grid(detail::grid_for(count));
-  if (g.stride == g.window && g.pad == 0 && g.window == 2) {
-    pool_backward_relu_nhwc_kernel<kMode, true, 2, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
-  } else if (g.stride == g.window && g.pad == 0) {
-    pool_backward_relu_nhwc_kernel<kMode, true, 0, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
-  } else {
-    pool_backward_relu_nhwc_kernel<kMode, false, 0, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, n, c, d, accumulate);
-  }
-  GW_LAUNCH_CHECK();
-}
-
-template <PoolMode kMode, class I, class S>
-void launch_pool_backward_relu(S* dx, const S* dy, const S* x, const S* y, const PoolGeom& g,
-                               bool accumulate, cudaStream_t stream) {
-  if (g.nhwc) {
-    launch_pool_backward_relu_nhwc<kMode, I, S>(dx, dy, x, y, g, accumulate, stream);
-    return;
-  }
-  const PoolDims<I> d{static_cast<I>(g.h),      static_cast<I>(g.w),      static_cast<I>(g.window),
-                      static_cast<I>(g.pad),    static_cast<I>(g.stride), static_cast<I>(g.out_h()),
-                      static_cast<I>(g.out_w())};
-  const I planes = static_cast<I>(g.n * g.c);
   const std::int64_t plane_blocks = (g.h * g.w + detail::kThreads - 1) / detail::kThreads;
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(plane_blocks, 1024)),
                   static_cast<unsigned>(std::min<std::int64_t>(g.n * g.c, 65535)));
-  if (g.stride == g.window && g.pad == 0 && g.window == 2) {
-    pool_backward_relu_kernel<kMode, true, 2, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
-  } else if (g.stride == g.window && g.pad == 0) {
-    pool_backward_relu_kernel<kMode, true, 0, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
+  auto launch = [&]<bool kDisjoint, int kWindow>() {
+    if (g.nhwc) {
+      pool_backward_relu_nhwc_kernel<kMode, kDisjoint, kWindow, I, S>
+          <<<detail::grid_for(count), detail::kThreads, 0, stream>>>(
+              dx, dy, x, y, static_cast<I>(count), static_cast<I>(g.c), d, accumulate);
+    } else {
+      pool_backward_relu_kernel<kMode, kDisjoint, kWindow, I, S>
+          <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, static_cast<I>(g.n * g.c), d,
+                                                  accumulate);
+    }
+  };
+  if (disjoint && g.window == 2) {
+    launch.template operator()<true, 2>();
+  } else if (disjoint) {
+    launch.template operator()<true, 0>();
   } else {
-    pool_backward_relu_kernel<kMode, false, 0, I, S>
-        <<<grid, detail::kThreads, 0, stream>>>(dx, dy, x, y, planes, d, accumulate);
+    launch.template operator()<false, 0>();
   }
   GW_LAUNCH_CHECK();
 }

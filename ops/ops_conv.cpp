@@ -170,17 +170,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
     }
     y = new_output(conv_out(g), x);
     const void* b = bias.defined() ? bias.raw_data() : nullptr;
-    if (patches_fit(g)) {
+    if (patches_fit(g)) {  // the bias and ReLU in the GEMM's epilogue
       patches_forward(x, weight, bias, g, relu, y, scope.stream());
     } else {
       dnn::conv2d_forward(x.device(), scope.stream(), g, y.raw_data(), x.raw_data(),
                           weight.raw_data(), relu ? nullptr : b);
-    }
-    if (relu && !patches_fit(g)) {
-      dispatch_cuda(x.dtype(), [&]<class T>() {
-        k::conv2d_bias_act(ptr<T>(y), static_cast<const T*>(b), g, /*relu=*/true,
-                           scope.stream());
-      });
+      if (relu) {
+        dispatch_cuda(x.dtype(), [&]<class T>() {
+          k::conv2d_bias_act(ptr<T>(y), static_cast<const T*>(b), g, /*relu=*/true,
+                             scope.stream());
+        });
+      }
     }
 #endif
   } else {

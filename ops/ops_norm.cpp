@@ -59,6 +59,21 @@ bool autocast_bf16_output(const Tensor& x, const Tensor& w, const Tensor& b) {
          (!b.defined() || b.dtype() == DType::kFloat32);
 }
 
+#if GRAPHWARD_HAS_CUDA
+// f.template operator()<X, Y>(): X the storage of x (and of the sum, weight, bias and their
+// gradients), Y that of the normalized output y and its gradient — float32 and bfloat16 for Note
+// [Autocast]'s bfloat16 y of float32 x (bf16_y), else both x's dtype. The kernels' overloads
+// (kernels/norm.h) take either pair.
+template <class F>
+void dispatch_norm(DType x_dtype, bool bf16_y, F&& f) {
+  if (bf16_y) {
+    f.template operator()<float, bf16>();
+    return;
+  }
+  dispatch_cuda(x_dtype, [&]<class T>() { f.template operator()<T, T>(); });
+}
+#endif
+
 // bf16_output: Note [Autocast]'s bfloat16 y of float32 x.
 LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                              bool bf16_output) {
@@ -78,17 +93,11 @@ LayerNormOut layer_norm_impl(const Tensor& x, const Tensor& w, const Tensor& b, 
     }
     o.mean = new_statistics(d.rows, x);
     o.rstd = new_statistics(d.rows, x);
-    if (bf16_output) {
-      o.y = Tensor::empty(x.shape(), {DType::kBFloat16, x.device()});
-      k::layer_norm_forward(ptr<bf16>(o.y), o.mean.data<float>(), o.rstd.data<float>(),
-                            ptr<float>(x), ptr<float>(w), b.defined() ? ptr<float>(b) : nullptr,
-                            d.rows, d.cols, static_cast<float>(eps), scope.stream());
-      return o;
-    }
-    o.y = new_output(x.shape(), x);
-    dispatch_cuda(x.dtype(), [&]<class T>() {
-      k::layer_norm_forward(ptr<T>(o.y), o.mean.data<float>(), o.rstd.data<float>(), ptr<T>(x),
-                            ptr<T>(w), b.defined() ? ptr<T>(b) : nullptr, d.rows, d.cols,
+    o.y = bf16_output ? Tensor::empty(x.shape(), {DType::kBFloat16, x.device()})
+                      : new_output(x.shape(), x);
+    dispatch_norm(x.dtype(), bf16_output, [&]<class X, class Y>() {
+      k::layer_norm_forward(ptr<Y>(o.y), o.mean.data<float>(), o.rstd.data<float>(), ptr<X>(x),
+                            ptr<X>(w), b.defined() ? ptr<X>(b) : nullptr, d.rows, d.cols,
                             static_cast<float>(eps), scope.stream());
     });
     return o;
@@ -171,23 +180,17 @@ AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
     out.sum = new_output(x.shape(), x);
     o.mean = new_statistics(d.rows, x);
     o.rstd = new_statistics(d.rows, x);
-    if (autocast_bf16_output(x, weight, bias)) {  // Note [Autocast] (layer_norm_impl)
-      o.y = Tensor::empty(x.shape(), {DType::kBFloat16, x.device()});
-      k::add_layer_norm_forward(ptr<bf16>(o.y), ptr<float>(out.sum), o.mean.data<float>(),
-                                o.rstd.data<float>(), ptr<float>(x), ptr<float>(residual),
-                                residual.numel() / d.cols, ptr<float>(weight),
-                                bias.defined() ? ptr<float>(bias) : nullptr, d.rows, d.cols,
+    // Note [Autocast] (autocast_bf16_output): a bfloat16 normalized output of float32 operands.
+    const bool bf16_y = autocast_bf16_output(x, weight, bias);
+    o.y = bf16_y ? Tensor::empty(x.shape(), {DType::kBFloat16, x.device()})
+                 : new_output(x.shape(), x);
+    dispatch_norm(x.dtype(), bf16_y, [&]<class X, class Y>() {
+      k::add_layer_norm_forward(ptr<Y>(o.y), ptr<X>(out.sum), o.mean.data<float>(),
+                                o.rstd.data<float>(), ptr<X>(x), ptr<X>(residual),
+                                residual.numel() / d.cols, ptr<X>(weight),
+                                bias.defined() ? ptr<X>(bias) : nullptr, d.rows, d.cols,
                                 static_cast<float>(eps), scope.stream());
-    } else {
-      o.y = new_output(x.shape(), x);
-      dispatch_cuda(x.dtype(), [&]<class T>() {
-        k::add_layer_norm_forward(ptr<T>(o.y), ptr<T>(out.sum), o.mean.data<float>(),
-                                  o.rstd.data<float>(), ptr<T>(x), ptr<T>(residual),
-                                  residual.numel() / d.cols, ptr<T>(weight),
-                                  bias.defined() ? ptr<T>(bias) : nullptr, d.rows, d.cols,
-                                  static_cast<float>(eps), scope.stream());
-      });
-    }
+    });
   }
   record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
   record_layer_norm(o, out.sum, weight, bias);
@@ -231,38 +234,23 @@ void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
     scope.read({&grad_out, &x, &weight, &mean, &rstd});
     if (want_x) {
       const bool acc = open_slot(grad_x, x, scope.stream());
-      if (bf16_grad) {
-        k::layer_norm_backward_input(slot_ptr<float>(grad_x), ptr<bf16>(grad_out), ptr<float>(x),
-                                     mean.data<float>(), rstd.data<float>(), ptr<float>(weight),
+      dispatch_norm(x.dtype(), bf16_grad, [&]<class X, class Y>() {
+        k::layer_norm_backward_input(slot_ptr<X>(grad_x), ptr<Y>(grad_out), ptr<X>(x),
+                                     mean.data<float>(), rstd.data<float>(), ptr<X>(weight),
                                      d.rows, d.cols, acc, scope.stream());
-      } else {
-        dispatch_cuda(x.dtype(), [&]<class T>() {
-          k::layer_norm_backward_input(slot_ptr<T>(grad_x), ptr<T>(grad_out), ptr<T>(x),
-                                       mean.data<float>(), rstd.data<float>(), ptr<T>(weight),
-                                       d.rows, d.cols, acc, scope.stream());
-        });
-      }
+      });
     }
     if (want_w || want_b) {
       const bool acc_w = want_w && open_slot(grad_weight, weight, scope.stream());
       const bool acc_b = want_b && open_slot(grad_bias, weight.shape(), weight, scope.stream());
       const std::int64_t ws = k::layer_norm_params_workspace(d.rows, d.cols);
       const Tensor partial = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, x.device()}) : Tensor();
-      if (bf16_grad) {
+      dispatch_norm(x.dtype(), bf16_grad, [&]<class X, class Y>() {
         k::layer_norm_backward_params(
-            want_w ? slot_ptr<float>(grad_weight) : nullptr,
-            want_b ? slot_ptr<float>(grad_bias) : nullptr, ptr<bf16>(grad_out), ptr<float>(x),
-            mean.data<float>(), rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
-            ws > 0 ? partial.data<float>() : nullptr, scope.stream());
-      } else {
-        dispatch_cuda(x.dtype(), [&]<class T>() {
-          k::layer_norm_backward_params(
-              want_w ? slot_ptr<T>(grad_weight) : nullptr,
-              want_b ? slot_ptr<T>(grad_bias) : nullptr, ptr<T>(grad_out), ptr<T>(x),
-              mean.data<float>(), rstd.data<float>(), d.rows, d.cols, acc_w, acc_b,
-              ws > 0 ? partial.data<float>() : nullptr, scope.stream());
-        });
-      }
+            want_w ? slot_ptr<X>(grad_weight) : nullptr, want_b ? slot_ptr<X>(grad_bias) : nullptr,
+            ptr<Y>(grad_out), ptr<X>(x), mean.data<float>(), rstd.data<float>(), d.rows, d.cols,
+            acc_w, acc_b, ws > 0 ? partial.data<float>() : nullptr, scope.stream());
+      });
     }
     return;
 #endif

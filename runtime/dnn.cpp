@@ -3,7 +3,6 @@
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
 #include <cudnn.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -70,35 +69,24 @@ void set_4d(const TensorDesc& d, std::int64_t n, std::int64_t c, std::int64_t h,
 // workspace limit, computes in fp32 (or, with `tf32`, may use tensor cores: Note [TF32]) and —
 // when asked and where one does — is deterministic.
 // A bfloat16 plan passes tf32: its algorithms are tensor-op ones.
-// `avoid` (may be null): algorithms taken only where nothing else qualifies.
+// `avoid` (may be null): algorithms taken only where nothing else qualifies — a first pass leaves
+// them out, a second takes every candidate.
 template <class Perf>
 Perf pick(const std::vector<Perf>& results, int found, bool deterministic, bool tf32,
           const char* what, bool (*avoid)(const Perf&) = nullptr) {
-  if (avoid) {
-    std::vector<Perf> kept;
-    for (int i = 0; i < found; ++i) {
-      if (!avoid(results[static_cast<std::size_t>(i)])) {
-        kept.push_back(results[static_cast<std::size_t>(i)]);
-      }
-    }
-    const auto usable = [&](const Perf& p) {
-      return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kDnnWorkspaceLimit &&
-             (!deterministic || p.determinism == CUDNN_DETERMINISTIC);
-    };
-    if (std::any_of(kept.begin(), kept.end(), usable)) {
-      return pick(kept, static_cast<int>(kept.size()), deterministic, tf32, what);
-    }
-  }
   const Perf* any = nullptr;
-  for (int i = 0; i < found; ++i) {
-    const Perf& p = results[static_cast<std::size_t>(i)];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kDnnWorkspaceLimit) continue;
-    if (!tf32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
-                  p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
-      continue;  // fp32 stays fp32 (no TF32)
+  for (int pass = avoid ? 0 : 1; pass < 2; ++pass) {
+    for (int i = 0; i < found; ++i) {
+      const Perf& p = results[static_cast<std::size_t>(i)];
+      if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kDnnWorkspaceLimit) continue;
+      if (!tf32 && (p.mathType == CUDNN_TENSOR_OP_MATH ||
+                    p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
+        continue;  // fp32 stays fp32 (no TF32)
+      }
+      if (pass == 0 && avoid(p)) continue;
+      if (!deterministic || p.determinism == CUDNN_DETERMINISTIC) return p;
+      if (!any) any = &p;
     }
-    if (!deterministic || p.determinism == CUDNN_DETERMINISTIC) return p;
-    if (!any) any = &p;
   }
   GW_CHECK(any, "conv2d: cuDNN offers no ", what, " algorithm for this shape within ",
            kDnnWorkspaceLimit >> 20, " MiB of workspace");
