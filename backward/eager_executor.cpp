@@ -411,8 +411,36 @@ struct EagerExecutor::Run {
     if (step.preactivation_grad) {
       step.node->apply_from_preactivation(*grad, part);
     } else {
+      let_take_grad(step, part);
       step.node->apply(*grad, part);
     }
+  }
+
+  // A first write into a gradient buffer that later steps add into (so no GradSlot::may_share
+  // from fill_slots) may still take the step's gradient itself — a residual add's pass-through,
+  // whose sum the layer norm after it then adds into in place of a copy — where nothing else can
+  // see that gradient once the step is done: its only handle and storage reference (no seed, no
+  // other buffer sharing it), used on this step's stream alone (no side stream still reading
+  // it), and no other slot of the step able to share it (an input of its shape and dtype). One
+  // slot at most.
+  void let_take_grad(const BackwardPlan::Step& step, std::span<GradSlot> part) {
+    if (!grad->is_unique()) return;
+    if (gpu && !grad->storage()->used_only_on(streams[step.stream])) return;
+    const std::vector<InputMeta>& inputs = step.node->inputs();
+    int candidate = -1;
+    for (std::size_t i = 0; i < part.size() && i < inputs.size(); ++i) {
+      if (!part[i].tensor) continue;
+      const bool like_grad = inputs[i].shape == grad->shape() && inputs[i].dtype == grad->dtype();
+      if (!like_grad) continue;
+      if (part[i].may_share) return;
+      const BackwardPlan::Write& w = step.writes[i];
+      if (w.buffer < 0 || w.accumulate) continue;
+      const BackwardPlan::Buffer& b = plan.buffers[static_cast<std::size_t>(w.buffer)];
+      if (b.kind != Kind::kGrad || b.contributors.size() < 2) continue;
+      if (candidate >= 0) return;
+      candidate = static_cast<int>(i);
+    }
+    if (candidate >= 0) part[static_cast<std::size_t>(candidate)].may_share = true;
   }
 
   // Weight-gradient parallelism: the node's leaf gradients on the step's side stream (the slots

@@ -7,11 +7,13 @@
 // x + attention(layer_norm(x)) -> x + MLP(layer_norm(x)) (linear + GELU fused, linear) ->
 // layer_norm -> linear to vocabulary logits -> fused cross-entropy; each add (positions,
 // residuals) and the layer norm after it one op (add_layer_norm: a block's last residual with the
-// next block's first layer norm). Attention: one linear makes Q, K and V; split_heads takes each
-// out as heads (one copy each); scaled_dot_product_attention (scores = Q·Kᵀ/√d by one batched
-// GEMM, the scale its alpha; softmax, or with `causal` the causal softmax: each position attends
-// to itself and the positions before it; the weighted sum by another batched GEMM); heads merged
-// back (reshape + transpose) and projected.
+// next block's first layer norm). Attention: one linear makes Q, K and V; self_attention takes
+// them as heads and returns the heads' outputs merged, for the projection — in bfloat16 on CUDA
+// cuDNN's fused attention reading Q, K and V in place; otherwise split_heads (one copy each),
+// scaled_dot_product_attention (scores = Q·Kᵀ/√d by one batched GEMM, the scale its alpha;
+// softmax, or with `causal` the causal softmax: each position attends to itself and the positions
+// before it; the weighted sum by another batched GEMM) and the heads merged (reshape +
+// transpose).
 // Task: at every position, predict the previous token (the first position: itself) — attention
 // has to look one position back, which a causal mask allows. AdamW.
 #include <cmath>
@@ -65,7 +67,7 @@ class TransformerModel {
 
   // ids: int32 [batch, seq] -> logits [batch · seq, vocab].
   Tensor logits(const Tensor& ids) const {
-    const std::int64_t B = ids.size(0), T = c_.seq, D = c_.dim, H = c_.heads, dh = D / H;
+    const std::int64_t B = ids.size(0), T = c_.seq, D = c_.dim, H = c_.heads;
     // The embeddings [B, T, D] plus the positions [T, D] (repeated over the batch), and the first
     // block's first layer norm: one op.
     const Block& first = blocks_.front();
@@ -73,12 +75,8 @@ class TransformerModel {
     Tensor x = reshape(in.sum, {B * T, D}), normed = reshape(in.normed, {B * T, D});
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const Block& b = blocks_[i];
-      const Tensor qkv = linear(normed, b.wqkv, b.bqkv);
-      // [B·T, 3D] -> each of Q, K, V as [B·H, T, dh], one copy each
-      const Tensor q = split_heads(qkv, T, H, 0, D), k = split_heads(qkv, T, H, D, D),
-                   v = split_heads(qkv, T, H, 2 * D, D);
-      const Tensor att = scaled_dot_product_attention(q, k, v, {.causal = c_.causal});
-      const Tensor o = reshape(transpose(reshape(att, {B, H, T, dh}), 1, 2), {B * T, D});
+      const Tensor qkv = linear(normed, b.wqkv, b.bqkv);  // [B·T, 3D]: Q, K, V side by side
+      const Tensor o = self_attention(qkv, T, H, {.causal = c_.causal});  // [B·T, D]
       // Each residual add with the layer norm after it: one op (one kernel on the GPU).
       const AddLayerNorm a = add_layer_norm(x, linear(o, b.wo, b.bo), b.ln2_w, b.ln2_b);
       const Tensor f = linear(linear(a.normed, b.w1, b.b1, Activation::kGelu), b.w2, b.b2);

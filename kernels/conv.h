@@ -64,11 +64,17 @@ void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b
                               cudaStream_t stream);
 // Channels last: each output position's input patch, in the filter's [R, S, C] order, as a row
 // of cols [N·OH·OW, ld] (ld ≥ C·R·S; the columns from C·R·S on, and the taps in the padding, are
-// zeros): the operand of a few-tap convolution's weight gradient as one GEMM, dW = dYᵀ·cols
-// (ops/ops_conv.cpp).
+// zeros — but with `ones`, column C·R·S holds 1s, ld > C·R·S): the operand of a few-tap
+// convolution's weight gradient as one GEMM, dW = dYᵀ·cols (ops/ops_conv.cpp), whose column C·R·S
+// is then the bias gradient (Σ over positions of dY).
 template <class S>
 void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
-                         cudaStream_t stream);
+                         cudaStream_t stream, bool ones = false);
+// That GEMM's g [K, ld] split: dw [K, C·R·S] (=|+=) its first C·R·S columns, db [K] (=|+=) column
+// C·R·S (skipped where db is null); one launch.
+template <class S>
+void conv2d_split_patch_grads(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* g,
+                              const ConvGeom& geom, std::int64_t ld, cudaStream_t stream);
 // dst [K, ld] = the filters w [K, C·R·S] (either layout's order) as rows padded with zeros to ld:
 // the other operand of a few-tap convolution's forward as one GEMM, y = patches·dstᵀ.
 template <class S>

@@ -17,9 +17,10 @@ using detail::put;
 // Thread per 8 columns of a row of cols [rows, ld] (ld a multiple of 8): row p = (image, oy, ox),
 // column j = (r, s, c) of the filter's [R, S, C] order, stepped through in order.
 constexpr int kPatchChunk = 8;
+// Column `ones` (none where it is ld or more) holds 1s.
 template <class S, class I>
-__global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps, I c, I h, I w,
-                                    I s, I pad, I stride, I oh, I ow) {
+__global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps, I ones, I c,
+                                    I h, I w, I s, I pad, I stride, I oh, I ow) {
   const I per_row = ld / kPatchChunk;
   for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < chunks;
        i += static_cast<I>(gridDim.x) * blockDim.x) {
@@ -45,6 +46,8 @@ __global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps,
             ++rr;
           }
         }
+      } else if (j0 + q == ones) {
+        v[q] = 1.f;
       }
     }
     if constexpr (std::is_same_v<S, bf16>) {  // one 16-byte store (cols is 16-byte aligned)
@@ -58,6 +61,21 @@ __global__ void patches_nhwc_kernel(S* cols, const S* x, I chunks, I ld, I taps,
     } else {
 #pragma unroll
       for (int q = 0; q < kPatchChunk; ++q) put(out, q, v[q], false);
+    }
+  }
+}
+
+// dw [K, taps] (=|+=) g's columns [0, taps), db [K] (=|+=) its column taps (db may be null).
+template <class S>
+__global__ void split_patch_grads_kernel(S* dw, bool accumulate_w, S* db, bool accumulate_b,
+                                         const S* g, int count, int taps, int ld) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    const int j = i % (taps + 1), r = i / (taps + 1);
+    const float v = load(g, r * ld + j);
+    if (j < taps) {
+      put(dw, r * taps + j, v, accumulate_w);
+    } else if (db) {
+      put(db, r, v, accumulate_b);
     }
   }
 }
@@ -97,18 +115,21 @@ __global__ void pool_forward_tiled_nhwc_kernel(S* y, const S* x, int outputs, in
 
 template <class S>
 void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool ones) {
   GW_CHECK(g.nhwc && ld >= g.c * g.r * g.s, "conv2d_patches_nhwc: expected a channels-last "
            "geometry and ld >= C·R·S");
   GW_CHECK(ld % kPatchChunk == 0, "conv2d_patches_nhwc: ld is ", ld, "; expected a multiple of ",
            kPatchChunk);
+  GW_CHECK(!ones || ld > g.c * g.r * g.s, "conv2d_patches_nhwc: a column of ones needs ld > ",
+           "C·R·S; ld is ", ld);
   const std::int64_t count = g.n * g.out_h() * g.out_w() * ld;
   if (count == 0) return;
   auto launch = [&]<class I>() {
     auto v = [](std::int64_t a) { return static_cast<I>(a); };
     const std::int64_t chunks = count / kPatchChunk;
     patches_nhwc_kernel<S, I><<<detail::grid_for(chunks), detail::kThreads, 0, stream>>>(
-        cols, x, v(chunks), v(ld), v(g.c * g.r * g.s), v(g.c), v(g.h), v(g.w), v(g.s), v(g.pad),
+        cols, x, v(chunks), v(ld), v(g.c * g.r * g.s), v(ones ? g.c * g.r * g.s : ld), v(g.c),
+        v(g.h), v(g.w), v(g.s), v(g.pad),
         v(g.stride), v(g.out_h()), v(g.out_w()));
   };
   if (std::max(count, g.n * g.h * g.w * g.c) < (std::int64_t{1} << 30)) {
@@ -134,9 +155,25 @@ template void conv2d_pad_filters<float>(float*, const float*, const ConvGeom&, s
 template void conv2d_pad_filters<bf16>(bf16*, const bf16*, const ConvGeom&, std::int64_t,
                                        cudaStream_t);
 template void conv2d_patches_nhwc<float>(float*, const float*, const ConvGeom&, std::int64_t,
-                                         cudaStream_t);
+                                         cudaStream_t, bool);
 template void conv2d_patches_nhwc<bf16>(bf16*, const bf16*, const ConvGeom&, std::int64_t,
-                                        cudaStream_t);
+                                        cudaStream_t, bool);
+template <class S>
+void conv2d_split_patch_grads(S* dw, bool accumulate_w, S* db, bool accumulate_b, const S* g,
+                              const ConvGeom& geom, std::int64_t ld, cudaStream_t stream) {
+  const std::int64_t taps = geom.c * geom.r * geom.s, count = geom.k * (taps + 1);
+  GW_CHECK(ld > taps && geom.k * ld < (std::int64_t{1} << 30), "conv2d_split_patch_grads: ",
+           "expected ld > C·R·S and K·ld below 2^30");
+  if (count == 0) return;
+  split_patch_grads_kernel<S><<<detail::grid_for(count), detail::kThreads, 0, stream>>>(
+      dw, accumulate_w, db, accumulate_b, g, static_cast<int>(count), static_cast<int>(taps),
+      static_cast<int>(ld));
+  GW_LAUNCH_CHECK();
+}
+template void conv2d_split_patch_grads<float>(float*, bool, float*, bool, const float*,
+                                              const ConvGeom&, std::int64_t, cudaStream_t);
+template void conv2d_split_patch_grads<bf16>(bf16*, bool, bf16*, bool, const bf16*,
+                                             const ConvGeom&, std::int64_t, cudaStream_t);
 
 bool pool2d_tiled_nhwc_fits(const PoolGeom& g) {
   return g.nhwc && g.window == 2 && g.stride == 2 && g.pad == 0 && g.h % 2 == 0 &&

@@ -5,6 +5,7 @@
 // the parameter gradients by blocks of 32 columns x 128 rows, whose partial sums are then added in
 // slice order: deterministic. The embedding gradient adds with atomics.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/block_reduce.cuh"
 #include "kernels/elementwise.h"
@@ -27,17 +28,18 @@ constexpr int kRowThreads = 256;
 constexpr int kWarpRows = kRowThreads / 32;  // rows a block, one warp each
 
 // Lane `lane`'s columns of a row: lane, lane + 32, ..., kPer of them (those past the row unused).
-// kAdd: the row normalized is x + res (rounded as add rounds it), written to `sum` too.
-template <int kPer, bool kAdd, class S, class Y>
+// kAdd: the row normalized is x + res (rounded as add rounds it), written to `sum` too; R is res's
+// storage (S, or bfloat16 for float32 S: widened as it is read).
+template <int kPer, bool kAdd, class S, class Y, class R>
 __global__ void layer_norm_forward_warp_kernel(Y* y, float* mean, float* rstd, const S* x,
-                                               const S* w, const S* b, const S* res,
+                                               const S* w, const S* b, const R* res,
                                                std::int64_t res_rows, S* sum, std::int64_t rows,
                                                int cols, float eps) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
   const S* xr = x + row * cols;
-  const S* rr = kAdd ? res + (row % res_rows) * cols : nullptr;
+  const R* rr = kAdd ? res + (row % res_rows) * cols : nullptr;
   float v[kPer];
   float s = 0.f;
 #pragma unroll
@@ -244,6 +246,12 @@ __global__ void embedding_backward_round_kernel(bf16* dtable, const float* sums,
   GW_GRID_STRIDE(k, n) put(dtable, k, sums[k], accumulate);
 }
 
+// sum = x + res widened (res [res_n] repeated over x [n]): binary_forward's float32 add.
+__global__ void add_widened_kernel(float* sum, const float* x, const bf16* res, std::int64_t n,
+                                   std::int64_t res_n) {
+  GW_GRID_STRIDE(i, n) sum[i] = __fadd_rn(x[i], load(res, i % res_n));
+}
+
 }  // namespace
 
 namespace {
@@ -255,7 +263,7 @@ void launch_forward(Y* y, float* mean, float* rstd, const S* x, const S* w, cons
   if (cols <= kWarpRowMaxCols) {
     const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
     by_warp_row_width(cols, [&](auto per) {
-      layer_norm_forward_warp_kernel<decltype(per)::value, false, S, Y>
+      layer_norm_forward_warp_kernel<decltype(per)::value, false, S, Y, S>
           <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, nullptr, 1, nullptr, rows,
                                                static_cast<int>(cols), eps);
     });
@@ -265,18 +273,25 @@ void launch_forward(Y* y, float* mean, float* rstd, const S* x, const S* w, cons
   }
   GW_LAUNCH_CHECK();
 }
-template <class S, class Y>
-void launch_add_forward(Y* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
+template <class S, class Y, class R>
+void launch_add_forward(Y* y, S* sum, float* mean, float* rstd, const S* x, const R* res,
                         std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
                         std::int64_t cols, float eps, cudaStream_t stream) {
   if (cols > kWarpRowMaxCols) {  // a block a row: the add first, then the layer norm of its sum
-    binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, res_rows * cols, rows * cols, stream);
+    if constexpr (std::is_same_v<R, S>) {
+      binary_forward(BinaryOp::kAdd, sum, x, rows * cols, res, res_rows * cols, rows * cols,
+                     stream);
+    } else {
+      add_widened_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(sum, x, res, rows * cols,
+                                                                         res_rows * cols);
+      GW_LAUNCH_CHECK();
+    }
     launch_forward<S, Y>(y, mean, rstd, sum, w, b, rows, cols, eps, stream);
     return;
   }
   const auto blocks = static_cast<unsigned>((rows + kWarpRows - 1) / kWarpRows);
   by_warp_row_width(cols, [&](auto per) {
-    layer_norm_forward_warp_kernel<decltype(per)::value, true, S, Y>
+    layer_norm_forward_warp_kernel<decltype(per)::value, true, S, Y, R>
         <<<blocks, kRowThreads, 0, stream>>>(y, mean, rstd, x, w, b, res, res_rows, sum, rows,
                                              static_cast<int>(cols), eps);
   });
@@ -335,14 +350,22 @@ template <class S>
 void add_layer_norm_forward(S* y, S* sum, float* mean, float* rstd, const S* x, const S* res,
                             std::int64_t res_rows, const S* w, const S* b, std::int64_t rows,
                             std::int64_t cols, float eps, cudaStream_t stream) {
-  launch_add_forward<S, S>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols, eps, stream);
+  launch_add_forward<S, S, S>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols, eps,
+                              stream);
 }
 void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const float* x,
                             const float* res, std::int64_t res_rows, const float* w,
                             const float* b, std::int64_t rows, std::int64_t cols, float eps,
                             cudaStream_t stream) {
-  launch_add_forward<float, bf16>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols, eps,
-                                  stream);
+  launch_add_forward<float, bf16, float>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols,
+                                         eps, stream);
+}
+void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const float* x,
+                            const bf16* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream) {
+  launch_add_forward<float, bf16, bf16>(y, sum, mean, rstd, x, res, res_rows, w, b, rows, cols,
+                                        eps, stream);
 }
 template <class S>
 void layer_norm_backward_input(S* dx, const S* dy, const S* x, const float* mean,

@@ -55,6 +55,12 @@ void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const
                             const float* res, std::int64_t res_rows, const float* w,
                             const float* b, std::int64_t rows, std::int64_t cols, float eps,
                             cudaStream_t stream);
+// The same with a bfloat16 res (Note [Autocast]: a matrix product's output added to a float32
+// residual stream), widened as it is read: the bits of its cast to float32 then the form above.
+void add_layer_norm_forward(bf16* y, float* sum, float* mean, float* rstd, const float* x,
+                            const bf16* res, std::int64_t res_rows, const float* w,
+                            const float* b, std::int64_t rows, std::int64_t cols, float eps,
+                            cudaStream_t stream);
 void layer_norm_backward_input(float* dx, const bf16* dy, const float* x, const float* mean,
                                const float* rstd, const float* w, std::int64_t rows,
                                std::int64_t cols, bool accumulate, cudaStream_t stream);

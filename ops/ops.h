@@ -14,7 +14,9 @@
 // holding a tensor must match the input's shape, dtype and device; it is overwritten (=) or, with
 // `accumulate`, added to (+=), and its version is bumped. An undefined slot with `may_share` may
 // receive grad_out itself instead of a copy where the gradient equals it (add's, sub's first
-// operand): the caller promises that nothing writes the slot's tensor in place afterwards. An
+// operand): the caller promises that nothing writes the slot's tensor in place afterwards, or
+// that nothing else can see grad_out once the op is done (the backward executor's slot that later
+// gradients are added into, given a gradient only it holds: backward/eager_executor.cpp). An
 // activation's backward given such a slot and a grad_out that is the only handle on its storage
 // (Tensor::is_unique) computes its gradient in place, into grad_out's memory, and stores that.
 //
@@ -330,5 +332,20 @@ struct AttentionPath {
 };
 AttentionPath attention_path(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionOptions& options = {});
+// Multi-head self-attention of q, k and v made by one linear layer, heads merged: qkv
+// [batch · seq, 3 · dim] (row b · seq + t: position t of sequence b; columns [0, dim) its q,
+// [dim, 2 · dim) its k, [2 · dim, 3 · dim) its v, each `heads` heads of dim / heads columns side by
+// side) -> [batch · seq, dim] (row b · seq + t: each head's output for that position, side by
+// side; the layout the output projection takes). The values of split_heads of the three windows,
+// scaled_dot_product_attention and the heads merged (reshape(transpose(reshape(out, {batch,
+// heads, seq, dim / heads}), 1, 2), {batch · seq, dim})) — which is what it runs, recorded,
+// where it does not run fused: fused (bfloat16 on CUDA, as scaled_dot_product_attention), cuDNN
+// reads q, k and v in place and writes the merged output, and its backward writes qkv's gradient
+// whole: no copies either way. The same options.
+Tensor self_attention(const Tensor& qkv, std::int64_t seq, std::int64_t heads,
+                      const AttentionOptions& options = {});
+// Which path self_attention takes for these arguments, and why (as attention_path).
+AttentionPath self_attention_path(const Tensor& qkv, std::int64_t seq, std::int64_t heads,
+                                  const AttentionOptions& options = {});
 
 }  // namespace graphward

@@ -26,6 +26,18 @@ struct AttentionDims {
   Shape out_shape;
 };
 
+void check_attention_options(const char* op, const AttentionOptions& o, const Tensor& q,
+                             const char* q_name) {
+  if (o.scale) check_finite_scalar(op, *o.scale, q);
+  GW_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, op, ": dropout is ",
+           o.dropout, "; expected a probability of dropping in [0, 1)");
+  GW_CHECK(o.dropout == 0 || o.generator != nullptr, op, ": dropout is ", o.dropout,
+           " and no generator is given; expected AttentionOptions::generator where dropout > 0");
+  GW_CHECK(o.dropout == 0 || o.generator->device() == q.device(), op,
+           ": the dropout's generator is on ", o.generator->device().str(), " and ", q_name,
+           " on ", q.device().str(), "; expected one device");
+}
+
 // Every check before the first op runs (Note [Check, then write]): nothing is recorded or written
 // by a call that is refused.
 AttentionDims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -53,14 +65,7 @@ AttentionDims check_attention(const char* op, const Tensor& q, const Tensor& k, 
   GW_CHECK(v.size(-2) == d.tk, op, ": k has shape ", shape_str(k.shape()), " and v ",
            shape_str(v.shape()), "; expected a value for each key: v's second-to-last dimension ",
            d.tk);
-  if (o.scale) check_finite_scalar(op, *o.scale, q);
-  GW_CHECK(std::isfinite(o.dropout) && o.dropout >= 0 && o.dropout < 1, op, ": dropout is ",
-           o.dropout, "; expected a probability of dropping in [0, 1)");
-  GW_CHECK(o.dropout == 0 || o.generator != nullptr, op, ": dropout is ", o.dropout,
-           " and no generator is given; expected AttentionOptions::generator where dropout > 0");
-  GW_CHECK(o.dropout == 0 || o.generator->device() == q.device(), op,
-           ": the dropout's generator is on ", o.generator->device().str(), " and q on ",
-           q.device().str(), "; expected one device");
+  check_attention_options(op, o, q, "q");
   d.out_shape = q.shape();
   d.out_shape.back() = d.dv;
   return d;
@@ -76,8 +81,44 @@ dnn::SdpaGeom sdpa_geom(const AttentionDims& d, const AttentionOptions& o) {
           .dropout = static_cast<float>(o.dropout)};
 }
 
+// self_attention's qkv [b · seq, 3 · dim] as heads: the attention of [n = b · heads, seq, head]
+// (AttentionDims), the output [b · seq, dim].
+struct SelfAttentionDims {
+  AttentionDims a;
+  std::int64_t batch = 0, seq = 0, heads = 0, dim = 0;
+};
+SelfAttentionDims check_self_attention(const char* op, const Tensor& qkv, std::int64_t seq,
+                                       std::int64_t heads, const AttentionOptions& o) {
+  check_inputs(op, {{"qkv", &qkv}}, Bf16::kEverywhere);
+  GW_CHECK(qkv.dim() == 2, op, ": qkv has shape ", shape_str(qkv.shape()),
+           "; expected [batch · seq, 3 · dim] (one row a position: its q, k and v side by side)");
+  GW_CHECK(seq >= 1 && heads >= 1, op, ": seq is ", seq, " and heads ", heads,
+           "; expected both at least 1");
+  GW_CHECK(qkv.size(0) % seq == 0, op, ": qkv has ", qkv.size(0), " rows and seq is ", seq,
+           "; expected batch · seq rows (a whole number of sequences)");
+  GW_CHECK(qkv.size(1) % (3 * heads) == 0, op, ": qkv has ", qkv.size(1),
+           " columns and heads is ", heads, "; expected 3 · dim columns, dim a multiple of heads");
+  check_attention_options(op, o, qkv, "qkv");
+  SelfAttentionDims d;
+  d.seq = seq;
+  d.heads = heads;
+  d.batch = qkv.size(0) / seq;
+  d.dim = qkv.size(1) / 3;
+  d.a.n = d.batch * heads;
+  d.a.tq = d.a.tk = seq;
+  d.a.d = d.a.dv = d.dim / heads;
+  d.a.out_shape = {d.batch * seq, d.dim};
+  return d;
+}
+
+dnn::SdpaGeom self_sdpa_geom(const SelfAttentionDims& d, const AttentionOptions& o) {
+  dnn::SdpaGeom g = sdpa_geom(d.a, o);
+  g.heads = d.heads;
+  return g;
+}
+
 // The path for checked arguments (attention_path's contract).
-AttentionPath choose_path(const Tensor& q, const AttentionDims& d, const AttentionOptions& o) {
+AttentionPath choose_path(const Tensor& q, const dnn::SdpaGeom& geom) {
   if (!q.is_cuda()) return {false, "composed: the CPU backend"};
   if (q.dtype() != DType::kBFloat16) {
     return {false, std::string("composed: ") + dtype_name(q.dtype()) +
@@ -86,12 +127,13 @@ AttentionPath choose_path(const Tensor& q, const AttentionDims& d, const Attenti
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
   CudaScope scope(q.device());
   std::string why;
-  if (!dnn::sdpa_supported(q.device(), scope.stream(), sdpa_geom(d, o), &why)) {
+  if (!dnn::sdpa_supported(q.device(), scope.stream(), geom, &why)) {
     return {false, "composed: cuDNN refuses the shape: " + why};
   }
-  return {true, "fused: cuDNN SDPA"};
+  return {true, geom.heads > 0 ? "fused: cuDNN SDPA, q, k and v read in place"
+                               : "fused: cuDNN SDPA"};
 #else
-  (void)d;
+  (void)geom;
   return {false, "composed: built without cudnn-frontend (base/config.h: "
                  "GRAPHWARD_HAS_CUDNN_FRONTEND 0)"};
 #endif
@@ -130,6 +172,15 @@ const std::int64_t* rng_words(const Tensor& rng) {
   return static_cast<const std::int64_t*>(rng.raw_data());
 }
 
+// A scratch-written gradient added to its slot.
+void finish_sdpa_grad(const SdpaGrad& g, cudaStream_t stream) {
+  if (!g.accumulate) return;
+  bf16* dst = g.slot.tensor->data<bf16>();
+  const std::int64_t n = g.scratch.numel();
+  kernels::binary_forward(kernels::BinaryOp::kAdd, dst, static_cast<const bf16*>(dst), n,
+                          static_cast<const bf16*>(g.scratch.data<bf16>()), n, n, stream);
+}
+
 void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const dnn::SdpaGeom& geom,
                     std::span<GradSlot> grads) {
   const char* op = "scaled_dot_product_attention_backward";
@@ -153,14 +204,62 @@ void fused_backward(const Tensor& grad_out, const std::vector<Tensor>& s, const 
   dnn::sdpa_backward(q.device(), scope.stream(), geom, g[0].target, g[1].target, g[2].target,
                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), o.data<bf16>(),
                      grad_out.data<bf16>(), stats.data<float>(), rng);
-  for (const SdpaGrad& x : g) {
-    if (!x.accumulate) continue;
-    bf16* dst = x.slot.tensor->data<bf16>();
-    const std::int64_t n = x.scratch.numel();
-    kernels::binary_forward(kernels::BinaryOp::kAdd, dst, static_cast<const bf16*>(dst), n,
-                            static_cast<const bf16*>(x.scratch.data<bf16>()), n, n,
+  for (const SdpaGrad& x : g) finish_sdpa_grad(x, scope.stream());
+}
+
+// self_attention's backward: cuDNN writes dq, dk and dv into their windows of qkv's gradient,
+// which they cover.
+void fused_self_backward(const Tensor& grad_out, const std::vector<Tensor>& s,
+                         const dnn::SdpaGeom& geom, std::span<GradSlot> grads) {
+  const char* op = "self_attention_backward";
+  const Tensor &qkv = s[0], &o = s[1], &stats = s[2];
+  const std::int64_t* rng = s.size() > 3 ? rng_words(s[3]) : nullptr;
+  check_inputs(op, {{"grad_out", &grad_out}, {"qkv", &qkv}, {"output", &o}}, Bf16::kCuda);
+  check_same_shape(op, {"grad_out", &grad_out}, {"output", &o});
+  if (!check_slot(op, "grad_qkv", grads[0], qkv)) return;
+  CudaScope scope(qkv.device());
+  scope.read({&grad_out, &qkv, &o, &stats});
+  if (rng) scope.read({&s[3]});
+  const SdpaGrad g = open_sdpa_grad(grads[0], qkv, scope.stream());
+  const std::int64_t window = geom.heads * geom.d;
+  const bf16* x = qkv.data<bf16>();
+  dnn::sdpa_backward(qkv.device(), scope.stream(), geom, g.target, g.target + window,
+                     g.target + 2 * window, x, x + window, x + 2 * window, o.data<bf16>(),
+                     grad_out.data<bf16>(), stats.data<float>(), rng);
+  finish_sdpa_grad(g, scope.stream());
+}
+
+// The fused forward of `geom` from q, k and v (pointers into `like`'s device): the output of
+// `out_shape`, the softmax statistics and — dropping — the generator's seed and offset as the
+// draw found them (the offset then advanced past it, as dropout's own).
+struct FusedForward {
+  Tensor out, stats, rng;
+};
+FusedForward fused_forward(const dnn::SdpaGeom& geom, const Shape& out_shape, const Tensor& like,
+                           const bf16* q, const bf16* k, const bf16* v,
+                           const AttentionOptions& options, CudaScope& scope) {
+  FusedForward f;
+  f.out = Tensor::empty(out_shape, {DType::kBFloat16, like.device()});
+  f.stats = Tensor::empty({geom.n, geom.tq}, {DType::kFloat32, like.device()});
+  if (geom.dropout > 0) {
+    const Tensor& state = options.generator->state();
+    state.storage()->sync_for_write(scope.stream());
+    f.rng = Tensor::empty({4}, {DType::kInt32, like.device()});
+    GW_CUDA_CHECK(cudaMemcpyAsync(f.rng.raw_data(), state.raw_data(), f.rng.nbytes(),
+                                  cudaMemcpyDeviceToDevice, scope.stream()));
+    kernels::advance_offset(state.data<std::int32_t>(), geom.n * geom.tq * geom.tk,
                             scope.stream());
+    state.bump_version();
   }
+  dnn::sdpa_forward(like.device(), scope.stream(), geom, f.out.data<bf16>(),
+                    f.stats.data<float>(), q, k, v, f.rng.defined() ? rng_words(f.rng) : nullptr);
+  return f;
+}
+
+double fused_backward_flops(const dnn::SdpaGeom& geom) {
+  return (geom.causal ? 2.0 : 4.0) * 2.0 * static_cast<double>(geom.n) *
+         static_cast<double>(geom.tq) * static_cast<double>(geom.tk) *
+         static_cast<double>(geom.d + geom.dv) / 2.0;
 }
 
 // The fused op on [n, T, e] tensors: one recorded node, its backward cuDNN's.
@@ -168,43 +267,58 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
                        const AttentionOptions& options) {
   const char* op = "scaled_dot_product_attention";
   const dnn::SdpaGeom geom = sdpa_geom(d, options);
-  Tensor out, stats, rng;
+  FusedForward f;
   {
     CudaScope scope(q.device());
     scope.read({&q, &k, &v});
-    out = Tensor::empty({d.n, d.tq, d.dv}, {DType::kBFloat16, q.device()});
-    stats = Tensor::empty({d.n, d.tq}, {DType::kFloat32, q.device()});
-    if (geom.dropout > 0) {
-      // The generator's seed and offset as this draw finds them, kept for the backward; then the
-      // offset advanced past the draw (one number per attention weight), as dropout's own.
-      const Tensor& state = options.generator->state();
-      state.storage()->sync_for_write(scope.stream());
-      rng = Tensor::empty({4}, {DType::kInt32, q.device()});
-      GW_CUDA_CHECK(cudaMemcpyAsync(rng.raw_data(), state.raw_data(), rng.nbytes(),
-                                    cudaMemcpyDeviceToDevice, scope.stream()));
-      kernels::advance_offset(state.data<std::int32_t>(), d.n * d.tq * d.tk, scope.stream());
-      state.bump_version();
-    }
-    dnn::sdpa_forward(q.device(), scope.stream(), geom, out.data<bf16>(), stats.data<float>(),
-                      q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
-                      rng.defined() ? rng_words(rng) : nullptr);
+    f = fused_forward(geom, {d.n, d.tq, d.dv}, q, q.data<bf16>(), k.data<bf16>(), v.data<bf16>(),
+                      options, scope);
   }
   if (needs_grad({&q, &k, &v})) {
     std::vector<SavedTensor> saved{save("q", q), save("k", k), save("v", v),
-                                   save("output", out), save("statistics", stats)};
-    if (rng.defined()) saved.push_back(save("dropout_seed_offset", rng));
-    record(op, out, {&q, &k, &v}, std::move(saved),
+                                   save("output", f.out), save("statistics", f.stats)};
+    if (f.rng.defined()) saved.push_back(save("dropout_seed_offset", f.rng));
+    record(op, f.out, {&q, &k, &v}, std::move(saved),
            [geom](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
              fused_backward(g, s, geom, grads);
            },
            {NodeAttribute::integer(geom.causal ? 1 : 0),
             NodeAttribute::number(static_cast<double>(geom.scale)),
             NodeAttribute::number(static_cast<double>(geom.dropout))});
-    out.grad_fn()->set_backward_flops(
-        (geom.causal ? 2.0 : 4.0) * 2.0 * static_cast<double>(d.n) * static_cast<double>(d.tq) *
-        static_cast<double>(d.tk) * static_cast<double>(d.d + d.dv) / 2.0);
+    f.out.grad_fn()->set_backward_flops(fused_backward_flops(geom));
   }
-  return out;
+  return f.out;
+}
+
+// self_attention fused: cuDNN reads q, k and v in their windows of qkv and writes the heads
+// merged; one recorded node (its seq and heads among its attributes: the same shapes with other
+// values are another computation, Note [Node attributes]).
+Tensor fused_self_attention(const Tensor& qkv, const SelfAttentionDims& d,
+                            const AttentionOptions& options) {
+  const char* op = "self_attention";
+  const dnn::SdpaGeom geom = self_sdpa_geom(d, options);
+  FusedForward f;
+  {
+    CudaScope scope(qkv.device());
+    scope.read({&qkv});
+    const bf16* x = qkv.data<bf16>();
+    f = fused_forward(geom, d.a.out_shape, qkv, x, x + d.dim, x + 2 * d.dim, options, scope);
+  }
+  if (needs_grad({&qkv})) {
+    std::vector<SavedTensor> saved{save("qkv", qkv), save("output", f.out),
+                                   save("statistics", f.stats)};
+    if (f.rng.defined()) saved.push_back(save("dropout_seed_offset", f.rng));
+    record(op, f.out, {&qkv}, std::move(saved),
+           [geom](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             fused_self_backward(g, s, geom, grads);
+           },
+           {NodeAttribute::integer(geom.causal ? 1 : 0),
+            NodeAttribute::number(static_cast<double>(geom.scale)),
+            NodeAttribute::number(static_cast<double>(geom.dropout)),
+            NodeAttribute::integer(d.seq), NodeAttribute::integer(d.heads)});
+    f.out.grad_fn()->set_backward_flops(fused_backward_flops(geom));
+  }
+  return f.out;
 }
 #endif
 
@@ -213,7 +327,36 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 AttentionPath attention_path(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionOptions& options) {
   const AttentionDims d = check_attention("attention_path", q, k, v, options);
-  return choose_path(q, d, options);
+  return choose_path(q, sdpa_geom(d, options));
+}
+
+AttentionPath self_attention_path(const Tensor& qkv, std::int64_t seq, std::int64_t heads,
+                                  const AttentionOptions& options) {
+  const SelfAttentionDims d = check_self_attention("self_attention_path", qkv, seq, heads, options);
+  const AttentionPath p = choose_path(qkv, self_sdpa_geom(d, options));
+  if (p.fused) return p;
+  return {false, p.reason + " (split_heads, scaled_dot_product_attention, the heads merged)"};
+}
+
+Tensor self_attention(const Tensor& qkv, std::int64_t seq, std::int64_t heads,
+                      const AttentionOptions& options) {
+  // Note [Autocast]: the products in bfloat16, qkv cast once.
+  if (Tensor qkv16 = qkv; autocast_matrix_operands({&qkv16})) {
+    return self_attention(qkv16, seq, heads, options);
+  }
+  const char* op = "self_attention";
+  detail::NvtxRange range(op);
+  const SelfAttentionDims d = check_self_attention(op, qkv, seq, heads, options);
+#if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
+  if (choose_path(qkv, self_sdpa_geom(d, options)).fused) {
+    return fused_self_attention(qkv, d, options);
+  }
+#endif
+  const Tensor q = split_heads(qkv, seq, heads, 0, d.dim),
+               k = split_heads(qkv, seq, heads, d.dim, d.dim),
+               v = split_heads(qkv, seq, heads, 2 * d.dim, d.dim);
+  const Tensor att = scaled_dot_product_attention(q, k, v, options);
+  return reshape(transpose(reshape(att, {d.batch, heads, seq, d.a.d}), 1, 2), d.a.out_shape);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -230,7 +373,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return t.dim() == 3 ? t : reshape(t, {d.n, t.size(-2), t.size(-1)});
   };
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
-  if (choose_path(q, d, options).fused) {
+  if (choose_path(q, sdpa_geom(d, options)).fused) {
     const Tensor out = fused_attention(batched(q), batched(k), batched(v), d, options);
     return q.dim() == 3 ? out : reshape(out, d.out_shape);
   }

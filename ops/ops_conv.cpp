@@ -95,14 +95,20 @@ k::ConvGeom check_conv(const char* op, const Tensor& x, const Tensor& weight, co
 // the input's patches as rows (kernels::conv2d_patches_nhwc, each row padded with zeros to a
 // multiple of 8 for the tensor cores), then the forward is y = patches·Wᵀ, one cuBLASLt GEMM
 // with the bias and ReLU in its epilogue (W's rows padded alike), and the weight gradient
-// dW = dYᵀ·patches, one GEMM with the bias gradient in its epilogue, the padding's columns
-// dropped. The patches (made again in the backward, not saved) take at most 256 MiB.
+// dW = dYᵀ·patches, one GEMM whose patches carry a column of ones after the taps, so that the
+// product's column there is the bias gradient (cuBLASLt's bias-gradient epilogue ran as a kernel
+// of its own after its split-K GEMM: docs/DECISIONS.md), the padding's columns dropped. The
+// patches (made again in the backward, not saved) take at most 256 MiB.
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN
 std::int64_t patches_ld(const k::ConvGeom& g) {
   return (g.c * g.r * g.s + 7) / 8 * 8;
 }
+// The weight gradient's patches: a column of ones after the taps (the bias gradient's).
+std::int64_t patches_ld_with_ones(const k::ConvGeom& g) {
+  return (g.c * g.r * g.s + 1 + 7) / 8 * 8;
+}
 bool patches_fit(const k::ConvGeom& g) {
-  const std::int64_t bytes = g.n * g.out_h() * g.out_w() * patches_ld(g) * 2;
+  const std::int64_t bytes = g.n * g.out_h() * g.out_w() * patches_ld_with_ones(g) * 2;
   return g.bf16 && g.nhwc && g.c * g.r * g.s <= 32 && bytes <= (std::int64_t{256} << 20);
 }
 // y = act(patches(x)·Wᵀ + bias) (Note [A few-tap convolution as GEMMs]); bias may be undefined.
@@ -262,30 +268,21 @@ void conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weig
                                 weight.raw_data(), acc);
     }
     if (want_w && patches_fit(g)) {
-      // Note [A few-tap convolution as GEMMs]: dW = dYᵀ·patches, one GEMM (with the bias
-      // gradient in its epilogue where it writes one).
-      const std::int64_t taps = g.c * g.r * g.s, ld = patches_ld(g);
+      // Note [A few-tap convolution as GEMMs]: dW = dYᵀ·patches, one GEMM, the patches' column
+      // of ones after the taps giving the bias gradient as its column.
+      const std::int64_t ld = patches_ld_with_ones(g);
       const std::int64_t rows = g.n * g.out_h() * g.out_w();
       const TensorOptions opt{x.dtype(), x.device()};
       const Tensor cols = Tensor::empty({rows, ld}, opt), dw = Tensor::empty({g.k, ld}, opt);
       const bool acc_w = open_slot(grad_weight, weight, s);
       const bool acc_b = want_b && open_slot(grad_bias, {g.k}, weight, s);
       dispatch_cuda(x.dtype(), [&]<class T>() {
-        k::conv2d_patches_nhwc<T>(ptr<T>(cols), ptr<T>(x), g, ld, s);
-        const bool fused =
-            want_b && !acc_b &&
-            graphward::gemm_bias_grad(x.device(), s, true, false, g.k, ld, rows, 1.f,
-                                      ptr<T>(grad_out), ptr<T>(cols), 0.f, ptr<T>(dw),
-                                      ptr<T>(*grad_bias.tensor));
-        if (!fused) {
-          graphward::gemm(x.device(), s, true, false, g.k, ld, rows, 1.f, ptr<T>(grad_out),
-                          ptr<T>(cols), 0.f, ptr<T>(dw));
-          if (want_b) {
-            dnn::conv2d_backward_bias(x.device(), s, g, grad_bias.tensor->raw_data(),
-                                      grad_out.raw_data(), acc_b);
-          }
-        }
-        k::gather_window(ptr<T>(*grad_weight.tensor), ptr<T>(dw), g.k, ld, 0, taps, acc_w, s);
+        k::conv2d_patches_nhwc<T>(ptr<T>(cols), ptr<T>(x), g, ld, s, /*ones=*/want_b);
+        graphward::gemm(x.device(), s, true, false, g.k, ld, rows, 1.f, ptr<T>(grad_out),
+                        ptr<T>(cols), 0.f, ptr<T>(dw));
+        k::conv2d_split_patch_grads(ptr<T>(*grad_weight.tensor), acc_w,
+                                    want_b ? ptr<T>(*grad_bias.tensor) : nullptr, acc_b,
+                                    ptr<T>(dw), g, ld, s);
       });
       want_w = want_b = false;
     }

@@ -147,15 +147,51 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bia
   return o.y;
 }
 
+namespace {
+// Note [Autocast]: a bfloat16 residual of float32 x, weight and bias — a matrix product's output
+// added to a float32 residual stream — is widened as the add reads it, not by a cast of its own.
+bool autocast_widens_residual(const Tensor& x, const Tensor& residual, const Tensor& w,
+                              const Tensor& b) {
+  return autocast_enabled() && x.defined() && residual.defined() && w.defined() &&
+         x.dtype() == DType::kFloat32 && residual.dtype() == DType::kBFloat16 &&
+         w.dtype() == DType::kFloat32 && (!b.defined() || b.dtype() == DType::kFloat32);
+}
+
+// Records sum = x + residual widened as one node: add's backward, the residual's float32
+// gradient then rounded to bfloat16 into its slot — what the add and the widening cast's backward
+// would write, without the cast's node.
+void record_widened_add(const Tensor& x, const Tensor& residual, const Tensor& sum) {
+  if (!needs_grad({&x, &residual})) return;
+  record("add", sum, {&x, &residual}, {},
+         [x_shape = x.shape(), r_shape = residual.shape()](
+             const Tensor& g, const std::vector<Tensor>&, std::span<GradSlot> grads) {
+           const bool want_r = grads[1].tensor != nullptr;
+           Tensor wide;  // the residual's float32 gradient: g itself where the shapes match
+           add_backward(g, Tensor::from_storage(g.storage(), x_shape, g.dtype()),
+                        Tensor::from_storage(g.storage(), r_shape, g.dtype()), grads[0],
+                        want_r ? GradSlot{&wide, false, true} : GradSlot{});
+           if (want_r) cast_backward(wide, DType::kBFloat16, grads[1]);
+         });
+}
+}  // namespace
+
 AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
                             const Tensor& weight_in, const Tensor& bias_in, double eps) {
   const char* op = "add_layer_norm";
   detail::NvtxRange range(op);
   Tensor x = x_in, residual = residual_in, weight = weight_in, bias = bias_in;
-  autocast_promote({&x, &residual, &weight, &bias});  // Note [Autocast]
+  const bool widen = autocast_widens_residual(x, residual, weight, bias);
+  if (!widen) autocast_promote({&x, &residual, &weight, &bias});  // Note [Autocast]
   // Everything checked before the first write (Note [Check, then write]): the add's operands,
   // then the layer norm's.
-  check_inputs(op, {{"x", &x}, {"residual", &residual}}, Bf16::kEverywhere);
+  if (widen) {
+    check_inputs(op, {{"x", &x}}, Bf16::kEverywhere);
+    check_inputs(op, {{"residual", &residual}}, Bf16::kEverywhere);
+    GW_CHECK(residual.device() == x.device(), op, ": residual is on ", residual.device().str(),
+             " and x on ", x.device().str(), "; expected one device (copy with Tensor::to)");
+  } else {
+    check_inputs(op, {{"x", &x}, {"residual", &residual}}, Bf16::kEverywhere);
+  }
   GW_CHECK(is_trailing_shape(residual, x), op, ": residual has shape ", shape_str(residual.shape()),
            " and x ", shape_str(x.shape()),
            "; expected x's shape or its trailing dimensions (repeated over "
@@ -164,7 +200,15 @@ AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
   check_eps(op, eps, x);
   AddLayerNorm out;
   if (!x.is_cuda()) {  // the two ops as they are: the CPU has no launch to save
-    out.sum = add(x, residual);
+    if (widen) {  // recorded as the GPU records it: one add node, no cast
+      {
+        NoGradGuard no_grad;
+        out.sum = add(x, cast(residual, DType::kFloat32));
+      }
+      record_widened_add(x, residual, out.sum);
+    } else {
+      out.sum = add(x, residual);
+    }
     out.normed = layer_norm(out.sum, weight, bias, eps);
     return out;
   }
@@ -184,15 +228,27 @@ AddLayerNorm add_layer_norm(const Tensor& x_in, const Tensor& residual_in,
     const bool bf16_y = autocast_bf16_output(x, weight, bias);
     o.y = bf16_y ? Tensor::empty(x.shape(), {DType::kBFloat16, x.device()})
                  : new_output(x.shape(), x);
-    dispatch_norm(x.dtype(), bf16_y, [&]<class X, class Y>() {
-      k::add_layer_norm_forward(ptr<Y>(o.y), ptr<X>(out.sum), o.mean.data<float>(),
-                                o.rstd.data<float>(), ptr<X>(x), ptr<X>(residual),
-                                residual.numel() / d.cols, ptr<X>(weight),
-                                bias.defined() ? ptr<X>(bias) : nullptr, d.rows, d.cols,
+    if (widen) {
+      k::add_layer_norm_forward(ptr<bf16>(o.y), ptr<float>(out.sum), o.mean.data<float>(),
+                                o.rstd.data<float>(), ptr<float>(x), ptr<bf16>(residual),
+                                residual.numel() / d.cols, ptr<float>(weight),
+                                bias.defined() ? ptr<float>(bias) : nullptr, d.rows, d.cols,
                                 static_cast<float>(eps), scope.stream());
-    });
+    } else {
+      dispatch_norm(x.dtype(), bf16_y, [&]<class X, class Y>() {
+        k::add_layer_norm_forward(ptr<Y>(o.y), ptr<X>(out.sum), o.mean.data<float>(),
+                                  o.rstd.data<float>(), ptr<X>(x), ptr<X>(residual),
+                                  residual.numel() / d.cols, ptr<X>(weight),
+                                  bias.defined() ? ptr<X>(bias) : nullptr, d.rows, d.cols,
+                                  static_cast<float>(eps), scope.stream());
+      });
+    }
   }
-  record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
+  if (widen) {
+    record_widened_add(x, residual, out.sum);
+  } else {
+    record_binary("add", k::BinaryOp::kAdd, x, residual, out.sum);
+  }
   record_layer_norm(o, out.sum, weight, bias);
   out.normed = o.y;
 #endif

@@ -91,6 +91,12 @@ struct SdpaGeom {
   bool causal = false;      // the mask aligned top left (PyTorch's is_causal)
   float scale = 1.f;        // of the scores
   float dropout = 0.f;      // probability of dropping an attention weight (0: none)
+  // 0: q, k, v, o and their gradients are contiguous [n, t, d] tensors. heads > 0: packed, as
+  // self_attention (ops/ops.h) lays them out — q, k and v windows of one [b · tq, 3 · heads · d]
+  // tensor (n = b · heads, tq = tk, d = dv; k at column heads · d, v at 2 · heads · d: their
+  // pointers), their gradients likewise, o [b · tq, heads · d] (the heads merged); each row
+  // holds its position's heads side by side.
+  std::int64_t heads = 0;
   bool operator==(const SdpaGeom&) const = default;
 };
 #if GRAPHWARD_HAS_CUDA && GRAPHWARD_HAS_CUDNN && GRAPHWARD_HAS_CUDNN_FRONTEND
@@ -99,7 +105,8 @@ struct SdpaGeom {
 // reason in *why.
 bool sdpa_supported(Device device, cudaStream_t stream, const SdpaGeom& g, std::string* why);
 // o [n, tq, dv] = dropout(softmax(q·kᵀ · scale)) · v (causal: masked), stats [n, tq] the rows'
-// log-sum-exp statistics; q [n, tq, d], k [n, tk, d], v [n, tk, dv], contiguous bfloat16. rng:
+// log-sum-exp statistics; q [n, tq, d], k [n, tk, d], v [n, tk, dv], contiguous bfloat16 (or
+// packed: SdpaGeom::heads). rng:
 // where g.dropout > 0, int64[2] on the device, the Philox seed and offset (else null).
 void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o, float* stats,
                   const bf16* q, const bf16* k, const bf16* v, const std::int64_t* rng);

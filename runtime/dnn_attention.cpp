@@ -38,6 +38,27 @@ TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t
   t.set_name(name);
   return laid_out(t, uid, n, rows, cols);
 }
+// SdpaGeom::heads > 0: a window of `heads` heads of d columns in rows of `row` elements, a row a
+// position (b · tq rows): cuDNN's [b, heads, tq, d] with the row as the position's stride.
+TensorAttr& packed(TensorAttr& t, std::int64_t uid, const SdpaGeom& s, std::int64_t row) {
+  const std::int64_t b = s.n / s.heads;
+  return t.set_uid(uid).set_dim({b, s.heads, s.tq, s.d}).set_stride({s.tq * row, s.d, row, 1});
+}
+// q, k, v or their gradients (row 3 · heads · d where packed), o or its gradient (heads · d).
+TensorAttr& qkv_laid_out(TensorAttr& t, std::int64_t uid, const SdpaGeom& s, std::int64_t rows,
+                         std::int64_t cols) {
+  return s.heads > 0 ? packed(t, uid, s, 3 * s.heads * s.d) : laid_out(t, uid, s.n, rows, cols);
+}
+TensorAttr& o_laid_out(TensorAttr& t, std::int64_t uid, const SdpaGeom& s) {
+  return s.heads > 0 ? packed(t, uid, s, s.heads * s.d) : laid_out(t, uid, s.n, s.tq, s.dv);
+}
+// An input of the graph among q, k and v, laid out so.
+TensorAttr qkv_input(const char* name, std::int64_t uid, const SdpaGeom& s, std::int64_t rows,
+                     std::int64_t cols) {
+  TensorAttr t;
+  t.set_name(name);
+  return qkv_laid_out(t, uid, s, rows, cols);
+}
 // The dropout's Philox seed or offset: one int64 on the device.
 std::shared_ptr<TensorAttr> rng_word(Graph& g, const char* name, std::int64_t uid) {
   return g.tensor(TensorAttr()
@@ -57,9 +78,9 @@ std::shared_ptr<Graph> new_graph() {
 
 std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
   auto g = new_graph();
-  auto q = g->tensor(bhsd("q", kQ, s.n, s.tq, s.d));
-  auto k = g->tensor(bhsd("k", kK, s.n, s.tk, s.d));
-  auto v = g->tensor(bhsd("v", kV, s.n, s.tk, s.dv));
+  auto q = g->tensor(qkv_input("q", kQ, s, s.tq, s.d));
+  auto k = g->tensor(qkv_input("k", kK, s, s.tk, s.d));
+  auto v = g->tensor(qkv_input("v", kV, s, s.tk, s.dv));
   auto options = fe::graph::SDPA_attributes()
                      .set_name("sdpa")
                      .set_generate_stats(true)
@@ -69,18 +90,19 @@ std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
     options.set_dropout(s.dropout, rng_word(*g, "seed", kSeed), rng_word(*g, "offset", kOffset));
   }
   auto [o, stats] = g->sdpa(q, k, v, options);
-  laid_out(o->set_output(true), kO, s.n, s.tq, s.dv);
+  o_laid_out(o->set_output(true), kO, s);
   laid_out(stats->set_output(true).set_data_type(fe::DataType_t::FLOAT), kStats, s.n, s.tq, 1);
   return g;
 }
 
 std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
   auto g = new_graph();
-  auto q = g->tensor(bhsd("q", kQ, s.n, s.tq, s.d));
-  auto k = g->tensor(bhsd("k", kK, s.n, s.tk, s.d));
-  auto v = g->tensor(bhsd("v", kV, s.n, s.tk, s.dv));
-  auto o = g->tensor(bhsd("o", kO, s.n, s.tq, s.dv));
-  auto d_o = g->tensor(bhsd("do", kDO, s.n, s.tq, s.dv));
+  auto q = g->tensor(qkv_input("q", kQ, s, s.tq, s.d));
+  auto k = g->tensor(qkv_input("k", kK, s, s.tk, s.d));
+  auto v = g->tensor(qkv_input("v", kV, s, s.tk, s.dv));
+  TensorAttr o_attr, do_attr;
+  auto o = g->tensor(o_laid_out(o_attr.set_name("o"), kO, s));
+  auto d_o = g->tensor(o_laid_out(do_attr.set_name("do"), kDO, s));
   auto stats =
       g->tensor(bhsd("stats", kStats, s.n, s.tq, 1).set_data_type(fe::DataType_t::FLOAT));
   auto options = fe::graph::SDPA_backward_attributes()
@@ -92,9 +114,9 @@ std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
     options.set_dropout(s.dropout, rng_word(*g, "seed", kSeed), rng_word(*g, "offset", kOffset));
   }
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
-  laid_out(dq->set_output(true), kDQ, s.n, s.tq, s.d);
-  laid_out(dk->set_output(true), kDK, s.n, s.tk, s.d);
-  laid_out(dv->set_output(true), kDV, s.n, s.tk, s.dv);
+  qkv_laid_out(dq->set_output(true), kDQ, s, s.tq, s.d);
+  qkv_laid_out(dk->set_output(true), kDK, s, s.tk, s.d);
+  qkv_laid_out(dv->set_output(true), kDV, s, s.tk, s.dv);
   return g;
 }
 
@@ -118,7 +140,7 @@ struct GeomHash {
     for (std::uint64_t v :
          {std::uint64_t(g.n), std::uint64_t(g.tq), std::uint64_t(g.tk), std::uint64_t(g.d),
           std::uint64_t(g.dv), std::uint64_t(g.causal), std::uint64_t(scale_bits),
-          std::uint64_t(dropout_bits)}) {
+          std::uint64_t(dropout_bits), std::uint64_t(g.heads)}) {
       h = h * 1000003u ^ std::hash<std::uint64_t>{}(v);
     }
     return h;

@@ -301,4 +301,60 @@ inline void expect_autocast_layer_norm_output_bf16(Device device) {
   }
 }
 
+// Note [Autocast]: add_layer_norm of float32 x and a bfloat16 residual (a matrix product's output)
+// widens the residual as it reads it — one add node whose second input is the bfloat16 tensor
+// itself, no cast node between — with the bits of the residual cast to float32 first, and gives
+// the residual the gradient that cast's backward would (the float32 one rounded to bfloat16).
+// Rows of a warp (48 columns) and of a block (1100: the add a kernel of its own), a residual of
+// x's shape and one repeated over the rows.
+inline void expect_autocast_residual_widened_as_read(Device device) {
+  const TensorOptions o{DType::kFloat32, device};
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{6, 48}, {300, 48},
+                                   {5, 1100}}) {
+    for (const bool repeated : {false, true}) {
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) +
+                   (repeated ? ", residual repeated" : ""));
+      const Shape r_shape = repeated ? Shape{cols} : Shape{rows, cols};
+      auto leaf = [&](const Shape& shape, std::uint64_t seed) {
+        return randn(shape, seed, o).set_requires_grad(true);
+      };
+      const Tensor x = leaf({rows, cols}, 41), h = leaf(r_shape, 42), w = leaf({cols}, 43),
+                   b = leaf({cols}, 44);
+      const Tensor x2 = x.detach().set_requires_grad(true),
+                   h2 = h.detach().set_requires_grad(true),
+                   w2 = w.detach().set_requires_grad(true),
+                   b2 = b.detach().set_requires_grad(true);
+      const Tensor g = cast(randn({rows, cols}, 45, o), DType::kBFloat16);
+      const Tensor g_sum = randn({rows, cols}, 46, o);
+      AddLayerNorm mixed, ref;
+      Tensor hb;
+      {
+        Autocast scope;
+        hb = cast(h, DType::kBFloat16);  // a bfloat16 residual with a producer
+        mixed = add_layer_norm(x, hb, w, b);
+        ref = add_layer_norm(x2, cast(cast(h2, DType::kBFloat16), DType::kFloat32), w2, b2);
+      }
+      ASSERT_EQ(mixed.sum.dtype(), DType::kFloat32);
+      ASSERT_EQ(mixed.normed.dtype(), DType::kBFloat16);
+      ASSERT_TRUE(mixed.sum.grad_fn());
+      EXPECT_EQ(mixed.sum.grad_fn()->name(), "add");
+      const std::vector<InputMeta>& in = mixed.sum.grad_fn()->inputs();
+      ASSERT_EQ(in.size(), 2u);
+      EXPECT_EQ(in[1].dtype, DType::kBFloat16) << "the residual read as it is, not widened first";
+      EXPECT_EQ(in[1].edge.node, hb.grad_fn()) << "no cast node between the residual and the add";
+      EXPECT_EQ(values(mixed.sum), values(ref.sum));
+      EXPECT_EQ(values(mixed.normed), values(ref.normed));
+      backward({mixed.normed, mixed.sum}, {g, g_sum});
+      backward({ref.normed, ref.sum}, {g, g_sum});
+      const Tensor* got[] = {&x, &h, &w, &b};
+      const Tensor* want[] = {&x2, &h2, &w2, &b2};
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_TRUE(got[i]->grad().defined()) << "operand " << i;
+        EXPECT_EQ(values(got[i]->grad()), values(want[i]->grad())) << "operand " << i;
+      }
+      EXPECT_EQ(values(h.grad()), bf16_values(h.grad())) << "the residual's gradient is rounded";
+    }
+  }
+}
+
 }  // namespace graphward::testing

@@ -248,5 +248,107 @@ TEST_F(CudaAttention, AReplayedBackwardThroughFusedAttentionEqualsTheEagerOneBit
   }
 }
 
+// self_attention of bfloat16 qkv takes the fused path with q, k and v read in place (where built):
+// its output and qkv's gradient within bfloat16's tolerance of the composed float32 path on the
+// CPU, causal and not, over several shapes — an accumulated gradient too (qkv used twice), and a
+// head of 12, which cuDNN refuses: composed (split_heads, the attention, the heads merged), saying
+// so, and right.
+TEST_F(CudaAttention, SelfAttentionReadsQkvInPlaceAndMatchesTheComposedFloat32Reference) {
+  struct Case {
+    std::int64_t batch, seq, heads, head;
+    bool fused;
+  };
+  for (const Case& c : {Case{2, 64, 4, 32, true}, Case{3, 40, 2, 64, true},
+                        Case{1, 128, 16, 16, true}, Case{2, 16, 2, 12, false}}) {
+    const std::int64_t dim = c.heads * c.head, rows = c.batch * c.seq;
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " seq " << c.seq << " heads "
+                                      << c.heads << " head " << c.head << " causal " << causal);
+      const Tensor x = cast(randn({rows, 3 * dim}, 81), DType::kBFloat16);
+      const Tensor dy = cast(randn({rows, dim}, 82), DType::kBFloat16);
+      const Tensor extra = cast(randn({rows, 3 * dim}, 83), DType::kBFloat16);
+      const AttentionPath path = self_attention_path(x.to(kGpu), c.seq, c.heads, {.causal = causal});
+      EXPECT_EQ(path.fused, kBuiltFused && c.fused) << path.reason;
+      if (!c.fused && kBuiltFused) {
+        EXPECT_NE(path.reason.find("cuDNN refuses the shape"), std::string::npos) << path.reason;
+      }
+      // loss = Σ self_attention(qkv) ⊙ dy + Σ qkv ⊙ extra: qkv's gradient accumulates two.
+      auto run = [&](DType dtype, Device device) {
+        auto to = [&](const Tensor& t) {
+          return (dtype == DType::kFloat32 ? cast(t, DType::kFloat32) : t).to(device);
+        };
+        const Tensor qkv = to(x).detach().set_requires_grad(true);
+        const Tensor out = self_attention(qkv, c.seq, c.heads, {.causal = causal});
+        backward({out, qkv}, {to(dy), to(extra)});
+        return std::vector<Tensor>{out, qkv.grad()};
+      };
+      const std::vector<Tensor> ref = run(DType::kFloat32, Device::cpu());
+      const std::vector<Tensor> got = run(DType::kBFloat16, kGpu);
+      EXPECT_EQ(got[0].shape(), Shape({rows, dim}));
+      EXPECT_EQ(got[1].dtype(), DType::kBFloat16);
+      EXPECT_LT(error_against_float32(got[0], ref[0]), 2e-2) << "output; " << path.reason;
+      EXPECT_LT(error_against_float32(got[1], ref[1]), 2e-2) << "grad qkv; " << path.reason;
+      // Without the second use, the attention's own gradient against the reference's.
+      const Tensor qkv = x.to(kGpu).detach().set_requires_grad(true);
+      backward({self_attention(qkv, c.seq, c.heads, {.causal = causal})}, {dy.to(kGpu)});
+      const Tensor q32 = cast(x, DType::kFloat32).detach().set_requires_grad(true);
+      backward({self_attention(q32, c.seq, c.heads, {.causal = causal})},
+               {cast(dy, DType::kFloat32)});
+      EXPECT_LT(error_against_float32(qkv.grad(), q32.grad()), 2e-2) << "grad qkv alone";
+    }
+  }
+}
+
+// A transformer block's attention as the examples write it — qkv = linear(x) with a parameter,
+// self_attention, a projection — under a BackwardGraph: 10 steps of fresh x, one capture, the
+// replayed gradients bitwise the eager ones; with dropout too (each side its generator of one
+// seed).
+TEST_F(CudaAttention, AReplayedBackwardThroughSelfAttentionEqualsTheEagerOneBitwise) {
+  for (double p : {0.0, 0.1}) {
+    SCOPED_TRACE(p);
+    const std::int64_t batch = 2, seq = 64, heads = 4, dim = 128;
+    auto param = [&](const Shape& shape, std::uint64_t seed) {
+      return cast(mul(randn(shape, seed, {DType::kFloat32, kGpu}), 0.1), DType::kBFloat16)
+          .detach()
+          .set_requires_grad(true);
+    };
+    struct Params {
+      Tensor w, wo;
+    };
+    const Params graphed{param({3 * dim, dim}, 1), param({dim, dim}, 2)},
+        eager{param({3 * dim, dim}, 1), param({dim, dim}, 2)};
+    Generator graphed_gen(kGpu, 11), eager_gen(kGpu, 11);
+    auto loss = [&](const Params& w, const Tensor& x, Generator& gen) {
+      const Tensor o = self_attention(linear(x, w.w), seq, heads,
+                                      {.causal = true, .dropout = p,
+                                       .generator = p > 0 ? &gen : nullptr});
+      return sum(linear(o, w.wo));
+    };
+    auto grads = [](const Params& w) {
+      return std::vector<std::vector<float>>{cast(w.w.grad(), DType::kFloat32).to_vector<float>(),
+                                             cast(w.wo.grad(), DType::kFloat32).to_vector<float>()};
+    };
+    const Tensor x = zeros({batch * seq, dim}, {DType::kBFloat16, kGpu});
+    StepArena arena(kGpu);
+    BackwardGraph bw(kGpu);
+    for (int s = 0; s < 10; ++s) {
+      {
+        NoGradGuard no_grad;
+        copy_(x, cast(randn({batch * seq, dim}, 100 + s, {DType::kFloat32, kGpu}),
+                      DType::kBFloat16));
+      }
+      {
+        StepScope step(arena);
+        bw.backward(loss(graphed, x, graphed_gen), GradWrite::kOverwrite);
+        arena.record_step_end(current_stream(kGpu));
+      }
+      backward(loss(eager, x, eager_gen), {.grad_write = GradWrite::kOverwrite});
+      ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
+    }
+    EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+    EXPECT_EQ(bw.stats().counters.replays, 9u);
+  }
+}
+
 }  // namespace
 }  // namespace graphward

@@ -198,5 +198,70 @@ TEST(AttentionCpu, BadShapesAndOptionsAreRefusedByName) {
   EXPECT_TRUE(q.grad().defined());
 }
 
+// self_attention is split_heads of qkv's three windows, scaled_dot_product_attention and the
+// heads merged: the same values (float64, bitwise) and gradients, causal and not, one head and
+// several, with dropout from generators of one seed; its path on the CPU says composed.
+TEST(AttentionCpu, SelfAttentionIsItsHeadsSplitAttendedAndMerged) {
+  struct Case {
+    std::int64_t batch, seq, heads, head;
+  };
+  for (const Case& c : {Case{2, 5, 3, 4}, Case{1, 7, 1, 6}, Case{3, 1, 2, 2}}) {
+    const std::int64_t dim = c.heads * c.head;
+    for (bool causal : {false, true}) {
+      for (double p : {0.0, 0.3}) {
+        SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " seq " << c.seq << " heads "
+                                        << c.heads << " causal " << causal << " dropout " << p);
+        const Tensor x = randn({c.batch * c.seq, 3 * dim}, 61, f64());
+        const Tensor a = x.detach().set_requires_grad(true), b = x.detach().set_requires_grad(true);
+        Generator ga(Device::cpu(), 7), gb(Device::cpu(), 7);
+        const Tensor got = self_attention(
+            a, c.seq, c.heads, {.causal = causal, .dropout = p, .generator = p > 0 ? &ga : nullptr});
+        const Tensor att = scaled_dot_product_attention(
+            split_heads(b, c.seq, c.heads, 0, dim), split_heads(b, c.seq, c.heads, dim, dim),
+            split_heads(b, c.seq, c.heads, 2 * dim, dim),
+            {.causal = causal, .dropout = p, .generator = p > 0 ? &gb : nullptr});
+        const Tensor want =
+            reshape(transpose(reshape(att, {c.batch, c.heads, c.seq, c.head}), 1, 2),
+                    {c.batch * c.seq, dim});
+        EXPECT_EQ(got.shape(), Shape({c.batch * c.seq, dim}));
+        EXPECT_EQ(values(got), values(want));
+        const Tensor g = randn({c.batch * c.seq, dim}, 62, f64());
+        backward({got}, {g});
+        backward({want}, {g});
+        EXPECT_EQ(values(a.grad()), values(b.grad()));
+      }
+    }
+  }
+  const AttentionPath path = self_attention_path(randn({4, 12}, 1), 2, 2);
+  EXPECT_FALSE(path.fused);
+  EXPECT_NE(path.reason.find("CPU"), std::string::npos) << path.reason;
+}
+
+// Every malformed qkv, seq, heads or option is refused by name before anything runs, and the
+// library stays usable.
+TEST(AttentionCpu, SelfAttentionRefusesBadShapesAndOptionsByName) {
+  const Tensor qkv = randn({6, 12}, 71).set_requires_grad(true);
+  const char* op = "self_attention";
+  GW_EXPECT_ERROR(self_attention(randn({12}, 1), 2, 2), op, "[12]", "[batch · seq, 3 · dim]");
+  GW_EXPECT_ERROR(self_attention(randn({2, 3, 12}, 1), 3, 2), op, "[2, 3, 12]");
+  GW_EXPECT_ERROR(self_attention(qkv, 4, 2), op, "6 rows", "seq is 4");
+  GW_EXPECT_ERROR(self_attention(qkv, 3, 3), op, "12 columns", "heads is 3");
+  GW_EXPECT_ERROR(self_attention(randn({6, 13}, 1), 3, 1), op, "13 columns");
+  for (std::int64_t bad : {0, -1}) {
+    GW_EXPECT_ERROR(self_attention(qkv, bad, 2), op, "at least 1");
+    GW_EXPECT_ERROR(self_attention(qkv, 3, bad), op, "at least 1");
+  }
+  GW_EXPECT_ERROR(self_attention(qkv, 3, 2, {.scale = NAN}), op, "finite");
+  GW_EXPECT_ERROR(self_attention(qkv, 3, 2, {.dropout = 1.0}), op, "[0, 1)");
+  GW_EXPECT_ERROR(self_attention(qkv, 3, 2, {.dropout = 0.1}), op, "no generator is given");
+  GW_EXPECT_ERROR(self_attention(Tensor(), 3, 2), op, "qkv");
+  GW_EXPECT_ERROR(self_attention(from_vector(std::vector<std::int32_t>(72, 0), {6, 12}), 3, 2), op,
+                  "floating-point");
+  GW_EXPECT_ERROR(self_attention_path(qkv, 4, 2), "self_attention_path", "seq is 4");
+  EXPECT_FALSE(qkv.grad().defined());
+  backward(sum(self_attention(qkv, 3, 2, {.causal = true})));
+  EXPECT_TRUE(qkv.grad().defined());
+}
+
 }  // namespace
 }  // namespace graphward

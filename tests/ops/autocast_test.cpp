@@ -120,6 +120,10 @@ TEST(Autocast, ALayerNormsOutputIsBfloat16AndItsBackwardReadsABfloat16Gradient) 
   testing::expect_autocast_layer_norm_output_bf16(Device::cpu());
 }
 
+TEST(Autocast, ABfloat16ResidualIsWidenedAsTheAddReadsItWithNoCastNode) {
+  testing::expect_autocast_residual_widened_as_read(Device::cpu());
+}
+
 TEST(Autocast, FloatOtherThanBfloat16IsRefusedByName) {
   GW_EXPECT_ERROR((void)Autocast(DType::kFloat32), "Autocast", "float32", "expected bfloat16",
                   "float16 needs loss scaling");

@@ -30,6 +30,12 @@ TEST_F(CudaBf16, ALayerNormsOutputUnderAutocastIsTheFloat32OnesCastBitwiseAndSoI
   testing::expect_autocast_layer_norm_output_bf16(kGpu);
 }
 
+// A bfloat16 residual of float32 x widened in add_layer_norm's kernel (the block-a-row path's add
+// its own kernel): bitwise a cast then the float32 add, one node.
+TEST_F(CudaBf16, ABfloat16ResidualIsWidenedAsTheAddReadsItWithNoCastNode) {
+  testing::expect_autocast_residual_widened_as_read(kGpu);
+}
+
 TEST_F(CudaBf16, EveryBf16OpIsWithinItsToleranceOfTheFloat32CpuReference) {
   testing::expect_bf16_cases_within_tolerance(kBf16Gpu);
 }

@@ -603,6 +603,78 @@ TEST(GradSlotsCpu, ActivationBackwardWritesInPlaceOnlyIntoAUniqueGradOut) {
   EXPECT_EQ(vals(dy3), vals(dy_values));
 }
 
+// A gradient an op passes through (add's operands, sub's first, reshape's, an activation's in
+// place) into a buffer that a later gradient is added into: the backward executor may let that
+// buffer take the step's gradient itself only where nothing else sees it. Every other gradient of
+// the step — a row operand's sum read from it, the other operand's shared copy, a seed the caller
+// still holds — keeps its value. float64, against the gradients written out by hand.
+TEST(GradSlotsCpu, APassedThroughGradientThatLaterGradientsAddIntoIsNoOtherGradient) {
+  const Tensor c = randn({2, 3}, 11, f64()), d = randn({2, 3}, 12, f64()),
+               e = randn({2, 3}, 13, f64()), k = randn({2, 3}, 14, f64());
+  const Tensor p = randn({2, 3}, 15, f64()).set_requires_grad(true),
+               q = randn({2, 3}, 16, f64()).set_requires_grad(true),
+               r = randn({3}, 17, f64()).set_requires_grad(true);
+  auto run = [&](const std::function<Tensor(const Tensor&, const Tensor&)>& loss) {
+    for (const Tensor* t : {&p, &q, &r}) t->grad() = Tensor();
+    backward(loss(mul(p, 2.0), mul(q, 3.0)));  // a = 2p and b = 3q: gradient buffers, no leaves
+  };
+  auto dot = [](const Tensor& x, const Tensor& w) { return sum(mul(x, w)); };
+  auto hand = [](const Tensor& t) {
+    NoGradGuard no_grad;
+    return vals(t);
+  };
+  auto twice = [](const Tensor& t) { return mul(t, 2.0); };
+  {  // add: a's buffer takes the gradient (b's is a row: summed from it)
+    run([&](const Tensor& a, const Tensor&) { return add(dot(add(a, r), c), dot(a, d)); });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+    const std::vector<double> cv = vals(c);
+    EXPECT_EQ(vals(r.grad()), (std::vector<double>{cv[0] + cv[3], cv[1] + cv[4], cv[2] + cv[5]}));
+  }
+  {  // add of a constant: a's buffer takes it; then a's own use adds in
+    run([&](const Tensor& a, const Tensor&) { return add(dot(add(a, k), c), dot(a, d)); });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+  }
+  {  // add of two gradient buffers both added into later: one copy at least, neither corrupted
+    run([&](const Tensor& a, const Tensor& b) {
+      return add(add(dot(add(a, b), c), dot(a, d)), dot(b, e));
+    });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+    EXPECT_EQ(vals(q.grad()), hand(mul(add(c, e), 3.0)));
+  }
+  {  // add whose other operand shares the gradient and is read later: a copies
+    run([&](const Tensor& a, const Tensor& b) { return add(dot(add(a, b), c), dot(a, d)); });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+    EXPECT_EQ(vals(q.grad()), hand(mul(c, 3.0)));
+  }
+  {  // sub: the first operand's gradient passed through, the second's negated
+    run([&](const Tensor& a, const Tensor& b) { return add(dot(sub(a, b), c), dot(a, d)); });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+    EXPECT_EQ(vals(q.grad()), hand(mul(c, -3.0)));
+  }
+  {  // reshape: a view of the gradient
+    run([&](const Tensor& a, const Tensor&) {
+      return add(dot(reshape(a, {3, 2}), reshape(c, {3, 2})), dot(a, d));
+    });
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(c, d))));
+  }
+  {  // an activation's gradient computed in place
+    run([&](const Tensor& a, const Tensor&) { return add(dot(relu(a), c), dot(a, d)); });
+    const std::vector<double> pv = vals(p), cv = vals(c), dv = vals(d);
+    std::vector<double> want(6);
+    for (int i = 0; i < 6; ++i) want[i] = 2.0 * ((2.0 * pv[i] > 0 ? cv[i] : 0.0) + dv[i]);
+    EXPECT_EQ(vals(p.grad()), want);
+  }
+  {  // a seed the caller holds is passed through and must stay the caller's
+    const Tensor seed = randn({2, 3}, 18, f64()), seed_copy = seed.clone();
+    for (const Tensor* t : {&p, &q, &r}) t->grad() = Tensor();
+    const Tensor a = mul(p, 2.0);
+    const Tensor y = add(a, k);
+    backward({y, dot(a, d)}, {seed, ones({}, f64())});
+    EXPECT_EQ(vals(seed), vals(seed_copy));
+    EXPECT_EQ(vals(p.grad()), hand(twice(add(seed, d))));
+  }
+}
+
 TEST(OpsInPlaceCpu, CopyOverwritesKeepsTheAddressAndBumpsTheVersion) {
   const Tensor dst = zeros({2, 3}), src = randn({2, 3}, 1);
   const void* where = dst.raw_data();
