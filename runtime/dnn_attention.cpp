@@ -31,13 +31,6 @@ TensorAttr& laid_out(TensorAttr& t, std::int64_t uid, std::int64_t n, std::int64
   return t.set_uid(uid).set_dim({n, 1, rows, cols}).set_stride(
       {rows * cols, rows * cols, cols, 1});
 }
-// An input of the graph, laid out so.
-TensorAttr bhsd(const char* name, std::int64_t uid, std::int64_t n, std::int64_t rows,
-                std::int64_t cols) {
-  TensorAttr t;
-  t.set_name(name);
-  return laid_out(t, uid, n, rows, cols);
-}
 // SdpaGeom::heads > 0: a window of `heads` heads of d columns in rows of `row` elements, a row a
 // position (b · tq rows): cuDNN's [b, heads, tq, d] with the row as the position's stride.
 TensorAttr& packed(TensorAttr& t, std::int64_t uid, const SdpaGeom& s, std::int64_t row) {
@@ -51,6 +44,14 @@ TensorAttr& qkv_laid_out(TensorAttr& t, std::int64_t uid, const SdpaGeom& s, std
 }
 TensorAttr& o_laid_out(TensorAttr& t, std::int64_t uid, const SdpaGeom& s) {
   return s.heads > 0 ? packed(t, uid, s, s.heads * s.d) : laid_out(t, uid, s.n, s.tq, s.dv);
+}
+// The softmax statistics [n, tq] float32, contiguous: cuDNN's [b, h, tq, 1] as q's b and h.
+TensorAttr& stats_laid_out(TensorAttr& t, const SdpaGeom& s) {
+  const std::int64_t h = s.heads > 0 ? s.heads : 1;
+  return t.set_uid(kStats)
+      .set_dim({s.n / h, h, s.tq, 1})
+      .set_stride({h * s.tq, s.tq, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
 }
 // An input of the graph among q, k and v, laid out so.
 TensorAttr qkv_input(const char* name, std::int64_t uid, const SdpaGeom& s, std::int64_t rows,
@@ -91,7 +92,7 @@ std::shared_ptr<Graph> forward_graph(const SdpaGeom& s) {
   }
   auto [o, stats] = g->sdpa(q, k, v, options);
   o_laid_out(o->set_output(true), kO, s);
-  laid_out(stats->set_output(true).set_data_type(fe::DataType_t::FLOAT), kStats, s.n, s.tq, 1);
+  stats_laid_out(stats->set_output(true), s);
   return g;
 }
 
@@ -103,8 +104,8 @@ std::shared_ptr<Graph> backward_graph(const SdpaGeom& s) {
   TensorAttr o_attr, do_attr;
   auto o = g->tensor(o_laid_out(o_attr.set_name("o"), kO, s));
   auto d_o = g->tensor(o_laid_out(do_attr.set_name("do"), kDO, s));
-  auto stats =
-      g->tensor(bhsd("stats", kStats, s.n, s.tq, 1).set_data_type(fe::DataType_t::FLOAT));
+  TensorAttr stats_attr;
+  auto stats = g->tensor(stats_laid_out(stats_attr.set_name("stats"), s));
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("sdpa_backward")
                      .set_attn_scale(s.scale)
