@@ -12,7 +12,9 @@
 //     through the recorded cast into the parameter's .grad (rounded to bfloat16, then widened);
 //   * an op given float32 and bfloat16 operands together — add, sub, mul, add_layer_norm,
 //     layer_norm with float32 parameters — computes in float32, the bfloat16 ones widened (PyTorch
-//     promotes so): a residual stream kept in float32 stays float32;
+//     promotes so): a residual stream kept in float32 stays float32. add_layer_norm widens a
+//     bfloat16 residual as its kernel reads it and rounds the residual's gradient in the add's
+//     backward: one add node, no cast node or kernel either way (the same bits);
 //   * the numerically sensitive ops — softmax, log_softmax, the layer norms, cross-entropy, sum,
 //     mean, mse_loss — keep float32 math in whatever dtype they are given (bfloat16 storage,
 //     float32 statistics; a sum or loss is float32), and every other op runs in its input's dtype;
