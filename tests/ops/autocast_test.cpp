@@ -25,6 +25,7 @@ TEST(Autocast, EachOpRunsInTheDtypeThePolicySays) {
   EXPECT_EQ(bmm(reshape(x, {2, 3, 16}), reshape(x, {2, 3, 16}), false, true).dtype(), kBf16);
   const Tensor q = reshape(h, {2, 3, 24});
   EXPECT_EQ(scaled_dot_product_attention(q, q, q, {.causal = true}).dtype(), kBf16);
+  EXPECT_EQ(self_attention(randn({6, 24}, 15), 3, 2, {.causal = true}).dtype(), kBf16);
   EXPECT_EQ(conv2d(reshape(x, {1, 6, 4, 4}), randn({2, 6, 3, 3}, 14)).dtype(), kBf16);
   // float32 with bfloat16: float32 — but a layer norm's normalized output is bfloat16 (float32
   // statistics and math; the matrix product it feeds would cast it).
