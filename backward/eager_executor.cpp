@@ -421,7 +421,7 @@ struct EagerExecutor::Run {
   // whose sum the layer norm after it then adds into in place of a copy — where nothing else can
   // see that gradient once the step is done: its only handle and storage reference (no seed, no
   // other buffer sharing it), used on this step's stream alone (no side stream still reading
-  // it), and no other slot of the step able to share it (an input of its shape and dtype). One
+  // it), and no other slot of the step able to share it (an input of its elements and dtype). One
   // slot at most.
   void let_take_grad(const BackwardPlan::Step& step, std::span<GradSlot> part) {
     if (!grad->is_unique()) return;
@@ -430,7 +430,9 @@ struct EagerExecutor::Run {
     int candidate = -1;
     for (std::size_t i = 0; i < part.size() && i < inputs.size(); ++i) {
       if (!part[i].tensor) continue;
-      const bool like_grad = inputs[i].shape == grad->shape() && inputs[i].dtype == grad->dtype();
+      // Its elements and dtype: reshape's gradient is grad_out's elements under another shape.
+      const bool like_grad =
+          shape_numel(inputs[i].shape) == grad->numel() && inputs[i].dtype == grad->dtype();
       if (!like_grad) continue;
       if (part[i].may_share) return;
       const BackwardPlan::Write& w = step.writes[i];
