@@ -93,6 +93,18 @@ Perf pick(const std::vector<Perf>& results, int found, bool deterministic, bool 
   return *any;
 }
 
+// The usable candidates (succeeded, within the workspace limit) that compute in TF32.
+template <class Perf>
+int count_tf32(const std::vector<Perf>& results, int found) {
+  int n = 0;
+  for (int i = 0; i < found; ++i) {
+    const Perf& p = results[static_cast<std::size_t>(i)];
+    n += p.status == CUDNN_STATUS_SUCCESS && p.memory <= kDnnWorkspaceLimit &&
+         (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+  }
+  return n;
+}
+
 struct ConvKey {
   std::int64_t n, c, h, w, k, r, s, pad, stride;
   bool deterministic;
@@ -121,6 +133,7 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data{};
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter{};
   bool timed = false;  // chosen by timing (cudnnFind*) rather than by the heuristic
+  int tf32_candidates = 0;  // of cuDNN's usable candidates, those computing in TF32 (all directions)
 };
 
 struct PoolKey {
@@ -259,6 +272,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
         return p.algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
       };
   p->fwd = pick(fwd, found, g.deterministic, tf32, "forward", g.bf16 ? slow_fwd : nullptr);
+  p->tf32_candidates = count_tf32(fwd, found);
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bd(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -274,6 +288,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
       };
   p->bwd_data =
       pick(bd, found, g.deterministic, tf32, "backward-data", g.bf16 ? slow_data : nullptr);
+  p->tf32_candidates += count_tf32(bd, found);
   GW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bf(static_cast<std::size_t>(count));
   if (p->timed) {
@@ -290,6 +305,7 @@ ConvPlan& conv_plan(DeviceDnn& d, Device device, cudaStream_t stream, const Conv
       };
   p->bwd_filter =
       pick(bf, found, g.deterministic, tf32, "backward-filter", g.bf16 ? slow_bf16 : nullptr);
+  p->tf32_candidates += count_tf32(bf, found);
   if (tf32) {
     GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv.get(), p->fwd.mathType));
     GW_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv_bwd_data.get(), p->bwd_data.mathType));
@@ -399,7 +415,7 @@ std::string conv2d_plan_description(Device device, const ConvGeom& g) {
      << "), bwd filter algo " << p.bwd_filter.algo << math(p.bwd_filter.mathType) << " ("
      << p.bwd_filter.memory << " B, "
      << (p.bwd_filter.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic")
-     << ")";
+     << "); TF32 candidates " << p.tf32_candidates;
   return os.str();
 }
 

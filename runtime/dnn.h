@@ -50,7 +50,9 @@ void conv2d_backward_filter(Device device, cudaStream_t stream, const kernels::C
                             void* dw, const void* dy, const void* x, bool accumulate);
 void conv2d_backward_bias(Device device, cudaStream_t stream, const kernels::ConvGeom& g, void* db,
                           const void* dy, bool accumulate);
-// The plan's algorithms and workspace sizes, readable (tests, benchmarks).
+// The plan's algorithms and workspace sizes, readable (tests, benchmarks), ending with
+// "TF32 candidates N": how many of cuDNN's usable candidates, over the three directions, compute
+// in TF32 (offered where TF32 is on; with it off, none of them is ever chosen).
 std::string conv2d_plan_description(Device device, const kernels::ConvGeom& g);
 
 void pool2d_forward(Device device, cudaStream_t stream, kernels::PoolMode mode,
