@@ -357,4 +357,31 @@ inline void expect_autocast_residual_widened_as_read(Device device) {
   }
 }
 
+// One model trained twice over the same batches: the `graphed` side's backward through a
+// BackwardGraph inside a StepArena's steps, the other side's the plain backward. Each of `steps`
+// steps writes its batch into the static inputs (set_batch(s), gradients off), then asserts the
+// two sides' gradients (grads(graphed)) bitwise equal; one capture, every later step a replay.
+inline void expect_replayed_grads_equal_eager(
+    Device device, int steps, const std::function<void(int)>& set_batch,
+    const std::function<Tensor(bool graphed)>& loss,
+    const std::function<std::vector<std::vector<float>>(bool graphed)>& grads) {
+  StepArena arena(device);
+  BackwardGraph bw(device);
+  for (int s = 0; s < steps; ++s) {
+    {
+      NoGradGuard no_grad;
+      set_batch(s);
+    }
+    {
+      StepScope step(arena);
+      bw.backward(loss(true), GradWrite::kOverwrite);
+      arena.record_step_end(current_stream(device));
+    }
+    backward(loss(false), {.grad_write = GradWrite::kOverwrite});
+    ASSERT_EQ(grads(true), grads(false)) << "step " << s << "; " << bw.stats().reason;
+  }
+  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
+  EXPECT_EQ(bw.stats().counters.replays, static_cast<std::uint64_t>(steps - 1));
+}
+
 }  // namespace graphward::testing

@@ -228,23 +228,13 @@ TEST_F(CudaAttention, AReplayedBackwardThroughFusedAttentionEqualsTheEagerOneBit
                                              cast(w.v.grad(), DType::kFloat32).to_vector<float>()};
     };
     const Tensor x = zeros(shape, {DType::kBFloat16, kGpu});
-    StepArena arena(kGpu);
-    BackwardGraph bw(kGpu);
-    for (int s = 0; s < 10; ++s) {
-      {
-        NoGradGuard no_grad;
-        copy_(x, cast(randn(shape, 100 + s, {DType::kFloat32, kGpu}), DType::kBFloat16));
-      }
-      {
-        StepScope step(arena);
-        bw.backward(loss(graphed, x, graphed_gen), GradWrite::kOverwrite);
-        arena.record_step_end(current_stream(kGpu));
-      }
-      backward(loss(eager, x, eager_gen), {.grad_write = GradWrite::kOverwrite});
-      ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
-    }
-    EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
-    EXPECT_EQ(bw.stats().counters.replays, 9u);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_replayed_grads_equal_eager(
+        kGpu, 10,
+        [&](int s) {
+          copy_(x, cast(randn(shape, 100 + s, {DType::kFloat32, kGpu}), DType::kBFloat16));
+        },
+        [&](bool g) { return g ? loss(graphed, x, graphed_gen) : loss(eager, x, eager_gen); },
+        [&](bool g) { return grads(g ? graphed : eager); }));
   }
 }
 
@@ -329,24 +319,14 @@ TEST_F(CudaAttention, AReplayedBackwardThroughSelfAttentionEqualsTheEagerOneBitw
                                              cast(w.wo.grad(), DType::kFloat32).to_vector<float>()};
     };
     const Tensor x = zeros({batch * seq, dim}, {DType::kBFloat16, kGpu});
-    StepArena arena(kGpu);
-    BackwardGraph bw(kGpu);
-    for (int s = 0; s < 10; ++s) {
-      {
-        NoGradGuard no_grad;
-        copy_(x, cast(randn({batch * seq, dim}, 100 + s, {DType::kFloat32, kGpu}),
-                      DType::kBFloat16));
-      }
-      {
-        StepScope step(arena);
-        bw.backward(loss(graphed, x, graphed_gen), GradWrite::kOverwrite);
-        arena.record_step_end(current_stream(kGpu));
-      }
-      backward(loss(eager, x, eager_gen), {.grad_write = GradWrite::kOverwrite});
-      ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
-    }
-    EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
-    EXPECT_EQ(bw.stats().counters.replays, 9u);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_replayed_grads_equal_eager(
+        kGpu, 10,
+        [&](int s) {
+          copy_(x, cast(randn({batch * seq, dim}, 100 + s, {DType::kFloat32, kGpu}),
+                        DType::kBFloat16));
+        },
+        [&](bool g) { return g ? loss(graphed, x, graphed_gen) : loss(eager, x, eager_gen); },
+        [&](bool g) { return grads(g ? graphed : eager); }));
   }
 }
 

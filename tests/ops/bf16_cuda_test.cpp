@@ -114,29 +114,19 @@ TEST_F(CudaBf16, ABf16ModelsReplayedGradientsEqualItsEagerOnes) {
   const Params graphed = make(), eager = make();
   const Tensor ids = zeros({kTokens}, {DType::kInt32, kGpu});
   const Tensor targets = zeros({kTokens}, {DType::kInt32, kGpu});
-  StepArena arena(kGpu);
-  BackwardGraph bw(kGpu);
-  for (int s = 0; s < 20; ++s) {
-    std::vector<std::int32_t> id(kTokens), t(kTokens);
-    for (std::int64_t i = 0; i < kTokens; ++i) {
-      id[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((5 * s + 3 * i) % kVocab);
-      t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((s + i * i) % kClasses);
-    }
-    {
-      NoGradGuard no_grad;
-      copy_(ids, from_vector(id, {kTokens}, kGpu));
-      copy_(targets, from_vector(t, {kTokens}, kGpu));
-    }
-    {
-      StepScope step(arena);
-      bw.backward(loss(graphed, ids, targets), GradWrite::kOverwrite);
-      arena.record_step_end(current_stream(kGpu));
-    }
-    backward(loss(eager, ids, targets), {.grad_write = GradWrite::kOverwrite});
-    ASSERT_EQ(grads(graphed), grads(eager)) << "step " << s << "; " << bw.stats().reason;
-  }
-  EXPECT_EQ(bw.stats().counters.captures, 1u) << bw.stats().reason;
-  EXPECT_EQ(bw.stats().counters.replays, 19u);
+  testing::expect_replayed_grads_equal_eager(
+      kGpu, 20,
+      [&](int s) {
+        std::vector<std::int32_t> id(kTokens), t(kTokens);
+        for (std::int64_t i = 0; i < kTokens; ++i) {
+          id[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((5 * s + 3 * i) % kVocab);
+          t[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((s + i * i) % kClasses);
+        }
+        copy_(ids, from_vector(id, {kTokens}, kGpu));
+        copy_(targets, from_vector(t, {kTokens}, kGpu));
+      },
+      [&](bool g) { return loss(g ? graphed : eager, ids, targets); },
+      [&](bool g) { return grads(g ? graphed : eager); });
 }
 
 }  // namespace
