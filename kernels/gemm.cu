@@ -10,7 +10,49 @@
 #include "base/error.h"
 #include "kernels/gemm.h"
 
+#if defined(GRAPHWARD_NVTX) && GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
+#include <nvtx3/nvToolsExtMemCudaRt.h>
+#define GRAPHWARD_NVTX_MEM 1
+#else
+#define GRAPHWARD_NVTX_MEM 0
+#endif
+
 namespace graphward::kernels {
+
+namespace {
+// Note [GEMM outputs and initcheck]
+// compute-sanitizer's initcheck does not see the stores of the GEMM kernels cuBLAS and cuBLASLt
+// run on Hopper for bfloat16 (the nvjet kernels, cuBLASLt's algorithm 66, which store their tiles
+// through the tensor memory accelerator): to the tool a GEMM's output stays unwritten, and every
+// later read of it is reported — graphward's kernels', cuBLASLt's own epilogue kernels', cuDNN's
+// (139,455 reports in one run of the bfloat16 transformer example, every one an address a GEMM had
+// written; scripts/initcheck_probe.sh shows the same on a bare cuBLASLt program, in every trial).
+// So each GEMM tells the tool what it writes — C, and a fused epilogue's bias gradient and aux
+// matrix — through NVTX's memory API (nvtxMemCudaMarkInitialized, ordered on the GEMM's stream):
+// the bytes the GEMM writes by its contract and no others, so a read of anything else is still
+// reported. Without a tool attached the call is a pointer check; built without NVTX, nothing.
+// A user running initcheck on a program that uses graphward gets the same treatment of the GEMMs
+// graphward launches, and no reports of them.
+void mark_written(const void* p, std::size_t bytes, cudaStream_t stream) {
+#if GRAPHWARD_NVTX_MEM
+  if (p == nullptr || bytes == 0) return;
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("graphward");
+  nvtxMemVirtualRangeDesc_t range{};
+  range.size = bytes;
+  range.ptr = p;
+  nvtxMemMarkInitializedBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescCount = 1;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+#else
+  (void)p, (void)bytes, (void)stream;
+#endif
+}
+}  // namespace
 
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,
@@ -28,6 +70,7 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                               static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, a, lda,
                               &beta, c, static_cast<int>(n)));
+  mark_written(c, static_cast<std::size_t>(m * n) * sizeof(float), stream);
 }
 
 void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m,
@@ -47,6 +90,7 @@ void gemm_batched(const BlasContext& blas, bool trans_a, bool trans_b, std::int6
       blas.handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb, k * n, a, lda,
       m * k, &beta, c, static_cast<int>(n), m * n, static_cast<int>(batch)));
+  mark_written(c, static_cast<std::size_t>(m * n * batch) * sizeof(float), stream);
 }
 
 void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
@@ -71,6 +115,8 @@ void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m
       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type, ldb, k * n, a,
       type, lda, m * k, &beta, c, c_type, static_cast<int>(n), m * n, static_cast<int>(batch),
       tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  mark_written(c, static_cast<std::size_t>(m * n * batch) * (c_type == CUDA_R_32F ? 4u : 2u),
+               stream);
 }
 
 namespace {
@@ -154,6 +200,19 @@ LtGemm::LtGemm(cublasLtHandle_t handle, bool trans_a, bool trans_b, std::int64_t
     GW_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b,
                                                    sizeof(op_lt_b)));
     set_epilogue(type, n);
+    // What a launch writes (Note [GEMM outputs and initcheck]): C; BGRADB's gradient, a value
+    // per row of our C; a forward epilogue's aux matrix, ReLU's padded bit mask or GELU's input
+    // laid out like C (a backward epilogue reads its aux).
+    const std::size_t elt = options.bf16 ? 2u : 4u;
+    const auto um = static_cast<std::size_t>(m), un = static_cast<std::size_t>(n);
+    c_bytes_ = um * un * static_cast<std::size_t>(std::max<std::int64_t>(options.batch, 1)) *
+               (options.f32_out ? 4u : elt);
+    if (options.bias_grad_a) bias_grad_bytes_ = um * (options.f32_out ? 4u : elt);
+    if (epilogue_has_aux(options.epilogue) && !epilogue_is_backward(options.epilogue)) {
+      aux_bytes_ = epilogue_relu_mask(options.epilogue)
+                       ? static_cast<std::size_t>(relu_mask_bytes(m, n))
+                       : um * un * elt;
+    }
     make_layouts(type, op_lt_a == CUBLAS_OP_N, op_lt_b == CUBLAS_OP_N,
                  static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m),
                  static_cast<std::uint64_t>(k));
@@ -391,8 +450,14 @@ cublasStatus_t LtGemm::launch(const cublasLtMatmulAlgo_t& algo, float alpha, con
       aux_ = aux;
     }
   }
-  return cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_, c, c_, &algo, workspace,
-                        workspace_bytes, stream);
+  const cublasStatus_t status = cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_,
+                                               c, c_, &algo, workspace, workspace_bytes, stream);
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    mark_written(c, c_bytes_, stream);
+    if (options_.bias_grad_a) mark_written(bias_grad, bias_grad_bytes_, stream);
+    if (aux_bytes_ != 0) mark_written(aux, aux_bytes_, stream);  // a forward epilogue's
+  }
+  return status;
 }
 
 void LtGemm::run(float alpha, const void* a, const void* b, float beta, void* c, void* workspace,

@@ -227,6 +227,9 @@ class LtGemm {
   int n_candidates_ = 0;
   const void* bias_ = nullptr;  // the bias pointer currently set on desc_
   void* aux_ = nullptr;         // the epilogue's aux pointer currently set on desc_
+  // What a launch writes, in bytes (Note [GEMM outputs and initcheck], kernels/gemm.cu): C (every
+  // matrix of a batch), the fused bias gradient, the epilogue's aux matrix.
+  std::size_t c_bytes_ = 0, bias_grad_bytes_ = 0, aux_bytes_ = 0;
   bool usable_ = false;
 };
 #endif

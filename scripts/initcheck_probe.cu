@@ -7,14 +7,19 @@
 // loads. Before each trial the program prints a line
 //   PROBE <trial> <mode> m <m> n <n> k <k> <layout> bf16 <epilogue> algo <id> tile <t> stages <s>
 //   splitK <k>
-// so that a report belongs to the trial whose line precedes it. A diagnostic, not part of the
-// library: every figure it prints is the tool's behaviour, not graphward's.
+// so that a report belongs to the trial whose line precedes it. With --mark each GEMM is followed by
+// the NVTX mark graphward's GEMMs make (Note [GEMM outputs and initcheck], kernels/gemm.cu): C
+// marked written on the GEMM's stream — inside the capture in the graphed modes — and the lines
+// say "marked". A diagnostic, not part of the library: every figure it prints is the tool's
+// behaviour, not graphward's.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExtMemCudaRt.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CHECK_CUDA(x)                                                                 \
@@ -58,7 +63,23 @@ int attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t 
   return v;
 }
 
-int main() {
+void mark_written(const void* p, size_t bytes, cudaStream_t stream) {
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("initcheck_probe");
+  nvtxMemVirtualRangeDesc_t range{};
+  range.size = bytes;
+  range.ptr = p;
+  nvtxMemMarkInitializedBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescCount = 1;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+}
+
+int main(int argc, char** argv) {
+  const bool mark = argc > 1 && std::strcmp(argv[1], "--mark") == 0;
   // The GEMMs of the bfloat16 examples and tests: a small model's (32 tokens), the transformer
   // bench's b32 s128 d256 (4096 tokens, widths 256, 768 and 1024) and a weight gradient.
   const Shape shapes[] = {{48, 32, 96}, {256, 4096, 256}, {768, 4096, 256},
@@ -125,8 +146,9 @@ int main() {
             const bool graphed = mode[0] == 'g';
             __nv_bfloat16* c = nullptr;  // never written before the GEMM
             CHECK_CUDA(cudaMalloc(&c, c_n * 2));
-            std::printf("PROBE %d %s m %d n %d k %d %s bf16 %s algo %d tile %d stages %d splitK %d\n",
-                        trial++, mode, s.m, s.n, s.k,
+            std::printf("PROBE %d %s%s m %d n %d k %d %s bf16 %s algo %d tile %d stages %d "
+                        "splitK %d\n",
+                        trial++, mode, mark ? "+marked" : "", s.m, s.n, s.k,
                         trans_a ? "TN" : "NN", bias ? "bias" : "none",
                         attr(algo, CUBLASLT_ALGO_CONFIG_ID), attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
                         attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
@@ -140,6 +162,7 @@ int main() {
             }
             CHECK_LT(cublasLtMatmul(lt, op, &one, a, la, b, lb, &zero, c, lc, c, lc, &algo,
                                     workspace, workspace_bytes, stream));
+            if (mark) mark_written(c, c_n * 2, stream);
             read_all<<<64, 256, 0, stream>>>(c, static_cast<long long>(c_n), sum);
             CHECK_CUDA(cudaGetLastError());
             if (graphed) {
