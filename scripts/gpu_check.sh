@@ -18,7 +18,8 @@
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
 # shards of each tool, run in parallel; default 3 for memcheck and synccheck, 4 for racecheck, 12
-# for initcheck), GW_SANITIZER_SERIAL=1 (the
+# for initcheck; GW_SANITIZER_SHARDS_<tool>, e.g. GW_SANITIZER_SHARDS_initcheck, for one tool's),
+# GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_SANITIZER_FILTER (a GTest filter for the
 # tools' runs alone; GTEST_FILTER in the environment would also narrow the tests ctest discovers
@@ -279,7 +280,8 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     racecheck) shards=4 ;;
     initcheck) shards=12 ;;
   esac
-  shards=${GW_SANITIZER_SHARDS:-$shards}
+  local per_tool=GW_SANITIZER_SHARDS_$tool
+  shards=${!per_tool:-${GW_SANITIZER_SHARDS:-$shards}}
   local start=$SECONDS i
   for ((i = 0; i < shards; i++)); do
     (
