@@ -11,7 +11,7 @@
 #include "kernels/gemm.h"
 
 #if defined(GRAPHWARD_NVTX) && GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
-#include <nvtx3/nvToolsExtMemCudaRt.h>
+#include "kernels/nvtx_mark.h"
 #define GRAPHWARD_NVTX_MEM 1
 #else
 #define GRAPHWARD_NVTX_MEM 0
@@ -35,19 +35,8 @@ namespace {
 // graphward launches, and no reports of them.
 void mark_written(const void* p, std::size_t bytes, cudaStream_t stream) {
 #if GRAPHWARD_NVTX_MEM
-  if (p == nullptr || bytes == 0) return;
   static const nvtxDomainHandle_t domain = nvtxDomainCreateA("graphward");
-  nvtxMemVirtualRangeDesc_t range{};
-  range.size = bytes;
-  range.ptr = p;
-  nvtxMemMarkInitializedBatch_t batch{};
-  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-  batch.structSize = sizeof(batch);
-  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+  nvtx_mark_initialized(domain, p, bytes, stream);
 #else
   (void)p, (void)bytes, (void)stream;
 #endif
@@ -452,10 +441,10 @@ cublasStatus_t LtGemm::launch(const cublasLtMatmulAlgo_t& algo, float alpha, con
   }
   const cublasStatus_t status = cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_,
                                                c, c_, &algo, workspace, workspace_bytes, stream);
-  if (status == CUBLAS_STATUS_SUCCESS) {
+  if (status == CUBLAS_STATUS_SUCCESS) {  // each size 0 where the plan writes no such output
     mark_written(c, c_bytes_, stream);
-    if (options_.bias_grad_a) mark_written(bias_grad, bias_grad_bytes_, stream);
-    if (aux_bytes_ != 0) mark_written(aux, aux_bytes_, stream);  // a forward epilogue's
+    mark_written(bias_grad, bias_grad_bytes_, stream);
+    mark_written(aux, aux_bytes_, stream);
   }
   return status;
 }

@@ -15,7 +15,8 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExtMemCudaRt.h>
+
+#include "kernels/nvtx_mark.h"  // the library's mark (built with -I at the repository's root)
 
 #include <cstdio>
 #include <cstdlib>
@@ -63,23 +64,9 @@ int attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t 
   return v;
 }
 
-void mark_written(const void* p, size_t bytes, cudaStream_t stream) {
-  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("initcheck_probe");
-  nvtxMemVirtualRangeDesc_t range{};
-  range.size = bytes;
-  range.ptr = p;
-  nvtxMemMarkInitializedBatch_t batch{};
-  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-  batch.structSize = sizeof(batch);
-  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
-}
-
 int main(int argc, char** argv) {
   const bool mark = argc > 1 && std::strcmp(argv[1], "--mark") == 0;
+  const nvtxDomainHandle_t domain = nvtxDomainCreateA("initcheck_probe");
   // The GEMMs of the bfloat16 examples and tests: a small model's (32 tokens), the transformer
   // bench's b32 s128 d256 (4096 tokens, widths 256, 768 and 1024) and a weight gradient.
   const Shape shapes[] = {{48, 32, 96}, {256, 4096, 256}, {768, 4096, 256},
@@ -162,7 +149,7 @@ int main(int argc, char** argv) {
             }
             CHECK_LT(cublasLtMatmul(lt, op, &one, a, la, b, lb, &zero, c, lc, c, lc, &algo,
                                     workspace, workspace_bytes, stream));
-            if (mark) mark_written(c, c_n * 2, stream);
+            if (mark) graphward::kernels::nvtx_mark_initialized(domain, c, c_n * 2, stream);
             read_all<<<64, 256, 0, stream>>>(c, static_cast<long long>(c_n), sum);
             CHECK_CUDA(cudaGetLastError());
             if (graphed) {

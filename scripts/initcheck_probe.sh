@@ -18,9 +18,10 @@ out=${1:-$GW_BUILD_DIR/initcheck_probe}
 mkdir -p "$out" "$GW_BUILD_DIR"
 bin=$GW_BUILD_DIR/initcheck_probe
 nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-if [ ! -x "$bin" ] || [ "$GW_ROOT/scripts/initcheck_probe.cu" -nt "$bin" ]; then
-  "$nvcc_bin" -std=c++17 -O2 -arch=sm_90 "$GW_ROOT/scripts/initcheck_probe.cu" -lcublasLt \
-    -ldl -o "$bin" || exit 2
+if [ ! -x "$bin" ] || [ "$GW_ROOT/scripts/initcheck_probe.cu" -nt "$bin" ] ||
+   [ "$GW_ROOT/kernels/nvtx_mark.h" -nt "$bin" ]; then
+  "$nvcc_bin" -std=c++17 -O2 -arch=sm_90 -I "$GW_ROOT" "$GW_ROOT/scripts/initcheck_probe.cu" \
+    -lcublasLt -ldl -o "$bin" || exit 2
 fi
 # The kernels of each trial, in order (no sanitizer): CUPTI's records between two reads.
 if scripts_dir=$(dirname "${BASH_SOURCE[0]}") &&
