@@ -9,9 +9,9 @@
 
 #include "base/error.h"
 #include "kernels/gemm.h"
+#include "kernels/nvtx_mark.h"
 
 #if defined(GRAPHWARD_NVTX) && GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
-#include "kernels/nvtx_mark.h"
 #define GRAPHWARD_NVTX_MEM 1
 #else
 #define GRAPHWARD_NVTX_MEM 0
@@ -19,7 +19,6 @@
 
 namespace graphward::kernels {
 
-namespace {
 // Note [GEMM outputs and initcheck]
 // compute-sanitizer's initcheck does not see the stores of the GEMM kernels cuBLAS and cuBLASLt
 // run on Hopper for bfloat16 (the nvjet kernels, cuBLASLt's algorithm 66, which store their tiles
@@ -27,12 +26,17 @@ namespace {
 // later read of it is reported — graphward's kernels', cuBLASLt's own epilogue kernels', cuDNN's
 // (139,455 reports in one run of the bfloat16 transformer example, every one an address a GEMM had
 // written; scripts/initcheck_probe.sh shows the same on a bare cuBLASLt program, in every trial).
-// So each GEMM tells the tool what it writes — C, and a fused epilogue's bias gradient and aux
-// matrix — through NVTX's memory API (nvtxMemCudaMarkInitialized, ordered on the GEMM's stream):
-// the bytes the GEMM writes by its contract and no others, so a read of anything else is still
+// cuDNN's fused attention kernels on Hopper store the same way: the output and statistics of the
+// forward, the three gradients of the backward (50,000 reports of cuBLASLt's bias-gradient kernel
+// reading the QKV gradient, and cuDNN's own backward reading the output, once the GEMMs marked
+// theirs).
+// So each GEMM and each fused attention call tells the tool what it writes — C, a fused
+// epilogue's bias gradient and aux matrix; attention's O and statistics, or dQ, dK and dV —
+// through NVTX's memory API (nvtxMemCudaMarkInitialized, ordered on the launch's stream):
+// the bytes the call writes by its contract and no others, so a read of anything else is still
 // reported. Without a tool attached the call is a pointer check; built without NVTX, nothing.
-// A user running initcheck on a program that uses graphward gets the same treatment of the GEMMs
-// graphward launches, and no reports of them.
+// A user running initcheck on a program that uses graphward gets the same treatment of the
+// kernels graphward launches, and no reports of them.
 void mark_written(const void* p, std::size_t bytes, cudaStream_t stream) {
 #if GRAPHWARD_NVTX_MEM
   static const nvtxDomainHandle_t domain = nvtxDomainCreateA("graphward");
@@ -41,7 +45,6 @@ void mark_written(const void* p, std::size_t bytes, cudaStream_t stream) {
   (void)p, (void)bytes, (void)stream;
 #endif
 }
-}  // namespace
 
 void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, float alpha, const float* a, const float* b, float beta, float* c,

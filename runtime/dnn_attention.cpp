@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/nvtx_mark.h"
 #include "runtime/capture_mode.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -226,6 +227,11 @@ void sdpa_forward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* o
       {kQ, mut(q)}, {kK, mut(k)}, {kV, mut(v)}, {kO, o}, {kStats, stats}};
   add_rng(pack, g, rng, "scaled_dot_product_attention");
   execute(*p.forward, handle, pack, ws);
+  // What the kernels wrote, for initcheck (Note [GEMM outputs and initcheck], kernels/gemm.cu):
+  // o, contiguous packed or not, and the statistics.
+  const auto rows = static_cast<std::size_t>(g.n * g.tq);
+  kernels::mark_written(o, rows * static_cast<std::size_t>(g.dv) * sizeof(bf16), stream);
+  kernels::mark_written(stats, rows * sizeof(float), stream);
 }
 
 void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* dq, bf16* dk,
@@ -241,6 +247,19 @@ void sdpa_backward(Device device, cudaStream_t stream, const SdpaGeom& g, bf16* 
       {kStats, mut(stats)}, {kDQ, dq}, {kDK, dk},    {kDV, dv}};
   add_rng(pack, g, rng, "scaled_dot_product_attention_backward");
   execute(*p.backward, handle, pack, ws);
+  // What the kernels wrote (Note [GEMM outputs and initcheck], kernels/gemm.cu): packed, the
+  // three windows tile the one [b · tq, 3 · heads · d] gradient that starts at dq; else three
+  // contiguous tensors.
+  const auto elems = [](std::int64_t a, std::int64_t b, std::int64_t c) {
+    return static_cast<std::size_t>(a * b * c) * sizeof(bf16);
+  };
+  if (g.heads > 0) {
+    kernels::mark_written(dq, elems(g.n, g.tq, 3 * g.d), stream);
+  } else {
+    kernels::mark_written(dq, elems(g.n, g.tq, g.d), stream);
+    kernels::mark_written(dk, elems(g.n, g.tk, g.d), stream);
+    kernels::mark_written(dv, elems(g.n, g.tk, g.dv), stream);
+  }
 }
 
 }  // namespace graphward::dnn

@@ -299,16 +299,24 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   for ((i = 0; i < shards; i++)); do
     read -r r <"$LOG_DIR/sanitizer_$tool.$i.rc"
     [ "$rc" -eq 0 ] && rc=$r
-    [ "$r" -ne 0 ] && [ "$r" -ne 99 ] && others=1  # a timeout, a crash, a failed test
+    [ "$r" -ne 0 ] && [ "$r" -ne 99 ] && others=1  # a timeout, a crash
+    # A test that failed, or a tool that broke (its "Internal Sanitizer Error"), fails the tool's
+    # run whatever the exit status says: --error-exitcode's 99 stands for a failed test too.
+    grep -q -E '^\[  FAILED  \]|Internal Sanitizer Error' "$LOG_DIR/sanitizer_$tool.$i.log" &&
+      others=1
     cat "$LOG_DIR/sanitizer_$tool.$i.log" >>"$LOG_DIR/sanitizer_$tool.log"
     n=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOG_DIR/sanitizer_$tool.$i.log" | head -1)
     passed=$((passed + ${n:-0}))
     rm -f "$LOG_DIR/sanitizer_$tool.$i.log" "$LOG_DIR/sanitizer_$tool.$i.rc"
   done
+  [ "$others" -eq 1 ] && [ "$rc" -eq 0 ] && rc=1
   local log="$LOG_DIR/sanitizer_$tool.log"
   if [ "$rc" -eq 99 ] && [ "$others" -eq 0 ] && ! grep -q 'errors were not printed' "$log"; then
     local errors allowed
-    errors=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) errors\{0,1\}$/\1/p' "$log" |
+    # memcheck, synccheck and initcheck count their reports in ERROR SUMMARY, racecheck its
+    # hazards in RACECHECK SUMMARY.
+    errors=$(sed -n -e 's/^========= ERROR SUMMARY: \([0-9]*\) errors\{0,1\}$/\1/p' \
+      -e 's/^========= RACECHECK SUMMARY: \([0-9]*\) hazards\{0,1\} displayed.*/\1/p' "$log" |
       awk '{ s += $1 } END { print s + 0 }')
     allowed=$(sanitizer_known_reports "$tool" <"$log")
     if [ "$errors" -eq "$allowed" ]; then
