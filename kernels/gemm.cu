@@ -26,10 +26,10 @@ namespace graphward::kernels {
 // later read of it is reported — graphward's kernels', cuBLASLt's own epilogue kernels', cuDNN's
 // (139,455 reports in one run of the bfloat16 transformer example, every one an address a GEMM had
 // written; scripts/initcheck_probe.sh shows the same on a bare cuBLASLt program, in every trial).
-// cuDNN's fused attention kernels on Hopper store the same way: the output and statistics of the
-// forward, the three gradients of the backward (50,000 reports of cuBLASLt's bias-gradient kernel
-// reading the QKV gradient, and cuDNN's own backward reading the output, once the GEMMs marked
-// theirs).
+// cuDNN's fused attention marks its outputs the same way, by its contract: the attention tests
+// drew no report without the marks, but once the GEMMs marked theirs the example's remaining
+// reports included 2,048 by the first kernel of cuDNN's attention backward, which reads the
+// forward's output and its gradient (a marked GEMM's output); the marks rule the former out.
 // So each GEMM and each fused attention call tells the tool what it writes — C, a fused
 // epilogue's bias gradient and aux matrix; attention's O and statistics, or dQ, dK and dV —
 // through NVTX's memory API (nvtxMemCudaMarkInitialized, ordered on the launch's stream):
