@@ -99,6 +99,14 @@ std::vector<Tensor> flatten(const std::vector<ParamGroup>& groups) {
   return params;
 }
 
+// A CPU step's rate (Note [Learning-rate schedule], kernels/optim.h): the peak held in `lr`,
+// scheduled at the parameter's count, in the parameters' type.
+template <class T>
+T scheduled(const Tensor& lr, double step, const kernels::LrSchedule& schedule) {
+  return static_cast<T>(
+      kernels::scheduled_lr(static_cast<double>(ptr<T>(lr)[0]), step, schedule));
+}
+
 }  // namespace
 
 std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
@@ -109,8 +117,19 @@ std::vector<ParamGroup> decay_matrices_only(const std::vector<Tensor>& params) {
 }
 
 Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double lr,
-                     double weight_decay)
+                     double weight_decay, const std::optional<LrSchedule>& schedule)
     : name_(name), params_(flatten(groups)), lr_value_(lr) {
+  if (schedule) {
+    const LrSchedule& sc = *schedule;
+    GW_CHECK(sc.warmup_steps >= 0 && sc.total_steps > sc.warmup_steps &&
+                 sc.total_steps <= (std::int64_t{1} << 53),
+             name, ": a schedule of ", sc.warmup_steps, " warm-up steps in ", sc.total_steps,
+             "; expected 0 <= warmup_steps < total_steps <= 2^53");
+    GW_CHECK(sc.final_lr_fraction >= 0 && sc.final_lr_fraction <= 1, name,
+             ": final_lr_fraction is ", sc.final_lr_fraction, "; expected a number in [0, 1]");
+    schedule_ = {static_cast<double>(sc.warmup_steps), static_cast<double>(sc.total_steps),
+                 sc.final_lr_fraction};
+  }
   check_params(name_, params_);
   check_distinct_leaves(name_, params_);
   dtype_ = statistics_dtype(params_.front().dtype());  // bfloat16 parameters: float32 math
@@ -163,6 +182,11 @@ void Optimizer::set_lr(double lr) {
   }
   target.bump_version();
   lr_value_ = lr;
+}
+
+double Optimizer::lr_at(std::int64_t step) const {
+  GW_CHECK(step >= 0, name_, "::lr_at: step ", step, "; expected at least 0");
+  return kernels::scheduled_lr(lr_value_, static_cast<double>(step), schedule_);
 }
 
 std::int64_t Optimizer::steps() const {
@@ -352,13 +376,13 @@ Sgd::Sgd(std::vector<Tensor> params, SgdOptions o)
     : Sgd(std::vector<ParamGroup>{{.params = std::move(params)}}, o) {}
 
 Sgd::Sgd(std::vector<ParamGroup> groups, SgdOptions o)
-    : Optimizer("Sgd", std::move(groups), o.lr, o.weight_decay) {
+    : Optimizer("Sgd", std::move(groups), o.lr, o.weight_decay, o.schedule) {
   check_hyper(name_, "momentum", o.momentum, 0, false, dtype_);
   check_hyper(name_, "dampening", o.dampening, 0, false, dtype_, 1);
   GW_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), name_,
            ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
            ", dampening ", o.dampening);
-  hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov};
+  hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov, schedule_};
   if (o.momentum != 0) {
     for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
   }
@@ -385,14 +409,14 @@ void Sgd::update_cpu(std::size_t i) {
     CpuData<float> d(true);
     float* master = ptr<float>(masters_[i]);
     k::cpu::sgd_step<float>(master, d.in(p.grad()), buf ? ptr<float>(*buf) : nullptr, p.numel(),
-                            ptr<float>(lr_)[0], step, hp);
+                            scheduled<float>(lr_, step, schedule_), step, hp);
     std::copy_n(master, p.numel(), d.out(p));
     d.commit();
     return;
   }
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::sgd_step<T>(ptr<T>(p), ptr<T>(p.grad()), buf ? ptr<T>(*buf) : nullptr, p.numel(),
-                        ptr<T>(lr_)[0], step, hp);
+                        scheduled<T>(lr_, step, schedule_), step, hp);
   });
 }
 
@@ -400,12 +424,12 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
     : AdamW(std::vector<ParamGroup>{{.params = std::move(params)}}, o) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
-    : Optimizer("AdamW", std::move(groups), o.lr, o.weight_decay) {
+    : Optimizer("AdamW", std::move(groups), o.lr, o.weight_decay, o.schedule) {
   check_hyper(name_, "beta1", o.beta1, 0, false, dtype_, 1);
   check_hyper(name_, "beta2", o.beta2, 0, false, dtype_, 1);
   GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
   check_hyper(name_, "eps", o.eps, 0, true, dtype_);
-  hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay};
+  hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay, schedule_};
   for (const Tensor& p : params_) {
     state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
     state_[1].push_back(zeros(p.shape(), {dtype_, device_}));
@@ -434,14 +458,14 @@ void AdamW::update_cpu(std::size_t i) {
     CpuData<float> d(true);
     float* master = ptr<float>(masters_[i]);
     k::cpu::adamw_step<float>(master, d.in(p.grad()), ptr<float>(m), ptr<float>(v), p.numel(),
-                              ptr<float>(lr_)[0], step, hp);
+                              scheduled<float>(lr_, step, schedule_), step, hp);
     std::copy_n(master, p.numel(), d.out(p));
     d.commit();
     return;
   }
   dispatch_cpu(p.dtype(), [&]<class T>() {
     k::cpu::adamw_step<T>(ptr<T>(p), ptr<T>(p.grad()), ptr<T>(m), ptr<T>(v), p.numel(),
-                          ptr<T>(lr_)[0], step, hp);
+                          scheduled<T>(lr_, step, schedule_), step, hp);
   });
 }
 

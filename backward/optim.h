@@ -38,12 +38,24 @@
 
 namespace graphward {
 
+// The learning rate as llm.c and nanoGPT schedule it (Note [Learning-rate schedule],
+// kernels/optim.h): linear warm-up over warmup_steps to the optimizer's lr, then a cosine decay to
+// final_lr_fraction · lr at total_steps, held after. Computed on the device from each parameter's
+// step count at every step, so a captured step replays the schedule with no host work; lr (and
+// set_lr) is the peak.
+struct LrSchedule {
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 0;  // > warmup_steps
+  double final_lr_fraction = 0.0;  // in [0, 1]
+};
+
 struct SgdOptions {
   double lr = 0.01;
   double momentum = 0;
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;
+  std::optional<LrSchedule> schedule = std::nullopt;  // unset: lr at every step
 };
 
 struct AdamWOptions {
@@ -52,6 +64,7 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
+  std::optional<LrSchedule> schedule = std::nullopt;  // unset: lr at every step
 };
 
 // Parameters with hyperparameters of their own, as torch.optim's param_groups: the weight decay,
@@ -86,6 +99,10 @@ class Optimizer {
   // step reads (a captured step replayed after it uses the new rate).
   void set_lr(double lr);
   double lr() const { return lr_value_; }
+  // The rate a parameter whose step count is `step` is updated with at its next step: lr() where
+  // there is no schedule (LrSchedule), else the schedule's value at that count (in double; the
+  // update uses it rounded to the parameters' type).
+  double lr_at(std::int64_t step) const;
   // Step counts are per parameter, as in PyTorch: a step counts for the parameters it updated
   // (those with a .grad), and AdamW's bias correction follows each parameter's own count, so a
   // parameter that had no gradient for a while (a frozen layer) starts where it left off. Read
@@ -105,7 +122,8 @@ class Optimizer {
 
  protected:
   // The groups' parameters in order, their weight decays checked and kept (weight_decay_).
-  Optimizer(const char* name, std::vector<ParamGroup> groups, double lr, double weight_decay);
+  Optimizer(const char* name, std::vector<ParamGroup> groups, double lr, double weight_decay,
+            const std::optional<LrSchedule>& schedule);
   // One step over the parameters (Note [Multi-tensor step], kernels/optim.h): each parameter with
   // a .grad is ordered after its .grad's, its own and its state's users on the current stream of
   // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
@@ -121,6 +139,7 @@ class Optimizer {
   DType dtype_ = DType::kFloat32;  // the parameters' math: float32 for bfloat16 parameters
   std::vector<Tensor> masters_;    // bfloat16 parameters' float32 masters (else empty)
   double lr_value_;
+  kernels::LrSchedule schedule_;      // total 0: none
   std::vector<double> weight_decay_;  // each parameter's
   Device device_;
 

@@ -24,9 +24,11 @@ __device__ __forceinline__ float grad_at(const ParamSlice& s, std::int64_t i) {
 struct SgdF {
   float momentum, dampening;
   bool nesterov;
+  LrSchedule schedule;
 };
 struct AdamWF {
   float beta1, beta2, eps;
+  LrSchedule schedule;
 };
 
 // Note [Multi-tensor step] (optim.h). A launch's parameters, in its parameter block: parameter i
@@ -77,10 +79,10 @@ __device__ __forceinline__ void count_steps(const Batch& b, unsigned* done) {
 
 __global__ void sgd_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr,
                                 unsigned* done, SgdF hp) {
-  const float lr = *lr_ptr;
   unsigned block = 0, blocks = 0;
   const ParamSlice& t = my_slice(b, block, blocks);
   const bool first = *t.step == 0.0;
+  const float lr = static_cast<float>(scheduled_lr(*lr_ptr, *t.step, hp.schedule));
   float* p = t.p;
   float* buf = t.s1;
   GW_SLICE_STRIDE(i, block, blocks, t.n) {
@@ -121,9 +123,9 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 // bound by the memory's bandwidth, which one float a load leaves short.
 __global__ void adamw_step_kernel(const __grid_constant__ Batch b, const float* lr_ptr,
                                   unsigned* done, AdamWF hp) {
-  const float lr = *lr_ptr;
   unsigned block = 0, blocks = 0;
   const ParamSlice& s = my_slice(b, block, blocks);
+  const float lr = static_cast<float>(scheduled_lr(*lr_ptr, *s.step, hp.schedule));
   const double t = *s.step + 1.0;
   const float c1 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta1), t));
   const float c2 = static_cast<float>(1.0 - pow(static_cast<double>(hp.beta2), t));
@@ -220,13 +222,14 @@ __global__ void scale_by_kernel(S* x, const float* scale, std::int64_t n) {
 
 void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
               SgdParams hp, cudaStream_t stream) {
-  const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening), hp.nesterov};
+  const SgdF f{static_cast<float>(hp.momentum), static_cast<float>(hp.dampening), hp.nesterov,
+               hp.schedule};
   launch_batches(sgd_step_kernel, params, count, lr, done, f, 1, stream);
 }
 void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
                 AdamWParams hp, cudaStream_t stream) {
   const AdamWF f{static_cast<float>(hp.beta1), static_cast<float>(hp.beta2),
-                 static_cast<float>(hp.eps)};
+                 static_cast<float>(hp.eps), hp.schedule};
   launch_batches(adamw_step_kernel, params, count, lr, done, f, 4, stream);
 }
 template <class S>

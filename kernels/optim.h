@@ -5,6 +5,7 @@
 // that parameter took before this one), so that a captured optimizer step sees a changed learning
 // rate and counts its own steps when replayed. Semantics follow torch.optim.SGD and
 // torch.optim.AdamW, whose step counts are per parameter too.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include "base/config.h"
@@ -16,14 +17,41 @@
 
 namespace graphward::kernels {
 
+#if defined(__CUDACC__)
+#define GW_OPTIM_HD __host__ __device__
+#else
+#define GW_OPTIM_HD
+#endif
+
+// Note [Learning-rate schedule]
+// A step's learning rate may follow llm.c's and nanoGPT's schedule, computed where the step runs
+// from the learning rate held on the device (the peak; set_lr writes it) and the parameter's own
+// step count t (the steps it took before this one): a linear warm-up, peak · (t + 1) / warmup
+// while t < warmup, then a cosine decay to final_fraction · peak at t = total, held there after.
+// A captured step replayed computes each replay's rate from the counts the replays advance:
+// nothing is read back or written from the host. total = 0: no schedule, the rate is the peak.
+struct LrSchedule {
+  double warmup = 0, total = 0, final_fraction = 0;
+};
+GW_OPTIM_HD inline double scheduled_lr(double peak, double t, const LrSchedule& s) {
+  if (s.total <= 0) return peak;
+  if (t < s.warmup) return peak * (t + 1.0) / s.warmup;
+  double r = (t - s.warmup) / (s.total - s.warmup);
+  if (r > 1.0) r = 1.0;
+  const double low = peak * s.final_fraction;
+  return low + 0.5 * (1.0 + cos(3.141592653589793 * r)) * (peak - low);
+}
+
 // Hyperparameters in double (the CPU reference computes in the parameters' type; CUDA kernels
 // in float).
 struct SgdParams {
   double momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
+  LrSchedule schedule;
 };
 struct AdamWParams {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+  LrSchedule schedule;
 };
 
 // One parameter of a multi-tensor step: the parameter, its gradient, up to two state tensors of
@@ -63,6 +91,7 @@ constexpr std::size_t kMultiTensorMax = 48;
 //
 // wd: each slice's weight_decay (the parameter's group's); the hyperparameters' weight_decay is
 // what the CPU references read.
+// lr: the peak; each parameter's rate is scheduled_lr(lr[0], its count, hp.schedule).
 // Per parameter, SGD: g = grad + wd·p; with momentum: buf = (step == 0 ? g : momentum·buf +
 // (1 − dampening)·g), g = nesterov ? g + momentum·buf : buf; then p −= lr·g.
 void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,

@@ -366,5 +366,50 @@ TEST_F(CudaOptim, ACapturedStepReplaysAsEagerStepsDoAndCountsItsSteps) {
   }
 }
 
+// Note [Learning-rate schedule] on the GPU: scheduled steps match the CPU reference's, and a
+// captured step replayed computes each replay's rate from the device counts — bitwise the eager
+// scheduled steps, with nothing written from the host between replays.
+TEST_F(CudaOptim, AScheduledLearningRateMatchesTheCpuAndAdvancesInReplays) {
+  const LrSchedule sched{.warmup_steps = 2, .total_steps = 7, .final_lr_fraction = 0.1};
+  expect_matches_cpu<AdamW>(AdamWOptions{.lr = 0.01, .weight_decay = 0.1, .schedule = sched},
+                            "scheduled adamw");
+  expect_matches_cpu<Sgd>(SgdOptions{.lr = 0.05, .momentum = 0.9, .schedule = sched},
+                          "scheduled sgd");
+  Stream s(kGpu);
+  StreamGuard on(s);
+  const std::vector<Tensor> eager = params_on(kGpu), graphed = params_on(kGpu);
+  AdamW a(eager, {.lr = 0.01, .schedule = sched}), b(graphed, {.lr = 0.01, .schedule = sched});
+  set_grads(eager, 0);
+  set_grads(graphed, 0);
+  GraphMemoryPool pool(kGpu);
+  ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+  cudaGraphExec_t exec = capture(s, pool, [&] { b.step(); });
+  for (int step = 0; step < 10; ++step) {  // warm-up, decay and past the end
+    set_grads(eager, step);
+    set_grads(graphed, step);
+    a.step();
+    ASSERT_EQ(cudaGraphLaunch(exec, s.get()), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(s.get()), cudaSuccess);
+  EXPECT_EQ(b.steps(), 10);
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(graphed[i].to_vector<float>(), eager[i].to_vector<float>()) << "parameter " << i;
+  }
+  // And the eager scheduled steps are steps at lr_at(t): an unscheduled optimizer stepped with
+  // set_lr(lr_at(t)) lands within a float's rounding of the rate (the device's cosine against the
+  // host's).
+  const std::vector<Tensor> manual = params_on(kGpu);
+  AdamW m(manual, {.lr = 0.01});
+  for (int step = 0; step < 10; ++step) {
+    set_grads(manual, step);
+    m.set_lr(a.lr_at(step));
+    m.step();
+  }
+  for (std::size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_LT(rel_error(manual[i], eager[i]), 1e-6) << "parameter " << i;
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace graphward

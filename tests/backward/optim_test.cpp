@@ -109,6 +109,92 @@ TEST(OptimCpu, TheLearningRateAndTheStepCountLiveWithTheParameters) {
   EXPECT_EQ(opt2.steps(), 1);
 }
 
+// Note [Learning-rate schedule]: llm.c's get_learning_rate written out — warm-up (t + 1) / warmup,
+// then cosine to final_lr_fraction · lr at total_steps, held after.
+TEST(OptimCpu, AScheduledLearningRateIsLlmcsWarmUpAndCosineDecay) {
+  const Tensor p = param({3}, 6);
+  const double peak = 6e-4, low = 0.1 * peak;
+  AdamW opt({p}, {.lr = peak,
+                  .schedule = LrSchedule{.warmup_steps = 10, .total_steps = 110,
+                                         .final_lr_fraction = 0.1}});
+  for (std::int64_t t : {0, 3, 9}) EXPECT_DOUBLE_EQ(opt.lr_at(t), peak * (t + 1) / 10.0) << t;
+  EXPECT_DOUBLE_EQ(opt.lr_at(10), peak);
+  for (std::int64_t t : {10, 35, 60, 85, 109}) {
+    const double r = (t - 10) / 100.0;
+    EXPECT_NEAR(opt.lr_at(t), low + 0.5 * (1 + std::cos(M_PI * r)) * (peak - low), 1e-18) << t;
+  }
+  EXPECT_NEAR(opt.lr_at(60), 0.5 * (peak + low), 1e-18);
+  EXPECT_DOUBLE_EQ(opt.lr_at(110), low);
+  EXPECT_DOUBLE_EQ(opt.lr_at(5000), low);
+  EXPECT_EQ(opt.lr(), peak) << "lr() is the peak";
+  opt.set_lr(2 * peak);
+  EXPECT_DOUBLE_EQ(opt.lr_at(5), 2 * peak * 6 / 10.0) << "set_lr moves the peak";
+  AdamW plain({p}, {.lr = peak});
+  EXPECT_EQ(plain.lr_at(0), peak);
+  EXPECT_EQ(plain.lr_at(12345), peak);
+  GW_EXPECT_ERROR(plain.lr_at(-1), "AdamW::lr_at", "step -1");
+}
+
+// The scheduled steps are the steps an unscheduled optimizer takes with set_lr(lr_at(t)) before
+// each: bitwise, for SGD with momentum and for AdamW, parameter by parameter — a parameter without
+// a gradient for a while keeps its count, and its schedule with it.
+TEST(OptimCpu, ScheduledStepsAreStepsAtTheScheduledRateEachParameterAtItsOwnCount) {
+  const LrSchedule sched{.warmup_steps = 3, .total_steps = 9, .final_lr_fraction = 0.2};
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<Tensor> a{param({5}, 7), param({4}, 8)}, b{param({5}, 7), param({4}, 8)};
+    std::unique_ptr<Optimizer> scheduled, manual;
+    if (which == 0) {
+      scheduled = std::make_unique<Sgd>(a, SgdOptions{.lr = 0.1, .momentum = 0.9, .schedule = sched});
+      manual = std::make_unique<Sgd>(std::vector<Tensor>{b[0]}, SgdOptions{.lr = 0.1, .momentum = 0.9});
+    } else {
+      scheduled = std::make_unique<AdamW>(a, AdamWOptions{.lr = 0.1, .schedule = sched});
+      manual = std::make_unique<AdamW>(std::vector<Tensor>{b[0]}, AdamWOptions{.lr = 0.1});
+    }
+    std::unique_ptr<Optimizer> manual1 =
+        which == 0 ? std::unique_ptr<Optimizer>(std::make_unique<Sgd>(
+                         std::vector<Tensor>{b[1]}, SgdOptions{.lr = 0.1, .momentum = 0.9}))
+                   : std::make_unique<AdamW>(std::vector<Tensor>{b[1]}, AdamWOptions{.lr = 0.1});
+    std::int64_t count1 = 0;
+    for (int step = 0; step < 14; ++step) {
+      const bool second = step < 2 || step > 6;  // the second parameter frozen for steps 2..6
+      set_grad(a[0], grads_for(step, 5));
+      set_grad(b[0], grads_for(step, 5));
+      if (second) {
+        set_grad(a[1], grads_for(step + 50, 4));
+        set_grad(b[1], grads_for(step + 50, 4));
+      } else {
+        a[1].grad() = Tensor();
+      }
+      scheduled->step();
+      manual->set_lr(scheduled->lr_at(step));
+      manual->step();
+      if (second) {
+        manual1->set_lr(scheduled->lr_at(count1++));
+        manual1->step();
+      }
+      ASSERT_EQ(values(a[0]), values(b[0])) << which << " step " << step;
+      ASSERT_EQ(values(a[1]), values(b[1])) << which << " step " << step;
+    }
+    EXPECT_EQ(scheduled->steps(1), count1);
+  }
+}
+
+TEST(OptimCpu, ABadScheduleIsRefusedByName) {
+  const Tensor p = param({3}, 9);
+  GW_EXPECT_ERROR(AdamW({p}, {.schedule = LrSchedule{.warmup_steps = -1, .total_steps = 10}}),
+                  "AdamW", "-1 warm-up steps in 10", "0 <= warmup_steps < total_steps");
+  GW_EXPECT_ERROR(AdamW({p}, {.schedule = LrSchedule{.warmup_steps = 10, .total_steps = 10}}),
+                  "AdamW", "10 warm-up steps in 10");
+  GW_EXPECT_ERROR(Sgd({p}, {.schedule = LrSchedule{.total_steps = 0}}), "Sgd", "in 0");
+  GW_EXPECT_ERROR(AdamW({p}, {.schedule = LrSchedule{.total_steps = (std::int64_t{1} << 53) + 1}}),
+                  "AdamW", "2^53");
+  for (double f : {-0.1, 1.5, std::nan("")}) {
+    GW_EXPECT_ERROR(
+        AdamW({p}, {.schedule = LrSchedule{.total_steps = 10, .final_lr_fraction = f}}), "AdamW",
+        "final_lr_fraction", "in [0, 1]");
+  }
+}
+
 TEST(OptimCpu, ZeroGradWritesZerosIntoTheSameBuffers) {
   const Tensor p = param({4}, 6);
   set_grad(p, {1, 2, 3, 4});
