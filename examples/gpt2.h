@@ -174,4 +174,142 @@ class Gpt2Model {
   Tensor lnf_w_, lnf_b_;
 };
 
+// How GPT-2 is trained, as llm.c trains it: AdamW (β 0.9 / 0.95, weight decay on the matrices
+// only: decay_matrices_only), the learning rate warmed up and decayed on the device
+// (LrSchedule), the gradients' global norm clipped on the device, `accum` micro-batches a step.
+struct Gpt2TrainConfig {
+  Gpt2Config model;
+  int accum = 1;  // micro-batches a step, their gradients accumulated
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95;
+  double clip = 1.0;  // 0: no clipping
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 0;  // 0: no schedule (the peak at every step)
+  double final_lr_fraction = 0.0;
+  bool bf16 = false;  // the forward under Autocast
+};
+
+// One training run: the model, AdamW and the mode's machinery. step(x, y) trains on one step's
+// micro-batches (x[k] int32 [batch, seq], y[k] int32 [batch · seq], k < accum) and returns the
+// step's mean loss (a device tensor; not read here). Every mode takes each step's own batch
+// tensors, as a training loop does (a StepGraph copies them into its slots, Note [Step inputs]).
+class Gpt2Trainer {
+ public:
+  Gpt2Trainer(const Gpt2TrainConfig& c, Device device, Mode mode)
+      : c_(c), device_(device), mode_(mode), model_(c.model, device),
+        opt_(decay_matrices_only(model_.params()), adamw_options(c)) {
+    GW_CHECK(c.accum >= 1, "Gpt2Trainer: accum is ", c.accum, "; expected at least 1");
+    GW_CHECK(c.clip >= 0, "Gpt2Trainer: clip is ", c.clip, "; expected at least 0 (0: none)");
+    GW_CHECK(mode != Mode::kStepGraphInBackward, "Gpt2Trainer: ", mode_name(mode),
+             " does not accumulate micro-batches or clip; expected eager, backward or step");
+    if (mode == Mode::kBackwardGraph) {
+      arena_ = std::make_unique<StepArena>(device);
+      bw_ = std::make_unique<BackwardGraph>(device);
+    }
+    if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
+    if (c.bf16) {  // the parameters the forward casts: one forward, nothing recorded
+      NoGradGuard no_grad;
+      Autocast probe;
+      const Batches d = Gpt2Model::data(one_batch(c.model), device);
+      (void)model_.loss(d.x.front(), d.t.front());
+      cast_parameters_ = probe.cast_parameters();
+    }
+  }
+
+  Tensor step(const std::vector<Tensor>& x, const std::vector<Tensor>& y) {
+    GW_CHECK(x.size() == static_cast<std::size_t>(c_.accum) && y.size() == x.size(),
+             "Gpt2Trainer::step: ", x.size(), " inputs and ", y.size(), " targets; expected ",
+             c_.accum, " of each (accum)");
+    switch (mode_) {
+      case Mode::kStepGraph: {
+        std::vector<Tensor> batch;
+        for (std::size_t k = 0; k < x.size(); ++k) batch.insert(batch.end(), {x[k], y[k]});
+        return step_graph_->run(batch, [&](const std::vector<Tensor>& in) {
+          std::vector<Tensor> xs, ys;
+          for (std::size_t k = 0; k < in.size(); k += 2) xs.push_back(in[k]), ys.push_back(in[k + 1]);
+          return train_step(xs, ys);
+        });
+      }
+      case Mode::kBackwardGraph: {
+        Tensor loss;
+        {
+          StepScope scope(*arena_);
+          loss = accumulate(x, y);
+          if (device_.is_cuda()) arena_->record_step_end(current_stream(device_));
+        }
+        finish();
+        return loss;
+      }
+      default:
+        return train_step(x, y);
+    }
+  }
+
+  const Gpt2Model& model() const { return model_; }
+  AdamW& optimizer() { return opt_; }
+  std::uint64_t captures() const {
+    if (bw_) return bw_->stats().counters.captures;
+    if (step_graph_) return step_graph_->counters().captures;
+    return 0;
+  }
+  std::uint64_t updates() const { return bw_ ? bw_->stats().counters.updates : 0; }
+
+ private:
+  static AdamWOptions adamw_options(const Gpt2TrainConfig& c) {
+    AdamWOptions o{.lr = c.model.lr, .beta1 = c.beta1, .beta2 = c.beta2,
+                   .weight_decay = c.weight_decay};
+    if (c.total_steps > 0) {
+      o.schedule = LrSchedule{.warmup_steps = c.warmup_steps, .total_steps = c.total_steps,
+                              .final_lr_fraction = c.final_lr_fraction};
+    }
+    return o;
+  }
+  static Gpt2Config one_batch(Gpt2Config m) {
+    m.batches = 1;
+    return m;
+  }
+  // The forward of one micro-batch, under Autocast where asked.
+  Tensor loss_of(const Tensor& x, const Tensor& y) const {
+    if (!c_.bf16) return model_.loss(x, y);
+    Autocast scope(cast_parameters_);
+    return model_.loss(x, y);
+  }
+  // Forward and backward of every micro-batch, the gradients of the mean loss accumulated in the
+  // .grads (the first overwrites them); the mean loss.
+  Tensor accumulate(const std::vector<Tensor>& x, const std::vector<Tensor>& y) {
+    const double scale = 1.0 / static_cast<double>(x.size());
+    Tensor total;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      const Tensor loss = x.size() == 1 ? loss_of(x[k], y[k]) : mul(loss_of(x[k], y[k]), scale);
+      const GradWrite write = k == 0 ? GradWrite::kOverwrite : GradWrite::kAccumulate;
+      if (bw_) {
+        bw_->backward(loss, write);
+      } else {
+        backward(loss, {.grad_write = write});
+      }
+      total = k == 0 ? loss.detach() : add(total, loss.detach());
+    }
+    return total;
+  }
+  void finish() {
+    if (c_.clip > 0) (void)clip_grad_norm(model_.params(), c_.clip);
+    opt_.step();
+  }
+  Tensor train_step(const std::vector<Tensor>& x, const std::vector<Tensor>& y) {
+    const Tensor loss = accumulate(x, y);
+    finish();
+    return loss;
+  }
+
+  Gpt2TrainConfig c_;
+  Device device_;
+  Mode mode_;
+  Gpt2Model model_;
+  AdamW opt_;
+  std::vector<Tensor> cast_parameters_;
+  std::unique_ptr<StepArena> arena_;
+  std::unique_ptr<BackwardGraph> bw_;
+  std::unique_ptr<StepGraph> step_graph_;
+};
+
 }  // namespace graphward::examples

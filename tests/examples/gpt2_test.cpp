@@ -11,6 +11,15 @@ namespace graphward {
 namespace {
 namespace ex = graphward::examples;
 
+// Rows [start, start + n) of int32 ids [rows, cols], as a new tensor.
+Tensor narrow_batch(const Tensor& ids, std::int64_t start, std::int64_t n) {
+  const std::vector<std::int32_t> v = ids.to_vector<std::int32_t>();
+  const std::int64_t cols = ids.size(1);
+  return from_vector(std::vector<std::int32_t>(v.begin() + start * cols,
+                                               v.begin() + (start + n) * cols),
+                     {n, cols}, ids.device());
+}
+
 ex::Gpt2Config tiny() {
   return {.batch = 4, .seq = 16, .depth = 2, .width = 32, .heads = 4, .vocab = 61,
           .padded_vocab = 64, .max_seq = 32, .batches = 2, .lr = 3e-3};
@@ -69,6 +78,63 @@ TEST(ExamplesCpu, Gpt2sLlmcInitializationAndItsPaddedVocabularyStayOutOfTheLoss)
   GW_EXPECT_ERROR(ex::Gpt2Model({.vocab = 100, .padded_vocab = 99}, Device::cpu()), "vocab 100",
                   "padded to 99");
   GW_EXPECT_ERROR(ex::Gpt2Model({.seq = 2048}, Device::cpu()), "seq 2048");
+}
+
+// Gpt2Trainer: two micro-batches of two sequences step the parameters as one batch of four does
+// (the mean loss's gradient accumulated: equal to rounding), in every mode bitwise alike; with
+// llm.c's recipe (schedule, clipping, decay on the matrices only).
+TEST(ExamplesCpu, Gpt2sMicroBatchesAccumulateAsOneBatchInEveryMode) {
+  ex::Gpt2TrainConfig c{.model = tiny(), .accum = 2, .warmup_steps = 1, .total_steps = 4,
+                        .final_lr_fraction = 0.1};
+  c.model.batch = 2;
+  ex::Gpt2TrainConfig one = c;
+  one.accum = 1;
+  one.model.batch = 4;
+  ex::Gpt2Config big = one.model;
+  big.batches = 3;
+  const ex::Batches d = ex::Gpt2Model::data(big, Device::cpu());
+  auto halves = [&](int b, std::vector<Tensor>& x, std::vector<Tensor>& y) {
+    x = {narrow_batch(d.x[b], 0, 2), narrow_batch(d.x[b], 2, 2)};
+    y = {narrow_batch(d.t[b].view({4, 16}), 0, 2).view({32}),
+         narrow_batch(d.t[b].view({4, 16}), 2, 2).view({32})};
+  };
+  ex::Gpt2Trainer whole(one, Device::cpu(), ex::Mode::kEager);
+  std::vector<std::vector<float>> reference;
+  for (int b = 0; b < 3; ++b) reference.push_back(whole.step({d.x[b]}, {d.t[b]}).to_vector<float>());
+  for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
+    ex::Gpt2Trainer t(c, Device::cpu(), m);
+    for (int b = 0; b < 3; ++b) {
+      std::vector<Tensor> x, y;
+      halves(b, x, y);
+      const float loss = t.step(x, y).item();
+      EXPECT_NEAR(loss, reference[static_cast<std::size_t>(b)][0], 1e-5) << ex::mode_name(m);
+    }
+    const std::vector<Tensor> p = t.model().params(), q = whole.model().params();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (i >= 2 && (i - 2) % 12 == 3) {
+        // A block's QKV bias: K's third has no gradient (a softmax row does not change when the
+        // same number is added to each score), only rounding noise, which AdamW's normalized
+        // step turns into steps of the learning rate's size either way. Q's and V's thirds.
+        const std::vector<float> a = p[i].to_vector<float>(), b = q[i].to_vector<float>();
+        const std::size_t w = a.size() / 3;
+        for (std::size_t third : {std::size_t{0}, std::size_t{2}}) {
+          const Tensor pa = from_vector(std::vector<float>(a.begin() + third * w,
+                                                           a.begin() + (third + 1) * w),
+                                        {static_cast<std::int64_t>(w)});
+          const Tensor pb = from_vector(std::vector<float>(b.begin() + third * w,
+                                                           b.begin() + (third + 1) * w),
+                                        {static_cast<std::int64_t>(w)});
+          EXPECT_LT(testing::rel_error(pa, pb), 1e-5) << ex::mode_name(m) << " parameter " << i
+                                                      << " third " << third;
+        }
+        continue;
+      }
+      EXPECT_LT(testing::rel_error(p[i], q[i]), 1e-5) << ex::mode_name(m) << " parameter " << i;
+    }
+    EXPECT_EQ(t.optimizer().steps(), 3);
+  }
+  GW_EXPECT_ERROR(ex::Gpt2Trainer(c, Device::cpu(), ex::Mode::kEager).step({d.x[0]}, {d.t[0]}),
+                  "Gpt2Trainer::step", "expected 2 of each");
 }
 
 }  // namespace

@@ -1,0 +1,232 @@
+// Trains GPT-2 (examples/gpt2.h: llm.c's model and recipe — AdamW β 0.9/0.95, weight decay 0.1 on
+// the matrices, the learning rate warmed up and decayed on the device, the gradients clipped at
+// 1.0 on the device, micro-batches accumulated in one step) on llm.c's token shards, or on a
+// synthetic shard it writes first, and prints the loss and the time per step, tokens/s and the
+// captures of each mode. On the GPU when one is usable (GPT-2 small, llm.c's d12, in
+// bfloat16 by default), else on the CPU backend at a tiny size (it says which).
+//
+//   train_gpt2 [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision fp32|tf32|bf16]
+//              [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] [--depth L]
+//              [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] [--warmup N]
+//              [--final-lr-fraction F] [--clip X] [--weight-decay W] [--print-every N]
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "examples/args.h"
+#include "examples/gpt2.h"
+
+namespace ex = graphward::examples;
+using graphward::Device;
+using graphward::Error;
+using graphward::Tensor;
+
+namespace {
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    if (item.empty()) throw Error("--data has an empty path in '" + list + "'");
+    out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+struct Run {
+  double first_loss = 0, last_loss = 0, ms_per_step = 0;
+  std::uint64_t captures = 0;
+};
+
+Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
+          const std::vector<std::string>& shards, int print_every) {
+  ex::Gpt2Trainer trainer(c, dev, mode);
+  ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab);
+  std::vector<std::int32_t> xs, ys;
+  auto next_step = [&](std::vector<Tensor>& x, std::vector<Tensor>& y) {
+    x.clear(), y.clear();
+    for (int k = 0; k < c.accum; ++k) {  // new batch tensors each step, as a loop makes them
+      data.next(xs, ys);
+      x.push_back(graphward::from_vector(xs, {c.model.batch, c.model.seq}, dev));
+      y.push_back(graphward::from_vector(ys, {c.model.batch * c.model.seq}, dev));
+    }
+  };
+  Run r;
+  std::vector<Tensor> x, y;
+  Tensor loss;
+  const int untimed = steps > 10 ? 5 : 1;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    if (i == untimed) {
+      ex::synchronize_device(dev);
+      t0 = std::chrono::steady_clock::now();
+    }
+    next_step(x, y);
+    loss = trainer.step(x, y);
+    if (i == 0) r.first_loss = loss.item();
+    if (print_every > 0 && i > 0 && i % print_every == 0) {
+      std::printf("    step %d/%d: loss %.4f, lr %.3g\n", i, steps, loss.item(),
+                  trainer.optimizer().lr_at(i));
+      std::fflush(stdout);
+    }
+  }
+  ex::synchronize_device(dev);
+  const auto t1 = std::chrono::steady_clock::now();
+  r.last_loss = loss.item();
+  r.ms_per_step =
+      std::chrono::duration<double, std::milli>(t1 - t0).count() / (steps - untimed);
+  r.captures = trainer.captures();
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    bool force_cpu = false;
+    int steps = 50, print_every = 10;
+    std::string mode = "step", precision;
+    std::vector<std::string> shards;
+    ex::Gpt2TrainConfig c;
+    // Sizes given on the command line; the rest default by device (d12 on the GPU, tiny on the CPU).
+    std::vector<std::pair<std::string, std::string>> sizes;
+    ex::ArgReader a(argc, argv);
+    while (a.next()) {
+      if (a.wants_help()) {
+        std::printf(
+            "train_gpt2 [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision "
+            "fp32|tf32|bf16] [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] "
+            "[--depth L] [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] "
+            "[--warmup N] [--final-lr-fraction F] [--clip X] [--weight-decay W] "
+            "[--print-every N]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
+            "GPT-2; without --data, a synthetic shard written first)\n");
+        return 0;
+      }
+      if (a.is("--cpu")) {
+        a.no_value();
+        force_cpu = true;
+      } else if (a.is("--steps")) {
+        steps = ex::parse_count("--steps", a.value(), 2);
+      } else if (a.is("--mode")) {
+        mode = a.value();
+      } else if (a.is("--precision")) {
+        precision = a.value();
+      } else if (a.is("--data")) {
+        shards = split(a.value());
+      } else if (a.is("--accum")) {
+        c.accum = ex::parse_count("--accum", a.value());
+      } else if (a.is("--lr")) {
+        c.model.lr = ex::parse_number("--lr", a.value(), 0.0);
+      } else if (a.is("--warmup")) {
+        c.warmup_steps = ex::parse_int("--warmup", a.value(), 0);
+      } else if (a.is("--final-lr-fraction")) {
+        c.final_lr_fraction = ex::parse_number("--final-lr-fraction", a.value(), -1e-300, 1.0);
+      } else if (a.is("--clip")) {
+        c.clip = ex::parse_number("--clip", a.value(), -1e-300);
+      } else if (a.is("--weight-decay")) {
+        c.weight_decay = ex::parse_number("--weight-decay", a.value(), -1e-300);
+      } else if (a.is("--print-every")) {
+        print_every = ex::parse_count("--print-every", a.value(), 0);
+      } else if (a.is("--batch") || a.is("--seq") || a.is("--depth") || a.is("--width") ||
+                 a.is("--heads") || a.is("--vocab") || a.is("--padded-vocab")) {
+        const std::string name = a.name();
+        sizes.emplace_back(name, a.value());
+      } else {
+        throw Error("unknown argument " + a.name() + " (--help lists them)");
+      }
+    }
+    if (mode != "eager" && mode != "backward" && mode != "step" && mode != "all") {
+      throw Error("--mode is " + mode + "; expected eager, backward, step or all");
+    }
+    const bool gpu = !force_cpu && graphward::cuda_available();
+    const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+    if (precision.empty()) precision = gpu ? "bf16" : "fp32";
+    if (precision != "fp32" && precision != "tf32" && precision != "bf16") {
+      throw Error("--precision is " + precision + "; expected fp32, tf32 or bf16");
+    }
+    if (!gpu) {  // tiny: a GPT-2 the CPU backend trains in seconds
+      c.model.batch = 4, c.model.seq = 32, c.model.max_seq = 64;
+      c.model.depth = 2, c.model.width = 64, c.model.heads = 4;
+      c.model.vocab = 512, c.model.padded_vocab = 512;
+      c.model.lr = 3e-3;
+    } else {
+      c.model.batch = 4, c.model.seq = 64;
+    }
+    for (const auto& [name, value] : sizes) {
+      const std::int64_t v = ex::parse_int(name, value, 1);
+      if (name == "--batch") c.model.batch = v;
+      if (name == "--seq") c.model.seq = v;
+      if (name == "--depth") c.model.depth = v;
+      if (name == "--width") c.model.width = v;
+      if (name == "--heads") c.model.heads = v;
+      if (name == "--vocab") c.model.vocab = v;
+      if (name == "--padded-vocab") c.model.padded_vocab = v;
+    }
+    if (c.model.padded_vocab < c.model.vocab) c.model.padded_vocab = c.model.vocab;
+    if (c.model.seq > c.model.max_seq) c.model.max_seq = c.model.seq;
+    c.total_steps = steps;
+    if (c.warmup_steps >= c.total_steps) {
+      throw Error("--warmup is " + std::to_string(c.warmup_steps) + "; expected fewer than the " +
+                  std::to_string(steps) + " steps");
+    }
+    const bool tf32 = precision != "fp32";
+    c.bf16 = precision == "bf16";
+    graphward::set_matmul_tf32(tf32);
+    graphward::set_conv_tf32(tf32);
+
+    std::string synthetic;
+    if (shards.empty()) {  // a synthetic shard: enough tokens for every step's windows
+      const std::int64_t tokens = c.model.batch * c.model.seq * c.accum * (steps + 1) + 1;
+      synthetic = (std::filesystem::temp_directory_path() /
+                   ("graphward_gpt2_synthetic_" + std::to_string(std::chrono::steady_clock::now()
+                                                                      .time_since_epoch()
+                                                                      .count()) +
+                    ".bin"))
+                      .string();
+      ex::write_token_shard(synthetic, ex::synthetic_tokens(tokens, c.model.vocab, 7));
+      shards = {synthetic};
+    }
+    struct Cleanup {
+      std::string path;
+      ~Cleanup() {
+        std::error_code ignored;
+        if (!path.empty()) std::filesystem::remove(path, ignored);
+      }
+    } cleanup{synthetic};
+
+    const std::int64_t tokens_per_step = c.model.batch * c.model.seq * c.accum;
+    std::printf("train_gpt2 on %s (%s): GPT-2 depth %lld, width %lld, %lld heads, vocabulary %lld "
+                "(padded %lld), %.1fM parameters; %lld x %lld tokens x %d micro-batch(es) = %lld "
+                "tokens a step; %s; data %s; %d steps\n",
+                dev.str().c_str(), gpu ? "CUDA" : "CPU backend",
+                static_cast<long long>(c.model.depth), static_cast<long long>(c.model.width),
+                static_cast<long long>(c.model.heads), static_cast<long long>(c.model.vocab),
+                static_cast<long long>(c.model.padded_vocab),
+                ex::Gpt2Model::parameter_count(c.model) / 1e6,
+                static_cast<long long>(c.model.batch), static_cast<long long>(c.model.seq),
+                c.accum, static_cast<long long>(tokens_per_step),
+                c.bf16 ? "bf16 autocast, TF32 on" : (tf32 ? "TF32 on" : "fp32"),
+                synthetic.empty() ? "from the shards given" : "a synthetic shard", steps);
+    std::vector<ex::Mode> modes;
+    if (mode == "eager" || mode == "all") modes.push_back(ex::Mode::kEager);
+    if (mode == "backward" || mode == "all") modes.push_back(ex::Mode::kBackwardGraph);
+    if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
+    for (ex::Mode m : modes) {
+      const Run r = train(c, dev, m, steps, shards, print_every);
+      std::printf("  %-16s loss %.4f -> %.4f, %.3f ms/step, %.0f tokens/s, %llu capture(s)\n",
+                  ex::mode_name(m), r.first_loss, r.last_loss, r.ms_per_step,
+                  1e3 * static_cast<double>(tokens_per_step) / r.ms_per_step,
+                  static_cast<unsigned long long>(r.captures));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt2: %s\n", e.what());
+    return 1;
+  }
+}
