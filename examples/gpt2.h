@@ -13,7 +13,7 @@
 // The vocabulary is padded (llm.c: 50257 to 50304, a multiple of 128, for the GEMMs' alignment):
 // wte's padded rows start at zero, no token picks them, and the loss reads only the real
 // vocabulary's logits — the padded columns take no part in the softmax, as in llm.c's fused
-// classifier; here they are cut off by narrow (a copy of the real columns).
+// classifier (cross_entropy over the first `vocab` columns, read in place).
 //
 // Initialization as llm.c's and nanoGPT's: every matrix and both embeddings N(0, 0.02²), the two
 // residual projections of a block (attention's and the MLP's output) N(0, (0.02 / √(2 · depth))²),
@@ -91,7 +91,7 @@ class Gpt2Model {
     positions_ = from_vector(positions, {c.seq}, device);
   }
 
-  // ids: int32 [batch, seq] (the config's seq) -> logits [batch · seq, vocab] (the real vocabulary's columns).
+  // ids: int32 [batch, seq] (the config's seq) -> logits [batch · seq, padded vocab].
   Tensor logits(const Tensor& ids) const {
     GW_CHECK(ids.dim() == 2 && ids.size(1) == c_.seq, "Gpt2Model: ids of shape ",
              shape_str(ids.shape()), "; expected [batch, ", c_.seq, "]");
@@ -114,12 +114,11 @@ class Gpt2Model {
       x = out.sum;
       normed = out.normed;
     }
-    const Tensor all = linear(normed, wte_);  // [B·T, padded vocab]: the tied projection
-    return c_.padded_vocab > c_.vocab ? narrow(all, 0, c_.vocab) : all;
+    return linear(normed, wte_);  // the tied projection
   }
-  // targets: int32 [batch · seq].
+  // targets: int32 [batch · seq]; the mean cross-entropy over the real vocabulary's columns.
   Tensor loss(const Tensor& ids, const Tensor& targets) const {
-    return cross_entropy(logits(ids), targets);
+    return cross_entropy(logits(ids), targets, c_.vocab);
   }
   // llm.c's order: wte, wpe, each block's parameters in order, the final layer norm.
   std::vector<Tensor> params() const {

@@ -182,10 +182,11 @@ __global__ void softmax_backward_warp_kernel(S* dx, const S* dy, const S* y, std
 }
 
 template <class G, class S>
-__global__ void row_lse_kernel(float* lse, const S* x, std::int64_t rows, std::int64_t cols) {
+__global__ void row_lse_kernel(float* lse, const S* x, std::int64_t rows, std::int64_t cols,
+                               std::int64_t ld) {
   const std::int64_t row = G::row();
   if (row >= rows) return;
-  const RowLse r = row_lse<G>(x + row * cols, cols);
+  const RowLse r = row_lse<G>(x + row * ld, cols);
   if (G::lane() == 0) {
     lse[2 * row] = r.max;
     lse[2 * row + 1] = r.log_sum;
@@ -208,11 +209,11 @@ constexpr int kMeanThreads = 1024;
 template <class S>
 __global__ void cross_entropy_mean_kernel(float* loss, const float* lse, const S* x,
                                           const std::int32_t* target, std::int64_t rows,
-                                          std::int64_t cols) {
+                                          std::int64_t cols, std::int64_t ld) {
   double acc = 0;
   for (std::int64_t i = threadIdx.x; i < rows; i += kMeanThreads) {
     const std::int32_t t = target[i];
-    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[2 * i] - load(x, i * cols + t)) +
+    acc += (t >= 0 && t < cols) ? static_cast<double>(lse[2 * i] - load(x, i * ld + t)) +
                                       static_cast<double>(lse[2 * i + 1])
                                 : static_cast<double>(NAN);
   }
@@ -224,10 +225,14 @@ template <class S>
 __global__ void cross_entropy_backward_kernel(S* dx, const float* dloss, const S* x,
                                               const float* lse, const std::int32_t* target,
                                               std::int64_t rows, std::int64_t cols,
-                                              bool accumulate) {
+                                              std::int64_t ld, bool accumulate) {
   const float scale = dloss[0] / static_cast<float>(rows);
-  GW_GRID_STRIDE(i, rows * cols) {
-    const std::int64_t r = i / cols, j = i % cols;
+  GW_GRID_STRIDE(i, rows * ld) {
+    const std::int64_t r = i / ld, j = i % ld;
+    if (j >= cols) {  // a padding column: no part in the loss, no gradient
+      if (!accumulate) put(dx, i, 0.f, false);
+      continue;
+    }
     const float p = expf((load(x, i) - lse[2 * r]) - lse[2 * r + 1]);
     put(dx, i, (p - (j == target[r] ? 1.f : 0.f)) * scale, accumulate);
   }
@@ -296,19 +301,21 @@ void log_softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std
 }
 template <class S>
 void cross_entropy_forward(float* loss, float* lse, const S* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+                           std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                           cudaStream_t stream) {
   by_rows(rows, cols, [&]<class G>(G, unsigned blocks) {
-    row_lse_kernel<G><<<blocks, kRowThreads, 0, stream>>>(lse, x, rows, cols);
+    row_lse_kernel<G><<<blocks, kRowThreads, 0, stream>>>(lse, x, rows, cols, ld);
   });
-  cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(loss, lse, x, target, rows, cols);
+  cross_entropy_mean_kernel<<<1, kMeanThreads, 0, stream>>>(loss, lse, x, target, rows, cols,
+                                                            ld);
   GW_LAUNCH_CHECK();
 }
 template <class S>
 void cross_entropy_backward(S* dx, const float* dloss, const S* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
-                            bool accumulate, cudaStream_t stream) {
-  cross_entropy_backward_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(
-      dx, dloss, x, lse, target, rows, cols, accumulate);
+                            std::int64_t ld, bool accumulate, cudaStream_t stream) {
+  cross_entropy_backward_kernel<<<grid_for(rows * ld), kThreads, 0, stream>>>(
+      dx, dloss, x, lse, target, rows, cols, ld, accumulate);
   GW_LAUNCH_CHECK();
 }
 
@@ -322,10 +329,10 @@ void cross_entropy_backward(S* dx, const float* dloss, const S* x, const float* 
   template void log_softmax_backward(S*, const S*, const S*, std::int64_t, std::int64_t, bool,   \
                                      cudaStream_t);                                              \
   template void cross_entropy_forward(float*, float*, const S*, const std::int32_t*,             \
-                                      std::int64_t, std::int64_t, cudaStream_t);                 \
+                                      std::int64_t, std::int64_t, std::int64_t, cudaStream_t);   \
   template void cross_entropy_backward(S*, const float*, const S*, const float*,                 \
-                                       const std::int32_t*, std::int64_t, std::int64_t, bool,    \
-                                       cudaStream_t);
+                                       const std::int32_t*, std::int64_t, std::int64_t,          \
+                                       std::int64_t, bool, cudaStream_t);
 GW_SOFTMAX_INSTANTIATE(float)
 GW_SOFTMAX_INSTANTIATE(bf16)
 #undef GW_SOFTMAX_INSTANTIATE

@@ -40,17 +40,20 @@ void softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::in
 template <class S>
 void log_softmax_backward(S* dx, const S* dy, const S* y, std::int64_t rows, std::int64_t cols,
                           bool accumulate, cudaStream_t stream);
-// lse[2i] = m_i = max_j x[i, j], lse[2i + 1] = log Σ_j exp(x[i, j] − m_i) (lse: [rows, 2]);
-// loss[0] = mean_i ((m_i − x[i, target[i]]) + lse[2i + 1]). A target outside [0, cols) makes the
-// loss NaN (no host read to refuse it).
+// Rows of ld elements, the first cols of each the classes (cols <= ld; the rest take no part):
+// lse[2i] = m_i = max_{j < cols} x[i, j], lse[2i + 1] = log Σ_{j < cols} exp(x[i, j] − m_i)
+// (lse: [rows, 2]); loss[0] = mean_i ((m_i − x[i, target[i]]) + lse[2i + 1]). A target outside
+// [0, cols) makes the loss NaN (no host read to refuse it).
 template <class S>
 void cross_entropy_forward(float* loss, float* lse, const S* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols, cudaStream_t stream);
-// dx[i, j] = (exp((x[i, j] − lse[2i]) − lse[2i + 1]) − [j == target[i]]) · dloss[0] / rows
+                           std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                           cudaStream_t stream);
+// dx[i, j] = (exp((x[i, j] − lse[2i]) − lse[2i + 1]) − [j == target[i]]) · dloss[0] / rows for
+// j < cols, 0 for cols <= j < ld (left as it is when accumulating).
 template <class S>
 void cross_entropy_backward(S* dx, const float* dloss, const S* x, const float* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
-                            bool accumulate, cudaStream_t stream);
+                            std::int64_t ld, bool accumulate, cudaStream_t stream);
 #endif
 
 namespace cpu {
@@ -64,11 +67,11 @@ void softmax_backward(T* dx, const T* dy, const T* y, std::int64_t rows, std::in
                       bool log, bool accumulate);
 template <class T>
 void cross_entropy_forward(T* loss, T* lse, const T* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols);
+                           std::int64_t rows, std::int64_t cols, std::int64_t ld);
 template <class T>
 void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
-                            bool accumulate);
+                            std::int64_t ld, bool accumulate);
 }  // namespace cpu
 
 }  // namespace graphward::kernels

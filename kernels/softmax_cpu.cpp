@@ -69,15 +69,15 @@ void softmax_backward(T* dx, const T* dy, const T* y, std::int64_t rows, std::in
 
 template <class T>
 void cross_entropy_forward(T* loss, T* lse, const T* x, const std::int32_t* target,
-                           std::int64_t rows, std::int64_t cols) {
+                           std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   double total = 0;
   for (std::int64_t i = 0; i < rows; ++i) {
-    const RowLse<T> r = row_lse(x + i * cols, cols);
+    const RowLse<T> r = row_lse(x + i * ld, cols);
     lse[2 * i] = r.max;
     lse[2 * i + 1] = r.log_sum;
     const std::int32_t t = target[i];
     total += (t >= 0 && t < cols)
-                 ? static_cast<double>(r.max - x[i * cols + t]) + static_cast<double>(r.log_sum)
+                 ? static_cast<double>(r.max - x[i * ld + t]) + static_cast<double>(r.log_sum)
                  : std::numeric_limits<double>::quiet_NaN();
   }
   loss[0] = static_cast<T>(total / static_cast<double>(rows));
@@ -86,12 +86,15 @@ void cross_entropy_forward(T* loss, T* lse, const T* x, const std::int32_t* targ
 template <class T>
 void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
                             const std::int32_t* target, std::int64_t rows, std::int64_t cols,
-                            bool accumulate) {
+                            std::int64_t ld, bool accumulate) {
   const T scale = dloss[0] / static_cast<T>(rows);
   for (std::int64_t i = 0; i < rows; ++i) {
     for (std::int64_t j = 0; j < cols; ++j) {
-      const T p = std::exp((x[i * cols + j] - lse[2 * i]) - lse[2 * i + 1]);
-      store(dx, i * cols + j, (p - (j == target[i] ? T(1) : T(0))) * scale, accumulate);
+      const T p = std::exp((x[i * ld + j] - lse[2 * i]) - lse[2 * i + 1]);
+      store(dx, i * ld + j, (p - (j == target[i] ? T(1) : T(0))) * scale, accumulate);
+    }
+    if (!accumulate) {  // padding columns: no gradient
+      for (std::int64_t j = cols; j < ld; ++j) dx[i * ld + j] = T(0);
     }
   }
 }
@@ -103,9 +106,10 @@ void cross_entropy_backward(T* dx, const T* dloss, const T* x, const T* lse,
   template void softmax_backward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, bool,  \
                                     bool);                                                     \
   template void cross_entropy_forward<T>(T*, T*, const T*, const std::int32_t*, std::int64_t,  \
-                                         std::int64_t);                                        \
+                                         std::int64_t, std::int64_t);                          \
   template void cross_entropy_backward<T>(T*, const T*, const T*, const T*,                    \
-                                          const std::int32_t*, std::int64_t, std::int64_t, bool);
+                                          const std::int32_t*, std::int64_t, std::int64_t,     \
+                                          std::int64_t, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)
 #undef GW_INSTANTIATE

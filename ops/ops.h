@@ -163,8 +163,15 @@ void log_softmax_backward(const Tensor& grad_out, const Tensor& y, GradSlot grad
 // m) (kernels/softmax.h); the backward is (softmax − one-hot) · dloss / B. An out-of-range target
 // is refused by name on the CPU; on CUDA (no host read) it makes the loss NaN.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+// The same over the first `classes` columns of each row (1 <= classes <= C): the others — a
+// vocabulary's padding, as GPT-2's 50304 columns hold 50257 tokens — take no part in the softmax
+// and get a zero gradient; targets in [0, classes). Reads the logits in place (no copy of the
+// classes' columns).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t classes);
+// `classes`: as above; unset, every column.
 void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
-                            const Tensor& targets, GradSlot grad_logits);
+                            const Tensor& targets, GradSlot grad_logits,
+                            std::optional<std::int64_t> classes = std::nullopt);
 
 // ---- normalization and lookup -----------------------------------------------------------------
 // Layer normalization over the last dimension: (x − mean) / √(var + eps) · weight + bias, the

@@ -147,10 +147,19 @@ struct CrossEntropyOut {
 DType loss_dtype(const Tensor& logits) {
   return statistics_dtype(logits.dtype());
 }
-CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) {
+// The classes of a row of `cols` columns: every column, or the first `classes` (checked).
+std::int64_t check_classes(const char* op, std::int64_t cols, std::optional<std::int64_t> classes) {
+  if (!classes) return cols;
+  GW_CHECK(*classes >= 1 && *classes <= cols, op, ": classes is ", *classes, "; expected 1 to ",
+           cols, " (the logits' columns)");
+  return *classes;
+}
+CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets,
+                                   std::optional<std::int64_t> classes) {
   const char* op = "cross_entropy";
   check_targets(op, logits, targets);
-  const std::int64_t rows = logits.size(0), cols = logits.size(1);
+  const std::int64_t rows = logits.size(0), ld = logits.size(1);
+  const std::int64_t cols = check_classes(op, ld, classes);
   CrossEntropyOut o;
   if (logits.is_cuda()) {
 #if GRAPHWARD_HAS_CUDA
@@ -161,7 +170,7 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
     o.lse = Tensor::empty({rows, 2}, f32);
     dispatch_cuda(logits.dtype(), [&]<class T>() {
       k::cross_entropy_forward(o.loss.data<float>(), o.lse.data<float>(), ptr<T>(logits),
-                               targets.data<std::int32_t>(), rows, cols, scope.stream());
+                               targets.data<std::int32_t>(), rows, cols, ld, scope.stream());
     });
     return o;
 #endif
@@ -172,27 +181,42 @@ CrossEntropyOut cross_entropy_impl(const Tensor& logits, const Tensor& targets) 
   o.loss = Tensor::empty({}, stats);
   o.lse = Tensor::empty({rows, 2}, stats);
   dispatch_cpu_data(logits.dtype(), [&]<class T>(CpuData<T>& d) {
-    k::cpu::cross_entropy_forward<T>(d.out(o.loss), d.out(o.lse), d.in(logits), t, rows, cols);
+    k::cpu::cross_entropy_forward<T>(d.out(o.loss), d.out(o.lse), d.in(logits), t, rows, cols,
+                                     ld);
   });
   return o;
 }
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+namespace {
+Tensor cross_entropy_op(const Tensor& logits, const Tensor& targets,
+                        std::optional<std::int64_t> classes) {
   detail::NvtxRange range("cross_entropy");
-  CrossEntropyOut o = cross_entropy_impl(logits, targets);
+  CrossEntropyOut o = cross_entropy_impl(logits, targets, classes);
   if (needs_grad({&logits})) {
+    // Note [Node attributes]: the classes the backward bakes in (-1: every column).
     record("cross_entropy", o.loss, {&logits, &targets},
            {save("logits", logits), save("logsumexp", o.lse), save("targets", targets)},
-           [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
-             cross_entropy_backward(g, s[0], s[1], s[2], grads[0]);
-           });
+           [classes](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+             cross_entropy_backward(g, s[0], s[1], s[2], grads[0], classes);
+           },
+           {NodeAttribute::integer(classes.value_or(-1))});
   }
   return o.loss;
 }
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  return cross_entropy_op(logits, targets, std::nullopt);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t classes) {
+  return cross_entropy_op(logits, targets, classes);
+}
 
 void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const Tensor& lse,
-                            const Tensor& targets, GradSlot grad_logits) {
+                            const Tensor& targets, GradSlot grad_logits,
+                            std::optional<std::int64_t> classes) {
   const char* op = "cross_entropy_backward";
   check_targets(op, logits, targets);
   check_inputs(op, {{"grad_out", &grad_out}, {"logsumexp", &lse}});
@@ -206,7 +230,8 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
   GW_CHECK(lse.shape() == Shape({logits.size(0), 2}), op, ": logsumexp has shape ",
            shape_str(lse.shape()), "; expected [", logits.size(0),
            ", 2] (each row's maximum and the log of its sum of exp(x − maximum))");
-  const std::int64_t rows = logits.size(0), cols = logits.size(1);
+  const std::int64_t rows = logits.size(0), ld = logits.size(1);
+  const std::int64_t cols = check_classes(op, ld, classes);
   check_index_values(op, "target", targets, cols, "a class");
   if (!check_slot(op, "grad_logits", grad_logits, logits)) return;
   if (logits.is_cuda()) {
@@ -216,8 +241,8 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
     const bool acc = open_slot(grad_logits, logits, scope.stream());
     dispatch_cuda(logits.dtype(), [&]<class T>() {
       k::cross_entropy_backward(slot_ptr<T>(grad_logits), grad_out.data<float>(), ptr<T>(logits),
-                                lse.data<float>(), targets.data<std::int32_t>(), rows, cols, acc,
-                                scope.stream());
+                                lse.data<float>(), targets.data<std::int32_t>(), rows, cols, ld,
+                                acc, scope.stream());
     });
     return;
 #endif
@@ -226,7 +251,7 @@ void cross_entropy_backward(const Tensor& grad_out, const Tensor& logits, const 
   dispatch_cpu_data(logits.dtype(), [&]<class T>(CpuData<T>& d) {
     T* dx = acc ? d.inout(*grad_logits.tensor) : d.out(*grad_logits.tensor);
     k::cpu::cross_entropy_backward<T>(dx, d.in(grad_out), d.in(logits), d.in(lse),
-                                      targets.data<std::int32_t>(), rows, cols, acc);
+                                      targets.data<std::int32_t>(), rows, cols, ld, acc);
   });
 }
 

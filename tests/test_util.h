@@ -218,6 +218,53 @@ inline void expect_upfront_casts_as_lazy_ones(Device device) {
 // bfloat16 GEMM and column sum — the node's edges are the parameters themselves (no cast between),
 // and the sums are not rounded to bfloat16: within float32 rounding of the exact sums of the
 // bfloat16 operands' products.
+// cross_entropy over the first `classes` columns (a padded vocabulary): bitwise the loss and the
+// gradient of cross_entropy of those columns copied out (narrow), the padding columns' gradient
+// 0, and left as it was where a second backward accumulates — rows of a warp (40 columns) and of
+// a block (3000), in `dtype`.
+inline void expect_cross_entropy_over_classes_as_over_their_copy(Device device, DType dtype) {
+  for (const auto& [cols, classes] :
+       {std::pair<std::int64_t, std::int64_t>{40, 33}, {40, 40}, {3000, 2900}}) {
+    const Tensor x0 = cast(mul(randn({6, cols}, 31, {DType::kFloat32, device}), 3.0), dtype);
+    std::vector<std::int32_t> t(6);
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      t[i] = static_cast<std::int32_t>((i * 7919 + 3) % static_cast<std::size_t>(classes));
+    }
+    const Tensor targets = from_vector(t, {6}, device);
+    const Tensor x = x0.detach().set_requires_grad(true), xn = x0.detach().set_requires_grad(true);
+    const Tensor loss = cross_entropy(x, targets, classes);
+    const Tensor ref = cross_entropy(narrow(xn, 0, classes), targets);
+    EXPECT_EQ(loss.to_vector<float>(), cast(ref, DType::kFloat32).to_vector<float>())
+        << cols << " columns, " << classes << " classes";
+    backward(loss);
+    backward(ref);
+    const std::vector<float> g = cast(x.grad(), DType::kFloat32).to_vector<float>();
+    const std::vector<float> gn = cast(xn.grad(), DType::kFloat32).to_vector<float>();
+    for (std::int64_t r = 0; r < 6; ++r) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const auto at = static_cast<std::size_t>(r * cols + j);
+        ASSERT_EQ(g[at], gn[at]) << cols << " columns, " << classes << " classes: [" << r << ", "
+                                 << j << "]";
+        if (j >= classes) {
+          ASSERT_EQ(g[at], 0.f);
+        }
+      }
+    }
+    // A second backward accumulates: the classes' gradient doubles, the padding's stays 0.
+    backward(cross_entropy(x, targets, classes));
+    const std::vector<float> g2 = cast(x.grad(), DType::kFloat32).to_vector<float>();
+    for (std::size_t at = 0; at < g2.size(); ++at) {
+      ASSERT_EQ(g2[at], cast(cast(from_vector(std::vector<float>{2 * g[at]}, {1}), dtype),
+                             DType::kFloat32).to_vector<float>()[0]) << at;
+    }
+  }
+  const Tensor x = randn({2, 5}, 3, {DType::kFloat32, device});
+  const Tensor t = from_vector(std::vector<std::int32_t>{1, 2}, {2}, device);
+  GW_EXPECT_ERROR((void)cross_entropy(x, t, 0), "cross_entropy", "classes is 0",
+                  "expected 1 to 5");
+  GW_EXPECT_ERROR((void)cross_entropy(x, t, 6), "cross_entropy", "classes is 6");
+}
+
 inline void expect_linear_parameter_gradients_float32(Device device) {
   const TensorOptions o{DType::kFloat32, device};
   const Tensor w = mul(randn({24, 40}, 21, o), 0.3).detach().set_requires_grad(true);

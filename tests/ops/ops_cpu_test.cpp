@@ -300,6 +300,15 @@ TEST(OpsGradcheckCpu, SoftmaxLogSoftmaxAndCrossEntropy) {
   EXPECT_LT(err, 1e-7) << "cross_entropy";
 }
 
+TEST(OpsForwardCpu, CrossEntropyOverTheFirstClassesIsCrossEntropyOfTheirColumns) {
+  testing::expect_cross_entropy_over_classes_as_over_their_copy(Device::cpu(), DType::kFloat32);
+  testing::expect_cross_entropy_over_classes_as_over_their_copy(Device::cpu(), DType::kBFloat16);
+  // On the CPU a target past the classes (though inside the row) is refused by name.
+  const Tensor x = randn({2, 5}, 3);
+  GW_EXPECT_ERROR((void)cross_entropy(x, from_vector(std::vector<std::int32_t>{1, 4}, {2}), 4),
+                  "cross_entropy", "target");
+}
+
 TEST(AutogradCpu, CrossEntropyTrainsThroughTheTapeAndTargetsGetNoGradient) {
   const Tensor w = randn({3, 4}, 53, f64()).set_requires_grad(true);
   const Tensor x = randn({6, 4}, 54, f64());

@@ -333,6 +333,11 @@ TEST_F(CudaOps, Float4KernelsGiveTheSameBitsWhetherOrNotTheirArraysAreSixteenByt
   }
 }
 
+TEST_F(CudaOps, CrossEntropyOverTheFirstClassesIsCrossEntropyOfTheirColumns) {
+  testing::expect_cross_entropy_over_classes_as_over_their_copy(kGpu, DType::kFloat32);
+  testing::expect_cross_entropy_over_classes_as_over_their_copy(kGpu, DType::kBFloat16);
+}
+
 TEST_F(CudaOps, SoftmaxLogSoftmaxAndCrossEntropy) {
   // Up to 1024 columns a warp per row (its row in 1 to 32 registers a lane: every width class
   // and its edges), beyond a block per row.
