@@ -184,6 +184,22 @@ void Optimizer::set_lr(double lr) {
   lr_value_ = lr;
 }
 
+std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<std::string, Tensor>> out{{"step", step_}};
+  for (int j = 0; j < 2; ++j) {
+    for (std::size_t i = 0; i < state_[j].size(); ++i) {
+      if (state_[j][i].defined()) {
+        out.emplace_back(std::string(state_names_[j]) + "." + std::to_string(i), state_[j][i]);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < masters_.size(); ++i) {
+    out.emplace_back("master." + std::to_string(i), masters_[i]);
+  }
+  return out;
+}
+
 double Optimizer::lr_at(std::int64_t step) const {
   GW_CHECK(step >= 0, name_, "::lr_at: step ", step, "; expected at least 0");
   return kernels::scheduled_lr(lr_value_, static_cast<double>(step), schedule_);
@@ -383,6 +399,7 @@ Sgd::Sgd(std::vector<ParamGroup> groups, SgdOptions o)
            ": nesterov needs momentum > 0 and dampening 0; got momentum ", o.momentum,
            ", dampening ", o.dampening);
   hp_ = {o.momentum, o.dampening, o.weight_decay, o.nesterov, schedule_};
+  state_names_[0] = "momentum_buffer";
   if (o.momentum != 0) {
     for (const Tensor& p : params_) state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
   }
@@ -430,6 +447,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions o)
   GW_CHECK(o.beta1 < 1 && o.beta2 < 1, name_, ": betas must be < 1; got ", o.beta1, ", ", o.beta2);
   check_hyper(name_, "eps", o.eps, 0, true, dtype_);
   hp_ = {o.beta1, o.beta2, o.eps, o.weight_decay, schedule_};
+  state_names_[0] = "exp_avg";
+  state_names_[1] = "exp_avg_sq";
   for (const Tensor& p : params_) {
     state_[0].push_back(zeros(p.shape(), {dtype_, device_}));
     state_[1].push_back(zeros(p.shape(), {dtype_, device_}));

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 #include "base/config.h"
 
@@ -119,6 +120,12 @@ class Optimizer {
   const Tensor& master(std::size_t param) const;
   // Parameter `param`'s weight decay: its group's, else the optimizer's.
   double weight_decay(std::size_t param) const;
+  // What a step reads besides the parameters, their gradients and lr(), by name, for checkpoints:
+  // "step" (every parameter's count), each parameter's state ("exp_avg.i" and "exp_avg_sq.i" for
+  // AdamW, "momentum_buffer.i" for SGD with momentum) and, for bfloat16 parameters, "master.i".
+  // The live tensors: copy_ into them (in place, the addresses a captured step reads kept), and
+  // set_lr, restore the optimizer.
+  std::vector<std::pair<std::string, Tensor>> state() const;
 
  protected:
   // The groups' parameters in order, their weight decays checked and kept (weight_decay_).
@@ -129,8 +136,10 @@ class Optimizer {
   // the parameters' CUDA device and its versions bumped; then all of them are updated and the step
   // counted in one launch_cuda (or update_cpu each, then the count).
   void run_step(const char* what, const std::vector<std::size_t>* which = nullptr);
-  // state_[0][i], state_[1][i]: parameter i's state (undefined where an optimizer keeps none).
+  // state_[0][i], state_[1][i]: parameter i's state (undefined where an optimizer keeps none),
+  // named state_names_[0] and [1] in state().
   std::vector<Tensor> state_[2];
+  const char* state_names_[2] = {"state0", "state1"};
 
   const char* name_;
   std::vector<Tensor> params_;

@@ -18,10 +18,13 @@
 // Initialization as llm.c's and nanoGPT's: every matrix and both embeddings N(0, 0.02²), the two
 // residual projections of a block (attention's and the MLP's output) N(0, (0.02 / √(2 · depth))²),
 // biases 0, layer norms' weights 1 and biases 0.
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "examples/checkpoint.h"
 #include "examples/token_shards.h"
 #include "examples/trainer.h"
 
@@ -246,6 +249,30 @@ class Gpt2Trainer {
 
   const Gpt2Model& model() const { return model_; }
   AdamW& optimizer() { return opt_; }
+
+  // A checkpoint (examples/checkpoint.h) of the run after `step` steps with the data reader at
+  // `data`: the parameters ("param.i"), the optimizer's state ("adamw." and its names), the
+  // step, the data position and the learning rate's peak.
+  void save(const std::string& path, std::int64_t step, const ShardPosition& data) const {
+    save_checkpoint(path, checkpoint_tensors(),
+                    {{"step", step},
+                     {"data.shard", data.shard},
+                     {"data.offset", data.offset},
+                     {"lr.bits", std::bit_cast<std::int64_t>(opt_.lr())}});
+  }
+  struct Resumed {
+    std::int64_t step = 0;
+    ShardPosition data;
+  };
+  // Restores a checkpoint save() wrote for this model (its parameters and state in place: a
+  // captured step goes on reading them); the step and data position to go on from. A checkpoint
+  // of another model or optimizer, or a damaged one, is refused by name, nothing restored.
+  Resumed load(const std::string& path) {
+    const std::map<std::string, std::int64_t> v =
+        load_checkpoint(path, checkpoint_tensors(), {"step", "data.shard", "data.offset", "lr.bits"});
+    opt_.set_lr(std::bit_cast<double>(v.at("lr.bits")));
+    return {v.at("step"), {v.at("data.shard"), v.at("data.offset")}};
+  }
   std::uint64_t captures() const {
     if (bw_) return bw_->stats().counters.captures;
     if (step_graph_) return step_graph_->counters().captures;
@@ -254,6 +281,13 @@ class Gpt2Trainer {
   std::uint64_t updates() const { return bw_ ? bw_->stats().counters.updates : 0; }
 
  private:
+  std::vector<std::pair<std::string, Tensor>> checkpoint_tensors() const {
+    std::vector<std::pair<std::string, Tensor>> t;
+    const std::vector<Tensor> p = model_.params();
+    for (std::size_t i = 0; i < p.size(); ++i) t.emplace_back("param." + std::to_string(i), p[i]);
+    for (auto& [name, tensor] : opt_.state()) t.emplace_back("adamw." + name, tensor);
+    return t;
+  }
   static AdamWOptions adamw_options(const Gpt2TrainConfig& c) {
     AdamWOptions o{.lr = c.model.lr, .beta1 = c.beta1, .beta2 = c.beta2,
                    .weight_decay = c.weight_decay};

@@ -9,6 +9,10 @@
 //              [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] [--depth L]
 //              [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] [--warmup N]
 //              [--final-lr-fraction F] [--clip X] [--weight-decay W] [--print-every N]
+//              [--save CKPT] [--resume CKPT]
+// --save: a checkpoint of the run at its end (examples/checkpoint.h: parameters, AdamW's state,
+// the step, the data position); --resume: go on from one, to --steps (the same flags and data:
+// a resumed run ends bitwise where an uninterrupted one would).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -44,10 +48,25 @@ struct Run {
   std::uint64_t captures = 0;
 };
 
+struct Checkpoints {
+  std::string save, resume;  // paths; empty: none
+};
+
 Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
-          const std::vector<std::string>& shards, int print_every) {
+          const std::vector<std::string>& shards, int print_every, const Checkpoints& ck) {
   ex::Gpt2Trainer trainer(c, dev, mode);
   ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab);
+  int first = 0;
+  if (!ck.resume.empty()) {
+    const ex::Gpt2Trainer::Resumed r = trainer.load(ck.resume);
+    if (r.step >= steps) {
+      throw Error("--resume: '" + ck.resume + "' is at step " + std::to_string(r.step) +
+                  "; expected fewer than the run's " + std::to_string(steps) + " steps");
+    }
+    data.seek(r.data);
+    first = static_cast<int>(r.step);
+    std::printf("    resumed from '%s' at step %d\n", ck.resume.c_str(), first);
+  }
   std::vector<std::int32_t> xs, ys;
   auto next_step = [&](std::vector<Tensor>& x, std::vector<Tensor>& y) {
     x.clear(), y.clear();
@@ -60,16 +79,16 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
   Run r;
   std::vector<Tensor> x, y;
   Tensor loss;
-  const int untimed = steps > 10 ? 5 : 1;
+  const int untimed = first + (steps - first > 10 ? 5 : 1);
   auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) {
+  for (int i = first; i < steps; ++i) {
     if (i == untimed) {
       ex::synchronize_device(dev);
       t0 = std::chrono::steady_clock::now();
     }
     next_step(x, y);
     loss = trainer.step(x, y);
-    if (i == 0) r.first_loss = loss.item();
+    if (i == first) r.first_loss = loss.item();
     if (print_every > 0 && i > 0 && i % print_every == 0) {
       std::printf("    step %d/%d: loss %.4f, lr %.3g\n", i, steps, loss.item(),
                   trainer.optimizer().lr_at(i));
@@ -79,9 +98,15 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
   ex::synchronize_device(dev);
   const auto t1 = std::chrono::steady_clock::now();
   r.last_loss = loss.item();
-  r.ms_per_step =
-      std::chrono::duration<double, std::milli>(t1 - t0).count() / (steps - untimed);
+  r.ms_per_step = steps > untimed
+                      ? std::chrono::duration<double, std::milli>(t1 - t0).count() /
+                            (steps - untimed)
+                      : 0.0;
   r.captures = trainer.captures();
+  if (!ck.save.empty()) {
+    trainer.save(ck.save, steps, data.position());
+    std::printf("    saved the run at step %d to '%s'\n", steps, ck.save.c_str());
+  }
   return r;
 }
 
@@ -94,6 +119,7 @@ int main(int argc, char** argv) {
     std::string mode = "step", precision;
     std::vector<std::string> shards;
     ex::Gpt2TrainConfig c;
+    Checkpoints ck;
     // Sizes given on the command line; the rest default by device (d12 on the GPU, tiny on the CPU).
     std::vector<std::pair<std::string, std::string>> sizes;
     ex::ArgReader a(argc, argv);
@@ -104,7 +130,7 @@ int main(int argc, char** argv) {
             "fp32|tf32|bf16] [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] "
             "[--depth L] [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] "
             "[--warmup N] [--final-lr-fraction F] [--clip X] [--weight-decay W] "
-            "[--print-every N]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
+            "[--print-every N] [--save CKPT] [--resume CKPT]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
             "GPT-2; without --data, a synthetic shard written first)\n");
         return 0;
       }
@@ -117,6 +143,10 @@ int main(int argc, char** argv) {
         mode = a.value();
       } else if (a.is("--precision")) {
         precision = a.value();
+      } else if (a.is("--save")) {
+        ck.save = a.value();
+      } else if (a.is("--resume")) {
+        ck.resume = a.value();
       } else if (a.is("--data")) {
         shards = split(a.value());
       } else if (a.is("--accum")) {
@@ -218,7 +248,7 @@ int main(int argc, char** argv) {
     if (mode == "backward" || mode == "all") modes.push_back(ex::Mode::kBackwardGraph);
     if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
     for (ex::Mode m : modes) {
-      const Run r = train(c, dev, m, steps, shards, print_every);
+      const Run r = train(c, dev, m, steps, shards, print_every, ck);
       std::printf("  %-16s loss %.4f -> %.4f, %.3f ms/step, %.0f tokens/s, %llu capture(s)\n",
                   ex::mode_name(m), r.first_loss, r.last_loss, r.ms_per_step,
                   1e3 * static_cast<double>(tokens_per_step) / r.ms_per_step,

@@ -195,6 +195,30 @@ TEST(OptimCpu, ABadScheduleIsRefusedByName) {
   }
 }
 
+// Optimizer::state(): the live tensors a checkpoint saves, by name.
+TEST(OptimCpu, StateNamesEveryTensorAStepReadsBesidesTheParameters) {
+  const Tensor a = param({3}, 10), b = param({2, 2}, 11);
+  auto names = [](const Optimizer& o) {
+    std::vector<std::string> n;
+    for (const auto& [name, t] : o.state()) n.push_back(name);
+    return n;
+  };
+  AdamW adamw({a, b});
+  EXPECT_EQ(names(adamw), (std::vector<std::string>{"step", "exp_avg.0", "exp_avg.1",
+                                                    "exp_avg_sq.0", "exp_avg_sq.1"}));
+  EXPECT_EQ(names(Sgd({a, b}, {.momentum = 0.9})),
+            (std::vector<std::string>{"step", "momentum_buffer.0", "momentum_buffer.1"}));
+  EXPECT_EQ(names(Sgd({a, b})), (std::vector<std::string>{"step"}));
+  const Tensor h = cast(randn({4}, 12), DType::kBFloat16).set_requires_grad(true);
+  EXPECT_EQ(names(AdamW({h})),
+            (std::vector<std::string>{"step", "exp_avg.0", "exp_avg_sq.0", "master.0"}));
+  // Live: a write into a state tensor is what the next step reads.
+  set_grad(a, {1, 1, 1});
+  set_grad(b, {1, 1, 1, 1});
+  adamw.step();
+  EXPECT_EQ(values(adamw.state()[0].second), (std::vector<double>{1, 1}));
+}
+
 TEST(OptimCpu, ZeroGradWritesZerosIntoTheSameBuffers) {
   const Tensor p = param({4}, 6);
   set_grad(p, {1, 2, 3, 4});
