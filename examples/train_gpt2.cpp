@@ -9,10 +9,12 @@
 //              [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] [--depth L]
 //              [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] [--warmup N]
 //              [--final-lr-fraction F] [--clip X] [--weight-decay W] [--print-every N]
-//              [--save CKPT] [--resume CKPT]
+//              [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV]
 // --save: a checkpoint of the run at its end (examples/checkpoint.h: parameters, AdamW's state,
 // the step, the data position); --resume: go on from one, to --steps (the same flags and data:
-// a resumed run ends bitwise where an uninterrupted one would).
+// a resumed run ends bitwise where an uninterrupted one would); --save-init: the parameters
+// before the first step (scripts/gpt2_torch.py starts PyTorch's model from them); --losses:
+// every step's loss as CSV (each read synchronizes: for comparisons, not timings).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -49,7 +51,8 @@ struct Run {
 };
 
 struct Checkpoints {
-  std::string save, resume;  // paths; empty: none
+  std::string save, resume, save_init;  // paths; empty: none
+  std::string losses;                   // a CSV of every step's loss; empty: none
 };
 
 Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
@@ -67,6 +70,22 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
     first = static_cast<int>(r.step);
     std::printf("    resumed from '%s' at step %d\n", ck.resume.c_str(), first);
   }
+  if (!ck.save_init.empty() && first == 0) {
+    trainer.save(ck.save_init, 0, data.position());
+    std::printf("    saved the initial parameters to '%s'\n", ck.save_init.c_str());
+  }
+  std::FILE* losses = nullptr;
+  if (!ck.losses.empty()) {
+    losses = std::fopen(ck.losses.c_str(), "w");
+    if (losses == nullptr) throw Error("--losses: cannot open '" + ck.losses + "' for writing");
+    std::fprintf(losses, "step,loss\n");
+  }
+  struct Closer {
+    std::FILE*& f;
+    ~Closer() {
+      if (f) std::fclose(f);
+    }
+  } closer{losses};
   std::vector<std::int32_t> xs, ys;
   auto next_step = [&](std::vector<Tensor>& x, std::vector<Tensor>& y) {
     x.clear(), y.clear();
@@ -89,6 +108,7 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
     next_step(x, y);
     loss = trainer.step(x, y);
     if (i == first) r.first_loss = loss.item();
+    if (losses) std::fprintf(losses, "%d,%.9g\n", i, loss.item());  // reads it: synchronizes
     if (print_every > 0 && i > 0 && i % print_every == 0) {
       std::printf("    step %d/%d: loss %.4f, lr %.3g\n", i, steps, loss.item(),
                   trainer.optimizer().lr_at(i));
@@ -130,7 +150,7 @@ int main(int argc, char** argv) {
             "fp32|tf32|bf16] [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] "
             "[--depth L] [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] "
             "[--warmup N] [--final-lr-fraction F] [--clip X] [--weight-decay W] "
-            "[--print-every N] [--save CKPT] [--resume CKPT]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
+            "[--print-every N] [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
             "GPT-2; without --data, a synthetic shard written first)\n");
         return 0;
       }
@@ -147,6 +167,10 @@ int main(int argc, char** argv) {
         ck.save = a.value();
       } else if (a.is("--resume")) {
         ck.resume = a.value();
+      } else if (a.is("--save-init")) {
+        ck.save_init = a.value();
+      } else if (a.is("--losses")) {
+        ck.losses = a.value();
       } else if (a.is("--data")) {
         shards = split(a.value());
       } else if (a.is("--accum")) {
