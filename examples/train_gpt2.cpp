@@ -1,9 +1,10 @@
 // Trains GPT-2 (examples/gpt2.h: llm.c's model and recipe — AdamW β 0.9/0.95, weight decay 0.1 on
 // the matrices, the learning rate warmed up and decayed on the device, the gradients clipped at
 // 1.0 on the device, micro-batches accumulated in one step) on llm.c's token shards, or on a
-// synthetic shard it writes first, and prints the loss and the time per step, tokens/s and the
-// captures of each mode. On the GPU when one is usable (GPT-2 small, llm.c's d12, in
-// bfloat16 by default), else on the CPU backend at a tiny size (it says which).
+// synthetic shard it writes first, and prints the loss and the time per step, tokens/s, the
+// model's TFLOP/s (MFU: against the GPU's peak), the captures and the peak GPU memory of each
+// mode. On the GPU when one is usable (GPT-2 small, llm.c's d12, in bfloat16 by default), else
+// on the CPU backend at a tiny size (it says which).
 //
 //   train_gpt2 [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision fp32|tf32|bf16]
 //              [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] [--depth L]
@@ -23,6 +24,10 @@
 
 #include "examples/args.h"
 #include "examples/gpt2.h"
+
+#if GRAPHWARD_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace ex = graphward::examples;
 using graphward::Device;
@@ -48,7 +53,43 @@ std::vector<std::string> split(const std::string& list) {
 struct Run {
   double first_loss = 0, last_loss = 0, ms_per_step = 0;
   std::uint64_t captures = 0;
+  double peak_mib = -1;  // -1: not measured (the CPU)
 };
+
+// The peak of the device memory the run's tensors took: the high-water marks of the stream-ordered
+// pool graphward allocates from (cudaMallocAsync's default pool) and of CUDA graphs' memory
+// (a StepGraph's step), reset before each mode. Library workspaces (cuBLAS's, cuDNN's) are not
+// counted, as torch.cuda.max_memory_allocated counts PyTorch's tensors alone.
+void reset_peak(Device dev) {
+#if GRAPHWARD_HAS_CUDA
+  if (!dev.is_cuda()) return;
+  cudaMemPool_t pool;
+  std::uint64_t zero = 0;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev.index) == cudaSuccess) {
+    (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+  }
+  (void)cudaDeviceSetGraphMemAttribute(dev.index, cudaGraphMemAttrUsedMemHigh, &zero);
+#else
+  (void)dev;
+#endif
+}
+double peak_mib(Device dev) {
+#if GRAPHWARD_HAS_CUDA
+  if (!dev.is_cuda()) return -1;
+  cudaMemPool_t pool;
+  std::uint64_t used = 0, graph = 0;
+  if (cudaDeviceGetDefaultMemPool(&pool, dev.index) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used) != cudaSuccess ||
+      cudaDeviceGetGraphMemAttribute(dev.index, cudaGraphMemAttrUsedMemHigh, &graph) !=
+          cudaSuccess) {
+    return -1;
+  }
+  return static_cast<double>(used + graph) / (1 << 20);
+#else
+  (void)dev;
+  return -1;
+#endif
+}
 
 struct Checkpoints {
   std::string save, resume, save_init;  // paths; empty: none
@@ -57,6 +98,8 @@ struct Checkpoints {
 
 Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
           const std::vector<std::string>& shards, int print_every, const Checkpoints& ck) {
+  ex::synchronize_device(dev);
+  reset_peak(dev);
   ex::Gpt2Trainer trainer(c, dev, mode);
   ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab);
   int first = 0;
@@ -123,6 +166,7 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
                             (steps - untimed)
                       : 0.0;
   r.captures = trainer.captures();
+  r.peak_mib = peak_mib(dev);
   if (!ck.save.empty()) {
     trainer.save(ck.save, steps, data.position());
     std::printf("    saved the run at step %d to '%s'\n", steps, ck.save.c_str());
@@ -273,10 +317,20 @@ int main(int argc, char** argv) {
     if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
     for (ex::Mode m : modes) {
       const Run r = train(c, dev, m, steps, shards, print_every, ck);
-      std::printf("  %-16s loss %.4f -> %.4f, %.3f ms/step, %.0f tokens/s, %llu capture(s)\n",
-                  ex::mode_name(m), r.first_loss, r.last_loss, r.ms_per_step,
-                  1e3 * static_cast<double>(tokens_per_step) / r.ms_per_step,
+      // Model flops a token: 6 · parameters (without the position table) + 12 · depth · seq ·
+      // width for attention's two products (nanoGPT's and llm.c's estimate; the backward 2×).
+      const double flops_per_token =
+          6.0 * static_cast<double>(ex::Gpt2Model::parameter_count(c.model) -
+                                    c.model.max_seq * c.model.width) +
+          12.0 * static_cast<double>(c.model.depth * c.model.seq * c.model.width);
+      const double tokens_per_s = 1e3 * static_cast<double>(tokens_per_step) / r.ms_per_step;
+      std::printf("  %-16s loss %.4f -> %.4f, %.3f ms/step, %.0f tokens/s, %.1f TFLOP/s of the "
+                  "model, %llu capture(s)",
+                  ex::mode_name(m), r.first_loss, r.last_loss, r.ms_per_step, tokens_per_s,
+                  tokens_per_s * flops_per_token / 1e12,
                   static_cast<unsigned long long>(r.captures));
+      if (r.peak_mib >= 0) std::printf(", peak %.0f MiB", r.peak_mib);
+      std::printf("\n");
     }
     return 0;
   } catch (const std::exception& e) {
