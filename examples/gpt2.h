@@ -27,6 +27,7 @@
 #include "examples/checkpoint.h"
 #include "examples/token_shards.h"
 #include "examples/trainer.h"
+#include "graphward_dist.h"
 
 namespace graphward::examples {
 
@@ -197,16 +198,27 @@ struct Gpt2TrainConfig {
 // tensors, as a training loop does (a StepGraph copies them into its slots, Note [Step inputs]).
 class Gpt2Trainer {
  public:
-  Gpt2Trainer(const Gpt2TrainConfig& c, Device device, Mode mode)
-      : c_(c), device_(device), mode_(mode), model_(c.model, device),
+  // group: data parallelism (Note [Gradient reduction]): the parameters broadcast from rank 0,
+  // every step's gradients averaged over the ranks inside its last micro-batch's backward (in
+  // the BackwardGraph mode inside every micro-batch's: the same average, more reductions); each
+  // rank reads its own windows (TokenShards' rank and world). Not owned; null: one process.
+  Gpt2Trainer(const Gpt2TrainConfig& c, Device device, Mode mode,
+              dist::ProcessGroup* group = nullptr)
+      : c_(c), device_(device), mode_(mode), group_(group), model_(c.model, device),
         opt_(decay_matrices_only(model_.params()), adamw_options(c)) {
+    if (group) {
+      GW_CHECK(group->device() == device, "Gpt2Trainer: the group is on ", group->device().str(),
+               ", the trainer on ", device.str(), "; expected one device");
+      group->broadcast(model_.params());
+    }
     GW_CHECK(c.accum >= 1, "Gpt2Trainer: accum is ", c.accum, "; expected at least 1");
     GW_CHECK(c.clip >= 0, "Gpt2Trainer: clip is ", c.clip, "; expected at least 0 (0: none)");
     GW_CHECK(mode != Mode::kStepGraphInBackward, "Gpt2Trainer: ", mode_name(mode),
              " does not accumulate micro-batches or clip; expected eager, backward or step");
     if (mode == Mode::kBackwardGraph) {
       arena_ = std::make_unique<StepArena>(device);
-      bw_ = std::make_unique<BackwardGraph>(device);
+      bw_ = std::make_unique<BackwardGraph>(
+          device, BackwardGraphOptions{.backward = {.reduce_gradients = group}});
     }
     if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
     if (c.bf16) {  // the parameters the forward casts: one forward, nothing recorded
@@ -318,7 +330,8 @@ class Gpt2Trainer {
       if (bw_) {
         bw_->backward(loss, write);
       } else {
-        backward(loss, {.grad_write = write});
+        const bool last = k + 1 == x.size();
+        backward(loss, {.grad_write = write, .reduce_gradients = last ? group_ : nullptr});
       }
       total = k == 0 ? loss.detach() : add(total, loss.detach());
     }
@@ -337,6 +350,7 @@ class Gpt2Trainer {
   Gpt2TrainConfig c_;
   Device device_;
   Mode mode_;
+  dist::ProcessGroup* group_ = nullptr;
   Gpt2Model model_;
   AdamW opt_;
   std::vector<Tensor> cast_parameters_;

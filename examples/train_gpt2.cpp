@@ -10,15 +10,18 @@
 //              [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] [--depth L]
 //              [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] [--warmup N]
 //              [--final-lr-fraction F] [--clip X] [--weight-decay W] [--print-every N]
-//              [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV]
+//              [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV] [--dp]
 // --save: a checkpoint of the run at its end (examples/checkpoint.h: parameters, AdamW's state,
 // the step, the data position); --resume: go on from one, to --steps (the same flags and data:
 // a resumed run ends bitwise where an uninterrupted one would); --save-init: the parameters
 // before the first step (scripts/gpt2_torch.py starts PyTorch's model from them); --losses:
-// every step's loss as CSV (each read synchronizes: for comparisons, not timings).
+// every step's loss as CSV (each read synchronizes: for comparisons, not timings); --dp: data
+// parallel over the ranks scripts/run_dp.sh starts (dist::ProcessGroup, NCCL: each rank its own
+// windows of the data, the gradients averaged inside the backward; on the CPU a group of one).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,11 +100,13 @@ struct Checkpoints {
 };
 
 Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
-          const std::vector<std::string>& shards, int print_every, const Checkpoints& ck) {
+          const std::vector<std::string>& shards, int print_every, const Checkpoints& ck,
+          graphward::dist::ProcessGroup* group) {
   ex::synchronize_device(dev);
   reset_peak(dev);
-  ex::Gpt2Trainer trainer(c, dev, mode);
-  ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab);
+  ex::Gpt2Trainer trainer(c, dev, mode, group);
+  ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab,
+                       group ? group->rank() : 0, group ? group->world_size() : 1);
   int first = 0;
   if (!ck.resume.empty()) {
     const ex::Gpt2Trainer::Resumed r = trainer.load(ck.resume);
@@ -184,6 +189,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> shards;
     ex::Gpt2TrainConfig c;
     Checkpoints ck;
+    bool dp = false;
     // Sizes given on the command line; the rest default by device (d12 on the GPU, tiny on the CPU).
     std::vector<std::pair<std::string, std::string>> sizes;
     ex::ArgReader a(argc, argv);
@@ -194,7 +200,7 @@ int main(int argc, char** argv) {
             "fp32|tf32|bf16] [--data SHARD[,SHARD...]] [--batch B] [--seq T] [--accum K] "
             "[--depth L] [--width C] [--heads H] [--vocab V] [--padded-vocab VP] [--lr LR] "
             "[--warmup N] [--final-lr-fraction F] [--clip X] [--weight-decay W] "
-            "[--print-every N] [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
+            "[--print-every N] [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV] [--dp]\n(on the GPU: GPT-2 small, llm.c's d12, bf16; on the CPU a tiny "
             "GPT-2; without --data, a synthetic shard written first)\n");
         return 0;
       }
@@ -207,6 +213,9 @@ int main(int argc, char** argv) {
         mode = a.value();
       } else if (a.is("--precision")) {
         precision = a.value();
+      } else if (a.is("--dp")) {
+        a.no_value();
+        dp = true;
       } else if (a.is("--save")) {
         ck.save = a.value();
       } else if (a.is("--resume")) {
@@ -243,7 +252,15 @@ int main(int argc, char** argv) {
       throw Error("--mode is " + mode + "; expected eager, backward, step or all");
     }
     const bool gpu = !force_cpu && graphward::cuda_available();
-    const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+    // --dp: a data-parallel group from the environment (GRAPHWARD_RANK, GRAPHWARD_WORLD_SIZE,
+    // GRAPHWARD_NCCL_ID_FILE: scripts/run_dp.sh starts the ranks); on the CPU a group of one.
+    std::unique_ptr<graphward::dist::ProcessGroup> group;
+    if (dp) {
+      graphward::dist::ProcessGroupOptions po;
+      if (!gpu) po.device = Device::cpu();
+      group = std::make_unique<graphward::dist::ProcessGroup>(po);
+    }
+    const Device dev = group ? group->device() : gpu ? Device::cuda(0) : Device::cpu();
     if (precision.empty()) precision = gpu ? "bf16" : "fp32";
     if (precision != "fp32" && precision != "tf32" && precision != "bf16") {
       throw Error("--precision is " + precision + "; expected fp32, tf32 or bf16");
@@ -311,12 +328,16 @@ int main(int argc, char** argv) {
                 c.accum, static_cast<long long>(tokens_per_step),
                 c.bf16 ? "bf16 autocast, TF32 on" : (tf32 ? "TF32 on" : "fp32"),
                 synthetic.empty() ? "from the shards given" : "a synthetic shard", steps);
+    if (group) {
+      std::printf("  data parallel: rank %d of %d, each its own windows of the data\n",
+                  group->rank(), group->world_size());
+    }
     std::vector<ex::Mode> modes;
     if (mode == "eager" || mode == "all") modes.push_back(ex::Mode::kEager);
     if (mode == "backward" || mode == "all") modes.push_back(ex::Mode::kBackwardGraph);
     if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
     for (ex::Mode m : modes) {
-      const Run r = train(c, dev, m, steps, shards, print_every, ck);
+      const Run r = train(c, dev, m, steps, shards, print_every, ck, group.get());
       // Model flops a token: 6 · parameters (without the position table) + 12 · depth · seq ·
       // width for attention's two products (nanoGPT's and llm.c's estimate; the backward 2×).
       const double flops_per_token =

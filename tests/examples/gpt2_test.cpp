@@ -138,6 +138,26 @@ TEST(ExamplesCpu, Gpt2sMicroBatchesAccumulateAsOneBatchInEveryMode) {
                   "Gpt2Trainer::step", "expected 2 of each");
 }
 
+// Data parallelism with a group of one (the CPU's): every mode gives the losses and parameters
+// of the run without a group, bitwise.
+TEST(ExamplesCpu, Gpt2InAGroupOfOneTrainsAsWithoutOne) {
+  ex::Gpt2TrainConfig c{.model = tiny(), .accum = 2};
+  c.model.batch = 2;
+  dist::ProcessGroup group({.rank = 0, .world_size = 1, .device = Device::cpu()});
+  const ex::Batches d = ex::Gpt2Model::data(c.model, Device::cpu());
+  for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
+    ex::Gpt2Trainer alone(c, Device::cpu(), m), grouped(c, Device::cpu(), m, &group);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<Tensor> x{d.x[0], d.x[1]}, y{d.t[0], d.t[1]};
+      EXPECT_EQ(grouped.step(x, y).item(), alone.step(x, y).item()) << ex::mode_name(m);
+    }
+    const std::vector<Tensor> p = grouped.model().params(), q = alone.model().params();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(p[i].to_vector<float>(), q[i].to_vector<float>()) << ex::mode_name(m) << " " << i;
+    }
+  }
+}
+
 // A run checkpointed after 3 steps and resumed by a new trainer (parameters, AdamW's moments and
 // counts, the schedule's place, the data position) ends bitwise where the uninterrupted run ends,
 // eagerly and with the whole step replayed; another model's checkpoint is refused, nothing
