@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -104,9 +105,10 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
           graphward::dist::ProcessGroup* group) {
   ex::synchronize_device(dev);
   reset_peak(dev);
-  ex::Gpt2Trainer trainer(c, dev, mode, group);
+  // The shards checked before the model is built.
   ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab,
                        group ? group->rank() : 0, group ? group->world_size() : 1);
+  ex::Gpt2Trainer trainer(c, dev, mode, group);
   int first = 0;
   if (!ck.resume.empty()) {
     const ex::Gpt2Trainer::Resumed r = trainer.load(ck.resume);
@@ -297,11 +299,11 @@ int main(int argc, char** argv) {
 
     std::string synthetic;
     if (shards.empty()) {  // a synthetic shard: enough tokens for every step's windows
-      const std::int64_t tokens = c.model.batch * c.model.seq * c.accum * (steps + 1) + 1;
+      const std::int64_t world = group ? group->world_size() : 1;
+      const std::int64_t tokens = c.model.batch * c.model.seq * c.accum * world * (steps + 1) + 1;
       synthetic = (std::filesystem::temp_directory_path() /
-                   ("graphward_gpt2_synthetic_" + std::to_string(std::chrono::steady_clock::now()
-                                                                      .time_since_epoch()
-                                                                      .count()) +
+                   ("graphward_gpt2_synthetic_" + std::to_string(std::random_device{}()) + "_" +
+                    std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
                     ".bin"))
                       .string();
       ex::write_token_shard(synthetic, ex::synthetic_tokens(tokens, c.model.vocab, 7));
