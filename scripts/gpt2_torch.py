@@ -6,8 +6,9 @@
    (AdamW 0.9/0.95 with decay on the matrices, the warm-up and cosine schedule, clipping at 1.0,
    micro-batches), its losses step by step; with `--against gw.csv` (train_gpt2 --losses) it
    prints both and fails when a step's losses differ by more than --tolerance (relative).
-2. Timing (--time): ms a step, tokens/s and peak memory of PyTorch's step — eager, or with
-   torch.compile (--compile) — CUDA events over --steps after --warmup steps.
+2. Timing (--time): ms a step, tokens/s and peak memory of PyTorch's step — eager, with
+   torch.compile (--compile), the whole step in one torch.cuda.graph (--graph, the strongest with
+   --compile) — CUDA events over --steps after --warmup-steps steps.
 
 Run where PyTorch and a GPU are (the CPU works for small sizes):
   make_token_shard s.bin --tokens 2000000 && \\
@@ -170,6 +171,10 @@ def main():
     p.add_argument("--losses", help="write this run's losses as CSV")
     p.add_argument("--time", action="store_true", help="time the steps (CUDA events)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--graph", action="store_true",
+                   help="with --time: the whole step (micro-batches, clipping, AdamW with a "
+                        "capturable rate) captured once in a torch.cuda.graph and replayed; with "
+                        "--compile the forward and loss one torch.compile(fullgraph=True) inside")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps with --time")
     a = p.parse_args()
 
@@ -200,28 +205,74 @@ def main():
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
     fused = dev.type == "cuda"
+    graph = a.graph and a.time
+    if graph and dev.type != "cuda":
+        sys.exit("--graph needs CUDA")
+    # A captured step reads its rate from a tensor (capturable AdamW), set before each replay.
+    lr = torch.tensor(a.lr, device=dev) if graph else a.lr
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    step_model = torch.compile(model) if a.compile else model
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused, capturable=graph)
     data = Shards(a.data.split(","), a.batch, a.seq)
 
-    def train_step(t):
+    def forward_loss(x, y):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            return model(x, y)
+    if a.compile:
+        forward_loss = torch.compile(forward_loss, fullgraph=True)
+
+    def set_lr(t):
+        value = scheduled_lr(a.lr, t, a.warmup, a.steps, a.final_lr_fraction)
         for g in opt.param_groups:
-            g["lr"] = scheduled_lr(a.lr, t, a.warmup, a.steps, a.final_lr_fraction)
+            if graph:
+                g["lr"].fill_(value)
+            else:
+                g["lr"] = value
+
+    def accumulate_and_step(xs, ys):
         total = 0.0
-        for _ in range(a.accum):
-            x, y = data.next()
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-                loss = step_model(x, y) / a.accum
+        for x, y in zip(xs, ys):
+            loss = forward_loss(x, y) / a.accum
             loss.backward()
             total = total + loss.detach()
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(params, a.clip)
         opt.step()
+        return total
+
+    def batch():
+        pairs = [data.next() for _ in range(a.accum)]
+        return ([x.to(dev, non_blocking=True) for x, _ in pairs],
+                [y.to(dev, non_blocking=True) for _, y in pairs])
+
+    def train_step(t):
+        set_lr(t)
+        xs, ys = batch()
+        total = accumulate_and_step(xs, ys)
         opt.zero_grad(set_to_none=True)
         return total
+
+    if graph:  # PyTorch's whole-step capture: warm up on a side stream, .grad = None, capture
+        static_x, static_y = batch()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for t in range(3):
+                set_lr(t)
+                accumulate_and_step(static_x, static_y)
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.current_stream().wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            static_loss = accumulate_and_step(static_x, static_y)
+
+        def train_step(t):  # noqa: F811 (the captured step replaces the eager one)
+            set_lr(t)
+            xs, ys = batch()
+            for dst, src in zip(static_x + static_y, xs + ys):
+                dst.copy_(src)
+            captured.replay()
+            return static_loss
 
     losses = []
     if a.time:
@@ -243,7 +294,8 @@ def main():
         else:
             ms, peak = 1e3 * (time.perf_counter() - t0) / a.steps, 0.0
         tokens = a.batch * a.seq * a.accum
-        print(f"pytorch {'compile' if a.compile else 'eager'} {a.precision}: {ms:.3f} ms/step, "
+        variant = ("compile" if a.compile else "eager") + (" in a CUDA graph" if graph else "")
+        print(f"pytorch {variant} {a.precision}: {ms:.3f} ms/step, "
               f"{1e3 * tokens / ms:.0f} tokens/s, peak {peak:.0f} MiB")
         return 0
     for t in range(a.steps):
