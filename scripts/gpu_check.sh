@@ -27,7 +27,9 @@
 # default 1000; tests/fuzz), GW_FUZZ_SANITIZER_PROGRAMS (of them under racecheck and synccheck,
 # step 5b; default 100, 0 none), GW_TSAN_REPEAT (runs of the threads' tests in a ThreadSanitizer
 # build, step 5c; default 5), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
-# every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540).
+# every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540),
+# GW_RACECHECK_KERNELS (the kernels racecheck instruments, by name substring; default
+# "graphward"; e.g. "graphward nvjet" to instrument cuBLASLt's Hopper kernels too).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -245,7 +247,10 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # shared-memory tiles over through mbarriers and named barriers racecheck does not follow (23
   # reports, thousands of hazards); and a TF32 convolution candidate cudnnFind* times ended the
   # process in "Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception".
-  [ "$tool" = racecheck ] && extra=(--kernel-name kns=graphward)
+  if [ "$tool" = racecheck ]; then
+    local k
+    for k in ${GW_RACECHECK_KERNELS:-graphward}; do extra+=(--kernel-name "kns=$k"); done
+  fi
   # synccheck cannot follow cuDNN's fused-attention kernels (library code, warp-specialized: warps
   # of a block meet at named barriers in groups): it overflowed its table of tracked barriers
   # (raised to 256 here), then reported their group barriers as divergent threads and aborted the
@@ -333,7 +338,10 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
 # 0 leaves this out), with the same exclusions as the suite's run.
 sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alone (log fuzz_TOOL)
   local tool=$1 extra=()
-  [ "$tool" = racecheck ] && extra=(--kernel-name kns=graphward)
+  if [ "$tool" = racecheck ]; then
+    local k
+    for k in ${GW_RACECHECK_KERNELS:-graphward}; do extra+=(--kernel-name "kns=$k"); done
+  fi
   local start=$SECONDS
   GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED GRAPHWARD_GEMM_TUNING=0 timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
     --tool "$tool" "${extra[@]}" --error-exitcode 99 "$BIN/tests/graphward_gpu_tests" \
