@@ -23,56 +23,23 @@ import struct
 import sys
 import time
 
+import os
+
 import torch
 import torch.nn.functional as F
 
-DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.int32, 3: torch.bfloat16}
-MAGIC = b"graphwardckpt"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import graphward_checkpoint  # noqa: E402
 
-
-def fnv1a(data):
-    h = 0xcbf29ce484222325
-    for b in data:
-        h ^= b
-        h = (h * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-    return h
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
+          "bfloat16": torch.bfloat16}
 
 
 def read_checkpoint(path):
-    """examples/checkpoint.h's layout: the tensors by name and the integers."""
-    data = open(path, "rb").read()
-    if not data.startswith(MAGIC):
-        sys.exit(f"{path}: not a graphward checkpoint")
-    body, stored = data[:-8], struct.unpack("<Q", data[-8:])[0]
-    at = len(MAGIC)
-    version, n_tensors, n_ints = struct.unpack_from("<III", body, at)
-    at += 12
-    if version != 1:
-        sys.exit(f"{path}: version {version}; expected 1")
-    if len(body) < 50_000_000 and fnv1a(body) != stored:  # pure Python: small files only
-        sys.exit(f"{path}: its checksum does not match")
-    tensors, ints = {}, {}
-    for _ in range(n_tensors):
-        (n,) = struct.unpack_from("<I", body, at)
-        at += 4
-        name = body[at:at + n].decode()
-        at += n
-        code, rank = struct.unpack_from("<BB", body, at)
-        at += 2
-        shape = struct.unpack_from("<" + "q" * rank, body, at)
-        at += 8 * rank
-        (nbytes,) = struct.unpack_from("<Q", body, at)
-        at += 8
-        t = torch.frombuffer(bytearray(body[at:at + nbytes]), dtype=DTYPES[code])
-        tensors[name] = t.reshape(shape).clone()
-        at += nbytes
-    for _ in range(n_ints):
-        (n,) = struct.unpack_from("<I", body, at)
-        at += 4
-        name = body[at:at + n].decode()
-        at += n
-        (ints[name],) = struct.unpack_from("<q", body, at)
-        at += 8
+    """examples/checkpoint.h's layout (scripts/graphward_checkpoint.py): tensors by name, integers."""
+    raw, ints = graphward_checkpoint.read(path)
+    tensors = {name: torch.frombuffer(bytearray(b), dtype=DTYPES[d]).reshape(shape).clone()
+               for name, (d, shape, b) in raw.items()}
     return tensors, ints
 
 
