@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench/bench_models.h"
+#include "examples/device_peak.h"
 #include "examples/gpt2.h"
 
 namespace gw = graphward;
@@ -33,26 +34,6 @@ namespace ex = graphward::examples;
 namespace {
 
 constexpr gw::Device kDev = gw::bench::kDev;
-
-void reset_peak() {
-  cudaMemPool_t pool;
-  std::uint64_t zero = 0;
-  if (cudaDeviceGetDefaultMemPool(&pool, kDev.index) == cudaSuccess) {
-    (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
-  }
-  (void)cudaDeviceSetGraphMemAttribute(kDev.index, cudaGraphMemAttrUsedMemHigh, &zero);
-}
-double peak_mib() {
-  cudaMemPool_t pool;
-  std::uint64_t used = 0, graph = 0;
-  if (cudaDeviceGetDefaultMemPool(&pool, kDev.index) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used) != cudaSuccess ||
-      cudaDeviceGetGraphMemAttribute(kDev.index, cudaGraphMemAttrUsedMemHigh, &graph) !=
-          cudaSuccess) {
-    return -1;
-  }
-  return static_cast<double>(used + graph) / (1 << 20);
-}
 
 void gpt2(benchmark::State& state) {
   if (gw::bench::skip_without_gpu(state)) return;
@@ -72,7 +53,7 @@ void gpt2(benchmark::State& state) {
     gw::DeviceGuard guard(kDev);
     (void)cudaDeviceSynchronize();
   }
-  reset_peak();
+  ex::reset_device_peak(kDev);
   ex::Gpt2Trainer trainer(c, kDev, mode);
   const ex::Batches d = ex::Gpt2Model::data(c.model, kDev);
   int i = 0;
@@ -102,14 +83,11 @@ void gpt2(benchmark::State& state) {
   std::sort(blocks.begin(), blocks.end());
   const double loop_us = blocks[blocks.size() / 2];
   const double tokens = static_cast<double>(c.model.batch * c.model.seq);
-  const double flops_per_token =
-      6.0 * static_cast<double>(ex::Gpt2Model::parameter_count(c.model) -
-                                c.model.max_seq * c.model.width) +
-      12.0 * static_cast<double>(c.model.depth * c.model.seq * c.model.width);
+  const double flops_per_token = ex::Gpt2Model::flops_per_token(c.model);
   state.counters["loop_us"] = loop_us;
   state.counters["tokens_per_s"] = tokens / (loop_us * 1e-6);
   state.counters["model_tflops"] = tokens * flops_per_token / (loop_us * 1e-6) / 1e12;
-  state.counters["peak_mib"] = peak_mib();
+  state.counters["peak_mib"] = ex::device_peak_mib(kDev);
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
   state.SetLabel(ex::mode_name(mode));
 }

@@ -2,9 +2,8 @@
 // Checkpoints: named tensors (any dtype, on any device) and named 64-bit integers in one file,
 // for examples/train_gpt2 (its parameters, optimizer state, step and data position).
 //
-// save_checkpoint writes to a temporary file beside `path` and renames it over `path` once the
-// whole file is written and flushed: a failed or interrupted save leaves an earlier checkpoint as
-// it was. load_checkpoint reads the file whole and checks all of it — the magic, the version,
+// save_checkpoint writes the file whole or not at all (examples/atomic_file.h): a failed or
+// interrupted save leaves an earlier checkpoint as it was. load_checkpoint reads the file whole and checks all of it — the magic, the version,
 // every record, the checksum at its end (a truncated or altered file fails it), and that it
 // holds exactly the tensors asked for, each with the asked dtype and shape — before it writes
 // anything; then it copies each tensor into its destination in place (copy_: the addresses a
@@ -17,13 +16,13 @@
 // 64-bit hash (u64) of everything before it.
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "examples/atomic_file.h"
 #include "graphward.h"
 
 namespace graphward::examples {
@@ -101,24 +100,7 @@ inline void save_checkpoint(const std::string& path,
     d::put<std::int64_t>(out, v);
   }
   d::put<std::uint64_t>(out, d::fnv1a(out.data(), out.size()));
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    GW_CHECK(f.good(), "save_checkpoint: cannot open '", tmp, "' for writing; '", path,
-             "' left as it was");
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    f.flush();
-    if (!f.good()) {
-      f.close();
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw Error("save_checkpoint: writing '" + tmp + "' failed (disk full?); '" + path +
-                  "' left as it was");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  GW_CHECK(!ec, "save_checkpoint: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  write_file_atomically("save_checkpoint", path, {{out.data(), out.size()}});
 }
 
 // Restores `tensors` (each name once) from `path` and returns its integers, which must be

@@ -144,6 +144,12 @@ class Gpt2Model {
     const std::int64_t C = c.width;
     return c.padded_vocab * C + c.max_seq * C + c.depth * (12 * C * C + 13 * C) + 2 * C;
   }
+  // A training step's flops a token: 6 · parameters (without the position table) + 12 · depth ·
+  // seq · width for attention's two products (nanoGPT's and llm.c's estimate; the backward 2×).
+  static double flops_per_token(const Gpt2Config& c) {
+    return 6.0 * static_cast<double>(parameter_count(c) - c.max_seq * c.width) +
+           12.0 * static_cast<double>(c.depth * c.seq * c.width);
+  }
 
   // `batches` windows of synthetic tokens (synthetic_tokens with the config's data seed), each
   // batch · seq inputs and their targets, the next tokens.

@@ -16,13 +16,13 @@
 // is refused with an error naming the file and what was wrong, and the reader stays where it was.
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "examples/atomic_file.h"
 
 namespace graphward::examples {
 
@@ -30,8 +30,8 @@ inline constexpr std::int32_t kShardMagic = 20240520;
 inline constexpr std::int32_t kShardVersion = 1;
 inline constexpr std::size_t kShardHeaderInts = 256;
 
-// Writes `tokens` as a shard at `path`: to a temporary file beside it first, renamed over `path`
-// once complete (a failed write leaves any earlier file at `path` as it was).
+// Writes `tokens` as a shard at `path`, whole or not at all (examples/atomic_file.h: a failed
+// write leaves any earlier file at `path` as it was).
 inline void write_token_shard(const std::string& path, const std::vector<std::uint16_t>& tokens) {
   GW_CHECK(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "write_token_shard: ",
            tokens.size(), " tokens; a shard holds at most ", INT32_MAX);
@@ -39,26 +39,9 @@ inline void write_token_shard(const std::string& path, const std::vector<std::ui
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = static_cast<std::int32_t>(tokens.size());
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GW_CHECK(out.good(), "write_token_shard: cannot open '", tmp, "' for writing");
-    out.write(reinterpret_cast<const char*>(header.data()),
-              static_cast<std::streamsize>(header.size() * sizeof(std::int32_t)));
-    out.write(reinterpret_cast<const char*>(tokens.data()),
-              static_cast<std::streamsize>(tokens.size() * sizeof(std::uint16_t)));
-    out.flush();
-    if (!out.good()) {
-      out.close();
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw Error("write_token_shard: writing '" + tmp + "' failed (disk full?); '" + path +
-                  "' left as it was");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  GW_CHECK(!ec, "write_token_shard: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  write_file_atomically("write_token_shard", path,
+                        {{header.data(), header.size() * sizeof(std::int32_t)},
+                         {tokens.data(), tokens.size() * sizeof(std::uint16_t)}});
 }
 
 // A synthetic shard's tokens: `count` tokens below `vocab` from a fixed-seed generator, with

@@ -27,11 +27,9 @@
 #include <vector>
 
 #include "examples/args.h"
+#include "examples/device_peak.h"
 #include "examples/gpt2.h"
 
-#if GRAPHWARD_HAS_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace ex = graphward::examples;
 using graphward::Device;
@@ -60,41 +58,6 @@ struct Run {
   double peak_mib = -1;  // -1: not measured (the CPU)
 };
 
-// The peak of the device memory the run's tensors took: the high-water marks of the stream-ordered
-// pool graphward allocates from (cudaMallocAsync's default pool) and of CUDA graphs' memory
-// (a StepGraph's step), reset before each mode. Library workspaces (cuBLAS's, cuDNN's) are not
-// counted, as torch.cuda.max_memory_allocated counts PyTorch's tensors alone.
-void reset_peak(Device dev) {
-#if GRAPHWARD_HAS_CUDA
-  if (!dev.is_cuda()) return;
-  cudaMemPool_t pool;
-  std::uint64_t zero = 0;
-  if (cudaDeviceGetDefaultMemPool(&pool, dev.index) == cudaSuccess) {
-    (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
-  }
-  (void)cudaDeviceSetGraphMemAttribute(dev.index, cudaGraphMemAttrUsedMemHigh, &zero);
-#else
-  (void)dev;
-#endif
-}
-double peak_mib(Device dev) {
-#if GRAPHWARD_HAS_CUDA
-  if (!dev.is_cuda()) return -1;
-  cudaMemPool_t pool;
-  std::uint64_t used = 0, graph = 0;
-  if (cudaDeviceGetDefaultMemPool(&pool, dev.index) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used) != cudaSuccess ||
-      cudaDeviceGetGraphMemAttribute(dev.index, cudaGraphMemAttrUsedMemHigh, &graph) !=
-          cudaSuccess) {
-    return -1;
-  }
-  return static_cast<double>(used + graph) / (1 << 20);
-#else
-  (void)dev;
-  return -1;
-#endif
-}
-
 struct Checkpoints {
   std::string save, resume, save_init;  // paths; empty: none
   std::string losses;                   // a CSV of every step's loss; empty: none
@@ -104,7 +67,7 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
           const std::vector<std::string>& shards, int print_every, const Checkpoints& ck,
           graphward::dist::ProcessGroup* group) {
   ex::synchronize_device(dev);
-  reset_peak(dev);
+  ex::reset_device_peak(dev);
   // The shards checked before the model is built.
   ex::TokenShards data(shards, c.model.batch, c.model.seq, c.model.vocab,
                        group ? group->rank() : 0, group ? group->world_size() : 1);
@@ -173,7 +136,7 @@ Run train(const ex::Gpt2TrainConfig& c, Device dev, ex::Mode mode, int steps,
                             (steps - untimed)
                       : 0.0;
   r.captures = trainer.captures();
-  r.peak_mib = peak_mib(dev);
+  r.peak_mib = ex::device_peak_mib(dev);
   if (!ck.save.empty()) {
     trainer.save(ck.save, steps, data.position());
     std::printf("    saved the run at step %d to '%s'\n", steps, ck.save.c_str());
@@ -340,12 +303,7 @@ int main(int argc, char** argv) {
     if (mode == "step" || mode == "all") modes.push_back(ex::Mode::kStepGraph);
     for (ex::Mode m : modes) {
       const Run r = train(c, dev, m, steps, shards, print_every, ck, group.get());
-      // Model flops a token: 6 · parameters (without the position table) + 12 · depth · seq ·
-      // width for attention's two products (nanoGPT's and llm.c's estimate; the backward 2×).
-      const double flops_per_token =
-          6.0 * static_cast<double>(ex::Gpt2Model::parameter_count(c.model) -
-                                    c.model.max_seq * c.model.width) +
-          12.0 * static_cast<double>(c.model.depth * c.model.seq * c.model.width);
+      const double flops_per_token = ex::Gpt2Model::flops_per_token(c.model);
       const double tokens_per_s = 1e3 * static_cast<double>(tokens_per_step) / r.ms_per_step;
       std::printf("  %-16s loss %.4f -> %.4f, %.3f ms/step, %.0f tokens/s, %.1f TFLOP/s of the "
                   "model, %llu capture(s)",

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +35,28 @@
   } while (0)
 
 namespace graphward::testing {
+
+// A fresh directory for the running test's files, under the system's temporary directory and
+// named by `prefix` and the test; removed with this object.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& prefix)
+      : dir_(std::filesystem::temp_directory_path() /
+             (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 // The tensor's values as doubles (any floating dtype, any device; bfloat16 widened exactly).
 inline std::vector<double> values(const Tensor& t) {

@@ -19,15 +19,7 @@ namespace fs = std::filesystem;
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("graphward_ckpt_" + std::string(
-                                    ::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return scratch_.path(name); }
   static std::vector<std::pair<std::string, Tensor>> tensors() {
     return {{"w", randn({3, 4}, 1)},
             {"d", randn({5}, 2, {DType::kFloat64, Device::cpu()})},
@@ -60,7 +52,7 @@ class CheckpointTest : public ::testing::Test {
     }
     return out;
   }
-  fs::path dir_;
+  testing::ScratchDir scratch_{"graphward_ckpt_"};
 };
 
 TEST_F(CheckpointTest, TensorsOfEveryDtypeAndIntegersComeBackBitwiseAndInPlace) {

@@ -4,7 +4,6 @@
 #include "examples/gpt2.h"
 
 #include <cmath>
-#include <filesystem>
 
 #include "test_util.h"
 
@@ -163,11 +162,8 @@ TEST(ExamplesCpu, Gpt2InAGroupOfOneTrainsAsWithoutOne) {
 // eagerly and with the whole step replayed; another model's checkpoint is refused, nothing
 // restored.
 TEST(ExamplesCpu, AResumedGpt2RunIsBitwiseTheUninterruptedOne) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "graphward_gpt2_resume";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string shard = (dir / "s.bin").string(), ckpt = (dir / "run.ckpt").string();
+  const testing::ScratchDir dir("graphward_gpt2_");
+  const std::string shard = dir.path("s.bin"), ckpt = dir.path("run.ckpt");
   ex::Gpt2TrainConfig c{.model = tiny(), .accum = 2, .warmup_steps = 2, .total_steps = 8,
                         .final_lr_fraction = 0.1};
   c.model.batch = 2;
@@ -212,13 +208,12 @@ TEST(ExamplesCpu, AResumedGpt2RunIsBitwiseTheUninterruptedOne) {
   ex::Gpt2TrainConfig small = c;
   small.model.depth = 1;
   ex::Gpt2Trainer other(small, Device::cpu(), ex::Mode::kEager);
-  other.save((dir / "small.ckpt").string(), 0, {});
+  other.save(dir.path("small.ckpt"), 0, {});
   ex::Gpt2Trainer t(c, Device::cpu(), ex::Mode::kEager);
   const std::vector<float> before = t.model().params()[0].to_vector<float>();
-  GW_EXPECT_ERROR((void)t.load((dir / "small.ckpt").string()), "small.ckpt", "tensor 'adamw.step'",
+  GW_EXPECT_ERROR((void)t.load(dir.path("small.ckpt")), "small.ckpt", "tensor 'adamw.step'",
                   "expected float64 [28]");
   EXPECT_EQ(t.model().params()[0].to_vector<float>(), before);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -21,15 +21,7 @@ namespace fs = std::filesystem;
 
 class TokenShardsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("graphward_shards_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return scratch_.path(name); }
   // A shard of tokens 0, 1, 2, ... (mod vocab) from `first`.
   std::string counting(const std::string& name, std::int64_t n, std::int64_t first = 0,
                        std::int64_t vocab = 50257) {
@@ -50,7 +42,7 @@ class TokenShardsTest : public ::testing::Test {
     for (std::size_t i = 0; i < extra; ++i) out.put('\0');
     return path(name);
   }
-  fs::path dir_;
+  testing::ScratchDir scratch_{"graphward_shards_"};
 };
 
 TEST_F(TokenShardsTest, AWrittenShardReadsBackAndItsWindowsAreInputsAndTargetsShiftedByOne) {
