@@ -1,0 +1,126 @@
+// GPT-2 (examples/gpt2.h) on the GPU at a small width and depth, as train_gpt2 runs it: llm.c's
+// initialization gives a first loss of ln(vocab) in float32 and under Autocast (bfloat16 matrix
+// products, cuDNN's fused causal attention); it trains with llm.c's recipe (the schedule,
+// clipping, decay on the matrices); two micro-batches a step — in the backward-graph mode two
+// replays of one captured backward a step — give the losses of one batch twice their size; the
+// graph modes capture once and read each step's new batch tensors without an update; their
+// losses are the eager ones within rounding (the embedding's gradient adds repeated ids with
+// atomics, in an order that varies run to run).
+#include <cmath>
+
+#include "examples/gpt2.h"
+#include "test_util.h"
+
+namespace graphward {
+namespace {
+namespace ex = graphward::examples;
+
+ex::Gpt2Config small() {
+  return {.batch = 4, .seq = 64, .depth = 2, .width = 128, .heads = 4, .vocab = 1000,
+          .padded_vocab = 1024, .max_seq = 128, .batches = 4, .lr = 1e-3};
+}
+
+// Rows [start, start + n) of int32 ids [rows, cols], as a new device tensor.
+Tensor narrow_rows(const Tensor& ids, std::int64_t start, std::int64_t n) {
+  const std::vector<std::int32_t> v = ids.to_vector<std::int32_t>();
+  const std::int64_t cols = ids.numel() / ids.size(0);
+  return from_vector(std::vector<std::int32_t>(v.begin() + start * cols,
+                                               v.begin() + (start + n) * cols),
+                     {n, cols}, ids.device());
+}
+
+struct Trained {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> params;
+  std::uint64_t captures = 0, updates = 0;
+};
+
+// `steps` steps of a trainer over the batches of d, each step's accum micro-batches cut from one
+// batch's rows (new tensors every step, as a training loop makes them).
+Trained train_steps(const ex::Gpt2TrainConfig& c, ex::Mode m, const ex::Batches& d, int steps) {
+  ex::Gpt2Trainer t(c, Device::cuda(0), m);
+  Trained r;
+  const std::int64_t rows = c.model.batch, seq = c.model.seq;
+  for (int s = 0; s < steps; ++s) {
+    const std::size_t b = static_cast<std::size_t>(s) % d.x.size();
+    std::vector<Tensor> x, y;
+    for (int k = 0; k < c.accum; ++k) {
+      x.push_back(narrow_rows(d.x[b], k * rows, rows));
+      y.push_back(narrow_rows(d.t[b].view({rows * c.accum, seq}), k * rows, rows)
+                      .view({rows * seq}));
+    }
+    r.losses.push_back(t.step(x, y).item());
+  }
+  for (const Tensor& p : t.model().params()) r.params.push_back(p.to_vector<float>());
+  r.captures = t.captures();
+  r.updates = t.updates();
+  EXPECT_EQ(t.optimizer().steps(), steps) << ex::mode_name(m);
+  return r;
+}
+
+void expect_modes_agree(const ex::Gpt2TrainConfig& c, const ex::Batches& d, int steps,
+                        double tolerance) {
+  const Trained eager = train_steps(c, ex::Mode::kEager, d, steps);
+  EXPECT_NEAR(eager.losses.front(), std::log(static_cast<double>(c.model.vocab)), 0.1);
+  EXPECT_LT(eager.losses.back(), 0.7 * eager.losses.front())
+      << eager.losses.front() << " -> " << eager.losses.back();
+  for (ex::Mode m : {ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
+    const Trained r = train_steps(c, m, d, steps);
+    EXPECT_EQ(r.captures, 1u) << ex::mode_name(m);
+    EXPECT_EQ(r.updates, 0u) << ex::mode_name(m);
+    ASSERT_EQ(r.losses.size(), eager.losses.size());
+    for (std::size_t s = 0; s < r.losses.size(); ++s) {
+      EXPECT_NEAR(r.losses[s], eager.losses[s], tolerance * eager.losses.front())
+          << ex::mode_name(m) << " step " << s;
+    }
+  }
+}
+
+TEST(ExamplesCuda, Gpt2StartsAtLnVocabTrainsAndItsModesAgreeInFloat32AndBFloat16) {
+  GW_REQUIRE_GPU();
+  ex::Gpt2TrainConfig c{.model = small(), .warmup_steps = 5, .total_steps = 40,
+                        .final_lr_fraction = 0.1};
+  const ex::Batches d = ex::Gpt2Model::data(c.model, Device::cuda(0));
+  expect_modes_agree(c, d, 40, 1e-4);
+  c.bf16 = true;
+  expect_modes_agree(c, d, 40, 2e-2);
+}
+
+// Two micro-batches of two sequences a step: the losses and parameters of one batch of four, in
+// every mode (the backward graph replayed twice a step, its gradients accumulated in place).
+TEST(ExamplesCuda, Gpt2sMicroBatchesAccumulateAsOneBatchInEveryMode) {
+  GW_REQUIRE_GPU();
+  ex::Gpt2TrainConfig one{.model = small(), .warmup_steps = 2, .total_steps = 6,
+                          .final_lr_fraction = 0.1};
+  const ex::Batches d = ex::Gpt2Model::data(one.model, Device::cuda(0));
+  const Trained whole = train_steps(one, ex::Mode::kEager, d, 6);
+  ex::Gpt2TrainConfig two = one;
+  two.accum = 2;
+  two.model.batch = 2;
+  for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
+    const Trained r = train_steps(two, m, d, 6);
+    for (std::size_t s = 0; s < r.losses.size(); ++s) {
+      EXPECT_NEAR(r.losses[s], whole.losses[s], 1e-5 * whole.losses.front())
+          << ex::mode_name(m) << " step " << s;
+    }
+    ASSERT_EQ(r.params.size(), whole.params.size());
+    for (std::size_t i = 0; i < r.params.size(); ++i) {
+      if (i >= 2 && (i - 2) % 12 == 3) continue;  // a QKV bias: K's third has no gradient, only
+                                                  // rounding that AdamW's normalized step grows
+      double num = 0, den = 0;
+      for (std::size_t j = 0; j < r.params[i].size(); ++j) {
+        const double e = static_cast<double>(r.params[i][j]) - whole.params[i][j];
+        num += e * e;
+        den += static_cast<double>(whole.params[i][j]) * whole.params[i][j];
+      }
+      EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 1e-4)
+          << ex::mode_name(m) << " parameter " << i;
+    }
+    if (m != ex::Mode::kEager) {
+      EXPECT_EQ(r.captures, 1u) << ex::mode_name(m);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace graphward
