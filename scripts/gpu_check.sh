@@ -29,7 +29,7 @@
 # build, step 5c; default 5), GW_TORCH_MODEL_MODES (compare_torch.py --models --modes; default
 # every mode), GW_TORCH_MODELS_TIMEOUT (seconds for PyTorch's model rows, default 540),
 # GW_RACECHECK_KERNELS (the kernels racecheck instruments, by name substring; default
-# "graphward"; e.g. "graphward nvjet" to instrument cuBLASLt's Hopper kernels too).
+# "graphward nvjet": graphward's and cuBLASLt's Hopper kernels; see sanitize()).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -241,15 +241,16 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   local tool=$1 extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check full)
   # racecheck checks shared-memory hazards in graphward's own kernels (every one is in namespace
-  # graphward): the libraries' kernels are left uninstrumented. They were most of its time (the
-  # 2048³ busy-work GEMMs; cuBLASLt's bfloat16 nvjet kernels, whose names say no "gemm", made the
-  # transformer example's steps 2.5 s); cuDNN's fused-attention kernels, warp-specialized, hand
-  # shared-memory tiles over through mbarriers and named barriers racecheck does not follow (23
-  # reports, thousands of hazards); and a TF32 convolution candidate cudnnFind* times ended the
-  # process in "Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception".
+  # graphward) and in cuBLASLt's bfloat16 Hopper kernels (nvjet_*, launched in clusters): left
+  # out, the first of those in a process ended it in "Internal Sanitizer Error: The Sanitizer
+  # failed to handle a hardware exception" even with no kernel instrumented at all; instrumented,
+  # they run (slowly: the transformer example's steps took 2.5 s). The other libraries' kernels
+  # are left out: they were most of its time (the 2048³ busy-work GEMMs), and cuDNN's
+  # fused-attention kernels, warp-specialized, hand shared-memory tiles over through mbarriers
+  # and named barriers racecheck does not follow (23 reports, thousands of hazards).
   if [ "$tool" = racecheck ]; then
     local k
-    for k in ${GW_RACECHECK_KERNELS:-graphward}; do extra+=(--kernel-name "kns=$k"); done
+    for k in ${GW_RACECHECK_KERNELS:-graphward nvjet}; do extra+=(--kernel-name "kns=$k"); done
   fi
   # synccheck cannot follow cuDNN's fused-attention kernels (library code, warp-specialized: warps
   # of a block meet at named barriers in groups): it overflowed its table of tracked barriers
@@ -271,8 +272,10 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   [ "$tool" = initcheck ] && extra=(--print-limit 50000 --nvtx yes)
   # initcheck instruments every cuDNN candidate that cudnnFind* times (minutes per shape): its
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
+  # racecheck too: a TF32 convolution candidate cudnnFind* times ended the process in that
+  # hardware exception, instrumented or not.
   local find=1
-  [ "$tool" = initcheck ] && find=0
+  [ "$tool" = initcheck ] || [ "$tool" = racecheck ] && find=0
   # The tools run the suite with Note [Choosing a GEMM algorithm]'s timing off (each new GEMM
   # shape's timing launches every candidate a dozen times: minutes a shape under a tool); the
   # CudaGemmChoice tests turn it on for themselves, so the timing's own launches are checked.
@@ -340,7 +343,7 @@ sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alon
   local tool=$1 extra=()
   if [ "$tool" = racecheck ]; then
     local k
-    for k in ${GW_RACECHECK_KERNELS:-graphward}; do extra+=(--kernel-name "kns=$k"); done
+    for k in ${GW_RACECHECK_KERNELS:-graphward nvjet}; do extra+=(--kernel-name "kns=$k"); done
   fi
   local start=$SECONDS
   GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED GRAPHWARD_GEMM_TUNING=0 timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
