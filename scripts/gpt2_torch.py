@@ -272,7 +272,10 @@ def main():
             f.write("step,loss\n")
             for t, l in enumerate(losses):
                 f.write(f"{t},{l:.9g}\n")
-    print(f"first loss {losses[0]:.4f} (ln(vocab) = {math.log(a.vocab):.4f}), "
+    # llm.c's initialization: logits of variance width · 0.02² over the layer norm's output, whose
+    # mean loss is ln(vocab) + width · 0.02² / 2 (10.978 at GPT-2 small, not ln(50257) = 10.825).
+    expected = math.log(a.vocab) + a.width * 0.02**2 / 2
+    print(f"first loss {losses[0]:.4f} (ln(vocab) + width · 0.02² / 2 = {expected:.4f}), "
           f"last {losses[-1]:.4f}")
     if a.against:
         gw = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(open(a.against))}

@@ -5,7 +5,8 @@
 # libraries' known ones, sanitizer_known_reports in common.sh) and its threads' tests in a
 # ThreadSanitizer build, runs random programs, the soak,
 # the example on the GPU and the benchmarks, and prints a one-screen summary last.
-# Full logs go to $OUT (an output folder to collect) when set, else to build/gpu_check/.
+# Full logs go to $LOG_DIR when set, else to $OUT/logs (packed into $OUT/gpu_check_logs.tar.gz
+# at the end) when $OUT (an output folder to collect) is set, else to build/gpu_check/.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-soak] [--no-bench | --overlap-only | --models-only]
 #   scripts/gpu_check.sh --compute-sanitizer-only
 # --compute-sanitizer-only: the build and compute-sanitizer's runs (steps 1, 5 and 5b) alone — on a
@@ -45,7 +46,7 @@ for a in "$@"; do
     *) echo "unknown argument $a"; exit 2 ;;
   esac
 done
-LOG_DIR=${OUT:+$OUT/logs}
+LOG_DIR=${LOG_DIR:-${OUT:+$OUT/logs}}
 LOG_DIR=${LOG_DIR:-$GW_BUILD_DIR/gpu_check}
 mkdir -p "$LOG_DIR"
 
@@ -272,10 +273,8 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   [ "$tool" = initcheck ] && extra=(--print-limit 50000 --nvtx yes)
   # initcheck instruments every cuDNN candidate that cudnnFind* times (minutes per shape): its
   # run ranks algorithms by the heuristic instead (Note [cuDNN plans]); the other tools time them.
-  # racecheck too: a TF32 convolution candidate cudnnFind* times ended the process in that
-  # hardware exception, instrumented or not.
   local find=1
-  [ "$tool" = initcheck ] || [ "$tool" = racecheck ] && find=0
+  [ "$tool" = initcheck ] && find=0
   # The tools run the suite with Note [Choosing a GEMM algorithm]'s timing off (each new GEMM
   # shape's timing launches every candidate a dozen times: minutes a shape under a tool); the
   # CudaGemmChoice tests turn it on for themselves, so the timing's own launches are checked.

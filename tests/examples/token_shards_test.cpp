@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -68,6 +69,14 @@ TEST_F(TokenShardsTest, AWrittenShardReadsBackAndItsWindowsAreInputsAndTargetsSh
   for (std::size_t i = 1; i < t.size(); ++i) successors += t[i] == (t[i - 1] + 1) % 50257;
   EXPECT_GT(successors, 3000);
   EXPECT_LT(successors, 4500);
+  // Runs start below kSyntheticJumpIds, whatever the vocabulary: few enough ids for a model of
+  // GPT-2's vocabulary to see each of them early (runs are a few tokens long).
+  int past = 0;
+  for (std::uint16_t x : t) past += x >= 2 * kSyntheticJumpIds;
+  EXPECT_EQ(past, 0);
+  EXPECT_LT(static_cast<std::size_t>(std::count_if(t.begin(), t.end(),
+                                                   [](std::uint16_t x) { return x >= kSyntheticJumpIds; })),
+            t.size() / 20);
 }
 
 TEST_F(TokenShardsTest, RanksTakeConsecutiveWindowsOfEachStepAndTogetherReadWhatOneRankReads) {
