@@ -143,6 +143,8 @@ def main():
                         "capturable rate) captured once in a torch.cuda.graph and replayed; with "
                         "--compile the forward and loss one torch.compile(fullgraph=True) inside")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps with --time")
+    p.add_argument("--time-csv", help="with --time: append the row (batch, seq, accum, variant, "
+                                      "precision, ms/step, tokens/s, peak MiB) to this CSV")
     a = p.parse_args()
 
     dev = torch.device(a.device)
@@ -264,6 +266,13 @@ def main():
         variant = ("compile" if a.compile else "eager") + (" in a CUDA graph" if graph else "")
         print(f"pytorch {variant} {a.precision}: {ms:.3f} ms/step, "
               f"{1e3 * tokens / ms:.0f} tokens/s, peak {peak:.0f} MiB")
+        if a.time_csv:
+            new_file = not os.path.exists(a.time_csv) or os.path.getsize(a.time_csv) == 0
+            with open(a.time_csv, "a") as f:
+                if new_file:
+                    f.write("batch,seq,accum,variant,precision,ms_per_step,tokens_per_s,peak_mib\n")
+                f.write(f"{a.batch},{a.seq},{a.accum},{variant},{a.precision},{ms:.4f},"
+                        f"{1e3 * tokens / ms:.1f},{peak:.1f}\n")
         return 0
     for t in range(a.steps):
         losses.append(float(train_step(t)))

@@ -6,7 +6,9 @@
 # run from scratch (-e d12: GPT-2 small, random init, bf16) on a synthetic token shard
 # (make_token_shard) at each batch × sequence, with the recipe train_gpt2 uses (AdamW weight
 # decay 0.1, warm-up, cosine decay, clipping at 1.0, TF32). Prints llm.c's step lines and, per
-# shape, the median ms/step and tokens/s of the steps after the first 5.
+# shape, the median ms/step and tokens/s of the steps after the first 5, its first step's loss and
+# the device memory in use once it has allocated everything (cudaMemGetInfo: the CUDA context
+# included; llm.c allocates its activations, gradients and optimizer state up front).
 #   scripts/llmc.sh [LLMC_SOURCE] [OUT_DIR]
 # LLMC_SOURCE (default .deps/llm.c): a checkout of llm.c (its train_gpt2.cu and llmc/; a machine
 # without network gets it carried: `git clone https://github.com/karpathy/llm.c .deps/llm.c`
@@ -45,7 +47,7 @@ fi
 
 tools=${GW_LLMC_TOOLS_BIN:-$GW_BUILD_DIR/examples}
 steps=${GW_LLMC_STEPS:-50}
-echo "shape,batch,seq,ms_per_step,tokens_per_s,steps" >"$out/llmc.csv"
+echo "shape,batch,seq,ms_per_step,tokens_per_s,steps,first_loss,device_mib" >"$out/llmc.csv"
 for shape in ${GW_LLMC_SHAPES:-4x64 8x256 16x1024}; do
   b=${shape%x*} t=${shape#*x}
   tokens=$((b * t * (steps + 2) + 1))
@@ -59,17 +61,24 @@ for shape in ${GW_LLMC_SHAPES:-4x64 8x256 16x1024}; do
   python3 - "$out/llmc_$shape.log" "$shape" "$b" "$t" "$rc" >>"$out/llmc.csv" <<'PY'
 import re, statistics, sys
 log, shape, b, t, rc = sys.argv[1:6]
-ms, tok = [], []
+ms, tok, first, device = [], [], "", ""
 for line in open(log, errors="replace"):
     m = re.search(r"step\s+(\d+)/\d+ .*\|\s*([0-9.]+) ms .*\|\s*([0-9.]+) tok/s", line)
     if m and int(m.group(1)) > 5:
         ms.append(float(m.group(2)))
         tok.append(float(m.group(3)))
+    m = re.search(r"step\s+1/\d+ \| loss ([0-9.]+)", line)
+    if m:
+        first = m.group(1)
+    m = re.search(r"device memory usage: (\d+) MiB", line)  # in use after its allocations
+    if m:
+        device = m.group(1)
 if not ms:
-    print(f"{shape},{b},{t},,,0  # rc {rc}: no step lines", file=sys.stderr)
-    print(f"{shape},{b},{t},,,0")
+    print(f"{shape},{b},{t},,,0,{first},{device}  # rc {rc}: no step lines", file=sys.stderr)
+    print(f"{shape},{b},{t},,,0,{first},{device}")
 else:
-    print(f"{shape},{b},{t},{statistics.median(ms):.3f},{statistics.median(tok):.0f},{len(ms)}")
+    print(f"{shape},{b},{t},{statistics.median(ms):.3f},{statistics.median(tok):.0f},{len(ms)},"
+          f"{first},{device}")
 PY
   echo "llm.c $shape: $(tail -1 "$out/llmc.csv")"
 done
