@@ -10,7 +10,7 @@
 # "4x64 8x256 16x1024"), GW_GPT2_TORCH_VARIANTS (";"-separated gpt2_torch.py flags, default
 # "-;--graph;--compile;--compile --graph", "-" for none), GW_GPT2_TORCH_TIMEOUT (seconds a PyTorch
 # run, default 240: a compile takes minutes), GW_LLMC_STEPS (llm.c's steps a shape, default 50).
-# The exit status is gpt2_table.py's: 0 when every target measured is met.
+# The exit status is gpt2_table.py's: 0 when every target was measured and met.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 

@@ -16,7 +16,7 @@ fastest" is the fastest variant of the shape, named; its peak is torch.cuda.max_
 Targets (the full step's tokens/s): ≥ 2× llm.c's at 4 × 64, ≥ 1.3× at 8 × 256, ≥ 1.0× at
 16 × 1024, ≥ 1.0× PyTorch's fastest at every shape; graphward's peak ≤ PyTorch's at 16 × 1024.
 A verdict line each; a target whose figures are missing is "not measured". Exit status 0 when
-every target that was measured is met, 1 otherwise.
+every target was measured and met, 1 otherwise.
 """
 import argparse
 import csv
@@ -126,6 +126,7 @@ def main():
         if target is not None:
             if r_llmc is None:
                 verdicts.append(f"{b} × {t}: full step against llm.c not measured")
+                failed = True
             else:
                 ok = r_llmc >= target
                 failed |= not ok
@@ -133,6 +134,7 @@ def main():
                                 f"{target}×): {'met' if ok else 'NOT met'}")
         if r_torch is None:
             verdicts.append(f"{b} × {t}: full step against PyTorch not measured")
+            failed = True
         else:
             ok = r_torch >= 1.0
             failed |= not ok
@@ -146,6 +148,7 @@ def main():
                                 f"{pt[2]:.0f} (target ≤): {'met' if ok else 'NOT met'}")
             else:
                 verdicts.append(f"{b} × {t}: peak memory against PyTorch's not measured")
+                failed = True
     firsts = [f"{b} × {t} {llmc[(b, t)]['first_loss']:.3f}" for b, t in shapes
               if (b, t) in llmc and llmc[(b, t)]["first_loss"] is not None]
     if firsts:
