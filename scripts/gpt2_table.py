@@ -20,13 +20,12 @@ every target was measured and met, 1 otherwise.
 """
 import argparse
 import csv
-import json
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overlap_table import salvage  # noqa: E402  (a JSON file cut short)
+from overlap_table import medians  # noqa: E402
 
 GW = re.compile(r"batch:(\d+)/seq:(\d+)/depth:(\d+)/mode:(\d)")
 MODES = {0: "eager", 1: "backward graph", 2: "full step"}
@@ -42,15 +41,8 @@ def number(text):
 
 def load_graphward(path):
     """{(batch, seq, mode): {ms, tokens_per_s, tflops, peak_mib, captures}} at depth 12."""
-    text = open(path).read()
-    try:
-        benchmarks = json.loads(text)["benchmarks"]
-    except (ValueError, KeyError):
-        benchmarks = salvage(text)
     out = {}
-    for bm in benchmarks:
-        if bm.get("aggregate_name", "median") != "median" or bm.get("error_occurred"):
-            continue
+    for bm in medians(path):
         m = GW.search(bm.get("run_name", bm["name"]))
         if not m or int(m.group(3)) != 12 or "loop_us" not in bm:
             continue

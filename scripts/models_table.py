@@ -14,14 +14,13 @@ full/pt-best: graphward's full-step graph / the fastest PyTorch row of the confi
 Rows PyTorch could not run are listed under each table with the reason.
 """
 import csv
-import json
 import math
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from overlap_table import fmt, ratio, salvage  # noqa: E402  (salvage: a JSON file cut short)
+from overlap_table import fmt, medians, ratio  # noqa: E402
 
 # (model, its configuration as written in the names, mode)
 GW = re.compile(r"(MlpUnfusedEpilogues|Mlp|Convnet|Transformer)/((?:[a-z]+:\d+/)+)mode:(\d)")
@@ -40,15 +39,8 @@ def config_key(text):
 
 
 def load_graphward(path):
-    text = open(path).read()
-    try:
-        benchmarks = json.loads(text)["benchmarks"]
-    except (ValueError, KeyError):
-        benchmarks = salvage(text)
     out = {}
-    for bm in benchmarks:
-        if bm.get("aggregate_name", "median") != "median" or bm.get("error_occurred"):
-            continue
+    for bm in medians(path):
         m = GW.search(bm.get("run_name", bm["name"]))
         if m:
             model, config, mode = m.groups()

@@ -38,6 +38,18 @@ def salvage(text):
         out.append(obj)
 
 
+def medians(path):
+    """The median entries of a Google Benchmark JSON file (and the entries of a run without
+    aggregates), errors left out; a file cut short gives those it finished."""
+    text = open(path).read()
+    try:
+        benchmarks = json.loads(text)["benchmarks"]
+    except (ValueError, KeyError):
+        benchmarks = salvage(text)
+    return [bm for bm in benchmarks
+            if bm.get("aggregate_name", "median") == "median" and not bm.get("error_occurred")]
+
+
 def load_graphward(paths):
     """{(k, d, n, b, graph, multi, split): benchmark} from the medians of GB JSON files
     (comma-separated paths)."""

@@ -76,6 +76,16 @@ inline std::vector<double> bf16_values(const Tensor& t) {
   return values(cast(t.detach(), DType::kBFloat16));
 }
 
+// Rows [start, start + n) of an int32 tensor's leading dimension (ids or targets), as a new tensor
+// of [n, the rest] on its device.
+inline Tensor narrow_rows(const Tensor& ids, std::int64_t start, std::int64_t n) {
+  const std::vector<std::int32_t> v = ids.to_vector<std::int32_t>();
+  const std::int64_t cols = ids.numel() / ids.size(0);
+  return from_vector(std::vector<std::int32_t>(v.begin() + start * cols,
+                                               v.begin() + (start + n) * cols),
+                     {n, cols}, ids.device());
+}
+
 // ‖out − ref‖ / ‖ref‖ (absolute norm when ref is 0); infinity on NaN or a size mismatch.
 inline double rel_error(const std::vector<double>& out, const std::vector<double>& ref) {
   if (out.size() != ref.size()) return INFINITY;

@@ -11,15 +11,6 @@ namespace graphward {
 namespace {
 namespace ex = graphward::examples;
 
-// Rows [start, start + n) of int32 ids [rows, cols], as a new tensor.
-Tensor narrow_batch(const Tensor& ids, std::int64_t start, std::int64_t n) {
-  const std::vector<std::int32_t> v = ids.to_vector<std::int32_t>();
-  const std::int64_t cols = ids.size(1);
-  return from_vector(std::vector<std::int32_t>(v.begin() + start * cols,
-                                               v.begin() + (start + n) * cols),
-                     {n, cols}, ids.device());
-}
-
 ex::Gpt2Config tiny() {
   return {.batch = 4, .seq = 16, .depth = 2, .width = 32, .heads = 4, .vocab = 61,
           .padded_vocab = 64, .max_seq = 32, .batches = 2, .lr = 3e-3};
@@ -94,9 +85,9 @@ TEST(ExamplesCpu, Gpt2sMicroBatchesAccumulateAsOneBatchInEveryMode) {
   big.batches = 3;
   const ex::Batches d = ex::Gpt2Model::data(big, Device::cpu());
   auto halves = [&](int b, std::vector<Tensor>& x, std::vector<Tensor>& y) {
-    x = {narrow_batch(d.x[b], 0, 2), narrow_batch(d.x[b], 2, 2)};
-    y = {narrow_batch(d.t[b].view({4, 16}), 0, 2).view({32}),
-         narrow_batch(d.t[b].view({4, 16}), 2, 2).view({32})};
+    x = {testing::narrow_rows(d.x[b], 0, 2), testing::narrow_rows(d.x[b], 2, 2)};
+    y = {testing::narrow_rows(d.t[b].view({4, 16}), 0, 2).view({32}),
+         testing::narrow_rows(d.t[b].view({4, 16}), 2, 2).view({32})};
   };
   ex::Gpt2Trainer whole(one, Device::cpu(), ex::Mode::kEager);
   std::vector<std::vector<float>> reference;
