@@ -3,9 +3,9 @@
 // CPU backend for finite-difference gradient checks; int32 holds indices (class targets), read by
 // the ops that take them and never differentiated; bfloat16 is a storage type with float32
 // arithmetic: cast() converts to and from it (on both devices), and every op takes it, on CUDA
-// and on the CPU backend (rounding as CUDA's: Note [bfloat16 on the CPU], ops/ops_common.h) —
+// and on the CPU backend (rounding as CUDA's: Note [bfloat16 on the CPU], engine/ops/ops_common.h) —
 // statistics, sums and losses kept in float32 — and the optimizers through float32 masters
-// (Note [Master weights], backward/optim.h). Autocast (ops/autocast.h) runs a float32 model's
+// (Note [Master weights], engine/backward/optim.h). Autocast (engine/ops/autocast.h) runs a float32 model's
 // matrix products in bfloat16. float16 is not a dtype: it needs loss scaling, which
 // graphward does not do. Tensors are contiguous and row-major.
 #include <bit>
@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include "base/config.h"
-#include "base/shape.h"
+#include "graphward/base/config.h"
+#include "graphward/base/shape.h"
 
 namespace graphward {
 
@@ -73,7 +73,7 @@ constexpr DType dtype_of<bf16>() {
 std::string shape_str(const Shape& shape);
 // Note [Checked sizes]
 // Every size graphward computes from sizes it was given — elements, bytes, windows, offsets,
-// convolution outputs — is computed with checked arithmetic (runtime/checked.h): a size that
+// convolution outputs — is computed with checked arithmetic (engine/runtime/checked.h): a size that
 // does not fit in int64 (or a byte count past PTRDIFF_MAX, the most any allocation can hold) is
 // refused with an Error naming the shape, before anything is allocated, never wrapped.
 // Product of the dimensions (1 for a scalar). Throws on a negative dimension or overflow.

@@ -1,10 +1,10 @@
-#include "base/env.h"
+#include "graphward/base/env.h"
 
 #include <cctype>
 #include <cstdlib>
 #include <string>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::detail {
 

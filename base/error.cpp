@@ -1,4 +1,4 @@
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 #include <atomic>
 #include <cstdio>

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
 namespace graphward {
 
@@ -52,7 +52,7 @@ class OutOfMemoryError : public CudaError {
 // replayed backward or step): a fault is reported by the first CUDA call after it, often in later
 // work, so the graph is the first suspect. To name the node, run the backward eagerly with a
 // synchronize after each node: BackwardGraphOptions::localize_faults / BackwardOptions, or the
-// environment variable GRAPHWARD_LOCALIZE_FAULTS=1 (backward/backward.h).
+// environment variable GRAPHWARD_LOCALIZE_FAULTS=1 (engine/backward/backward.h).
 // Whether `code` (a cudaError_t) is a sticky error: the context is lost.
 bool is_sticky_cuda_error(int code) noexcept;
 

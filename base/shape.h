@@ -14,6 +14,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <vector>
+#include "graphward/base/config.h"
 
 namespace graphward {
 

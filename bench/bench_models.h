@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "graphward.h"
-#include "kernels/elementwise.h"
-#include "kernels/reduce.h"
-#include "runtime/blas.h"
+#include "graphward/engine/runtime/blas.h"
+#include "graphward/graphward.h"
+#include "graphward/kernels/elementwise.h"
+#include "graphward/kernels/reduce.h"
 
 namespace graphward::bench {
 

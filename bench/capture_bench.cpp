@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "bench/bench_models.h"
-#include "capture/backward_graph.h"
-#include "capture/signature.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/signature.h"
 
 namespace gw = graphward;
 

@@ -1,5 +1,5 @@
 // Every cuBLASLt configuration of one fp32 GEMM, timed: what the heuristic offers and what it
-// could offer (Note [Choosing a GEMM algorithm], runtime/blas.cpp, times the heuristic's
+// could offer (Note [Choosing a GEMM algorithm], engine/runtime/blas.cpp, times the heuristic's
 // candidates only). Row-major C[m,n] = op(A)·op(B) (+ a bias of n, or a bias gradient of m), the
 // layout of kernels/gemm.h, no TF32.
 //

@@ -31,8 +31,8 @@
 //
 //   graphward_bench_models --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //       [--gemm_choices] [--tf32] [--bf16] [--causal]
-// --tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32], runtime/math_mode.h);
-// --bf16: every step's forward under Autocast (Note [Autocast], ops/autocast.h: matrix products
+// --tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32], engine/runtime/math_mode.h);
+// --bf16: every step's forward under Autocast (Note [Autocast], engine/ops/autocast.h: matrix products
 // in bfloat16, float32 master weights cast once a step), TF32 on for what stays float32;
 // --causal: the transformers' attention causal. Every row's counters tf32, bf16 and causal say
 // which (1 on, 0 off); casts and cast_us, the parameters Autocast casts each step and the GPU time

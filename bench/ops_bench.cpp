@@ -14,10 +14,10 @@
 #include <map>
 #include <optional>
 
-#include "capture/backward_graph.h"
-#include "graphward.h"
-#include "kernels/gemm.h"
-#include "runtime/blas.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/engine/runtime/blas.h"
+#include "graphward/graphward.h"
+#include "graphward/kernels/gemm.h"
 
 namespace gw = graphward;
 
@@ -81,7 +81,7 @@ struct LinearInputs {
   gw::Tensor x, w, b, dy, dx, dw, db;
 };
 
-// Inputs are drawn once per size: random tensors are generated on the host (runtime/random.h),
+// Inputs are drawn once per size: random tensors are generated on the host (engine/runtime/random.h),
 // which for 4096² takes seconds, and Google Benchmark calls a benchmark several times.
 LinearInputs& linear_inputs(std::int64_t n) {
   static std::map<std::int64_t, LinearInputs> cache;

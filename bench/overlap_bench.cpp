@@ -5,7 +5,7 @@
 //       docs/DESIGN.md's K-branch x D-layer studies (linear N + relu, batch B, branches summed,
 //       mse): the eager backward as shipped (graph:0; where it is too short for streams to pay off
 //       it runs on the caller's stream: Note [Streams of an eager backward],
-//       backward/backward_plan.h) or BackwardGraph's replay (graph:1), the forward on one
+//       engine/backward/backward_plan.h) or BackwardGraph's replay (graph:1), the forward on one
 //       stream (multistream:0) or on a stream per branch (multistream:1), weight-gradient
 //       parallelism off or on (split).
 //   HandWrittenSweep/width:N/multistream:M
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "bench/bench_models.h"
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
 
 namespace gw = graphward;
 

@@ -24,8 +24,8 @@
 
 #include <unistd.h>
 
-#include "capture/backward_graph.h"
-#include "graphward.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/graphward.h"
 
 namespace gw = graphward;
 

@@ -1,8 +1,8 @@
-#include "capture/backward_graph.h"
-#include "capture/backward_graph_detail.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/backward_graph_detail.h"
 
-#include "capture/graph_topology.h"
-#include "capture/stream_capture.h"
+#include "graphward/capture/graph_topology.h"
+#include "graphward/capture/stream_capture.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,14 +10,14 @@
 #include <thread>
 #include <unordered_set>
 
-#include "runtime/capture_mode.h"
-#include "runtime/graph_pool.h"
-#include "runtime/memory.h"
-#include "runtime/nvtx.h"
-#include "tape/tape_log.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/graph_pool.h"
+#include "graphward/engine/runtime/memory.h"
+#include "graphward/engine/runtime/nvtx.h"
+#include "graphward/engine/tape/tape_log.h"
 
 #if GRAPHWARD_HAS_CUDA
-#include "runtime/blas.h"
+#include "graphward/engine/runtime/blas.h"
 #endif
 
 namespace graphward {
@@ -283,7 +283,7 @@ void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
 
   Cache::Decision decision = decide(caller, grad_write);
   const bool replay = decision.action == Cache::Action::kReplay;
-  // Note [Backwards sharing a tape] (tape/autograd.cpp): the replay frees the step's saved
+  // Note [Backwards sharing a tape] (engine/tape/autograd.cpp): the replay frees the step's saved
   // tensors; a capture on the way runs under these claims.
   NodeClaims claims(/*exclusive=*/true);
   claim_reached(claims, decision);
@@ -487,7 +487,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     src.storage()->record_read(caller, fence);
   }
   slot_sources_.clear();
-  // The .grads the graph wrote (Note [Writes of a replayed graph], runtime/memory.h): the same
+  // The .grads the graph wrote (Note [Writes of a replayed graph], engine/runtime/memory.h): the same
   // .grads of the same leaves as the last step's follow grad_writes_ (unless one of them left it
   // for another BackwardGraph's), and one bump writes them all; others are written here, from the
   // signature's memo where it has them (one pointer each), and follow a new GraphWrites from now
@@ -513,7 +513,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     // known to be the next step's when it finds them unchanged.
     if (memo) grad_writes_leaves_ = exec.leaves;
   }
-  // Note [Reads of a replayed step] (runtime/memory.h): a step the tape log recorded, every node of
+  // Note [Reads of a replayed step] (engine/runtime/memory.h): a step the tape log recorded, every node of
   // which the graph reached, is released as a whole — one record of the graph's read, filled in
   // here; the worker drops the saved tensors (Note [Deferred release]).
   const std::shared_ptr<detail::StepReads>& step = detail::tape_log().reads;
@@ -533,7 +533,7 @@ bool BackwardGraph::record_and_release(const Executable& exec, cudaStream_t call
     releaser_.release_step(sig.nodes, sig.leaves, roots_.front());
   } else {
     // Node by node: the nodes are marked released here, the saved tensors themselves dropped on the
-    // release worker's thread (Note [Deferred release], tape/deferred_release.h).
+    // release worker's thread (Note [Deferred release], engine/tape/deferred_release.h).
     bool logged = false;
     for (std::uint32_t i : exec.nodes) {
       Node* n = sig.nodes[i];

@@ -32,7 +32,7 @@
 //      like the eager backward (rule [fork and join]). The step's saved tensors are released after
 //      the launch, their memory ordered after S by one event (rule [reuse after use],
 //      Storage::record_read), and dropped on a thread of the BackwardGraph's own (Note [Deferred
-//      release], tape/deferred_release.h).
+//      release], engine/tape/deferred_release.h).
 //   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
 //      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
 //      new batch does not change the graph (Note [Input slots]).
@@ -47,7 +47,7 @@
 // input slots and warm-up walk stand for that thread's steps: backward() or trace() from another
 // thread is refused with an error naming both threads (it crashed), and one BackwardGraph a thread
 // is the way to train on several (they may share parameters; Note [Leaves shared across threads],
-// backward/eager_executor.cpp). stats() and write_dot() may be called from any thread (every call
+// engine/backward/eager_executor.cpp). stats() and write_dot() may be called from any thread (every call
 // takes a lock).
 //
 // Note [Input slots]
@@ -91,17 +91,17 @@
 #include <thread>
 #include <utility>
 #include <vector>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
-#include "backward/backward.h"
-#include "backward/timeline.h"
-#include "capture/graph_cache.h"
-#include "capture/graph_topology.h"
-#include "capture/signature.h"
-#include "runtime/capture_mode.h"
-#include "runtime/graph_pool.h"
-#include "runtime/stream.h"
-#include "tape/deferred_release.h"
+#include "graphward/capture/graph_cache.h"
+#include "graphward/capture/graph_topology.h"
+#include "graphward/capture/signature.h"
+#include "graphward/engine/backward/backward.h"
+#include "graphward/engine/backward/timeline.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/graph_pool.h"
+#include "graphward/engine/runtime/stream.h"
+#include "graphward/engine/tape/deferred_release.h"
 
 namespace graphward {
 
@@ -110,7 +110,7 @@ struct BackwardGraphOptions {
   int warmup = 1;                  // eager backwards before the first capture
   bool force_eager = false;        // never capture (debugging, comparisons)
   // How every backward() of this BackwardGraph runs, the eager ones (the warm-up, force_eager)
-  // and the captured one alike (backward/backward.h): grad_write (what backward(loss) uses),
+  // and the captured one alike (engine/backward/backward.h): grad_write (what backward(loss) uses),
   // split_weight_grads, fuse_activation_epilogues, localize_faults (every backward() then runs
   // eagerly; also on with GRAPHWARD_LOCALIZE_FAULTS=1), check_finite_loss, reduce_gradients
   // (data parallelism: not owned, it must outlive the BackwardGraph), and streams (the eager
@@ -148,7 +148,7 @@ struct BackwardHostTimes {
   double launch_us = 0;     // the graph launch
   double release_us = 0;    // after the launch: recording the uses, handing the saved tensors off
   // The step's saved tensors were released as a whole (Note [Reads of a replayed step],
-  // runtime/memory.h), not node by node.
+  // engine/runtime/memory.h), not node by node.
   bool whole_step = false;
   double before_launch_us() const {
     return signature_us + wait_us + decide_us + refresh_us + launch_us;
@@ -205,7 +205,7 @@ class BackwardGraph {
     return trace(loss, options_.backward.grad_write);
   }
   std::vector<StepTiming> trace(const Tensor& loss, GradWrite grad_write);
-  // The names of the streams of the last trace()'s plan (stream_names in backward/timeline.h).
+  // The names of the streams of the last trace()'s plan (stream_names in engine/backward/timeline.h).
   const std::vector<std::string>& trace_stream_names() const { return trace_stream_names_; }
 
   struct Executable;  // the owners of a cudaGraph_t and its cudaGraphExec_t (backward_graph.cpp)
@@ -247,7 +247,7 @@ class BackwardGraph {
   // backward()'s parts, in order. Whether this step's signature replays a cached graph, or what
   // must be captured or updated (the reached leaves given their .grads first).
   Cache::Decision decide(cudaStream_t caller, GradWrite grad_write);
-  // Note [Backwards sharing a tape] (tape/autograd.cpp): claims the nodes the backward of
+  // Note [Backwards sharing a tape] (engine/tape/autograd.cpp): claims the nodes the backward of
   // `decision` reaches, before anything reads them.
   void claim_reached(NodeClaims& claims, const Cache::Decision& decision);
   // The capture or update `decision` asks for: the executable to launch.
@@ -282,7 +282,7 @@ class BackwardGraph {
   cudaStream_t last_launch_stream_ = nullptr;  // where the last graph was launched
   std::uint64_t hazards_seen_ =
       ~std::uint64_t{0};  // detail::watched_hazard_epoch() at the last scan
-  // Note [Writes of a replayed graph] (runtime/memory.h): what the .grads written by the last
+  // Note [Writes of a replayed graph] (engine/runtime/memory.h): what the .grads written by the last
   // replay follow, and which of the signature's leaves they are (empty: none follow it).
   std::shared_ptr<detail::GraphWrites> grad_writes_;
   std::vector<std::uint32_t> grad_writes_leaves_;

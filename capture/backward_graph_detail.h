@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "base/error.h"
-#include "capture/backward_graph.h"
-#include "capture/stream_capture.h"
-#include "runtime/graph_pool.h"
+#include "graphward/base/error.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/stream_capture.h"
+#include "graphward/engine/runtime/graph_pool.h"
 
 namespace graphward {
 

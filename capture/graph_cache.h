@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "capture/signature.h"
-#include "base/error.h"
+#include "graphward/base/error.h"
+#include "graphward/capture/signature.h"
 
 namespace graphward::capture {
 

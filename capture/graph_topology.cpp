@@ -1,8 +1,8 @@
-#include "capture/graph_topology.h"
+#include "graphward/capture/graph_topology.h"
 
 #include <algorithm>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::capture {
 

@@ -1,13 +1,13 @@
-#include "capture/backward_graph.h"
-#include "capture/backward_graph_detail.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/backward_graph_detail.h"
 
 #include <algorithm>
 #include <memory>
 #include <unordered_set>
 #include <vector>
 
-#include "capture/stream_capture.h"
-#include "runtime/ptr_index.h"
+#include "graphward/capture/stream_capture.h"
+#include "graphward/engine/runtime/ptr_index.h"
 
 // Note [Input slots] (capture/backward_graph.h): which saved tensors a captured backward reads
 // from a slot, and the slots' refresh before each launch.

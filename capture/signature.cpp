@@ -1,4 +1,4 @@
-#include "capture/signature.h"
+#include "graphward/capture/signature.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,8 +7,8 @@
 #include <functional>
 #include <sstream>
 
-#include "runtime/math_mode.h"
-#include "runtime/ptr_index.h"
+#include "graphward/engine/runtime/math_mode.h"
+#include "graphward/engine/runtime/ptr_index.h"
 
 namespace graphward::capture {
 

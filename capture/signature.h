@@ -10,7 +10,7 @@
 //   * structure — every node's op, stream and output shape; each input's edge (to which node, to
 //     which leaf, or none), shape, dtype and producing stream; each saved tensor's shape and dtype;
 //     what the node's backward uses besides tensors and shapes (Note [Node attributes],
-//     tape/autograd.h: a scale factor, a window's start, a convolution's stride); each leaf's
+//     engine/tape/autograd.h: a scale factor, a window's start, a convolution's stride); each leaf's
 //     shape, dtype and whether its .grad exists; the seeds' shapes; the gradient mode.
 //     Streams are numbered in order of first appearance, the caller's stream first, so the same
 //     model on other streams has the same structure. Equal structures capture to the same graph.
@@ -18,7 +18,7 @@
 //     what the kernels of a captured graph point at. Same structure, other addresses: the
 //     executable can be updated (cudaGraphExecUpdate) instead of captured again.
 // Two ways to make one, never equal to each other (the first word says which):
-//   * from the step's tape log (Note [Tape log], tape/tape_log.h): the forward appended every
+//   * from the step's tape log (Note [Tape log], engine/tape/tape_log.h): the forward appended every
 //     node's record as it recorded the tape, numbered in creation order; the signature takes the
 //     log's buffers and adds the leaves, seeds, roots and mode — no walk. Used whenever the log
 //     can stand for the tape;
@@ -32,9 +32,9 @@
 #include <utility>
 #include <vector>
 
-#include "backward/backward_plan.h"
-#include "tape/autograd.h"
-#include "tape/tape_log.h"
+#include "graphward/engine/backward/backward_plan.h"
+#include "graphward/engine/tape/autograd.h"
+#include "graphward/engine/tape/tape_log.h"
 
 namespace graphward::capture {
 

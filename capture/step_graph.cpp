@@ -1,13 +1,13 @@
-#include "capture/step_graph.h"
-#include "capture/stream_capture.h"
+#include "graphward/capture/step_graph.h"
+#include "graphward/capture/stream_capture.h"
 
 #include <optional>
 #include <unordered_set>
 
-#include "runtime/capture_mode.h"
-#include "runtime/nvtx.h"
-#include "tape/autograd.h"
-#include "tape/host_state.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/nvtx.h"
+#include "graphward/engine/tape/autograd.h"
+#include "graphward/engine/tape/host_state.h"
 
 namespace graphward {
 

@@ -30,14 +30,14 @@
 //     the .grad defined (the graph writes it in place);
 //   * what the step's host code decided from state the user may change: each leaf input's
 //     requires_grad (a layer frozen or unfrozen) and which parameters the optimizers found with
-//     a .grad, and which (Note [Host state of a captured step], tape/host_state.h);
+//     a .grad, and which (Note [Host state of a captured step], engine/tape/host_state.h);
 //   * the launch stream's device.
 // Otherwise the step is captured again (counted, with the reason in last_reason()): never a
 // stale replay. A capture is made on a stream a step of this graph ran on before (the warm-up's,
 // or a capture's): on a new stream (run() under another StreamGuard) one eager step runs there
 // first, counted, and the capture comes on the next call. Host-side values are baked in at capture:
 // a `step` that branches on host state must not be replayed (run it eagerly, or capture again with
-// recapture()). The optimizer's learning rate and step count live on the device (backward/optim.h),
+// recapture()). The optimizer's learning rate and step count live on the device (engine/backward/optim.h),
 // so a replayed step follows set_lr() and counts its steps.
 //
 // Note [Step inputs]
@@ -60,11 +60,11 @@
 // write]) and for the other users of the parameters and their .grads since the last write, and for
 // those of every other memory the step used and its graph did not allocate (the optimizer's state
 // and learning rate, a constant): the capture logs them (Note [Memory from outside a capture],
-// runtime/memory.h), so a step may be captured on another stream than the one its memory was last
+// engine/runtime/memory.h), so a step may be captured on another stream than the one its memory was last
 // used on. After it, the graph's writes and reads are recorded on S (rules [read after write] and
 // [reuse after use]). A backward() inside the step splits its weight gradients onto side streams
 // unless told otherwise (BackwardOptions::split_weight_grads; WholeStepScope,
-// runtime/capture_mode.h): the replay runs them beside the input gradients, bitwise the same
+// engine/runtime/capture_mode.h): the replay runs them beside the input gradients, bitwise the same
 // .grads. The warm-up steps split too, so that the side streams' cuBLAS handles exist before the
 // capture (a capture cannot make them; a capture that finds them missing runs its backward
 // unsplit). The CPU backend and `force_eager` run `step` every call, unsplit.
@@ -82,11 +82,11 @@
 #include <thread>
 #include <vector>
 
-#include "capture/graph_topology.h"
-#include "runtime/device.h"
-#include "runtime/graph_pool.h"
-#include "runtime/stream.h"
-#include "runtime/tensor.h"
+#include "graphward/capture/graph_topology.h"
+#include "graphward/engine/runtime/device.h"
+#include "graphward/engine/runtime/graph_pool.h"
+#include "graphward/engine/runtime/stream.h"
+#include "graphward/engine/runtime/tensor.h"
 
 namespace graphward {
 

@@ -1,4 +1,4 @@
-#include "capture/stream_capture.h"
+#include "graphward/capture/stream_capture.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <algorithm>
@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "base/error.h"
-#include "runtime/memory.h"
-#include "runtime/ptr_index.h"
-#include "tape/deferred_release.h"
+#include "graphward/base/error.h"
+#include "graphward/engine/runtime/memory.h"
+#include "graphward/engine/runtime/ptr_index.h"
+#include "graphward/engine/tape/deferred_release.h"
 
 namespace graphward::capture {
 

@@ -6,13 +6,13 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include "base/config.h"
-#include "capture/graph_topology.h"
+#include "graphward/base/config.h"
+#include "graphward/capture/graph_topology.h"
 
-#include "kernels/shape.h"
-#include "runtime/capture_mode.h"
-#include "runtime/device.h"
-#include "runtime/tensor.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/device.h"
+#include "graphward/engine/runtime/tensor.h"
+#include "graphward/kernels/shape.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime.h>
@@ -24,7 +24,7 @@ namespace graphward::capture {
 // graph destroyed and the exception passed on: no capture is left open. If ending the capture
 // fails, a graphward::Error says "<what>: capturing failed (<CUDA error>); <hint>". Either way,
 // eager tensors dropped inside the capture are released once it has ended (Note [Frees during a
-// capture], runtime/memory.cpp). Note [Watched replays] (runtime/capture_mode.h): the watchers
+// capture], engine/runtime/memory.cpp). Note [Watched replays] (engine/runtime/capture_mode.h): the watchers
 // registered while `body` ran go to `watchers`, when given, for the Graph made of it.
 cudaGraph_t capture_stream(cudaStream_t stream, std::string_view what, std::string_view hint,
                            const std::function<void()>& body,

@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "graphward/dist/process_group.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,12 +6,12 @@
 #include <utility>
 #include <vector>
 
-#include "base/error.h"
-#include "dist/nccl_detail.h"
-#include "runtime/capture_mode.h"
-#include "runtime/memory.h"
+#include "graphward/base/error.h"
+#include "graphward/dist/nccl_detail.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/memory.h"
 
-// ProcessGroup as the backward's GradientReducer (Note [Gradient reduction], backward/backward.h):
+// ProcessGroup as the backward's GradientReducer (Note [Gradient reduction], engine/backward/backward.h):
 // its buckets, their placement in flat buffers, and their reduction.
 
 namespace graphward::dist {

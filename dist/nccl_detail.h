@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <string>
 
-#include "base/dtype.h"
-#include "base/error.h"
-#include "kernels/shape.h"
-#include "runtime/cuda.h"
+#include "graphward/base/dtype.h"
+#include "graphward/base/error.h"
+#include "graphward/engine/runtime/cuda.h"
+#include "graphward/kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL
 #include <nccl.h>

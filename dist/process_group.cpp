@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "graphward/dist/process_group.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,11 +15,11 @@
 #include <utility>
 #include <unistd.h>
 
-#include "base/error.h"
-#include "dist/nccl_detail.h"
-#include "kernels/shape.h"
-#include "runtime/capture_mode.h"
-#include "runtime/memory.h"
+#include "graphward/base/error.h"
+#include "graphward/dist/nccl_detail.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/memory.h"
+#include "graphward/kernels/shape.h"
 
 #if GRAPHWARD_HAS_NCCL
 #include <nccl.h>

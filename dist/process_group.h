@@ -1,6 +1,6 @@
 #pragma once
 // Data parallelism: one process per GPU, the leaf gradients averaged across the processes inside
-// the backward (Note [Gradient reduction], backward/backward.h), with NCCL.
+// the backward (Note [Gradient reduction], engine/backward/backward.h), with NCCL.
 //
 //   gw::dist::ProcessGroup pg({.rank = r, .world_size = n, .device = gw::Device::cuda(r),
 //                              .id_file = "/tmp/run-42.ncclid"});
@@ -30,11 +30,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "backward/backward.h"
-#include "dist/watchdog.h"
-#include "runtime/memory.h"
-#include "runtime/stream.h"
-#include "runtime/tensor.h"
+#include "graphward/dist/watchdog.h"
+#include "graphward/engine/backward/backward.h"
+#include "graphward/engine/runtime/memory.h"
+#include "graphward/engine/runtime/stream.h"
+#include "graphward/engine/runtime/tensor.h"
 
 namespace graphward::dist {
 

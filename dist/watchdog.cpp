@@ -1,9 +1,9 @@
-#include "dist/watchdog.h"
+#include "graphward/dist/watchdog.h"
 
 #include <algorithm>
 #include <exception>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::dist {
 

@@ -3,7 +3,7 @@
 // A replayed graph that holds a group's collectives (dist/process_group.h) would hang the process
 // when a peer died: its kernels wait on the GPU for data that never comes, and the next host call
 // that waits for the device — a read of the loss, the next step's input copies — never returns.
-// The group's ReplayWatchdog, a ReplayWatcher (Note [Watched replays], runtime/capture_mode.h), is
+// The group's ReplayWatchdog, a ReplayWatcher (Note [Watched replays], engine/runtime/capture_mode.h), is
 // registered with every graph that captured one of the group's collectives. After each launch it
 // records an event on the launch's stream; a thread of its own looks at the oldest launch not yet
 // finished every 5 ms, and polls NCCL's asynchronous error. A launch has the group's
@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/capture_mode.h"
-#include "runtime/cuda.h"
-#include "runtime/device.h"
+#include "graphward/engine/runtime/capture_mode.h"
+#include "graphward/engine/runtime/cuda.h"
+#include "graphward/engine/runtime/device.h"
 
 namespace graphward::dist {
 

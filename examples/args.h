@@ -14,7 +14,7 @@
 #include <string>
 #include <system_error>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::examples {
 

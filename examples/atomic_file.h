@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::examples {
 

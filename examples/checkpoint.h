@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "examples/atomic_file.h"
-#include "graphward.h"
+#include "graphward/graphward.h"
 
 namespace graphward::examples {
 

@@ -6,7 +6,7 @@
 // PyTorch's tensors alone.
 #include <cstdint>
 
-#include "graphward.h"
+#include "graphward/graphward.h"
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
 #endif

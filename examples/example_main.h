@@ -3,7 +3,7 @@
 //   <name> [--cpu] [--steps N] [--mode eager|backward|step|all] [--precision fp32|tf32|bf16]
 //          [model flags...] | --help
 // --precision tf32: float32 GEMMs and convolutions on TF32 tensor cores (Note [TF32],
-// runtime/math_mode.h); bf16: the forward under Autocast (Note [Autocast], ops/autocast.h) —
+// engine/runtime/math_mode.h); bf16: the forward under Autocast (Note [Autocast], engine/ops/autocast.h) —
 // matrix products in bfloat16, float32 master weights — with TF32 on for what stays float32, as
 // PyTorch's autocast recipe sets it; fp32 (the default): true float32.
 // (examples/args.h: --flag V and --flag=V alike; numbers parsed whole).

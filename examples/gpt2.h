@@ -27,7 +27,7 @@
 #include "examples/checkpoint.h"
 #include "examples/token_shards.h"
 #include "examples/trainer.h"
-#include "graphward_dist.h"
+#include "graphward/graphward_dist.h"
 
 namespace graphward::examples {
 

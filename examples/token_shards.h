@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 #include "examples/atomic_file.h"
 
 namespace graphward::examples {

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
 #include "examples/args.h"
-#include "graphward.h"
+#include "graphward/graphward.h"
 
 namespace gw = graphward;
 

@@ -40,12 +40,12 @@
 #include <string>
 #include <vector>
 
-#include "capture/backward_graph.h"
-#include "capture/step_graph.h"
-#include "dist/process_group.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/step_graph.h"
+#include "graphward/dist/process_group.h"
 #include "examples/args.h"
 #include "examples/example_main.h"
-#include "graphward.h"
+#include "graphward/graphward.h"
 
 namespace gw = graphward;
 

@@ -10,9 +10,9 @@
 //                   passed to run() (copied into the graph's slots, Note [Step inputs]);
 //   kStepGraphInBackward  the same with the optimizer stepped inside the backward, each layer's
 //                   parameters once their gradients are final (StepInBackward, Note [Optimizer
-//                   steps in the backward] in backward/optim.h).
+//                   steps in the backward] in engine/backward/optim.h).
 // With `autocast`, each mode computes the model's loss inside an Autocast scope (Note [Autocast],
-// ops/autocast.h): matrix products in bfloat16, the parameters float32 masters cast once a step,
+// engine/ops/autocast.h): matrix products in bfloat16, the parameters float32 masters cast once a step,
 // all in one launch at its start (Autocast(parameters)).
 // Every mode hands the model each step's own batch tensor, as a training loop does (the batches
 // are different tensors: a replayed backward reads them through its input slots, Note [Input
@@ -24,9 +24,9 @@
 #include <optional>
 #include <vector>
 
-#include "capture/backward_graph.h"
-#include "capture/step_graph.h"
-#include "graphward.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/step_graph.h"
+#include "graphward/graphward.h"
 
 namespace graphward::examples {
 

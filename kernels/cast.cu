@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "kernels/cast.h"
-#include "kernels/launch.cuh"
+#include "graphward/kernels/cast.h"
+#include "graphward/kernels/launch.cuh"
 
 namespace graphward::kernels {
 namespace {

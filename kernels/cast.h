@@ -4,7 +4,7 @@
 // writing. bfloat16 values are their 16 bits (uint16_t), rounded to nearest, ties to even —
 // bitwise the same on the CPU (base/dtype.h bf16::from_float) and on CUDA (__float2bfloat16_rn).
 #include <cstdint>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-#include "kernels/code_probe.h"
+#include "graphward/kernels/code_probe.h"
 
 namespace graphward::kernels {
 namespace {

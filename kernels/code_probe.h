@@ -1,7 +1,7 @@
 #pragma once
 // Whether this build's kernels can run on the current CUDA device (Note [Code for the device],
-// runtime/device.cpp).
-#include "base/config.h"
+// engine/runtime/device.cpp).
+#include "graphward/base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

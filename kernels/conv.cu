@@ -1,4 +1,4 @@
-// The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, runtime/dnn.h,
+// The convolution's bias gradient (the rest of convolution and pooling is cuDNN's, engine/runtime/dnn.h,
 // and conv_nhwc.cu's): db[k] (=|+=) Σ_n Σ_hw dy[n, k, hw] (or the rows of a channels-last dy) —
 // deterministic, in one or two passes; the weight and bias
 // gradients of a convolution with few taps a filter; the bias and ReLU of a conv2d_relu in one
@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/block_reduce.cuh"
-#include "kernels/conv.h"
-#include "kernels/launch.cuh"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/block_reduce.cuh"
+#include "graphward/kernels/conv.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

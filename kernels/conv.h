@@ -1,12 +1,12 @@
 #pragma once
 // Convolution and pooling geometry, and the CPU references. The CUDA versions are cuDNN's
-// (runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major, weights [K,
+// (engine/runtime/dnn.h) but for the kernels of ours declared below. Layout NCHW, row-major, weights [K,
 // C, R, S] (PyTorch's) — or, channels last (`nhwc`), NHWC with weights [K, R, S, C] (cuDNN's
 // NHWC filter layout, where its sm80+ tensor-core kernels read without transposing). Square
 // kernels, strides and padding (the same in both spatial dimensions), dilation 1, one group.
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -65,7 +65,7 @@ void conv2d_weight_grad_small(S* dw, bool accumulate_w, S* db, bool accumulate_b
 // Channels last: each output position's input patch, in the filter's [R, S, C] order, as a row
 // of cols [N·OH·OW, ld] (ld ≥ C·R·S; the columns from C·R·S on, and the taps in the padding, are
 // zeros — but with `ones`, column C·R·S holds 1s, ld > C·R·S): the operand of a few-tap
-// convolution's weight gradient as one GEMM, dW = dYᵀ·cols (ops/ops_conv.cpp), whose column C·R·S
+// convolution's weight gradient as one GEMM, dW = dYᵀ·cols (engine/ops/ops_conv.cpp), whose column C·R·S
 // is then the bias gradient (Σ over positions of dY).
 template <class S>
 void conv2d_patches_nhwc(S* cols, const S* x, const ConvGeom& g, std::int64_t ld,
@@ -90,7 +90,7 @@ void conv2d_bias_grad(S* db, const S* dy, const ConvGeom& g, bool accumulate, fl
                       cudaStream_t stream);
 // Pooling's backward through the ReLU that made its input x [N, C, H, W] (or NHWC: g.nhwc, the
 // same sums, a thread per element along the channels) (Note [Backward
-// epilogue fusion], ops/ops.h): where x is positive, dx (=|+=) the sum over the windows that
+// epilogue fusion], engine/ops/ops.h): where x is positive, dx (=|+=) the sum over the windows that
 // hold the element, in row-major order, of dy [N, C, OH, OW] — max: the windows whose first
 // maximum (row-major) it is; average: dy / window area each — and 0 elsewhere. y: the pooling's
 // output (max only; may be null for average). One thread per input element: no atomics,
@@ -130,7 +130,7 @@ void pool2d_forward(PoolMode mode, T* y, const T* x, const PoolGeom& g);
 // Max: each window's gradient goes to its first maximum (x and y read); average: spread evenly.
 // relu_input (may be null): the gradient also passes the ReLU that made the pooling's input —
 // zero where relu_input is not positive, as relu_backward would make it (Note [Backward epilogue
-// fusion], ops/ops.h); with max pooling relu_input is x itself.
+// fusion], engine/ops/ops.h); with max pooling relu_input is x itself.
 template <class T>
 void pool2d_backward(PoolMode mode, T* dx, const T* dy, const T* x, const T* y, const PoolGeom& g,
                      bool accumulate, const T* relu_input = nullptr);

@@ -3,7 +3,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/conv.h"
+#include "graphward/kernels/conv.h"
 
 namespace graphward::kernels::cpu {
 namespace {

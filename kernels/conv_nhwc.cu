@@ -1,13 +1,13 @@
 // Channels-last kernels of ours (kernels/conv.h): a few-tap convolution's patches and padded
-// filters (its forward and weight gradient as GEMMs, ops/ops_conv.cpp), and 2x2 poolings that
+// filters (its forward and weight gradient as GEMMs, engine/ops/ops_conv.cpp), and 2x2 poolings that
 // tile the image. The rest of convolution and pooling is conv.cu's and cuDNN's.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/conv.h"
-#include "kernels/launch.cuh"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/conv.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

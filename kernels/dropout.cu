@@ -1,8 +1,8 @@
 // Dropout kernels. Contract in dropout.h.
-#include "kernels/dropout.h"
-#include "kernels/launch.cuh"
-#include "kernels/philox.h"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/dropout.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/philox.h"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

@@ -1,9 +1,9 @@
 #pragma once
-// Dropout with a device-held Philox generator state (runtime/generator.h), with its CPU reference.
+// Dropout with a device-held Philox generator state (engine/runtime/generator.h), with its CPU reference.
 // Same launcher contract as elementwise.h.
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // CPU reference of the dropout kernel (the same Philox decisions as the device).
-#include "kernels/dropout.h"
-#include "kernels/philox.h"
+#include "graphward/kernels/dropout.h"
+#include "graphward/kernels/philox.h"
 
 namespace graphward::kernels::cpu {
 

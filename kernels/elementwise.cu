@@ -1,8 +1,8 @@
 // Elementwise kernels: one thread per element in a grid-stride loop, float32 arithmetic on float32
 // or bfloat16 storage (kernels/storage.cuh). Contract in elementwise.h.
-#include "kernels/elementwise.h"
-#include "kernels/launch.cuh"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/elementwise.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/storage.cuh"
 
 #include <cstdint>
 #include <type_traits>

@@ -10,9 +10,9 @@
 // Broadcasting: a binary operand is read at index i % period, where period is n (same shape as the
 // output), the last dimension (a row broadcast over the rows) or 1 (a single element).
 #include <cstdint>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
-#include "base/dtype.h"  // bf16
+#include "graphward/base/dtype.h"  // bf16
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -1,8 +1,8 @@
 // CPU references of the elementwise ops (the CPU backend and the test oracle).
 #include <cmath>
 
-#include "kernels/cpu_store.h"
-#include "kernels/elementwise.h"
+#include "graphward/kernels/cpu_store.h"
+#include "graphward/kernels/elementwise.h"
 
 namespace graphward::kernels::cpu {
 using detail::store;

@@ -7,9 +7,9 @@
 #include <limits>
 #include <optional>
 
-#include "base/error.h"
-#include "kernels/gemm.h"
-#include "kernels/nvtx_mark.h"
+#include "graphward/base/error.h"
+#include "graphward/kernels/gemm.h"
+#include "graphward/kernels/nvtx_mark.h"
 
 #if defined(GRAPHWARD_NVTX) && GRAPHWARD_NVTX && __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
 #define GRAPHWARD_NVTX_MEM 1
@@ -292,7 +292,7 @@ void LtGemm::find_candidates(unsigned alignment, std::int64_t k) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     GW_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   }
-  // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], runtime/blas.cpp,
+  // The heuristic's candidates, in its order (Note [Choosing a GEMM algorithm], engine/runtime/blas.cpp,
   // may time them). Without split_k each is taken with its split removed where cuBLASLt accepts
   // that, and dropped where it does not; the first left is the heuristic's choice.
   constexpr int kHeuristicResults = 8;

@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 #include <vector>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cublasLt.h>
@@ -48,7 +48,7 @@ void gemm(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, s
           cudaStream_t stream);
 // `batch` GEMMs back to back (1: one GEMM) through cublasGemmStridedBatchedEx, where cuBLASLt
 // offers no algorithm: bfloat16 A, B, C (`bf16`; with `f32_out` C float32) with float32
-// arithmetic, or float32 ones multiplied as TF32 (`tf32`, Note [TF32], runtime/math_mode.h).
+// arithmetic, or float32 ones multiplied as TF32 (`tf32`, Note [TF32], engine/runtime/math_mode.h).
 void gemm_ex(const BlasContext& blas, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
              std::int64_t k, std::int64_t batch, float alpha, const void* a, const void* b,
              float beta, void* c, bool bf16, bool tf32, cudaStream_t stream, bool f32_out = false);
@@ -113,7 +113,7 @@ struct LtOptions {
   // and the bias gradient only.
   bool f32_out = false;
   // float32 storage multiplied as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32; Note [TF32],
-  // runtime/math_mode.h). Not with bf16.
+  // engine/runtime/math_mode.h). Not with bf16.
   bool tf32 = false;
   bool operator==(const LtOptions&) const = default;
 };

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "graphward/kernels/gemm.h"
 
 namespace graphward::kernels::cpu {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "base/error.h"
+#include "graphward/base/error.h"
 
 namespace graphward::kernels::detail {
 

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/block_reduce.cuh"
-#include "kernels/elementwise.h"
-#include "kernels/launch.cuh"
-#include "kernels/norm.h"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/block_reduce.cuh"
+#include "graphward/kernels/elementwise.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/norm.h"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

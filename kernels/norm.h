@@ -3,8 +3,8 @@
 // the embedding lookup with its gradient, with CPU references. Same launcher contract as
 // elementwise.h.
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -2,8 +2,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu_store.h"
-#include "kernels/norm.h"
+#include "graphward/kernels/cpu_store.h"
+#include "graphward/kernels/norm.h"
 
 namespace graphward::kernels::cpu {
 using detail::store;

@@ -1,8 +1,8 @@
 // Optimizer kernels. Contract in optim.h.
-#include "kernels/block_reduce.cuh"
-#include "kernels/launch.cuh"
-#include "kernels/optim.h"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/block_reduce.cuh"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/optim.h"
+#include "graphward/kernels/storage.cuh"
 
 #include <algorithm>
 #include <cstdint>

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

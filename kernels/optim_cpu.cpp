@@ -1,7 +1,7 @@
 // CPU references of the optimizer kernels (the CPU backend and the test oracle).
 #include <cmath>
 
-#include "kernels/optim.h"
+#include "graphward/kernels/optim.h"
 
 namespace graphward::kernels::cpu {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"), the one function
-// shared by the host (runtime/random.cpp: seeded tensors) and the device (dropout's masks), so that
+// shared by the host (engine/runtime/random.cpp: seeded tensors) and the device (dropout's masks), so that
 // a seed gives the same numbers on both.
 #include <cstdint>
 

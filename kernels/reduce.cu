@@ -4,10 +4,10 @@
 // then the block reduces in shared memory in a fixed tree. One launch, no workspace, no atomics,
 // deterministic. (A multi-block version needs a workspace; it pays only for vectors far larger than
 // a loss, and can come with a measurement that asks for it.)
-#include "kernels/block_reduce.cuh"
-#include "kernels/launch.cuh"
-#include "kernels/reduce.h"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/block_reduce.cuh"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/reduce.h"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

@@ -6,9 +6,9 @@
 // A scalar result lives in device memory (a 1-element buffer) and backward launchers read the
 // incoming scalar gradient from device memory: nothing here reads back to the host.
 #include <cstdint>
-#include "base/config.h"
+#include "graphward/base/config.h"
 
-#include "base/dtype.h"  // bf16
+#include "graphward/base/dtype.h"  // bf16
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // CPU references of the reductions and losses (the CPU backend and the test oracle).
-#include "kernels/cpu_store.h"
-#include "kernels/reduce.h"
+#include "graphward/kernels/cpu_store.h"
+#include "graphward/kernels/reduce.h"
 
 namespace graphward::kernels::cpu {
 using detail::store;

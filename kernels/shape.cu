@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kernels/launch.cuh"
-#include "kernels/shape.h"
-#include "kernels/storage.cuh"
-#include "kernels/swap_dims.h"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/shape.h"
+#include "graphward/kernels/storage.cuh"
+#include "graphward/kernels/swap_dims.h"
 
 namespace graphward::kernels {
 namespace {

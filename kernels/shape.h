@@ -1,11 +1,11 @@
 #pragma once
-// Data movement for the shape ops (ops/ops_shape.cpp): windows of a matrix's columns (narrow,
+// Data movement for the shape ops (engine/ops/ops_shape.cpp): windows of a matrix's columns (narrow,
 // concat) and a swap of two dimensions (transpose). Contract of elementwise.h: outputs first, never
 // allocate, never synchronize; `accumulate` adds (+=) instead of writing (=).
 #include <cstddef>
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -21,7 +21,7 @@ struct SwapDims {
   int d0 = 0, d1 = 0;
 };
 
-// Attention's heads (split_heads, ops/ops.h): x seen as [batch · seq, cols] and the window of its
+// Attention's heads (split_heads, engine/ops/ops.h): x seen as [batch · seq, cols] and the window of its
 // columns [start, start + heads · dim); y [batch · heads, seq, dim], head h of sequence b at batch
 // entry b · heads + h.
 struct HeadsWindow {

@@ -1,6 +1,6 @@
 // CPU references of the shape kernels (shape.h).
-#include "kernels/shape.h"
-#include "kernels/swap_dims.h"
+#include "graphward/kernels/shape.h"
+#include "graphward/kernels/swap_dims.h"
 
 namespace graphward::kernels::cpu {
 namespace {

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/block_reduce.cuh"
-#include "kernels/launch.cuh"
-#include "kernels/softmax.h"
-#include "kernels/storage.cuh"
+#include "graphward/kernels/block_reduce.cuh"
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/softmax.h"
+#include "graphward/kernels/storage.cuh"
 
 namespace graphward::kernels {
 namespace {

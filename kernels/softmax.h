@@ -6,8 +6,8 @@
 // Σ exp(x − m) — x − m is exact where it matters, near the maximum — never x minus their rounded
 // sum; row sums in a fixed order, so results are deterministic.
 #include <cstdint>
-#include "base/config.h"
-#include "base/dtype.h"
+#include "graphward/base/config.h"
+#include "graphward/base/dtype.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include <cuda_runtime_api.h>

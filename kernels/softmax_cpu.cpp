@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu_store.h"
-#include "kernels/softmax.h"
+#include "graphward/kernels/cpu_store.h"
+#include "graphward/kernels/softmax.h"
 
 namespace graphward::kernels::cpu {
 using detail::store;

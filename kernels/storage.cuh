@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "base/dtype.h"
+#include "graphward/base/dtype.h"
 
 namespace graphward::kernels::detail {
 

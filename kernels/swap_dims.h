@@ -7,7 +7,7 @@
 // whose output is [A, D1, M, D0, C]: four divisions per element whatever the rank.
 #include <cstdint>
 
-#include "kernels/shape.h"
+#include "graphward/kernels/shape.h"
 
 #if defined(__CUDACC__)
 #define GW_HD __host__ __device__

@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 
-from check_rooms import ROOMS, SUFFIXES, made_up_tree, rooms_root
+from check_rooms import DIRS, ROOMS, SUFFIXES, made_up_tree, rooms_root
 
 CALLS = ["setenv", "putenv", "unsetenv", "clearenv", "exit", "_Exit", "quick_exit", "abort",
          "terminate", "system", "popen"]
@@ -31,7 +31,7 @@ def code_of(line: str) -> str:
 
 def files(root: pathlib.Path):
     for room in ROOMS:
-        for path in sorted((root / room).rglob("*")):
+        for path in sorted((root / DIRS[room]).rglob("*")):
             if path.suffix in SUFFIXES:
                 yield path
     for path in sorted(root.glob("graphward*.h")):
@@ -62,17 +62,17 @@ def self_test() -> int:
     files_in = {
         "base/a.h": "inline void f() { ::setenv(\"X\", \"1\", 0); }\n",
         "kernels/k.cu": "// exit(1) in a comment\n  std::exit(2);\n",
-        "runtime/r.cpp": 'const char* s = "abort()";\nvoid quick_exit_soon();\n',
-        "tape/t.cpp": "/* system(\"ls\")\n   popen() */ int x = obj.exit(3);\n",
-        "ops/o.cpp": "void g() { putenv(buf); }\n",
-        "backward/b.cpp": "x->abort();  // a member: not the process's\n",
+        "engine/runtime/r.cpp": 'const char* s = "abort()";\nvoid quick_exit_soon();\n',
+        "engine/tape/t.cpp": "/* system(\"ls\")\n   popen() */ int x = obj.exit(3);\n",
+        "engine/ops/o.cpp": "void g() { putenv(buf); }\n",
+        "engine/backward/b.cpp": "x->abort();  // a member: not the process's\n",
         "capture/c.cpp": "std::terminate();\n",
         "dist/d.cpp": "const char* v = std::getenv(\"NCCL\");\n",
         "graphward.h": "#include <cstdlib>\n",
     }
     with made_up_tree(files_in) as root:
         found = sorted(":".join(line.split(":")[:2]) for line in process_wide_calls(root))
-    expected = sorted(["base/a.h:1", "kernels/k.cu:2", "ops/o.cpp:1", "capture/c.cpp:1"])
+    expected = sorted(["base/a.h:1", "kernels/k.cu:2", "engine/ops/o.cpp:1", "capture/c.cpp:1"])
     if found != expected:
         print(f"check_library self-test: found {found}; expected {expected}")
         return 1

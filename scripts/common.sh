@@ -71,7 +71,7 @@ have_header() {  # have_header gtest/gtest.h
 }
 
 # cuDNN's fused attention needs the cudnn-frontend headers (header-only; Note [Fused attention],
-# runtime/dnn.h): unpacked from PyPI's nvidia-cudnn-frontend wheel (its include/) into
+# engine/runtime/dnn.h): unpacked from PyPI's nvidia-cudnn-frontend wheel (its include/) into
 # .deps/cudnn_frontend/include, where CMake looks first. Only where a CUDA toolkit is present, and
 # never fatal: without them (no network, no pip) attention is composed, as CMake says.
 GW_CUDNN_FRONTEND_VERSION=${GW_CUDNN_FRONTEND_VERSION:-1.32.0}
@@ -110,17 +110,18 @@ PY
   rm -rf "$tmp"
 }
 
-# Installs what is missing (GoogleTest, Google Benchmark, cmake, g++) with apt when running as
+# Installs what is missing (GoogleTest, Google Benchmark, cmake, g++, pkg-config) with apt when running as
 # root; otherwise says what will be built without; then the cudnn-frontend headers.
 ensure_deps() {
   mkdir -p "$GW_ROOT/.deps" && ensure_cudnn_frontend
   local missing=()
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   have_header gtest/gtest.h || missing+=(libgtest-dev)
   have_header benchmark/benchmark.h || missing+=(libbenchmark-dev)
   if [ ${#missing[@]} -eq 0 ]; then
-    say "dependencies: cmake, g++, GoogleTest and Google Benchmark are present"
+    say "dependencies: cmake, g++, pkg-config, GoogleTest and Google Benchmark are present"
     return 0
   fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

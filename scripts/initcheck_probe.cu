@@ -16,7 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/nvtx_mark.h"  // the library's mark (built with -I at the repository's root)
+#include "graphward/kernels/nvtx_mark.h"  // the library's mark (built with -I at the repository's root)
 
 #include <cstdio>
 #include <cstdlib>

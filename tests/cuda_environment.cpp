@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "graphward.h"
+#include "graphward/graphward.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "graphward.h"
+#include "graphward/graphward.h"
 
 #define GW_REQUIRE_GPU()                                                                   \
   do {                                                                                     \
@@ -201,7 +201,7 @@ inline TensorOptions f64() {
   return {DType::kFloat64, Device::cpu()};
 }
 
-// Autocast(parameters) (ops/autocast.h) on `device`: the parameters cast at the scope's start —
+// Autocast(parameters) (engine/ops/autocast.h) on `device`: the parameters cast at the scope's start —
 // each once, a repeated one and what is not a float32 parameter skipped — and no cast after; the
 // loss and the gradients bitwise those of the same model cast lazily, at first use.
 inline void expect_upfront_casts_as_lazy_ones(Device device) {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <random>
 
-#include "backward/backward_program.h"
+#include "graphward/engine/backward/backward_program.h"
 #include "backward/plan_checks.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "backward/backward_plan.h"
+#include "graphward/engine/backward/backward_plan.h"
 
 namespace graphward::testing {
 

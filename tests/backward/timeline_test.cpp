@@ -4,9 +4,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "graphward.h"
+#include "graphward/graphward.h"
 #include "json_check.h"
-#include "runtime/nvtx.h"
+#include "graphward/engine/runtime/nvtx.h"
 #include "test_util.h"
 
 namespace graphward {

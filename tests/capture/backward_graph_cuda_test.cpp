@@ -8,11 +8,11 @@
 #include <optional>
 #include <set>
 
-#include "capture/backward_graph.h"
-#include "capture/stream_capture.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/stream_capture.h"
 #include "json_check.h"
-#include "tape/deferred_release.h"
-#include "tape/tape_log.h"
+#include "graphward/engine/tape/deferred_release.h"
+#include "graphward/engine/tape/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -347,7 +347,7 @@ struct SideStep {
   }
 };
 
-// Note [Reads of a replayed step] (runtime/memory.h): a replay releases its step as a whole, with
+// Note [Reads of a replayed step] (engine/runtime/memory.h): a replay releases its step as a whole, with
 // one event for the graph's read of every saved tensor. At the last step the caller's stream is
 // stalled before backward(), the activations are freed on the release worker (waited for), and
 // the side stream at once takes blocks of their size and overwrites them. Were a free not ordered
@@ -581,7 +581,7 @@ TEST_F(CudaBackwardGraph, AGradientStillReadOnAnotherStreamIsNotOverwrittenByThe
   EXPECT_NE(m.w[0][0].grad().to_vector<float>(), step_a);
 }
 
-// Note [Writes of a replayed graph] (runtime/memory.h): a replay over the same .grads as the step
+// Note [Writes of a replayed graph] (engine/runtime/memory.h): a replay over the same .grads as the step
 // before records its writes with one bump, which each .grad applies when it is next consulted. A
 // reader on another stream must still wait for the replay: one that wrote the .grad last before
 // it (its producer until the replay's write is applied) and one that never used it. The caller's
@@ -672,7 +672,7 @@ TEST_F(CudaBackwardGraph, TwoBackwardGraphsOverSharedParametersEachHaveTheirWrit
   EXPECT_EQ(m.grads(), ref.grads());
 }
 
-// Note [Node attributes] (tape/autograd.h): a loss scaled by a factor that changes from step to
+// Note [Node attributes] (engine/tape/autograd.h): a loss scaled by a factor that changes from step to
 // step (a per-batch count, a schedule) is another structure at each new factor — captured anew,
 // or replayed from the cache where the factor was seen before — never a replay of a graph whose
 // kernels hold another factor: every step's gradients equal the eager backward's.

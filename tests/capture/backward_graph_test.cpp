@@ -1,7 +1,7 @@
 // BackwardGraph on the CPU backend: always the eager backward (graphs are a CUDA feature), same
 // gradients as backward(), counted as eager; bad input refused by name.
-#include "capture/backward_graph.h"
-#include "tape/tape_log.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/engine/tape/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {

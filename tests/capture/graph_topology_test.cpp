@@ -1,6 +1,6 @@
 // analyze_topology (capture/graph_topology.h) on hand-made DAGs: the shapes GraphStats reports of a
 // captured graph.
-#include "capture/graph_topology.h"
+#include "graphward/capture/graph_topology.h"
 #include "test_util.h"
 
 namespace graphward::capture {

@@ -4,7 +4,7 @@
 // step.
 #include <cmath>
 
-#include "capture/step_graph.h"
+#include "graphward/capture/step_graph.h"
 #include "test_util.h"
 
 namespace graphward {

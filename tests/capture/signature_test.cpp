@@ -3,11 +3,11 @@
 // gradient mode, a .grad appearing) a different structure; for a replaced parameter or gradient the
 // same structure with other addresses; and a readable reason for each. Hand-built tapes carry fake
 // stream handles: nothing is launched.
-#include "capture/signature.h"
-#include "capture/graph_cache.h"
-#include "runtime/math_mode.h"
-#include "tape/host_state.h"
-#include "tape/tape_log.h"
+#include "graphward/capture/graph_cache.h"
+#include "graphward/capture/signature.h"
+#include "graphward/engine/runtime/math_mode.h"
+#include "graphward/engine/tape/host_state.h"
+#include "graphward/engine/tape/tape_log.h"
 #include "test_util.h"
 
 #include <algorithm>

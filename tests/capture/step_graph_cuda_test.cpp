@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "capture/step_graph.h"
+#include "graphward/capture/step_graph.h"
 #include "test_util.h"
 
 namespace graphward {

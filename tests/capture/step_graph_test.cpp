@@ -1,6 +1,6 @@
 // StepGraph on the CPU backend: every step runs eagerly (counted), bad construction is refused by
 // name. The capture itself is tested on the GPU (step_graph_cuda_test.cpp).
-#include "capture/step_graph.h"
+#include "graphward/capture/step_graph.h"
 #include "test_util.h"
 
 namespace graphward {

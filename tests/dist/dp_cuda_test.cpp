@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "graphward_dist.h"  // the public header, as a training loop includes it
+#include "graphward/graphward_dist.h"  // the public header, as a training loop includes it
 #include "test_util.h"
 
 namespace graphward {

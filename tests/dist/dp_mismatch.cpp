@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "graphward.h"
+#include "graphward/dist/process_group.h"
+#include "graphward/graphward.h"
 
 namespace gw = graphward;
 

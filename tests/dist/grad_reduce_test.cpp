@@ -3,8 +3,8 @@
 // executor hands the reducer every leaf gradient once, after its last write and before anything
 // writes it again; the layout a reducer must agree on follows the model; a ProcessGroup of one on
 // the CPU changes nothing; bad groups are refused by name.
-#include "dist/process_group.h"
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/dist/process_group.h"
 #include "test_util.h"
 
 #include <algorithm>

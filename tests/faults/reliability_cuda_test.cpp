@@ -1,14 +1,14 @@
 // Reliability on the GPU: a non-finite loss is refused before anything is written
-// (Note [Non-finite loss], backward/backward.h), and the localizing backward (Note [Kernel faults],
+// (Note [Non-finite loss], engine/backward/backward.h), and the localizing backward (Note [Kernel faults],
 // base/error.h) gives the gradients of the plain one; nothing of a model outlives it (no
 // thread-local keeps its tensors). The out-of-memory and fault tests run alone:
 // faults/serial_cuda_test.cpp.
 #include <limits>
 #include <vector>
 
-#include "capture/backward_graph.h"
-#include "capture/signature.h"
-#include "capture/step_graph.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/capture/signature.h"
+#include "graphward/capture/step_graph.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -20,9 +20,9 @@
 #include <optional>
 #include <thread>
 
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
 #include "faults/fault_kernels.h"
-#include "graphward_dist.h"
+#include "graphward/graphward_dist.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -7,9 +7,9 @@
 #include <cstdio>
 
 #include "backward/plan_checks.h"
-#include "capture/signature.h"
+#include "graphward/capture/signature.h"
 #include "fuzz/random_program.h"
-#include "tape/tape_log.h"
+#include "graphward/engine/tape/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {

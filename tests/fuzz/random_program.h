@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "capture/backward_graph.h"
-#include "graphward.h"
+#include "graphward/capture/backward_graph.h"
+#include "graphward/graphward.h"
 
 namespace graphward::fuzz {
 

@@ -6,7 +6,7 @@
 #include <exception>
 #include <functional>
 
-#include "ops/rnn.h"
+#include "graphward/engine/ops/rnn.h"
 #include "test_util.h"
 
 namespace graphward {

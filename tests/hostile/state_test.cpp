@@ -6,8 +6,8 @@
 #include <optional>
 #include <thread>
 
-#include "base/env.h"
-#include "capture/step_graph.h"
+#include "graphward/base/env.h"
+#include "graphward/capture/step_graph.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/reduce.h"
-#include "runtime/random.h"
+#include "graphward/engine/runtime/random.h"
+#include "graphward/kernels/elementwise.h"
+#include "graphward/kernels/gemm.h"
+#include "graphward/kernels/reduce.h"
 
 namespace graphward::kernels::cpu {
 namespace {

@@ -1,4 +1,4 @@
-// Fused attention on CUDA (Note [Fused attention], runtime/dnn.h): bfloat16 q, k, v take cuDNN's
+// Fused attention on CUDA (Note [Fused attention], engine/runtime/dnn.h): bfloat16 q, k, v take cuDNN's
 // SDPA where the build has it, forward and backward within bfloat16's tolerance of the composed
 // float32 path on the CPU, causal and not, over several shapes; the shapes cuDNN refuses and
 // float32 take the composed path and say so; the fused dropout drops each weight or scales it by
@@ -7,7 +7,7 @@
 // equals the eager one bitwise.
 #include <algorithm>
 
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
 #include "test_util.h"
 
 namespace graphward {

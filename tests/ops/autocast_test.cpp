@@ -1,4 +1,4 @@
-// Autocast (Note [Autocast], ops/autocast.h) on the CPU backend: which dtype each op runs in
+// Autocast (Note [Autocast], engine/ops/autocast.h) on the CPU backend: which dtype each op runs in
 // inside the scope, a parameter cast once whatever its uses, its gradient float32 and near the
 // float32 model's, the scope's nesting and its refusals.
 #include "test_util.h"

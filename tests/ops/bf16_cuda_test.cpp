@@ -2,7 +2,7 @@
 // (tests/ops/bf16_cases.h); a bfloat16 kernel is its float32 kernel with bfloat16 loads and
 // stores, so its outputs are the float32 op's on the widened inputs rounded once, bitwise; a
 // bfloat16 model's replayed backward equals its eager one bitwise.
-#include "capture/backward_graph.h"
+#include "graphward/capture/backward_graph.h"
 #include "ops/bf16_cases.h"
 #include "test_util.h"
 

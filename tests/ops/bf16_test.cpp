@@ -1,4 +1,4 @@
-// bfloat16 on the CPU backend (Note [bfloat16 on the CPU], ops/ops_common.h): every bfloat16 op
+// bfloat16 on the CPU backend (Note [bfloat16 on the CPU], engine/ops/ops_common.h): every bfloat16 op
 // within its tolerance of the float32 reference (tests/ops/bf16_cases.h), and its rounding
 // emulated exactly: a bfloat16 op's outputs are the float32 op's on the widened inputs, each
 // rounded once to nearest even; the loss of a bfloat16 cross-entropy is float32.

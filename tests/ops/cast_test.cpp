@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "backward/optim.h"
-#include "tape/autograd.h"
+#include "graphward/engine/backward/optim.h"
+#include "graphward/engine/tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {

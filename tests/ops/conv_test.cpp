@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "backward/backward.h"
-#include "tape/autograd.h"
+#include "graphward/engine/backward/backward.h"
+#include "graphward/engine/tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -135,7 +135,7 @@ TEST(ConvCpu, AConvolutionWithItsReluIsReluOfTheConvolutionBitwise) {
   }
 }
 
-// Note [Backward epilogue fusion] (ops/ops.h): a conv2d_relu whose output feeds one pooling
+// Note [Backward epilogue fusion] (engine/ops/ops.h): a conv2d_relu whose output feeds one pooling
 // alone leaves its ReLU's backward to the pooling's. The plan fuses exactly that step, and the
 // gradients are bitwise the unfused plan's — max and average pooling, float and double,
 // non-overlapping and overlapping padded windows, both write modes; some windows are all zero

@@ -12,14 +12,14 @@
 #include <memory>
 #include <thread>
 
-#include "capture/stream_capture.h"
-#include "kernels/conv.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/reduce.h"
-#include "kernels/shape.h"
-#include "runtime/blas.h"
-#include "runtime/dnn.h"
+#include "graphward/capture/stream_capture.h"
+#include "graphward/engine/runtime/blas.h"
+#include "graphward/engine/runtime/dnn.h"
+#include "graphward/kernels/conv.h"
+#include "graphward/kernels/elementwise.h"
+#include "graphward/kernels/gemm.h"
+#include "graphward/kernels/reduce.h"
+#include "graphward/kernels/shape.h"
 #include "test_util.h"
 
 namespace graphward {

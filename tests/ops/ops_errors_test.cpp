@@ -1,5 +1,5 @@
 // Bad input: every case is a graphward::Error naming the op, what it got and what it expected,
-// and nothing is written (Note [Check, then write] in ops/ops_common.h).
+// and nothing is written (Note [Check, then write] in engine/ops/ops_common.h).
 #include <regex>
 #include <string>
 
@@ -18,7 +18,8 @@ TEST(OpsErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
 // <room>/<file>:<line>]", never an absolute build path.
 TEST(OpsErrors, TheFileAnErrorNamesIsRelativeToTheRepository) {
   const std::regex where(
-      R"( \[at (base|kernels|runtime|tape|ops|backward|capture|dist)/[a-z_0-9]+\.(cpp|h|cu|cuh):[0-9]+\])");
+      R"( \[at (base|kernels|engine/(runtime|tape|ops|backward)|capture|dist)/)"
+      R"([a-z_0-9]+\.(cpp|h|cu|cuh):[0-9]+\])");
   auto message_of = [](auto&& call) -> std::string {
     try {
       call();

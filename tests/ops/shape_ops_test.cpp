@@ -2,7 +2,7 @@
 // results, gradients against finite differences, slot semantics (share, accumulate) and the errors.
 #include <limits>
 
-#include "tape/autograd.h"
+#include "graphward/engine/tape/autograd.h"
 #include "test_util.h"
 
 namespace graphward {

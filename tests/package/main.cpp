@@ -1,7 +1,7 @@
 // The README's training loop, as a consumer of the package: exits non-zero unless it trains.
 #include <cstdio>
 
-#include "graphward.h"
+#include <graphward/graphward.h>
 namespace gw = graphward;
 
 int main() {

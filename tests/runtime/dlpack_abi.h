@@ -1,7 +1,7 @@
 #pragma once
 // DLPack's C structs as its ABI lays them out (DLPack 1.x: DLManagedTensor and
 // DLManagedTensorVersioned), written out for the tests: graphward reads and writes them by field
-// name (Note [DLPack], runtime/dlpack.h), so a test makes its capsules by hand with these.
+// name (Note [DLPack], engine/runtime/dlpack.h), so a test makes its capsules by hand with these.
 #include <cstdint>
 
 namespace graphward::testing::dl {

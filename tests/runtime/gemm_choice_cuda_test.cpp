@@ -9,10 +9,10 @@
 #include <thread>
 #include <vector>
 
-#include "capture/stream_capture.h"
-#include "kernels/gemm.h"
-#include "kernels/reduce.h"
-#include "runtime/blas.h"
+#include "graphward/capture/stream_capture.h"
+#include "graphward/engine/runtime/blas.h"
+#include "graphward/kernels/gemm.h"
+#include "graphward/kernels/reduce.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <optional>
 
-#include "capture/stream_capture.h"
+#include "graphward/capture/stream_capture.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -269,13 +269,13 @@ TEST_F(CudaStreams, MemoryUsedOnAnotherStreamIsCachedAfterItsStreamWaitsForTheOt
   EXPECT_EQ(seen.to_vector<float>(), std::vector<float>(1024 * 1024, 2.0f));
 }
 
-// Note [Frees at the join] (runtime/memory.h): an eager backward on two streams gives the memory
+// Note [Frees at the join] (engine/runtime/memory.h): an eager backward on two streams gives the memory
 // both streams used — the branch's output, which the loss read on the caller's stream, and its
 // gradient, which the branch read — back to the cache after its join, each block on its own stream.
 // The branch is stalled, so its backward reads late: reused and rewritten at once on both streams,
 // the blocks must still hold what the backward read (the weight's gradient equals the one-stream
 // backward's, bitwise), and the branch's block is reused on the branch.
-// Moved onto the caller's stream (Note [Streams of an eager backward], backward/backward_plan.h),
+// Moved onto the caller's stream (Note [Streams of an eager backward], engine/backward/backward_plan.h),
 // the backward reads the branch's output on the caller's stream, which is the one stalled then:
 // the branch must not rewrite the block before the caller's stream is done with it.
 enum class Run { kOneStream, kJoined, kMoved };

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "capture/step_graph.h"
-#include "runtime/dnn.h"
+#include "graphward/capture/step_graph.h"
+#include "graphward/engine/runtime/dnn.h"
 #include "test_util.h"
 
 namespace graphward {

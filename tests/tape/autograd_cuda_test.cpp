@@ -269,7 +269,7 @@ TEST_F(CudaAutograd, SeedProducedOnAnotherStreamIsWaitedFor) {
   EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(512 * 512, 1.0f));
 }
 
-// ---- Note [Streams of an eager backward] (backward/backward_plan.h) -----------------------------
+// ---- Note [Streams of an eager backward] (engine/backward/backward_plan.h) -----------------------------
 
 // The review's sweep: two parallel linear+relu layers on an n × n input, on two streams, summed
 // into an mse loss on the caller's stream.

@@ -1,7 +1,7 @@
 // Autograd on the CPU backend: gradients of composed models against finite differences, fan-out,
 // multiple roots, retain_graph, unused inputs, the no-grad scope, leaves reached by several paths,
 // saved-tensor version checks and the gradient write modes.
-#include "tape/tape_log.h"
+#include "graphward/engine/tape/tape_log.h"
 #include "test_util.h"
 
 namespace graphward {

@@ -6,7 +6,7 @@
 #include <functional>
 #include <thread>
 
-#include "tape/deferred_release.h"
+#include "graphward/engine/tape/deferred_release.h"
 #include "test_util.h"
 
 namespace graphward {

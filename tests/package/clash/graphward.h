@@ -1,0 +1,2 @@
+#pragma once
+#error "graphward included the consumer's own graphward.h"
