@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU, builds with all cores, runs the whole test suite
-# (the `gpu` label included, and fails if any GPU test was skipped), runs the GPU tests under
+# (the `gpu` label included, and fails if any GPU test was skipped), the package check with its CUDA
+# consumers run on the GPU, runs the GPU tests under
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck: each fails on any report but the
 # libraries' known ones, sanitizer_known_reports in common.sh) and its threads' tests in a
 # ThreadSanitizer build, runs random programs, the soak,
@@ -105,6 +106,16 @@ if [ $? -eq 0 ] && grep -q '^\[  PASSED  \] 1 test' "$LOG_DIR/fuzz.log"; then
 else
   record fuzz FAIL "see fuzz.log"
   grep -A3 -E 'Failure|Failed' "$LOG_DIR/fuzz.log" | head -12
+fi
+
+# 2c. graphward as another project's dependency (scripts/check_package.sh), the CUDA build
+# included: its consumers run here on the GPU (the .cu consumer's kernel among them).
+start=$SECONDS
+if GW_PACKAGE_CUDA=ON GW_PACKAGE_DIR="$GW_BUILD_DIR-package" bash "$GW_ROOT/scripts/check_package.sh" \
+  >"$LOG_DIR/package.log" 2>&1; then
+  record package ok "$(tail -1 "$LOG_DIR/package.log" | sed 's/^\[graphward\] package: //'); $((SECONDS - start)) s"
+else
+  record package FAIL "$(tail -1 "$LOG_DIR/package.log")"
 fi
 fi
 
