@@ -126,7 +126,9 @@ ensure_deps() {
   fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing missing packages with apt-get: ${missing[*]}"
-    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") \
+    # Within minutes: a machine without a network fails here rather than waiting on it.
+    if (timeout 120 apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${missing[@]}") \
         >/tmp/graphward-apt.log 2>&1; then
       say "installed: ${missing[*]}"
       return 0
