@@ -236,15 +236,19 @@ void BackwardGraph::backward_locked(const Tensor& loss, GradWrite grad_write) {
   } reset_log;
   if (options_.backward.check_finite_loss) check_finite_roots("BackwardGraph::backward", {loss});
   ++calls_;
+  const std::size_t program = static_cast<std::size_t>(grad_write);
+  ++program_calls_[program];
   if (device_.is_cpu() || options_.force_eager || localize_ ||
-      calls_ <= static_cast<std::uint64_t>(options_.warmup)) {
+      program_calls_[program] <= static_cast<std::uint64_t>(options_.warmup)) {
 #if GRAPHWARD_HAS_CUDA
-    // Note [Input slots]: what the warm-up's tape read, for the first capture to compare with.
+    // Note [Input slots]: what the program's warm-up's tape read, for its first capture to
+    // compare with.
     if (device_.is_cuda() && !options_.force_eager && !localize_) {
+      capture::TapeSignature& warm = warm_[program];
       roots_.assign(1, loss);
-      capture::tape_signature_walk(warm_, roots_, {}, current_stream(device_), grad_write);
-      warm_.nodes.clear();
-      warm_.leaves.clear();
+      capture::tape_signature_walk(warm, roots_, {}, current_stream(device_), grad_write);
+      warm.nodes.clear();
+      warm.leaves.clear();
       roots_.clear();
     }
 #endif
@@ -415,7 +419,8 @@ std::shared_ptr<BackwardGraph::Executable> BackwardGraph::capture_or_update(
     pool = fresh->pool.get();
   }
   // Note [Input slots]: the saved tensors this graph reads from copies of its own.
-  fresh->slots = choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr);
+  fresh->slots =
+      choose_slots(decision.action == Action::kUpdate ? decision.entry : nullptr, grad_write);
   fill_slots(*fresh, caller);
   std::vector<std::shared_ptr<ReplayWatcher>> watchers;  // Note [Watched replays]
   fresh->graph = capture::Graph(capture_plan(plan, caller, *pool, /*timed=*/false, &watchers));
@@ -559,9 +564,12 @@ std::vector<StepTiming> BackwardGraph::trace(const Tensor& loss, GradWrite grad_
                               "BackwardGraph is for ", device_.str(),
            " (the eager backward's trace: backward(loss, {.timings = &steps}))");
   check_capturable("BackwardGraph::trace");  // it synchronizes
-  GW_CHECK(calls_ >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
+  GW_CHECK(is_valid(grad_write), "BackwardGraph::trace: grad_write is GradWrite(",
+           static_cast<int>(grad_write), "); expected GradWrite::kAccumulate or kOverwrite");
+  const std::uint64_t warmed = program_calls_[static_cast<std::size_t>(grad_write)];
+  GW_CHECK(warmed >= static_cast<std::uint64_t>(options_.warmup) && !options_.force_eager,
            "BackwardGraph::trace: call it after the warm-up (", options_.warmup,
-           " backward() call(s); so far ", calls_,
+           " backward() call(s) with this grad_write; so far ", warmed,
            ") so that library initialization happens outside the capture, and not with "
            "force_eager (there is no graph to trace; time the eager backward with "
            "backward(loss, {.timings = &steps}))");

@@ -36,8 +36,13 @@
 //   5. input slots: a saved tensor that is a new tensor every step (the batch, the targets, ids, a
 //      mask) is read by the graph from a slot of its own, refreshed before each launch, so that a
 //      new batch does not change the graph (Note [Input slots]).
-// The first `warmup` calls run the eager backward (cuBLAS handles, workspaces and GEMM plans are
-// made there, outside any capture). Leaf gradients must persist for a graph to write them: a leaf
+// The first `warmup` calls of each program — a backward that overwrites the .grads and one that
+// adds to them are two (GradWrite) — run the eager backward (cuBLAS handles, workspaces and GEMM
+// plans are made there, outside any capture). Counted per program so that each is captured in a
+// step shaped as the steps after it: a warm-up's temporaries come from the step arena, and a
+// program captured in the step of another's warm-up (the second micro-batch's, accumulating,
+// after the first's) would read the tensors made after that warm-up at addresses they have only
+// in that step, and be updated once the next step. Leaf gradients must persist for a graph to write them: a leaf
 // whose .grad is undefined gets zeros before its first captured step.
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
@@ -83,6 +88,7 @@
 //     after backward() returns (the copy is ordered before any reuse of its memory); the slot
 //     belongs to the graph, so an earlier step's batch is never read by a later replay.
 //
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -107,7 +113,7 @@ namespace graphward {
 
 struct BackwardGraphOptions {
   std::size_t cache_capacity = 8;  // executables kept (least recently used out)
-  int warmup = 1;                  // eager backwards before the first capture
+  int warmup = 1;                  // eager backwards of each program before its first capture
   bool force_eager = false;        // never capture (debugging, comparisons)
   // How every backward() of this BackwardGraph runs, the eager ones (the warm-up, force_eager)
   // and the captured one alike (engine/backward/backward.h): grad_write (what backward(loss) uses),
@@ -239,7 +245,7 @@ class BackwardGraph {
   // Note [Input slots]: the slots a capture of this step's tape gives its graph (`updating`: the
   // entry of the same structure being updated, else null), their memory made and filled and the
   // saved tensors substituted (fill_slots), and refreshed before each replay (refresh_slots).
-  std::vector<InputSlot> choose_slots(const Cache::Entry* updating);
+  std::vector<InputSlot> choose_slots(const Cache::Entry* updating, GradWrite grad_write);
   // This step's tensor that `slot` stands for (its node's saved tensor).
   const Tensor& slot_source(const InputSlot& slot) const;
   void fill_slots(Executable& exec, cudaStream_t caller);
@@ -274,6 +280,7 @@ class BackwardGraph {
   Tensor seed_;  // the static seed gradient (a one), made on the caller's stream
   std::uint64_t eager_ = 0;
   std::uint64_t calls_ = 0;
+  std::array<std::uint64_t, 2> program_calls_{};  // calls of each program, by GradWrite
   std::string last_reason_;
   GraphStats last_stats_;
   BackwardHostTimes host_;
@@ -289,7 +296,8 @@ class BackwardGraph {
   std::shared_ptr<Executable> last_captured_;
   capture::TapeSignature signature_;  // this step's, computed into the same buffers every step
   capture::TapeSignature walk_;       // a walk of this step's tape, when capturing
-  capture::TapeSignature warm_;       // a walk of the last warm-up's tape (Note [Input slots])
+  // A walk of each program's last warm-up's tape, by GradWrite (Note [Input slots]).
+  std::array<capture::TapeSignature, 2> warm_;
   std::vector<Tensor> slot_sources_;  // this step's tensors copied into slots (until the launch)
   std::vector<SavedTensor> hand_off_;  // the step's saved tensors, for releaser_ (its buffer)
   detail::ReleaseWorker releaser_;     // Note [Deferred release]

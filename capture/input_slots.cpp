@@ -16,8 +16,10 @@ namespace graphward {
 
 #if GRAPHWARD_HAS_CUDA
 std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
-    const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating) {
+    const capture::GraphCache<std::shared_ptr<Executable>>::Entry* updating,
+    GradWrite grad_write) {
   const capture::TapeSignature& sig = signature_;
+  const capture::TapeSignature& warm = warm_[static_cast<std::size_t>(grad_write)];
   const bool log = sig.source == capture::TapeSignature::Source::kLog;
   std::vector<InputSlot> slots;
   // Only nodes the backward reaches (walk_, alive): a log also lists nodes of the step that the
@@ -48,16 +50,16 @@ std::vector<BackwardGraph::InputSlot> BackwardGraph::choose_slots(
          capture::GraphCache<std::shared_ptr<Executable>>::changed_addresses(*updating, sig)) {
       add(a);
     }
-  } else if (warm_.nodes_words > 0 && warm_.nodes_words == walk_.nodes_words &&
-             warm_.nodes_addresses == walk_.nodes_addresses &&
-             std::equal(warm_.structure.begin(),
-                        warm_.structure.begin() + static_cast<std::ptrdiff_t>(warm_.nodes_words),
+  } else if (warm.nodes_words > 0 && warm.nodes_words == walk_.nodes_words &&
+             warm.nodes_addresses == walk_.nodes_addresses &&
+             std::equal(warm.structure.begin(),
+                        warm.structure.begin() + static_cast<std::ptrdiff_t>(warm.nodes_words),
                         walk_.structure.begin())) {
     // The first capture of the warm-up's structure: a saved tensor that moved since the warm-up
     // is taken to be a new one every step (the batch). Positions are the walk's; the slot is
     // found in this step's signature by its owner.
     for (std::size_t a = 0; a < walk_.nodes_addresses; ++a) {
-      if (walk_.addresses[a] == warm_.addresses[a]) continue;
+      if (walk_.addresses[a] == warm.addresses[a]) continue;
       const std::uint32_t o = walk_.address_owners[a];
       if ((o >> 28) != detail::kOwnerSaved) continue;
       const std::size_t i = (o >> 8) & 0xFFFFF;
