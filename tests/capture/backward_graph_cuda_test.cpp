@@ -523,6 +523,44 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
   EXPECT_GT(bw.stats().counters.replays, 0u);
 }
 
+// A loop of two micro-batches a step — the first backward overwrites the .grads, the second adds
+// to them — with new batch tensors every step: each program runs its own warm-up in the first step
+// and is captured in the second, shaped as every later step, so the loop replays with no update;
+// the .grads are the eager twin's.
+TEST_F(CudaBackwardGraph, EachProgramWarmsUpOnceAndAMicroBatchedLoopReplaysWithNoUpdate) {
+  Model m(2, 2, 32), ref(2, 2, 32);
+  StepArena arena(kGpu);
+  BackwardGraph bw(kGpu);
+  std::vector<Tensor> xs(2), ts(2);
+  for (std::uint64_t s = 0; s < 5; ++s) {
+    StepScope scope(arena);
+    for (std::uint64_t k = 0; k < 2; ++k) {
+      xs[k] = randn({8, 32}, 100 + 4 * s + 2 * k, kF32Gpu);  // a new batch every step
+      ts[k] = randn({8, 32}, 101 + 4 * s + 2 * k, kF32Gpu);
+      bw.backward(mul(m.loss(xs[k], ts[k]), 0.5),
+                  k == 0 ? GradWrite::kOverwrite : GradWrite::kAccumulate);
+    }
+    arena.record_step_end(current_stream(kGpu));
+  }
+  const BackwardGraphStats st = bw.stats();
+  EXPECT_EQ(st.eager_backwards, 2u) << "one warm-up for each program";
+  EXPECT_EQ(st.counters.captures, 2u) << st.reason;
+  EXPECT_EQ(st.counters.updates, 0u) << st.reason;
+  EXPECT_EQ(st.counters.replays, 8u);  // steps 1 to 4, two launches each
+  for (std::size_t k = 0; k < 2; ++k) {
+    backward(mul(ref.loss(xs[k], ts[k]), 0.5),
+             {.grad_write = k == 0 ? GradWrite::kOverwrite : GradWrite::kAccumulate});
+  }
+  const auto got = m.grads(), want = ref.grads();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LT(testing::rel_error(std::vector<double>(got[i].begin(), got[i].end()),
+                                 std::vector<double>(want[i].begin(), want[i].end())),
+              1e-5)
+        << "gradient " << i;
+  }
+}
+
 // Two batches and the static inputs they are copied into, one model and its eager twin: with a
 // step arena, every step after the capture is a plain replay. For the tests that hold a stream and
 // look at one .grad.
