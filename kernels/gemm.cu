@@ -41,8 +41,8 @@ namespace graphward::kernels {
 // covered by them: cuBLASLt runs some epilogues as a separate kernel
 // (epilogue::impl::globalKernel) reading the product — 50,000 reports of it in one GPT-2 test,
 // from gemm_act_grad's GELU-derivative epilogue. A plan with an epilogue and beta = 0 marks C
-// before the call too: with beta = 0 C is read before the product is written only by the small-n
-// kernels' harmless loads (scripts/common.sh's known reports), so nothing real is hidden.
+// before the call instead: with beta = 0 C is read before the product is written only by the
+// small-n kernels' harmless loads (scripts/common.sh's known reports), so nothing real is hidden.
 void mark_written(const void* p, std::size_t bytes, cudaStream_t stream) {
 #if GRAPHWARD_NVTX_MEM
   static const nvtxDomainHandle_t domain = nvtxDomainCreateA("graphward");
@@ -450,12 +450,13 @@ cublasStatus_t LtGemm::launch(const cublasLtMatmulAlgo_t& algo, float alpha, con
   }
   // Note [GEMM outputs and initcheck]: an epilogue cuBLASLt runs as a kernel of its own reads the
   // product the main kernel wrote unseen; with beta = 0 nothing reads C before that, so C is
-  // marked before the call as well as after.
-  if (beta == 0.f && options_.epilogue != Epilogue::kNone) mark_written(c, c_bytes_, stream);
+  // marked before the call instead of after.
+  const bool c_first = beta == 0.f && options_.epilogue != Epilogue::kNone;
+  if (c_first) mark_written(c, c_bytes_, stream);
   const cublasStatus_t status = cublasLtMatmul(handle_, desc_, &alpha, b, a_, a, b_, &beta, c, c_,
                                                c, c_, &algo, workspace, workspace_bytes, stream);
   if (status == CUBLAS_STATUS_SUCCESS) {  // each size 0 where the plan writes no such output
-    mark_written(c, c_bytes_, stream);
+    if (!c_first) mark_written(c, c_bytes_, stream);
     mark_written(bias_grad, bias_grad_bytes_, stream);
     mark_written(aux, aux_bytes_, stream);
   }

@@ -22,6 +22,7 @@ CUDA=${GW_PACKAGE_CUDA:-auto}
 rm -rf "$WORK"
 mkdir -p "$WORK"
 fail() { say "package: FAILED: $*"; exit 1; }
+KERNEL_RC=77  # kernel_consumer's exit status, once run
 
 # install_library NAME CMAKE_ARGS...: configures, builds and installs graphward into $WORK/NAME.
 install_library() {
@@ -49,6 +50,7 @@ consume() {
   for p in $programs; do
     rc=0
     "$WORK/$dir/$p" || rc=$?
+    [ "$p" = kernel_consumer ] && KERNEL_RC=$rc
     [ "$rc" -eq 0 ] || { [ "$rc" -eq 77 ] && [ "$p" = kernel_consumer ]; } ||
       fail "$dir: $p exited $rc"
   done
@@ -57,7 +59,7 @@ consume() {
 # pkg_config PREFIX NAME: the training loop and the dist program built with plain g++ from
 # pkg-config's flags (and run).
 pkg_config() {
-  local prefix=$1 name=$2 pc
+  local prefix=$1 name=$2 pc p
   command -v pkg-config >/dev/null 2>&1 || fail "no pkg-config here (scripts/common.sh's ensure_deps installs it)"
   pc=$(find "$prefix" -name graphward.pc -path '*/pkgconfig/*' | head -1)
   [ -n "$pc" ] || fail "$name: no graphward.pc installed under $prefix"
@@ -137,7 +139,8 @@ if [ "$CUDA" != OFF ] && [ $have_cuda = 1 ]; then
   consume cuda-find "consumer dist_consumer kernel_consumer" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$WORK/cuda" -DGRAPHWARD_CONSUMER_CUDA=ON
   pkg_config "$WORK/cuda" cuda
-  ran=$([ "$("$WORK/cuda-find/kernel_consumer" >/dev/null 2>&1; echo $?)" = 0 ] && echo "run on the GPU" || echo "built, no GPU to run them")
+  ran="built, no GPU to run them"
+  [ "$KERNEL_RC" -eq 0 ] && ran="run on the GPU"
   done_what="$done_what; CUDA ($ran, CMake $(cmake --version | head -1 | awk '{print $3}')): find_package with a .cu consumer, pkg-config"
 fi
 say "package: ok ($done_what)"
