@@ -3,9 +3,14 @@
 // butterfly shuffles in a fixed order; wider rows one block of 256 threads a row, sums reduced in
 // a fixed tree (the choice is the shape's alone, so a shape's bits never depend on its addresses);
 // the parameter gradients by blocks of 32 columns x 128 rows, whose partial sums are then added in
-// slice order: deterministic. The embedding gradient adds with atomics.
+// slice order: deterministic. The embedding gradient sorts the ids (CUB's radix sort, stable) and
+// adds each row's contributions in position order: deterministic, and the CPU reference's sums
+// bitwise in float32 (Note [Deterministic embedding gradient]).
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "graphward/kernels/block_reduce.cuh"
 #include "graphward/kernels/elementwise.h"
@@ -221,29 +226,77 @@ __global__ void embedding_forward_kernel(S* y, const S* table, const std::int32_
   }
 }
 
-__global__ void embedding_backward_kernel(float* dtable, const float* dy, const std::int32_t* ids,
-                                          std::int64_t n, std::int64_t vocab, std::int64_t dim) {
-  GW_GRID_STRIDE(k, n * dim) {
-    const std::int64_t i = k / dim, j = k % dim;
+// Note [Deterministic embedding gradient]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dtable[ids[i], :] += dy[i, :] with atomic adds would order a repeated id's contributions by
+// the hardware's schedule: its gradient's last bits, and with them a whole training run, would
+// vary run to run, and a checkpointed run resumed would not be the run uninterrupted. Instead
+// the ids are sorted with their positions (CUB's LSD radix sort: stable, so equal ids keep their
+// positions ascending) and one block a run of equal ids adds the run's dy rows in position
+// order, each thread a column: the CPU reference's order exactly (kernels/norm_cpu.cpp adds row
+// by row), so float32 gradients are the CPU's bitwise; a bfloat16 table's row is summed in
+// float32 and rounded once. An id outside [0, vocab) is keyed `vocab` (sorted last, skipped).
+// The sort reads keys of only as many bits as `vocab` needs. A run is added by one thread a
+// column in sequence (a thread a column, up to 1024 columns a block): a token repeated r times
+// costs r dependent adds a column, its loads independent and issued eight ahead — the order the
+// CPU's bits need, and the cost llm.c's deterministic encoder backward pays the same way (a run
+// a bucket, its items in sequence).
+int embedding_key_bits(std::int64_t vocab) {
+  int bits = 1;
+  while ((std::int64_t{1} << bits) <= vocab) ++bits;  // keys run up to vocab itself
+  return bits;
+}
+
+__global__ void embedding_keys_kernel(std::uint32_t* keys, std::uint32_t* positions,
+                                      const std::int32_t* ids, std::int64_t n,
+                                      std::int64_t vocab) {
+  GW_GRID_STRIDE(i, n) {
     const std::int32_t id = ids[i];
-    if (id >= 0 && id < vocab) atomicAdd(dtable + static_cast<std::int64_t>(id) * dim + j, dy[k]);
+    keys[i] = static_cast<std::uint32_t>((id >= 0 && id < vocab) ? id : vocab);
+    positions[i] = static_cast<std::uint32_t>(i);
   }
 }
 
-// bfloat16: the rows' float32 sums (workspace) added from bfloat16 dy, then each rounded once.
-__global__ void embedding_backward_kernel(float* sums, const bf16* dy, const std::int32_t* ids,
-                                          std::int64_t n, std::int64_t vocab, std::int64_t dim) {
-  GW_GRID_STRIDE(k, n * dim) {
-    const std::int64_t i = k / dim, j = k % dim;
-    const std::int32_t id = ids[i];
-    if (id >= 0 && id < vocab) {
-      atomicAdd(sums + static_cast<std::int64_t>(id) * dim + j, load(dy, k));
+// Block b takes the run of equal sorted keys that starts at b (the blocks at other places return
+// at once); dtable is already zero where the gradient is written, not added to.
+template <class T>
+__global__ void embedding_rows_kernel(T* dtable, const T* dy, const std::uint32_t* keys,
+                                      const std::uint32_t* positions, std::int64_t n,
+                                      std::int64_t vocab, std::int64_t dim) {
+  const std::int64_t start = blockIdx.x;
+  const std::uint32_t key = keys[start];
+  if (key >= vocab || (start > 0 && keys[start - 1] == key)) return;  // the whole block returns
+  // The run's end, found by the block together (a blockDim of keys at a time).
+  __shared__ int run_end;
+  if (threadIdx.x == 0) run_end = static_cast<int>(n);
+  __syncthreads();
+  for (std::int64_t from = start + 1; from < n; from += blockDim.x) {
+    const std::int64_t r = from + threadIdx.x;
+    if (r < n && keys[r] != key) atomicMin(&run_end, static_cast<int>(r));
+    __syncthreads();
+    const bool found = run_end < n;
+    __syncthreads();  // every thread has read run_end before the next round may lower it
+    if (found) break;
+  }
+  const std::int64_t end = run_end;
+  const std::int64_t row = static_cast<std::int64_t>(key) * dim;
+  for (std::int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+    if constexpr (std::is_same_v<T, float>) {
+      float v = dtable[row + j];
+#pragma unroll 8
+      for (std::int64_t r = start; r < end; ++r) {
+        v = __fadd_rn(v, dy[static_cast<std::int64_t>(positions[r]) * dim + j]);
+      }
+      dtable[row + j] = v;
+    } else {
+      float v = 0.f;
+#pragma unroll 8
+      for (std::int64_t r = start; r < end; ++r) {
+        v = __fadd_rn(v, load(dy, static_cast<std::int64_t>(positions[r]) * dim + j));
+      }
+      put(dtable, row + j, v, /*accumulate=*/true);
     }
   }
-}
-__global__ void embedding_backward_round_kernel(bf16* dtable, const float* sums, std::int64_t n,
-                                                bool accumulate) {
-  GW_GRID_STRIDE(k, n) put(dtable, k, sums[k], accumulate);
 }
 
 // sum = x + res widened (res [res_n] repeated over x [n]): binary_forward's float32 add.
@@ -405,32 +458,64 @@ void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64
                                                                           dim);
   GW_LAUNCH_CHECK();
 }
-std::int64_t embedding_backward_workspace(DType dtype, std::int64_t vocab, std::int64_t dim) {
-  return dtype == DType::kBFloat16 ? vocab * dim : 0;
+namespace {
+// The sort's scratch: keys and positions, in and out (each 256-byte aligned), then CUB's own.
+std::size_t aligned_words(std::int64_t n) {
+  return (static_cast<std::size_t>(n) * sizeof(std::uint32_t) + 255) / 256 * 256;
+}
+std::size_t cub_sort_bytes(std::int64_t n, std::int64_t vocab) {
+  std::size_t bytes = 0;
+  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+      static_cast<std::uint32_t*>(nullptr), static_cast<const std::uint32_t*>(nullptr),
+      static_cast<std::uint32_t*>(nullptr), static_cast<int>(n), 0, embedding_key_bits(vocab)));
+  return bytes;
+}
+
+template <class T>
+void launch_embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::int64_t n,
+                               std::int64_t vocab, std::int64_t dim, bool accumulate,
+                               void* workspace, cudaStream_t stream) {
+  // Zeroed by a kernel, not cudaMemsetAsync: compute-sanitizer's initcheck does not see a
+  // captured graph's memset nodes write.
+  if (!accumulate) fill(dtable, 0.f, vocab * dim, stream);
+  if (n == 0 || dim == 0) return;
+  GW_CHECK(n <= std::int64_t{0x7fffffff}, "embedding_backward: ", n,
+           " ids; expected at most 2^31 - 1");
+  auto* base = static_cast<unsigned char*>(workspace);
+  const std::size_t a = aligned_words(n);
+  auto* keys_in = reinterpret_cast<std::uint32_t*>(base);
+  auto* keys_out = reinterpret_cast<std::uint32_t*>(base + a);
+  auto* positions_in = reinterpret_cast<std::uint32_t*>(base + 2 * a);
+  auto* positions_out = reinterpret_cast<std::uint32_t*>(base + 3 * a);
+  std::size_t sort_bytes = cub_sort_bytes(n, vocab);
+  embedding_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(keys_in, positions_in, ids, n,
+                                                               vocab);
+  GW_LAUNCH_CHECK();
+  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + 4 * a, sort_bytes, keys_in, keys_out,
+                                                positions_in, positions_out, static_cast<int>(n),
+                                                0, embedding_key_bits(vocab), stream));
+  // A thread a column (up to 1024 a block): a run's rows are read once, coalesced.
+  const int threads = dim >= 1024 ? 1024 : static_cast<int>((dim + 31) / 32 * 32);
+  embedding_rows_kernel<T><<<static_cast<unsigned>(n), threads, 0, stream>>>(
+      dtable, dy, keys_out, positions_out, n, vocab, dim);
+  GW_LAUNCH_CHECK();
+}
+}  // namespace
+
+std::int64_t embedding_backward_workspace(std::int64_t n, std::int64_t vocab) {
+  if (n <= 0) return 0;
+  return static_cast<std::int64_t>(4 * aligned_words(n) + cub_sort_bytes(n, vocab));
 }
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* /*workspace*/,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
                         cudaStream_t stream) {
-  if (!accumulate) {
-    GW_CUDA_CHECK(
-        cudaMemsetAsync(dtable, 0, static_cast<std::size_t>(vocab * dim) * sizeof(float), stream));
-  }
-  embedding_backward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(dtable, dy, ids, n, vocab,
-                                                                        dim);
-  GW_LAUNCH_CHECK();
+  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace, stream);
 }
 void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
                         cudaStream_t stream) {
-  // Zeroed by a kernel, not cudaMemsetAsync: compute-sanitizer's initcheck does not see a
-  // captured graph's memset nodes write, and reported every read of the sums as uninitialized.
-  fill(workspace, 0.f, vocab * dim, stream);
-  embedding_backward_kernel<<<grid_for(n * dim), kThreads, 0, stream>>>(workspace, dy, ids, n,
-                                                                        vocab, dim);
-  GW_LAUNCH_CHECK();
-  embedding_backward_round_kernel<<<grid_for(vocab * dim), kThreads, 0, stream>>>(
-      dtable, workspace, vocab * dim, accumulate);
-  GW_LAUNCH_CHECK();
+  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace, stream);
 }
 
 #define GW_NORM_INSTANTIATE(S)                                                                    \

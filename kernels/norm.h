@@ -72,16 +72,17 @@ void layer_norm_backward_params(float* dw, float* db, const bf16* dy, const floa
 template <class S>
 void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64_t n,
                        std::int64_t vocab, std::int64_t dim, cudaStream_t stream);
-// dtable[ids[i], :] += dy[i, :] (atomic adds: the order of a row's contributions, hence the last
-// bits of a repeated id's gradient, may vary run to run). dtable is written first unless
-// `accumulate` (zeroed, then added to). A bfloat16 table's rows are summed in float32 in
-// `workspace` (embedding_backward_workspace floats; none for float32) and each rounded once.
-std::int64_t embedding_backward_workspace(DType dtype, std::int64_t vocab, std::int64_t dim);
+// dtable[ids[i], :] += dy[i, :], deterministic: each row's contributions added in position order
+// (Note [Deterministic embedding gradient], kernels/norm.cu), float32 bitwise the CPU reference's;
+// a bfloat16 table's row summed in float32 and rounded once. dtable is written first unless
+// `accumulate` (zeroed, then added to). `workspace`: embedding_backward_workspace(n, vocab)
+// bytes (the ids sorted with their positions; none for n = 0).
+std::int64_t embedding_backward_workspace(std::int64_t n, std::int64_t vocab);
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
                         cudaStream_t stream);
 void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
-                        std::int64_t vocab, std::int64_t dim, bool accumulate, float* workspace,
+                        std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
                         cudaStream_t stream);
 #endif
 

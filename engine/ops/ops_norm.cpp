@@ -393,11 +393,13 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
     CudaScope scope(table.device());
     scope.read({&grad_out, &ids});
     const bool acc = open_slot(grad_table, table, scope.stream());
-    const std::int64_t ws = k::embedding_backward_workspace(table.dtype(), vocab, dim);
-    const Tensor sums = ws > 0 ? Tensor::empty({ws}, {DType::kFloat32, table.device()}) : Tensor();
+    // Note [Deterministic embedding gradient] (kernels/norm.cu): the ids sorted in scratch.
+    const std::int64_t ws = k::embedding_backward_workspace(n, vocab);
+    const Tensor scratch =
+        ws > 0 ? Tensor::empty({(ws + 3) / 4}, {DType::kFloat32, table.device()}) : Tensor();
     dispatch_cuda(table.dtype(), [&]<class T>() {
       k::embedding_backward(slot_ptr<T>(grad_table), ptr<T>(grad_out), ids.data<std::int32_t>(),
-                            n, vocab, dim, acc, ws > 0 ? sums.data<float>() : nullptr,
+                            n, vocab, dim, acc, ws > 0 ? scratch.raw_data() : nullptr,
                             scope.stream());
     });
     return;

@@ -5,8 +5,7 @@
 // their size — in the backward-graph mode through two captured backwards, the first writing the
 // gradients and the second adding to them; every graph is captured once and reads each step's
 // new batch tensors without an update; the graph modes' losses are the eager ones within
-// rounding (the embedding's gradient adds repeated ids with atomics, in an order that varies run
-// to run).
+// rounding.
 #include <cmath>
 
 #include "examples/gpt2.h"

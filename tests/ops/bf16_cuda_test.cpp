@@ -80,7 +80,7 @@ TEST_F(CudaBf16, AKernelsOutputsAreItsFloat32KernelsOnTheWidenedInputsRoundedOnc
   }
 }
 
-// A bfloat16 model — embedding (ids not repeated: the atomics' order cannot show), add_layer_norm,
+// A bfloat16 model — embedding, add_layer_norm,
 // linear with GELU, linear, cross-entropy — trained 20 steps of fresh batches through static
 // inputs: one capture, the replayed gradients bitwise equal to the eager backward's.
 TEST_F(CudaBf16, ABf16ModelsReplayedGradientsEqualItsEagerOnes) {

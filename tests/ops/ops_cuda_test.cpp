@@ -619,6 +619,55 @@ TEST_F(CudaOps, EmbeddingForwardAndBackward) {
   }
 }
 
+// Note [Deterministic embedding gradient]: a repeated id's contributions are added in position
+// order, so the float32 gradient is the CPU reference's bitwise, written and accumulated, and two
+// runs give the same bits in float32 and bfloat16 — across the ways ids repeat: one id most of
+// the batch (a run longer than a block's columns loop), runs scattered by a shuffle, every id
+// once, one id, a vocabulary of one, a width that is no multiple of a warp, one column.
+TEST_F(CudaOps, TheEmbeddingGradientIsTheCpusBitwiseAndTheSameEveryRun) {
+  struct Case {
+    std::int64_t vocab, dim, n;
+    int heavy_percent;  // of the ids, this share is id 7 % vocab
+  };
+  for (const Case c : {Case{300, 70, 5000, 60}, Case{50304, 64, 2048, 5}, Case{97, 768, 97, 0},
+                       Case{1, 33, 40, 0}, Case{64, 1, 1000, 90}, Case{1000, 256, 1, 0}}) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.n));
+    std::uint64_t lcg = 12345;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+      const bool heavy = static_cast<int>((lcg >> 33) % 100) < c.heavy_percent;
+      ids[i] = static_cast<std::int32_t>(heavy ? 7 % c.vocab
+                                               : static_cast<std::int64_t>(lcg >> 40) % c.vocab);
+    }
+    if (c.heavy_percent == 0 && c.vocab == c.n) {  // every id once, in a scrambled order
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = static_cast<std::int32_t>((static_cast<std::int64_t>(i) * 31) % c.vocab);
+      }
+    }
+    const Tensor table = rand({c.vocab, c.dim}), dy = rand({c.n, c.dim});
+    const Tensor cid = from_vector(ids, {c.n}), gid = cid.to(kGpu);
+    const Tensor gt = gpu(table), gdy = gpu(dy);
+    const std::string what = "vocab " + std::to_string(c.vocab) + " dim " +
+                             std::to_string(c.dim) + " n " + std::to_string(c.n);
+    for (bool acc : {false, true}) {
+      Tensor want = acc ? rand({c.vocab, c.dim}) : Tensor();
+      Tensor got = acc ? gpu(want) : Tensor(), again = acc ? gpu(want) : Tensor();
+      embedding_backward(dy, table, cid, {&want, acc});
+      embedding_backward(gdy, gt, gid, {&got, acc});
+      embedding_backward(gdy, gt, gid, {&again, acc});
+      EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>()) << what << " accumulate " << acc;
+      EXPECT_EQ(again.to_vector<float>(), got.to_vector<float>()) << what << " accumulate " << acc;
+    }
+    const Tensor bt = cast(gt, DType::kBFloat16), bdy = cast(gdy, DType::kBFloat16);
+    Tensor b1, b2;
+    embedding_backward(bdy, bt, gid, {&b1});
+    embedding_backward(bdy, bt, gid, {&b2});
+    EXPECT_EQ(cast(b1, DType::kFloat32).to_vector<float>(),
+              cast(b2, DType::kFloat32).to_vector<float>())
+        << what << " bfloat16";
+  }
+}
+
 TEST_F(CudaOps, DropoutMasksAreTheCpusBitwiseAndACapturedDropoutDrawsAnewAtEveryReplay) {
   const Tensor x = rand({333, 77});
   Generator cpu_gen(Device::cpu(), 99), gpu_gen(kGpu, 99);
