@@ -236,7 +236,7 @@ __global__ void embedding_forward_kernel(S* y, const S* table, const std::int32_
 // order, each thread a column: the CPU reference's order exactly (kernels/norm_cpu.cpp adds row
 // by row), so float32 gradients are the CPU's bitwise; a bfloat16 table's row is summed in
 // float32 and rounded once. An id outside [0, vocab) is keyed `vocab` (sorted last, skipped).
-// The sort reads keys of only as many bits as `vocab` needs. A run is added by one thread a
+// The sort reads keys of only as many bits as `vocab` needs, ping-ponging between two buffers. A run is added by one thread a
 // column in sequence (a thread a column, up to 1024 columns a block): a token repeated r times
 // costs r dependent adds a column, its loads independent and issued eight ahead — the order the
 // CPU's bits need, and the cost llm.c's deterministic encoder backward pays the same way (a run
@@ -247,13 +247,19 @@ int embedding_key_bits(std::int64_t vocab) {
   return bits;
 }
 
+// Also zeroes the sort's own scratch (`scratch_words`): CUB zeroes its counters with
+// cudaMemsetAsync, a memset node in a captured graph, whose writes compute-sanitizer's initcheck
+// does not see; written here first, CUB's reads of them are not reported as uninitialized.
 __global__ void embedding_keys_kernel(std::uint32_t* keys, std::uint32_t* positions,
-                                      const std::int32_t* ids, std::int64_t n,
-                                      std::int64_t vocab) {
-  GW_GRID_STRIDE(i, n) {
-    const std::int32_t id = ids[i];
-    keys[i] = static_cast<std::uint32_t>((id >= 0 && id < vocab) ? id : vocab);
-    positions[i] = static_cast<std::uint32_t>(i);
+                                      const std::int32_t* ids, std::int64_t n, std::int64_t vocab,
+                                      std::uint32_t* scratch, std::int64_t scratch_words) {
+  GW_GRID_STRIDE(i, n > scratch_words ? n : scratch_words) {
+    if (i < n) {
+      const std::int32_t id = ids[i];
+      keys[i] = static_cast<std::uint32_t>((id >= 0 && id < vocab) ? id : vocab);
+      positions[i] = static_cast<std::uint32_t>(i);
+    }
+    if (i < scratch_words) scratch[i] = 0;
   }
 }
 
@@ -465,11 +471,11 @@ std::size_t aligned_words(std::int64_t n) {
 }
 std::size_t cub_sort_bytes(std::int64_t n, std::int64_t vocab) {
   std::size_t bytes = 0;
-  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
-      static_cast<std::uint32_t*>(nullptr), static_cast<const std::uint32_t*>(nullptr),
-      static_cast<std::uint32_t*>(nullptr), static_cast<int>(n), 0, embedding_key_bits(vocab)));
-  return bytes;
+  cub::DoubleBuffer<std::uint32_t> keys(nullptr, nullptr), positions(nullptr, nullptr);
+  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, positions,
+                                                static_cast<int>(n), 0,
+                                                embedding_key_bits(vocab)));
+  return (bytes + 3) / 4 * 4;
 }
 
 template <class T>
@@ -484,21 +490,25 @@ void launch_embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, 
            " ids; expected at most 2^31 - 1");
   auto* base = static_cast<unsigned char*>(workspace);
   const std::size_t a = aligned_words(n);
-  auto* keys_in = reinterpret_cast<std::uint32_t*>(base);
-  auto* keys_out = reinterpret_cast<std::uint32_t*>(base + a);
-  auto* positions_in = reinterpret_cast<std::uint32_t*>(base + 2 * a);
-  auto* positions_out = reinterpret_cast<std::uint32_t*>(base + 3 * a);
+  // Keys and positions in two buffers each, the sort ping-ponging between them (DoubleBuffer:
+  // no copies of its own); CUB's scratch after them.
+  cub::DoubleBuffer<std::uint32_t> keys(reinterpret_cast<std::uint32_t*>(base),
+                                        reinterpret_cast<std::uint32_t*>(base + a));
+  cub::DoubleBuffer<std::uint32_t> positions(reinterpret_cast<std::uint32_t*>(base + 2 * a),
+                                             reinterpret_cast<std::uint32_t*>(base + 3 * a));
   std::size_t sort_bytes = cub_sort_bytes(n, vocab);
-  embedding_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(keys_in, positions_in, ids, n,
-                                                               vocab);
+  auto* sort_scratch = reinterpret_cast<std::uint32_t*>(base + 4 * a);
+  const auto sort_words = static_cast<std::int64_t>(sort_bytes / 4);
+  embedding_keys_kernel<<<grid_for(n > sort_words ? n : sort_words), kThreads, 0, stream>>>(
+      keys.Current(), positions.Current(), ids, n, vocab, sort_scratch, sort_words);
   GW_LAUNCH_CHECK();
-  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + 4 * a, sort_bytes, keys_in, keys_out,
-                                                positions_in, positions_out, static_cast<int>(n),
-                                                0, embedding_key_bits(vocab), stream));
+  GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_scratch, sort_bytes, keys, positions,
+                                                static_cast<int>(n), 0,
+                                                embedding_key_bits(vocab), stream));
   // A thread a column (up to 1024 a block): a run's rows are read once, coalesced.
   const int threads = dim >= 1024 ? 1024 : static_cast<int>((dim + 31) / 32 * 32);
   embedding_rows_kernel<T><<<static_cast<unsigned>(n), threads, 0, stream>>>(
-      dtable, dy, keys_out, positions_out, n, vocab, dim);
+      dtable, dy, keys.Current(), positions.Current(), n, vocab, dim);
   GW_LAUNCH_CHECK();
 }
 }  // namespace
