@@ -8,8 +8,11 @@
 # OUT_DIR (default $GW_BUILD_DIR/gpt2_compare): gw_gpt2.json, llmc/ (llmc.csv and its logs),
 # torch_gpt2.csv and its log, gpt2_table.md. Environment: GW_GPT2_SHAPES (default
 # "4x64 8x256 16x1024"), GW_GPT2_TORCH_VARIANTS (";"-separated gpt2_torch.py flags, default
-# "-;--graph;--compile;--compile --graph", "-" for none), GW_GPT2_TORCH_TIMEOUT (seconds a PyTorch
-# run, default 240: a compile takes minutes), GW_LLMC_STEPS (llm.c's steps a shape, default 50).
+# "--compile --graph;--graph;--compile;-", "-" for none: run in that order, each at every shape,
+# so that the strongest variant comes first), GW_GPT2_TORCH_TIMEOUT (seconds a PyTorch run,
+# default 240: a compile takes minutes), GW_GPT2_DEADLINE (seconds from the start after which no
+# PyTorch run starts, and none runs past it; default none: every run), GW_LLMC_STEPS (llm.c's
+# steps a shape, default 50).
 # The exit status is gpt2_table.py's: 0 when every target was measured and met.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -38,12 +41,22 @@ filter=$(for s in $shapes; do printf 'batch:%s/seq:%s/|' "${s%x*}" "${s#*x}"; do
 # PyTorch: each variant at each shape, each run within its own limit.
 : >"$out/torch_gpt2.csv"
 : >"$out/torch_gpt2.log"
-IFS=';' read -r -a variants <<<"${GW_GPT2_TORCH_VARIANTS:--;--graph;--compile;--compile --graph}"
-for s in $shapes; do
-  for v in "${variants[@]}"; do
+IFS=';' read -r -a variants <<<"${GW_GPT2_TORCH_VARIANTS:---compile --graph;--graph;--compile;-}"
+for v in "${variants[@]}"; do
+  for s in $shapes; do
+    limit=${GW_GPT2_TORCH_TIMEOUT:-240}
+    if [ -n "${GW_GPT2_DEADLINE:-}" ]; then
+      left=$((GW_GPT2_DEADLINE - SECONDS))
+      if [ "$left" -lt 20 ]; then
+        echo "PyTorch ${s} ${v}: not run (GW_GPT2_DEADLINE ${GW_GPT2_DEADLINE} s reached)" \
+          >>"$out/torch_gpt2.log"
+        continue
+      fi
+      [ "$left" -lt "$limit" ] && limit=$left
+    fi
     flags=()
     [ "$v" != "-" ] && read -r -a flags <<<"$v"
-    PYTHONUNBUFFERED=1 timeout "${GW_GPT2_TORCH_TIMEOUT:-240}" python3 "$GW_ROOT/scripts/gpt2_torch.py" \
+    PYTHONUNBUFFERED=1 timeout "$limit" python3 "$GW_ROOT/scripts/gpt2_torch.py" \
       --data "$shard" --time --batch "${s%x*}" --seq "${s#*x}" --steps 20 --warmup-steps 5 \
       "${flags[@]}" --time-csv "$out/torch_gpt2.csv" >>"$out/torch_gpt2.log" 2>&1 ||
       echo "PyTorch ${s} ${v}: exit status $? (see the lines above)" >>"$out/torch_gpt2.log"
