@@ -42,8 +42,8 @@
 // step shaped as the steps after it: a warm-up's temporaries come from the step arena, and a
 // program captured in the step of another's warm-up (the second micro-batch's, accumulating,
 // after the first's) would read the tensors made after that warm-up at addresses they have only
-// in that step, and be updated once the next step. Leaf gradients must persist for a graph to write them: a leaf
-// whose .grad is undefined gets zeros before its first captured step.
+// in that step, and be updated once the next step. Leaf gradients must persist for a graph to
+// write them: a leaf whose .grad is undefined gets zeros before its first captured step.
 //
 // The CPU backend, and `force_eager`, run the eager backward every time (counted as eager).
 //

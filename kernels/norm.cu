@@ -469,7 +469,13 @@ namespace {
 std::size_t aligned_words(std::int64_t n) {
   return (static_cast<std::size_t>(n) * sizeof(std::uint32_t) + 255) / 256 * 256;
 }
+// CUB's sort counts its items in an int.
+void check_sort_size(std::int64_t n) {
+  GW_CHECK(n <= std::int64_t{0x7fffffff}, "embedding_backward: ", n,
+           " ids; expected at most 2^31 - 1");
+}
 std::size_t cub_sort_bytes(std::int64_t n, std::int64_t vocab) {
+  check_sort_size(n);
   std::size_t bytes = 0;
   cub::DoubleBuffer<std::uint32_t> keys(nullptr, nullptr), positions(nullptr, nullptr);
   GW_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, positions,
@@ -481,13 +487,13 @@ std::size_t cub_sort_bytes(std::int64_t n, std::int64_t vocab) {
 template <class T>
 void launch_embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, std::int64_t n,
                                std::int64_t vocab, std::int64_t dim, bool accumulate,
-                               void* workspace, cudaStream_t stream) {
+                               void* workspace, std::int64_t workspace_bytes,
+                               cudaStream_t stream) {
   // Zeroed by a kernel, not cudaMemsetAsync: compute-sanitizer's initcheck does not see a
   // captured graph's memset nodes write.
+  check_sort_size(n);  // before anything is written
   if (!accumulate) fill(dtable, 0.f, vocab * dim, stream);
   if (n == 0 || dim == 0) return;
-  GW_CHECK(n <= std::int64_t{0x7fffffff}, "embedding_backward: ", n,
-           " ids; expected at most 2^31 - 1");
   auto* base = static_cast<unsigned char*>(workspace);
   const std::size_t a = aligned_words(n);
   // Keys and positions in two buffers each, the sort ping-ponging between them (DoubleBuffer:
@@ -496,7 +502,10 @@ void launch_embedding_backward(T* dtable, const T* dy, const std::int32_t* ids, 
                                         reinterpret_cast<std::uint32_t*>(base + a));
   cub::DoubleBuffer<std::uint32_t> positions(reinterpret_cast<std::uint32_t*>(base + 2 * a),
                                              reinterpret_cast<std::uint32_t*>(base + 3 * a));
-  std::size_t sort_bytes = cub_sort_bytes(n, vocab);
+  // CUB's share of the workspace, as embedding_backward_workspace sized it (not asked again).
+  GW_CHECK(workspace_bytes >= static_cast<std::int64_t>(4 * a), "embedding_backward: a ",
+           workspace_bytes, "-byte workspace; expected embedding_backward_workspace(n, vocab)");
+  std::size_t sort_bytes = static_cast<std::size_t>(workspace_bytes) - 4 * a;
   auto* sort_scratch = reinterpret_cast<std::uint32_t*>(base + 4 * a);
   const auto sort_words = static_cast<std::int64_t>(sort_bytes / 4);
   embedding_keys_kernel<<<grid_for(n > sort_words ? n : sort_words), kThreads, 0, stream>>>(
@@ -519,13 +528,15 @@ std::int64_t embedding_backward_workspace(std::int64_t n, std::int64_t vocab) {
 }
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
                         std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
-                        cudaStream_t stream) {
-  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace, stream);
+                        std::int64_t workspace_bytes, cudaStream_t stream) {
+  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace,
+                            workspace_bytes, stream);
 }
 void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
                         std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
-                        cudaStream_t stream) {
-  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace, stream);
+                        std::int64_t workspace_bytes, cudaStream_t stream) {
+  launch_embedding_backward(dtable, dy, ids, n, vocab, dim, accumulate, workspace,
+                            workspace_bytes, stream);
 }
 
 #define GW_NORM_INSTANTIATE(S)                                                                    \

@@ -75,15 +75,16 @@ void embedding_forward(S* y, const S* table, const std::int32_t* ids, std::int64
 // dtable[ids[i], :] += dy[i, :], deterministic: each row's contributions added in position order
 // (Note [Deterministic embedding gradient], kernels/norm.cu), float32 bitwise the CPU reference's;
 // a bfloat16 table's row summed in float32 and rounded once. dtable is written first unless
-// `accumulate` (zeroed, then added to). `workspace`: embedding_backward_workspace(n, vocab)
-// bytes (the ids sorted with their positions; none for n = 0).
+// `accumulate` (zeroed, then added to). `workspace`: `workspace_bytes` =
+// embedding_backward_workspace(n, vocab) bytes (the ids sorted with their positions; none for
+// n = 0).
 std::int64_t embedding_backward_workspace(std::int64_t n, std::int64_t vocab);
 void embedding_backward(float* dtable, const float* dy, const std::int32_t* ids, std::int64_t n,
                         std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
-                        cudaStream_t stream);
+                        std::int64_t workspace_bytes, cudaStream_t stream);
 void embedding_backward(bf16* dtable, const bf16* dy, const std::int32_t* ids, std::int64_t n,
                         std::int64_t vocab, std::int64_t dim, bool accumulate, void* workspace,
-                        cudaStream_t stream);
+                        std::int64_t workspace_bytes, cudaStream_t stream);
 #endif
 
 namespace cpu {

@@ -399,7 +399,7 @@ void embedding_backward(const Tensor& grad_out, const Tensor& table, const Tenso
         ws > 0 ? Tensor::empty({(ws + 3) / 4}, {DType::kFloat32, table.device()}) : Tensor();
     dispatch_cuda(table.dtype(), [&]<class T>() {
       k::embedding_backward(slot_ptr<T>(grad_table), ptr<T>(grad_out), ids.data<std::int32_t>(),
-                            n, vocab, dim, acc, ws > 0 ? scratch.raw_data() : nullptr,
+                            n, vocab, dim, acc, ws > 0 ? scratch.raw_data() : nullptr, ws,
                             scope.stream());
     });
     return;

@@ -488,6 +488,18 @@ TEST_F(CudaBackwardGraph, ShapesParametersAndBranchesTakeTheRightPath) {
   EXPECT_LE(bw.stats().cached_graphs, 8u);
 }
 
+// Each of `got`'s gradients within `tolerance` (relative) of `want`'s.
+void expect_grads_near(const std::vector<std::vector<float>>& got,
+                       const std::vector<std::vector<float>>& want, double tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LT(testing::rel_error(std::vector<double>(got[i].begin(), got[i].end()),
+                                 std::vector<double>(want[i].begin(), want[i].end())),
+              tolerance)
+        << "gradient " << i;
+  }
+}
+
 TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
   Model micro(1, 2, 32), whole(1, 2, 32);
   const Tensor x = randn({16, 32}, 1, kF32Gpu), t = randn({16, 32}, 2, kF32Gpu);
@@ -513,13 +525,7 @@ TEST_F(CudaBackwardGraph, MicroBatchesAccumulateUnderReplayLikeOneLargeBatch) {
   }
   backward(whole.loss(x, t));
   const auto want = whole.grads();
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LT(testing::rel_error(std::vector<double>(got[i].begin(), got[i].end()),
-                                 std::vector<double>(want[i].begin(), want[i].end())),
-              1e-5)
-        << "gradient " << i;
-  }
+  expect_grads_near(got, want, 1e-5);
   EXPECT_GT(bw.stats().counters.replays, 0u);
 }
 
@@ -552,13 +558,7 @@ TEST_F(CudaBackwardGraph, EachProgramWarmsUpOnceAndAMicroBatchedLoopReplaysWithN
              {.grad_write = k == 0 ? GradWrite::kOverwrite : GradWrite::kAccumulate});
   }
   const auto got = m.grads(), want = ref.grads();
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_LT(testing::rel_error(std::vector<double>(got[i].begin(), got[i].end()),
-                                 std::vector<double>(want[i].begin(), want[i].end())),
-              1e-5)
-        << "gradient " << i;
-  }
+  expect_grads_near(got, want, 1e-5);
 }
 
 // Two batches and the static inputs they are copied into, one model and its eager twin: with a
