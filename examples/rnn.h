@@ -11,6 +11,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "examples/trainer.h"  // Mode, mode_name, TrainResult, run_steps
@@ -70,10 +71,21 @@ class RnnTrainer {
       arena_ = std::make_unique<StepArena>(device);
       bw_ = std::make_unique<BackwardGraph>(device);
     }
+    GW_CHECK(mode != Mode::kStepGraphInBackward,
+             "RnnTrainer: expected Mode::kEager, kBackwardGraph or kStepGraph");
+    if (mode == Mode::kStepGraph) step_graph_ = std::make_unique<StepGraph>(device);
   }
 
+  // The loss of batch `batch` (its time steps' inputs and its target).
   Tensor loss(int batch) const {
     const std::vector<Tensor>& xs = inputs_[static_cast<std::size_t>(batch)];
+    return loss_of(xs, targets_[static_cast<std::size_t>(batch)]);
+  }
+
+  // The loss of the time steps' inputs `xs` ([B, in] each) against `target` ([B, out]).
+  Tensor loss_of(std::span<const Tensor> xs, const Tensor& target) const {
+    GW_CHECK(static_cast<int>(xs.size()) == c_.steps_in_time, "RnnTrainer: ", xs.size(),
+             " inputs; expected one per time step (", c_.steps_in_time, ")");
     std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
     for (int t = 0; t < c_.steps_in_time; ++t) {
       Tensor in = xs[static_cast<std::size_t>(t)];
@@ -85,11 +97,21 @@ class RnnTrainer {
         in = st.h;
       }
     }
-    return mse_loss(linear(s.back().h, head_w_, head_b_), targets_[static_cast<std::size_t>(batch)]);
+    return mse_loss(linear(s.back().h, head_w_, head_b_), target);
   }
 
   Tensor step(int i) {
     const int b = i % 2;
+    if (mode_ == Mode::kStepGraph) {  // the batch through the graph's input slots
+      std::vector<Tensor> batch = inputs_[static_cast<std::size_t>(b)];
+      batch.push_back(targets_[static_cast<std::size_t>(b)]);
+      return step_graph_->run(batch, [&](const std::vector<Tensor>& in) {
+        const Tensor l = loss_of(std::span<const Tensor>(in).first(in.size() - 1), in.back());
+        backward(l, {.grad_write = GradWrite::kOverwrite});
+        opt_->step();
+        return l;
+      });
+    }
     if (mode_ == Mode::kBackwardGraph) {
       Tensor l;
       {
@@ -107,7 +129,10 @@ class RnnTrainer {
     return l;
   }
 
-  std::uint64_t captures() const { return bw_ ? bw_->stats().counters.captures : 0; }
+  std::uint64_t captures() const {
+    if (bw_) return bw_->stats().counters.captures;
+    return step_graph_ ? step_graph_->counters().captures : 0;
+  }
   std::uint64_t updates() const { return bw_ ? bw_->stats().counters.updates : 0; }
   std::size_t streams() const { return streams_.size(); }
 
@@ -123,11 +148,12 @@ class RnnTrainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<StepArena> arena_;
   std::unique_ptr<BackwardGraph> bw_;
+  std::unique_ptr<StepGraph> step_graph_;
 };
 
-// Eager or BackwardGraph (the full-step graph runs the MLP example).
+// Eager, BackwardGraph or StepGraph (the whole step replayed: with `wavefront`, the layers'
+// streams become the graph's branches, cell (l, t) after (l − 1, t) and (l, t − 1) alone).
 inline TrainResult train_rnn(const RnnConfig& c, Device device, Mode mode, int steps) {
-  GW_CHECK(mode != Mode::kStepGraph, "train_rnn: expected Mode::kEager or Mode::kBackwardGraph");
   RnnTrainer trainer(c, device, mode);
   return run_steps(trainer, device, steps);
 }

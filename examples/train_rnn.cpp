@@ -1,9 +1,10 @@
 // Trains a stacked LSTM (4 layers, 8 time steps) on synthetic sequences with its layers on streams
-// of their own as a wavefront (examples/rnn.h), eagerly and with the backward replayed as a CUDA
-// graph, and — for comparison — with every layer on one stream; prints the loss at the start and
-// the end and the time per step. On the GPU when one is usable, else on the CPU backend.
+// of their own as a wavefront (examples/rnn.h) — eagerly, with the backward replayed as a CUDA
+// graph, and with the whole step replayed — and, for comparison, with every layer on one stream;
+// prints the loss at the start and the end and the time per step. On the GPU when one is usable,
+// else on the CPU backend.
 //
-//   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T]
+//   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,8 +21,8 @@ int main(int argc, char** argv) {
     int steps = 200;
     ex::RnnConfig c;
     const std::string usage =
-        "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T]  (--flag V "
-        "and --flag=V alike)";
+        "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]  "
+        "(--flag V and --flag=V alike)";
     ex::ArgReader args(argc, argv);
     while (args.next()) {
       if (args.wants_help()) {
@@ -38,12 +39,15 @@ int main(int argc, char** argv) {
         c.hidden = ex::parse_int("--hidden", args.value(), 1);
       } else if (args.is("--time")) {
         c.steps_in_time = ex::parse_count("--time", args.value(), 1);
+      } else if (args.is("--batch")) {
+        c.batch = ex::parse_int("--batch", args.value(), 1);
       } else {
         throw gw::Error("train_rnn: unknown argument " + args.name() + "; " + usage);
       }
     }
-    if (steps < 2 || c.layers < 1 || c.hidden < 1 || c.steps_in_time < 1) {
-      throw gw::Error("train_rnn: expected --steps >= 2 and positive --layers, --hidden, --time");
+    if (steps < 2 || c.layers < 1 || c.hidden < 1 || c.steps_in_time < 1 || c.batch < 1) {
+      throw gw::Error(
+          "train_rnn: expected --steps >= 2 and positive --layers, --hidden, --time, --batch");
     }
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
@@ -52,12 +56,15 @@ int main(int argc, char** argv) {
                 static_cast<long long>(c.hidden), c.steps_in_time, static_cast<long long>(c.batch));
     for (bool wavefront : {true, false}) {
       if (!gpu && !wavefront) continue;  // one stream anyway on the CPU
-      for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph}) {
+      for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
         c.wavefront = wavefront;
         const ex::TrainResult r = ex::train_rnn(c, dev, m, steps);
-        std::printf("  %-9s %-15s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step\n",
-                    wavefront && gpu ? "wavefront" : "1 stream", ex::mode_name(m), r.first_loss,
-                    r.last_loss, 100.0 * r.last_loss / r.first_loss, r.ms_per_step);
+        std::printf(
+            "  %-9s %-15s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu "
+            "capture(s)\n",
+            wavefront && gpu ? "wavefront" : "1 stream", ex::mode_name(m), r.first_loss,
+            r.last_loss, 100.0 * r.last_loss / r.first_loss, r.ms_per_step,
+            static_cast<unsigned long long>(r.captures));
       }
     }
     return 0;

@@ -1,6 +1,7 @@
 // The LSTM example (examples/rnn.h) on the GPU: with its layers on streams of their own (the
 // wavefront) it computes exactly what one stream computes — the same kernels, ordered by the
-// tensors' streams alone — and it converges eagerly and with the backward captured (once).
+// tensors' streams alone — and it converges eagerly, with the backward captured (once) and with the
+// whole step captured (once: the batches alternate through the graph's input slots).
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -17,6 +18,7 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   c.wavefront = true;
   const ex::TrainResult wave = ex::train_rnn(c, gpu, ex::Mode::kEager, 30);
   const ex::TrainResult wave_graph = ex::train_rnn(c, gpu, ex::Mode::kBackwardGraph, 30);
+  const ex::TrainResult wave_step = ex::train_rnn(c, gpu, ex::Mode::kStepGraph, 30);
   c.wavefront = false;
   const ex::TrainResult one = ex::train_rnn(c, gpu, ex::Mode::kEager, 30);
   EXPECT_EQ(wave.first_loss, one.first_loss);
@@ -25,6 +27,9 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   EXPECT_LT(wave_graph.last_loss, 0.5 * wave_graph.first_loss);
   EXPECT_EQ(wave_graph.captures, 1u);
   EXPECT_NEAR(wave_graph.last_loss, wave.last_loss, 1e-3 * wave.last_loss + 1e-6);
+  EXPECT_EQ(wave_step.first_loss, wave.first_loss);
+  EXPECT_EQ(wave_step.captures, 1u);
+  EXPECT_NEAR(wave_step.last_loss, wave.last_loss, 1e-3 * wave.last_loss + 1e-6);
 }
 
 }  // namespace

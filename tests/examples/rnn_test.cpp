@@ -1,5 +1,5 @@
 // The LSTM example (examples/rnn.h) on the CPU backend: it converges, eagerly and with the graph
-// mode (eager on the CPU) giving the same losses.
+// modes (eager on the CPU) giving the same losses.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -14,6 +14,9 @@ TEST(ExamplesCpu, TheStackedLstmConverges) {
   EXPECT_LT(eager.last_loss, 0.5 * eager.first_loss) << eager.first_loss << " -> " << eager.last_loss;
   const ex::TrainResult graph = ex::train_rnn(c, Device::cpu(), ex::Mode::kBackwardGraph, 60);
   EXPECT_EQ(graph.last_loss, eager.last_loss);
+  const ex::TrainResult step = ex::train_rnn(c, Device::cpu(), ex::Mode::kStepGraph, 60);
+  EXPECT_EQ(step.first_loss, eager.first_loss);
+  EXPECT_EQ(step.last_loss, eager.last_loss);
 }
 
 }  // namespace
