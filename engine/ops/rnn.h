@@ -1,8 +1,12 @@
 #pragma once
-// Recurrent cells, written with the ops of engine/ops/ops.h (their gradients follow from the tape):
-// PyTorch's LSTMCell and GRUCell. Each cell is two GEMMs (input and hidden projections of all the
-// gates at once) and pointwise ops on windows of them; in a captured step their launch cost is
-// gone.
+// Recurrent cells. lstm_cell and gru_cell are written with the ops of engine/ops/ops.h (their
+// gradients follow from the tape): PyTorch's LSTMCell and GRUCell, each two GEMMs (input and
+// hidden projections of all the gates at once) and pointwise ops on windows of them. fused_lstm_cell
+// is the LSTM cell as one op: its two GEMMs into one gates matrix and its pointwise work in one
+// kernel, forward and backward (kernels/rnn.h) — four kernels a cell forward where the composed
+// cell launches seventeen — on a state that holds h and c in one tensor.
+#include <span>
+
 #include "graphward/engine/ops/ops.h"
 
 namespace graphward {
@@ -56,5 +60,26 @@ inline Tensor gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, con
       tanh(add(narrow(gx, 2 * hidden, hidden), mul(r, narrow(gh, 2 * hidden, hidden))));
   return add(sub(n, mul(z, n)), mul(z, h));  // (1 − z)·n + z·h
 }
+
+// A fused LSTM cell's state: h then c in one tensor [2, B, H] (one output a cell, as the tape
+// records an op). lstm_state packs an h and a c ([B, H] each, differentiable); lstm_hidden gives
+// a state's h as a [B, H] tensor (a copy; its gradient goes back to the state's first half).
+Tensor lstm_state(const Tensor& h, const Tensor& c);
+Tensor lstm_hidden(const Tensor& state);
+
+// The LSTM cell of lstm_cell above, as one op: gates = x·W_ihᵀ + h·W_hhᵀ (two GEMMs into one
+// matrix), then c' = σ(f)·c + σ(i)·tanh(g), h' = σ(o)·tanh(c') with both biases in one kernel.
+// x: [B, in], or the state of the layer below [2, B, in] (its h is read, in place: a stacked LSTM
+// needs no copy between layers); state: [2, B, H]; W_ih [4H, in], W_hh [4H, H], biases [4H] —
+// both, or neither (undefined). Returns the new state [2, B, H]. float32 (and float64 on the CPU).
+// Its backward: the pointwise gradient in one kernel, then the GEMMs of the input's, the state's
+// and the weights' gradients and the biases' column sums.
+Tensor fused_lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih, const Tensor& w_hh,
+                       const Tensor& b_ih, const Tensor& b_hh);
+// grads: x, state, W_ih, W_hh, then b_ih, b_hh where the biases are defined. act: the gate
+// activations (i, f, g, o) [B, 4H] the forward saved; out: the forward's output.
+void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Tensor& state,
+                              const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
+                              const Tensor& out, std::span<GradSlot> grads);
 
 }  // namespace graphward

@@ -134,5 +134,123 @@ TEST(RnnCpu, TwoStepsOfEachCellHaveTheGradientsOfFiniteDifferences) {
   }
 }
 
+// A two-layer, two-step stack of LSTM cells, composed or fused (the upper layer reading the lower
+// layer's state in place), and its loss; the leaves' gradients after a backward of that loss.
+struct Stack {
+  Tensor x, h0, c0, w_ih[2], w_hh[2], b_ih[2], b_hh[2];
+};
+Stack make_stack(bool bias, std::uint64_t seed) {
+  const std::int64_t b = 3, in = 4, hid = 5;
+  auto p = [&](const Shape& s) {
+    return mul(randn(s, seed++, f64()), 0.5).detach().set_requires_grad(true);
+  };
+  Stack st;
+  st.x = p({b, in});
+  st.h0 = p({b, hid});
+  st.c0 = p({b, hid});
+  for (int l = 0; l < 2; ++l) {
+    st.w_ih[l] = p({4 * hid, l == 0 ? in : hid});
+    st.w_hh[l] = p({4 * hid, hid});
+    if (bias) {
+      st.b_ih[l] = p({4 * hid});
+      st.b_hh[l] = p({4 * hid});
+    }
+  }
+  return st;
+}
+Tensor stack_loss(const Stack& st, bool fused) {
+  if (fused) {
+    Tensor s[2] = {lstm_state(st.h0, st.c0), lstm_state(st.h0, st.c0)};
+    for (int t = 0; t < 2; ++t) {
+      s[0] = fused_lstm_cell(st.x, s[0], st.w_ih[0], st.w_hh[0], st.b_ih[0], st.b_hh[0]);
+      s[1] = fused_lstm_cell(s[0], s[1], st.w_ih[1], st.w_hh[1], st.b_ih[1], st.b_hh[1]);
+    }
+    const Tensor h = lstm_hidden(s[1]);
+    const Tensor c = reshape(narrow(reshape(s[1], {1, s[1].numel()}), h.numel(), h.numel()),
+                             h.shape());
+    return add(sum(mul(h, h)), sum(mul(c, c)));
+  }
+  LstmState s[2] = {{st.h0, st.c0}, {st.h0, st.c0}};
+  const Tensor zero_b = zeros({st.w_hh[0].size(0)}, f64());
+  auto bias = [&](const Tensor& b) { return b.defined() ? b : zero_b; };
+  for (int t = 0; t < 2; ++t) {
+    s[0] = lstm_cell(st.x, s[0], st.w_ih[0], st.w_hh[0], bias(st.b_ih[0]), bias(st.b_hh[0]));
+    s[1] = lstm_cell(s[0].h, s[1], st.w_ih[1], st.w_hh[1], bias(st.b_ih[1]), bias(st.b_hh[1]));
+  }
+  return add(sum(mul(s[1].h, s[1].h)), sum(mul(s[1].c, s[1].c)));
+}
+std::vector<Tensor> stack_leaves(const Stack& st) {
+  std::vector<Tensor> v{st.x, st.h0, st.c0};
+  for (int l = 0; l < 2; ++l) {
+    for (const Tensor* t : {&st.w_ih[l], &st.w_hh[l], &st.b_ih[l], &st.b_hh[l]}) {
+      if (t->defined()) v.push_back(*t);
+    }
+  }
+  return v;
+}
+
+TEST(RnnCpu, TheFusedLstmCellIsTheComposedOneForwardAndBackward) {
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    const Stack st = make_stack(bias, bias ? 200 : 300);
+    const Tensor composed = stack_loss(st, false);
+    backward(composed);
+    std::vector<std::vector<double>> want;
+    for (const Tensor& p : stack_leaves(st)) {
+      want.push_back(values(p.grad()));
+      p.grad() = Tensor();
+    }
+    const Tensor fused = stack_loss(st, true);
+    EXPECT_NEAR(fused.item(), composed.item(), 1e-12 * std::abs(composed.item()));
+    backward(fused);
+    const std::vector<Tensor> leaves = stack_leaves(st);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      SCOPED_TRACE("leaf " + std::to_string(i));
+      EXPECT_LT(testing::rel_error(values(leaves[i].grad()), want[i]), 1e-12);
+    }
+    // Accumulated: a second backward adds the same gradients.
+    backward(stack_loss(st, true));
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      std::vector<double> twice = want[i];
+      for (double& v : twice) v *= 2;
+      EXPECT_LT(testing::rel_error(values(leaves[i].grad()), twice), 1e-12);
+    }
+  }
+}
+
+TEST(RnnCpu, TheFusedLstmCellRefusesWhatItCannotComputeAndStaysUsable) {
+  const Stack st = make_stack(true, 400);
+  const Tensor s = lstm_state(st.h0, st.c0);
+  const Tensor& w_ih = st.w_ih[0];
+  const Tensor& w_hh = st.w_hh[0];
+  const Tensor& bi = st.b_ih[0];
+  const Tensor& bh = st.b_hh[0];
+  GW_EXPECT_ERROR((void)fused_lstm_cell(st.x, st.h0, w_ih, w_hh, bi, bh), "fused_lstm_cell",
+                  "expected [2, B, H]");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(st.x, reshape(s, {1, 6, 5}), w_ih, w_hh, bi, bh),
+                  "fused_lstm_cell", "expected [2, B, H]");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(narrow(st.x, 0, 3), s, w_ih, w_hh, bi, bh),
+                  "fused_lstm_cell", "W_ih is [20, 4]", "[20, 3]");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(reshape(st.x, {1, 3, 4}), s, w_ih, w_hh, bi, bh),
+                  "fused_lstm_cell", "x is", "[2, B, in]");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(reshape(st.x, {4, 3}), s, w_ih, w_hh, bi, bh),
+                  "fused_lstm_cell", "x is", "B = 3");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(st.x, s, w_ih, w_ih, bi, bh), "fused_lstm_cell",
+                  "W_hh is [20, 4]", "[20, 5]");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(st.x, s, w_ih, w_hh, bi, Tensor()), "fused_lstm_cell",
+                  "both biases or neither");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(st.x, s, w_ih, w_hh, narrow(reshape(bi, {1, 20}), 0, 19),
+                                        bh),
+                  "fused_lstm_cell", "biases");
+  GW_EXPECT_ERROR((void)fused_lstm_cell(cast(st.x, DType::kFloat32), s, w_ih, w_hh, bi, bh),
+                  "fused_lstm_cell");
+  GW_EXPECT_ERROR((void)lstm_state(st.h0, st.x), "lstm_state", "one shape");
+  GW_EXPECT_ERROR((void)lstm_hidden(st.h0), "lstm_hidden", "[2, B, H]");
+  // Nothing was recorded or written by the refusals: the cell still trains.
+  const Tensor out = fused_lstm_cell(st.x, s, w_ih, w_hh, bi, bh);
+  backward(sum(out));
+  EXPECT_TRUE(w_ih.grad().defined());
+}
+
 }  // namespace
 }  // namespace graphward

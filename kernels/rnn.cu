@@ -1,0 +1,82 @@
+// The LSTM cell's pointwise kernels: one thread per (row, unit) in a grid-stride loop, the four
+// gates of a unit read and written by that thread. Contract in rnn.h.
+#include "graphward/kernels/launch.cuh"
+#include "graphward/kernels/rnn.h"
+
+namespace graphward::kernels {
+namespace {
+using detail::grid_for;
+using detail::kThreads;
+
+__device__ __forceinline__ float sigmoid(float v) {
+  return 1.f / (1.f + expf(-v));  // expf(large) = inf: 1 / inf = 0, no NaN
+}
+
+__global__ void lstm_cell_forward_kernel(float* gates, float* out, const float* c,
+                                         const float* b_ih, const float* b_hh, std::int64_t batch,
+                                         std::int64_t hidden) {
+  GW_GRID_STRIDE(e, batch * hidden) {
+    const std::int64_t r = e / hidden, j = e % hidden;
+    float* z = gates + r * 4 * hidden + j;
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = z[k * hidden];
+      if (b_ih) v[k] += b_ih[k * hidden + j];
+      if (b_hh) v[k] += b_hh[k * hidden + j];
+    }
+    const float i = sigmoid(v[0]), f = sigmoid(v[1]), g = tanhf(v[2]), o = sigmoid(v[3]);
+    const float cn = f * c[e] + i * g;
+    out[e] = o * tanhf(cn);
+    out[batch * hidden + e] = cn;
+    z[0] = i;
+    z[hidden] = f;
+    z[2 * hidden] = g;
+    z[3 * hidden] = o;
+  }
+}
+
+__global__ void lstm_cell_backward_kernel(float* dgates, float* dc, const float* grad_out,
+                                          const float* act, const float* c, const float* c_new,
+                                          std::int64_t batch, std::int64_t hidden,
+                                          bool accumulate) {
+  const std::int64_t n = batch * hidden;
+  GW_GRID_STRIDE(e, n) {
+    const std::int64_t r = e / hidden, j = e % hidden;
+    const float* a = act + r * 4 * hidden + j;
+    const float i = a[0], f = a[hidden], g = a[2 * hidden], o = a[3 * hidden];
+    const float dh = grad_out[e], t = tanhf(c_new[e]);
+    const float dcs = grad_out[n + e] + dh * o * (1.f - t * t);
+    float* dz = dgates + r * 4 * hidden + j;
+    dz[0] = dcs * g * i * (1.f - i);
+    dz[hidden] = dcs * c[e] * f * (1.f - f);
+    dz[2 * hidden] = dcs * i * (1.f - g * g);
+    dz[3 * hidden] = dh * t * o * (1.f - o);
+    if (dc) detail::store(dc, e, dcs * f, accumulate);
+  }
+}
+
+}  // namespace
+
+void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_ih,
+                       const float* b_hh, std::int64_t batch, std::int64_t hidden,
+                       cudaStream_t stream) {
+  const std::int64_t n = batch * hidden;
+  if (n == 0) return;
+  lstm_cell_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(gates, out, c, b_ih, b_hh, batch,
+                                                                 hidden);
+  GW_LAUNCH_CHECK();
+}
+
+void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const float* act,
+                        const float* c, const float* c_new, std::int64_t batch,
+                        std::int64_t hidden, bool accumulate, cudaStream_t stream) {
+  const std::int64_t n = batch * hidden;
+  if (n == 0) return;
+  lstm_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dgates, dc, grad_out, act, c,
+                                                                  c_new, batch, hidden,
+                                                                  accumulate);
+  GW_LAUNCH_CHECK();
+}
+
+}  // namespace graphward::kernels
