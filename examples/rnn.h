@@ -23,6 +23,9 @@ struct RnnConfig {
   int layers = 4, steps_in_time = 8;
   double lr = 3e-3;
   bool wavefront = true;
+  // The fused LSTM cell (one op: two GEMMs and one pointwise kernel) or the cell composed of
+  // ops (lstm_cell: seventeen ops), the reference.
+  bool fused = true;
   std::uint64_t seed = 3;
 };
 
@@ -60,6 +63,7 @@ class RnnTrainer {
       inputs_.push_back(std::move(xs));
     }
     zero_h_ = zeros({c.batch, c.hidden}, opt);
+    zero_state_ = zeros({2, c.batch, c.hidden}, opt);
     std::vector<Tensor> params;
     for (int l = 0; l < c.layers; ++l) {
       for (const Tensor* p : {&w_ih_[l], &w_hh_[l], &b_ih_[l], &b_hh_[l]}) params.push_back(*p);
@@ -86,6 +90,7 @@ class RnnTrainer {
   Tensor loss_of(std::span<const Tensor> xs, const Tensor& target) const {
     GW_CHECK(static_cast<int>(xs.size()) == c_.steps_in_time, "RnnTrainer: ", xs.size(),
              " inputs; expected one per time step (", c_.steps_in_time, ")");
+    if (c_.fused) return fused_loss(xs, target);
     std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
     for (int t = 0; t < c_.steps_in_time; ++t) {
       Tensor in = xs[static_cast<std::size_t>(t)];
@@ -98,6 +103,23 @@ class RnnTrainer {
       }
     }
     return mse_loss(linear(s.back().h, head_w_, head_b_), target);
+  }
+
+  // loss_of with the fused cell: a layer's state [2, B, H] is the next layer's input, read in
+  // place.
+  Tensor fused_loss(std::span<const Tensor> xs, const Tensor& target) const {
+    std::vector<Tensor> s(static_cast<std::size_t>(c_.layers), zero_state_);
+    for (int t = 0; t < c_.steps_in_time; ++t) {
+      Tensor in = xs[static_cast<std::size_t>(t)];
+      for (int l = 0; l < c_.layers; ++l) {
+        std::optional<StreamGuard> on;
+        if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
+        Tensor& st = s[static_cast<std::size_t>(l)];
+        st = fused_lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+        in = st;
+      }
+    }
+    return mse_loss(linear(lstm_hidden(s.back()), head_w_, head_b_), target);
   }
 
   Tensor step(int i) {
@@ -141,7 +163,7 @@ class RnnTrainer {
   Device device_;
   Mode mode_;
   std::vector<Tensor> w_ih_, w_hh_, b_ih_, b_hh_;
-  Tensor head_w_, head_b_, zero_h_;
+  Tensor head_w_, head_b_, zero_h_, zero_state_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<std::vector<Tensor>> inputs_;
   std::vector<Tensor> targets_;

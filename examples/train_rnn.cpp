@@ -5,6 +5,7 @@
 // else on the CPU backend.
 //
 //   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]
+//             [--cell fused|composed]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,8 +22,9 @@ int main(int argc, char** argv) {
     int steps = 200;
     ex::RnnConfig c;
     const std::string usage =
-        "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]  "
-        "(--flag V and --flag=V alike)";
+        "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B] "
+        "[--cell fused|composed]  (--flag V and --flag=V alike; --cell: the fused LSTM cell, the "
+        "default, or the cell composed of ops)";
     ex::ArgReader args(argc, argv);
     while (args.next()) {
       if (args.wants_help()) {
@@ -39,6 +41,12 @@ int main(int argc, char** argv) {
         c.hidden = ex::parse_int("--hidden", args.value(), 1);
       } else if (args.is("--time")) {
         c.steps_in_time = ex::parse_count("--time", args.value(), 1);
+      } else if (args.is("--cell")) {
+        const std::string v = args.value();
+        if (v != "fused" && v != "composed") {
+          throw gw::Error("train_rnn: --cell is \"" + v + "\"; expected fused or composed");
+        }
+        c.fused = v == "fused";
       } else if (args.is("--batch")) {
         c.batch = ex::parse_int("--batch", args.value(), 1);
       } else {
@@ -51,9 +59,10 @@ int main(int argc, char** argv) {
     }
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
-    std::printf("train_rnn on %s (%s); %d LSTM layers of %lld, %d time steps, batch %lld\n",
-                dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers,
-                static_cast<long long>(c.hidden), c.steps_in_time, static_cast<long long>(c.batch));
+    std::printf(
+        "train_rnn on %s (%s); %d LSTM layers of %lld (%s cell), %d time steps, batch %lld\n",
+        dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers, static_cast<long long>(c.hidden),
+        c.fused ? "fused" : "composed", c.steps_in_time, static_cast<long long>(c.batch));
     for (bool wavefront : {true, false}) {
       if (!gpu && !wavefront) continue;  // one stream anyway on the CPU
       for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {

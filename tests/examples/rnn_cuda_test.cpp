@@ -1,7 +1,8 @@
 // The LSTM example (examples/rnn.h) on the GPU: with its layers on streams of their own (the
 // wavefront) it computes exactly what one stream computes — the same kernels, ordered by the
 // tensors' streams alone — and it converges eagerly, with the backward captured (once) and with the
-// whole step captured (once: the batches alternate through the graph's input slots).
+// whole step captured (once: the batches alternate through the graph's input slots) — with the
+// fused cell, and, eagerly, with the composed one.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -30,6 +31,11 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   EXPECT_EQ(wave_step.first_loss, wave.first_loss);
   EXPECT_EQ(wave_step.captures, 1u);
   EXPECT_NEAR(wave_step.last_loss, wave.last_loss, 1e-3 * wave.last_loss + 1e-6);
+  c.wavefront = true;
+  c.fused = false;
+  const ex::TrainResult composed = ex::train_rnn(c, gpu, ex::Mode::kEager, 30);
+  EXPECT_NEAR(composed.first_loss, wave.first_loss, 1e-5 * wave.first_loss);
+  EXPECT_NEAR(composed.last_loss, wave.last_loss, 1e-2 * wave.last_loss);
 }
 
 }  // namespace
