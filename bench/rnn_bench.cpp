@@ -1,0 +1,90 @@
+// Stacked-LSTM training steps (Google Benchmark): examples/rnn.h's model and RnnTrainer (4 layers,
+// input 16, a linear head on the top layer's last hidden state, MSE, AdamW; float32, TF32 off),
+// one whole step per iteration:
+//
+//   Rnn/hidden:H/time:T/batch:B/mode:M/wavefront:W/fused:F
+//       mode 0: eager; mode 1: the backward a BackwardGraph replay; mode 2: the whole step one
+//       StepGraph replay (the batch copied into its slots). wavefront 1: each layer on a stream of
+//       its own (cell (l, t) after (l − 1, t) and (l, t − 1) alone); 0: one stream. fused 1: the
+//       fused LSTM cell (fused_lstm_cell); 0: the cell composed of ops (lstm_cell).
+//
+// The data: two batches in turn, each its own tensors, as train_rnn. The manual time: CUDA events
+// on the caller's stream around the step, synchronized every iteration; loop_us: steps back to
+// back, nothing synchronized between them, CUDA events around blocks of 10 (the figure a training
+// loop gets); captures while timed. scripts/rnn_torch.py times PyTorch's cuDNN LSTM and LSTMCell
+// loop at the same shapes.
+//
+//   graphward_bench_rnn --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "bench/bench_models.h"
+#include "examples/rnn.h"
+
+namespace gw = graphward;
+namespace ex = graphward::examples;
+
+namespace {
+
+constexpr gw::Device kDev = gw::bench::kDev;
+
+void rnn(benchmark::State& state) {
+  if (gw::bench::skip_without_gpu(state)) return;
+  ex::RnnConfig c;
+  c.hidden = state.range(0);
+  c.steps_in_time = static_cast<int>(state.range(1));
+  c.batch = state.range(2);
+  const auto mode = static_cast<ex::Mode>(state.range(3));
+  c.wavefront = state.range(4) != 0;
+  c.fused = state.range(5) != 0;
+  ex::RnnTrainer trainer(c, kDev, mode);
+  int i = 0;
+  for (int w = 0; w < 5; ++w) (void)trainer.step(i++);  // warm-up, capture
+  const cudaStream_t s = gw::current_stream(kDev);
+  gw::Event start(kDev, true), end(kDev, true);
+  const std::uint64_t captures = trainer.captures();
+  for (auto _ : state) {
+    start.record(s);
+    (void)trainer.step(i++);
+    end.record(s);
+    end.synchronize();
+    state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
+  }
+  std::vector<double> blocks;
+  for (int b = 0; b < 5; ++b) {
+    start.record(s);
+    for (int k = 0; k < 10; ++k) (void)trainer.step(i++);
+    end.record(s);
+    end.synchronize();
+    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 10);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  state.counters["loop_us"] = blocks[blocks.size() / 2];
+  state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
+  state.SetLabel(std::string(ex::mode_name(mode)) + (c.wavefront ? ", wavefront" : ", 1 stream") +
+                 (c.fused ? ", fused cell" : ", composed cell"));
+}
+
+}  // namespace
+
+// The three shapes of the comparison with cuDNN: every mode and layout with the fused cell; the
+// composed cell (the reference, seventeen ops a cell) at the smallest.
+BENCHMARK(rnn)
+    ->Name("Rnn")
+    ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "fused"})
+    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0, 1}, {1}})
+    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0, 1}, {1}})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
