@@ -70,7 +70,7 @@ void rnn(benchmark::State& state) {
 }  // namespace
 
 // The three shapes of the comparison with cuDNN: every mode and layout with the fused cell; the
-// composed cell (the reference, seventeen ops a cell) at the smallest.
+// composed cell (the reference, sixteen ops a cell) at the smallest.
 BENCHMARK(rnn)
     ->Name("Rnn")
     ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "fused"})

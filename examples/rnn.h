@@ -24,7 +24,7 @@ struct RnnConfig {
   double lr = 3e-3;
   bool wavefront = true;
   // The fused LSTM cell (one op: two GEMMs and one pointwise kernel) or the cell composed of
-  // ops (lstm_cell: seventeen ops), the reference.
+  // ops (lstm_cell: sixteen ops), the reference.
   bool fused = true;
   std::uint64_t seed = 3;
 };

@@ -1,4 +1,4 @@
-// The LSTM cell's pointwise kernels: one thread per (row, unit) in a grid-stride loop, the four
+// The LSTM and GRU cells' pointwise kernels: one thread per (row, unit) in a grid-stride loop, the
 // gates of a unit read and written by that thread. Contract in rnn.h.
 #include "graphward/kernels/launch.cuh"
 #include "graphward/kernels/rnn.h"
@@ -56,6 +56,53 @@ __global__ void lstm_cell_backward_kernel(float* dgates, float* dc, const float*
   }
 }
 
+__global__ void gru_cell_forward_kernel(float* out, float* act, const float* gx, const float* gh,
+                                        const float* h, const float* b_ih, const float* b_hh,
+                                        std::int64_t batch, std::int64_t hidden) {
+  GW_GRID_STRIDE(e, batch * hidden) {
+    const std::int64_t r = e / hidden, j = e % hidden;
+    const float* x3 = gx + r * 3 * hidden + j;
+    const float* h3 = gh + r * 3 * hidden + j;
+    float vx[3], vh[3];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      vx[k] = x3[k * hidden] + (b_ih ? b_ih[k * hidden + j] : 0.f);
+      vh[k] = h3[k * hidden] + (b_hh ? b_hh[k * hidden + j] : 0.f);
+    }
+    const float rg = sigmoid(vx[0] + vh[0]), z = sigmoid(vx[1] + vh[1]);
+    const float n = tanhf(vx[2] + rg * vh[2]);
+    out[e] = (1.f - z) * n + z * h[e];
+    float* a = act + r * 4 * hidden + j;
+    a[0] = rg;
+    a[hidden] = z;
+    a[2 * hidden] = n;
+    a[3 * hidden] = vh[2];
+  }
+}
+
+__global__ void gru_cell_backward_kernel(float* dgx, float* dgh, float* dh, const float* grad_out,
+                                         const float* act, const float* h, std::int64_t batch,
+                                         std::int64_t hidden, bool accumulate) {
+  GW_GRID_STRIDE(e, batch * hidden) {
+    const std::int64_t r = e / hidden, j = e % hidden;
+    const float* a = act + r * 4 * hidden + j;
+    const float rg = a[0], z = a[hidden], n = a[2 * hidden], hn = a[3 * hidden];
+    const float d = grad_out[e];
+    const float dz = d * (h[e] - n) * z * (1.f - z);
+    const float dn = d * (1.f - z) * (1.f - n * n);
+    const float dr = dn * hn * rg * (1.f - rg);
+    float* x3 = dgx + r * 3 * hidden + j;
+    float* h3 = dgh + r * 3 * hidden + j;
+    x3[0] = dr;
+    x3[hidden] = dz;
+    x3[2 * hidden] = dn;
+    h3[0] = dr;
+    h3[hidden] = dz;
+    h3[2 * hidden] = dn * rg;
+    if (dh) detail::store(dh, e, d * z, accumulate);
+  }
+}
+
 }  // namespace
 
 void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_ih,
@@ -76,6 +123,26 @@ void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const f
   lstm_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dgates, dc, grad_out, act, c,
                                                                   c_new, batch, hidden,
                                                                   accumulate);
+  GW_LAUNCH_CHECK();
+}
+
+void gru_cell_forward(float* out, float* act, const float* gx, const float* gh, const float* h,
+                      const float* b_ih, const float* b_hh, std::int64_t batch,
+                      std::int64_t hidden, cudaStream_t stream) {
+  const std::int64_t n = batch * hidden;
+  if (n == 0) return;
+  gru_cell_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, act, gx, gh, h, b_ih, b_hh,
+                                                                batch, hidden);
+  GW_LAUNCH_CHECK();
+}
+
+void gru_cell_backward(float* dgx, float* dgh, float* dh, const float* grad_out, const float* act,
+                       const float* h, std::int64_t batch, std::int64_t hidden, bool accumulate,
+                       cudaStream_t stream) {
+  const std::int64_t n = batch * hidden;
+  if (n == 0) return;
+  gru_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dgx, dgh, dh, grad_out, act, h,
+                                                                 batch, hidden, accumulate);
   GW_LAUNCH_CHECK();
 }
 

@@ -1,4 +1,4 @@
-// The LSTM cell's pointwise work on the CPU: the reference for kernels/rnn.cu (contract in rnn.h),
+// The LSTM and GRU cells' pointwise work on the CPU: the reference for kernels/rnn.cu (contract in rnn.h),
 // the same arithmetic in the same order per element.
 #include <cmath>
 
@@ -58,11 +58,65 @@ void lstm_cell_backward(T* dgates, T* dc, const T* grad_out, const T* act, const
   }
 }
 
+template <class T>
+void gru_cell_forward(T* out, T* act, const T* gx, const T* gh, const T* h, const T* b_ih,
+                      const T* b_hh, std::int64_t batch, std::int64_t hidden) {
+  for (std::int64_t r = 0; r < batch; ++r) {
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      const std::int64_t e = r * hidden + j;
+      const T* x3 = gx + r * 3 * hidden + j;
+      const T* h3 = gh + r * 3 * hidden + j;
+      T vx[3], vh[3];
+      for (int k = 0; k < 3; ++k) {
+        vx[k] = x3[k * hidden] + (b_ih ? b_ih[k * hidden + j] : T(0));
+        vh[k] = h3[k * hidden] + (b_hh ? b_hh[k * hidden + j] : T(0));
+      }
+      const T rg = sigmoid(vx[0] + vh[0]), z = sigmoid(vx[1] + vh[1]);
+      const T n = std::tanh(vx[2] + rg * vh[2]);
+      out[e] = (T(1) - z) * n + z * h[e];
+      T* a = act + r * 4 * hidden + j;
+      a[0] = rg;
+      a[hidden] = z;
+      a[2 * hidden] = n;
+      a[3 * hidden] = vh[2];
+    }
+  }
+}
+
+template <class T>
+void gru_cell_backward(T* dgx, T* dgh, T* dh, const T* grad_out, const T* act, const T* h,
+                       std::int64_t batch, std::int64_t hidden, bool accumulate) {
+  for (std::int64_t r = 0; r < batch; ++r) {
+    for (std::int64_t j = 0; j < hidden; ++j) {
+      const std::int64_t e = r * hidden + j;
+      const T* a = act + r * 4 * hidden + j;
+      const T rg = a[0], z = a[hidden], n = a[2 * hidden], hn = a[3 * hidden];
+      const T d = grad_out[e];
+      const T dz = d * (h[e] - n) * z * (T(1) - z);
+      const T dn = d * (T(1) - z) * (T(1) - n * n);
+      const T dr = dn * hn * rg * (T(1) - rg);
+      T* x3 = dgx + r * 3 * hidden + j;
+      T* h3 = dgh + r * 3 * hidden + j;
+      x3[0] = dr;
+      x3[hidden] = dz;
+      x3[2 * hidden] = dn;
+      h3[0] = dr;
+      h3[hidden] = dz;
+      h3[2 * hidden] = dn * rg;
+      if (dh) dh[e] = accumulate ? dh[e] + d * z : d * z;
+    }
+  }
+}
+
 #define GW_INSTANTIATE(T)                                                                         \
   template void lstm_cell_forward<T>(T*, T*, const T*, const T*, const T*, std::int64_t,          \
                                      std::int64_t);                                               \
   template void lstm_cell_backward<T>(T*, T*, const T*, const T*, const T*, const T*,             \
-                                      std::int64_t, std::int64_t, bool);
+                                      std::int64_t, std::int64_t, bool);                        \
+  template void gru_cell_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,     \
+                                    std::int64_t, std::int64_t);                                  \
+  template void gru_cell_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,      \
+                                     std::int64_t, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)
 #undef GW_INSTANTIATE

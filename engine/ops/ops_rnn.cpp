@@ -1,5 +1,5 @@
-// The fused LSTM cell (engine/ops/rnn.h): its GEMMs through cuBLAS on CUDA and the reference GEMM on
-// the CPU, its pointwise work in kernels/rnn.h.
+// The fused LSTM and GRU cells (engine/ops/rnn.h): their GEMMs through cuBLAS on CUDA and the
+// reference GEMM on the CPU, their pointwise work in kernels/rnn.h.
 #include <array>
 
 #include "graphward/engine/ops/ops_common.h"
@@ -259,6 +259,199 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
       if (!want[i]) continue;
       const bool acc = open_slot(grads[i], {G}, x, nullptr);
       k::cpu::column_sum<T>(slot_ptr<T>(grads[i]), dg, nullptr, T(1), B, G, acc);
+    }
+  });
+}
+
+namespace {
+struct GruDims {
+  std::int64_t batch, in, hidden;
+  bool bias;
+};
+
+GruDims check_gru(const char* op, const Tensor& x, const Tensor& h, const Tensor& w_ih,
+                  const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+  GW_CHECK(b_ih.defined() == b_hh.defined(), op, ": b_ih is ",
+           b_ih.defined() ? b_ih.str() : "undefined", " and b_hh ",
+           b_hh.defined() ? b_hh.str() : "undefined", "; expected both biases or neither");
+  const bool bias = b_ih.defined();
+  if (bias) {
+    check_inputs(op, {{"x", &x}, {"h", &h}, {"w_ih", &w_ih}, {"w_hh", &w_hh}, {"b_ih", &b_ih},
+                      {"b_hh", &b_hh}});
+  } else {
+    check_inputs(op, {{"x", &x}, {"h", &h}, {"w_ih", &w_ih}, {"w_hh", &w_hh}});
+  }
+  GW_CHECK(x.dtype() != DType::kBFloat16, op, ": x is ", x.str(),
+           "; expected float32 (or float64 on the CPU): the fused cell has no bfloat16 kernel, the "
+           "composed gru_cell takes bfloat16");
+  GW_CHECK(x.dim() == 2 && h.dim() == 2 && h.size(0) == x.size(0), op, ": x is ", x.str(), ", h ",
+           h.str(), "; expected x [B, in] and h [B, H] of the same batch B");
+  const std::int64_t batch = x.size(0), in = x.size(1), hidden = h.size(1);
+  GW_CHECK(w_ih.shape() == Shape({3 * hidden, in}), op, ": W_ih is ", shape_str(w_ih.shape()),
+           "; expected [3·H, in] = [", 3 * hidden, ", ", in, "] (H = ", hidden,
+           ", h's last dimension; in = x's)");
+  GW_CHECK(w_hh.shape() == Shape({3 * hidden, hidden}), op, ": W_hh is ", shape_str(w_hh.shape()),
+           "; expected [3·H, H] = [", 3 * hidden, ", ", hidden, "]");
+  if (bias) {
+    GW_CHECK(b_ih.shape() == Shape({3 * hidden}) && b_hh.shape() == Shape({3 * hidden}), op,
+             ": the biases are ", shape_str(b_ih.shape()), " and ", shape_str(b_hh.shape()),
+             "; expected [3·H] = [", 3 * hidden, "] each");
+  }
+  return {batch, in, hidden, bias};
+}
+}  // namespace
+
+Tensor fused_gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
+                      const Tensor& b_ih, const Tensor& b_hh) {
+  const char* op = "fused_gru_cell";
+  detail::NvtxRange range(op);
+  const GruDims d = check_gru(op, x, h, w_ih, w_hh, b_ih, b_hh);
+  const bool grad = d.bias ? needs_grad({&x, &h, &w_ih, &w_hh, &b_ih, &b_hh})
+                           : needs_grad({&x, &h, &w_ih, &w_hh});
+  const std::int64_t B = d.batch, H = d.hidden, G = 3 * d.hidden;
+  Tensor out, act;
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    if (d.bias) {
+      scope.read({&x, &h, &w_ih, &w_hh, &b_ih, &b_hh});
+    } else {
+      scope.read({&x, &h, &w_ih, &w_hh});
+    }
+    const Tensor gx = new_output({B, G}, x), gh = new_output({B, G}, x);
+    out = new_output({B, H}, x);
+    act = new_output({B, 4 * H}, x);
+    graphward::gemm(x.device(), scope.stream(), false, true, B, G, d.in, 1.f, ptr<float>(x),
+                    ptr<float>(w_ih), 0.f, ptr<float>(gx));
+    graphward::gemm(x.device(), scope.stream(), false, true, B, G, H, 1.f, ptr<float>(h),
+                    ptr<float>(w_hh), 0.f, ptr<float>(gh));
+    k::gru_cell_forward(ptr<float>(out), ptr<float>(act), ptr<float>(gx), ptr<float>(gh),
+                        ptr<float>(h), d.bias ? ptr<float>(b_ih) : nullptr,
+                        d.bias ? ptr<float>(b_hh) : nullptr, B, H, scope.stream());
+#endif
+  } else {
+    const Tensor gx = new_output({B, G}, x), gh = new_output({B, G}, x);
+    out = new_output({B, H}, x);
+    act = new_output({B, 4 * H}, x);
+    dispatch_cpu(x.dtype(), [&]<class T>() {
+      k::cpu::gemm<T>(false, true, B, G, d.in, T(1), ptr<T>(x), ptr<T>(w_ih), T(0), ptr<T>(gx));
+      k::cpu::gemm<T>(false, true, B, G, H, T(1), ptr<T>(h), ptr<T>(w_hh), T(0), ptr<T>(gh));
+      k::cpu::gru_cell_forward<T>(ptr<T>(out), ptr<T>(act), ptr<T>(gx), ptr<T>(gh), ptr<T>(h),
+                                  d.bias ? ptr<T>(b_ih) : nullptr, d.bias ? ptr<T>(b_hh) : nullptr,
+                                  B, H);
+    });
+  }
+  if (grad) {
+    std::vector<SavedTensor> saved{save("x", x), save("h", h), save("w_ih", w_ih),
+                                   save("w_hh", w_hh), save("gates", act)};
+    auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
+      fused_gru_cell_backward(g, s[0], s[1], s[2], s[3], s[4], grads);
+    };
+    if (d.bias) {
+      record(op, out, {&x, &h, &w_ih, &w_hh, &b_ih, &b_hh}, std::move(saved), backward);
+    } else {
+      record(op, out, {&x, &h, &w_ih, &w_hh}, std::move(saved), backward);
+    }
+    out.grad_fn()->set_backward_flops(4.0 * static_cast<double>(B) *
+                                      static_cast<double>(d.in + H) * static_cast<double>(G));
+  }
+  return out;
+}
+
+void fused_gru_cell_backward(const Tensor& grad_out, const Tensor& x, const Tensor& h,
+                             const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
+                             std::span<GradSlot> grads) {
+  const char* op = "fused_gru_cell_backward";
+  // Every check before anything is allocated or written (Note [Check, then write]).
+  const GruDims d = check_gru(op, x, h, w_ih, w_hh, Tensor(), Tensor());
+  const std::int64_t B = d.batch, H = d.hidden, G = 3 * d.hidden, in = d.in;
+  check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {"gates", &act}});
+  GW_CHECK(grad_out.shape() == h.shape() && act.shape() == Shape({B, 4 * H}), op,
+           ": grad_out is ", shape_str(grad_out.shape()), ", the gates ", shape_str(act.shape()),
+           "; expected h's shape ", shape_str(h.shape()), " and [", B, ", ", 4 * H, "]");
+  GW_CHECK(grads.size() == 4 || grads.size() == 6, op, ": ", grads.size(),
+           " gradient slots; expected 4 (x, h, W_ih, W_hh) or 6 (and b_ih, b_hh)");
+  static constexpr std::array<const char*, 6> kNames{"grad_x",    "grad_h",    "grad_w_ih",
+                                                     "grad_w_hh", "grad_b_ih", "grad_b_hh"};
+  const std::array<const Tensor*, 4> operands{&x, &h, &w_ih, &w_hh};
+  std::array<bool, 6> want{};
+  bool any = false;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    want[i] = i < 4 ? check_slot(op, kNames[i], grads[i], *operands[i])
+                    : check_slot(op, kNames[i], grads[i], {G}, x);
+    any = any || want[i];
+  }
+  if (!any) return;
+  // dgx, dgh and h's direct part, then: dh += dgh·W_hh, dx = dgx·W_ih, dW_ih = dgxᵀ·x,
+  // dW_hh = dghᵀ·h, db_ih = Σ_rows dgx, db_hh = Σ_rows dgh.
+  if (x.is_cuda()) {
+#if GRAPHWARD_HAS_CUDA
+    CudaScope scope(x.device());
+    scope.read({&grad_out, &x, &h, &w_ih, &w_hh, &act});
+    const cudaStream_t st = scope.stream();
+    const Device dev = x.device();
+    const Tensor dgx = new_output({B, G}, x), dgh = new_output({B, G}, x);
+    const bool acc_h = want[1] && open_slot(grads[1], h, st);
+    float* dh = want[1] ? slot_ptr<float>(grads[1]) : nullptr;
+    k::gru_cell_backward(ptr<float>(dgx), ptr<float>(dgh), dh, ptr<float>(grad_out),
+                         ptr<float>(act), ptr<float>(h), B, H, acc_h, st);
+    if (want[1]) {
+      graphward::gemm(dev, st, false, false, B, H, G, 1.f, ptr<float>(dgh), ptr<float>(w_hh), 1.f,
+                      dh);
+    }
+    if (want[0]) {
+      const bool acc = open_slot(grads[0], x, st);
+      graphward::gemm(dev, st, false, false, B, in, G, 1.f, ptr<float>(dgx), ptr<float>(w_ih),
+                      acc ? 1.f : 0.f, slot_ptr<float>(grads[0]));
+    }
+    if (want[2]) {
+      const bool acc = open_slot(grads[2], w_ih, st);
+      graphward::gemm(dev, st, true, false, G, in, B, 1.f, ptr<float>(dgx), ptr<float>(x),
+                      acc ? 1.f : 0.f, slot_ptr<float>(grads[2]));
+    }
+    if (want[3]) {
+      const bool acc = open_slot(grads[3], w_hh, st);
+      graphward::gemm(dev, st, true, false, G, H, B, 1.f, ptr<float>(dgh), ptr<float>(h),
+                      acc ? 1.f : 0.f, slot_ptr<float>(grads[3]));
+    }
+    for (std::size_t i = 4; i < grads.size(); ++i) {
+      if (!want[i]) continue;
+      const bool acc = open_slot(grads[i], {G}, x, st);
+      k::column_sum<float>(slot_ptr<float>(grads[i]), ptr<float>(i == 4 ? dgx : dgh), nullptr,
+                           1.f, B, G, acc, st);
+    }
+    return;
+#endif
+  }
+  dispatch_cpu(x.dtype(), [&]<class T>() {
+    const Tensor dgx = new_output({B, G}, x), dgh = new_output({B, G}, x);
+    const bool acc_h = want[1] && open_slot(grads[1], h, nullptr);
+    T* dh = want[1] ? slot_ptr<T>(grads[1]) : nullptr;
+    k::cpu::gru_cell_backward<T>(ptr<T>(dgx), ptr<T>(dgh), dh, ptr<T>(grad_out), ptr<T>(act),
+                                 ptr<T>(h), B, H, acc_h);
+    if (want[1]) {
+      k::cpu::gemm<T>(false, false, B, H, G, T(1), ptr<T>(dgh), ptr<T>(w_hh), T(1), dh);
+    }
+    if (want[0]) {
+      const bool acc = open_slot(grads[0], x, nullptr);
+      k::cpu::gemm<T>(false, false, B, in, G, T(1), ptr<T>(dgx), ptr<T>(w_ih), acc ? T(1) : T(0),
+                      slot_ptr<T>(grads[0]));
+    }
+    if (want[2]) {
+      const bool acc = open_slot(grads[2], w_ih, nullptr);
+      k::cpu::gemm<T>(true, false, G, in, B, T(1), ptr<T>(dgx), ptr<T>(x), acc ? T(1) : T(0),
+                      slot_ptr<T>(grads[2]));
+    }
+    if (want[3]) {
+      const bool acc = open_slot(grads[3], w_hh, nullptr);
+      k::cpu::gemm<T>(true, false, G, H, B, T(1), ptr<T>(dgh), ptr<T>(h), acc ? T(1) : T(0),
+                      slot_ptr<T>(grads[3]));
+    }
+    for (std::size_t i = 4; i < grads.size(); ++i) {
+      if (!want[i]) continue;
+      const bool acc = open_slot(grads[i], {G}, x, nullptr);
+      k::cpu::column_sum<T>(slot_ptr<T>(grads[i]), ptr<T>(i == 4 ? dgx : dgh), nullptr, T(1), B,
+                            G, acc);
     }
   });
 }

@@ -1,10 +1,10 @@
 #pragma once
 // Recurrent cells. lstm_cell and gru_cell are written with the ops of engine/ops/ops.h (their
 // gradients follow from the tape): PyTorch's LSTMCell and GRUCell, each two GEMMs (input and
-// hidden projections of all the gates at once) and pointwise ops on windows of them. fused_lstm_cell
-// is the LSTM cell as one op: its two GEMMs into one gates matrix and its pointwise work in one
-// kernel, forward and backward (kernels/rnn.h) — four kernels a cell forward where the composed
-// cell launches seventeen — on a state that holds h and c in one tensor.
+// hidden projections of all the gates at once) and pointwise ops on windows of them.
+// fused_lstm_cell and fused_gru_cell are the same cells as one op each: their two GEMMs and their
+// pointwise work in one kernel, forward and backward (kernels/rnn.h) — three kernels a cell
+// forward where the composed cells run sixteen ops (LSTM) and nineteen (GRU).
 #include <span>
 
 #include "graphward/engine/ops/ops.h"
@@ -81,5 +81,16 @@ Tensor fused_lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih,
 void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Tensor& state,
                               const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
                               const Tensor& out, std::span<GradSlot> grads);
+
+// The GRU cell of gru_cell above, as one op: gx = x·W_ihᵀ and gh = h·W_hhᵀ (two GEMMs), then the
+// gates with the biases in one kernel. x [B, in], h [B, H], W_ih [3H, in], W_hh [3H, H], biases
+// [3H] — both, or neither. Returns h' [B, H]. float32 (and float64 on the CPU).
+Tensor fused_gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh,
+                      const Tensor& b_ih, const Tensor& b_hh);
+// grads: x, h, W_ih, W_hh, then b_ih, b_hh where the biases are defined. act: r, z, n and
+// W_hn·h + b_hn [B, 4H], saved by the forward.
+void fused_gru_cell_backward(const Tensor& grad_out, const Tensor& x, const Tensor& h,
+                             const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
+                             std::span<GradSlot> grads);
 
 }  // namespace graphward

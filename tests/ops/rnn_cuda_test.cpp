@@ -1,4 +1,4 @@
-// The fused LSTM cell on CUDA against the CPU reference: its output and every input's gradient
+// The fused LSTM and GRU cells on CUDA against the CPU reference: output and every input's gradient
 // (through the tape, written and then accumulated by a second backward), with and without biases,
 // with x a matrix or the state of a layer below, at widths that are not multiples of 32. New
 // memory is poisoned with NaN, so an element a kernel forgot to write fails the comparison.
@@ -29,8 +29,9 @@ Leaves leaves_on(const std::vector<Tensor>& values_cpu, Device device) {
 
 // The cell's output and sum(out · r): its gradient is r, a gradient with no symmetry to hide an
 // element written to the wrong place.
-Tensor cell_loss(const Leaves& l, const Tensor& r, Tensor* out) {
-  *out = fused_lstm_cell(l.all[0], l.all[1], l.all[2], l.all[3], l.all[4], l.all[5]);
+Tensor cell_loss(const Leaves& l, const Tensor& r, Tensor* out, bool gru = false) {
+  *out = gru ? fused_gru_cell(l.all[0], l.all[1], l.all[2], l.all[3], l.all[4], l.all[5])
+             : fused_lstm_cell(l.all[0], l.all[1], l.all[2], l.all[3], l.all[4], l.all[5]);
   return sum(mul(*out, r));
 }
 
@@ -69,6 +70,31 @@ TEST_F(CudaRnn, TheFusedLstmCellMatchesTheCpuForwardAndBackward) {
         for (std::size_t j = static_cast<std::size_t>(B * in); j < g.size(); ++j) {
           ASSERT_EQ(g[j], 0.0) << "element " << j;
         }
+      }
+    }
+  }
+}
+
+TEST_F(CudaRnn, TheFusedGruCellMatchesTheCpuForwardAndBackward) {
+  const std::int64_t B = 7, in = 9, H = 33;
+  std::uint64_t seed = 900;
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "biases" : "no biases");
+    auto r = [&](const Shape& s) { return mul(randn(s, seed++), 0.3); };
+    const std::vector<Tensor> init{r({B, in}),       r({B, H}),
+                                   r({3 * H, in}),   r({3 * H, H}),
+                                   bias ? r({3 * H}) : Tensor(), bias ? r({3 * H}) : Tensor()};
+    const Tensor weight = randn({B, H}, seed++);
+    const Leaves cpu = leaves_on(init, Device::cpu()), gpu = leaves_on(init, kGpu);
+    Tensor out_cpu, out_gpu;
+    for (int pass = 0; pass < 2; ++pass) {  // written, then accumulated
+      backward(cell_loss(cpu, weight, &out_cpu, true));
+      backward(cell_loss(gpu, weight.to(kGpu), &out_gpu, true));
+      EXPECT_LT(rel_error(out_gpu.to(Device::cpu()), out_cpu), 1e-4);
+      for (std::size_t i = 0; i < init.size(); ++i) {
+        if (!init[i].defined()) continue;
+        SCOPED_TRACE("pass " + std::to_string(pass) + ", leaf " + std::to_string(i));
+        EXPECT_LT(rel_error(gpu.all[i].grad().to(Device::cpu()), cpu.all[i].grad()), 1e-4);
       }
     }
   }

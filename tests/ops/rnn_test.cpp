@@ -218,6 +218,80 @@ TEST(RnnCpu, TheFusedLstmCellIsTheComposedOneForwardAndBackward) {
   }
 }
 
+TEST(RnnCpu, TheFusedGruCellIsTheComposedOneForwardAndBackward) {
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    std::uint64_t seed = bias ? 600 : 700;
+    auto p = [&](const Shape& s) {
+      return mul(randn(s, seed++, f64()), 0.5).detach().set_requires_grad(true);
+    };
+    const std::int64_t b = 3, in = 4, hid = 5;
+    const Tensor x = p({b, in}), h0 = p({b, hid});
+    Tensor w_ih[2], w_hh[2], b_ih[2], b_hh[2];
+    for (int l = 0; l < 2; ++l) {
+      w_ih[l] = p({3 * hid, l == 0 ? in : hid});
+      w_hh[l] = p({3 * hid, hid});
+      if (bias) {
+        b_ih[l] = p({3 * hid});
+        b_hh[l] = p({3 * hid});
+      }
+    }
+    const Tensor zero_b = zeros({3 * hid}, f64());
+    auto loss = [&](bool fused) {
+      Tensor h[2] = {h0, h0};
+      for (int t = 0; t < 2; ++t) {
+        for (int l = 0; l < 2; ++l) {
+          const Tensor& in_l = l == 0 ? x : h[0];
+          h[l] = fused ? fused_gru_cell(in_l, h[l], w_ih[l], w_hh[l], b_ih[l], b_hh[l])
+                       : gru_cell(in_l, h[l], w_ih[l], w_hh[l], bias ? b_ih[l] : zero_b,
+                                  bias ? b_hh[l] : zero_b);
+        }
+      }
+      return sum(mul(h[1], h[1]));
+    };
+    std::vector<Tensor> leaves{x, h0};
+    for (int l = 0; l < 2; ++l) {
+      for (const Tensor* t : {&w_ih[l], &w_hh[l], &b_ih[l], &b_hh[l]}) {
+        if (t->defined()) leaves.push_back(*t);
+      }
+    }
+    const Tensor composed = loss(false);
+    backward(composed);
+    std::vector<std::vector<double>> want;
+    for (const Tensor& t : leaves) {
+      want.push_back(values(t.grad()));
+      t.grad() = Tensor();
+    }
+    const Tensor fused = loss(true);
+    EXPECT_NEAR(fused.item(), composed.item(), 1e-12 * std::abs(composed.item()));
+    backward(fused);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      SCOPED_TRACE("leaf " + std::to_string(i));
+      EXPECT_LT(testing::rel_error(values(leaves[i].grad()), want[i]), 1e-12);
+    }
+    backward(loss(true));  // accumulated: twice the gradients
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+      std::vector<double> twice = want[i];
+      for (double& v : twice) v *= 2;
+      EXPECT_LT(testing::rel_error(values(leaves[i].grad()), twice), 1e-12);
+    }
+  }
+  // Its refusals, each naming what was wrong.
+  const Tensor x = randn({3, 4}, 1, f64()), h = randn({3, 5}, 2, f64());
+  const Tensor wi = randn({15, 4}, 3, f64()), wh = randn({15, 5}, 4, f64());
+  const Tensor bi = randn({15}, 5, f64()), bh = randn({15}, 6, f64());
+  GW_EXPECT_ERROR((void)fused_gru_cell(x, randn({2, 5}, 7, f64()), wi, wh, bi, bh),
+                  "fused_gru_cell", "same batch");
+  GW_EXPECT_ERROR((void)fused_gru_cell(x, h, wh, wh, bi, bh), "fused_gru_cell",
+                  "W_ih is [15, 5]", "[15, 4]");
+  GW_EXPECT_ERROR((void)fused_gru_cell(x, h, wi, wi, bi, bh), "fused_gru_cell", "W_hh is [15, 4]");
+  GW_EXPECT_ERROR((void)fused_gru_cell(x, h, wi, wh, Tensor(), bh), "fused_gru_cell",
+                  "both biases or neither");
+  GW_EXPECT_ERROR((void)fused_gru_cell(x, h, wi, wh, randn({12}, 8, f64()), randn({12}, 9, f64())),
+                  "fused_gru_cell", "[3·H] = [15]");
+  EXPECT_EQ(fused_gru_cell(x, h, wi, wh, bi, bh).shape(), Shape({3, 5}));
+}
+
 TEST(RnnCpu, TheFusedLstmCellRefusesWhatItCannotComputeAndStaysUsable) {
   const Stack st = make_stack(true, 400);
   const Tensor s = lstm_state(st.h0, st.c0);
