@@ -116,19 +116,18 @@ void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_
 }
 
 void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const float* act,
-                        const float* c, const float* c_new, std::int64_t batch,
-                        std::int64_t hidden, bool accumulate, cudaStream_t stream) {
+                        const float* c, const float* c_new, std::int64_t batch, std::int64_t hidden,
+                        bool accumulate, cudaStream_t stream) {
   const std::int64_t n = batch * hidden;
   if (n == 0) return;
   lstm_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dgates, dc, grad_out, act, c,
-                                                                  c_new, batch, hidden,
-                                                                  accumulate);
+                                                                  c_new, batch, hidden, accumulate);
   GW_LAUNCH_CHECK();
 }
 
 void gru_cell_forward(float* out, float* act, const float* gx, const float* gh, const float* h,
-                      const float* b_ih, const float* b_hh, std::int64_t batch,
-                      std::int64_t hidden, cudaStream_t stream) {
+                      const float* b_ih, const float* b_hh, std::int64_t batch, std::int64_t hidden,
+                      cudaStream_t stream) {
   const std::int64_t n = batch * hidden;
   if (n == 0) return;
   gru_cell_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, act, gx, gh, h, b_ih, b_hh,

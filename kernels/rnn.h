@@ -1,8 +1,8 @@
 #pragma once
 // The LSTM and GRU cells' pointwise work in one kernel forward and one backward each, with CPU
 // references: what the fused cells (engine/ops/rnn.h) run around their GEMMs. Same launcher
-// contract as elementwise.h. Layout: gates [B, 4H] in PyTorch's order i, f, g, o; a cell state [2, B, H], its
-// hidden state h (the first B · H elements) then its memory c.
+// contract as elementwise.h. Layout: gates [B, 4H] in PyTorch's order i, f, g, o; a cell state
+// [2, B, H], its hidden state h (the first B · H elements) then its memory c.
 //
 // Forward, z = gates + b_ih + b_hh (the biases [4H] broadcast over the rows; null: none):
 //   i = σ(z_i), f = σ(z_f), g = tanh(z_g), o = σ(z_o);  c' = f · c + i · g;  h' = o · tanh(c').
@@ -35,11 +35,11 @@ void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_
                        const float* b_hh, std::int64_t batch, std::int64_t hidden,
                        cudaStream_t stream);
 void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const float* act,
-                        const float* c, const float* c_new, std::int64_t batch,
-                        std::int64_t hidden, bool accumulate, cudaStream_t stream);
+                        const float* c, const float* c_new, std::int64_t batch, std::int64_t hidden,
+                        bool accumulate, cudaStream_t stream);
 void gru_cell_forward(float* out, float* act, const float* gx, const float* gh, const float* h,
-                      const float* b_ih, const float* b_hh, std::int64_t batch,
-                      std::int64_t hidden, cudaStream_t stream);
+                      const float* b_ih, const float* b_hh, std::int64_t batch, std::int64_t hidden,
+                      cudaStream_t stream);
 void gru_cell_backward(float* dgx, float* dgh, float* dh, const float* grad_out, const float* act,
                        const float* h, std::int64_t batch, std::int64_t hidden, bool accumulate,
                        cudaStream_t stream);

@@ -1,5 +1,5 @@
-// The LSTM and GRU cells' pointwise work on the CPU: the reference for kernels/rnn.cu (contract in rnn.h),
-// the same arithmetic in the same order per element.
+// The LSTM and GRU cells' pointwise work on the CPU: the reference for kernels/rnn.cu (contract in
+// rnn.h), the same arithmetic in the same order per element.
 #include <cmath>
 
 #include "graphward/kernels/rnn.h"
@@ -108,14 +108,14 @@ void gru_cell_backward(T* dgx, T* dgh, T* dh, const T* grad_out, const T* act, c
   }
 }
 
-#define GW_INSTANTIATE(T)                                                                         \
-  template void lstm_cell_forward<T>(T*, T*, const T*, const T*, const T*, std::int64_t,          \
-                                     std::int64_t);                                               \
-  template void lstm_cell_backward<T>(T*, T*, const T*, const T*, const T*, const T*,             \
-                                      std::int64_t, std::int64_t, bool);                        \
-  template void gru_cell_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,     \
-                                    std::int64_t, std::int64_t);                                  \
-  template void gru_cell_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,      \
+#define GW_INSTANTIATE(T)                                                                     \
+  template void lstm_cell_forward<T>(T*, T*, const T*, const T*, const T*, std::int64_t,      \
+                                     std::int64_t);                                           \
+  template void lstm_cell_backward<T>(T*, T*, const T*, const T*, const T*, const T*,         \
+                                      std::int64_t, std::int64_t, bool);                      \
+  template void gru_cell_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                    std::int64_t, std::int64_t);                              \
+  template void gru_cell_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,  \
                                      std::int64_t, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)

@@ -48,8 +48,12 @@ LstmDims check_lstm(const char* op, const Tensor& x, const Tensor& state, const 
            b_hh.defined() ? b_hh.str() : "undefined", "; expected both biases or neither");
   const bool bias = b_ih.defined();
   if (bias) {
-    check_inputs(op, {{"x", &x}, {"state", &state}, {"w_ih", &w_ih}, {"w_hh", &w_hh},
-                      {"b_ih", &b_ih}, {"b_hh", &b_hh}});
+    check_inputs(op, {{"x", &x},
+                      {"state", &state},
+                      {"w_ih", &w_ih},
+                      {"w_hh", &w_hh},
+                      {"b_ih", &b_ih},
+                      {"b_hh", &b_hh}});
   } else {
     check_inputs(op, {{"x", &x}, {"state", &state}, {"w_ih", &w_ih}, {"w_hh", &w_hh}});
   }
@@ -61,10 +65,10 @@ LstmDims check_lstm(const char* op, const Tensor& x, const Tensor& state, const 
            "; expected [2, B, H] (h then c; lstm_state packs them)");
   const std::int64_t batch = state.size(1), hidden = state.size(2);
   const bool packed_x = x.dim() == 3;
-  GW_CHECK((x.dim() == 2 && x.size(0) == batch) ||
-               (packed_x && x.size(0) == 2 && x.size(1) == batch),
-           op, ": x is ", x.str(), "; expected [B, in] or a layer's state [2, B, in] with B = ",
-           batch, " (the state's batch)");
+  GW_CHECK(
+      (x.dim() == 2 && x.size(0) == batch) || (packed_x && x.size(0) == 2 && x.size(1) == batch),
+      op, ": x is ", x.str(), "; expected [B, in] or a layer's state [2, B, in] with B = ", batch,
+      " (the state's batch)");
   const std::int64_t in = x.size(-1);
   GW_CHECK(w_ih.shape() == Shape({4 * hidden, in}), op, ": W_ih is ", shape_str(w_ih.shape()),
            "; expected [4·H, in] = [", 4 * hidden, ", ", in, "] (H = ", hidden,
@@ -103,11 +107,10 @@ LstmOut lstm_forward(const LstmDims& d, const Tensor& x, const Tensor& state, co
     // gates = x·W_ihᵀ, then += h·W_hhᵀ (the state's first B·H elements are h).
     graphward::gemm(x.device(), scope.stream(), false, true, B, G, d.in, 1.f, ptr<float>(x),
                     ptr<float>(w_ih), 0.f, gates);
-    graphward::gemm(x.device(), scope.stream(), false, true, B, G, H, 1.f, s, ptr<float>(w_hh),
-                    1.f, gates);
-    k::lstm_cell_forward(gates, ptr<float>(o.out), s + B * H,
-                         d.bias ? ptr<float>(b_ih) : nullptr, d.bias ? ptr<float>(b_hh) : nullptr,
-                         B, H, scope.stream());
+    graphward::gemm(x.device(), scope.stream(), false, true, B, G, H, 1.f, s, ptr<float>(w_hh), 1.f,
+                    gates);
+    k::lstm_cell_forward(gates, ptr<float>(o.out), s + B * H, d.bias ? ptr<float>(b_ih) : nullptr,
+                         d.bias ? ptr<float>(b_hh) : nullptr, B, H, scope.stream());
     return o;
 #endif
   }
@@ -118,9 +121,8 @@ LstmOut lstm_forward(const LstmDims& d, const Tensor& x, const Tensor& state, co
     const T* s = ptr<T>(state);
     k::cpu::gemm<T>(false, true, B, G, d.in, T(1), ptr<T>(x), ptr<T>(w_ih), T(0), gates);
     k::cpu::gemm<T>(false, true, B, G, H, T(1), s, ptr<T>(w_hh), T(1), gates);
-    k::cpu::lstm_cell_forward<T>(gates, ptr<T>(o.out), s + B * H,
-                                 d.bias ? ptr<T>(b_ih) : nullptr, d.bias ? ptr<T>(b_hh) : nullptr,
-                                 B, H);
+    k::cpu::lstm_cell_forward<T>(gates, ptr<T>(o.out), s + B * H, d.bias ? ptr<T>(b_ih) : nullptr,
+                                 d.bias ? ptr<T>(b_hh) : nullptr, B, H);
   });
   return o;
 }
@@ -135,8 +137,8 @@ Tensor fused_lstm_cell(const Tensor& x, const Tensor& state, const Tensor& w_ih,
                            : needs_grad({&x, &state, &w_ih, &w_hh});
   LstmOut o = lstm_forward(d, x, state, w_ih, w_hh, b_ih, b_hh);
   if (grad) {
-    std::vector<SavedTensor> saved{save("x", x),         save("state", state),
-                                   save("w_ih", w_ih),   save("w_hh", w_hh),
+    std::vector<SavedTensor> saved{save("x", x),           save("state", state),
+                                   save("w_ih", w_ih),     save("w_hh", w_hh),
                                    save("gates", o.gates), save("output", o.out)};
     auto backward = [](const Tensor& g, const std::vector<Tensor>& s, std::span<GradSlot> grads) {
       fused_lstm_cell_backward(g, s[0], s[1], s[2], s[3], s[4], s[5], grads);
@@ -252,8 +254,7 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
     }
     if (want[3]) {
       const bool acc = open_slot(grads[3], w_hh, nullptr);
-      k::cpu::gemm<T>(true, false, G, H, B, T(1), dg, s, acc ? T(1) : T(0),
-                      slot_ptr<T>(grads[3]));
+      k::cpu::gemm<T>(true, false, G, H, B, T(1), dg, s, acc ? T(1) : T(0), slot_ptr<T>(grads[3]));
     }
     for (std::size_t i = 4; i < grads.size(); ++i) {
       if (!want[i]) continue;
@@ -276,8 +277,9 @@ GruDims check_gru(const char* op, const Tensor& x, const Tensor& h, const Tensor
            b_hh.defined() ? b_hh.str() : "undefined", "; expected both biases or neither");
   const bool bias = b_ih.defined();
   if (bias) {
-    check_inputs(op, {{"x", &x}, {"h", &h}, {"w_ih", &w_ih}, {"w_hh", &w_hh}, {"b_ih", &b_ih},
-                      {"b_hh", &b_hh}});
+    check_inputs(
+        op,
+        {{"x", &x}, {"h", &h}, {"w_ih", &w_ih}, {"w_hh", &w_hh}, {"b_ih", &b_ih}, {"b_hh", &b_hh}});
   } else {
     check_inputs(op, {{"x", &x}, {"h", &h}, {"w_ih", &w_ih}, {"w_hh", &w_hh}});
   }
@@ -352,8 +354,8 @@ Tensor fused_gru_cell(const Tensor& x, const Tensor& h, const Tensor& w_ih, cons
     } else {
       record(op, out, {&x, &h, &w_ih, &w_hh}, std::move(saved), backward);
     }
-    out.grad_fn()->set_backward_flops(4.0 * static_cast<double>(B) *
-                                      static_cast<double>(d.in + H) * static_cast<double>(G));
+    out.grad_fn()->set_backward_flops(4.0 * static_cast<double>(B) * static_cast<double>(d.in + H) *
+                                      static_cast<double>(G));
   }
   return out;
 }
@@ -366,8 +368,8 @@ void fused_gru_cell_backward(const Tensor& grad_out, const Tensor& x, const Tens
   const GruDims d = check_gru(op, x, h, w_ih, w_hh, Tensor(), Tensor());
   const std::int64_t B = d.batch, H = d.hidden, G = 3 * d.hidden, in = d.in;
   check_inputs(op, {{"x", &x}, {"grad_out", &grad_out}, {"gates", &act}});
-  GW_CHECK(grad_out.shape() == h.shape() && act.shape() == Shape({B, 4 * H}), op,
-           ": grad_out is ", shape_str(grad_out.shape()), ", the gates ", shape_str(act.shape()),
+  GW_CHECK(grad_out.shape() == h.shape() && act.shape() == Shape({B, 4 * H}), op, ": grad_out is ",
+           shape_str(grad_out.shape()), ", the gates ", shape_str(act.shape()),
            "; expected h's shape ", shape_str(h.shape()), " and [", B, ", ", 4 * H, "]");
   GW_CHECK(grads.size() == 4 || grads.size() == 6, op, ": ", grads.size(),
            " gradient slots; expected 4 (x, h, W_ih, W_hh) or 6 (and b_ih, b_hh)");
@@ -417,8 +419,8 @@ void fused_gru_cell_backward(const Tensor& grad_out, const Tensor& x, const Tens
     for (std::size_t i = 4; i < grads.size(); ++i) {
       if (!want[i]) continue;
       const bool acc = open_slot(grads[i], {G}, x, st);
-      k::column_sum<float>(slot_ptr<float>(grads[i]), ptr<float>(i == 4 ? dgx : dgh), nullptr,
-                           1.f, B, G, acc, st);
+      k::column_sum<float>(slot_ptr<float>(grads[i]), ptr<float>(i == 4 ? dgx : dgh), nullptr, 1.f,
+                           B, G, acc, st);
     }
     return;
 #endif
@@ -450,8 +452,8 @@ void fused_gru_cell_backward(const Tensor& grad_out, const Tensor& x, const Tens
     for (std::size_t i = 4; i < grads.size(); ++i) {
       if (!want[i]) continue;
       const bool acc = open_slot(grads[i], {G}, x, nullptr);
-      k::cpu::column_sum<T>(slot_ptr<T>(grads[i]), ptr<T>(i == 4 ? dgx : dgh), nullptr, T(1), B,
-                            G, acc);
+      k::cpu::column_sum<T>(slot_ptr<T>(grads[i]), ptr<T>(i == 4 ? dgx : dgh), nullptr, T(1), B, G,
+                            acc);
     }
   });
 }

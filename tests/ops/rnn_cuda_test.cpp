@@ -43,7 +43,8 @@ TEST_F(CudaRnn, TheFusedLstmCellMatchesTheCpuForwardAndBackward) {
       SCOPED_TRACE(std::string(packed ? "x a state" : "x a matrix") +
                    (bias ? ", biases" : ", no biases"));
       auto r = [&](const Shape& s) { return mul(randn(s, seed++), 0.3); };
-      const std::vector<Tensor> init{packed ? r({2, B, in}) : r({B, in}), r({2, B, H}),
+      const std::vector<Tensor> init{packed ? r({2, B, in}) : r({B, in}),
+                                     r({2, B, H}),
                                      r({4 * H, in}),
                                      r({4 * H, H}),
                                      bias ? r({4 * H}) : Tensor(),
@@ -81,9 +82,12 @@ TEST_F(CudaRnn, TheFusedGruCellMatchesTheCpuForwardAndBackward) {
   for (bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "biases" : "no biases");
     auto r = [&](const Shape& s) { return mul(randn(s, seed++), 0.3); };
-    const std::vector<Tensor> init{r({B, in}),       r({B, H}),
-                                   r({3 * H, in}),   r({3 * H, H}),
-                                   bias ? r({3 * H}) : Tensor(), bias ? r({3 * H}) : Tensor()};
+    const std::vector<Tensor> init{r({B, in}),
+                                   r({B, H}),
+                                   r({3 * H, in}),
+                                   r({3 * H, H}),
+                                   bias ? r({3 * H}) : Tensor(),
+                                   bias ? r({3 * H}) : Tensor()};
     const Tensor weight = randn({B, H}, seed++);
     const Leaves cpu = leaves_on(init, Device::cpu()), gpu = leaves_on(init, kGpu);
     Tensor out_cpu, out_gpu;
