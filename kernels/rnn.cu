@@ -12,7 +12,7 @@ __device__ __forceinline__ float sigmoid(float v) {
   return 1.f / (1.f + expf(-v));  // expf(large) = inf: 1 / inf = 0, no NaN
 }
 
-__global__ void lstm_cell_forward_kernel(float* gates, float* out, const float* c,
+__global__ void lstm_cell_forward_kernel(float* gates, float* h_out, float* c_out, const float* c,
                                          const float* b_ih, const float* b_hh, std::int64_t batch,
                                          std::int64_t hidden) {
   GW_GRID_STRIDE(e, batch * hidden) {
@@ -27,8 +27,8 @@ __global__ void lstm_cell_forward_kernel(float* gates, float* out, const float* 
     }
     const float i = sigmoid(v[0]), f = sigmoid(v[1]), g = tanhf(v[2]), o = sigmoid(v[3]);
     const float cn = f * c[e] + i * g;
-    out[e] = o * tanhf(cn);
-    out[batch * hidden + e] = cn;
+    h_out[e] = o * tanhf(cn);
+    c_out[e] = cn;
     z[0] = i;
     z[hidden] = f;
     z[2 * hidden] = g;
@@ -36,17 +36,18 @@ __global__ void lstm_cell_forward_kernel(float* gates, float* out, const float* 
   }
 }
 
-__global__ void lstm_cell_backward_kernel(float* dgates, float* dc, const float* grad_out,
-                                          const float* act, const float* c, const float* c_new,
-                                          std::int64_t batch, std::int64_t hidden,
-                                          bool accumulate) {
-  const std::int64_t n = batch * hidden;
-  GW_GRID_STRIDE(e, n) {
+__global__ void lstm_cell_backward_kernel(float* dgates, float* dc, const float* dh_in,
+                                          const float* dh_more, const float* dc_in,
+                                          const float* dc_more, const float* act, const float* c,
+                                          const float* c_new, std::int64_t batch,
+                                          std::int64_t hidden, bool accumulate) {
+  GW_GRID_STRIDE(e, batch * hidden) {
     const std::int64_t r = e / hidden, j = e % hidden;
     const float* a = act + r * 4 * hidden + j;
     const float i = a[0], f = a[hidden], g = a[2 * hidden], o = a[3 * hidden];
-    const float dh = grad_out[e], t = tanhf(c_new[e]);
-    const float dcs = grad_out[n + e] + dh * o * (1.f - t * t);
+    const float dh = dh_in[e] + (dh_more ? dh_more[e] : 0.f);
+    const float t = tanhf(c_new[e]);
+    const float dcs = dc_in[e] + (dc_more ? dc_more[e] : 0.f) + dh * o * (1.f - t * t);
     float* dz = dgates + r * 4 * hidden + j;
     dz[0] = dcs * g * i * (1.f - i);
     dz[hidden] = dcs * c[e] * f * (1.f - f);
@@ -105,23 +106,24 @@ __global__ void gru_cell_backward_kernel(float* dgx, float* dgh, float* dh, cons
 
 }  // namespace
 
-void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_ih,
+void lstm_cell_forward(float* gates, float* h_out, float* c_out, const float* c, const float* b_ih,
                        const float* b_hh, std::int64_t batch, std::int64_t hidden,
                        cudaStream_t stream) {
   const std::int64_t n = batch * hidden;
   if (n == 0) return;
-  lstm_cell_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(gates, out, c, b_ih, b_hh, batch,
-                                                                 hidden);
+  lstm_cell_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(gates, h_out, c_out, c, b_ih, b_hh,
+                                                                 batch, hidden);
   GW_LAUNCH_CHECK();
 }
 
-void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const float* act,
-                        const float* c, const float* c_new, std::int64_t batch, std::int64_t hidden,
+void lstm_cell_backward(float* dgates, float* dc, const float* dh, const float* dh_more,
+                        const float* dc_in, const float* dc_more, const float* act, const float* c,
+                        const float* c_new, std::int64_t batch, std::int64_t hidden,
                         bool accumulate, cudaStream_t stream) {
   const std::int64_t n = batch * hidden;
   if (n == 0) return;
-  lstm_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(dgates, dc, grad_out, act, c,
-                                                                  c_new, batch, hidden, accumulate);
+  lstm_cell_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(
+      dgates, dc, dh, dh_more, dc_in, dc_more, act, c, c_new, batch, hidden, accumulate);
   GW_LAUNCH_CHECK();
 }
 

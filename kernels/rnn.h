@@ -1,16 +1,17 @@
 #pragma once
 // The LSTM and GRU cells' pointwise work in one kernel forward and one backward each, with CPU
 // references: what the fused cells (engine/ops/rnn.h) run around their GEMMs. Same launcher
-// contract as elementwise.h. Layout: gates [B, 4H] in PyTorch's order i, f, g, o; a cell state
-// [2, B, H], its hidden state h (the first B · H elements) then its memory c.
+// contract as elementwise.h. Layout: gates [B, 4H] in PyTorch's order i, f, g, o; h and c [B, H].
 //
-// Forward, z = gates + b_ih + b_hh (the biases [4H] broadcast over the rows; null: none):
+// LSTM forward, z = gates + b_ih + b_hh (the biases [4H] broadcast over the rows; null: none):
 //   i = σ(z_i), f = σ(z_f), g = tanh(z_g), o = σ(z_o);  c' = f · c + i · g;  h' = o · tanh(c').
-// `gates` is overwritten with (i, f, g, o), what the backward reads; `out` [2, B, H] gets h', c'.
+// `gates` is overwritten with (i, f, g, o), what the backward reads; h' and c' are stored.
 //
-// Backward, with dh', dc' = grad_out [2, B, H], t = tanh(c'), dc* = dc' + dh' · o · (1 − t²):
+// LSTM backward, with dh' = dh + dh_more and dc' = dc_in + dc_more (a null `more`: 0; the
+// gradients reaching h' and c'), t = tanh(c'), dc* = dc' + dh' · o · (1 − t²):
 //   dz_i = dc* · g · i (1 − i),  dz_f = dc* · c · f (1 − f),  dz_g = dc* · i · (1 − g²),
-//   dz_o = dh' · t · o (1 − o);   dgates = dz (written),  dc (=|+=) dc* · f (null: not wanted).
+//   dz_o = dh' · t · o (1 − o);   dgates = dz (written),  dc (=|+=) dc* · f (null: not wanted;
+//   it may be dc_more itself: each element is read before it is written).
 //
 // GRU: gx = x·W_ihᵀ and gh = h·W_hhᵀ [B, 3H] in PyTorch's order r, z, n, without their biases:
 //   r = σ(gx_r + b_ir + gh_r + b_hr),  z = σ(gx_z + b_iz + gh_z + b_hz),  hn = gh_n + b_hn,
@@ -31,11 +32,12 @@ namespace graphward::kernels {
 
 #if GRAPHWARD_HAS_CUDA
 // float32.
-void lstm_cell_forward(float* gates, float* out, const float* c, const float* b_ih,
+void lstm_cell_forward(float* gates, float* h_out, float* c_out, const float* c, const float* b_ih,
                        const float* b_hh, std::int64_t batch, std::int64_t hidden,
                        cudaStream_t stream);
-void lstm_cell_backward(float* dgates, float* dc, const float* grad_out, const float* act,
-                        const float* c, const float* c_new, std::int64_t batch, std::int64_t hidden,
+void lstm_cell_backward(float* dgates, float* dc, const float* dh, const float* dh_more,
+                        const float* dc_in, const float* dc_more, const float* act, const float* c,
+                        const float* c_new, std::int64_t batch, std::int64_t hidden,
                         bool accumulate, cudaStream_t stream);
 void gru_cell_forward(float* out, float* act, const float* gx, const float* gh, const float* h,
                       const float* b_ih, const float* b_hh, std::int64_t batch, std::int64_t hidden,
@@ -47,11 +49,12 @@ void gru_cell_backward(float* dgx, float* dgh, float* dh, const float* grad_out,
 
 namespace cpu {
 template <class T>
-void lstm_cell_forward(T* gates, T* out, const T* c, const T* b_ih, const T* b_hh,
+void lstm_cell_forward(T* gates, T* h_out, T* c_out, const T* c, const T* b_ih, const T* b_hh,
                        std::int64_t batch, std::int64_t hidden);
 template <class T>
-void lstm_cell_backward(T* dgates, T* dc, const T* grad_out, const T* act, const T* c,
-                        const T* c_new, std::int64_t batch, std::int64_t hidden, bool accumulate);
+void lstm_cell_backward(T* dgates, T* dc, const T* dh, const T* dh_more, const T* dc_in,
+                        const T* dc_more, const T* act, const T* c, const T* c_new,
+                        std::int64_t batch, std::int64_t hidden, bool accumulate);
 template <class T>
 void gru_cell_forward(T* out, T* act, const T* gx, const T* gh, const T* h, const T* b_ih,
                       const T* b_hh, std::int64_t batch, std::int64_t hidden);

@@ -13,7 +13,7 @@ T sigmoid(T v) {
 }  // namespace
 
 template <class T>
-void lstm_cell_forward(T* gates, T* out, const T* c, const T* b_ih, const T* b_hh,
+void lstm_cell_forward(T* gates, T* h_out, T* c_out, const T* c, const T* b_ih, const T* b_hh,
                        std::int64_t batch, std::int64_t hidden) {
   for (std::int64_t r = 0; r < batch; ++r) {
     for (std::int64_t j = 0; j < hidden; ++j) {
@@ -27,8 +27,8 @@ void lstm_cell_forward(T* gates, T* out, const T* c, const T* b_ih, const T* b_h
       }
       const T i = sigmoid(v[0]), f = sigmoid(v[1]), g = std::tanh(v[2]), o = sigmoid(v[3]);
       const T cn = f * c[e] + i * g;
-      out[e] = o * std::tanh(cn);
-      out[batch * hidden + e] = cn;
+      h_out[e] = o * std::tanh(cn);
+      c_out[e] = cn;
       z[0] = i;
       z[hidden] = f;
       z[2 * hidden] = g;
@@ -38,16 +38,17 @@ void lstm_cell_forward(T* gates, T* out, const T* c, const T* b_ih, const T* b_h
 }
 
 template <class T>
-void lstm_cell_backward(T* dgates, T* dc, const T* grad_out, const T* act, const T* c,
-                        const T* c_new, std::int64_t batch, std::int64_t hidden, bool accumulate) {
-  const std::int64_t n = batch * hidden;
+void lstm_cell_backward(T* dgates, T* dc, const T* dh_in, const T* dh_more, const T* dc_in,
+                        const T* dc_more, const T* act, const T* c, const T* c_new,
+                        std::int64_t batch, std::int64_t hidden, bool accumulate) {
   for (std::int64_t r = 0; r < batch; ++r) {
     for (std::int64_t j = 0; j < hidden; ++j) {
       const std::int64_t e = r * hidden + j;
       const T* a = act + r * 4 * hidden + j;
       const T i = a[0], f = a[hidden], g = a[2 * hidden], o = a[3 * hidden];
-      const T dh = grad_out[e], t = std::tanh(c_new[e]);
-      const T dcs = grad_out[n + e] + dh * o * (T(1) - t * t);
+      const T dh = dh_in[e] + (dh_more ? dh_more[e] : T(0));
+      const T t = std::tanh(c_new[e]);
+      const T dcs = dc_in[e] + (dc_more ? dc_more[e] : T(0)) + dh * o * (T(1) - t * t);
       T* dz = dgates + r * 4 * hidden + j;
       dz[0] = dcs * g * i * (T(1) - i);
       dz[hidden] = dcs * c[e] * f * (T(1) - f);
@@ -108,14 +109,14 @@ void gru_cell_backward(T* dgx, T* dgh, T* dh, const T* grad_out, const T* act, c
   }
 }
 
-#define GW_INSTANTIATE(T)                                                                     \
-  template void lstm_cell_forward<T>(T*, T*, const T*, const T*, const T*, std::int64_t,      \
-                                     std::int64_t);                                           \
-  template void lstm_cell_backward<T>(T*, T*, const T*, const T*, const T*, const T*,         \
-                                      std::int64_t, std::int64_t, bool);                      \
-  template void gru_cell_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*, \
-                                    std::int64_t, std::int64_t);                              \
-  template void gru_cell_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,  \
+#define GW_INSTANTIATE(T)                                                                       \
+  template void lstm_cell_forward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,    \
+                                     std::int64_t);                                             \
+  template void lstm_cell_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                      const T*, const T*, std::int64_t, std::int64_t, bool);    \
+  template void gru_cell_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,   \
+                                    std::int64_t, std::int64_t);                                \
+  template void gru_cell_backward<T>(T*, T*, T*, const T*, const T*, const T*, std::int64_t,    \
                                      std::int64_t, bool);
 GW_INSTANTIATE(float)
 GW_INSTANTIATE(double)

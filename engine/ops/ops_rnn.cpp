@@ -109,8 +109,9 @@ LstmOut lstm_forward(const LstmDims& d, const Tensor& x, const Tensor& state, co
                     ptr<float>(w_ih), 0.f, gates);
     graphward::gemm(x.device(), scope.stream(), false, true, B, G, H, 1.f, s, ptr<float>(w_hh), 1.f,
                     gates);
-    k::lstm_cell_forward(gates, ptr<float>(o.out), s + B * H, d.bias ? ptr<float>(b_ih) : nullptr,
-                         d.bias ? ptr<float>(b_hh) : nullptr, B, H, scope.stream());
+    k::lstm_cell_forward(gates, ptr<float>(o.out), ptr<float>(o.out) + B * H, s + B * H,
+                         d.bias ? ptr<float>(b_ih) : nullptr, d.bias ? ptr<float>(b_hh) : nullptr,
+                         B, H, scope.stream());
     return o;
 #endif
   }
@@ -121,8 +122,9 @@ LstmOut lstm_forward(const LstmDims& d, const Tensor& x, const Tensor& state, co
     const T* s = ptr<T>(state);
     k::cpu::gemm<T>(false, true, B, G, d.in, T(1), ptr<T>(x), ptr<T>(w_ih), T(0), gates);
     k::cpu::gemm<T>(false, true, B, G, H, T(1), s, ptr<T>(w_hh), T(1), gates);
-    k::cpu::lstm_cell_forward<T>(gates, ptr<T>(o.out), s + B * H, d.bias ? ptr<T>(b_ih) : nullptr,
-                                 d.bias ? ptr<T>(b_hh) : nullptr, B, H);
+    k::cpu::lstm_cell_forward<T>(gates, ptr<T>(o.out), ptr<T>(o.out) + B * H, s + B * H,
+                                 d.bias ? ptr<T>(b_ih) : nullptr, d.bias ? ptr<T>(b_hh) : nullptr,
+                                 B, H);
   });
   return o;
 }
@@ -197,8 +199,9 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
     const float* s = ptr<float>(state);
     const bool acc_state = want[1] && open_slot(grads[1], state, st);
     float* ds = want[1] ? slot_ptr<float>(grads[1]) : nullptr;
-    k::lstm_cell_backward(dg, ds ? ds + B * H : nullptr, ptr<float>(grad_out), ptr<float>(act),
-                          s + B * H, ptr<float>(out) + B * H, B, H, acc_state, st);
+    const float* g = ptr<float>(grad_out);
+    k::lstm_cell_backward(dg, ds ? ds + B * H : nullptr, g, nullptr, g + B * H, nullptr,
+                          ptr<float>(act), s + B * H, ptr<float>(out) + B * H, B, H, acc_state, st);
     if (want[1]) {
       graphward::gemm(dev, st, false, false, B, H, G, 1.f, dg, ptr<float>(w_hh),
                       acc_state ? 1.f : 0.f, ds);
@@ -234,8 +237,9 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
     const T* s = ptr<T>(state);
     const bool acc_state = want[1] && open_slot(grads[1], state, nullptr);
     T* ds = want[1] ? slot_ptr<T>(grads[1]) : nullptr;
-    k::cpu::lstm_cell_backward<T>(dg, ds ? ds + B * H : nullptr, ptr<T>(grad_out), ptr<T>(act),
-                                  s + B * H, ptr<T>(out) + B * H, B, H, acc_state);
+    const T* g = ptr<T>(grad_out);
+    k::cpu::lstm_cell_backward<T>(dg, ds ? ds + B * H : nullptr, g, nullptr, g + B * H, nullptr,
+                                  ptr<T>(act), s + B * H, ptr<T>(out) + B * H, B, H, acc_state);
     if (want[1]) {
       k::cpu::gemm<T>(false, false, B, H, G, T(1), dg, ptr<T>(w_hh), acc_state ? T(1) : T(0), ds);
     }
