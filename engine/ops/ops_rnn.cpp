@@ -4,6 +4,7 @@
 
 #include "graphward/engine/ops/ops_common.h"
 #include "graphward/engine/ops/rnn.h"
+#include "graphward/engine/ops/rnn_detail.h"
 #include "graphward/engine/runtime/blas.h"
 #include "graphward/engine/runtime/nvtx.h"
 #include "graphward/engine/tape/autograd.h"
@@ -34,15 +35,9 @@ Tensor lstm_hidden(const Tensor& state) {
   return reshape(narrow(reshape(state, {1, 2 * rows * hidden}), 0, rows * hidden), {rows, hidden});
 }
 
-namespace {
-struct LstmDims {
-  std::int64_t batch, in, hidden;
-  bool packed_x;  // x is a state [2, B, in]: its h is read
-  bool bias;
-};
-
+namespace ops_detail {
 LstmDims check_lstm(const char* op, const Tensor& x, const Tensor& state, const Tensor& w_ih,
-                    const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+                    const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh, bool layer) {
   GW_CHECK(b_ih.defined() == b_hh.defined(), op, ": b_ih is ",
            b_ih.defined() ? b_ih.str() : "undefined", " and b_hh ",
            b_hh.defined() ? b_hh.str() : "undefined", "; expected both biases or neither");
@@ -65,10 +60,12 @@ LstmDims check_lstm(const char* op, const Tensor& x, const Tensor& state, const 
            "; expected [2, B, H] (h then c; lstm_state packs them)");
   const std::int64_t batch = state.size(1), hidden = state.size(2);
   const bool packed_x = x.dim() == 3;
-  GW_CHECK(
-      (x.dim() == 2 && x.size(0) == batch) || (packed_x && x.size(0) == 2 && x.size(1) == batch),
-      op, ": x is ", x.str(), "; expected [B, in] or a layer's state [2, B, in] with B = ", batch,
-      " (the state's batch)");
+  const std::int64_t rows = packed_x ? x.size(1) : x.size(0);
+  const bool rows_ok = layer ? rows % batch == 0 : rows == batch;
+  GW_CHECK((x.dim() == 2 || (packed_x && x.size(0) == 2)) && rows_ok, op, ": x is ", x.str(),
+           layer ? "; expected [T·B, in] or a layer's output [2, T·B, in] with B = "
+                 : "; expected [B, in] or a layer's state [2, B, in] with B = ",
+           batch, " (the state's batch)");
   const std::int64_t in = x.size(-1);
   GW_CHECK(w_ih.shape() == Shape({4 * hidden, in}), op, ": W_ih is ", shape_str(w_ih.shape()),
            "; expected [4·H, in] = [", 4 * hidden, ", ", in, "] (H = ", hidden,
@@ -80,8 +77,26 @@ LstmDims check_lstm(const char* op, const Tensor& x, const Tensor& state, const 
              ": the biases are ", shape_str(b_ih.shape()), " and ", shape_str(b_hh.shape()),
              "; expected [4·H] = [", 4 * hidden, "] each");
   }
-  return {batch, in, hidden, packed_x, bias};
+  return {batch, in, hidden, packed_x, bias, rows / batch};
 }
+
+std::array<bool, 6> check_lstm_slots(const char* op, std::span<GradSlot> grads, const Tensor& x,
+                                     const Tensor& state, const Tensor& w_ih, const Tensor& w_hh) {
+  GW_CHECK(grads.size() == 4 || grads.size() == 6, op, ": ", grads.size(),
+           " gradient slots; expected 4 (x, state, W_ih, W_hh) or 6 (and b_ih, b_hh)");
+  static constexpr std::array<const char*, 6> kNames{"grad_x",    "grad_state", "grad_w_ih",
+                                                     "grad_w_hh", "grad_b_ih",  "grad_b_hh"};
+  const std::array<const Tensor*, 4> operands{&x, &state, &w_ih, &w_hh};
+  std::array<bool, 6> want{};
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    want[i] = i < 4 ? check_slot(op, kNames[i], grads[i], *operands[i])
+                    : check_slot(op, kNames[i], grads[i], {w_hh.size(0)}, x);
+  }
+  return want;
+}
+}  // namespace ops_detail
+
+namespace {
 
 struct LstmOut {
   Tensor out;    // [2, B, H]
@@ -172,16 +187,7 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
            shape_str(out.shape()), ", the gates ", shape_str(act.shape()),
            "; expected the state's shape ", shape_str(state.shape()), " twice and [", B, ", ", G,
            "]");
-  GW_CHECK(grads.size() == 4 || grads.size() == 6, op, ": ", grads.size(),
-           " gradient slots; expected 4 (x, state, W_ih, W_hh) or 6 (and b_ih, b_hh)");
-  static constexpr std::array<const char*, 6> kNames{"grad_x",    "grad_state", "grad_w_ih",
-                                                     "grad_w_hh", "grad_b_ih",  "grad_b_hh"};
-  const std::array<const Tensor*, 4> operands{&x, &state, &w_ih, &w_hh};
-  std::array<bool, 6> want{};
-  for (std::size_t i = 0; i < grads.size(); ++i) {
-    want[i] = i < 4 ? check_slot(op, kNames[i], grads[i], *operands[i])
-                    : check_slot(op, kNames[i], grads[i], {G}, x);
-  }
+  const std::array<bool, 6> want = check_lstm_slots(op, grads, x, state, w_ih, w_hh);
   bool any = false;
   for (bool w : want) any = any || w;
   if (!any) return;

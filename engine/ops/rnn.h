@@ -82,6 +82,22 @@ void fused_lstm_cell_backward(const Tensor& grad_out, const Tensor& x, const Ten
                               const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
                               const Tensor& out, std::span<GradSlot> grads);
 
+// A whole LSTM layer over T time steps as one op, as cuDNN runs one: the input projections of all
+// the steps in one GEMM, then per step one GEMM (h·W_hhᵀ added in place) and the cell's pointwise
+// kernel; its backward per step the pointwise gradient and one GEMM (the gradient reaching h), then
+// the input's and the weights' gradients of all the steps in one GEMM each.
+// xs: [T·B, in], step t in rows [t·B, (t + 1)·B) — or a layer's output [2, T·B, in] (its h's are
+// read in place); state: the initial h and c [2, B, H]; weights and biases as fused_lstm_cell's.
+// Returns [2, T·B, H]: h_1 … h_T, then c_1 … c_T (a next layer's input as it stands;
+// lstm_hidden(out) gives every step's h, and the last B rows of each half are the final state).
+// float32 (and float64 on the CPU).
+Tensor fused_lstm_layer(const Tensor& xs, const Tensor& state, const Tensor& w_ih,
+                        const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh);
+// grads as fused_lstm_cell_backward's; act: the gate activations [T·B, 4H] the forward saved.
+void fused_lstm_layer_backward(const Tensor& grad_out, const Tensor& xs, const Tensor& state,
+                               const Tensor& w_ih, const Tensor& w_hh, const Tensor& act,
+                               const Tensor& out, std::span<GradSlot> grads);
+
 // The GRU cell of gru_cell above, as one op: gx = x·W_ihᵀ and gh = h·W_hhᵀ (two GEMMs), then the
 // gates with the biases in one kernel. x [B, in], h [B, H], W_ih [3H, in], W_hh [3H, H], biases
 // [3H] — both, or neither. Returns h' [B, H]. float32 (and float64 on the CPU).

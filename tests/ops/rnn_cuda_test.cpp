@@ -1,8 +1,11 @@
-// The fused LSTM and GRU cells on CUDA against the CPU reference: output and every input's gradient
-// (through the tape, written and then accumulated by a second backward), with and without biases,
-// with x a matrix or the state of a layer below, at widths that are not multiples of 32. New
-// memory is poisoned with NaN, so an element a kernel forgot to write fails the comparison.
+// The fused LSTM and GRU cells and the LSTM layer on CUDA against the CPU reference: output and
+// every input's gradient (through the tape, written and then accumulated by a second backward),
+// with and without biases, with x a matrix or the output of a layer below, at widths that are not
+// multiples of 32. New memory is poisoned with NaN, so an element a kernel forgot to write fails
+// the comparison.
 // Tolerance (‖out − ref‖ / ‖ref‖, float32, TF32 off): 1e-4, the GEMMs'.
+#include <cmath>
+
 #include "graphward/engine/ops/rnn.h"
 #include "test_util.h"
 
@@ -71,6 +74,37 @@ TEST_F(CudaRnn, TheFusedLstmCellMatchesTheCpuForwardAndBackward) {
         for (std::size_t j = static_cast<std::size_t>(B * in); j < g.size(); ++j) {
           ASSERT_EQ(g[j], 0.0) << "element " << j;
         }
+      }
+    }
+  }
+}
+
+TEST_F(CudaRnn, TheFusedLstmLayerMatchesTheCpuForwardAndBackward) {
+  const std::int64_t T = 5, B = 7, in = 9, H = 33;
+  std::uint64_t seed = 700;
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "x a layer's output" : "x a matrix");
+    auto r = [&](const Shape& s) { return mul(randn(s, seed++), 0.3); };
+    const std::vector<Tensor> init{packed ? r({2, T * B, in}) : r({T * B, in}),
+                                   r({2, B, H}),
+                                   r({4 * H, in}),
+                                   r({4 * H, H}),
+                                   r({4 * H}),
+                                   r({4 * H})};
+    const Tensor weight = randn({2, T * B, H}, seed++);
+    const Leaves cpu = leaves_on(init, Device::cpu()), gpu = leaves_on(init, kGpu);
+    auto loss = [&](const Leaves& l, const Tensor& w) {
+      return sum(
+          mul(fused_lstm_layer(l.all[0], l.all[1], l.all[2], l.all[3], l.all[4], l.all[5]), w));
+    };
+    for (int pass = 0; pass < 2; ++pass) {  // written, then accumulated
+      const Tensor lc = loss(cpu, weight), lg = loss(gpu, weight.to(kGpu));
+      EXPECT_NEAR(lg.item(), lc.item(), 1e-4 * (1 + std::abs(lc.item())));
+      backward(lc);
+      backward(lg);
+      for (std::size_t i = 0; i < init.size(); ++i) {
+        SCOPED_TRACE("pass " + std::to_string(pass) + ", leaf " + std::to_string(i));
+        EXPECT_LT(rel_error(gpu.all[i].grad().to(Device::cpu()), cpu.all[i].grad()), 1e-4);
       }
     }
   }

@@ -218,6 +218,70 @@ TEST(RnnCpu, TheFusedLstmCellIsTheComposedOneForwardAndBackward) {
   }
 }
 
+// Two stacked layers over T steps as fused_lstm_layer ops (the upper reading the lower's output in
+// place), against the same stack of fused cells step by step: every step's h and c, and every
+// leaf's gradient, written and accumulated.
+TEST(RnnCpu, TheFusedLstmLayerIsItsCellsStepByStep) {
+  const std::int64_t T = 4, B = 3, in = 4, H = 5;
+  for (bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    Stack st = make_stack(bias, bias ? 800 : 900);
+    const Tensor xs = mul(randn({T * B, in}, 77, f64()), 0.5).detach().set_requires_grad(true);
+    const Tensor weight = randn({2, T * B, H}, 78, f64());
+    auto layers = [&] {
+      const Tensor s0 = lstm_state(st.h0, st.c0);
+      const Tensor l0 = fused_lstm_layer(xs, s0, st.w_ih[0], st.w_hh[0], st.b_ih[0], st.b_hh[0]);
+      return fused_lstm_layer(l0, s0, st.w_ih[1], st.w_hh[1], st.b_ih[1], st.b_hh[1]);
+    };
+    auto cells = [&] {  // the same, a cell at a time; the top layer's states packed as layers'
+      Tensor s[2] = {lstm_state(st.h0, st.c0), lstm_state(st.h0, st.c0)};
+      std::vector<Tensor> hs, cs;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const Tensor x_t =
+            reshape(narrow(reshape(xs, {1, T * B * in}), t * B * in, B * in), {B, in});
+        s[0] = fused_lstm_cell(x_t, s[0], st.w_ih[0], st.w_hh[0], st.b_ih[0], st.b_hh[0]);
+        s[1] = fused_lstm_cell(s[0], s[1], st.w_ih[1], st.w_hh[1], st.b_ih[1], st.b_hh[1]);
+        const Tensor flat = reshape(s[1], {1, 2 * B * H});
+        hs.push_back(reshape(narrow(flat, 0, B * H), {1, B * H}));
+        cs.push_back(reshape(narrow(flat, B * H, B * H), {1, B * H}));
+      }
+      hs.insert(hs.end(), cs.begin(), cs.end());
+      return reshape(concat(hs, 0), {2, T * B, H});
+    };
+    std::vector<Tensor> leaves = stack_leaves(st);
+    leaves.front() = xs;  // the stack's own x is not read here
+    const Tensor by_cells = cells();
+    backward(sum(mul(by_cells, weight)));
+    std::vector<std::vector<double>> want;
+    for (const Tensor& p : leaves) {
+      want.push_back(values(p.grad()));
+      p.grad() = Tensor();
+    }
+    const Tensor by_layers = layers();
+    EXPECT_EQ(by_layers.shape(), Shape({2, T * B, H}));
+    EXPECT_LT(testing::rel_error(values(by_layers), values(by_cells)), 1e-13);
+    for (int pass = 1; pass <= 2; ++pass) {  // written, then accumulated
+      backward(sum(mul(pass == 1 ? by_layers : layers(), weight)));
+      for (std::size_t i = 0; i < leaves.size(); ++i) {
+        SCOPED_TRACE("pass " + std::to_string(pass) + ", leaf " + std::to_string(i));
+        std::vector<double> w = want[i];
+        for (double& v : w) v *= pass;
+        EXPECT_LT(testing::rel_error(values(leaves[i].grad()), w), 1e-12);
+      }
+    }
+  }
+  // One step is a cell; rows that are not whole steps are refused by name.
+  const Stack st = make_stack(true, 1000);
+  const Tensor s0 = lstm_state(st.h0, st.c0);
+  EXPECT_LT(testing::rel_error(
+                values(fused_lstm_layer(st.x, s0, st.w_ih[0], st.w_hh[0], st.b_ih[0], st.b_hh[0])),
+                values(fused_lstm_cell(st.x, s0, st.w_ih[0], st.w_hh[0], st.b_ih[0], st.b_hh[0]))),
+            1e-15);
+  GW_EXPECT_ERROR((void)fused_lstm_layer(randn({7, 4}, 1, f64()), s0, st.w_ih[0], st.w_hh[0],
+                                         st.b_ih[0], st.b_hh[0]),
+                  "fused_lstm_layer", "x is float64[7, 4]", "[T·B, in]", "B = 3");
+}
+
 TEST(RnnCpu, TheFusedGruCellIsTheComposedOneForwardAndBackward) {
   for (bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "with biases" : "without biases");
