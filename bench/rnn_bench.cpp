@@ -2,11 +2,12 @@
 // input 16, a linear head on the top layer's last hidden state, MSE, AdamW; float32, TF32 off),
 // one whole step per iteration:
 //
-//   Rnn/hidden:H/time:T/batch:B/mode:M/wavefront:W/fused:F
+//   Rnn/hidden:H/time:T/batch:B/mode:M/wavefront:W/cell:C
 //       mode 0: eager; mode 1: the backward a BackwardGraph replay; mode 2: the whole step one
 //       StepGraph replay (the batch copied into its slots). wavefront 1: each layer on a stream of
-//       its own (cell (l, t) after (l − 1, t) and (l, t − 1) alone); 0: one stream. fused 1: the
-//       fused LSTM cell (fused_lstm_cell); 0: the cell composed of ops (lstm_cell).
+//       its own (cell (l, t) after (l − 1, t) and (l, t − 1) alone); 0: one stream. cell 0: the
+//       cell composed of ops (lstm_cell); 1: the fused cell (fused_lstm_cell); 2: each layer one
+//       op (fused_lstm_layer; one stream).
 //
 // The data: two batches in turn, each its own tensors, as train_rnn. The manual time: CUDA events
 // on the caller's stream around the step, synchronized every iteration; loop_us: steps back to
@@ -38,7 +39,7 @@ void rnn(benchmark::State& state) {
   c.batch = state.range(2);
   const auto mode = static_cast<ex::Mode>(state.range(3));
   c.wavefront = state.range(4) != 0;
-  c.fused = state.range(5) != 0;
+  c.cell = static_cast<ex::RnnCell>(state.range(5));
   ex::RnnTrainer trainer(c, kDev, mode);
   int i = 0;
   for (int w = 0; w < 5; ++w) (void)trainer.step(i++);  // warm-up, capture
@@ -63,20 +64,23 @@ void rnn(benchmark::State& state) {
   std::sort(blocks.begin(), blocks.end());
   state.counters["loop_us"] = blocks[blocks.size() / 2];
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
-  state.SetLabel(std::string(ex::mode_name(mode)) + (c.wavefront ? ", wavefront" : ", 1 stream") +
-                 (c.fused ? ", fused cell" : ", composed cell"));
+  state.SetLabel(std::string(ex::mode_name(mode)) +
+                 (c.wavefront ? ", wavefront, " : ", 1 stream, ") + ex::rnn_cell_name(c.cell));
 }
 
 }  // namespace
 
-// The three shapes of the comparison with cuDNN: every mode and layout with the fused cell; the
-// composed cell (the reference, sixteen ops a cell) at the smallest.
+// The three shapes of the comparison with cuDNN: every mode and layout with the fused cell, every
+// mode with a layer an op; the composed cell (the reference, sixteen ops a cell) at the smallest.
 BENCHMARK(rnn)
     ->Name("Rnn")
-    ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "fused"})
+    ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "cell"})
     ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0, 1}, {0, 1}})
     ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0, 1}, {1}})
     ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0, 1}, {1}})
+    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0}, {2}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0}, {2}})
+    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0}, {2}})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);

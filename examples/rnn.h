@@ -18,14 +18,30 @@
 
 namespace graphward::examples {
 
+// How a layer's steps are computed: the cell composed of ops (lstm_cell, sixteen ops a cell: the
+// reference), the fused cell (fused_lstm_cell: two GEMMs and one kernel a cell), or each layer one
+// op over all its steps (fused_lstm_layer: the input projections of every step in one GEMM, as
+// cuDNN's LSTM; the layers one after another, so no wavefront).
+enum class RnnCell { kComposed, kFused, kLayer };
+
+inline const char* rnn_cell_name(RnnCell c) {
+  switch (c) {
+    case RnnCell::kComposed:
+      return "composed";
+    case RnnCell::kLayer:
+      return "layer";
+    case RnnCell::kFused:
+      break;
+  }
+  return "fused";
+}
+
 struct RnnConfig {
   std::int64_t in = 16, hidden = 64, out = 4, batch = 32;
   int layers = 4, steps_in_time = 8;
   double lr = 3e-3;
-  bool wavefront = true;
-  // The fused LSTM cell (one op: two GEMMs and one pointwise kernel) or the cell composed of
-  // ops (lstm_cell: sixteen ops), the reference.
-  bool fused = true;
+  bool wavefront = true;  // ignored by RnnCell::kLayer
+  RnnCell cell = RnnCell::kFused;
   std::uint64_t seed = 3;
 };
 
@@ -42,7 +58,9 @@ class RnnTrainer {
       w_hh_.push_back(uniform({4 * c.hidden, c.hidden}, -s, s, seed++, opt).set_requires_grad(true));
       b_ih_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
       b_hh_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
-      if (c.wavefront && device.is_cuda()) streams_.push_back(std::make_unique<Stream>(device));
+      if (c.wavefront && c.cell != RnnCell::kLayer && device.is_cuda()) {
+        streams_.push_back(std::make_unique<Stream>(device));
+      }
     }
     head_w_ = uniform({c.out, c.hidden}, -0.1, 0.1, seed++, opt).set_requires_grad(true);
     head_b_ = zeros({c.out}, opt).set_requires_grad(true);
@@ -90,7 +108,8 @@ class RnnTrainer {
   Tensor loss_of(std::span<const Tensor> xs, const Tensor& target) const {
     GW_CHECK(static_cast<int>(xs.size()) == c_.steps_in_time, "RnnTrainer: ", xs.size(),
              " inputs; expected one per time step (", c_.steps_in_time, ")");
-    if (c_.fused) return fused_loss(xs, target);
+    if (c_.cell == RnnCell::kFused) return fused_loss(xs, target);
+    if (c_.cell == RnnCell::kLayer) return layer_loss(xs, target);
     std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
     for (int t = 0; t < c_.steps_in_time; ++t) {
       Tensor in = xs[static_cast<std::size_t>(t)];
@@ -120,6 +139,19 @@ class RnnTrainer {
       }
     }
     return mse_loss(linear(lstm_hidden(s.back()), head_w_, head_b_), target);
+  }
+
+  // loss_of with a fused_lstm_layer a layer: the steps' inputs as one [T·B, in] matrix, each
+  // layer's output [2, T·B, H] the next one's input; the head reads the top layer's last h.
+  Tensor layer_loss(std::span<const Tensor> xs, const Tensor& target) const {
+    Tensor in = concat(std::vector<Tensor>(xs.begin(), xs.end()), 0);
+    for (int l = 0; l < c_.layers; ++l) {
+      in = fused_lstm_layer(in, zero_state_, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+    }
+    const std::int64_t bh = c_.batch * c_.hidden;
+    const Tensor last_h = reshape(
+        narrow(reshape(in, {1, in.numel()}), (c_.steps_in_time - 1) * bh, bh), {c_.batch, c_.hidden});
+    return mse_loss(linear(last_h, head_w_, head_b_), target);
   }
 
   Tensor step(int i) {

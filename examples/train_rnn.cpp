@@ -5,7 +5,7 @@
 // else on the CPU backend.
 //
 //   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]
-//             [--cell fused|composed]
+//             [--cell fused|composed|layer]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
     ex::RnnConfig c;
     const std::string usage =
         "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B] "
-        "[--cell fused|composed]  (--flag V and --flag=V alike; --cell: the fused LSTM cell, the "
-        "default, or the cell composed of ops)";
+        "[--cell fused|composed|layer]  (--flag V and --flag=V alike; --cell: the fused LSTM "
+        "cell, the default; the cell composed of ops; or each layer one op over all its steps)";
     ex::ArgReader args(argc, argv);
     while (args.next()) {
       if (args.wants_help()) {
@@ -43,10 +43,12 @@ int main(int argc, char** argv) {
         c.steps_in_time = ex::parse_count("--time", args.value(), 1);
       } else if (args.is("--cell")) {
         const std::string v = args.value();
-        if (v != "fused" && v != "composed") {
-          throw gw::Error("train_rnn: --cell is \"" + v + "\"; expected fused or composed");
+        if (v != "fused" && v != "composed" && v != "layer") {
+          throw gw::Error("train_rnn: --cell is \"" + v + "\"; expected fused, composed or layer");
         }
-        c.fused = v == "fused";
+        c.cell = v == "fused"      ? ex::RnnCell::kFused
+                 : v == "composed" ? ex::RnnCell::kComposed
+                                   : ex::RnnCell::kLayer;
       } else if (args.is("--batch")) {
         c.batch = ex::parse_int("--batch", args.value(), 1);
       } else {
@@ -60,18 +62,20 @@ int main(int argc, char** argv) {
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
     std::printf(
-        "train_rnn on %s (%s); %d LSTM layers of %lld (%s cell), %d time steps, batch %lld\n",
+        "train_rnn on %s (%s); %d LSTM layers of %lld (cells: %s), %d time steps, batch %lld\n",
         dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers, static_cast<long long>(c.hidden),
-        c.fused ? "fused" : "composed", c.steps_in_time, static_cast<long long>(c.batch));
+        ex::rnn_cell_name(c.cell), c.steps_in_time, static_cast<long long>(c.batch));
     for (bool wavefront : {true, false}) {
-      if (!gpu && !wavefront) continue;  // one stream anyway on the CPU
+      // One stream anyway on the CPU, and with a layer an op.
+      if ((!gpu || c.cell == ex::RnnCell::kLayer) && !wavefront) continue;
       for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kBackwardGraph, ex::Mode::kStepGraph}) {
         c.wavefront = wavefront;
         const ex::TrainResult r = ex::train_rnn(c, dev, m, steps);
         std::printf(
             "  %-9s %-15s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu "
             "capture(s)\n",
-            wavefront && gpu ? "wavefront" : "1 stream", ex::mode_name(m), r.first_loss,
+            wavefront && gpu && c.cell != ex::RnnCell::kLayer ? "wavefront" : "1 stream",
+            ex::mode_name(m), r.first_loss,
             r.last_loss, 100.0 * r.last_loss / r.first_loss, r.ms_per_step,
             static_cast<unsigned long long>(r.captures));
       }

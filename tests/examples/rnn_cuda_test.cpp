@@ -2,7 +2,7 @@
 // wavefront) it computes exactly what one stream computes — the same kernels, ordered by the
 // tensors' streams alone — and it converges eagerly, with the backward captured (once) and with the
 // whole step captured (once: the batches alternate through the graph's input slots) — with the
-// fused cell, and, eagerly, with the composed one.
+// fused cell, and, eagerly, with the composed one; and with a layer an op, the whole step captured.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -32,10 +32,15 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   EXPECT_EQ(wave_step.captures, 1u);
   EXPECT_NEAR(wave_step.last_loss, wave.last_loss, 1e-3 * wave.last_loss + 1e-6);
   c.wavefront = true;
-  c.fused = false;
+  c.cell = ex::RnnCell::kComposed;
   const ex::TrainResult composed = ex::train_rnn(c, gpu, ex::Mode::kEager, 30);
   EXPECT_NEAR(composed.first_loss, wave.first_loss, 1e-5 * wave.first_loss);
   EXPECT_NEAR(composed.last_loss, wave.last_loss, 1e-2 * wave.last_loss);
+  c.cell = ex::RnnCell::kLayer;  // a layer an op, its whole step captured once
+  const ex::TrainResult layered = ex::train_rnn(c, gpu, ex::Mode::kStepGraph, 30);
+  EXPECT_EQ(layered.captures, 1u);
+  EXPECT_NEAR(layered.first_loss, wave.first_loss, 1e-5 * wave.first_loss);
+  EXPECT_NEAR(layered.last_loss, wave.last_loss, 1e-2 * wave.last_loss);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The LSTM example (examples/rnn.h) on the CPU backend: it converges, eagerly and with the graph
-// modes (eager on the CPU) giving the same losses, with the fused cell as with the composed one.
+// modes (eager on the CPU) giving the same losses, with the fused cell, a layer an op and the
+// composed cell alike.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -18,10 +19,17 @@ TEST(ExamplesCpu, TheStackedLstmConverges) {
   EXPECT_EQ(step.first_loss, eager.first_loss);
   EXPECT_EQ(step.last_loss, eager.last_loss);
   ex::RnnConfig composed = c;
-  composed.fused = false;
+  composed.cell = ex::RnnCell::kComposed;
   const ex::TrainResult reference = ex::train_rnn(composed, Device::cpu(), ex::Mode::kEager, 60);
   EXPECT_NEAR(eager.first_loss, reference.first_loss, 1e-6 * reference.first_loss);
   EXPECT_NEAR(eager.last_loss, reference.last_loss, 1e-3 * reference.last_loss);
+  ex::RnnConfig layered = c;
+  layered.cell = ex::RnnCell::kLayer;
+  for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kStepGraph}) {
+    const ex::TrainResult by_layer = ex::train_rnn(layered, Device::cpu(), m, 60);
+    EXPECT_NEAR(by_layer.first_loss, reference.first_loss, 1e-6 * reference.first_loss);
+    EXPECT_NEAR(by_layer.last_loss, reference.last_loss, 1e-3 * reference.last_loss);
+  }
 }
 
 }  // namespace
