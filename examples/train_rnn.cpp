@@ -75,9 +75,8 @@ int main(int argc, char** argv) {
             "  %-9s %-15s loss %.4f -> %.4f (%.1f%% of the start), %.3f ms/step, %llu "
             "capture(s)\n",
             wavefront && gpu && c.cell != ex::RnnCell::kLayer ? "wavefront" : "1 stream",
-            ex::mode_name(m), r.first_loss,
-            r.last_loss, 100.0 * r.last_loss / r.first_loss, r.ms_per_step,
-            static_cast<unsigned long long>(r.captures));
+            ex::mode_name(m), r.first_loss, r.last_loss, 100.0 * r.last_loss / r.first_loss,
+            r.ms_per_step, static_cast<unsigned long long>(r.captures));
       }
     }
     return 0;
