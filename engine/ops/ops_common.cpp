@@ -87,6 +87,10 @@ void check_finite_scalar(const char* op, double scalar, const Tensor& like) {
 CudaScope::CudaScope(Device device) : guard_(device), stream_(current_stream(device)) {}
 
 void CudaScope::read(std::initializer_list<const Tensor*> inputs) const {
+  read(std::span<const Tensor* const>(inputs.begin(), inputs.size()));
+}
+
+void CudaScope::read(std::span<const Tensor* const> inputs) const {
   for (const Tensor* t : inputs) t->storage()->sync_for_read(stream_);
   // Note [Streams inside a capture] (engine/runtime/capture_mode.h): checked after the waits, which join
   // the stream into the capture when it reads work captured there.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <new>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,7 @@ class CudaScope {
   // Waits for the inputs' producers (rule [read after write]). Inside a capture, then checks that
   // the stream is part of it (Note [Streams inside a capture], engine/runtime/capture_mode.h).
   void read(std::initializer_list<const Tensor*> inputs) const;
+  void read(std::span<const Tensor* const> inputs) const;
 
  private:
   DeviceGuard guard_;
