@@ -29,6 +29,31 @@ inline bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
+// A training step timed as a benchmark's iterations (CUDA events on `stream` around each call of
+// `step`, synchronized every iteration: the manual time), then as a loop gets it: blocks of 10
+// steps back to back, nothing synchronized between them; returns the median block's µs a step.
+template <class Step>
+double time_steps(benchmark::State& state, cudaStream_t stream, Step&& step) {
+  Event start(kDev, true), end(kDev, true);
+  for (auto _ : state) {
+    start.record(stream);
+    step();
+    end.record(stream);
+    end.synchronize();
+    state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
+  }
+  std::vector<double> blocks;
+  for (int b = 0; b < 5; ++b) {
+    start.record(stream);
+    for (int k = 0; k < 10; ++k) step();
+    end.record(stream);
+    end.synchronize();
+    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 10);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
+}
+
 // Registers docs/DESIGN.md's studies as args (branches, depth, width, batch, multistream), timed
 // manually in microseconds: all five rows, or (`side_streams_only`) the three where weight-gradient
 // parallelism has something to overlap with.
@@ -211,8 +236,8 @@ class HandWrittenBackward {
       const float* grad = dtotal_.data<float>();  // d(output of layer j)
       for (int j = d_ - 1; j >= 0; --j) {
         const float* dz = dz_[i * d_ + j].data<float>();
-        kk::relu_backward(dz_[i * d_ + j].data<float>(), grad, out_[i][j].data<float>(),
-                          batch * n, false, bs);
+        kk::relu_backward(dz_[i * d_ + j].data<float>(), grad, out_[i][j].data<float>(), batch * n,
+                          false, bs);
         if (ws != bs) {
           Event& e = event();
           e.record(bs);

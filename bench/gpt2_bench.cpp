@@ -62,26 +62,9 @@ void gpt2(benchmark::State& state) {
     return trainer.step({d.x[b]}, {d.t[b]});
   };
   for (int w = 0; w < 5; ++w) (void)step();  // warm-up, capture
-  const cudaStream_t s = gw::current_stream(kDev);
-  gw::Event start(kDev, true), end(kDev, true);
   const std::uint64_t captures = trainer.captures();
-  for (auto _ : state) {
-    start.record(s);
-    (void)step();
-    end.record(s);
-    end.synchronize();
-    state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
-  }
-  std::vector<double> blocks;
-  for (int b = 0; b < 5; ++b) {
-    start.record(s);
-    for (int k = 0; k < 10; ++k) (void)step();
-    end.record(s);
-    end.synchronize();
-    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 10);
-  }
-  std::sort(blocks.begin(), blocks.end());
-  const double loop_us = blocks[blocks.size() / 2];
+  const double loop_us =
+      gw::bench::time_steps(state, gw::current_stream(kDev), [&] { (void)step(); });
   const double tokens = static_cast<double>(c.model.batch * c.model.seq);
   const double flops_per_token = ex::Gpt2Model::flops_per_token(c.model);
   state.counters["loop_us"] = loop_us;

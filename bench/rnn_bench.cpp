@@ -43,26 +43,9 @@ void rnn(benchmark::State& state) {
   ex::RnnTrainer trainer(c, kDev, mode);
   int i = 0;
   for (int w = 0; w < 5; ++w) (void)trainer.step(i++);  // warm-up, capture
-  const cudaStream_t s = gw::current_stream(kDev);
-  gw::Event start(kDev, true), end(kDev, true);
   const std::uint64_t captures = trainer.captures();
-  for (auto _ : state) {
-    start.record(s);
-    (void)trainer.step(i++);
-    end.record(s);
-    end.synchronize();
-    state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
-  }
-  std::vector<double> blocks;
-  for (int b = 0; b < 5; ++b) {
-    start.record(s);
-    for (int k = 0; k < 10; ++k) (void)trainer.step(i++);
-    end.record(s);
-    end.synchronize();
-    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 10);
-  }
-  std::sort(blocks.begin(), blocks.end());
-  state.counters["loop_us"] = blocks[blocks.size() / 2];
+  state.counters["loop_us"] =
+      gw::bench::time_steps(state, gw::current_stream(kDev), [&] { (void)trainer.step(i++); });
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);
   state.SetLabel(std::string(ex::mode_name(mode)) +
                  (c.wavefront ? ", wavefront, " : ", 1 stream, ") + ex::rnn_cell_name(c.cell));
