@@ -2,12 +2,12 @@
 // input 16, a linear head on the top layer's last hidden state, MSE, AdamW; float32, TF32 off),
 // one whole step per iteration:
 //
-//   Rnn/hidden:H/time:T/batch:B/mode:M/wavefront:W/cell:C
+//   Rnn/hidden:H/time:T/batch:B/mode:M/wavefront:W/cell:C/gru:G
 //       mode 0: eager; mode 1: the backward a BackwardGraph replay; mode 2: the whole step one
 //       StepGraph replay (the batch copied into its slots). wavefront 1: each layer on a stream of
 //       its own (cell (l, t) after (l − 1, t) and (l, t − 1) alone); 0: one stream. cell 0: the
 //       cell composed of ops (lstm_cell); 1: the fused cell (fused_lstm_cell); 2: each layer one
-//       op (fused_lstm_layer; one stream).
+//       op (fused_lstm_layer; one stream). gru 1: GRU cells (gru_cell, fused_gru_cell); 0: LSTM.
 //
 // The data: two batches in turn, each its own tensors, as train_rnn. The manual time: CUDA events
 // on the caller's stream around the step, synchronized every iteration; loop_us: steps back to
@@ -40,6 +40,7 @@ void rnn(benchmark::State& state) {
   const auto mode = static_cast<ex::Mode>(state.range(3));
   c.wavefront = state.range(4) != 0;
   c.cell = static_cast<ex::RnnCell>(state.range(5));
+  c.gru = state.range(6) != 0;
   ex::RnnTrainer trainer(c, kDev, mode);
   int i = 0;
   for (int w = 0; w < 5; ++w) (void)trainer.step(i++);  // warm-up, capture
@@ -54,16 +55,20 @@ void rnn(benchmark::State& state) {
 }  // namespace
 
 // The three shapes of the comparison with cuDNN: every mode and layout with the fused cell, every
-// mode with a layer an op; the composed cell (the reference, sixteen ops a cell) at the smallest.
+// mode with a layer an op; the composed cell (the reference, sixteen ops a cell) at the smallest;
+// the fused GRU cell in every mode with the wavefront.
 BENCHMARK(rnn)
     ->Name("Rnn")
-    ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "cell"})
-    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0, 1}, {0, 1}})
-    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0, 1}, {1}})
-    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0, 1}, {1}})
-    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0}, {2}})
-    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0}, {2}})
-    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0}, {2}})
+    ->ArgNames({"hidden", "time", "batch", "mode", "wavefront", "cell", "gru"})
+    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0, 1}, {0, 1}, {0}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0, 1}, {1}, {0}})
+    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0, 1}, {1}, {0}})
+    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {0}, {2}, {0}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {0}, {2}, {0}})
+    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {0}, {2}, {0}})
+    ->ArgsProduct({{64}, {8}, {32}, {0, 1, 2}, {1}, {1}, {1}})
+    ->ArgsProduct({{256}, {32}, {64}, {0, 1, 2}, {1}, {1}, {1}})
+    ->ArgsProduct({{512}, {64}, {64}, {0, 1, 2}, {1}, {1}, {1}})
     ->UseManualTime()
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);

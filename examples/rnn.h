@@ -1,6 +1,7 @@
 #pragma once
-// A stacked LSTM trained on synthetic sequences, its layers on streams of their own as a
-// wavefront — the model, data and loop shared by examples/train_rnn.cpp and its tests.
+// A stacked LSTM (or GRU) trained on synthetic sequences, its layers on streams of their own as a
+// wavefront — the model, data and loop shared by examples/train_rnn.cpp, bench/rnn_bench.cpp and
+// their tests.
 //
 // Cell (layer l, time t) reads the output of (l − 1, t) and the state of (l, t − 1). With
 // `wavefront`, layer l's cells run on stream l: the tensors remember the stream that made them, so
@@ -42,6 +43,8 @@ struct RnnConfig {
   double lr = 3e-3;
   bool wavefront = true;  // ignored by RnnCell::kLayer
   RnnCell cell = RnnCell::kFused;
+  bool gru = false;  // GRU cells (gru_cell, fused_gru_cell) instead of LSTM cells; no kLayer
+
   std::uint64_t seed = 3;
 };
 
@@ -49,15 +52,18 @@ class RnnTrainer {
  public:
   RnnTrainer(const RnnConfig& c, Device device, Mode mode)
       : c_(c), device_(device), mode_(mode) {
+    GW_CHECK(!(c.gru && c.cell == RnnCell::kLayer),
+             "RnnTrainer: a GRU has no layer op; expected RnnCell::kFused or kComposed");
     const TensorOptions opt{DType::kFloat32, device};
     std::uint64_t seed = c.seed * 1000;
+    const std::int64_t gates = (c.gru ? 3 : 4) * c.hidden;
     for (int l = 0; l < c.layers; ++l) {
       const std::int64_t in = l == 0 ? c.in : c.hidden;
       const double s = 1.0 / std::sqrt(static_cast<double>(c.hidden));
-      w_ih_.push_back(uniform({4 * c.hidden, in}, -s, s, seed++, opt).set_requires_grad(true));
-      w_hh_.push_back(uniform({4 * c.hidden, c.hidden}, -s, s, seed++, opt).set_requires_grad(true));
-      b_ih_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
-      b_hh_.push_back(zeros({4 * c.hidden}, opt).set_requires_grad(true));
+      w_ih_.push_back(uniform({gates, in}, -s, s, seed++, opt).set_requires_grad(true));
+      w_hh_.push_back(uniform({gates, c.hidden}, -s, s, seed++, opt).set_requires_grad(true));
+      b_ih_.push_back(zeros({gates}, opt).set_requires_grad(true));
+      b_hh_.push_back(zeros({gates}, opt).set_requires_grad(true));
       if (c.wavefront && c.cell != RnnCell::kLayer && device.is_cuda()) {
         streams_.push_back(std::make_unique<Stream>(device));
       }
@@ -108,6 +114,7 @@ class RnnTrainer {
   Tensor loss_of(std::span<const Tensor> xs, const Tensor& target) const {
     GW_CHECK(static_cast<int>(xs.size()) == c_.steps_in_time, "RnnTrainer: ", xs.size(),
              " inputs; expected one per time step (", c_.steps_in_time, ")");
+    if (c_.gru) return gru_loss(xs, target);
     if (c_.cell == RnnCell::kFused) return fused_loss(xs, target);
     if (c_.cell == RnnCell::kLayer) return layer_loss(xs, target);
     std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
@@ -139,6 +146,24 @@ class RnnTrainer {
       }
     }
     return mse_loss(linear(lstm_hidden(s.back()), head_w_, head_b_), target);
+  }
+
+  // loss_of with GRU cells, fused or composed: a layer's h the next layer's input.
+  Tensor gru_loss(std::span<const Tensor> xs, const Tensor& target) const {
+    std::vector<Tensor> h(static_cast<std::size_t>(c_.layers), zero_h_);
+    for (int t = 0; t < c_.steps_in_time; ++t) {
+      Tensor in = xs[static_cast<std::size_t>(t)];
+      for (int l = 0; l < c_.layers; ++l) {
+        std::optional<StreamGuard> on;
+        if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
+        Tensor& st = h[static_cast<std::size_t>(l)];
+        st = c_.cell == RnnCell::kFused
+                 ? fused_gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l])
+                 : gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+        in = st;
+      }
+    }
+    return mse_loss(linear(h.back(), head_w_, head_b_), target);
   }
 
   // loss_of with a fused_lstm_layer a layer: the steps' inputs as one [T·B, in] matrix, each

@@ -5,7 +5,7 @@
 // else on the CPU backend.
 //
 //   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]
-//             [--cell fused|composed|layer]
+//             [--cell fused|composed|layer] [--gru]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,8 +23,9 @@ int main(int argc, char** argv) {
     ex::RnnConfig c;
     const std::string usage =
         "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B] "
-        "[--cell fused|composed|layer]  (--flag V and --flag=V alike; --cell: the fused LSTM "
-        "cell, the default; the cell composed of ops; or each layer one op over all its steps)";
+        "[--cell fused|composed|layer] [--gru]  (--flag V and --flag=V alike; --cell: the fused "
+        "cell, the default; the cell composed of ops; or each layer one op over all its steps, "
+        "LSTM only; --gru: GRU cells instead of LSTM cells)";
     ex::ArgReader args(argc, argv);
     while (args.next()) {
       if (args.wants_help()) {
@@ -49,11 +50,19 @@ int main(int argc, char** argv) {
         c.cell = v == "fused"      ? ex::RnnCell::kFused
                  : v == "composed" ? ex::RnnCell::kComposed
                                    : ex::RnnCell::kLayer;
+      } else if (args.is("--gru")) {
+        args.no_value();
+        c.gru = true;
       } else if (args.is("--batch")) {
         c.batch = ex::parse_int("--batch", args.value(), 1);
       } else {
         throw gw::Error("train_rnn: unknown argument " + args.name() + "; " + usage);
       }
+    }
+    if (c.gru && c.cell == ex::RnnCell::kLayer) {
+      throw gw::Error(
+          "train_rnn: --cell layer is for LSTMs; expected --cell fused or composed "
+          "with --gru");
     }
     if (steps < 2 || c.layers < 1 || c.hidden < 1 || c.steps_in_time < 1 || c.batch < 1) {
       throw gw::Error(
@@ -62,9 +71,10 @@ int main(int argc, char** argv) {
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
     std::printf(
-        "train_rnn on %s (%s); %d LSTM layers of %lld (cells: %s), %d time steps, batch %lld\n",
-        dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers, static_cast<long long>(c.hidden),
-        ex::rnn_cell_name(c.cell), c.steps_in_time, static_cast<long long>(c.batch));
+        "train_rnn on %s (%s); %d %s layers of %lld (cells: %s), %d time steps, batch %lld\n",
+        dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers, c.gru ? "GRU" : "LSTM",
+        static_cast<long long>(c.hidden), ex::rnn_cell_name(c.cell), c.steps_in_time,
+        static_cast<long long>(c.batch));
     for (bool wavefront : {true, false}) {
       // One stream anyway on the CPU, and with a layer an op.
       if ((!gpu || c.cell == ex::RnnCell::kLayer) && !wavefront) continue;

@@ -3,11 +3,12 @@
 
 The model and task are examples/rnn.h's: `--layers` LSTM layers of `--hidden` (input 16), a
 linear head (hidden -> 4) on the top layer's last hidden state, MSE against a target, AdamW
-(lr 3e-3, no weight decay), float32 with TF32 off, two fixed batches on the device in turn. Two models:
+(lr 3e-3, no weight decay), float32 with TF32 off, two fixed batches on the device in turn. Models:
 
-  cudnn  torch.nn.LSTM: cuDNN's fused multi-layer LSTM (the hand-fused kernels to match);
-  cell   a loop of torch.nn.LSTMCell, one per layer and time step (the flexible RNN, as
-         graphward's is written from ops).
+  cudnn     torch.nn.LSTM: cuDNN's fused multi-layer LSTM (the hand-fused kernels to match);
+  cell      a loop of torch.nn.LSTMCell, one per layer and time step (the flexible RNN, as
+            graphward's is written from ops);
+  gru-cudnn torch.nn.GRU, and gru-cell a loop of torch.nn.GRUCell, likewise (train_rnn --gru).
 
 and three ways to run each step: eager, torch.compile (cell only: cuDNN's LSTM is one op), and
 the whole step (forward, backward, AdamW with capturable=True) captured in one torch.cuda.graph
@@ -29,14 +30,15 @@ import torch.nn.functional as F
 
 def build(a, dev, model):
     g = torch.Generator(device="cpu").manual_seed(3)
-    if model == "cudnn":
-        rnn = torch.nn.LSTM(a.input, a.hidden, a.layers, batch_first=False).to(dev)
+    gru = model.startswith("gru")
+    if model in ("cudnn", "gru-cudnn"):
+        rnn = (torch.nn.GRU if gru else torch.nn.LSTM)(a.input, a.hidden, a.layers).to(dev)
         cells = None
     else:
         rnn = None
+        cell = torch.nn.GRUCell if gru else torch.nn.LSTMCell
         cells = torch.nn.ModuleList(
-            torch.nn.LSTMCell(a.input if l == 0 else a.hidden, a.hidden) for l in range(a.layers)
-        ).to(dev)
+            cell(a.input if l == 0 else a.hidden, a.hidden) for l in range(a.layers)).to(dev)
     head = torch.nn.Linear(a.hidden, a.out).to(dev)
     mapping = torch.randn(a.out, a.input, generator=g).to(dev)
     params = list((rnn or cells).parameters()) + list(head.parameters())
@@ -51,7 +53,10 @@ def build(a, dev, model):
             for t in range(a.time):
                 inp = xs[t]
                 for l in range(a.layers):
-                    hs[l], cs[l] = cells[l](inp, (hs[l], cs[l]))
+                    if gru:
+                        hs[l] = cells[l](inp, hs[l])
+                    else:
+                        hs[l], cs[l] = cells[l](inp, (hs[l], cs[l]))
                     inp = hs[l]
             last = hs[-1]
         return F.mse_loss(head(last), target)
@@ -136,8 +141,8 @@ def main():
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs; the median (default 5)")
     p.add_argument("--variants", default="cudnn:graph,cudnn:eager,cell:graph,cell:compile-graph,"
-                   "cell:eager", help="model:variant,... (models cudnn, cell; variants eager, "
-                   "graph, compile, compile-graph)")
+                   "cell:eager", help="model:variant,... (models cudnn, cell, gru-cudnn, "
+                   "gru-cell; variants eager, graph, compile, compile-graph)")
     p.add_argument("--csv", help="append a row per variant to this file")
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -154,7 +159,7 @@ def main():
         except Exception as e:  # a variant PyTorch cannot run says so and the others go on
             print(f"{model} {variant}: failed: {type(e).__name__}: {e}".splitlines()[0])
             continue
-        print(f"{model:5s} {variant:13s} {ms:8.3f} ms/step (loss {loss:.4f})", flush=True)
+        print(f"{model:9s} {variant:13s} {ms:8.3f} ms/step (loss {loss:.4f})", flush=True)
         rows.append((model, variant, ms))
     if a.csv:
         new = not os.path.exists(a.csv) or os.path.getsize(a.csv) == 0

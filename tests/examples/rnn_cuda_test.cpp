@@ -2,7 +2,8 @@
 // wavefront) it computes exactly what one stream computes — the same kernels, ordered by the
 // tensors' streams alone — and it converges eagerly, with the backward captured (once) and with the
 // whole step captured (once: the batches alternate through the graph's input slots) — with the
-// fused cell, and, eagerly, with the composed one; and with a layer an op, the whole step captured.
+// fused cell, and, eagerly, with the composed one; and with a layer an op and as a GRU, the whole
+// step captured.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -41,6 +42,11 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   EXPECT_EQ(layered.captures, 1u);
   EXPECT_NEAR(layered.first_loss, wave.first_loss, 1e-5 * wave.first_loss);
   EXPECT_NEAR(layered.last_loss, wave.last_loss, 1e-2 * wave.last_loss);
+  c.cell = ex::RnnCell::kFused;  // a GRU of fused cells, the wavefront's whole step captured once
+  c.gru = true;
+  const ex::TrainResult gru = ex::train_rnn(c, gpu, ex::Mode::kStepGraph, 30);
+  EXPECT_EQ(gru.captures, 1u);
+  EXPECT_LT(gru.last_loss, 0.5 * gru.first_loss) << gru.first_loss << " -> " << gru.last_loss;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The LSTM example (examples/rnn.h) on the CPU backend: it converges, eagerly and with the graph
 // modes (eager on the CPU) giving the same losses, with the fused cell, a layer an op and the
-// composed cell alike.
+// composed cell alike; and as a GRU, fused and composed.
 #include "examples/rnn.h"
 #include "test_util.h"
 
@@ -23,6 +23,16 @@ TEST(ExamplesCpu, TheStackedLstmConverges) {
   const ex::TrainResult reference = ex::train_rnn(composed, Device::cpu(), ex::Mode::kEager, 60);
   EXPECT_NEAR(eager.first_loss, reference.first_loss, 1e-6 * reference.first_loss);
   EXPECT_NEAR(eager.last_loss, reference.last_loss, 1e-3 * reference.last_loss);
+  ex::RnnConfig gru = c, gru_composed = c;
+  gru.gru = gru_composed.gru = true;
+  gru_composed.cell = ex::RnnCell::kComposed;
+  const ex::TrainResult gru_fused = ex::train_rnn(gru, Device::cpu(), ex::Mode::kStepGraph, 60);
+  const ex::TrainResult gru_ref = ex::train_rnn(gru_composed, Device::cpu(), ex::Mode::kEager, 60);
+  EXPECT_LT(gru_ref.last_loss, 0.5 * gru_ref.first_loss);
+  EXPECT_NEAR(gru_fused.first_loss, gru_ref.first_loss, 1e-6 * gru_ref.first_loss);
+  EXPECT_NEAR(gru_fused.last_loss, gru_ref.last_loss, 1e-3 * gru_ref.last_loss);
+  gru.cell = ex::RnnCell::kLayer;
+  GW_EXPECT_ERROR(ex::RnnTrainer(gru, Device::cpu(), ex::Mode::kEager), "GRU has no layer op");
   ex::RnnConfig layered = c;
   layered.cell = ex::RnnCell::kLayer;
   for (ex::Mode m : {ex::Mode::kEager, ex::Mode::kStepGraph}) {
