@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "examples/trainer.h"  // Mode, mode_name, TrainResult, run_steps
@@ -50,8 +51,7 @@ struct RnnConfig {
 
 class RnnTrainer {
  public:
-  RnnTrainer(const RnnConfig& c, Device device, Mode mode)
-      : c_(c), device_(device), mode_(mode) {
+  RnnTrainer(const RnnConfig& c, Device device, Mode mode) : c_(c), device_(device), mode_(mode) {
     GW_CHECK(!(c.gru && c.cell == RnnCell::kLayer),
              "RnnTrainer: a GRU has no layer op; expected RnnCell::kFused or kComposed");
     const TensorOptions opt{DType::kFloat32, device};
@@ -174,8 +174,9 @@ class RnnTrainer {
       in = fused_lstm_layer(in, zero_state_, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
     }
     const std::int64_t bh = c_.batch * c_.hidden;
-    const Tensor last_h = reshape(
-        narrow(reshape(in, {1, in.numel()}), (c_.steps_in_time - 1) * bh, bh), {c_.batch, c_.hidden});
+    const Tensor last_h =
+        reshape(narrow(reshape(in, {1, in.numel()}), (c_.steps_in_time - 1) * bh, bh),
+                {c_.batch, c_.hidden});
     return mse_loss(linear(last_h, head_w_, head_b_), target);
   }
 
@@ -206,6 +207,20 @@ class RnnTrainer {
     backward(l, {.grad_write = GradWrite::kOverwrite});
     opt_->step();
     return l;
+  }
+
+  // One more step's backward, replayed with a timing event around each of its steps (Note
+  // [Timeline]) and written to `path` as a Chrome trace: with the wavefront, the cells' gradients
+  // on their layers' streams, the diagonal in reverse. Mode::kBackwardGraph on CUDA. Returns the
+  // trace's steps.
+  std::vector<StepTiming> trace_backward(const std::string& path) {
+    GW_CHECK(bw_ && device_.is_cuda(),
+             "RnnTrainer::trace_backward: expected Mode::kBackwardGraph on a CUDA device");
+    const Tensor l = loss(0);
+    std::vector<StepTiming> steps = bw_->trace(l, GradWrite::kOverwrite);
+    write_chrome_trace(path, steps, bw_->trace_stream_names(),
+                       "train_rnn: a traced backward replay");
+    return steps;
   }
 
   std::uint64_t captures() const {

@@ -5,7 +5,7 @@
 // else on the CPU backend.
 //
 //   train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B]
-//             [--cell fused|composed|layer] [--gru]
+//             [--cell fused|composed|layer] [--gru] [--trace FILE]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,13 +19,16 @@ namespace ex = graphward::examples;
 int main(int argc, char** argv) {
   try {
     bool force_cpu = false;
+    std::string trace;
     int steps = 200;
     ex::RnnConfig c;
     const std::string usage =
         "usage: train_rnn [--cpu] [--steps N] [--layers L] [--hidden H] [--time T] [--batch B] "
-        "[--cell fused|composed|layer] [--gru]  (--flag V and --flag=V alike; --cell: the fused "
+        "[--cell fused|composed|layer] [--gru] [--trace FILE]  (--flag V and --flag=V alike; "
+        "--cell: the fused "
         "cell, the default; the cell composed of ops; or each layer one op over all its steps, "
-        "LSTM only; --gru: GRU cells instead of LSTM cells)";
+        "LSTM only; --gru: GRU cells instead of LSTM cells; --trace: a replayed backward of the "
+        "wavefront as a Chrome trace, CUDA only)";
     ex::ArgReader args(argc, argv);
     while (args.next()) {
       if (args.wants_help()) {
@@ -50,6 +53,8 @@ int main(int argc, char** argv) {
         c.cell = v == "fused"      ? ex::RnnCell::kFused
                  : v == "composed" ? ex::RnnCell::kComposed
                                    : ex::RnnCell::kLayer;
+      } else if (args.is("--trace")) {
+        trace = args.value();
       } else if (args.is("--gru")) {
         args.no_value();
         c.gru = true;
@@ -70,6 +75,9 @@ int main(int argc, char** argv) {
     }
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
+    if (!trace.empty() && !gpu) {
+      throw gw::Error("train_rnn: --trace needs a CUDA device; this run is on the CPU");
+    }
     std::printf(
         "train_rnn on %s (%s); %d %s layers of %lld (cells: %s), %d time steps, batch %lld\n",
         dev.str().c_str(), gpu ? "CUDA" : "CPU backend", c.layers, c.gru ? "GRU" : "LSTM",
@@ -88,6 +96,14 @@ int main(int argc, char** argv) {
             ex::mode_name(m), r.first_loss, r.last_loss, 100.0 * r.last_loss / r.first_loss,
             r.ms_per_step, static_cast<unsigned long long>(r.captures));
       }
+    }
+    if (!trace.empty()) {  // the wavefront's backward, one traced replay (Note [Timeline])
+      c.wavefront = true;
+      ex::RnnTrainer trainer(c, dev, ex::Mode::kBackwardGraph);
+      for (int i = 0; i < 3; ++i) (void)trainer.step(i);
+      const std::vector<gw::StepTiming> steps = trainer.trace_backward(trace);
+      std::printf("timeline: %s (%zu backward steps; open in ui.perfetto.dev)\n", trace.c_str(),
+                  steps.size());
     }
     return 0;
   } catch (const std::exception& e) {

@@ -4,7 +4,13 @@
 // whole step captured (once: the batches alternate through the graph's input slots) — with the
 // fused cell, and, eagerly, with the composed one; and with a layer an op and as a GRU, the whole
 // step captured.
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
 #include "examples/rnn.h"
+#include "json_check.h"
 #include "test_util.h"
 
 namespace graphward {
@@ -47,6 +53,25 @@ TEST(ExamplesCuda, TheWavefrontLstmMatchesOneStreamAndConvergesCaptured) {
   const ex::TrainResult gru = ex::train_rnn(c, gpu, ex::Mode::kStepGraph, 30);
   EXPECT_EQ(gru.captures, 1u);
   EXPECT_LT(gru.last_loss, 0.5 * gru.first_loss) << gru.first_loss << " -> " << gru.last_loss;
+}
+
+// The wavefront's backward, traced in one replay: every layer's cells on a stream of their own,
+// and the file a Chrome trace.
+TEST(ExamplesCuda, TheWavefrontsTracedBackwardRunsEachLayerOnItsStream) {
+  GW_REQUIRE_GPU();
+  const ex::RnnConfig c{.in = 8, .hidden = 32, .out = 2, .batch = 16, .layers = 3,
+                        .steps_in_time = 3};
+  ex::RnnTrainer trainer(c, Device::cuda(0), ex::Mode::kBackwardGraph);
+  for (int i = 0; i < 3; ++i) (void)trainer.step(i);
+  const std::string path = ::testing::TempDir() + "rnn_trace.json";
+  const std::vector<StepTiming> steps = trainer.trace_backward(path);
+  std::set<int> streams;
+  for (const StepTiming& t : steps) streams.insert(t.stream);
+  EXPECT_GE(streams.size(), static_cast<std::size_t>(c.layers)) << steps.size() << " steps";
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  EXPECT_TRUE(testing::json_valid(text.str()));
 }
 
 }  // namespace
