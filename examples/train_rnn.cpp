@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--cell")) {
         const std::string v = args.value();
         if (v != "fused" && v != "composed" && v != "layer") {
-          throw gw::Error("train_rnn: --cell is \"" + v + "\"; expected fused, composed or layer");
+          throw gw::Error("--cell is \"" + v + "\"; expected fused, composed or layer");
         }
         c.cell = v == "fused"      ? ex::RnnCell::kFused
                  : v == "composed" ? ex::RnnCell::kComposed
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--batch")) {
         c.batch = ex::parse_int("--batch", args.value(), 1);
       } else {
-        throw gw::Error("train_rnn: unknown argument " + args.name() + "; " + usage);
+        throw gw::Error("unknown argument " + args.name() + "; " + usage);
       }
     }
     if (c.gru && c.cell == ex::RnnCell::kLayer) {
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     const bool gpu = !force_cpu && gw::cuda_available();
     const gw::Device dev = gpu ? gw::Device::cuda(0) : gw::Device::cpu();
     if (!trace.empty() && !gpu) {
-      throw gw::Error("train_rnn: --trace needs a CUDA device; this run is on the CPU");
+      throw gw::Error("--trace needs a CUDA device; this run is on the CPU");
     }
     std::printf(
         "train_rnn on %s (%s); %d %s layers of %lld (cells: %s), %d time steps, batch %lld\n",
