@@ -189,21 +189,30 @@ void launch_batches(Kernel kernel, const ParamSlice* params, std::size_t count, 
 
 constexpr int kReduceThreads = 1024;
 
+// At least this many elements a thread before sum_squares takes another block, and at most this
+// many blocks (two of 1024 threads on each of an H100's 132 SMs).
+constexpr std::int64_t kSquaresPerThread = 32;
+constexpr std::int64_t kMaxSquaresBlocks = 264;
+
 template <class S>
 __global__ void sum_squares_kernel(float* out, const S* x, std::int64_t n) {
   double acc = 0;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     const double xi = load(x, i);
     acc += xi * xi;
   }
   acc = detail::block_reduce<kReduceThreads>(acc);
-  if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<float>(acc);
 }
 
 __global__ void clip_coefficient_kernel(float* norm, float* scale, const float* parts,
                                         std::int64_t count, float max_norm) {
   double total = 0;
-  for (std::int64_t i = 0; i < count; ++i) total += parts[i];
+  for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) total += parts[i];
+  total = detail::block_reduce<kReduceThreads>(total);
+  if (threadIdx.x != 0) return;
   const double nrm = sqrt(total);
   norm[0] = static_cast<float>(nrm);
   const double s = static_cast<double>(max_norm) / (nrm + 1e-6);
@@ -232,16 +241,21 @@ void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, un
                  static_cast<float>(hp.eps), hp.schedule};
   launch_batches(adamw_step_kernel, params, count, lr, done, f, 4, stream);
 }
+std::int64_t sum_squares_parts(std::int64_t n) {
+  const std::int64_t per_block = kReduceThreads * kSquaresPerThread;
+  return std::clamp<std::int64_t>((n + per_block - 1) / per_block, 1, kMaxSquaresBlocks);
+}
 template <class S>
 void sum_squares(float* out, const S* x, std::int64_t n, cudaStream_t stream) {
-  sum_squares_kernel<S><<<1, kReduceThreads, 0, stream>>>(out, x, n);
+  const auto blocks = static_cast<unsigned>(sum_squares_parts(n));
+  sum_squares_kernel<S><<<blocks, kReduceThreads, 0, stream>>>(out, x, n);
   GW_LAUNCH_CHECK();
 }
 template void sum_squares<float>(float*, const float*, std::int64_t, cudaStream_t);
 template void sum_squares<bf16>(float*, const bf16*, std::int64_t, cudaStream_t);
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream) {
-  clip_coefficient_kernel<<<1, 1, 0, stream>>>(norm, scale, parts, count, max_norm);
+  clip_coefficient_kernel<<<1, kReduceThreads, 0, stream>>>(norm, scale, parts, count, max_norm);
   GW_LAUNCH_CHECK();
 }
 template <class S>

@@ -100,11 +100,18 @@ void sgd_step(const ParamSlice* params, std::size_t count, const float* lr, unsi
 // v = β2·v + (1 − β2)·g²; p −= lr · (m / (1 − β1ᵗ)) / (√(v / (1 − β2ᵗ)) + ε)
 void adamw_step(const ParamSlice* params, std::size_t count, const float* lr, unsigned* done,
                 AdamWParams hp, cudaStream_t stream);
-// out[0] = Σ x[i]² (accumulated in double, fixed order: deterministic). S: float or bf16.
+// How many partial sums sum_squares writes for n elements: the blocks of its grid, enough to keep
+// the GPU's memory busy (one block a large gradient's tens of millions of elements took ~40 ms on
+// an H100), one for a small tensor.
+std::int64_t sum_squares_parts(std::int64_t n);
+// out[b] = Σ x[i]² over the elements block b takes (i = (b + k·parts)·1024 + thread), for
+// b < sum_squares_parts(n): each accumulated in double in a fixed order and tree, so the parts and
+// their sum are deterministic. S: float or bf16.
 template <class S>
 void sum_squares(float* out, const S* x, std::int64_t n, cudaStream_t stream);
-// norm[0] = √(Σ parts[i]) over `count` parts (in order); scale[0] = min(1, max_norm / (norm +
-// 1e-6)), NaN when the norm is (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
+// norm[0] = √(Σ parts[i]) over `count` parts (in double, one block in a fixed order and tree);
+// scale[0] = min(1, max_norm / (norm + 1e-6)), NaN when the norm is
+// (torch.nn.utils.clip_grad_norm_: every gradient becomes NaN)
 void clip_coefficient(float* norm, float* scale, const float* parts, std::int64_t count,
                       float max_norm, cudaStream_t stream);
 // x[i] ·= scale[0] (bfloat16: the product rounded once)

@@ -508,19 +508,22 @@ Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
     const bool low = params.front().dtype() == DType::kBFloat16;
     CudaScope scope(device);
     const cudaStream_t s = scope.stream();
-    Tensor parts = Tensor::empty({static_cast<std::int64_t>(grads.size())}, opt);
+    // Each gradient's sum of squares in parts (kernels/optim.h), all the parts summed in one.
+    std::int64_t count = 0;
+    for (const Tensor* g : grads) count += k::sum_squares_parts(g->numel());
+    Tensor parts = Tensor::empty({count}, opt);
     Tensor scale = Tensor::empty({1}, opt);
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      grads[i]->storage()->sync_for_read(s);
+    std::int64_t at = 0;
+    for (const Tensor* g : grads) {
+      g->storage()->sync_for_read(s);
       if (low) {
-        k::sum_squares(f32(parts) + i, static_cast<const bf16*>(grads[i]->raw_data()),
-                       grads[i]->numel(), s);
+        k::sum_squares(f32(parts) + at, static_cast<const bf16*>(g->raw_data()), g->numel(), s);
       } else {
-        k::sum_squares(f32(parts) + i, f32(*grads[i]), grads[i]->numel(), s);
+        k::sum_squares(f32(parts) + at, f32(*g), g->numel(), s);
       }
+      at += k::sum_squares_parts(g->numel());
     }
-    k::clip_coefficient(f32(norm), f32(scale), f32(parts), static_cast<std::int64_t>(grads.size()),
-                        static_cast<float>(max_norm), s);
+    k::clip_coefficient(f32(norm), f32(scale), f32(parts), count, static_cast<float>(max_norm), s);
     for (const Tensor* g : grads) {
       g->storage()->sync_for_write(s);
       if (low) {
