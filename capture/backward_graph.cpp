@@ -18,6 +18,7 @@
 
 #if GRAPHWARD_HAS_CUDA
 #include "graphward/engine/runtime/blas.h"
+#include "graphward/kernels/elementwise.h"
 #endif
 
 namespace graphward {
@@ -118,10 +119,19 @@ void BackwardGraph::check_loss(const Tensor& loss, const char* what) const {
 #if GRAPHWARD_HAS_CUDA
 void BackwardGraph::ensure_seed(const Tensor& loss, cudaStream_t caller) {
   // The seed: static, made on the caller's stream (so nothing waits on another stream in the
-  // capture), remade only when the loss's shape or the caller's stream changes.
+  // capture), remade only when the loss's shape or the caller's stream changes. Its memory is its
+  // own, never a StepScope's arena (Note [Step arena]): made in the first captured step alone, it
+  // would take an arena slot in that step and in no later one, so every allocation after it in
+  // the step — the next micro-batch's forward — would move in the next step, and that program's
+  // graph be updated once.
   if (!seed_.defined() || seed_.shape() != loss.shape() || seed_.dtype() != loss.dtype() ||
       seed_.storage()->producer_stream() != caller) {
-    seed_ = ones(loss.shape(), {loss.dtype(), device_});
+    seed_ = capture::input_slot_like(loss, device_, caller);
+    if (loss.dtype() == DType::kBFloat16) {
+      kernels::fill(static_cast<bf16*>(seed_.raw_data()), 1.f, seed_.numel(), caller);
+    } else {
+      kernels::fill(static_cast<float*>(seed_.raw_data()), 1.f, seed_.numel(), caller);
+    }
   }
 }
 
