@@ -14,11 +14,11 @@
 #include "graphward/engine/runtime/graph_pool.h"
 #include "graphward/engine/runtime/memory.h"
 #include "graphward/engine/runtime/nvtx.h"
+#include "graphward/engine/runtime/step_arena.h"
 #include "graphward/engine/tape/tape_log.h"
 
 #if GRAPHWARD_HAS_CUDA
 #include "graphward/engine/runtime/blas.h"
-#include "graphward/kernels/elementwise.h"
 #endif
 
 namespace graphward {
@@ -119,19 +119,13 @@ void BackwardGraph::check_loss(const Tensor& loss, const char* what) const {
 #if GRAPHWARD_HAS_CUDA
 void BackwardGraph::ensure_seed(const Tensor& loss, cudaStream_t caller) {
   // The seed: static, made on the caller's stream (so nothing waits on another stream in the
-  // capture), remade only when the loss's shape or the caller's stream changes. Its memory is its
-  // own, never a StepScope's arena (Note [Step arena]): made in the first captured step alone, it
-  // would take an arena slot in that step and in no later one, so every allocation after it in
-  // the step — the next micro-batch's forward — would move in the next step, and that program's
-  // graph be updated once.
+  // capture), remade only when the loss's shape or the caller's stream changes; never in a step's
+  // arena (made in the first captured step alone, it would move the next micro-batch's forward in
+  // the next step, and that program's graph would be updated once).
   if (!seed_.defined() || seed_.shape() != loss.shape() || seed_.dtype() != loss.dtype() ||
       seed_.storage()->producer_stream() != caller) {
-    seed_ = capture::input_slot_like(loss, device_, caller);
-    if (loss.dtype() == DType::kBFloat16) {
-      kernels::fill(static_cast<bf16*>(seed_.raw_data()), 1.f, seed_.numel(), caller);
-    } else {
-      kernels::fill(static_cast<float*>(seed_.raw_data()), 1.f, seed_.numel(), caller);
-    }
+    const detail::OutsideStepArena outside;
+    seed_ = ones(loss.shape(), {loss.dtype(), device_});
   }
 }
 
@@ -202,7 +196,8 @@ void BackwardGraph::order_before_launch(const Tensor& loss, cudaStream_t caller,
 
 bool BackwardGraph::make_missing_grads(const std::vector<Tensor>& leaves) {
   // A graph writes gradients into persistent buffers: every leaf it reaches gets one before it is
-  // captured.
+  // captured, never in a step's arena (made in this step alone, it would move what follows).
+  const detail::OutsideStepArena outside;
   bool made = false;
   for (const Tensor& leaf : leaves) {
     if (!leaf.grad().defined()) {

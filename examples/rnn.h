@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "examples/trainer.h"  // Mode, mode_name, TrainResult, run_steps
@@ -114,56 +115,49 @@ class RnnTrainer {
   Tensor loss_of(std::span<const Tensor> xs, const Tensor& target) const {
     GW_CHECK(static_cast<int>(xs.size()) == c_.steps_in_time, "RnnTrainer: ", xs.size(),
              " inputs; expected one per time step (", c_.steps_in_time, ")");
-    if (c_.gru) return gru_loss(xs, target);
-    if (c_.cell == RnnCell::kFused) return fused_loss(xs, target);
     if (c_.cell == RnnCell::kLayer) return layer_loss(xs, target);
-    std::vector<LstmState> s(static_cast<std::size_t>(c_.layers), LstmState{zero_h_, zero_h_});
-    for (int t = 0; t < c_.steps_in_time; ++t) {
-      Tensor in = xs[static_cast<std::size_t>(t)];
-      for (int l = 0; l < c_.layers; ++l) {
-        std::optional<StreamGuard> on;
-        if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
-        LstmState& st = s[static_cast<std::size_t>(l)];
-        st = lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
-        in = st.h;
-      }
+    if (c_.gru) {  // GRU cells, fused or composed: a layer's h the next layer's input
+      const Tensor h = wavefront(xs, zero_h_, [&](const Tensor& in, const Tensor& st, int l) {
+        return c_.cell == RnnCell::kFused
+                   ? fused_gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l])
+                   : gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+      });
+      return mse_loss(linear(h, head_w_, head_b_), target);
     }
-    return mse_loss(linear(s.back().h, head_w_, head_b_), target);
+    if (c_.cell == RnnCell::kFused) {  // a layer's state [2, B, H] the next one's input, in place
+      const Tensor s = wavefront(xs, zero_state_, [&](const Tensor& in, const Tensor& st, int l) {
+        return fused_lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+      });
+      return mse_loss(linear(lstm_hidden(s), head_w_, head_b_), target);
+    }
+    const LstmState s = wavefront(
+        xs, LstmState{zero_h_, zero_h_}, [&](const Tensor& in, const LstmState& st, int l) {
+          return lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
+        });
+    return mse_loss(linear(s.h, head_w_, head_b_), target);
   }
 
-  // loss_of with the fused cell: a layer's state [2, B, H] is the next layer's input, read in
-  // place.
-  Tensor fused_loss(std::span<const Tensor> xs, const Tensor& target) const {
-    std::vector<Tensor> s(static_cast<std::size_t>(c_.layers), zero_state_);
+  // The layers over the steps, cell (l, t) = cell(input, state of (l, t − 1), l) on layer l's
+  // stream where there are streams; a layer's input is the layer below's output (its state, or
+  // its h for LstmState). Returns the top layer's last state.
+  template <class State, class Cell>
+  State wavefront(std::span<const Tensor> xs, const State& zero, Cell cell) const {
+    std::vector<State> s(static_cast<std::size_t>(c_.layers), zero);
     for (int t = 0; t < c_.steps_in_time; ++t) {
       Tensor in = xs[static_cast<std::size_t>(t)];
       for (int l = 0; l < c_.layers; ++l) {
         std::optional<StreamGuard> on;
         if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
-        Tensor& st = s[static_cast<std::size_t>(l)];
-        st = fused_lstm_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
-        in = st;
+        State& st = s[static_cast<std::size_t>(l)];
+        st = cell(in, st, l);
+        if constexpr (std::is_same_v<State, LstmState>) {
+          in = st.h;
+        } else {
+          in = st;
+        }
       }
     }
-    return mse_loss(linear(lstm_hidden(s.back()), head_w_, head_b_), target);
-  }
-
-  // loss_of with GRU cells, fused or composed: a layer's h the next layer's input.
-  Tensor gru_loss(std::span<const Tensor> xs, const Tensor& target) const {
-    std::vector<Tensor> h(static_cast<std::size_t>(c_.layers), zero_h_);
-    for (int t = 0; t < c_.steps_in_time; ++t) {
-      Tensor in = xs[static_cast<std::size_t>(t)];
-      for (int l = 0; l < c_.layers; ++l) {
-        std::optional<StreamGuard> on;
-        if (!streams_.empty()) on.emplace(*streams_[static_cast<std::size_t>(l)]);
-        Tensor& st = h[static_cast<std::size_t>(l)];
-        st = c_.cell == RnnCell::kFused
-                 ? fused_gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l])
-                 : gru_cell(in, st, w_ih_[l], w_hh_[l], b_ih_[l], b_hh_[l]);
-        in = st;
-      }
-    }
-    return mse_loss(linear(h.back(), head_w_, head_b_), target);
+    return s.back();
   }
 
   // loss_of with a fused_lstm_layer a layer: the steps' inputs as one [T·B, in] matrix, each

@@ -160,4 +160,12 @@ void detail::close_step() noexcept {
   thread_step_arena().reset();
 }
 
+detail::OutsideStepArena::OutsideStepArena() : step_(std::move(thread_step_arena())) {
+  thread_step_arena().reset();
+}
+
+detail::OutsideStepArena::~OutsideStepArena() {
+  thread_step_arena() = std::move(step_);
+}
+
 }  // namespace graphward

@@ -70,6 +70,21 @@ namespace detail {
 // close_step ends that.
 std::shared_ptr<ArenaState> open_step(StepArena& arena);
 void close_step() noexcept;
+
+// While one lives, the calling thread's allocations are served outside its step's arena: for a
+// tensor that outlives the step and is made in one step only (a backward graph's seed, a .grad
+// made at a first capture). In the arena it would take a slot in that step and in no later one,
+// so every allocation after it would move in the next step.
+class OutsideStepArena {
+ public:
+  OutsideStepArena();
+  ~OutsideStepArena();
+  OutsideStepArena(const OutsideStepArena&) = delete;
+  OutsideStepArena& operator=(const OutsideStepArena&) = delete;
+
+ private:
+  std::shared_ptr<ArenaState> step_;
+};
 }  // namespace detail
 
 }  // namespace graphward
