@@ -20,7 +20,7 @@
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
 # shards of each tool, run in parallel; default 3 for memcheck and synccheck, 4 for racecheck, 12
-# for initcheck; GW_SANITIZER_SHARDS_<tool>, e.g. GW_SANITIZER_SHARDS_initcheck, for one tool's),
+# for initcheck, and 2, 1, 2, 5 on a card under 100 GiB; GW_SANITIZER_SHARDS_<tool>, e.g. GW_SANITIZER_SHARDS_initcheck, for one tool's),
 # GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_SANITIZER_FILTER (a GTest filter for the
@@ -313,11 +313,22 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   # synccheck's 3, racecheck's 4, initcheck's 12 — the slowest by far): a single process of one
   # tool would be the run's longest; the tool's log is the shards' logs in order, its status the
   # first failing shard's.
+  # Each process of a tool holds device memory of its own: on an 80 GB card five synccheck
+  # processes took all of it ("Unable to allocate enough memory", every shard), and so did
+  # fourteen of the four tools at once, while ten (memcheck 2, racecheck 2, synccheck 1,
+  # initcheck 5) fitted — the defaults on a card under 100 GiB.
   local shards=3
   case "$tool" in
     racecheck) shards=4 ;;
     initcheck) shards=12 ;;
   esac
+  if [ "${CARD_MIB:-0}" -gt 0 ] && [ "$CARD_MIB" -lt 102400 ]; then
+    case "$tool" in
+      memcheck | racecheck) shards=2 ;;
+      synccheck) shards=1 ;;
+      initcheck) shards=5 ;;
+    esac
+  fi
   local per_tool=GW_SANITIZER_SHARDS_$tool
   shards=${!per_tool:-${GW_SANITIZER_SHARDS:-$shards}}
   local start=$SECONDS i
@@ -349,6 +360,9 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
   done
   [ "$others" -eq 1 ] && [ "$rc" -eq 0 ] && rc=1
   local log="$LOG_DIR/sanitizer_$tool.log"
+  # The tool's own lack of device memory is not the code's fault: say so, and what to change.
+  grep -q 'Unable to allocate enough memory' "$log" &&
+    echo "$tool: the tool ran out of device memory ($shards processes of it, ${CARD_MIB:-?} MiB card, beside the other tools unless GW_SANITIZER_SERIAL=1): not a result; run fewer shards (GW_SANITIZER_SHARDS_$tool) or the tools one by one" >>"$log"
   if [ "$rc" -eq 99 ] && [ "$others" -eq 0 ] && ! grep -q 'errors were not printed' "$log"; then
     local errors allowed
     # memcheck, synccheck and initcheck count their reports in ERROR SUMMARY, racecheck its
@@ -394,6 +408,8 @@ sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alon
   echo "$? $((SECONDS - start))" >"$LOG_DIR/sanitizer_fuzz_$tool.rc"
 }
 FUZZ_SANITIZED=${GW_FUZZ_SANITIZER_PROGRAMS:-100}
+CARD_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+CARD_MIB=${CARD_MIB//[^0-9]/}
 if [ $SANITIZE = 1 ]; then
   read -r -a tools <<<"${GW_SANITIZER_TOOLS-memcheck racecheck synccheck initcheck}"
   fuzz_tools=()
