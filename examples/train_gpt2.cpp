@@ -13,7 +13,8 @@
 //              [--save CKPT] [--resume CKPT] [--save-init CKPT] [--losses CSV] [--dp]
 // --save: a checkpoint of the run at its end (examples/checkpoint.h: parameters, AdamW's state,
 // the step, the data position); --resume: go on from one, to --steps (the same flags and data:
-// a resumed run ends bitwise where an uninterrupted one would); --save-init: the parameters
+// a resumed run ends bitwise where an uninterrupted one would; on the GPU in another process with
+// GRAPHWARD_GEMM_TUNING=0, Note [Choosing a GEMM algorithm]); --save-init: the parameters
 // before the first step (scripts/gpt2_torch.py starts PyTorch's model from them); --losses:
 // every step's loss as CSV (each read synchronizes: for comparisons, not timings); --dp: data
 // parallel over the ranks scripts/run_dp.sh starts (dist::ProcessGroup, NCCL: each rank its own

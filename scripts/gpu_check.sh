@@ -20,8 +20,10 @@
 # and PyTorch's (compare_torch.py --models), merged by scripts/models_table.py.
 # Environment: GW_SANITIZER_TIMEOUT (seconds per tool, default 300), GW_SANITIZER_SHARDS (GTest
 # shards of each tool, run in parallel; default 3 for memcheck and synccheck, 4 for racecheck, 12
-# for initcheck, and 2, 1, 2, 5 on a card under 100 GiB; GW_SANITIZER_SHARDS_<tool>, e.g. GW_SANITIZER_SHARDS_initcheck, for one tool's),
-# GW_SANITIZER_SERIAL=1 (the
+# for initcheck (on a card under 100 GiB memcheck 2, synccheck 1, racecheck 2, initcheck 5);
+# GW_SANITIZER_SHARDS_<tool>, e.g. GW_SANITIZER_SHARDS_initcheck, for one tool's),
+# GW_SANITIZER_DONE (a folder: each tool's tests passed on this build are kept there and left
+# out of the next run, which goes on where a run cut by its time stopped), GW_SANITIZER_SERIAL=1 (the
 # four sanitizer tools one after another instead of at once), GW_SANITIZER_TOOLS (a subset, e.g.
 # "memcheck initcheck"; default all four; "" none), GW_SANITIZER_FILTER (a GTest filter for the
 # tools' runs alone; GTEST_FILTER in the environment would also narrow the tests ctest discovers
@@ -251,6 +253,16 @@ fi
 
 # 5. compute-sanitizer over the GPU tests: the four tools at once (GW_SANITIZER_SERIAL=1: one by
 # one), each within GW_SANITIZER_TIMEOUT seconds.
+# shard_is_clean TOOL LOG: whether one process's log has no failed test, no broken tool and no
+# report but the libraries' known ones (a process cut by its time included: what it finished).
+shard_is_clean() {
+  grep -q -E '^\[  FAILED  \]|Internal Sanitizer Error' "$2" && return 1
+  local reports known
+  reports=$(grep -E '^========= [^ ]' "$2" |
+    grep -c -v -E '^========= (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Target application returned)')
+  known=$(sanitizer_known_reports "$1" <"$2")
+  [ "$reports" -eq "$known" ]
+}
 sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanitizer_TOOL.rc
   local tool=$1 extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check full)
@@ -275,6 +287,27 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
       case "$filter" in
         *-*) filter="$filter:$skip" ;;
         *) filter="${filter:-*}-$skip" ;;
+      esac
+    fi
+  fi
+  # GW_SANITIZER_DONE=DIR: the tests that passed under this tool in a clean process, by build,
+  # are kept in DIR/TOOL.done, and a later run on the same build (the test binary's hash) leaves
+  # them out — a tool cut by its time goes on where it stopped, in the next run, instead of
+  # starting again. A process (shard) counts only whole: no failed test, no broken tool and no
+  # report but the known ones, else none of its tests is kept.
+  local done_file= build_id= left_out=0
+  if [ -n "${GW_SANITIZER_DONE:-}" ]; then
+    mkdir -p "$GW_SANITIZER_DONE"
+    done_file=$GW_SANITIZER_DONE/$tool.done
+    build_id=$(sha256sum "$BIN/tests/graphward_gpu_tests" 2>/dev/null | cut -c1-16)
+    local done_tests=
+    [ -f "$done_file" ] && done_tests=$(awk -v b="$build_id" '$1 == b { print $2 }' "$done_file" | sort -u)
+    if [ -n "$done_tests" ]; then
+      left_out=$(printf '%s\n' "$done_tests" | wc -l)
+      done_tests=$(printf '%s\n' "$done_tests" | paste -sd: -)
+      case "$filter" in
+        *-*) filter="$filter:$done_tests" ;;
+        *) filter="${filter:-*}-$done_tests" ;;
       esac
     fi
   fi
@@ -353,6 +386,10 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     # run whatever the exit status says: --error-exitcode's 99 stands for a failed test too.
     grep -q -E '^\[  FAILED  \]|Internal Sanitizer Error' "$LOG_DIR/sanitizer_$tool.$i.log" &&
       others=1
+    if [ -n "$done_file" ] && shard_is_clean "$tool" "$LOG_DIR/sanitizer_$tool.$i.log"; then
+      sed -n 's/^\[       OK \] \([^ ]*\) .*/\1/p' "$LOG_DIR/sanitizer_$tool.$i.log" |
+        sed "s/^/$build_id /" >>"$done_file"
+    fi
     cat "$LOG_DIR/sanitizer_$tool.$i.log" >>"$LOG_DIR/sanitizer_$tool.log"
     n=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$LOG_DIR/sanitizer_$tool.$i.log" | head -1)
     passed=$((passed + ${n:-0}))
@@ -377,6 +414,9 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     else
       echo "$tool: $errors reports, of which $allowed are the libraries' known ones" >>"$log"
     fi
+  fi
+  if [ -n "$done_file" ]; then
+    echo "$tool: $(awk -v b="$build_id" '$1 == b { print $2 }' "$done_file" | sort -u | wc -l) tests done under it on this build, $left_out of them before this run (GW_SANITIZER_DONE)" >>"$log"
   fi
   echo "[  PASSED  ] $passed tests in $shards shard(s)" >>"$log"
   echo "$rc $((SECONDS - start))" >"$LOG_DIR/sanitizer_$tool.rc"
@@ -439,7 +479,7 @@ if [ $SANITIZE = 1 ]; then
       sed 's/^========= //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
     tests=$(grep -E '^\[  FAILED  \]' "$LOG_DIR/sanitizer_$tool.log" | head -1)
     tests=${tests:-$(tail -1 "$LOG_DIR/sanitizer_$tool.log")}
-    known=$(grep -m1 "^$tool: " "$LOG_DIR/sanitizer_$tool.log")
+    known=$(grep "^$tool: " "$LOG_DIR/sanitizer_$tool.log" | paste -sd ";" -)
     [ -n "$known" ] && tests="$tests; $known"
     if [ "$rc" -eq 0 ]; then
       record "sanitizer $tool" ok "${summary:-no summary}; $tests; $secs s"
