@@ -29,9 +29,26 @@ inline bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
+// `step` run back to back on `stream`, nothing synchronized between runs, CUDA events around
+// blocks of `per_block` runs: µs a run, the median of 5 blocks (the figure a training loop gets).
+template <class Step>
+double median_block_us(cudaStream_t stream, int per_block, Step&& step) {
+  Event start(kDev, true), end(kDev, true);
+  std::vector<double> blocks;
+  for (int b = 0; b < 5; ++b) {
+    start.record(stream);
+    for (int k = 0; k < per_block; ++k) step();
+    end.record(stream);
+    end.synchronize();
+    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / per_block);
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
+}
+
 // A training step timed as a benchmark's iterations (CUDA events on `stream` around each call of
 // `step`, synchronized every iteration: the manual time), then as a loop gets it: blocks of 10
-// steps back to back, nothing synchronized between them; returns the median block's µs a step.
+// steps back to back (median_block_us); returns that median block's µs a step.
 template <class Step>
 double time_steps(benchmark::State& state, cudaStream_t stream, Step&& step) {
   Event start(kDev, true), end(kDev, true);
@@ -42,16 +59,7 @@ double time_steps(benchmark::State& state, cudaStream_t stream, Step&& step) {
     end.synchronize();
     state.SetIterationTime(end.elapsed_ms_since(start) * 1e-3);
   }
-  std::vector<double> blocks;
-  for (int b = 0; b < 5; ++b) {
-    start.record(stream);
-    for (int k = 0; k < 10; ++k) step();
-    end.record(stream);
-    end.synchronize();
-    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 10);
-  }
-  std::sort(blocks.begin(), blocks.end());
-  return blocks[blocks.size() / 2];
+  return median_block_us(stream, 10, step);
 }
 
 // Registers docs/DESIGN.md's studies as args (branches, depth, width, batch, multistream), timed

@@ -60,24 +60,6 @@ namespace {
 bool g_bf16 = false;
 bool g_causal = false;
 
-// `step` run back to back, nothing synchronized between runs, CUDA events around blocks of 20 on
-// the device's current stream: µs a run, the median of 5 blocks.
-template <class Step>
-double median_block_us(Step&& step) {
-  const cudaStream_t s = gw::current_stream(gw::bench::kDev);
-  gw::Event start(gw::bench::kDev, true), end(gw::bench::kDev, true);
-  std::vector<double> blocks;
-  for (int b = 0; b < 5; ++b) {
-    start.record(s);
-    for (int k = 0; k < 20; ++k) step();
-    end.record(s);
-    end.synchronize();
-    blocks.push_back(end.elapsed_ms_since(start) * 1e3 / 20);
-  }
-  std::sort(blocks.begin(), blocks.end());
-  return blocks[blocks.size() / 2];
-}
-
 // The GPU time a step spends on Autocast's casts (Note [Autocast]): each parameter the forward
 // cast, cast to bfloat16, and a bfloat16 gradient of its shape widened to float32 (the cast's
 // backward), as one StepGraph replayed; µs a step, the median of 5 blocks of 20 replays.
@@ -96,7 +78,8 @@ double cast_us(const std::vector<gw::Tensor>& params) {
     return last;
   };
   for (int i = 0; i < 3; ++i) (void)graph.run(casts);
-  return median_block_us([&] { (void)graph.run(casts); });
+  return gw::bench::median_block_us(gw::current_stream(gw::bench::kDev), 20,
+                                    [&] { (void)graph.run(casts); });
 }
 
 template <class Model>
@@ -129,7 +112,7 @@ void run_model(benchmark::State& state, const typename Model::Config& c, ex::Mod
   // The loop a user writes (examples/trainer.h's run_steps): steps back to back, nothing
   // synchronized between them, so that one step's GPU work overlaps the next one's host work.
   // Per step: the median of 5 blocks of 20 steps, CUDA events around each block.
-  state.counters["loop_us"] = median_block_us([&] { (void)trainer.step(i++); });
+  state.counters["loop_us"] = gw::bench::median_block_us(s, 20, [&] { (void)trainer.step(i++); });
   const double iters = static_cast<double>(state.iterations());
   state.counters["host_us"] = host / iters;
   state.counters["captures"] = static_cast<double>(trainer.captures() - captures);

@@ -253,6 +253,18 @@ fi
 
 # 5. compute-sanitizer over the GPU tests: the four tools at once (GW_SANITIZER_SERIAL=1: one by
 # one), each within GW_SANITIZER_TIMEOUT seconds.
+# filter_without FILTER PATTERNS: the GTest filter FILTER (empty: every test) that also leaves out
+# PATTERNS (':'-separated; empty: nothing more).
+filter_without() {
+  if [ -z "$2" ]; then
+    echo "$1"
+    return
+  fi
+  case "$1" in
+    *-*) echo "$1:$2" ;;
+    *) echo "${1:-*}-$2" ;;
+  esac
+}
 # shard_is_clean TOOL LOG: whether one process's log has no failed test, no broken tool and no
 # report but the libraries' known ones (a process cut by its time included: what it finished).
 shard_is_clean() {
@@ -283,12 +295,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     local k
     for k in ${GW_RACECHECK_KERNELS:-graphward nvjet}; do extra+=(--kernel-name "kns=$k"); done
     local skip=${GW_RACECHECK_SKIP-CudaTf32.TheConvSwitch*}
-    if [ -n "$skip" ]; then
-      case "$filter" in
-        *-*) filter="$filter:$skip" ;;
-        *) filter="${filter:-*}-$skip" ;;
-      esac
-    fi
+    filter=$(filter_without "$filter" "$skip")
   fi
   # GW_SANITIZER_DONE=DIR: the tests that passed under this tool in a clean process, by build,
   # are kept in DIR/TOOL.done, and a later run on the same build (the test binary's hash) leaves
@@ -305,10 +312,7 @@ sanitize() {  # sanitize TOOL: runs it, leaves its exit status in $LOG_DIR/sanit
     if [ -n "$done_tests" ]; then
       left_out=$(printf '%s\n' "$done_tests" | wc -l)
       done_tests=$(printf '%s\n' "$done_tests" | paste -sd: -)
-      case "$filter" in
-        *-*) filter="$filter:$done_tests" ;;
-        *) filter="${filter:-*}-$done_tests" ;;
-      esac
+      filter=$(filter_without "$filter" "$done_tests")
     fi
   fi
   # synccheck cannot follow cuDNN's fused-attention kernels (library code, warp-specialized: warps
@@ -434,12 +438,7 @@ sanitize_fuzz() {  # sanitize_fuzz TOOL: as sanitize, for the FuzzCuda test alon
     local k
     for k in ${GW_RACECHECK_KERNELS:-graphward nvjet}; do extra+=(--kernel-name "kns=$k"); done
     local skip=${GW_RACECHECK_SKIP-CudaTf32.TheConvSwitch*}
-    if [ -n "$skip" ]; then
-      case "$filter" in
-        *-*) filter="$filter:$skip" ;;
-        *) filter="${filter:-*}-$skip" ;;
-      esac
-    fi
+    filter=$(filter_without "$filter" "$skip")
   fi
   local start=$SECONDS
   GW_FUZZ_PROGRAMS=$FUZZ_SANITIZED GRAPHWARD_GEMM_TUNING=0 timeout "${GW_SANITIZER_TIMEOUT:-300}" compute-sanitizer \
